@@ -1,0 +1,22 @@
+"""Run the embedded demo: a small ViT on real digits, 4 CPU processes, pipeline 4 -> 2 -> 1.
+
+Reserved: not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from elastic_pipe.cli._common import add_json_flag, not_built
+
+HELP = "Run the embedded demo: a small ViT on real digits, 4 CPU processes, pipeline 4 -> 2 -> 1. (not built yet)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the subcommand's options."""
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Report that the subcommand is not built yet."""
+    return not_built("demo", "the elastic training issue")

@@ -1,0 +1,22 @@
+"""Show the rank layout (replica, stage, groups) for a world size and pipeline length.
+
+Reserved: not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from elastic_pipe.cli._common import add_json_flag, not_built
+
+HELP = "Show the rank layout (replica, stage, groups) for a world size and pipeline length. (not built yet)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the subcommand's options."""
+    add_json_flag(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Report that the subcommand is not built yet."""
+    return not_built("ranks", "the groups issue")

@@ -1,0 +1,207 @@
+"""Run a function in N processes joined by a gloo process group on loopback.
+
+Why a helper: multi-process tests are where hangs and leaked ports come from. This one
+
+* picks the rendezvous port safely: the parent process opens the ``TCPStore`` itself on port 0 (the kernel picks a
+  free port and the store holds it), so no other process can grab the port between "find" and "bind";
+* gives every collective a real timeout (``timeout`` seconds), and the whole run a deadline;
+* destroys the process group in ``finally`` on every rank;
+* turns a failing rank into a :class:`DistributedTestError` carrying that rank's traceback, and terminates the
+  other ranks instead of waiting for them.
+
+The function must be importable by a spawned child (a module-level function) and receives a
+:class:`RankContext` followed by ``args``. Return values come back to the parent, indexed by rank.
+
+Example::
+
+    def _sum(ctx: RankContext) -> float:
+        t = torch.tensor([float(ctx.rank)])
+        torch.distributed.all_reduce(t)
+        return t.item()
+
+    assert run_distributed(_sum, world_size=4) == [6.0, 6.0, 6.0, 6.0]
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from elastic_pipe.types import ElasticPipeError
+
+__all__ = ["DistributedTestError", "RankContext", "run_distributed"]
+
+_HOST = "127.0.0.1"
+#: Seconds to keep collecting reports from other ranks after the first failure.
+_FAILURE_GRACE_S = 3.0
+
+
+class DistributedTestError(ElasticPipeError, RuntimeError):
+    """A rank failed, timed out, or died without reporting."""
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a rank knows about the run it belongs to."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    timeout: float
+
+
+def _child(
+    fn: Callable[..., Any],
+    ctx: RankContext,
+    args: tuple[Any, ...],
+    results: mp.Queue[tuple[int, bool, Any]],
+    env: dict[str, str],
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        {
+            "MASTER_ADDR": ctx.master_addr,
+            "MASTER_PORT": str(ctx.master_port),
+            "RANK": str(ctx.rank),
+            "WORLD_SIZE": str(ctx.world_size),
+            "LOCAL_RANK": str(ctx.rank),
+            "LOCAL_WORLD_SIZE": str(ctx.world_size),
+        }
+    )
+    timeout = datetime.timedelta(seconds=ctx.timeout)
+    try:
+        store = dist.TCPStore(  # type: ignore[attr-defined]
+            ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout
+        )
+        dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
+        try:
+            value = fn(ctx, *args)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        results.put((ctx.rank, True, value))
+    except BaseException:
+        results.put((ctx.rank, False, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
+
+    Args:
+        fn: a module-level function (spawned children import it by name).
+        world_size: number of processes, >= 1.
+        *args: extra positional arguments for ``fn`` (must be picklable for the local spawn).
+        timeout: seconds allowed for every collective and for the whole run.
+        env: extra environment variables for the children (e.g. thread counts).
+
+    Returns:
+        ``fn``'s return values, indexed by rank.
+
+    Raises:
+        DistributedTestError: a rank raised (its traceback is in the message), died, or the run timed out.
+    """
+    if world_size < 1:
+        raise DistributedTestError(f"world_size must be >= 1, got {world_size}")
+    child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        _HOST,
+        0,
+        world_size + 1,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+    port = store.port
+    ctx_mp = mp.get_context("spawn")
+    results: mp.Queue[tuple[int, bool, Any]] = ctx_mp.Queue()
+    procs = [
+        ctx_mp.Process(
+            target=_child,
+            args=(fn, RankContext(r, world_size, _HOST, port, timeout), args, results, child_env),
+            name=f"rank{r}",
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    values: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) + len(failures) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DistributedTestError(
+                    f"timed out after {timeout:.0f}s; ranks that finished: {sorted(values)}" + _describe(failures)
+                )
+            try:
+                rank, ok, payload = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in failures]
+                if dead and not failures:
+                    # give a dying rank a moment to flush its traceback into the queue
+                    try:
+                        rank, ok, payload = results.get(timeout=2.0)
+                    except queue.Empty:
+                        codes = {i: procs[i].exitcode for i in dead}
+                        raise DistributedTestError(f"ranks died without reporting: {codes}") from None
+                else:
+                    continue
+            if ok:
+                values[rank] = payload
+            else:
+                failures[rank] = payload
+                # One failure is enough to fail the run; collect what the other ranks report within a short
+                # grace period, since the first report is often a peer's "connection closed", not the cause.
+                _drain(results, failures, values, world_size, grace=_FAILURE_GRACE_S)
+                break
+        if failures:
+            raise DistributedTestError(f"{len(failures)} rank(s) failed" + _describe(failures))
+    finally:
+        for p in procs:
+            p.join(timeout=5.0 if not failures else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5.0)
+        results.close()
+        del store
+    return [values[r] for r in range(world_size)]
+
+
+def _drain(
+    results: mp.Queue[tuple[int, bool, Any]],
+    failures: dict[int, str],
+    values: dict[int, Any],
+    world_size: int,
+    grace: float,
+) -> None:
+    end = time.monotonic() + grace
+    while len(values) + len(failures) < world_size and (left := end - time.monotonic()) > 0:
+        try:
+            rank, ok, payload = results.get(timeout=left)
+        except queue.Empty:
+            return
+        (values if ok else failures)[rank] = payload
+
+
+def _describe(failures: dict[int, str]) -> str:
+    return "".join(f"\n--- rank {r} ---\n{tb}" for r, tb in sorted(failures.items()))

@@ -1,0 +1,54 @@
+"""The multi-process test harness: real collectives, failing ranks, timeouts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from elastic_pipe.testing import DistributedTestError, RankContext, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+
+def _all_reduce(ctx: RankContext) -> list[float]:
+    t = torch.tensor([float(ctx.rank), 1.0])
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _fail_on_rank_2(ctx: RankContext) -> int:
+    if ctx.rank == 2:
+        raise ValueError("rank two is broken on purpose")
+    dist.barrier()
+    return ctx.rank
+
+
+def _rank_1_sleeps(ctx: RankContext) -> int:
+    if ctx.rank == 1:
+        time.sleep(60)
+    dist.barrier()
+    return ctx.rank
+
+
+def test_all_reduce_over_four_ranks() -> None:
+    assert run_distributed(_all_reduce, 4) == [[6.0, 4.0]] * 4
+
+
+def test_failing_rank_surfaces_its_traceback() -> None:
+    with pytest.raises(DistributedTestError, match="rank two is broken on purpose"):
+        run_distributed(_fail_on_rank_2, 3, timeout=30)
+
+
+def test_silent_rank_times_out_instead_of_hanging() -> None:
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError):
+        run_distributed(_rank_1_sleeps, 2, timeout=8)
+    assert time.monotonic() - start < 30
+
+
+def test_rejects_empty_world() -> None:
+    with pytest.raises(DistributedTestError, match="world_size"):
+        run_distributed(_all_reduce, 0)
