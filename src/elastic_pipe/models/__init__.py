@@ -1,9 +1,42 @@
 """Models at sub-layer granularity (ViT, BERT-style encoder, GPT-style decoder) and adapters that turn torchvision
 and Hugging Face models into ordered sub-layer lists.
 
+Every model is a :class:`SubLayerModel`: an ``nn.Sequential`` of sub-layers that each take one tensor and return
+one tensor, plus ``unit_ends``, the freezable units (transformer blocks) as sub-layer end offsets.
+
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.layers import (
+    ACTIVATIONS,
+    AttentionSubLayer,
+    ClassifierHead,
+    LMHead,
+    MLPSubLayer,
+    PatchEmbedding,
+    TokenEmbedding,
+    next_token_loss,
+)
+from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
+from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig, vit, vit_config
+
+__all__ = [
+    "ACTIVATIONS",
+    "VIT_PRESETS",
+    "AttentionSubLayer",
+    "ClassifierHead",
+    "LMHead",
+    "MLPSubLayer",
+    "ModelError",
+    "PatchEmbedding",
+    "SubLayerModel",
+    "TokenEmbedding",
+    "ViTConfig",
+    "block_unit_ends",
+    "next_token_loss",
+    "vit",
+    "vit_config",
+]
