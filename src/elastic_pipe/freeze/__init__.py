@@ -2,8 +2,50 @@
 and apply a decision to a model and its optimizer without disturbing the state of active parameters.
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
+
+* :class:`FreezePolicy` - the protocol; built-ins :class:`AlphaSchedule`, :class:`PaperRule`, :class:`AutoFreeze`,
+  :class:`FreezeOut`, :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+* :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
+  :func:`merge_stats` joins the pieces of a pipeline's stages.
+* :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
+* :func:`frozen_by_epoch` - dry-run a schedule-driven policy.
 """
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from elastic_pipe.freeze.alpha import AlphaSchedule, alpha_frozen
+from elastic_pipe.freeze.apply import freeze_modules
+from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
+from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.freezeout import FreezeOut
+from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
+from elastic_pipe.freeze.paper import PaperRule
+from elastic_pipe.freeze.plan import frozen_by_epoch
+from elastic_pipe.freeze.policy import FreezePolicy, decide
+from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy
+from elastic_pipe.freeze.stats import LayerStats, merge_stats
+from elastic_pipe.freeze.tracker import GradNormTracker
+
+__all__ = [
+    "POLICIES",
+    "AlphaSchedule",
+    "AutoFreeze",
+    "FreezeError",
+    "FreezeOut",
+    "FreezePolicy",
+    "GradNormTracker",
+    "LayerStats",
+    "ManualSchedule",
+    "Never",
+    "PaperRule",
+    "PolicyFactory",
+    "alpha_frozen",
+    "change_ratios",
+    "decide",
+    "freeze_modules",
+    "frozen_by_epoch",
+    "make_policy",
+    "merge_stats",
+    "parse_manual",
+    "register_policy",
+]

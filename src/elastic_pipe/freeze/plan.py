@@ -1,0 +1,36 @@
+"""Dry-run a schedule-driven policy: the frozen count at the start of each epoch, without training."""
+
+from __future__ import annotations
+
+from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.policy import FreezePolicy, decide
+
+__all__ = ["frozen_by_epoch"]
+
+
+def frozen_by_epoch(policy: FreezePolicy, epochs: int, steps_per_epoch: int = 1) -> tuple[int, ...]:
+    """Frozen count at the start of epochs ``0 .. epochs-1``, asking ``policy`` exactly as a training loop would.
+
+    Args:
+        policy: a schedule-driven policy (one whose ``needs_stats`` is False or absent).
+        epochs: number of epochs, >= 1.
+        steps_per_epoch: optimizer steps per epoch, passed as ``step = epoch * steps_per_epoch``.
+
+    Raises:
+        FreezeError: a policy that needs gradient statistics, or bad ``epochs``/``steps_per_epoch``.
+    """
+    if getattr(policy, "needs_stats", False):
+        raise FreezeError(
+            f"{type(policy).__name__} decides from gradient statistics, so it has no plan without training; "
+            "expected a schedule-driven policy (alpha, freezeout, manual, never)"
+        )
+    if epochs < 1 or steps_per_epoch < 1:
+        raise FreezeError(
+            f"frozen_by_epoch needs epochs >= 1 and steps_per_epoch >= 1, got {epochs}, {steps_per_epoch}"
+        )
+    current = 0
+    out = []
+    for epoch in range(epochs):
+        current = decide(policy, epoch, epoch * steps_per_epoch, current)
+        out.append(current)
+    return tuple(out)

@@ -1,0 +1,69 @@
+"""Policies by name: the built-in ones, plus any a user registers."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+from elastic_pipe.freeze.alpha import AlphaSchedule
+from elastic_pipe.freeze.autofreeze import AutoFreeze
+from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.freezeout import FreezeOut
+from elastic_pipe.freeze.manual import ManualSchedule, Never
+from elastic_pipe.freeze.paper import PaperRule
+from elastic_pipe.freeze.policy import FreezePolicy
+
+__all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy"]
+
+#: Builds a policy from ``num_layers`` and keyword options.
+PolicyFactory: TypeAlias = Callable[..., FreezePolicy]
+
+#: Name -> factory. :func:`register_policy` adds to it; the CLI and the orchestrator look names up here.
+POLICIES: dict[str, PolicyFactory] = {
+    "alpha": AlphaSchedule,
+    "paper": PaperRule,
+    "autofreeze": AutoFreeze,
+    "freezeout": FreezeOut,
+    "manual": ManualSchedule,
+    "never": Never,
+}
+
+
+def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False) -> None:
+    """Make ``make_policy(name, ...)`` build policies with ``factory(num_layers, **options)``.
+
+    Raises:
+        FreezeError: ``name`` is taken and ``replace`` is False, or ``name`` is empty.
+    """
+    if not name:
+        raise FreezeError("register_policy: the name must be a non-empty string")
+    if name in POLICIES and not replace:
+        raise FreezeError(f"register_policy: {name!r} is already registered (pass replace=True to override)")
+    POLICIES[name] = factory
+
+
+def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
+    """Build the policy registered as ``name``.
+
+    Args:
+        name: a key of :data:`POLICIES`.
+        num_layers: freezable layers L.
+        **options: the policy's own keyword arguments (``alpha=``, ``percentile=``, ``t0=``, ...).
+
+    Raises:
+        FreezeError: unknown name (the message lists the valid ones), options the policy does not take, or
+            invalid option values.
+    """
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise FreezeError(f"unknown freeze policy {name!r}; expected one of {sorted(POLICIES)}") from None
+    try:
+        inspect.signature(factory).bind(num_layers, **options)
+    except TypeError as exc:
+        raise FreezeError(f"freeze policy {name!r}: {exc}; its signature is {inspect.signature(factory)}") from None
+    policy = factory(num_layers, **options)
+    if not isinstance(policy, FreezePolicy):
+        raise FreezeError(f"freeze policy {name!r} built {policy!r}, which lacks the FreezePolicy members")
+    return policy

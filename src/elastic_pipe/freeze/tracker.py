@@ -1,0 +1,113 @@
+"""Accumulate per-layer gradients over an interval on whichever layers this rank holds.
+
+The AutoFreeze rule compares the norm of the gradient *accumulated over an interval* between two intervals. The
+public PipeTransformer copy of that rule read a single step's gradient instead of a sum, so its "change rate" was
+step-to-step noise. This tracker keeps a running float32 sum of every held layer's gradient (one extra copy of the
+active held gradients in memory) and turns it into L1 and L2 norms on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.stats import LayerStats
+
+__all__ = ["GradNormTracker"]
+
+
+class GradNormTracker:
+    """Running sums of the gradients of the layers one rank holds, keyed by global layer index.
+
+    Call :meth:`accumulate` once per optimizer step, after ``backward`` (and after any gradient all-reduce) and
+    before ``zero_grad``; call :meth:`local_stats` at the end of an interval and :meth:`reset` to start the next.
+    Parameters without a gradient (frozen ones) are skipped, so a frozen layer reads 0.
+
+    Args:
+        layers: global layer index -> the module holding that layer's parameters on this rank. A layer split
+            across ranks is listed on each of them with its local part (:func:`~elastic_pipe.freeze.merge_stats`
+            recombines the parts exactly).
+
+    Raises:
+        FreezeError: a negative layer index.
+
+    Example::
+
+        tracker = GradNormTracker({4: model.blocks[0], 5: model.blocks[1]})  # this stage holds layers 4 and 5
+        loss.backward(); tracker.accumulate(); optimizer.step(); optimizer.zero_grad()
+        piece = tracker.local_stats(num_layers=12)
+    """
+
+    def __init__(self, layers: Mapping[int, nn.Module]) -> None:
+        for index in layers:
+            if index < 0:
+                raise FreezeError(f"GradNormTracker: layer indices must be >= 0, got {index}")
+        self._layers = dict(sorted(layers.items()))
+        self._sums: dict[int, list[torch.Tensor | None]] = {}
+        self._steps = 0
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """Global indices of the layers this tracker watches, ascending."""
+        return tuple(self._layers)
+
+    @property
+    def steps(self) -> int:
+        """Number of :meth:`accumulate` calls since construction or the last :meth:`reset`."""
+        return self._steps
+
+    @torch.no_grad()
+    def accumulate(self) -> None:
+        """Add the current gradients of every held layer to the running sums (one step)."""
+        for index, module in self._layers.items():
+            params = list(module.parameters())
+            sums = self._sums.setdefault(index, [None] * len(params))
+            if len(sums) != len(params):
+                raise FreezeError(
+                    f"GradNormTracker: layer {index} had {len(sums)} parameters and now has {len(params)}; "
+                    "call reset() after changing a module"
+                )
+            for j, p in enumerate(params):
+                if p.grad is None or not p.requires_grad:
+                    continue
+                grad = p.grad.detach()
+                running = sums[j]
+                if running is None:
+                    # float32 so that bf16/fp16 gradients do not lose the small ones over a long interval
+                    sums[j] = grad.to(torch.float32, copy=True)
+                else:
+                    running.add_(grad)
+        self._steps += 1
+
+    @torch.no_grad()
+    def local_stats(self, num_layers: int) -> LayerStats:
+        """This rank's piece: norms of the accumulated gradients, zeros for layers it does not hold.
+
+        Args:
+            num_layers: total number of freezable layers in the model (the length of the result).
+
+        Raises:
+            FreezeError: a held layer index is ``>= num_layers``.
+        """
+        if self._layers and max(self._layers) >= num_layers:
+            raise FreezeError(
+                f"GradNormTracker holds layer {max(self._layers)} but num_layers={num_layers}; "
+                f"expected held indices in [0, {num_layers})"
+            )
+        l1 = [0.0] * num_layers
+        l2 = [0.0] * num_layers
+        for index, sums in self._sums.items():
+            present = [s for s in sums if s is not None]
+            if not present:
+                continue
+            l1[index] = float(sum(s.abs().sum(dtype=torch.float64) for s in present))
+            l2[index] = float(sum(s.double().pow(2).sum() for s in present)) ** 0.5
+        return LayerStats(tuple(l1), tuple(l2), self._steps)
+
+    def reset(self) -> None:
+        """Forget the running sums and the step count (start a new interval)."""
+        self._sums.clear()
+        self._steps = 0
