@@ -1,0 +1,38 @@
+"""Input checks shared by the solvers (one place, so every solver rejects bad input with the same words)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from elastic_pipe.partition.errors import PartitionError
+
+__all__ = ["check_costs", "check_stages"]
+
+
+def check_costs(costs: Sequence[float], what: str = "costs") -> list[float]:
+    """Return ``costs`` as a list of floats, or raise if any is negative, NaN or infinite, or if there are none."""
+    if isinstance(costs, (str, bytes)):
+        raise PartitionError(f"{what} must be a sequence of numbers, got a string {costs!r}")
+    values: list[float] = []
+    for index, cost in enumerate(costs):
+        if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+            raise PartitionError(f"{what}[{index}] must be a number, got {cost!r}")
+        value = float(cost)
+        if not math.isfinite(value) or value < 0:
+            raise PartitionError(f"{what}[{index}] must be a finite number >= 0, got {cost!r}")
+        values.append(value)
+    if not values:
+        raise PartitionError(f"{what} is empty: need at least one layer")
+    return values
+
+
+def check_stages(stages: int, num_layers: int) -> int:
+    """Return ``stages`` if ``1 <= stages <= num_layers``, else raise naming both."""
+    if isinstance(stages, bool) or not isinstance(stages, int):
+        raise PartitionError(f"stages must be an int, got {stages!r}")
+    if stages < 1:
+        raise PartitionError(f"stages must be >= 1, got {stages}")
+    if stages > num_layers:
+        raise PartitionError(f"cannot cut {num_layers} layers into {stages} non-empty stages (stages > layers)")
+    return stages

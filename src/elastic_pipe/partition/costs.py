@@ -1,0 +1,267 @@
+"""Cost models: what each layer weighs for a solver.
+
+Two sources of :class:`~elastic_pipe.types.LayerCost` records feed the solvers:
+
+* measured ones, from :func:`elastic_pipe.partition.profile_layers`;
+* the analytic transformer model here, at the published sub-layer granularity (attention with its residual, MLP
+  with its residual), from the layer shapes: parameters, forward/backward time from FLOPs at a given device
+  throughput, output activation bytes, and training memory (parameters, gradients, optimizer state and the
+  activations stored for backward for one micro-batch).
+
+:func:`weights_from_costs` turns records into the plain per-layer numbers the solvers take, pricing frozen layers
+by their measured frozen cost when known, else by a frozen-cost factor (1/6 as published).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR
+from elastic_pipe.types import LayerCost
+
+__all__ = [
+    "BERT_LARGE",
+    "METRICS",
+    "VIT_B16",
+    "TrainingPrecision",
+    "TransformerShape",
+    "parse_bytes",
+    "training_memory_bytes",
+    "transformer_costs",
+    "weights_from_costs",
+]
+
+#: The metrics :func:`weights_from_costs` knows.
+METRICS = ("time", "params", "memory")
+
+#: FLOPs of a multiply-add.
+_FLOPS_PER_MAC = 2
+#: Backward costs about twice the forward (input gradients plus weight gradients).
+_BACKWARD_TO_FORWARD = 2.0
+#: Stored activations per token and hidden unit, in bytes at 16-bit precision with dropout masks, from
+#: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022): attention 11 sbh +
+#: 5 a s^2 b, MLP 19 sbh, each layer norm 2 sbh. Here each sub-layer carries its own layer norm.
+_ATTENTION_ACT_PER_TOKEN_HIDDEN = 11 + 2
+_ATTENTION_ACT_PER_SCORE = 5
+_MLP_ACT_PER_TOKEN_HIDDEN = 19 + 2
+#: The formula above is for 2-byte activations.
+_FORMULA_BYTES = 2
+
+
+def weights_from_costs(
+    costs: Sequence[LayerCost],
+    metric: str = "time",
+    frozen: int = 0,
+    frozen_factor: float = DEFAULT_FROZEN_FACTOR,
+) -> list[float]:
+    """Per-layer weights for a solver.
+
+    Args:
+        costs: one record per layer, in model order.
+        metric: ``"time"`` (forward + backward seconds), ``"params"`` (parameter count) or ``"memory"``
+            (training bytes).
+        frozen: number of frozen leading layers.
+        frozen_factor: a frozen layer's weight relative to its active weight when its frozen cost was not
+            measured (``frozen_forward`` for time, ``frozen_memory_bytes`` for memory; params always use it).
+
+    Returns:
+        One float per layer.
+
+    Raises:
+        PartitionError: on an unknown metric, ``frozen`` outside ``0..len(costs)`` or ``frozen_factor`` outside
+            ``[0, 1]``.
+    """
+    if metric not in METRICS:
+        raise PartitionError(f"unknown metric {metric!r}; valid metrics: {', '.join(METRICS)}")
+    if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
+        raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
+    if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
+        raise PartitionError(f"frozen_factor must be in [0, 1], got {frozen_factor!r}")
+    weights: list[float] = []
+    for index, cost in enumerate(costs):
+        is_frozen = index < frozen
+        if metric == "time":
+            active = cost.train_time
+            measured = cost.frozen_forward
+        elif metric == "params":
+            active, measured = float(cost.params), None
+        else:
+            active = float(cost.memory_bytes)
+            measured = None if cost.frozen_memory_bytes is None else float(cost.frozen_memory_bytes)
+        if not is_frozen:
+            weights.append(float(active))
+        elif measured is not None:
+            weights.append(float(measured))
+        else:
+            weights.append(float(active) * frozen_factor)
+    return weights
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingPrecision:
+    """Bytes per value in training.
+
+    Attributes:
+        param_bytes: bytes per parameter (4: fp32 master weights).
+        grad_bytes: bytes per gradient.
+        optimizer_bytes: optimizer state per parameter (8: Adam's two fp32 moments).
+        activation_bytes: bytes per activation value (2: bf16/fp16 autocast).
+    """
+
+    param_bytes: int = 4
+    grad_bytes: int = 4
+    optimizer_bytes: int = 8
+    activation_bytes: int = 2
+
+    def __post_init__(self) -> None:
+        for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PartitionError(f"TrainingPrecision.{key} must be an int >= 0, got {value!r}")
+
+
+def training_memory_bytes(params: int, stored_activation_bytes: int, precision: TrainingPrecision) -> int:
+    """Memory one active layer holds in training: parameters, gradients, optimizer state, stored activations."""
+    per_param = precision.param_bytes + precision.grad_bytes + precision.optimizer_bytes
+    return params * per_param + stored_activation_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TransformerShape:
+    """The shape of a pre-norm transformer encoder (or decoder) stack.
+
+    Attributes:
+        hidden: model width h.
+        heads: attention heads a.
+        ffn: MLP inner width.
+        seq_len: tokens per sample s.
+        layers: number of blocks.
+        vocab: vocabulary size of the token embedding (0: no embedding sub-layer in the cost list).
+    """
+
+    hidden: int
+    heads: int
+    ffn: int
+    seq_len: int
+    layers: int
+    vocab: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("hidden", "heads", "ffn", "seq_len", "layers"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PartitionError(f"TransformerShape.{key} must be an int >= 1, got {value!r}")
+        if self.vocab < 0:
+            raise PartitionError(f"TransformerShape.vocab must be >= 0, got {self.vocab!r}")
+        if self.hidden % self.heads:
+            raise PartitionError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
+
+
+#: BERT-large: 24 blocks of width 1024, 16 heads, sequence 512.
+BERT_LARGE = TransformerShape(hidden=1024, heads=16, ffn=4096, seq_len=512, layers=24, vocab=30522)
+#: ViT-B/16 at 224x224: 196 patches plus the class token.
+VIT_B16 = TransformerShape(hidden=768, heads=12, ffn=3072, seq_len=197, layers=12)
+
+
+def transformer_costs(
+    shape: TransformerShape,
+    micro_batch: int,
+    *,
+    flops_per_second: float,
+    precision: TrainingPrecision | None = None,
+) -> list[LayerCost]:
+    """Analytic per-sub-layer costs of a transformer stack.
+
+    The list is ``[embed] + [block{i}.attn, block{i}.mlp for each block]`` (``embed`` only when
+    ``shape.vocab > 0``). Times count the matrix multiplies only (at ``flops_per_second``), backward twice the
+    forward; this is a planning model, :func:`~elastic_pipe.partition.profile_layers` measures real ones.
+
+    Args:
+        shape: the stack's dimensions.
+        micro_batch: samples per micro-batch b.
+        flops_per_second: sustained device throughput used to turn FLOPs into seconds.
+        precision: bytes per parameter, gradient, optimizer state and activation.
+
+    Returns:
+        One :class:`LayerCost` per sub-layer.
+    """
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise PartitionError(f"micro_batch must be an int >= 1, got {micro_batch!r}")
+    if not (math.isfinite(flops_per_second) and flops_per_second > 0):
+        raise PartitionError(f"flops_per_second must be a finite number > 0, got {flops_per_second!r}")
+    prec = precision or TrainingPrecision()
+    h, a, f, s, b = shape.hidden, shape.heads, shape.ffn, shape.seq_len, micro_batch
+    tokens = b * s
+    out_bytes = tokens * h * prec.activation_bytes
+    act_scale = prec.activation_bytes / _FORMULA_BYTES
+    norm_params = 2 * h
+
+    def record(name: str, params: int, macs: int, stored: float) -> LayerCost:
+        forward = _FLOPS_PER_MAC * macs / flops_per_second
+        stored_bytes = round(stored * act_scale)
+        return LayerCost(
+            name=name,
+            params=params,
+            forward=forward,
+            backward=_BACKWARD_TO_FORWARD * forward,
+            activation_bytes=out_bytes,
+            memory_bytes=training_memory_bytes(params, stored_bytes, prec),
+            frozen_forward=forward,
+            frozen_memory_bytes=params * prec.param_bytes,
+        )
+
+    costs: list[LayerCost] = []
+    if shape.vocab:
+        # Token and position tables; a lookup does no multiplies, so its time is ~0 in this model.
+        costs.append(record("embed", (shape.vocab + s) * h + norm_params, 0, 0))
+    attn_params = 4 * h * h + 4 * h + norm_params
+    attn_macs = 4 * tokens * h * h + 2 * b * s * s * h
+    attn_stored = _ATTENTION_ACT_PER_TOKEN_HIDDEN * tokens * h + _ATTENTION_ACT_PER_SCORE * a * s * s * b
+    mlp_params = 2 * h * f + f + h + norm_params
+    mlp_macs = 2 * tokens * h * f
+    mlp_stored = _MLP_ACT_PER_TOKEN_HIDDEN * tokens * h
+    for block in range(shape.layers):
+        costs.append(record(f"block{block}.attn", attn_params, attn_macs, attn_stored))
+        costs.append(record(f"block{block}.mlp", mlp_params, mlp_macs, mlp_stored))
+    return costs
+
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(text: str | float) -> float:
+    """Parse ``"16GiB"``, ``"1.5e9"``, ``"512 MB"`` or a number into a count of bytes (or plain units).
+
+    Raises:
+        PartitionError: if the text is not a non-negative number with an optional known byte suffix.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _BYTES_RE.match(str(text))
+        suffix = match.group(2).lower() if match else ""
+        if match is None or suffix not in _BYTE_UNITS:
+            raise PartitionError(
+                f"cannot read {text!r} as a size: expected a number with an optional suffix "
+                f"({', '.join(k for k in _BYTE_UNITS if k)})"
+            )
+        value = float(match.group(1)) * _BYTE_UNITS[suffix]
+    if not (math.isfinite(value) and value >= 0):
+        raise PartitionError(f"size must be a finite number >= 0, got {text!r}")
+    return value

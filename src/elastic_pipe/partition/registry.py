@@ -1,0 +1,129 @@
+"""One entry point for every solver: :func:`solve` and the :data:`SOLVERS` registry.
+
+A solver is any function ``(costs, stages, /, **options) -> layers per stage``. :func:`solve` validates the input
+once, prices frozen layers, times the solver alone and wraps its answer in a :class:`Partition`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from elastic_pipe.partition._checks import check_costs, check_stages
+from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, greedy
+from elastic_pipe.partition.optimal import optimal
+from elastic_pipe.partition.result import Partition, stage_sums
+from elastic_pipe.partition.uniform import uniform
+
+__all__ = ["SOLVERS", "Solver", "price_frozen", "register_solver", "solve"]
+
+
+class Solver(Protocol):
+    """A partition solver: a pure function from per-layer costs and a stage count to layers per stage.
+
+    It receives validated costs (finite, >= 0, at least ``stages`` of them) and must return ``stages`` counts
+    summing to ``len(costs)``.
+    """
+
+    def __call__(self, costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int, ...]: ...
+
+
+#: Name -> solver. ``graph`` is not here: it partitions a DAG, see :func:`elastic_pipe.partition.graph_partition`.
+SOLVERS: dict[str, Solver] = {"uniform": uniform, "greedy": greedy, "optimal": optimal}
+
+#: Solvers that price frozen layers themselves (the published greedy rule keeps them all on device 0).
+_PRICES_FROZEN_ITSELF: set[str] = {"greedy"}
+
+
+def register_solver(name: str, solver: Solver, *, prices_frozen_itself: bool = False) -> None:
+    """Add a solver to :data:`SOLVERS` under ``name`` (replacing one of the same name).
+
+    Args:
+        name: the name :func:`solve` and the CLI accept.
+        solver: the function.
+        prices_frozen_itself: pass ``frozen``/``frozen_factor`` to the solver instead of scaling the frozen
+            layers' costs before calling it.
+    """
+    if not name or not isinstance(name, str):
+        raise PartitionError(f"solver name must be a non-empty string, got {name!r}")
+    SOLVERS[name] = solver
+    if prices_frozen_itself:
+        _PRICES_FROZEN_ITSELF.add(name)
+    else:
+        _PRICES_FROZEN_ITSELF.discard(name)
+
+
+def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> list[float]:
+    """Scale the first ``frozen`` costs by ``frozen_factor`` (what a frozen layer costs relative to an active one).
+
+    Raises:
+        PartitionError: if ``frozen`` is outside ``0..len(costs)`` or ``frozen_factor`` outside ``[0, 1]``.
+    """
+    if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
+        raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
+    if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
+        raise PartitionError(f"frozen_factor must be in [0, 1], got {frozen_factor!r}")
+    return [c * frozen_factor if i < frozen else float(c) for i, c in enumerate(costs)]
+
+
+def _lookup(name: str) -> Solver:
+    try:
+        return SOLVERS[name]
+    except (KeyError, TypeError):
+        valid = ", ".join(sorted(SOLVERS))
+        hint = " (for a layer DAG call graph_partition)" if name == "graph" else ""
+        raise PartitionError(f"unknown solver {name!r}{hint}; valid solvers: {valid}") from None
+
+
+def solve(
+    costs: Sequence[float],
+    stages: int,
+    solver: str = "optimal",
+    *,
+    frozen: int = 0,
+    frozen_factor: float = DEFAULT_FROZEN_FACTOR,
+    **options: Any,
+) -> Partition:
+    """Partition per-layer costs into ``stages`` contiguous stages with the named solver.
+
+    Args:
+        costs: one non-negative finite cost per layer, in any unit (stage costs come back in the same unit).
+        stages: number of stages K, ``1 <= K <= len(costs)``.
+        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal").
+        frozen: number of frozen leading layers. ``greedy`` applies the published rule to them; every other
+            solver sees their costs scaled by ``frozen_factor`` (and reports stage costs with that pricing).
+        frozen_factor: a frozen layer's cost relative to an active one (1/6 as published).
+        **options: solver options, e.g. ``unit`` and ``allow_empty`` for ``greedy``.
+
+    Returns:
+        The partition, with ``solve_seconds`` measuring the solver alone.
+
+    Raises:
+        PartitionError: on an unknown solver, bad costs (negative, NaN, infinite, none), or ``stages`` outside
+            ``1..len(costs)``.
+    """
+    fn = _lookup(solver)
+    values = check_costs(costs)
+    check_stages(stages, len(values))
+    if solver in _PRICES_FROZEN_ITSELF:
+        options = {**options, "frozen": frozen, "frozen_factor": frozen_factor}
+        priced = values
+    else:
+        priced = price_frozen(values, frozen, frozen_factor)
+    start = time.perf_counter()
+    counts = fn(priced, stages, **options)
+    elapsed = time.perf_counter() - start
+    counts = tuple(int(c) for c in counts)
+    if len(counts) != stages or sum(counts) != len(values) or min(counts) < 0:
+        raise PartitionError(
+            f"solver {solver!r} returned {counts!r}: expected {stages} counts >= 0 summing to {len(values)}"
+        )
+    return Partition(
+        layers_per_stage=counts,
+        stage_costs=stage_sums(priced, counts),
+        solver=solver,
+        solve_seconds=elapsed,
+    )
