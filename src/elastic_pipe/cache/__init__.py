@@ -6,4 +6,24 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from elastic_pipe.cache.cache import ActivationCache, CacheLookup, CacheStats, TierStats
+from elastic_pipe.cache.config import Augmentation, CacheConfig, OnRandomAugmentation
+from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
+from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.payoff import measure_payoff
+
+__all__ = [
+    "ActivationCache",
+    "Augmentation",
+    "CacheConfig",
+    "CacheDecision",
+    "CacheError",
+    "CacheLookup",
+    "CacheStats",
+    "OnRandomAugmentation",
+    "TierStats",
+    "decide",
+    "measure_payoff",
+    "payoff_threshold",
+    "time_call",
+]

@@ -1,0 +1,572 @@
+"""The activation cache: the frozen prefix's output per (sample id, frozen boundary), over stacked tiers.
+
+A read of a batch asks each tier in turn (device, then host, then disk) for the ids still missing: one gather per
+tier. A write skips ids already cached anywhere and fills the tiers in the same order while their budgets last
+(spilling to the next tier); what fits nowhere is not cached and is recomputed on its next miss. There is no
+eviction: every epoch reads every sample once, so swapping one entry for another cannot raise the hit rate.
+
+When the frozen boundary moves from ``b`` to ``b'``, :meth:`ActivationCache.extend` runs only layers ``b..b'-1``
+on the cached values (in place, chunk by chunk) and the entries of ``b`` are gone afterwards.
+
+Sharing across the processes of a node: give every process the same ``name`` (and ``host_dir``/``disk_dir``) and
+make exactly one of them the ``leader``. Reads and writes need no coordination. :meth:`~ActivationCache.extend` and
+:meth:`~ActivationCache.drop` are node-wide: call them on every process between two barriers; the leader rewrites
+and deletes the shared files, the others only let go of their handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from elastic_pipe.cache.config import (
+    Augmentation,
+    CacheConfig,
+    OnRandomAugmentation,
+    default_host_dir,
+    default_name,
+    parse_choice,
+)
+from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.segments import Segment, ShapeChangedError
+from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier
+
+__all__ = ["ActivationCache", "CacheLookup", "CacheStats", "TierStats"]
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+#: Entries transformed per chunk by :meth:`ActivationCache.extend` (bounds its extra memory).
+DEFAULT_EXTEND_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """The answer to one batched read.
+
+    Attributes:
+        sample_ids: the ids asked for (CPU, int64).
+        hit: bool mask over ``sample_ids``.
+        values: the cached outputs of the hits, in the order of ``sample_ids[hit]``, on the cache's device.
+    """
+
+    sample_ids: torch.Tensor
+    hit: torch.Tensor
+    values: torch.Tensor
+
+    @property
+    def num_hits(self) -> int:
+        """Number of ids served from the cache."""
+        return int(self.hit.sum())
+
+    @property
+    def missing_ids(self) -> torch.Tensor:
+        """Ids to recompute."""
+        return self.sample_ids[~self.hit]
+
+    def merge(self, computed: torch.Tensor) -> torch.Tensor:
+        """The whole batch: cached rows for hits, ``computed`` (the misses, in order) for the rest.
+
+        Raises:
+            CacheError: ``computed`` has the wrong number of rows or a shape different from the cached rows.
+        """
+        misses = self.sample_ids.numel() - self.num_hits
+        if computed.shape[0] != misses:
+            raise CacheError(f"merge needs {misses} computed rows (one per miss), got {computed.shape[0]}")
+        if misses == 0:
+            return self.values
+        if self.num_hits == 0:
+            return computed
+        if computed.shape[1:] != self.values.shape[1:] or computed.dtype != self.values.dtype:
+            raise CacheError(
+                f"computed rows are {tuple(computed.shape[1:])} {computed.dtype}, cached rows "
+                f"{tuple(self.values.shape[1:])} {self.values.dtype}; expected the same"
+            )
+        out = torch.empty((self.sample_ids.numel(), *computed.shape[1:]), dtype=computed.dtype, device=computed.device)
+        hit = self.hit.to(computed.device)
+        out[hit] = self.values.to(computed.device)
+        out[~hit] = computed
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """One tier's state as this process sees it.
+
+    Attributes:
+        name: ``"device"``, ``"host"`` or ``"disk"``.
+        budget_bytes: the tier's budget.
+        used_bytes: bytes its segments reserve (for file tiers: every process's files of this cache name).
+        entries: valid entries over all boundaries.
+        hits: ids this process was served from the tier.
+    """
+
+    name: str
+    budget_bytes: int
+    used_bytes: int
+    entries: int
+    hits: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """Counters of this process since the cache was built (or :meth:`ActivationCache.reset_stats`).
+
+    Attributes:
+        hits: ids served from some tier.
+        misses: ids found in no tier (or bypassed).
+        stored: entries newly written.
+        rejected: ids a put could place in no tier (all budgets full).
+        corrupt: entries that failed verification and were reported as misses.
+        tiers: per-tier state, device first.
+    """
+
+    hits: int
+    misses: int
+    stored: int
+    rejected: int
+    corrupt: int
+    tiers: tuple[TierStats, ...]
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over lookups (0 when nothing was looked up)."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-ready form."""
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "stored": self.stored,
+            "rejected": self.rejected,
+            "corrupt": self.corrupt,
+            "hit_rate": self.hit_rate,
+            "tiers": [
+                {"name": t.name, "budget_bytes": t.budget_bytes, "used_bytes": t.used_bytes, "entries": t.entries}
+                | {"hits": t.hits}
+                for t in self.tiers
+            ],
+        }
+
+
+class ActivationCache:
+    """A tiered cache of the frozen prefix's output, keyed by (sample id, frozen boundary).
+
+    Args:
+        num_samples: dataset size; sample ids are ``0..num_samples-1``.
+        device_budget: bytes on the compute device (0: no device tier).
+        host_budget: bytes of node-shared memory under ``host_dir`` (0: no host tier).
+        disk_budget: bytes on disk under ``disk_dir`` (0: no disk tier), each entry checksummed.
+        device: compute device; reads return tensors there.
+        name: segment file prefix; processes using the same name share the host and disk tiers.
+        host_dir: host tier directory (default ``/dev/shm``).
+        disk_dir: disk tier directory.
+        augmentation: what the data pipeline declares, ``"none"`` or ``"random"``.
+        on_random_augmentation: ``"error"`` (default), ``"bypass"`` or ``"views"``.
+        views: per-epoch views per sample kept under ``"views"``.
+        leader: whether this process deletes and renames shared files (one per node).
+
+    Raises:
+        CacheError: invalid configuration, including random augmentation without an explicit policy.
+
+    Example:
+        >>> cache = ActivationCache(100, device_budget=1 << 20)
+        >>> ids = torch.arange(4)
+        >>> cache.put(ids, 2, torch.ones(4, 8))
+        4
+        >>> cache.get(ids, 2).num_hits
+        4
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        device_budget: int = 0,
+        host_budget: int = 0,
+        disk_budget: int = 0,
+        device: str | torch.device = "cpu",
+        name: str | None = None,
+        host_dir: str | Path | None = None,
+        disk_dir: str | Path | None = None,
+        augmentation: str = "none",
+        on_random_augmentation: str = "error",
+        views: int = 1,
+        leader: bool = True,
+    ) -> None:
+        config = CacheConfig(
+            num_samples=num_samples,
+            device_budget=device_budget,
+            host_budget=host_budget,
+            disk_budget=disk_budget,
+            device=torch.device(device),
+            name=default_name() if name is None else name,
+            host_dir=default_host_dir() if host_dir is None else Path(host_dir),
+            disk_dir=None if disk_dir is None else Path(disk_dir),
+            augmentation=parse_choice(Augmentation, augmentation, "augmentation"),
+            on_random_augmentation=parse_choice(OnRandomAugmentation, on_random_augmentation, "on_random_augmentation"),
+            views=views,
+            leader=leader,
+        )
+        self._setup(config)
+
+    @classmethod
+    def from_config(cls, config: CacheConfig) -> ActivationCache:
+        """Build a cache from a validated :class:`CacheConfig`."""
+        cache = cls.__new__(cls)
+        cache._setup(config)
+        return cache
+
+    def _setup(self, config: CacheConfig) -> None:
+        self.config = config
+        self._num_keys = config.num_samples * config.views_per_sample
+        self._epoch = 0
+        tiers: list[Tier] = []
+        if config.device_budget > 0:
+            tiers.append(DeviceTier(config.device_budget, config.device, self._num_keys))
+        if config.host_budget > 0:
+            tiers.append(
+                FileTier(
+                    "host",
+                    config.host_dir,
+                    config.name,
+                    config.host_budget,
+                    self._num_keys,
+                    checksum=False,
+                    leader=config.leader,
+                )
+            )
+        if config.disk_budget > 0:
+            assert config.disk_dir is not None  # checked by CacheConfig
+            tiers.append(
+                FileTier(
+                    "disk",
+                    config.disk_dir,
+                    config.name,
+                    config.disk_budget,
+                    self._num_keys,
+                    checksum=True,
+                    leader=config.leader,
+                )
+            )
+        self._tiers = tiers
+        self.reset_stats()
+
+    # ------------------------------------------------------------------------------------------------ keys
+    @property
+    def enabled(self) -> bool:
+        """False when the cache bypasses itself (random augmentation with ``on_random_augmentation='bypass'``)."""
+        return self.config.enabled
+
+    @property
+    def device(self) -> torch.device:
+        """Where reads land."""
+        return self.config.device
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the per-epoch view (``epoch % views``) that reads and writes use; a no-op without views."""
+        if epoch < 0:
+            raise CacheError(f"epoch must be >= 0, got {epoch}")
+        self._epoch = epoch
+
+    def _keys(self, sample_ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(sample_ids, torch.Tensor) or sample_ids.dim() != 1:
+            raise CacheError(f"sample_ids must be a 1-D integer tensor, got {_describe(sample_ids)}")
+        if sample_ids.dtype.is_floating_point or sample_ids.dtype.is_complex or sample_ids.dtype == torch.bool:
+            raise CacheError(f"sample_ids must be an integer tensor, got dtype {sample_ids.dtype}")
+        ids = sample_ids.to("cpu", torch.int64)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.config.num_samples):
+            raise CacheError(
+                f"sample ids must lie in [0, {self.config.num_samples}), got min {int(ids.min())}, max {int(ids.max())}"
+            )
+        views = self.config.views_per_sample
+        return ids * views + self._epoch % views if views > 1 else ids
+
+    @staticmethod
+    def _check_boundary(boundary: int) -> None:
+        if isinstance(boundary, bool) or not isinstance(boundary, int) or boundary < 0:
+            raise CacheError(f"boundary must be an int >= 0 (the number of frozen layers), got {boundary!r}")
+
+    # ------------------------------------------------------------------------------------------------ read
+    def get(self, sample_ids: torch.Tensor, boundary: int) -> CacheLookup:
+        """Look a batch up: one gather per tier that holds some of it.
+
+        Args:
+            sample_ids: 1-D integer tensor of dataset ids.
+            boundary: the frozen boundary (number of frozen layers) whose output is wanted.
+
+        Returns:
+            The hit mask and the hits' values on :attr:`device`.
+
+        Raises:
+            CacheError: ids outside ``[0, num_samples)``, not a 1-D integer tensor, or a negative boundary.
+        """
+        self._check_boundary(boundary)
+        keys = self._keys(sample_ids)
+        ids = sample_ids.to("cpu", torch.int64)
+        hit = torch.zeros(keys.numel(), dtype=torch.bool)
+        empty = torch.empty(0, device=self.device)
+        if not self.enabled:
+            self._misses += keys.numel()
+            return CacheLookup(ids, hit, empty)
+        parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for tier in self._tiers:
+            pending = (~hit).nonzero().flatten()
+            if pending.numel() == 0:
+                break
+            segment = tier.segment(boundary)
+            if segment is None:
+                continue
+            result = segment.read(keys[pending], self.device)
+            self._corrupt += result.corrupt
+            found = pending[result.found]
+            if found.numel():
+                hit[found] = True
+                parts.append((found, result.values))
+                self._tier_hits[tier.name] += found.numel()
+        num_hits = int(hit.sum())
+        self._hits += num_hits
+        self._misses += keys.numel() - num_hits
+        if not parts:
+            return CacheLookup(ids, hit, empty)
+        if len(parts) == 1:  # positions ascend within a tier, so one tier's rows are already in batch order
+            return CacheLookup(ids, hit, parts[0][1])
+        first = parts[0][1]
+        values = torch.empty((num_hits, *first.shape[1:]), dtype=first.dtype, device=self.device)
+        rank = torch.cumsum(hit.to(torch.int64), 0) - 1
+        for positions, rows in parts:
+            values[rank[positions].to(self.device)] = rows
+        return CacheLookup(ids, hit, values)
+
+    # ------------------------------------------------------------------------------------------------ write
+    def put(self, sample_ids: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
+        """Store a batch's prefix outputs, skipping ids already cached, filling tiers in order (one scatter each).
+
+        Args:
+            sample_ids: 1-D integer tensor of dataset ids (duplicates keep their first row).
+            boundary: the frozen boundary the values belong to.
+            values: ``len(sample_ids)`` rows; every row of one boundary must share shape and dtype.
+
+        Returns:
+            The number of entries newly stored; ids that fit in no tier count in ``stats.rejected``.
+
+        Raises:
+            CacheError: bad ids or boundary, a row count that differs from the ids, zero-byte rows, or rows whose
+                shape/dtype differs from the boundary's existing entries.
+        """
+        self._check_boundary(boundary)
+        keys = self._keys(sample_ids)
+        if values.dim() < 1 or values.shape[0] != keys.numel():
+            raise CacheError(f"values need one row per sample id ({keys.numel()}), got shape {tuple(values.shape)}")
+        if not self.enabled or keys.numel() == 0:
+            return 0
+        if values[0].numel() == 0:
+            raise CacheError(f"cannot cache zero-byte entries of shape {tuple(values.shape[1:])}")
+        _, first = np.unique(keys.numpy(), return_index=True)
+        rows = torch.from_numpy(np.sort(first))
+        return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
+
+    def _put_keys(self, keys: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
+        shape, dtype = tuple(values.shape[1:]), values.dtype
+        segments: list[tuple[Tier, Segment | None]] = [(t, t.segment(boundary)) for t in self._tiers]
+        pending = torch.ones(keys.numel(), dtype=torch.bool)
+        for _, segment in segments:
+            if segment is not None:
+                _check_layout(segment, shape, dtype, boundary)
+                pending &= ~segment.contains(keys)
+        stored = 0
+        for tier, segment in segments:
+            todo = pending.nonzero().flatten()
+            if todo.numel() == 0:
+                break
+            if segment is None:
+                segment = tier.create(boundary, shape, dtype)
+                if segment is None:
+                    continue
+                _check_layout(segment, shape, dtype, boundary)
+            present = segment.write(keys[todo], values[todo.to(values.device)])
+            stored += int(present.sum())
+            pending[todo[present]] = False
+        self._stored += stored
+        self._rejected += int(pending.sum())
+        return stored
+
+    def get_or_compute(
+        self, sample_ids: torch.Tensor, boundary: int, inputs: torch.Tensor, prefix: Transform
+    ) -> torch.Tensor:
+        """The prefix output for a whole batch: cached rows for hits, ``prefix(inputs[misses])`` for the rest
+        (run under ``no_grad`` and then cached).
+
+        Args:
+            sample_ids: the batch's dataset ids.
+            boundary: frozen boundary.
+            inputs: the batch's inputs to the model (rows aligned with ``sample_ids``).
+            prefix: runs the frozen layers ``0..boundary-1``.
+
+        Returns:
+            ``len(sample_ids)`` rows on the device of the computed rows (or the cache's device if all hit).
+        """
+        lookup = self.get(sample_ids, boundary)
+        if lookup.num_hits == sample_ids.numel():
+            return lookup.values
+        miss = ~lookup.hit
+        with torch.no_grad():
+            computed = prefix(inputs[miss.to(inputs.device)])
+        self.put(lookup.missing_ids, boundary, computed)
+        return lookup.merge(computed)
+
+    # ------------------------------------------------------------------------------------------------ boundaries
+    def extend(self, old_boundary: int, new_boundary: int, fn: Transform, *, batch_size: int = DEFAULT_EXTEND_BATCH) -> int:
+        """Move entries from ``old_boundary`` to ``new_boundary`` by running ``fn`` (layers ``old..new-1``) on them.
+
+        Entries are rewritten in place, ``batch_size`` at a time, under ``no_grad``; if ``fn`` changes the entry
+        shape they are re-stored through :meth:`put` instead (those that no longer fit are recomputed on their
+        next miss). Any entries already stored for ``new_boundary`` are replaced. Afterwards ``old_boundary`` has
+        no entries and its memory is returned. On a node-shared cache, call it on every process between two
+        barriers: the leader rewrites the shared files.
+
+        Args:
+            old_boundary: the cached boundary ``b``.
+            new_boundary: the new boundary ``b' > b``.
+            fn: maps a chunk of ``b`` outputs to ``b'`` outputs (``fn`` sees tensors on :attr:`device`).
+            batch_size: entries per chunk.
+
+        Returns:
+            Entries this process extended.
+
+        Raises:
+            CacheError: ``new_boundary <= old_boundary``, a negative boundary, or ``batch_size < 1``.
+        """
+        self._check_boundary(old_boundary)
+        self._check_boundary(new_boundary)
+        if new_boundary <= old_boundary:
+            raise CacheError(
+                f"extend moves the boundary forward: need new_boundary > old_boundary, got {old_boundary} -> "
+                f"{new_boundary}"
+            )
+        if batch_size < 1:
+            raise CacheError(f"batch_size must be >= 1, got {batch_size}")
+        done = 0
+        with torch.no_grad():
+            try:
+                for tier in self._tiers:
+                    mine = isinstance(tier, DeviceTier) or tier.leader
+                    segment = tier.segment(old_boundary) if mine else None
+                    if segment is not None:
+                        done += segment.transform(fn, batch_size, self.device)
+                    tier.rename(old_boundary, new_boundary)
+            except ShapeChangedError:
+                done = self._extend_reshaped(old_boundary, new_boundary, fn, batch_size)
+        return done
+
+    def _extend_reshaped(self, old: int, new: int, fn: Transform, batch_size: int) -> int:
+        done = 0
+        for tier in self._tiers:
+            tier.drop(new)
+        for tier in self._tiers:
+            mine = isinstance(tier, DeviceTier) or tier.leader
+            segment = tier.segment(old) if mine else None
+            if segment is None:
+                continue
+            keys = segment.valid_keys()
+            for start in range(0, keys.numel(), batch_size):
+                chunk = keys[start : start + batch_size]
+                result = segment.read(chunk, self.device)
+                self._corrupt += result.corrupt
+                if result.values.shape[0]:
+                    done += self._put_keys(chunk[result.found], new, fn(result.values))
+        self.drop(old)
+        return done
+
+    def drop(self, boundary: int) -> int:
+        """Delete every entry of ``boundary`` in every tier and return the memory.
+
+        Returns:
+            Bytes released by this process (device segments, and shared files when it is the leader).
+        """
+        self._check_boundary(boundary)
+        return sum(tier.drop(boundary) for tier in self._tiers)
+
+    def boundaries(self) -> list[int]:
+        """Boundaries with entries in some tier."""
+        return sorted({b for tier in self._tiers for b in tier.boundaries()})
+
+    # ------------------------------------------------------------------------------------------------ state
+    @property
+    def stats(self) -> CacheStats:
+        """A snapshot of this process's counters and every tier's occupancy."""
+        tiers = []
+        for tier in self._tiers:
+            entries = 0
+            for b in tier.boundaries():
+                segment = tier.segment(b)
+                entries += 0 if segment is None else segment.entries()
+            tiers.append(TierStats(tier.name, tier.budget, tier.used_bytes(), entries, self._tier_hits[tier.name]))
+        return CacheStats(self._hits, self._misses, self._stored, self._rejected, self._corrupt, tuple(tiers))
+
+    def reset_stats(self) -> None:
+        """Zero the counters (occupancy is not touched)."""
+        self._hits = self._misses = self._stored = self._rejected = self._corrupt = 0
+        self._tier_hits = {tier.name: 0 for tier in self._tiers}
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Lookups inside the block leave the hit and miss counters as they were (for measurements)."""
+        saved = (self._hits, self._misses, dict(self._tier_hits))
+        try:
+            yield
+        finally:
+            self._hits, self._misses, self._tier_hits = saved
+
+    def flush(self) -> None:
+        """Write the disk tier's dirty pages back."""
+        for tier in self._tiers:
+            if isinstance(tier, FileTier):
+                tier.flush()
+
+    def close(self) -> None:
+        """Free the device tier and close the file handles; shared files stay for the other processes."""
+        for tier in self._tiers:
+            tier.close()
+
+    def unlink(self) -> None:
+        """Close, and (leader) delete every shared file of this cache name."""
+        for tier in self._tiers:
+            for boundary in tier.boundaries():
+                tier.drop(boundary)
+            tier.close()
+
+    def __enter__(self) -> ActivationCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        policy = "" if c.augmentation is Augmentation.NONE else f", augmentation={c.on_random_augmentation.value}"
+        if c.on_random_augmentation is OnRandomAugmentation.VIEWS:
+            policy += f"x{c.views}"
+        return (
+            f"ActivationCache(num_samples={c.num_samples}, device={c.device}, budgets=device:{c.device_budget} "
+            f"host:{c.host_budget} disk:{c.disk_budget}, name={c.name!r}{policy})"
+        )
+
+
+def _check_layout(segment: Segment, shape: tuple[int, ...], dtype: torch.dtype, boundary: int) -> None:
+    if segment.layout.shape != shape or segment.layout.dtype != dtype:
+        raise CacheError(
+            f"boundary {boundary} holds entries {segment.layout.shape} {segment.layout.dtype}; got rows {shape} {dtype}"
+        )
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-D {value.dtype} tensor"
+    return type(value).__name__

@@ -1,0 +1,139 @@
+"""The cache's configuration: tier budgets and places, and what to do about random augmentation."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from elastic_pipe.cache.errors import CacheError
+
+__all__ = ["Augmentation", "CacheConfig", "OnRandomAugmentation", "default_host_dir", "default_name", "parse_choice"]
+
+_SHM = Path("/dev/shm")
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class Augmentation(StrEnum):
+    """What the data pipeline declares about the frozen prefix's input."""
+
+    #: The same input for a sample every epoch: caching is exact.
+    NONE = "none"
+    #: A random transform per epoch: one cached output would freeze one epoch's augmentation into all later ones.
+    RANDOM = "random"
+
+
+class OnRandomAugmentation(StrEnum):
+    """What the cache does when the pipeline declares random augmentation."""
+
+    #: Refuse to build the cache (the default: a silent accuracy change is worse than a slow run).
+    ERROR = "error"
+    #: Build it disabled: every get misses, every put is ignored; training recomputes the prefix.
+    BYPASS = "bypass"
+    #: Opt in: cache ``views`` augmented views per sample; epoch ``e`` reads and writes view ``e % views``.
+    VIEWS = "views"
+
+
+def default_host_dir() -> Path:
+    """``/dev/shm`` (memory shared by the node's processes) where it exists, else the temporary directory."""
+    return _SHM if _SHM.is_dir() else Path(tempfile.gettempdir())
+
+
+def default_name() -> str:
+    """A segment-file prefix unique to this process and call (nothing is shared unless a name is given)."""
+    return f"elastic_pipe-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def parse_choice(kind: type[_E], value: str, what: str) -> _E:
+    """``kind(value)``, or a :class:`CacheError` that lists the valid values."""
+    try:
+        return kind(value)
+    except ValueError:
+        valid = ", ".join(repr(member.value) for member in kind)
+        raise CacheError(f"unknown {what} {value!r}; expected one of: {valid}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Where the cache keeps entries and how much it may use.
+
+    Attributes:
+        num_samples: size of the dataset; sample ids are ``0..num_samples-1``.
+        device_budget: bytes of entries kept as tensors on ``device`` (0 disables the tier).
+        host_budget: bytes of shared-memory segment files under ``host_dir`` (0 disables the tier).
+        disk_budget: bytes of checksummed segment files under ``disk_dir`` (0 disables the tier).
+        device: the compute device; reads return tensors there.
+        name: prefix of the segment files; processes that pass the same name (and directories) share the host
+            and disk tiers. The default is unique to this cache object, so nothing is shared by accident.
+        host_dir: directory of the host tier (default ``/dev/shm``).
+        disk_dir: directory of the disk tier (required when ``disk_budget > 0``).
+        augmentation: what the data pipeline declares (``"none"`` or ``"random"``).
+        on_random_augmentation: ``"error"``, ``"bypass"`` or ``"views"`` (see :class:`OnRandomAugmentation`).
+        views: number of per-epoch views kept per sample when ``on_random_augmentation == "views"``.
+        leader: whether this process deletes and renames the shared segment files (one process per node).
+    """
+
+    num_samples: int
+    device_budget: int = 0
+    host_budget: int = 0
+    disk_budget: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    name: str = field(default_factory=default_name)
+    host_dir: Path = field(default_factory=default_host_dir)
+    disk_dir: Path | None = None
+    augmentation: Augmentation = Augmentation.NONE
+    on_random_augmentation: OnRandomAugmentation = OnRandomAugmentation.ERROR
+    views: int = 1
+    leader: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise CacheError(f"num_samples must be >= 1, got {self.num_samples}")
+        for key in ("device_budget", "host_budget", "disk_budget"):
+            if getattr(self, key) < 0:
+                raise CacheError(f"{key} must be >= 0 bytes, got {getattr(self, key)}")
+        if self.disk_budget > 0 and self.disk_dir is None:
+            raise CacheError(f"disk_budget={self.disk_budget} needs a disk_dir; got disk_dir=None")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise CacheError(f"cache name must be a plain file-name prefix, got {self.name!r}")
+        if self.views < 1:
+            raise CacheError(f"views must be >= 1, got {self.views}")
+        object.__setattr__(self, "augmentation", parse_choice(Augmentation, self.augmentation, "augmentation"))
+        object.__setattr__(
+            self,
+            "on_random_augmentation",
+            parse_choice(OnRandomAugmentation, self.on_random_augmentation, "on_random_augmentation"),
+        )
+        object.__setattr__(self, "device", torch.device(self.device))
+        object.__setattr__(self, "host_dir", Path(self.host_dir))
+        if self.disk_dir is not None:
+            object.__setattr__(self, "disk_dir", Path(self.disk_dir))
+        if self.augmentation is Augmentation.RANDOM and self.on_random_augmentation is OnRandomAugmentation.ERROR:
+            raise CacheError(
+                "the data pipeline declares random augmentation, so a cached frozen-prefix output would replay one "
+                "epoch's augmentation in every later epoch; pass on_random_augmentation='bypass' to train without "
+                "the cache, or on_random_augmentation='views' with views=V to cache V per-epoch views on purpose"
+            )
+        if self.views > 1 and self.on_random_augmentation is not OnRandomAugmentation.VIEWS:
+            raise CacheError(f"views={self.views} needs on_random_augmentation='views'")
+
+    @property
+    def enabled(self) -> bool:
+        """False when random augmentation is bypassed: the cache then stores and returns nothing."""
+        return not (
+            self.augmentation is Augmentation.RANDOM and self.on_random_augmentation is OnRandomAugmentation.BYPASS
+        )
+
+    @property
+    def views_per_sample(self) -> int:
+        """Keys per sample: ``views`` when random augmentation is cached as per-epoch views, else 1."""
+        views_on = (
+            self.augmentation is Augmentation.RANDOM and self.on_random_augmentation is OnRandomAugmentation.VIEWS
+        )
+        return self.views if views_on else 1

@@ -1,0 +1,153 @@
+"""The pay-off decision: cache the frozen prefix only when reading its output is faster than recomputing it.
+
+PipeTransformer switched its cache on only from a measured threshold (3 frozen blocks of 12 for ViT-B, 5 of 24 for
+BERT-large): below it, copying a cached activation into the step costs more than running the few frozen layers.
+The threshold depends on the hardware, the tier the cache serves from and the batch, so it is measured, not
+assumed: :func:`measure_payoff` times both paths on the real batch and :func:`decide` compares the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from elastic_pipe.cache.errors import CacheError
+
+__all__ = ["CacheDecision", "decide", "payoff_threshold", "time_call"]
+
+#: Reading must be this many times faster than recomputing; 1.0 means "any gain at all".
+DEFAULT_MARGIN = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDecision:
+    """Whether to serve the frozen prefix from the cache, with the numbers behind the choice.
+
+    Attributes:
+        enabled: True when reading (times ``margin``) is faster than recomputing.
+        read_seconds: measured time to fetch one batch's prefix output from the cache.
+        recompute_seconds: measured time to recompute the frozen prefix for the same batch.
+        margin: the factor reading had to beat recomputing by.
+        reason: one human-readable sentence with the numbers.
+    """
+
+    enabled: bool
+    read_seconds: float
+    recompute_seconds: float
+    margin: float
+    reason: str
+
+    def __post_init__(self) -> None:
+        for key in ("read_seconds", "recompute_seconds"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise CacheError(f"CacheDecision.{key} must be a finite number >= 0, got {value!r}")
+        if not math.isfinite(self.margin) or self.margin <= 0:
+            raise CacheError(f"CacheDecision.margin must be a finite number > 0, got {self.margin!r}")
+
+    @property
+    def speedup(self) -> float:
+        """Recompute time over read time (how many times faster the cache is); ``inf`` for a free read."""
+        return math.inf if self.read_seconds == 0 else self.recompute_seconds / self.read_seconds
+
+    def to_dict(self) -> dict[str, float | bool | str]:
+        """Plain JSON-ready form."""
+        return {
+            "enabled": self.enabled,
+            "read_seconds": self.read_seconds,
+            "recompute_seconds": self.recompute_seconds,
+            "speedup": self.speedup,
+            "margin": self.margin,
+            "reason": self.reason,
+        }
+
+
+def decide(read_seconds: float, recompute_seconds: float, *, margin: float = DEFAULT_MARGIN) -> CacheDecision:
+    """Enable the cache when ``read_seconds * margin < recompute_seconds``.
+
+    Args:
+        read_seconds: time to fetch one batch from the cache (s).
+        recompute_seconds: time to recompute the frozen prefix for that batch (s).
+        margin: how many times faster reading must be; use > 1 to demand a clear win over measurement noise.
+
+    Returns:
+        The decision, its numbers and a one-sentence reason.
+
+    Raises:
+        CacheError: a time is negative or not finite, or ``margin <= 0``.
+    """
+    for key, value in (("read_seconds", read_seconds), ("recompute_seconds", recompute_seconds)):
+        if not math.isfinite(value) or value < 0:
+            raise CacheError(f"{key} must be a finite number >= 0, got {value!r}")
+    if not math.isfinite(margin) or margin <= 0:
+        raise CacheError(f"margin must be a finite number > 0, got {margin!r}")
+    enabled = read_seconds * margin < recompute_seconds
+    verb = "enable" if enabled else "disable"
+    relation = "<" if enabled else ">="
+    reason = (
+        f"{verb} cache: read {read_seconds * 1e3:.3f} ms x margin {margin:g} {relation} "
+        f"recompute {recompute_seconds * 1e3:.3f} ms"
+    )
+    return CacheDecision(enabled, float(read_seconds), float(recompute_seconds), float(margin), reason)
+
+
+def payoff_threshold(
+    read_seconds: float | Sequence[float], recompute_seconds: Sequence[float], *, margin: float = DEFAULT_MARGIN
+) -> int | None:
+    """The smallest frozen count from which the cache pays, given per-count measurements.
+
+    Args:
+        read_seconds: read time per frozen count (or one value for all counts: the prefix output has the same
+            size whatever the boundary in a transformer).
+        recompute_seconds: ``recompute_seconds[k]`` is the time to recompute ``k`` frozen layers.
+        margin: as in :func:`decide`.
+
+    Returns:
+        The first ``k`` whose decision is "enable", or ``None`` if caching never pays.
+
+    Raises:
+        CacheError: the two sequences differ in length, or a time is invalid.
+    """
+    reads = [float(read_seconds)] * len(recompute_seconds) if isinstance(read_seconds, int | float) else list(read_seconds)
+    if len(reads) != len(recompute_seconds):
+        raise CacheError(
+            f"read_seconds has {len(reads)} entries but recompute_seconds has {len(recompute_seconds)}; expected equal"
+        )
+    for k, (read, recompute) in enumerate(zip(reads, recompute_seconds, strict=True)):
+        if decide(read, recompute, margin=margin).enabled:
+            return k
+    return None
+
+
+def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs, synchronizing CUDA around each.
+
+    Args:
+        fn: the call to time (its result is discarded).
+        repeats: timed runs, >= 1.
+        warmup: untimed runs first (allocator and cache warm-up), >= 0.
+
+    Returns:
+        Median seconds per call.
+
+    Raises:
+        CacheError: ``repeats < 1`` or ``warmup < 0``.
+    """
+    if repeats < 1 or warmup < 0:
+        raise CacheError(f"time_call needs repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)

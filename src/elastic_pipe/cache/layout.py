@@ -1,0 +1,169 @@
+"""The byte layout of one cache segment: the entries of one frozen boundary in one tier.
+
+A segment is a slab of ``capacity`` fixed-size slots plus a dense index from key (sample id, times the number of
+per-epoch views, plus the view) to slot. Preallocating the slab is what makes a batch one gather or one scatter
+instead of a per-sample loop, and a dense index needs no hashing: keys are dataset positions ``0..num_keys-1``.
+
+File segments (host shared memory, disk) lay the same data out in one file so that every process of a node can
+map it::
+
+    [0, 4096)           magic b"EPCACHE1", u32 length, JSON header (shape, dtype, capacity, num_keys, checksum)
+    [4096, 4104)        int64: slots handed out so far ("used")
+    [4104, ...)         int64 index[num_keys]: slot >= 0, ABSENT (-1), or -(slot + 2) for an invalidated slot
+    aligned to 64       int32 crc32[capacity] (disk segments only)
+    aligned to 64       data[capacity, *shape] in the entry dtype
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import torch
+
+from elastic_pipe.cache.errors import CacheError
+
+__all__ = ["ABSENT", "MAGIC", "SegmentLayout", "decode_invalid", "dtype_from_name", "encode_invalid"]
+
+MAGIC = b"EPCACHE1"
+#: Fixed header size: room for the JSON description, and keeps the counters page-aligned.
+HEADER_BYTES = 4096
+#: Alignment of the checksum and data regions (a cache line; also satisfies every dtype's alignment).
+ALIGN = 64
+#: Index value of a key that has no entry.
+ABSENT = -1
+_COUNTER_BYTES = 8
+_INDEX_ITEM = 8
+_CRC_ITEM = 4
+
+
+def encode_invalid(slots: torch.Tensor) -> torch.Tensor:
+    """Index value for slots whose entry failed verification: the slot stays reserved for a rewrite."""
+    return -(slots + 2)
+
+
+def decode_invalid(values: torch.Tensor) -> torch.Tensor:
+    """Slot reserved by an invalidated index value (inverse of :func:`encode_invalid`)."""
+    return -values - 2
+
+
+def _align(offset: int) -> int:
+    return (offset + ALIGN - 1) // ALIGN * ALIGN
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """``"float32"`` -> ``torch.float32``; raises :class:`CacheError` for anything that is not a torch dtype."""
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise CacheError(f"unknown dtype name {name!r} in a cache segment header")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentLayout:
+    """Shape of one segment: what an entry is and how many fit.
+
+    Attributes:
+        shape: shape of one entry (one sample's prefix output).
+        dtype: entry dtype.
+        capacity: number of slots.
+        num_keys: size of the key space (samples times views).
+        checksum: whether a crc32 per entry is stored and verified (disk segments).
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    capacity: int
+    num_keys: int
+    checksum: bool = False
+
+    def __post_init__(self) -> None:
+        if any(d < 0 for d in self.shape):
+            raise CacheError(f"entry shape must have non-negative sizes, got {self.shape!r}")
+        if self.capacity < 0 or self.num_keys < 1 or self.capacity > self.num_keys:
+            raise CacheError(
+                f"segment needs 0 <= capacity <= num_keys and num_keys >= 1, got capacity={self.capacity}, "
+                f"num_keys={self.num_keys}"
+            )
+
+    @property
+    def entry_bytes(self) -> int:
+        """Bytes of one entry."""
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def index_offset(self) -> int:
+        """File offset of the int64 index."""
+        return HEADER_BYTES + _COUNTER_BYTES
+
+    @property
+    def crc_offset(self) -> int:
+        """File offset of the int32 checksums (zero-length region when ``checksum`` is off)."""
+        return _align(self.index_offset + _INDEX_ITEM * self.num_keys)
+
+    @property
+    def data_offset(self) -> int:
+        """File offset of slot 0."""
+        crc_bytes = _CRC_ITEM * self.capacity if self.checksum else 0
+        return _align(self.crc_offset + crc_bytes)
+
+    @property
+    def file_bytes(self) -> int:
+        """Size of the whole segment file."""
+        return self.data_offset + self.capacity * self.entry_bytes
+
+    def header(self) -> bytes:
+        """The 4096-byte header block."""
+        body = json.dumps(
+            {
+                "shape": list(self.shape),
+                "dtype": str(self.dtype).removeprefix("torch."),
+                "capacity": self.capacity,
+                "num_keys": self.num_keys,
+                "checksum": self.checksum,
+            },
+            sort_keys=True,
+        ).encode()
+        block = MAGIC + len(body).to_bytes(4, "little") + body
+        if len(block) > HEADER_BYTES:
+            raise CacheError(f"entry shape {self.shape!r} is too long to describe in a {HEADER_BYTES}-byte header")
+        return block.ljust(HEADER_BYTES, b"\0")
+
+    @classmethod
+    def parse(cls, block: bytes) -> SegmentLayout:
+        """Read a header block back.
+
+        Raises:
+            CacheError: wrong magic or a malformed description (a corrupted or foreign file).
+        """
+        if len(block) < len(MAGIC) + 4 or block[: len(MAGIC)] != MAGIC:
+            raise CacheError("not an elastic_pipe cache segment (bad magic)")
+        size = int.from_bytes(block[len(MAGIC) : len(MAGIC) + 4], "little")
+        start = len(MAGIC) + 4
+        try:
+            meta = json.loads(block[start : start + size].decode())
+            return cls(
+                shape=tuple(int(d) for d in meta["shape"]),
+                dtype=dtype_from_name(str(meta["dtype"])),
+                capacity=int(meta["capacity"]),
+                num_keys=int(meta["num_keys"]),
+                checksum=bool(meta["checksum"]),
+            )
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise CacheError(f"malformed cache segment header: {exc}") from None
+
+    @classmethod
+    def fitting(
+        cls, budget_bytes: int, shape: tuple[int, ...], dtype: torch.dtype, num_keys: int, *, checksum: bool
+    ) -> SegmentLayout:
+        """The largest file segment (at most ``num_keys`` slots) whose whole file fits in ``budget_bytes``."""
+        empty = cls(shape, dtype, 0, num_keys, checksum)
+        per_slot = empty.entry_bytes + (_CRC_ITEM if checksum else 0)
+        # 2 * ALIGN covers the worst-case padding of the two aligned regions.
+        room = budget_bytes - empty.index_offset - _INDEX_ITEM * num_keys - 2 * ALIGN
+        capacity = max(0, min(num_keys, room // per_slot if per_slot else num_keys))
+        layout = cls(shape, dtype, capacity, num_keys, checksum)
+        while layout.capacity > 0 and layout.file_bytes > budget_bytes:
+            layout = cls(shape, dtype, layout.capacity - 1, num_keys, checksum)
+        return layout

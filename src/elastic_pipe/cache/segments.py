@@ -1,0 +1,451 @@
+"""Segments: the entries of one frozen boundary in one tier, as a preallocated slab plus a dense index.
+
+Two kinds share one interface (:class:`Segment`):
+
+* :class:`DeviceSegment`: a tensor on the compute device (GPU memory, or CPU memory for CPU training), private to
+  its process;
+* :class:`FileSegment`: a memory-mapped file, either in ``/dev/shm`` (host memory shared by the processes of a
+  node) or in a directory on disk. Writers take an exclusive ``flock`` on the file and readers a shared one, so a
+  reader never sees an index entry whose data is not fully written (``flock`` is a full barrier), and two processes
+  that miss the same sample store it once. Disk segments keep a crc32 per entry and verify it on every read: a
+  corrupted or truncated entry is reported as a miss (and recomputed by the caller), never returned.
+
+Every read is one gather (``index_select``) and every write one scatter (``index_copy_``) per segment, whatever the
+batch size; only the crc32 check walks the batch's rows, in C.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import uuid
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.layout import ABSENT, HEADER_BYTES, SegmentLayout, decode_invalid, encode_invalid
+
+__all__ = [
+    "CorruptSegmentError",
+    "DeviceSegment",
+    "FileSegment",
+    "ReadResult",
+    "Segment",
+    "ShapeChangedError",
+    "crc32_rows",
+]
+
+Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class CorruptSegmentError(CacheError):
+    """A segment file whose header or index region is unreadable (bad magic, malformed header, truncated)."""
+
+
+class ShapeChangedError(CacheError):
+    """An in-place transform's output differs in shape or dtype from the stored entries (nothing was written)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """What one segment returned for a batch of keys.
+
+    Attributes:
+        found: bool mask over the requested keys.
+        values: the entries of the found keys, in request order, on the requested device.
+        corrupt: entries that existed but failed verification (now invalidated, to be recomputed).
+    """
+
+    found: torch.Tensor
+    values: torch.Tensor
+    corrupt: int
+
+
+class Segment(Protocol):
+    """The entries of one boundary in one tier."""
+
+    layout: SegmentLayout
+
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """Bool mask: which keys have a (not yet invalidated) entry."""
+        ...
+
+    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:
+        """Gather the entries of ``keys`` (one copy) onto ``device``."""
+        ...
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Store entries for unique ``keys`` while slots last; returns the mask of keys now present."""
+        ...
+
+    def valid_keys(self) -> torch.Tensor:
+        """Keys with an entry, in slot order."""
+        ...
+
+    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
+        """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count."""
+        ...
+
+    def entries(self) -> int:
+        """Number of valid entries."""
+        ...
+
+    def nbytes(self) -> int:
+        """Bytes the segment reserves."""
+        ...
+
+    def close(self) -> None:
+        """Release this process's handle."""
+        ...
+
+
+def crc32_rows(values: torch.Tensor) -> torch.Tensor:
+    """crc32 of each row's bytes (``values`` on CPU, first dim = rows), as int32 (the same 32 bits)."""
+    rows = values.contiguous().reshape(values.shape[0], -1)
+    raw = rows.view(torch.uint8).numpy()
+    sums = np.fromiter((zlib.crc32(row) for row in raw), dtype=np.uint32, count=raw.shape[0])
+    return torch.from_numpy(sums.view(np.int32))
+
+
+def _assign_slots(current: torch.Tensor, used: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Pick slots for keys whose index values are ``current``.
+
+    Present keys (``>= 0``) keep theirs and are not rewritten; invalidated keys (``<= -2``) get their reserved slot
+    back; absent keys (``-1``) take fresh slots while ``capacity`` lasts (no eviction: each epoch reads every
+    sample once, so replacing one entry by another never raises the hit rate).
+
+    Returns:
+        (slots per key, -1 where none; mask of keys to write; new ``used`` count).
+    """
+    slots = torch.full_like(current, ABSENT)
+    reuse = current <= ABSENT - 1
+    slots[reuse] = decode_invalid(current[reuse])
+    fresh = (current == ABSENT).nonzero().flatten()[: max(0, capacity - used)]
+    slots[fresh] = torch.arange(used, used + fresh.numel(), dtype=slots.dtype)
+    write = (current < 0) & (slots >= 0)
+    return slots, write, used + fresh.numel()
+
+
+def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """One gather of ``data[slots]`` onto ``device``; through a pinned buffer when the target is a GPU."""
+    if device.type == "cpu" or data.device.type != "cpu":
+        return data.index_select(0, slots.to(data.device)).to(device)
+    staging = torch.empty((slots.numel(), *data.shape[1:]), dtype=data.dtype, pin_memory=True)
+    torch.index_select(data, 0, slots, out=staging)
+    return staging.to(device, non_blocking=True)
+
+
+class DeviceSegment:
+    """A slab tensor on the compute device with a CPU index; private to one process."""
+
+    def __init__(self, layout: SegmentLayout, device: torch.device) -> None:
+        self.layout = layout
+        self.device = device
+        self._data = torch.empty((layout.capacity, *layout.shape), dtype=layout.dtype, device=device)
+        self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
+        self._used = 0
+
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:  # noqa: D102 (documented in Segment)
+        return self._index[keys] >= 0
+
+    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:  # noqa: D102
+        slots = self._index[keys]
+        found = slots >= 0
+        return ReadResult(found, _gather(self._data, slots[found], device), 0)
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        current = self._index[keys]
+        slots, write, self._used = _assign_slots(current, self._used, self.layout.capacity)
+        if bool(write.any()):
+            target = slots[write]
+            self._data.index_copy_(0, target.to(self.device), values[write.to(values.device)].to(self.device))
+            self._index[keys[write]] = target
+        return (current >= 0) | write
+
+    def valid_keys(self) -> torch.Tensor:  # noqa: D102
+        keys = (self._index >= 0).nonzero().flatten()
+        return keys[torch.argsort(self._index[keys])]
+
+    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:  # noqa: D102
+        keys = self.valid_keys()
+        slots = self._index[keys]
+        for start in range(0, slots.numel(), batch_size):
+            chunk = slots[start : start + batch_size].to(self.device)
+            old = self._data.index_select(0, chunk)
+            new = fn(old.to(device))
+            _check_same(old, new)
+            self._data.index_copy_(0, chunk, new.to(self.device))
+        return int(slots.numel())
+
+    def entries(self) -> int:  # noqa: D102
+        return int((self._index >= 0).sum())
+
+    def nbytes(self) -> int:  # noqa: D102
+        return self.layout.capacity * self.layout.entry_bytes
+
+    def close(self) -> None:  # noqa: D102
+        self._data = torch.empty(0, dtype=self.layout.dtype, device=self.device)
+        self._index = torch.full((self.layout.num_keys,), ABSENT, dtype=torch.int64)
+        self._used = 0
+
+
+def _check_same(old: torch.Tensor, new: torch.Tensor) -> None:
+    if new.shape != old.shape or new.dtype != old.dtype:
+        raise ShapeChangedError(
+            f"transform changed entries from {tuple(old.shape)} {old.dtype} to {tuple(new.shape)} {new.dtype}"
+        )
+
+
+class FileSegment:
+    """A segment in one memory-mapped file, shared by every process that opens the same path."""
+
+    def __init__(self, path: Path, fd: int, layout: SegmentLayout) -> None:
+        self.path = path
+        self.layout = layout
+        self._fd = fd
+        self._size = -1
+        self._mm: mmap.mmap | None = None
+        self._remap()
+
+    # ----------------------------------------------------------------------------------------- open / create
+    @classmethod
+    def attach(cls, path: Path) -> FileSegment | None:
+        """Open an existing segment file, or return ``None`` if there is none.
+
+        Raises:
+            CorruptSegmentError: the header or index region is unreadable.
+        """
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return None
+        try:
+            layout = SegmentLayout.parse(os.pread(fd, HEADER_BYTES, 0))
+            return cls(path, fd, layout)
+        except CacheError as exc:
+            os.close(fd)
+            raise CorruptSegmentError(f"{path}: {exc}") from None
+
+    @classmethod
+    def create_or_attach(cls, path: Path, layout: SegmentLayout) -> FileSegment:
+        """Create the segment file with ``layout``, or attach to the one another process created first.
+
+        The file is fully initialized under a temporary name and then hard-linked into place, so no process can
+        ever open a half-written header.
+
+        Raises:
+            CacheError: an existing file has a different entry shape, dtype, key space or checksum setting.
+            CorruptSegmentError: an existing file is unreadable.
+        """
+        existing = cls.attach(path)
+        if existing is None:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, layout.file_bytes)
+                os.pwrite(fd, layout.header(), 0)
+                # int64 -1 is all 0xff bytes: every key starts ABSENT.
+                os.pwrite(fd, b"\xff" * (8 * layout.num_keys), layout.index_offset)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    os.close(fd)
+                    existing = cls.attach(path)
+                else:
+                    return cls(path, fd, layout)
+            except BaseException:
+                if existing is None:
+                    os.close(fd)
+                raise
+            finally:
+                tmp.unlink(missing_ok=True)
+        if existing is None:  # the winner of the race deleted it again already
+            return cls.create_or_attach(path, layout)
+        found = existing.layout
+        if (found.shape, found.dtype, found.num_keys, found.checksum) != (
+            layout.shape,
+            layout.dtype,
+            layout.num_keys,
+            layout.checksum,
+        ):
+            existing.close()
+            raise CacheError(
+                f"cache segment {path} holds entries {found.shape} {found.dtype} for {found.num_keys} keys "
+                f"(checksum={found.checksum}); expected {layout.shape} {layout.dtype} for {layout.num_keys} keys "
+                f"(checksum={layout.checksum}); use another cache name or delete the file"
+            )
+        return existing
+
+    # ----------------------------------------------------------------------------------------- mapping
+    def _remap(self) -> None:
+        """(Re)map the file at its current size; slots past the end of a truncated file become unreadable."""
+        size = os.fstat(self._fd).st_size
+        if size == self._size:
+            return
+        if size < self.layout.data_offset:
+            raise CorruptSegmentError(
+                f"{self.path}: file is {size} bytes, shorter than its index ({self.layout.data_offset} bytes)"
+            )
+        self._drop_views()
+        self._mm = mmap.mmap(self._fd, size)
+        u8 = torch.from_numpy(np.frombuffer(self._mm, dtype=np.uint8))
+        lay = self.layout
+        self._used_view = u8[HEADER_BYTES : HEADER_BYTES + 8].view(torch.int64)
+        self._index = u8[lay.index_offset : lay.index_offset + 8 * lay.num_keys].view(torch.int64)
+        self._crc = u8[lay.crc_offset : lay.crc_offset + 4 * lay.capacity].view(torch.int32)
+        readable = min(lay.capacity, (size - lay.data_offset) // lay.entry_bytes)
+        raw = u8[lay.data_offset : lay.data_offset + readable * lay.entry_bytes]
+        self._data = raw.view(lay.dtype).view(readable, *lay.shape)
+        self._size = size
+
+    def _drop_views(self) -> None:
+        for name in ("_used_view", "_index", "_crc", "_data"):
+            if hasattr(self, name):
+                delattr(self, name)
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a caller still holds a view; the mapping goes when it does
+                pass
+            self._mm = None
+
+    @contextmanager
+    def _locked(self, exclusive: bool) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            self._remap()
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def is_current(self) -> bool:
+        """Whether ``path`` still names the file this handle has open (not dropped, renamed or replaced)."""
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except (FileNotFoundError, OSError):
+            return False
+
+    # ----------------------------------------------------------------------------------------- entries
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:  # noqa: D102 (documented in Segment)
+        with self._locked(exclusive=False):
+            return self._index[keys] >= 0
+
+    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:  # noqa: D102
+        with self._locked(exclusive=False):
+            slots = self._index[keys].clone()
+            found = slots >= 0
+            readable = found & (slots < self._data.shape[0])
+            values = _gather(self._data, slots[readable], torch.device("cpu") if self.layout.checksum else device)
+            good = torch.ones(values.shape[0], dtype=torch.bool)
+            if self.layout.checksum and values.shape[0]:
+                good = crc32_rows(values) == self._crc[slots[readable]]
+        bad = found.clone()
+        bad[readable.nonzero().flatten()[good]] = False
+        corrupt = int(bad.sum())
+        if corrupt:
+            self._invalidate(keys[bad], slots[bad])
+            values = values[good]
+        if self.layout.checksum:
+            values = values.to(device)
+        return ReadResult(found & ~bad, values, corrupt)
+
+    def _invalidate(self, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Mark entries unusable (keep their slots for a rewrite), unless another process rewrote them already."""
+        with self._locked(exclusive=True):
+            still = self._index[keys] == slots
+            self._index[keys[still]] = encode_invalid(slots[still])
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        with self._locked(exclusive=True):
+            if self._size < self.layout.file_bytes:  # truncated: grow back so that every slot is writable
+                os.ftruncate(self._fd, self.layout.file_bytes)
+                self._remap()
+            current = self._index[keys].clone()
+            slots, write, used = _assign_slots(current, int(self._used_view[0]), self.layout.capacity)
+            if bool(write.any()):
+                target = slots[write]
+                rows = values[write.to(values.device)].to("cpu").contiguous()
+                self._data.index_copy_(0, target, rows)
+                if self.layout.checksum:
+                    self._crc[target] = crc32_rows(rows)
+                # the data is written before the index entry that publishes it
+                self._index[keys[write]] = target
+                self._used_view[0] = used
+            return (current >= 0) | write
+
+    def valid_keys(self) -> torch.Tensor:  # noqa: D102
+        with self._locked(exclusive=False):
+            keys = (self._index >= 0).nonzero().flatten()
+            return keys[torch.argsort(self._index[keys])]
+
+    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:  # noqa: D102
+        done = 0
+        with self._locked(exclusive=True):
+            keys = (self._index >= 0).nonzero().flatten()
+            keys = keys[torch.argsort(self._index[keys])]
+            slots = self._index[keys].clone()
+            lost = slots >= self._data.shape[0]  # past the end of a truncated file
+            self._index[keys[lost]] = encode_invalid(slots[lost])
+            keys, slots = keys[~lost], slots[~lost]
+            for start in range(0, slots.numel(), batch_size):
+                chunk, chunk_keys = slots[start : start + batch_size], keys[start : start + batch_size]
+                old = self._data.index_select(0, chunk)
+                if self.layout.checksum:
+                    good = crc32_rows(old) == self._crc[chunk]
+                    self._index[chunk_keys[~good]] = encode_invalid(chunk[~good])
+                    chunk, old = chunk[good], old[good]
+                    if chunk.numel() == 0:
+                        continue
+                new = fn(old.to(device))
+                _check_same(old, new)
+                rows = new.to("cpu").contiguous()
+                self._data.index_copy_(0, chunk, rows)
+                if self.layout.checksum:
+                    self._crc[chunk] = crc32_rows(rows)
+                done += int(chunk.numel())
+        return done
+
+    def entries(self) -> int:  # noqa: D102
+        with self._locked(exclusive=False):
+            return int((self._index >= 0).sum())
+
+    def nbytes(self) -> int:  # noqa: D102
+        return self.layout.file_bytes
+
+    def rename(self, path: Path) -> None:
+        """Move the file to ``path`` (replacing any file there), under the exclusive lock."""
+        with self._locked(exclusive=True):
+            os.replace(self.path, path)
+            self.path = path
+
+    def flush(self) -> None:
+        """Write dirty pages back to the file (disk durability; a no-op cost on tmpfs)."""
+        if self._mm is not None:
+            self._mm.flush()
+
+    def close(self) -> None:  # noqa: D102
+        self._drop_views()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown: modules may already be gone
+            pass
+
+    def destroy(self) -> None:
+        """Delete the file (if it is still this one) and close the handle; other processes' mappings stay valid
+        until they close theirs, and the memory returns to the system then."""
+        if self.is_current():
+            self.path.unlink(missing_ok=True)
+        self.close()

@@ -1,0 +1,207 @@
+"""Tiers: a byte budget and the segments (one per frozen boundary) that live within it.
+
+* :class:`DeviceTier`: tensors on the compute device, private to the process;
+* :class:`FileTier`: segment files in one directory. In ``/dev/shm`` it is the host tier, shared by every process of
+  the node that uses the same cache name; in a disk directory (with checksums) it is the disk tier.
+
+A segment's size is fixed when it is created: as many slots as the tier's remaining budget allows (at most one per
+key). For a file tier the remaining budget counts every segment file of the cache name, whichever process made it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeAlias
+
+import torch
+
+from elastic_pipe.cache.layout import SegmentLayout
+from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment
+
+__all__ = ["DeviceTier", "FileTier", "Tier"]
+
+class DeviceTier:
+    """Segments as tensors on ``device``, within ``budget`` bytes of entry data."""
+
+    def __init__(self, budget: int, device: torch.device, num_keys: int) -> None:
+        self.name = "device"
+        self.budget = budget
+        self.device = device
+        self.num_keys = num_keys
+        self._segments: dict[int, DeviceSegment] = {}
+
+    def segment(self, boundary: int) -> Segment | None:
+        """The segment of ``boundary``, if any."""
+        return self._segments.get(boundary)
+
+    def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
+        """A new segment for ``boundary`` sized to the remaining budget, or ``None`` if not one entry fits."""
+        entry = SegmentLayout(shape, dtype, 0, self.num_keys).entry_bytes
+        capacity = min(self.num_keys, max(0, self.budget - self.used_bytes()) // entry)
+        if capacity == 0:
+            return None
+        segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device)
+        self._segments[boundary] = segment
+        return segment
+
+    def drop(self, boundary: int) -> int:
+        """Free the segment of ``boundary``; returns the bytes returned to the budget."""
+        segment = self._segments.pop(boundary, None)
+        if segment is None:
+            return 0
+        freed = segment.nbytes()
+        segment.close()
+        return freed
+
+    def rename(self, old: int, new: int) -> None:
+        """Relabel the entries of ``old`` as ``new`` (after an in-place extension)."""
+        self.drop(new)
+        if old in self._segments:
+            self._segments[new] = self._segments.pop(old)
+
+    def boundaries(self) -> list[int]:
+        """Boundaries with a segment here."""
+        return sorted(self._segments)
+
+    def used_bytes(self) -> int:
+        """Bytes reserved by this process's segments."""
+        return sum(s.nbytes() for s in self._segments.values())
+
+    def close(self) -> None:
+        """Free everything."""
+        for boundary in list(self._segments):
+            self.drop(boundary)
+
+
+class FileTier:
+    """Segment files ``<directory>/<prefix>.b<boundary>.slab`` within ``budget`` bytes of files.
+
+    Every process of the node opens the same files. Only the ``leader`` deletes or renames them (on
+    :meth:`drop` and :meth:`rename`); the others just let go of their handles.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        prefix: str,
+        budget: int,
+        num_keys: int,
+        *,
+        checksum: bool,
+        leader: bool,
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.prefix = prefix
+        self.budget = budget
+        self.num_keys = num_keys
+        self.checksum = checksum
+        self.leader = leader
+        self.corrupt_segments = 0
+        self._open: dict[int, FileSegment] = {}
+
+    def path(self, boundary: int) -> Path:
+        """The file of ``boundary``'s segment."""
+        return self.directory / f"{self.prefix}.b{boundary}.slab"
+
+    def _files(self) -> list[Path]:
+        return sorted(self.directory.glob(f"{self.prefix}.b*.slab"))
+
+    def segment(self, boundary: int) -> Segment | None:
+        """This process's handle on ``boundary``'s file, (re)attached if another process created or replaced it.
+
+        An unreadable file (corrupt header or index) is deleted and reported as absent, so its entries are
+        recomputed.
+        """
+        handle = self._open.get(boundary)
+        if handle is not None:
+            if handle.is_current():
+                return handle
+            handle.close()
+            del self._open[boundary]
+        path = self.path(boundary)
+        try:
+            handle = FileSegment.attach(path)
+        except CorruptSegmentError:
+            self.corrupt_segments += 1
+            path.unlink(missing_ok=True)
+            return None
+        if handle is not None:
+            self._open[boundary] = handle
+        return handle
+
+    def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
+        """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files."""
+        others = sum(p.stat().st_size for p in self._files() if p != self.path(boundary))
+        layout = SegmentLayout.fitting(self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum)
+        if layout.capacity == 0:
+            return None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = FileSegment.create_or_attach(self.path(boundary), layout)
+        except CorruptSegmentError:
+            self.corrupt_segments += 1
+            self.path(boundary).unlink(missing_ok=True)
+            handle = FileSegment.create_or_attach(self.path(boundary), layout)
+        self._open[boundary] = handle
+        return handle
+
+    def drop(self, boundary: int) -> int:
+        """Let go of ``boundary``'s file; the leader also deletes it. Returns the bytes freed (leader) or 0."""
+        handle = self._open.pop(boundary, None)
+        if handle is not None:
+            handle.close()
+        if not self.leader:
+            return 0
+        path = self.path(boundary)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return 0
+        path.unlink(missing_ok=True)
+        return size
+
+    def rename(self, old: int, new: int) -> None:
+        """Leader: move ``old``'s file to ``new`` (replacing it). Everyone: drop the stale handles."""
+        for boundary in (old, new):
+            handle = self._open.pop(boundary, None)
+            if handle is not None:
+                handle.close()
+        if self.leader and self.path(old).exists():
+            os.replace(self.path(old), self.path(new))
+
+    def boundaries(self) -> list[int]:
+        """Boundaries with a segment file (made by any process)."""
+        found = []
+        for p in self._files():
+            tail = p.name[len(self.prefix) + 2 : -len(".slab")]
+            if tail.isdigit():
+                found.append(int(tail))
+        return sorted(found)
+
+    def used_bytes(self) -> int:
+        """Bytes of every segment file of the cache name (logical size: tmpfs allocates pages when touched)."""
+        total = 0
+        for p in self._files():
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                continue
+        return total
+
+    def flush(self) -> None:
+        """Write this process's dirty pages back."""
+        for handle in self._open.values():
+            handle.flush()
+
+    def close(self) -> None:
+        """Close this process's handles (files stay)."""
+        for handle in self._open.values():
+            handle.close()
+        self._open.clear()
+
+
+#: Any tier the cache stacks (device first, then host, then disk).
+Tier: TypeAlias = DeviceTier | FileTier
