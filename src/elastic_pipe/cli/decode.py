@@ -30,7 +30,9 @@ HELP = "Decode a transition message (v1 hex or the published 50-float form) in p
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
-    parser.add_argument("message", metavar="MESSAGE", help="v1 message as hex, or 50 comma-separated floats with --legacy")
+    parser.add_argument(
+        "message", metavar="MESSAGE", help="v1 message as hex, or 50 comma-separated floats with --legacy"
+    )
     parser.add_argument("--legacy", action="store_true", help="MESSAGE is the published 50-float PipeTransformer list")
     parser.add_argument(
         "--num-layers",

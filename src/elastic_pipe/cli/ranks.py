@@ -13,6 +13,7 @@ activated by going from 2K to K.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
 from elastic_pipe.groups import plan_pipetransformer, plan_spmd
@@ -46,7 +47,7 @@ def _spmd(args: argparse.Namespace) -> int:
     if args.initial_pipe_len is not None:
         raise CliInputError("--initial-pipe-len only applies to --layout pipetransformer")
     plan = plan_spmd(args.world_size, args.pipe_len, args.gpus_per_node)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "rank": r,
             "replica": plan.replica_of(r),

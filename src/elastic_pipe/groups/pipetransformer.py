@@ -22,7 +22,9 @@ __all__ = ["PipeTransformerPlan", "active_ranks", "plan_pipetransformer"]
 def active_ranks(world_size: int, initial_pipe_len: int, pipe_len: int) -> tuple[int, ...]:
     """The ranks that drive a pipeline at length ``pipe_len``, in increasing order (no validation)."""
     return tuple(
-        d * initial_pipe_len + i for d in range(world_size // initial_pipe_len) for i in range(initial_pipe_len // pipe_len)
+        d * initial_pipe_len + i
+        for d in range(world_size // initial_pipe_len)
+        for i in range(initial_pipe_len // pipe_len)
     )
 
 
@@ -46,9 +48,7 @@ class PipeTransformerPlan:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise GroupsError(f"{name} must be an int >= 1, got {value!r}")
         if self.world_size % self.initial_pipe_len:
-            raise GroupsError(
-                f"initial_pipe_len {self.initial_pipe_len} must divide world_size {self.world_size}"
-            )
+            raise GroupsError(f"initial_pipe_len {self.initial_pipe_len} must divide world_size {self.world_size}")
         if self.initial_pipe_len % self.pipe_len:
             raise GroupsError(
                 f"pipe_len {self.pipe_len} must divide initial_pipe_len {self.initial_pipe_len} "

@@ -56,7 +56,8 @@ def legacy_to_dict(msg: LegacyMessage) -> dict[str, Any]:
 def describe(msg: TransitionMessage) -> str:
     """Every field of a v1 message in plain words, one per line."""
     stages = "; ".join(
-        f"stage {s}: layers {b}-{c - 1}" for s, (b, c) in enumerate(zip(msg.boundaries, msg.boundaries[1:]))
+        f"stage {s}: layers {b}-{c - 1}"
+        for s, (b, c) in enumerate(zip(msg.boundaries, msg.boundaries[1:], strict=False))
     )
     return "\n".join(
         (

@@ -138,8 +138,9 @@ def _as_floats(values: Sequence[float]) -> list[float]:
     if n != LEGACY_LENGTH:
         raise ProtocolError(f"the published message has exactly {LEGACY_LENGTH} floats, got {n}")
     floats: list[float] = []
-    for i, v in enumerate(values):
-        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+    items: Sequence[object] = values  # callers may hand over anything; check each item
+    for i, v in enumerate(items):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
             raise ProtocolError(f"value [{i}] is not a number: {v!r}")
         f = float(v)
         if not math.isfinite(f):
