@@ -7,6 +7,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 from __future__ import annotations
 
 from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError
+from elastic_pipe.schedule.gantt import KIND_COLOURS, gantt
 from elastic_pipe.schedule.generators import (
     GENERATORS,
     ScheduleGenerator,
@@ -18,25 +19,48 @@ from elastic_pipe.schedule.generators import (
 )
 from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
 from elastic_pipe.schedule.simulate import Cost, Simulation, peak_activations, simulate
+from elastic_pipe.schedule.torch_exec import torch_actions, torch_schedule
+from elastic_pipe.schedule.tuning import (
+    EAGER_HOST_SECONDS_PER_BLOCK,
+    PUBLISHED_SEARCH_FACTORS,
+    LinearCost,
+    MicrobatchChoice,
+    MicrobatchCost,
+    StageTimes,
+    TuningRow,
+    tune_microbatches,
+)
 from elastic_pipe.schedule.validate import check_structure, validate
 
 __all__ = [
+    "EAGER_HOST_SECONDS_PER_BLOCK",
     "GENERATORS",
+    "KIND_COLOURS",
+    "PUBLISHED_SEARCH_FACTORS",
     "Action",
     "ActionKind",
     "Cost",
+    "LinearCost",
+    "MicrobatchChoice",
+    "MicrobatchCost",
     "MissingExtraError",
     "Schedule",
     "ScheduleError",
     "ScheduleGenerator",
     "Simulation",
+    "StageTimes",
+    "TuningRow",
     "check_structure",
+    "gantt",
     "generate",
     "gpipe",
     "interleaved_1f1b",
     "one_f_one_b",
     "peak_activations",
     "simulate",
+    "torch_actions",
+    "torch_schedule",
+    "tune_microbatches",
     "validate",
     "zb_h1",
 ]

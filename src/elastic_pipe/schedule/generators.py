@@ -36,7 +36,7 @@ from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
 
 __all__ = ["GENERATORS", "ScheduleGenerator", "generate", "gpipe", "interleaved_1f1b", "one_f_one_b", "zb_h1"]
 
-F, B, I, W = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+FWD, BWD, IGRAD, WGRAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 
 
 class ScheduleGenerator(Protocol):
@@ -48,14 +48,15 @@ class ScheduleGenerator(Protocol):
 def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Action]]:
     """GPipe: every forward, then every backward (micro-batches in order, as torch's ScheduleGPipe).
 
-    With ``chunks > 1`` a rank runs its stages breadth first (torch's LoopedBFS): all forwards of its lowest stage,
-    then the next stage's, and the backwards from its highest stage down.
+    With ``chunks > 1`` a rank runs its stages breadth first, the order of torch's ScheduleLoopedBFS: all forwards
+    of its lowest stage, then the next stage's; backwards from its highest stage down, latest micro-batch first.
     """
     out: dict[int, list[Action]] = {}
+    backward_order = range(microbatches) if chunks == 1 else range(microbatches - 1, -1, -1)
     for rank in range(ranks):
         stages = [c * ranks + rank for c in range(chunks)]
-        acts = [Action(s, F, mb) for s in stages for mb in range(microbatches)]
-        acts += [Action(s, B, mb) for s in reversed(stages) for mb in range(microbatches)]
+        acts = [Action(s, FWD, mb) for s in stages for mb in range(microbatches)]
+        acts += [Action(s, BWD, mb) for s in reversed(stages) for mb in backward_order]
         out[rank] = acts
     return out
 
@@ -76,21 +77,21 @@ def zb_h1(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Acti
 
 def _one_f_one_b_rank(rank: int, ranks: int, mbs: int, *, split: bool) -> list[Action]:
     warmup = min(ranks - rank - 1, mbs)
-    acts = [Action(rank, F, mb) for mb in range(warmup)]
+    acts = [Action(rank, FWD, mb) for mb in range(warmup)]
     deferred = rank  # W passes kept pending (ZB-H1): the headroom 1F1B leaves rank r is r micro-batches
     next_w = 0
     for mb in range(mbs):
         if warmup + mb < mbs:
-            acts.append(Action(rank, F, warmup + mb))
+            acts.append(Action(rank, FWD, warmup + mb))
         if not split:
-            acts.append(Action(rank, B, mb))
+            acts.append(Action(rank, BWD, mb))
             continue
-        acts.append(Action(rank, I, mb))
+        acts.append(Action(rank, IGRAD, mb))
         if mb + 1 - next_w > deferred:
-            acts.append(Action(rank, W, next_w))
+            acts.append(Action(rank, WGRAD, next_w))
             next_w += 1
     if split:
-        acts += [Action(rank, W, mb) for mb in range(next_w, mbs)]
+        acts += [Action(rank, WGRAD, mb) for mb in range(next_w, mbs)]
     return acts
 
 
@@ -123,15 +124,15 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> dict[int
         for k in range(total):
             if k < warmup:
                 chunk, mb = order(k, backward=False)
-                acts.append(Action(chunk * ranks + rank, F, mb))
+                acts.append(Action(chunk * ranks + rank, FWD, mb))
         for j in range(total - warmup):
             chunk, mb = order(warmup + j, backward=False)
-            acts.append(Action(chunk * ranks + rank, F, mb))
+            acts.append(Action(chunk * ranks + rank, FWD, mb))
             chunk, mb = order(j, backward=True)
-            acts.append(Action(chunk * ranks + rank, B, mb))
+            acts.append(Action(chunk * ranks + rank, BWD, mb))
         for j in range(max(total - warmup, 0), total):
             chunk, mb = order(j, backward=True)
-            acts.append(Action(chunk * ranks + rank, B, mb))
+            acts.append(Action(chunk * ranks + rank, BWD, mb))
         out[rank] = acts
     return out
 

@@ -116,9 +116,7 @@ def simulate(
     ranks = range(schedule.num_ranks)
     first = min((s[0] for s in timeline.starts.values() if s), default=0.0)
     makespan = max((e[-1] for e in timeline.ends.values() if e), default=0.0) - first
-    busy = tuple(
-        math.fsum(e - s for s, e in zip(timeline.starts[r], timeline.ends[r], strict=True)) for r in ranks
-    )
+    busy = tuple(math.fsum(e - s for s, e in zip(timeline.starts[r], timeline.ends[r], strict=True)) for r in ranks)
     idle = tuple(max(0.0, makespan - b) for b in busy)
     bubble = math.fsum(idle) / (schedule.num_ranks * makespan) if makespan > 0 else 0.0
     return Simulation(

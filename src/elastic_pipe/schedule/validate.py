@@ -47,7 +47,8 @@ def check_structure(schedule: Schedule) -> None:
                 raise ScheduleError(f"rank {rank} action #{index} {action}: stage {action.stage} is on rank {owner}")
             slot = action.stage * mbs + action.microbatch
             if position[action.kind][slot] >= 0:
-                raise ScheduleError(f"rank {rank} runs {action} twice (action #{position[action.kind][slot]} and #{index})")
+                first = position[action.kind][slot]
+                raise ScheduleError(f"rank {rank} runs {action} twice (action #{first} and #{index})")
             position[action.kind][slot] = index
     for stage in range(num_stages):
         for mb in range(mbs):
@@ -59,7 +60,9 @@ def check_structure(schedule: Schedule) -> None:
             if b >= 0 and (i >= 0 or w >= 0):
                 raise ScheduleError(f"{name} has both a full backward B and a split backward I/W: expected one form")
             if b < 0 and (i < 0 or w < 0):
-                raise ScheduleError(f"{name} has no complete backward: expected {stage}B{mb}, or {stage}I{mb} and {stage}W{mb}")
+                raise ScheduleError(
+                    f"{name} has no complete backward: expected {stage}B{mb}, or {stage}I{mb} and {stage}W{mb}"
+                )
             backward = b if b >= 0 else i
             if backward < f:
                 raise ScheduleError(f"{name}: its backward runs before its forward on rank {schedule.placement[stage]}")
