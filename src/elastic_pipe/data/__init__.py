@@ -6,4 +6,17 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from elastic_pipe.data.datasets import DATASETS, IndexedDataset, load_dataset, load_digits, load_mnist5k
+from elastic_pipe.data.errors import DataError, MissingExtraError
+from elastic_pipe.data.sampler import ElasticSampler
+
+__all__ = [
+    "DATASETS",
+    "DataError",
+    "ElasticSampler",
+    "IndexedDataset",
+    "MissingExtraError",
+    "load_dataset",
+    "load_digits",
+    "load_mnist5k",
+]
