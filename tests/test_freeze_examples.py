@@ -1,0 +1,38 @@
+"""The custom-policy example: its policy satisfies the protocol, plugs into the registry, and resumes."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+from elastic_pipe.freeze import POLICIES, FreezePolicy, LayerStats, decide, make_policy, register_policy
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_freeze_policy.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("custom_freeze_policy", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_example_policy_plugs_in_and_resumes() -> None:
+    example = _load()
+    register_policy("plateau-test", example.PlateauFreeze)
+    try:
+        policy = make_policy("plateau-test", 3, ratio=0.5)
+        assert isinstance(policy, FreezePolicy)
+        policy.observe(LayerStats((1.0,) * 3, (4.0, 2.0, 2.0), 1))
+        assert decide(policy, 1, 10, 0) == 0  # peak 4, latest 4
+        policy.observe(LayerStats((1.0,) * 3, (1.9, 0.5, 2.0), 1))
+        snapshot = json.loads(json.dumps(policy.state_dict()))
+        resumed = make_policy("plateau-test", 3, ratio=0.5)
+        resumed.load_state_dict(snapshot)
+        assert decide(policy, 2, 20, 0) == decide(resumed, 2, 20, 0) == 1  # 1.9 < 0.5 * 4
+        assert decide(policy, 2, 21, 1) == 1  # no new observation, no new decision
+    finally:
+        POLICIES.pop("plateau-test", None)
