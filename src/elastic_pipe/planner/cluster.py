@@ -1,0 +1,172 @@
+"""The cluster a plan runs on: GPUs, nodes, memory, speeds and links.
+
+Defaults describe one H200 as measured here (REFERENCE.md section 7, torch 2.11, bf16 autocast, eager): the
+compute rates are *achieved* rates, fitted so that the analytic ViT-B/16 sub-layer times match the measured ones,
+not datasheet peaks. Numbers that were not measured here are marked as assumptions.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from elastic_pipe.planner.errors import PlannerError
+
+__all__ = ["H200", "ClusterSpec", "GpuSpec", "parse_bytes"]
+
+_GIB = 1024**3
+
+
+def _check_positive(owner: str, **values: float) -> None:
+    for key, value in values.items():
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise PlannerError(f"{owner}.{key} must be a finite number > 0, got {value!r}")
+
+
+def _check_non_negative(owner: str, **values: float) -> None:
+    for key, value in values.items():
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise PlannerError(f"{owner}.{key} must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One accelerator.
+
+    Attributes:
+        name: a label.
+        memory: bytes of device memory.
+        reserved_memory: bytes the plan never uses (CUDA context, allocator fragmentation, workspaces).
+        matmul_flops: achieved dense 16-bit matrix-multiply FLOP/s. H200: ViT-B/16's MLP sub-layer at batch 256
+            runs 1.23 ms forward; its 476 GFLOP minus the element-wise time give 4.9e14.
+        attention_flops: achieved FLOP/s of the fused attention core (head size 64, 197 tokens): 1.3e14 on H200,
+            fitted from the attention sub-layer's 0.97 ms.
+        conv_flops: achieved FLOP/s of the ViT patch-embedding convolution: 2.5e13 on H200 (2.47 ms measured).
+        memory_bandwidth: achieved bytes/s of element-wise kernels (assumption: 4.0e12, ~83% of H200's 4.8 TB/s).
+        host_overhead: eager host time per transformer block per micro-batch and pass (s). Measured ~1 ms; 0 when
+            the step is captured in a CUDA graph or compiled.
+    """
+
+    name: str = "h200"
+    memory: int = 141 * 10**9
+    reserved_memory: int = 2 * _GIB
+    matmul_flops: float = 4.9e14
+    attention_flops: float = 1.3e14
+    conv_flops: float = 2.5e13
+    memory_bandwidth: float = 4.0e12
+    host_overhead: float = 1.0e-3
+
+    def __post_init__(self) -> None:
+        _check_positive(
+            "GpuSpec",
+            memory=self.memory,
+            matmul_flops=self.matmul_flops,
+            attention_flops=self.attention_flops,
+            conv_flops=self.conv_flops,
+            memory_bandwidth=self.memory_bandwidth,
+        )
+        _check_non_negative("GpuSpec", reserved_memory=self.reserved_memory, host_overhead=self.host_overhead)
+        if self.reserved_memory >= self.memory:
+            raise PlannerError(f"GpuSpec.reserved_memory={self.reserved_memory} must be below memory={self.memory}")
+
+    @property
+    def usable_memory(self) -> int:
+        """Bytes a stage may fill: memory minus the reserve."""
+        return self.memory - self.reserved_memory
+
+
+#: The measured H200 (the defaults of :class:`GpuSpec`).
+H200 = GpuSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSpec:
+    """A homogeneous cluster.
+
+    Attributes:
+        gpus: GPU count W.
+        gpus_per_node: GPUs sharing a node (NVLink island, host memory).
+        gpu: the accelerator.
+        intra_node_bandwidth: point-to-point and ring bandwidth inside a node, bytes/s (NVLink; measured 348 GB/s
+            send/recv at 256 MB and an all-reduce bus rate of 281 GB/s; 3.0e11 is between).
+        inter_node_bandwidth: per-GPU bandwidth between nodes, bytes/s (assumption: 5.0e10, one 400 Gb/s NIC per GPU).
+        p2p_latency: fixed cost of one point-to-point message (s); measured ~45 us floor.
+        collective_latency: fixed cost of one ring step of a collective (s) (assumption: 5 us).
+        host_bandwidth: pinned host -> device copy rate per GPU, bytes/s (measured 55 GB/s).
+        host_cache_memory: host memory per node that an activation cache may use, bytes (assumption: 1 TiB of a
+            2 TiB node).
+        disk_bandwidth: per-GPU read rate of the disk cache tier, bytes/s (assumption: 5 GB/s local NVMe).
+        gpu_cache_bandwidth: read rate of a cache held in device memory (measured: 77.5 MB in 0.04 ms).
+    """
+
+    gpus: int
+    gpus_per_node: int = 8
+    gpu: GpuSpec = field(default_factory=GpuSpec)
+    intra_node_bandwidth: float = 3.0e11
+    inter_node_bandwidth: float = 5.0e10
+    p2p_latency: float = 45e-6
+    collective_latency: float = 5e-6
+    host_bandwidth: float = 5.5e10
+    host_cache_memory: int = 1024 * _GIB
+    disk_bandwidth: float = 5.0e9
+    gpu_cache_bandwidth: float = 1.9e12
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpus, int) or self.gpus < 1:
+            raise PlannerError(f"ClusterSpec.gpus must be an integer >= 1, got {self.gpus!r}")
+        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise PlannerError(f"ClusterSpec.gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}")
+        if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
+            raise PlannerError(
+                f"ClusterSpec.gpus={self.gpus} must be a multiple of gpus_per_node={self.gpus_per_node} "
+                "when it spans several nodes"
+            )
+        _check_positive(
+            "ClusterSpec",
+            intra_node_bandwidth=self.intra_node_bandwidth,
+            inter_node_bandwidth=self.inter_node_bandwidth,
+            host_bandwidth=self.host_bandwidth,
+            disk_bandwidth=self.disk_bandwidth,
+            gpu_cache_bandwidth=self.gpu_cache_bandwidth,
+        )
+        _check_non_negative(
+            "ClusterSpec",
+            p2p_latency=self.p2p_latency,
+            collective_latency=self.collective_latency,
+            host_cache_memory=self.host_cache_memory,
+        )
+
+    @property
+    def nodes(self) -> int:
+        """Number of nodes."""
+        return max(1, self.gpus // self.gpus_per_node)
+
+    @property
+    def gpus_on_a_node(self) -> int:
+        """GPUs that actually share one node (fewer than ``gpus_per_node`` on a partial single node)."""
+        return min(self.gpus, self.gpus_per_node)
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
+_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """Parse a byte size: ``16GiB`` (powers of 1024), ``80GB`` (powers of 1000), ``2.5e9`` or a plain number.
+
+    Raises:
+        PlannerError: not a size, or not positive.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value: float = float(text)
+    else:
+        match = _SIZE.match(str(text))
+        if not match:
+            raise PlannerError(f"cannot read {text!r} as a byte size; expected e.g. 16GiB, 80GB or 1.5e10")
+        number, unit = match.group(1), (match.group(2) or "").upper()
+        base = 1024 if "I" in unit else 1000
+        value = float(number) * base ** _POWERS[unit.rstrip("B").rstrip("I")]
+    if not math.isfinite(value) or value <= 0:
+        raise PlannerError(f"a byte size must be a finite number > 0, got {text!r}")
+    return int(value)

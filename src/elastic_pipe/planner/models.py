@@ -1,0 +1,264 @@
+"""Built-in analytic transformer configs and their per-sub-layer work (FLOPs, parameters, bytes).
+
+A model is described at the granularity the partition solver cuts at (REFERENCE.md section 3): an embedding,
+then per transformer block an attention sub-layer and an MLP sub-layer (each with its LayerNorm and residual), then
+a head. Each sub-layer's work is counted per *sample* and split by the kind of kernel that does it, because the
+kinds run at very different speeds on a GPU (measured on H200, REFERENCE.md section 7):
+
+* dense matrix multiplies (``matmul_flops``),
+* the attention core ``softmax(QK^T)V`` (``attention_flops``, a fused flash kernel),
+* the ViT patch-embedding convolution (``conv_flops``),
+* memory-bound element-wise work: LayerNorm, GELU, residual adds, head transposes (``memory_bytes``).
+
+Activation memory kept for the backward pass follows Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models" (2022), with a fused attention kernel (no stored ``s x s`` score matrix): 13 bytes per
+token and hidden unit for the attention sub-layer, ``5d + 4f`` per token for the MLP sub-layer, in 16-bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from elastic_pipe.planner.errors import PlannerError
+
+__all__ = [
+    "ACTIVATION_BYTES",
+    "MODEL_CONFIGS",
+    "ModelConfig",
+    "SubLayerWork",
+    "model_config",
+    "model_work",
+]
+
+#: Activations travel and are stored in 16-bit (bf16 autocast).
+ACTIVATION_BYTES = 2
+#: Input images arrive as fp32 and are cast once to 16-bit.
+INPUT_PIXEL_BYTES = 4
+#: Element passes over the logits for the loss: write (16-bit), upcast (fp32 read + write), softmax read.
+LOGIT_BYTES_PER_ELEMENT = 2 + 4 + 4 + 4
+#: Host overhead weight of one sub-layer, in blocks: a block is two sub-layers (REFERENCE.md section 7 gives the
+#: eager host cost per block).
+HOST_WEIGHT_PER_SUBLAYER = 0.5
+#: Learned position embeddings of the BERT family cover this many positions whatever the sequence length.
+BERT_MAX_POSITIONS = 512
+#: BERT's token-type (segment) vocabulary.
+BERT_TYPE_VOCAB = 2
+
+_FAMILIES = ("vit", "bert", "gpt")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """Shape of a transformer, enough to count its work.
+
+    Attributes:
+        name: registry name, e.g. ``"vit-b16"``.
+        family: ``"vit"`` (image, patch embedding, class-token head), ``"bert"`` (bidirectional encoder, masked
+            language-model head) or ``"gpt"`` (causal decoder, language-model head).
+        blocks: transformer blocks; these are the freezable units.
+        hidden: hidden size d.
+        heads: attention heads.
+        ffn: MLP inner size f.
+        seq_len: tokens per sample (for ViT: patches plus the class token, derived from image and patch).
+        vocab: vocabulary size (text models).
+        image: image side in pixels (ViT).
+        patch: patch side in pixels (ViT).
+        channels: image channels (ViT).
+        classes: classifier outputs (ViT).
+    """
+
+    name: str
+    family: str
+    blocks: int
+    hidden: int
+    heads: int
+    ffn: int
+    seq_len: int
+    vocab: int = 0
+    image: int = 224
+    patch: int = 16
+    channels: int = 3
+    classes: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.family not in _FAMILIES:
+            raise PlannerError(f"ModelConfig.family must be one of {_FAMILIES}, got {self.family!r}")
+        for key in ("blocks", "hidden", "heads", "ffn", "seq_len"):
+            if getattr(self, key) < 1:
+                raise PlannerError(f"ModelConfig.{key} must be >= 1, got {getattr(self, key)!r}")
+        if self.hidden % self.heads:
+            raise PlannerError(f"ModelConfig.hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.family == "vit" and self.seq_len != (self.image // self.patch) ** 2 + 1:
+            raise PlannerError(
+                f"ViT seq_len must be (image/patch)^2 + 1 = {(self.image // self.patch) ** 2 + 1}, got {self.seq_len}"
+            )
+        if self.family != "vit" and self.vocab < 1:
+            raise PlannerError(f"a {self.family} model needs vocab >= 1, got {self.vocab}")
+
+    def with_seq_len(self, seq_len: int) -> ModelConfig:
+        """The same model at another sequence length (text models only)."""
+        if self.family == "vit":
+            raise PlannerError("a ViT's sequence length follows from image and patch; change those instead")
+        return replace(self, seq_len=seq_len)
+
+    @property
+    def causal(self) -> bool:
+        """Whether attention is causal (a fused kernel then skips half of the score matrix)."""
+        return self.family == "gpt"
+
+
+def _vit(name: str, *, blocks: int, hidden: int, heads: int) -> ModelConfig:
+    return ModelConfig(name, "vit", blocks, hidden, heads, 4 * hidden, (224 // 16) ** 2 + 1)
+
+
+def _text(name: str, family: str, *, blocks: int, hidden: int, heads: int, seq_len: int, vocab: int) -> ModelConfig:
+    return ModelConfig(name, family, blocks, hidden, heads, 4 * hidden, seq_len, vocab=vocab)
+
+
+#: The built-in configs, with their published shapes (BERT at its pre-training length 512, GPT-2 at 1,024).
+MODEL_CONFIGS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        _vit("vit-b16", blocks=12, hidden=768, heads=12),
+        _vit("vit-l16", blocks=24, hidden=1024, heads=16),
+        _text("bert-base", "bert", blocks=12, hidden=768, heads=12, seq_len=512, vocab=30522),
+        _text("bert-large", "bert", blocks=24, hidden=1024, heads=16, seq_len=512, vocab=30522),
+        _text("gpt2-small", "gpt", blocks=12, hidden=768, heads=12, seq_len=1024, vocab=50257),
+        _text("gpt2-medium", "gpt", blocks=24, hidden=1024, heads=16, seq_len=1024, vocab=50257),
+        _text("gpt2-large", "gpt", blocks=36, hidden=1280, heads=20, seq_len=1024, vocab=50257),
+        _text("gpt2-xl", "gpt", blocks=48, hidden=1600, heads=25, seq_len=1024, vocab=50257),
+    )
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    """Look up a built-in config by name.
+
+    Raises:
+        PlannerError: unknown name (the message lists the valid ones).
+    """
+    try:
+        return MODEL_CONFIGS[name]
+    except KeyError:
+        raise PlannerError(f"unknown model {name!r}; expected one of {sorted(MODEL_CONFIGS)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SubLayerWork:
+    """Device-independent work of one sub-layer for ONE sample, forward pass.
+
+    Attributes:
+        name: e.g. ``"block3.attn"``.
+        unit: freezable unit the sub-layer belongs to (the embedding belongs to unit 0); ``None`` for the head,
+            which is never frozen.
+        params: parameter count.
+        matmul_flops: dense matrix-multiply FLOPs.
+        attention_flops: FLOPs of the attention core (``QK^T`` and ``PV``).
+        conv_flops: FLOPs of the patch-embedding convolution.
+        memory_bytes: bytes moved by memory-bound element-wise kernels.
+        output_bytes: bytes of the sub-layer's output (what crosses a stage boundary or lands in a cache).
+        stored_bytes: activation bytes kept for the backward pass.
+        host_weight: eager host work, in blocks per pass.
+    """
+
+    name: str
+    unit: int | None
+    params: int
+    matmul_flops: float
+    attention_flops: float = 0.0
+    conv_flops: float = 0.0
+    memory_bytes: float = 0.0
+    output_bytes: float = 0.0
+    stored_bytes: float = 0.0
+    host_weight: float = HOST_WEIGHT_PER_SUBLAYER
+
+
+def _embedding(c: ModelConfig) -> SubLayerWork:
+    t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
+    if c.family == "vit":
+        pixels = c.channels * c.image * c.image
+        kernel = c.channels * c.patch * c.patch
+        return SubLayerWork(
+            "embed",
+            0,
+            params=kernel * d + d + d + t * d,  # conv weight and bias, class token, position table
+            matmul_flops=0.0,
+            conv_flops=2.0 * kernel * d * (t - 1),
+            # fp32 input read, 16-bit cast written; conv output, flatten/transpose, class-token concat, position add.
+            memory_bytes=pixels * (INPUT_PIXEL_BYTES + a) + 6 * t * d * a,
+            output_bytes=t * d * a,
+            stored_bytes=pixels * a,  # the conv keeps its input for the weight gradient
+        )
+    positions = BERT_MAX_POSITIONS if c.family == "bert" else c.seq_len
+    tables = c.vocab * d + positions * d + (BERT_TYPE_VOCAB * d + 2 * d if c.family == "bert" else 0)
+    gathers = 3 if c.family == "bert" else 2
+    return SubLayerWork(
+        "embed",
+        0,
+        params=tables,
+        matmul_flops=0.0,
+        memory_bytes=(gathers + 1 + 2) * t * d * a,  # gathers, sum written, LayerNorm read+write
+        output_bytes=t * d * a,
+        stored_bytes=2 * t * d * a,
+    )
+
+
+def _attention(c: ModelConfig, block: int) -> SubLayerWork:
+    t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
+    core = 4.0 * t * t * d * (0.5 if c.causal else 1.0)
+    return SubLayerWork(
+        f"block{block}.attn",
+        block,
+        params=4 * d * d + 4 * d + 2 * d,  # q, k, v, out projections with biases; LayerNorm
+        matmul_flops=8.0 * d * d * t,
+        attention_flops=core,
+        # LayerNorm (2), q/k/v head split (6), output merge (2), residual add (3) element passes.
+        memory_bytes=13 * t * d * a,
+        output_bytes=t * d * a,
+        stored_bytes=13 * t * d,  # Korthikanti et al. with a fused attention kernel, bytes already 16-bit
+    )
+
+
+def _mlp(c: ModelConfig, block: int) -> SubLayerWork:
+    t, d, f, a = c.seq_len, c.hidden, c.ffn, ACTIVATION_BYTES
+    return SubLayerWork(
+        f"block{block}.mlp",
+        block,
+        params=2 * d * f + f + d + 2 * d,
+        matmul_flops=4.0 * d * f * t,
+        memory_bytes=(2 * d + 2 * f + 3 * d) * t * a,  # LayerNorm, GELU read+write, residual add
+        output_bytes=t * d * a,
+        stored_bytes=(5 * d + 4 * f) * t,
+    )
+
+
+def _head(c: ModelConfig) -> SubLayerWork:
+    t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
+    if c.family == "vit":
+        return SubLayerWork(
+            "head",
+            None,
+            params=2 * d + d * c.classes + c.classes,
+            matmul_flops=2.0 * d * c.classes,  # only the class token reaches the classifier
+            memory_bytes=2 * t * d * a,  # the final LayerNorm runs over every token
+            output_bytes=c.classes * 4,
+            stored_bytes=2 * t * d,
+        )
+    dense = d * d + d + 2 * d if c.family == "bert" else 0  # BERT's MLM transform: dense, GELU, LayerNorm
+    # The decoder shares the token table in the unpipelined model; a pipeline's last stage holds its own copy.
+    decoder = c.vocab * d + (c.vocab if c.family == "bert" else 0)
+    return SubLayerWork(
+        "head",
+        None,
+        params=2 * d + dense + decoder,
+        matmul_flops=2.0 * (dense + c.vocab * d) * t,
+        memory_bytes=(6 * t * d * a if dense else 2 * t * d * a) + t * c.vocab * LOGIT_BYTES_PER_ELEMENT,
+        output_bytes=t * c.vocab * a,
+        stored_bytes=(6 if dense else 2) * t * d * a + t * c.vocab * a,
+    )
+
+
+def model_work(config: ModelConfig) -> tuple[SubLayerWork, ...]:
+    """The model's sub-layers in order: embedding, (attention, MLP) per block, head."""
+    blocks = [w for b in range(config.blocks) for w in (_attention(config, b), _mlp(config, b))]
+    return (_embedding(config), *blocks, _head(config))
