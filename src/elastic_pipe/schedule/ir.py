@@ -43,8 +43,8 @@ class Action:
     def __post_init__(self) -> None:
         if self.stage < 0 or self.microbatch < 0:
             raise ScheduleError(f"Action needs stage >= 0 and microbatch >= 0, got {self.stage}, {self.microbatch}")
-        if not isinstance(self.kind, ActionKind):
-            object.__setattr__(self, "kind", _kind(self.kind))
+        # accept the plain letter ("F") too, as torch's text form and JSON carry it
+        object.__setattr__(self, "kind", _kind(self.kind))
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind.value}{self.microbatch}"
@@ -62,7 +62,7 @@ class Action:
         return cls(int(match[1]), ActionKind(match[2]), int(match[3]))
 
 
-def _kind(value: object) -> ActionKind:
+def _kind(value: str) -> ActionKind:
     try:
         return ActionKind(value)
     except ValueError:

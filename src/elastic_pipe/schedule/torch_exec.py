@@ -76,7 +76,7 @@ def torch_schedule(
                 f"stage {stage.stage_index} was built for {stage.num_stages} stages on {stage.group_size} ranks; "
                 f"the schedule has {schedule.num_stages} stages on {schedule.num_ranks} ranks"
             )
-    runtime = _PipelineScheduleRuntime(
+    runtime: Any = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
         stages, n_microbatches=schedule.microbatches, loss_fn=loss_fn, scale_grads=scale_grads
     )
     order = torch_actions(schedule)

@@ -237,4 +237,3 @@ def _lookup(cost: MicrobatchCost | Mapping[int, StageTimes], size: int) -> Stage
             raise ScheduleError(f"no measured cost for micro-batch size {size}; measured sizes: {sorted(cost)}")
         return cost[size]
     return cost(size)
-
