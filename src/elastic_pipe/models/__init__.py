@@ -9,7 +9,10 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
+from elastic_pipe.models.bert import BERT_PRESETS, BertConfig, bert_config, bert_encoder
 from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.gpt import GPT_PRESETS, GPTConfig, gpt_config, gpt_decoder
+from elastic_pipe.models.hf import from_hf, from_hf_checkpoint, from_hf_state
 from elastic_pipe.models.layers import (
     ACTIVATIONS,
     AttentionSubLayer,
@@ -20,14 +23,19 @@ from elastic_pipe.models.layers import (
     TokenEmbedding,
     next_token_loss,
 )
+from elastic_pipe.models.minilm import load_minilm, minilm_dir, minilm_tokenize
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig, vit, vit_config
 
 __all__ = [
     "ACTIVATIONS",
+    "BERT_PRESETS",
+    "GPT_PRESETS",
     "VIT_PRESETS",
     "AttentionSubLayer",
+    "BertConfig",
     "ClassifierHead",
+    "GPTConfig",
     "LMHead",
     "MLPSubLayer",
     "ModelError",
@@ -35,7 +43,17 @@ __all__ = [
     "SubLayerModel",
     "TokenEmbedding",
     "ViTConfig",
+    "bert_config",
+    "bert_encoder",
     "block_unit_ends",
+    "from_hf",
+    "from_hf_checkpoint",
+    "from_hf_state",
+    "gpt_config",
+    "gpt_decoder",
+    "load_minilm",
+    "minilm_dir",
+    "minilm_tokenize",
     "next_token_loss",
     "vit",
     "vit_config",

@@ -11,7 +11,15 @@ from torch import nn
 
 from elastic_pipe.models.errors import ModelError
 
-__all__ = ["INIT_STD", "build_seeded", "check_positive", "check_probability", "resolve_config"]
+__all__ = [
+    "INIT_STD",
+    "build_loaded",
+    "build_seeded",
+    "check_positive",
+    "check_probability",
+    "init_",
+    "resolve_config",
+]
 
 #: Standard deviation of the normal initialization of weights and embeddings (BERT, GPT-2 and ViT all use 0.02).
 INIT_STD = 0.02
@@ -58,9 +66,15 @@ def resolve_config(config: C | str, presets: Mapping[str, C], config_type: type[
 
 
 @torch.no_grad()
-def _init_(model: nn.Module, generator: torch.Generator) -> None:
+def init_(model: nn.Module, generator: torch.Generator, only: set[str] | None = None) -> None:
+    """Initialize ``model``'s parameters (or those named in ``only``) from ``generator``.
+
+    LayerNorm weights 1 and biases 0, other biases 0, everything else a truncated normal with :data:`INIT_STD`.
+    """
     norm_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
     for name, param in model.named_parameters():
+        if only is not None and name not in only:
+            continue
         if id(param) in norm_params:
             param.fill_(1.0 if name.endswith("weight") else 0.0)
         elif name.endswith("bias"):
@@ -78,5 +92,36 @@ def build_seeded(factory: Callable[[], M], seed: int, dtype: torch.dtype) -> M:
     with torch.random.fork_rng(devices=[]):
         model = factory()
     generator = torch.Generator().manual_seed(seed)
-    _init_(model, generator)
+    init_(model, generator)
     return model.to(dtype)
+
+
+def build_loaded(
+    factory: Callable[[], M], weights: Mapping[str, torch.Tensor], seed: int, dtype: torch.dtype
+) -> tuple[M, list[str]]:
+    """Build a model holding ``weights``; parameters they lack are initialized from ``seed``.
+
+    The model is first built on the meta device, so no time goes into initializing weights that get overwritten.
+
+    Returns:
+        The model and the sorted names of the parameters that were initialized rather than loaded.
+
+    Raises:
+        ModelError: if ``weights`` names a tensor the model does not have or has the wrong shape for it.
+    """
+    with torch.device("meta"):
+        model = factory()
+    model = model.to_empty(device="cpu").to(dtype)
+    own = model.state_dict()
+    extra = sorted(set(weights) - set(own))
+    if extra:
+        raise ModelError(f"weights name tensors the model does not have: {extra}")
+    for key, value in weights.items():
+        if tuple(value.shape) != tuple(own[key].shape):
+            raise ModelError(f"weight {key!r} has shape {tuple(value.shape)}, expected {tuple(own[key].shape)}")
+    missing = sorted(set(own) - set(weights))
+    init_(model, torch.Generator().manual_seed(seed), only=set(missing))
+    with torch.no_grad():
+        for key, value in weights.items():
+            own[key].copy_(value)
+    return model, missing
