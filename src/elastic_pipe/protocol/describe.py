@@ -53,46 +53,76 @@ def legacy_to_dict(msg: LegacyMessage) -> dict[str, Any]:
     }
 
 
+def _layers(first: int, last: int) -> str:
+    return f"layer {first}" if first == last else f"layers {first}-{last}"
+
+
+def _table(title: str, rows: list[tuple[str, str]]) -> str:
+    width = max(len(label) for label, _ in rows) + 2
+    return "\n".join([title, *(f"  {label + ':':<{width}}{value}" for label, value in rows)])
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def describe(msg: TransitionMessage) -> str:
     """Every field of a v1 message in plain words, one per line."""
     stages = "; ".join(
-        f"stage {s}: layers {b}-{c - 1}"
+        f"stage {s}: {_layers(b, c - 1)}"
         for s, (b, c) in enumerate(zip(msg.boundaries, msg.boundaries[1:], strict=False))
     )
-    return "\n".join(
-        (
-            "Transition message (elastic_pipe v1)",
-            f"  takes effect at:        epoch {msg.epoch}, step {msg.step}",
-            f"  frozen layers:          {msg.frozen} (layers 0-{msg.frozen - 1} no longer train)"
-            if msg.frozen
-            else "  frozen layers:          0 (every layer trains)",
-            f"  pipeline length:        {msg.pipe_len} (each pipeline replica is cut into {msg.pipe_len} "
-            f"stage{'s' if msg.pipe_len != 1 else ''}, one device each)",
-            f"  stage boundaries:       {list(msg.boundaries)} ({stages})",
-            f"  micro-batches:          {msg.microbatches} per step and replica",
-            f"  largest per-device cost at the start: {msg.max_cost_at_start:.6g} (the budget a compressed "
-            "pipeline must stay under)",
-            f"  ranks whose role changes: {_ranks(msg.changed_ranks)}",
-            f"  gradient norms:         {_norms(msg.grad_norms)}",
-        )
+    frozen = f"{msg.frozen} ({_layers(0, msg.frozen - 1)} no longer train)" if msg.frozen else "0 (every layer trains)"
+    return _table(
+        "Transition message (elastic_pipe v1)",
+        [
+            ("takes effect at", f"epoch {msg.epoch}, step {msg.step}"),
+            ("frozen layers", frozen),
+            (
+                "pipeline length",
+                f"{msg.pipe_len} (each pipeline replica is cut into {_plural(msg.pipe_len, 'stage')}, one device each)",
+            ),
+            ("stage boundaries", f"{list(msg.boundaries)} ({stages})"),
+            ("micro-batches", f"{msg.microbatches} per step and pipeline replica"),
+            (
+                "largest per-device cost at the start",
+                f"{msg.max_cost_at_start:.6g} (the budget a compressed pipeline must stay under)",
+            ),
+            (
+                "ranks whose role changes",
+                f"{_ranks(msg.changed_ranks)} (newly active, or moved to another replica or stage)",
+            ),
+            ("gradient norms", _norms(msg.grad_norms)),
+        ],
     )
 
 
 def describe_legacy(msg: LegacyMessage) -> str:
     """Every field of the published 50-float message in plain words, one per line."""
-    return "\n".join(
-        (
-            "PipeTransformer frozen message (50 floats, as published)",
-            f"  [0] frozen layers:        {msg.num_frozen_layers} (the first {msg.num_frozen_layers} layers no "
-            "longer train)",
-            f"  [1] pipeline length:      {msg.pipe_len} (each pipeline now spans {msg.pipe_len} "
-            f"GPU{'s' if msg.pipe_len != 1 else ''})",
-            f"  [2] largest per-GPU size at the start: {msg.max_params_per_gpu:.6g} million parameters (the "
-            "budget a compressed pipeline must stay under)",
-            f"  [3] epoch:                {msg.epoch}",
-            f"  [4] newly added ranks:    {len(msg.new_ranks)} (processes that start training a new pipeline "
-            "replica with this transition)",
-            f"  [5:{5 + len(msg.new_ranks)}] those ranks:       {_ranks(msg.new_ranks)}",
-            f"  gradient norms:           {_norms(msg.grad_norms)}",
-        )
+    n = len(msg.new_ranks)
+    if msg.grad_norms is None:
+        norms_at = f"[{5 + n}]"
+        norms = "none sent (the -1 marker)"
+    else:
+        norms_at = f"[{5 + n}:{5 + n + len(msg.grad_norms)}]"
+        norms = _norms(msg.grad_norms)
+    frozen = msg.num_frozen_layers
+    return _table(
+        "PipeTransformer frozen message (50 floats, as published)",
+        [
+            ("[0] frozen layers", f"{frozen} ({_layers(0, frozen - 1)} no longer train)" if frozen else "0"),
+            ("[1] pipeline length", f"{msg.pipe_len} (each pipeline now spans {_plural(msg.pipe_len, 'GPU')})"),
+            (
+                "[2] largest per-GPU size at the start",
+                f"{msg.max_params_per_gpu:.6g} million parameters (the budget a compressed pipeline must stay under)",
+            ),
+            ("[3] epoch", str(msg.epoch)),
+            (
+                "[4] newly added ranks",
+                f"{n} (processes that start training a new pipeline replica with this transition)",
+            ),
+            (f"[5:{5 + n}] those ranks", _ranks(msg.new_ranks)),
+            (f"{norms_at} gradient norms", norms),
+            (f"[{5 + n + (1 if msg.grad_norms is None else len(msg.grad_norms))}:50] padding", "all 0.0"),
+        ],
     )
