@@ -25,6 +25,7 @@ from elastic_pipe.models.layers import (
 )
 from elastic_pipe.models.minilm import load_minilm, minilm_dir, minilm_tokenize
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
+from elastic_pipe.models.torchvision_vit import from_torchvision_vit
 from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig, vit, vit_config
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "from_hf",
     "from_hf_checkpoint",
     "from_hf_state",
+    "from_torchvision_vit",
     "gpt_config",
     "gpt_decoder",
     "load_minilm",
