@@ -66,7 +66,7 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
         raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
         raise PartitionError(f"frozen_factor must be in [0, 1], got {frozen_factor!r}")
-    return [c * frozen_factor if i < frozen else float(c) for i, c in enumerate(costs)]
+    return [float(c) * frozen_factor for c in costs[:frozen]] + [float(c) for c in costs[frozen:]]
 
 
 def _lookup(name: str) -> Solver:
