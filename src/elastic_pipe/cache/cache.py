@@ -381,17 +381,16 @@ class ActivationCache:
                 _check_layout(segment, shape, dtype, boundary)
                 pending &= ~segment.contains(keys)
         stored = 0
-        for tier, segment in segments:
+        for tier, existing in segments:
             todo = pending.nonzero().flatten()
             if todo.numel() == 0:
                 break
+            segment = existing if existing is not None else tier.create(boundary, shape, dtype)
             if segment is None:
-                segment = tier.create(boundary, shape, dtype)
-                if segment is None:
-                    continue
-                _check_layout(segment, shape, dtype, boundary)
-            present = segment.write(keys[todo], values[todo.to(values.device)])
-            stored += int(present.sum())
+                continue
+            _check_layout(segment, shape, dtype, boundary)
+            present, written = segment.write(keys[todo], values[todo.to(values.device)])
+            stored += written
             pending[todo[present]] = False
         self._stored += stored
         self._rejected += int(pending.sum())
@@ -422,7 +421,9 @@ class ActivationCache:
         return lookup.merge(computed)
 
     # ------------------------------------------------------------------------------------------------ boundaries
-    def extend(self, old_boundary: int, new_boundary: int, fn: Transform, *, batch_size: int = DEFAULT_EXTEND_BATCH) -> int:
+    def extend(
+        self, old_boundary: int, new_boundary: int, fn: Transform, *, batch_size: int = DEFAULT_EXTEND_BATCH
+    ) -> int:
         """Move entries from ``old_boundary`` to ``new_boundary`` by running ``fn`` (layers ``old..new-1``) on them.
 
         Entries are rewritten in place, ``batch_size`` at a time, under ``no_grad``; if ``fn`` changes the entry

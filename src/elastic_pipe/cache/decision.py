@@ -113,7 +113,9 @@ def payoff_threshold(
     Raises:
         CacheError: the two sequences differ in length, or a time is invalid.
     """
-    reads = [float(read_seconds)] * len(recompute_seconds) if isinstance(read_seconds, int | float) else list(read_seconds)
+    reads = (
+        [float(read_seconds)] * len(recompute_seconds) if isinstance(read_seconds, int | float) else list(read_seconds)
+    )
     if len(reads) != len(recompute_seconds):
         raise CacheError(
             f"read_seconds has {len(reads)} entries but recompute_seconds has {len(recompute_seconds)}; expected equal"
@@ -140,14 +142,16 @@ def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) ->
     """
     if repeats < 1 or warmup < 0:
         raise CacheError(f"time_call needs repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    cuda = torch.cuda.is_available()
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        sync()
+        if cuda:
+            torch.cuda.synchronize()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)

@@ -160,8 +160,8 @@ class SegmentLayout:
         """The largest file segment (at most ``num_keys`` slots) whose whole file fits in ``budget_bytes``."""
         empty = cls(shape, dtype, 0, num_keys, checksum)
         per_slot = empty.entry_bytes + (_CRC_ITEM if checksum else 0)
-        # 2 * ALIGN covers the worst-case padding of the two aligned regions.
-        room = budget_bytes - empty.index_offset - _INDEX_ITEM * num_keys - 2 * ALIGN
+        # an upper bound that ignores the alignment padding; the loop then steps down past the padding
+        room = budget_bytes - empty.index_offset - _INDEX_ITEM * num_keys
         capacity = max(0, min(num_keys, room // per_slot if per_slot else num_keys))
         layout = cls(shape, dtype, capacity, num_keys, checksum)
         while layout.capacity > 0 and layout.file_bytes > budget_bytes:

@@ -16,6 +16,7 @@ batch size; only the crc32 check walks the batch's rows, in C.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -82,8 +83,13 @@ class Segment(Protocol):
         """Gather the entries of ``keys`` (one copy) onto ``device``."""
         ...
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """Store entries for unique ``keys`` while slots last; returns the mask of keys now present."""
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Store entries for unique ``keys`` while slots last.
+
+        Returns:
+            The mask of keys now present, and how many entries this call wrote (keys another process stored
+            first are present but not written again).
+        """
         ...
 
     def valid_keys(self) -> torch.Tensor:
@@ -144,7 +150,8 @@ def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device) -> to
 
 
 class DeviceSegment:
-    """A slab tensor on the compute device with a CPU index; private to one process."""
+    """A slab tensor on the compute device with a CPU index; private to one process (methods as in
+    :class:`Segment`)."""
 
     def __init__(self, layout: SegmentLayout, device: torch.device) -> None:
         self.layout = layout
@@ -153,28 +160,28 @@ class DeviceSegment:
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
 
-    def contains(self, keys: torch.Tensor) -> torch.Tensor:  # noqa: D102 (documented in Segment)
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
         return self._index[keys] >= 0
 
-    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:  # noqa: D102
+    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:
         slots = self._index[keys]
         found = slots >= 0
         return ReadResult(found, _gather(self._data, slots[found], device), 0)
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         current = self._index[keys]
         slots, write, self._used = _assign_slots(current, self._used, self.layout.capacity)
         if bool(write.any()):
             target = slots[write]
             self._data.index_copy_(0, target.to(self.device), values[write.to(values.device)].to(self.device))
             self._index[keys[write]] = target
-        return (current >= 0) | write
+        return (current >= 0) | write, int(write.sum())
 
-    def valid_keys(self) -> torch.Tensor:  # noqa: D102
+    def valid_keys(self) -> torch.Tensor:
         keys = (self._index >= 0).nonzero().flatten()
         return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:  # noqa: D102
+    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
         keys = self.valid_keys()
         slots = self._index[keys]
         for start in range(0, slots.numel(), batch_size):
@@ -185,13 +192,13 @@ class DeviceSegment:
             self._data.index_copy_(0, chunk, new.to(self.device))
         return int(slots.numel())
 
-    def entries(self) -> int:  # noqa: D102
+    def entries(self) -> int:
         return int((self._index >= 0).sum())
 
-    def nbytes(self) -> int:  # noqa: D102
+    def nbytes(self) -> int:
         return self.layout.capacity * self.layout.entry_bytes
 
-    def close(self) -> None:  # noqa: D102
+    def close(self) -> None:
         self._data = torch.empty(0, dtype=self.layout.dtype, device=self.device)
         self._index = torch.full((self.layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
@@ -205,7 +212,8 @@ def _check_same(old: torch.Tensor, new: torch.Tensor) -> None:
 
 
 class FileSegment:
-    """A segment in one memory-mapped file, shared by every process that opens the same path."""
+    """A segment in one memory-mapped file, shared by every process that opens the same path (methods as in
+    :class:`Segment`)."""
 
     def __init__(self, path: Path, fd: int, layout: SegmentLayout) -> None:
         self.path = path
@@ -311,10 +319,9 @@ class FileSegment:
             if hasattr(self, name):
                 delattr(self, name)
         if self._mm is not None:
-            try:
+            # BufferError: a caller still holds a view; the mapping goes when that view does
+            with contextlib.suppress(BufferError):
                 self._mm.close()
-            except BufferError:  # a caller still holds a view; the mapping goes when it does
-                pass
             self._mm = None
 
     @contextmanager
@@ -334,11 +341,11 @@ class FileSegment:
             return False
 
     # ----------------------------------------------------------------------------------------- entries
-    def contains(self, keys: torch.Tensor) -> torch.Tensor:  # noqa: D102 (documented in Segment)
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
         with self._locked(exclusive=False):
             return self._index[keys] >= 0
 
-    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:  # noqa: D102
+    def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:
         with self._locked(exclusive=False):
             slots = self._index[keys].clone()
             found = slots >= 0
@@ -363,7 +370,7 @@ class FileSegment:
             still = self._index[keys] == slots
             self._index[keys[still]] = encode_invalid(slots[still])
 
-    def write(self, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:  # noqa: D102
+    def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         with self._locked(exclusive=True):
             if self._size < self.layout.file_bytes:  # truncated: grow back so that every slot is writable
                 os.ftruncate(self._fd, self.layout.file_bytes)
@@ -379,14 +386,14 @@ class FileSegment:
                 # the data is written before the index entry that publishes it
                 self._index[keys[write]] = target
                 self._used_view[0] = used
-            return (current >= 0) | write
+            return (current >= 0) | write, int(write.sum())
 
-    def valid_keys(self) -> torch.Tensor:  # noqa: D102
+    def valid_keys(self) -> torch.Tensor:
         with self._locked(exclusive=False):
             keys = (self._index >= 0).nonzero().flatten()
             return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:  # noqa: D102
+    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
         done = 0
         with self._locked(exclusive=True):
             keys = (self._index >= 0).nonzero().flatten()
@@ -413,11 +420,11 @@ class FileSegment:
                 done += int(chunk.numel())
         return done
 
-    def entries(self) -> int:  # noqa: D102
+    def entries(self) -> int:
         with self._locked(exclusive=False):
             return int((self._index >= 0).sum())
 
-    def nbytes(self) -> int:  # noqa: D102
+    def nbytes(self) -> int:
         return self.layout.file_bytes
 
     def rename(self, path: Path) -> None:
@@ -431,17 +438,16 @@ class FileSegment:
         if self._mm is not None:
             self._mm.flush()
 
-    def close(self) -> None:  # noqa: D102
+    def close(self) -> None:
         self._drop_views()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
 
     def __del__(self) -> None:
-        try:
+        # at interpreter shutdown the modules close() needs may already be gone
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: S110 - interpreter shutdown: modules may already be gone
-            pass
 
     def destroy(self) -> None:
         """Delete the file (if it is still this one) and close the handle; other processes' mappings stay valid

@@ -21,6 +21,7 @@ from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, File
 
 __all__ = ["DeviceTier", "FileTier", "Tier"]
 
+
 class DeviceTier:
     """Segments as tensors on ``device``, within ``budget`` bytes of entry data."""
 
