@@ -230,7 +230,7 @@ def test_extend_never_carries_a_corrupted_entry(dirs: tuple[Path, Path]) -> None
 
 
 def test_random_augmentation_policies(dirs: tuple[Path, Path]) -> None:
-    with pytest.raises(CacheError, match="random augmentation.*'bypass'.*'views'"):
+    with pytest.raises(CacheError, match=r"random augmentation.*'bypass'.*'views'"):
         make(dirs, device_budget=1 << 20, augmentation="random")
     bypass = make(dirs, device_budget=1 << 20, augmentation="random", on_random_augmentation="bypass")
     assert not bypass.enabled
