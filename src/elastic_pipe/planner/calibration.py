@@ -1,24 +1,37 @@
-"""The cost model against measured runs: REFERENCE.md section 7's ViT-B/16 numbers on the lent 2x H200 machine.
+"""The cost model against measured runs.
 
-:func:`h200_calibration` predicts each measured quantity with the default :class:`~elastic_pipe.planner.GpuSpec`
-and :class:`~elastic_pipe.planner.ClusterSpec` (the H200 defaults) and returns prediction, measurement and relative
-error side by side; docs/planner.md prints the table and the tests hold every row within
-:data:`CALIBRATION_TOLERANCE`.
+* :func:`h200_calibration`: REFERENCE.md section 7's ViT-B/16 numbers on the lent 2x H200 machine, predicted with
+  the default :class:`~elastic_pipe.planner.GpuSpec` and :class:`~elastic_pipe.planner.ClusterSpec`; the tests hold
+  every row within :data:`CALIBRATION_TOLERANCE` (or within 1% of a full step for near-zero ratios).
+* :func:`cpu_calibration`: profile a small model on the CPU, predict its step, run it and time it.
+
+docs/planner.md prints both tables.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
 from elastic_pipe.freeze import AlphaSchedule, frozen_by_epoch
-from elastic_pipe.planner.cluster import ClusterSpec
-from elastic_pipe.planner.costs import SubLayerCost, price
+from elastic_pipe.partition import profile_layers
+from elastic_pipe.planner.cluster import ClusterSpec, GpuSpec
+from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price
 from elastic_pipe.planner.models import model_config, model_work
 from elastic_pipe.planner.step import Mode, predict_step
 
-__all__ = ["CALIBRATION_TOLERANCE", "CalibrationRow", "h200_calibration", "relative_step_cost"]
+__all__ = [
+    "CALIBRATION_TOLERANCE",
+    "CalibrationRow",
+    "cpu_calibration",
+    "cpu_model",
+    "h200_calibration",
+    "relative_step_cost",
+]
 
 #: The issue's target: measured quantities predicted within 15%.
 CALIBRATION_TOLERANCE = 0.15
@@ -104,22 +117,24 @@ def h200_calibration(one: ClusterSpec | None = None, two: ClusterSpec | None = N
     two = two or ClusterSpec(2)
     costs = price(model_work(model_config("vit-b16")), one.gpu)
     rows = [
-        CalibrationRow(
-            "one GPU, batch 256: training step", "ms", 92.5, 1e3 * _step(costs, one, batch=ONE_GPU_BATCH)
-        ),
+        CalibrationRow("one GPU, batch 256: training step", "ms", 92.5, 1e3 * _step(costs, one, batch=ONE_GPU_BATCH)),
         CalibrationRow(
             "one GPU, batch 256: peak memory",
             "GiB",
             17.6,
-            predict_step(_modes(costs, 0, False), one, global_batch=ONE_GPU_BATCH, pipe_len=1, microbatches=1)
-            .stage_memory[0]
+            predict_step(
+                _modes(costs, 0, False), one, global_batch=ONE_GPU_BATCH, pipe_len=1, microbatches=1
+            ).stage_memory[0]
             / 2**30,
         ),
     ]
     for n, (recompute, cached) in MEASURED_RELATIVE.items():
         rows.append(
             CalibrationRow(
-                f"relative step, {n} frozen, recomputed", "x", recompute, relative_step_cost(costs, one, n, cached=False)
+                f"relative step, {n} frozen, recomputed",
+                "x",
+                recompute,
+                relative_step_cost(costs, one, n, cached=False),
             )
         )
         rows.append(
@@ -157,4 +172,98 @@ def h200_calibration(one: ClusterSpec | None = None, two: ClusterSpec | None = N
             TWO_GPU_BATCH / _step(costs, two, batch=TWO_GPU_BATCH, frozen=MEASURED_DDP_FROZEN, cached=True),
         ),
     ]
+    return rows
+
+
+#: CPU calibration model: input features, classes, MLP expansion.
+CPU_INPUT_FEATURES = 64
+CPU_CLASSES = 10
+CPU_MLP_EXPANSION = 4
+
+
+class _Residual(torch.nn.Module):
+    """A pre-norm residual MLP sub-layer (the shape of a transformer's MLP sub-layer)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.LayerNorm(width),
+            torch.nn.Linear(width, CPU_MLP_EXPANSION * width),
+            torch.nn.GELU(),
+            torch.nn.Linear(CPU_MLP_EXPANSION * width, width),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.body(x)
+        return out
+
+
+def cpu_model(blocks: int, width: int, *, seed: int = 0) -> list[tuple[str, torch.nn.Module]]:
+    """The small model the CPU calibration profiles and runs: embedding, ``blocks`` residual MLPs, head."""
+    torch.manual_seed(seed)
+    layers: list[tuple[str, torch.nn.Module]] = [("embed", torch.nn.Linear(CPU_INPUT_FEATURES, width))]
+    layers += [(f"block{i}", _Residual(width)) for i in range(blocks)]
+    layers.append(("head", torch.nn.Linear(width, CPU_CLASSES)))
+    return layers
+
+
+def _measure_step(
+    layers: Sequence[tuple[str, torch.nn.Module]], x: torch.Tensor, frozen_layers: int, repeats: int
+) -> float:
+    """Fastest wall time of forward + loss + backward with the first ``frozen_layers`` layers frozen (no_grad).
+
+    The fastest run, not the median: on a shared machine a whole step is likelier to be preempted than the short
+    per-layer runs the profiler times, and the fastest run is the least disturbed one.
+    """
+    modules = [m for _, m in layers]
+    for i, m in enumerate(modules):
+        m.requires_grad_(i >= frozen_layers)
+    target = torch.zeros(x.shape[0], dtype=torch.long)
+    times = []
+    for _ in range(repeats + 2):
+        start = time.perf_counter()
+        h = x
+        with torch.no_grad():
+            for m in modules[:frozen_layers]:
+                h = m(h)
+        for m in modules[frozen_layers:]:
+            h = m(h)
+        loss = torch.nn.functional.cross_entropy(h, target)
+        torch.autograd.backward(loss)
+        times.append(time.perf_counter() - start)
+        for m in modules:
+            m.zero_grad(set_to_none=True)
+    for m in modules:
+        m.requires_grad_(True)
+    return min(times[2:])
+
+
+def cpu_calibration(
+    *, blocks: int = 6, width: int = 256, batch: int = 64, frozen: Sequence[int] = (0, 3), repeats: int = 7
+) -> list[CalibrationRow]:
+    """Profile a small model on the CPU, predict its step with ``frozen`` leading units, and measure it.
+
+    The per-layer costs come from :func:`elastic_pipe.partition.profile_layers`; the prediction is the planner's
+    one-device step (compute only: the measured step runs no optimizer). Unit 0 is the embedding with the first
+    block, as in the package's models. Runs single-threaded and restores the thread count.
+
+    Returns:
+        One row per frozen count, times in milliseconds.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # profile and run alike; several threads on a shared machine only add noise
+    try:
+        layers = cpu_model(blocks, width)
+        x = torch.randn(batch, CPU_INPUT_FEATURES, generator=torch.Generator().manual_seed(1))
+        records = profile_layers(layers, x, repeats=repeats, warmup=2)
+        costs = from_layer_costs(records, batch, unit_ends=list(range(2, blocks + 2)))
+        cluster = ClusterSpec(1, gpu=GpuSpec(name="cpu", host_overhead=0.0))
+        rows = []
+        for f in frozen:
+            step = predict_step(_modes(costs, f, cached=False), cluster, global_batch=batch, pipe_len=1, microbatches=1)
+            measured = _measure_step(layers, x, f + 1 if f else 0, repeats)
+            name = f"CPU, {blocks} blocks x {width}, batch {batch}, {f} frozen units"
+            rows.append(CalibrationRow(name, "ms", 1e3 * measured, 1e3 * step.breakdown.compute))
+    finally:
+        torch.set_num_threads(threads)
     return rows
