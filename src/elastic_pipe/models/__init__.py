@@ -10,6 +10,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 from __future__ import annotations
 
 from elastic_pipe.models.bert import BERT_PRESETS, BertConfig, bert_config, bert_encoder
+from elastic_pipe.models.costs import SubLayerProfile, analyze, attention_flops, sublayer_costs
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.gpt import GPT_PRESETS, GPTConfig, gpt_config, gpt_decoder
 from elastic_pipe.models.hf import from_hf, from_hf_checkpoint, from_hf_state
@@ -42,8 +43,11 @@ __all__ = [
     "ModelError",
     "PatchEmbedding",
     "SubLayerModel",
+    "SubLayerProfile",
     "TokenEmbedding",
     "ViTConfig",
+    "analyze",
+    "attention_flops",
     "bert_config",
     "bert_encoder",
     "block_unit_ends",
@@ -57,6 +61,7 @@ __all__ = [
     "minilm_dir",
     "minilm_tokenize",
     "next_token_loss",
+    "sublayer_costs",
     "vit",
     "vit_config",
 ]
