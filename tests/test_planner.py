@@ -1,0 +1,363 @@
+"""The planner's pure core: model configs, cluster spec, cost pricing, step prediction and the per-epoch plan."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_pipe.freeze import FreezeError
+from elastic_pipe.planner import (
+    H200,
+    MODEL_CONFIGS,
+    ClusterSpec,
+    GpuSpec,
+    JobSpec,
+    Mode,
+    PlannerError,
+    SubLayerCost,
+    format_table,
+    from_layer_costs,
+    make_plan,
+    model_config,
+    model_work,
+    parse_bytes,
+    plan_model,
+    plan_to_dict,
+    predict_step,
+    price,
+    to_layer_costs,
+)
+from elastic_pipe.planner.step import ring_allreduce_time, transfer_time
+from elastic_pipe.types import ElasticPipeError, LayerCost
+
+# --- model configs -------------------------------------------------------------------------------------------
+
+
+def test_vit_b16_parameter_count_matches_torchvision() -> None:
+    # torchvision's vit_b_16 reports 86,567,656 parameters.
+    assert sum(w.params for w in model_work(model_config("vit-b16"))) == 86_567_656
+
+
+def test_bert_base_encoder_parameter_count_matches_hugging_face() -> None:
+    # BertModel without its pooler: 108,891,648 parameters (the MLM head is priced separately).
+    work = model_work(model_config("bert-base"))
+    assert sum(w.params for w in work if w.name != "head") == 108_891_648
+
+
+def test_gpt2_small_parameter_count_matches_hugging_face() -> None:
+    # GPT-2 small has 124,439,808 parameters with its LM head tied to the token table; a pipeline's last stage
+    # holds its own copy of the table (vocab x hidden).
+    c = model_config("gpt2-small")
+    total = sum(w.params for w in model_work(c))
+    assert total - c.vocab * c.hidden == 124_439_808
+
+
+def test_sub_layer_structure() -> None:
+    work = model_work(model_config("bert-large"))
+    assert len(work) == 2 * 24 + 2
+    assert [w.unit for w in work[:5]] == [0, 0, 0, 1, 1]
+    assert work[-1].unit is None and work[-1].name == "head"
+    assert work[1].name == "block0.attn" and work[2].name == "block0.mlp"
+
+
+def test_attention_and_mlp_flops_are_the_textbook_counts() -> None:
+    c = model_config("gpt2-medium")
+    attn, mlp = model_work(c)[1:3]
+    t, d = c.seq_len, c.hidden
+    assert attn.matmul_flops == 8 * d * d * t
+    assert attn.attention_flops == 4 * t * t * d * 0.5  # causal: half the score matrix
+    assert mlp.matmul_flops == 4 * d * c.ffn * t
+    assert mlp.stored_bytes == 21 * t * d  # Korthikanti et al.: 19sh + LayerNorm's 2sh with f = 4h
+
+
+def test_unknown_model_lists_valid_names() -> None:
+    with pytest.raises(PlannerError, match="vit-b16") as exc:
+        model_config("vit-x")
+    assert isinstance(exc.value, ElasticPipeError) and isinstance(exc.value, ValueError)
+
+
+def test_every_builtin_config_prices() -> None:
+    for name in MODEL_CONFIGS:
+        costs = price(model_work(model_config(name)), H200)
+        assert all(c.forward > 0 and c.backward > 0 for c in costs), name
+
+
+def test_seq_len_override() -> None:
+    short = model_config("bert-base").with_seq_len(128)
+    assert short.seq_len == 128 and model_work(short)[1].output_bytes == 128 * 768 * 2
+    with pytest.raises(PlannerError, match="image"):
+        model_config("vit-b16").with_seq_len(100)
+
+
+# --- cluster ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("16GiB", 16 * 2**30), ("80GB", 80 * 10**9), ("1.5e9", 1_500_000_000), ("512 MiB", 512 * 2**20), (4096, 4096)],
+)
+def test_parse_bytes(text: str | int, expected: int) -> None:
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1GB", "0"])
+def test_parse_bytes_rejects(text: str) -> None:
+    with pytest.raises(PlannerError):
+        parse_bytes(text)
+
+
+def test_cluster_validation() -> None:
+    with pytest.raises(PlannerError, match="multiple of gpus_per_node"):
+        ClusterSpec(12, 8)
+    with pytest.raises(PlannerError, match="gpus"):
+        ClusterSpec(0)
+    with pytest.raises(PlannerError, match="matmul_flops"):
+        GpuSpec(matmul_flops=0)
+    assert ClusterSpec(4, 8).gpus_on_a_node == 4 and ClusterSpec(64, 8).nodes == 8
+
+
+# --- costs -------------------------------------------------------------------------------------------------------
+
+
+def test_from_layer_costs_divides_by_batch_and_assigns_units() -> None:
+    records = [LayerCost("a", params=10, forward=2.0, backward=4.0, activation_bytes=8, memory_bytes=160 + 80)] * 3
+    costs = from_layer_costs(records, 4, unit_ends=[2])
+    assert [c.unit for c in costs] == [0, 0, None]
+    assert costs[0].forward == 0.5 and costs[0].backward == 1.0 and costs[0].output_bytes == 2.0
+    assert costs[0].stored_bytes == 20.0  # (240 - 16 * 10 state bytes) / 4
+    back = to_layer_costs(costs, 4)
+    assert back[0].forward == 2.0 and back[0].memory_bytes == 240
+
+
+@pytest.mark.parametrize("ends", [[2, 2], [0], [5]])
+def test_from_layer_costs_rejects_bad_units(ends: list[int]) -> None:
+    with pytest.raises(PlannerError, match="unit_ends"):
+        from_layer_costs([LayerCost("a", forward=1.0)] * 3, 1, unit_ends=ends)
+
+
+# --- step prediction ---------------------------------------------------------------------------------------------
+
+
+def _uniform(n: int, *, forward: float = 1e-3, backward: float = 2e-3, host: float = 0.0) -> list[SubLayerCost]:
+    return [
+        SubLayerCost(
+            f"l{i}",
+            unit=i if i < n - 1 else None,
+            params=0,
+            forward=forward,
+            backward=backward,
+            frozen_forward=forward,
+            output_bytes=0.0,
+            stored_bytes=0.0,
+            host_weight=host,
+        )
+        for i in range(n)
+    ]
+
+
+def test_ring_allreduce_formula() -> None:
+    assert ring_allreduce_time(1e9, 1, 1e9, 1e-5) == 0.0
+    assert ring_allreduce_time(1e9, 4, 1e10, 1e-5) == pytest.approx(2 * 3 / 4 * 0.1 + 6 * 1e-5)
+    assert transfer_time(1e6, 1e9, 45e-6) == pytest.approx(45e-6 + 1e-3)
+
+
+@pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (4, 8), (4, 4)])
+def test_equal_stages_reproduce_the_1f1b_bubble(stages: int, microbatches: int) -> None:
+    costs = _uniform(2 * stages)
+    cluster = ClusterSpec(stages, gpu=GpuSpec(host_overhead=0.0))
+    batch = 8 * microbatches
+    pred = predict_step(
+        [(c, Mode.ACTIVE) for c in costs], cluster, global_batch=batch, pipe_len=stages, microbatches=microbatches
+    )
+    per_mb = 2 * 8 * 3e-3  # two layers per stage, 8 samples, forward + backward per sample
+    b = pred.breakdown
+    assert pred.layers_per_stage == (2,) * stages
+    assert b.compute == pytest.approx(microbatches * per_mb)
+    assert b.bubble == pytest.approx((stages - 1) * per_mb)
+    assert b.transfers == pytest.approx(0.0, abs=1e-12) or b.transfers > 0  # zero-byte messages still pay latency
+    assert b.allreduce == 0.0 and b.optimizer == 0.0
+    assert pred.step_time == pytest.approx(b.compute + b.bubble + b.transfers)
+
+
+def test_small_micro_batches_are_host_bound() -> None:
+    costs = _uniform(4, forward=1e-6, backward=2e-6, host=1.0)
+    cluster = ClusterSpec(1, gpu=GpuSpec(host_overhead=1e-3))
+    pred = predict_step([(c, Mode.ACTIVE) for c in costs], cluster, global_batch=8, pipe_len=1, microbatches=2)
+    assert pred.host_bound
+    assert pred.breakdown.compute == pytest.approx(2 * 4 * 2e-3)  # 4 layers x 1 ms per pass x 2 passes x 2 mbs
+
+
+def test_frozen_and_cached_entries() -> None:
+    costs = _uniform(4)
+    cluster = ClusterSpec(1, gpu=GpuSpec(host_overhead=0.0))
+    modes = [(costs[0], Mode.CACHED), (costs[1], Mode.FROZEN), (costs[2], Mode.ACTIVE), (costs[3], Mode.ACTIVE)]
+    pred = predict_step(modes, cluster, global_batch=10, pipe_len=1, microbatches=1, cache_seconds_per_sample=1e-4)
+    assert pred.layers_per_stage == (3,)
+    assert pred.breakdown.cache_reads == pytest.approx(1e-3)
+    assert pred.breakdown.compute == pytest.approx(10 * (1e-3 + 2 * 3e-3))
+
+
+def test_predict_step_rejects_bad_layouts() -> None:
+    entries = [(c, Mode.ACTIVE) for c in _uniform(4)]
+    with pytest.raises(PlannerError, match="divide"):
+        predict_step(entries, ClusterSpec(4), global_batch=16, pipe_len=3, microbatches=3)
+    with pytest.raises(PlannerError, match="micro-batches"):
+        predict_step(entries, ClusterSpec(2), global_batch=2, pipe_len=2, microbatches=4)
+    with pytest.raises(PlannerError, match="at least as many sub-layers"):
+        predict_step(entries[:1], ClusterSpec(2), global_batch=8, pipe_len=2, microbatches=2)
+
+
+# --- plans -------------------------------------------------------------------------------------------------------
+
+
+def _vit_plan(**job: object) -> object:
+    options: dict[str, object] = {"global_batch": 1024, "epochs": 10, "steps_per_epoch": 100}
+    options.update(job)
+    return plan_model("vit-b16", ClusterSpec(16, 8, GpuSpec(memory=parse_bytes("16GiB"))), JobSpec(**options))  # type: ignore[arg-type]
+
+
+def test_plan_follows_the_alpha_schedule_and_only_compresses() -> None:
+    plan = _vit_plan(pipe_len=8)
+    assert [e.frozen for e in plan.epochs] == [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]
+    lengths = [e.pipe_len for e in plan.epochs]
+    assert lengths[0] == 8 and all(b <= a for a, b in itertools.pairwise(lengths))
+    assert all(e.pipe_len * e.replicas == 16 for e in plan.epochs)
+    assert plan.epochs[0].step.step_time == pytest.approx(plan.freeze_only[0].step.step_time)
+    assert plan.speedup > 1.0 and plan.speedup_over_freeze_only > 1.0
+    assert plan.transitions == 6  # epochs 1, 2, 3, 4, 5, 7 change the frozen count (and maybe K)
+
+
+def test_never_freezing_with_the_best_start_equals_static() -> None:
+    plan = _vit_plan(policy="never", policy_options={})
+    assert plan.speedup == pytest.approx(1.0)
+    assert plan.transitions == 0 and plan.reshapes == 0
+
+
+def test_ddp_when_the_model_fits_one_gpu_and_pipeline_when_not() -> None:
+    never = {"policy": "never", "policy_options": {}}
+    big = plan_model("vit-b16", ClusterSpec(2), JobSpec(512, 1, 10, **never))  # type: ignore[arg-type]
+    assert big.epochs[0].pipe_len == 1 and big.epochs[0].step.microbatches == 1
+    small_gpu = ClusterSpec(8, 8, GpuSpec(memory=parse_bytes("16GiB")))
+    # The weights fit, the activations of 512 samples per GPU do not: DDP with gradient accumulation.
+    accumulate = plan_model("vit-l16", small_gpu, JobSpec(4096, 1, 10, **never))  # type: ignore[arg-type]
+    assert accumulate.epochs[0].pipe_len == 1 and accumulate.epochs[0].step.microbatches > 1
+    # 1.5 billion parameters with Adam state (24 GB) cannot sit on one 16 GiB GPU: a pipeline.
+    tight = plan_model("gpt2-xl", small_gpu, JobSpec(64, 1, 10, **never))  # type: ignore[arg-type]
+    assert tight.epochs[0].pipe_len > 1
+    assert max(tight.epochs[0].step.stage_memory) <= small_gpu.gpu.usable_memory
+
+
+def test_cache_off_recomputes_and_is_slower() -> None:
+    cached, plain = _vit_plan(pipe_len=8), _vit_plan(pipe_len=8, cache=False)
+    assert all(e.cache_tier is None and e.cached == 0 for e in plain.epochs)
+    assert plan_seconds(cached) < plan_seconds(plain)
+
+
+def plan_seconds(plan: object) -> float:
+    seconds: float = plan.seconds  # type: ignore[attr-defined]
+    return seconds
+
+
+def test_partition_boundaries_cover_the_model() -> None:
+    plan = _vit_plan(pipe_len=8)
+    for e in plan.epochs:
+        bounds = e.boundaries
+        assert bounds[-1] == len(plan.layer_names)
+        assert bounds[0] == e.first_layer
+        assert all(b > a for a, b in itertools.pairwise(bounds))
+
+
+def test_plan_json_document() -> None:
+    doc = plan_to_dict(_vit_plan(pipe_len=8))
+    text = json.dumps(doc, allow_nan=False)
+    back = json.loads(text)
+    epoch = back["epochs"][3]
+    for key in ("frozen", "pipe_len", "replicas", "microbatches", "throughput", "partition", "breakdown"):
+        assert key in epoch
+    assert set(epoch["breakdown"]) >= {"compute", "bubble", "transfers", "allreduce", "cache_reads"}
+    assert back["speedup"] > 1 and back["transitions"] == 6 and "speedup_over_freeze_only" in back
+
+
+def test_table_mentions_baselines() -> None:
+    text = format_table(_vit_plan(pipe_len=8))
+    assert "static baseline" in text and "freeze-only" in text and "speedup" in text
+
+
+def test_explicit_frozen_schedule_and_errors() -> None:
+    plan = _vit_plan(frozen=(0, 6, 6, 12, 12, 12, 12, 12, 12, 12), pipe_len=4)
+    assert [e.frozen for e in plan.epochs][:4] == [0, 6, 6, 12]
+    with pytest.raises(PlannerError, match="non-decreasing"):
+        _vit_plan(frozen=(0, 6, 3, 12, 12, 12, 12, 12, 12, 12))
+    with pytest.raises(PlannerError, match="one count per epoch"):
+        _vit_plan(frozen=(0, 6))
+    with pytest.raises(PlannerError, match="pipe_len=3"):
+        _vit_plan(pipe_len=3)
+    with pytest.raises(FreezeError):
+        _vit_plan(policy="autofreeze", policy_options={})
+
+
+def test_a_job_that_fits_nowhere() -> None:
+    tiny = ClusterSpec(1, gpu=GpuSpec(memory=parse_bytes("4GiB"), reserved_memory=0))
+    with pytest.raises(PlannerError, match="fits no layout"):
+        plan_model("gpt2-xl", tiny, JobSpec(64, 2, 1))
+
+
+def test_job_validation() -> None:
+    with pytest.raises(PlannerError, match="global_batch"):
+        JobSpec(0, 1, 1)
+    with pytest.raises(PlannerError, match="schedule"):
+        JobSpec(8, 1, 1, schedule="bogus")
+    with pytest.raises(PlannerError, match="cache tier"):
+        JobSpec(8, 1, 1, cache_tier="tape")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zb1p", "interleaved"])
+def test_other_schedules_plan(schedule: str) -> None:
+    plan = _vit_plan(pipe_len=4, schedule=schedule, epochs=3)
+    assert len(plan.epochs) == 3 and all(e.throughput > 0 for e in plan.epochs)
+
+
+def test_thousand_gpus_plan() -> None:
+    plan = plan_model("gpt2-medium", ClusterSpec(1024, 8), JobSpec(8192, 10, 10))
+    assert len(plan.epochs) == 10 and math.isfinite(plan.speedup)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    gpus=st.sampled_from([1, 2, 4, 8, 16]),
+    layers=st.integers(3, 12),
+    alpha=st.floats(0.1, 0.9),
+    per_gpu=st.sampled_from([8, 16, 32]),
+)
+def test_plan_invariants(gpus: int, layers: int, alpha: float, per_gpu: int) -> None:
+    costs = [
+        SubLayerCost(
+            f"l{i}",
+            unit=i if i < layers - 1 else None,
+            params=1000 * (i + 1),
+            forward=1e-4,
+            backward=2e-4,
+            frozen_forward=9e-5,
+            output_bytes=1e4,
+            stored_bytes=1e4,
+        )
+        for i in range(layers)
+    ]
+    job = JobSpec(per_gpu * gpus, 5, 10, policy_options={"alpha": alpha})
+    plan = make_plan(costs, ClusterSpec(gpus, 8), job)
+    frozen = [e.frozen for e in plan.epochs]
+    assert frozen == sorted(frozen) and frozen[0] == 0
+    lengths = [e.pipe_len for e in plan.epochs]
+    assert lengths == sorted(lengths, reverse=True)
+    for e in plan.epochs:
+        assert e.pipe_len * e.replicas == gpus
+        assert sum(e.step.layers_per_stage) == layers - e.first_layer
+        b = e.step.breakdown
+        assert b.total == pytest.approx(e.step.step_time) and min(b.compute, b.bubble, b.allreduce) >= 0
+    # The elastic job starts from the best static layout, so its first epoch is the static one.
+    assert plan.epochs[0].step.step_time == pytest.approx(plan.static[0].step.step_time)

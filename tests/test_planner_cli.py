@@ -1,0 +1,85 @@
+"""``elastic-pipe plan``: table, JSON, plots, measured costs, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from elastic_pipe.cli import main
+
+ISSUE_EXAMPLE = [
+    "plan", "--model", "vit-b16", "--gpus", "16", "--gpus-per-node", "8", "--gpu-memory", "16GiB",
+    "--alpha", "0.3333", "--epochs", "10",
+]  # fmt: skip
+
+
+def test_issue_example_prints_a_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(ISSUE_EXAMPLE) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("vit-b16 on 16 GPUs")
+    assert "speedup:" in out and "static baseline" in out
+    assert len([line for line in out.splitlines() if line[:5].strip().isdigit()]) == 10
+
+
+def test_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ISSUE_EXAMPLE, "--pipe-len", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [e["frozen"] for e in doc["epochs"]] == [0, 4, 7, 9, 10, 11, 11, 12, 12, 12]
+    assert doc["epochs"][0]["pipe_len"] == 8 and doc["epochs"][0]["replicas"] == 2
+    for e in doc["epochs"]:
+        assert e["pipe_len"] * e["replicas"] == 16
+        assert e["microbatches"] >= 1 and e["throughput"] > 0
+        assert sum(e["partition"]["layers_per_stage"]) == 26 - e["partition"]["boundaries"][0]
+    assert doc["speedup"] > 1 and doc["speedup_over_freeze_only"] > 1 and doc["transitions"] == 6
+    assert doc["job"]["steps_per_epoch"] == 1252  # ImageNet-1k at the default batch of 64 x 16
+
+
+def test_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ISSUE_EXAMPLE, "--pipe-len", "4", "--plot", str(tmp_path)]) == 0
+    for name in ("planner_throughput.png", "planner_timeline.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 1000
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_measured_costs_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    layers = [{"name": f"l{i}", "params": 1000, "forward": 0.01, "backward": 0.02, "activation_bytes": 4096}
+              for i in range(6)]  # fmt: skip
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"layers": layers, "unit_ends": [2, 3, 4, 5]}))
+    argv = ["plan", "--costs", str(path), "--costs-batch", "8", "--gpus", "2", "--global-batch", "64", "--json",
+            "--steps-per-epoch", "10", "--epochs", "4", "--alpha", "1/2", "--host-overhead-ms", "0"]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == "costs" and doc["units"] == 4
+    assert [e["frozen"] for e in doc["epochs"]] == [0, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "--model", "vit-x", "--gpus", "2"], "unknown model"),
+        (["plan", "--gpus", "2"], "exactly one of --model"),
+        (["plan", "--model", "vit-b16", "--gpus", "0"], "--gpus"),
+        (["plan", "--model", "vit-b16", "--gpus", "2", "--alpha", "lots"], "--alpha"),
+        (["plan", "--model", "vit-b16", "--gpus", "2", "--gpu-memory", "big"], "byte size"),
+        (["plan", "--model", "vit-b16", "--gpus", "16", "--pipe-len", "3"], "pipe_len=3"),
+        (["plan", "--model", "gpt2-xl", "--gpus", "1", "--gpu-memory", "4GiB"], "fits no layout"),
+        (["plan", "--model", "vit-b16", "--gpus", "2", "--policy", "manual"], "--manual"),
+        (["plan", "--costs", "/no/such/file.json", "--gpus", "2"], "cannot read"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and needle in captured.err
+
+
+def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--model", "vit-b16"])  # --gpus is required
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
