@@ -1,0 +1,43 @@
+"""Elastic training on torch.distributed: the thin orchestrator that composes the primitives.
+
+No algorithm lives here: freeze decisions come from :mod:`elastic_pipe.freeze`, partitions and compression from
+:mod:`elastic_pipe.partition`, schedules from :mod:`elastic_pipe.schedule`, process groups from
+:mod:`elastic_pipe.groups`, the transition message from :mod:`elastic_pipe.protocol`, data sharding from
+:mod:`elastic_pipe.data`, the models from :mod:`elastic_pipe.models`. This package wires them into one training
+loop per rank (:class:`ElasticRun`), moves state between ranks at transitions, checkpoints, logs, and launches
+processes with torchrun's elastic agent. See docs/training.md.
+"""
+
+from __future__ import annotations
+
+from elastic_pipe.orchestrator.checkpoint import Checkpointer, fingerprint
+from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.launch import launch
+from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.preflight import preflight
+from elastic_pipe.orchestrator.runtime import ElasticRun, RunResult, candidate_pipe_lens
+from elastic_pipe.orchestrator.transition import Move, plan_gather, plan_moves
+from elastic_pipe.orchestrator.worker import run_rank
+
+__all__ = [
+    "Checkpointer",
+    "ConfigError",
+    "ElasticRun",
+    "EpochMetrics",
+    "EventLog",
+    "Move",
+    "OrchestratorError",
+    "RunResult",
+    "TrainConfig",
+    "TransitionEvent",
+    "candidate_pipe_lens",
+    "config_from_tables",
+    "fingerprint",
+    "launch",
+    "load_config",
+    "plan_gather",
+    "plan_moves",
+    "preflight",
+    "run_rank",
+]

@@ -1,0 +1,170 @@
+"""Metrics and events: one JSON object per line in a file, one human line on stderr, every field documented.
+
+Two record kinds (field ``"kind"``), both described field by field in docs/training.md:
+
+* ``"epoch"`` (:class:`EpochMetrics`): throughput and where the step time went, per epoch;
+* ``"transition"`` (:class:`TransitionEvent`): every change of layout, with the seconds it took.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["PHASES", "EpochMetrics", "EventLog", "TransitionEvent"]
+
+#: The phases a training step is split into, in order (seconds per step, slowest rank).
+PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
+
+
+@dataclass(frozen=True)
+class EpochMetrics:
+    """What one epoch did.
+
+    Attributes:
+        epoch: epoch index (0-based).
+        steps: optimizer steps in the epoch.
+        samples: training samples processed (``steps * global_batch``).
+        seconds: wall time of the epoch's training steps (evaluation and transitions excluded).
+        samples_per_s: ``samples / seconds``.
+        loss: mean training loss over the epoch's steps (mean over replicas and micro-batches).
+        eval_loss: mean loss on the held-out split after the epoch.
+        eval_accuracy: accuracy on the held-out split after the epoch (classification only; else ``None``).
+        data_s: seconds per step spent assembling the batch (indexing, copy to the device), slowest rank.
+        forward_s: seconds per step in forward compute: the frozen prefix (or cache read) plus the stage's forward.
+        backward_s: seconds per step in the rest of the pipeline step: backward compute, activation and gradient
+            transfers between stages, and pipeline bubbles.
+        grad_sync_s: seconds per step averaging gradients over the stage's replica group.
+        optimizer_s: seconds per step in the optimizer and learning-rate scheduler.
+        grad_sync_ops: all-reduce operations the rank issued for gradient averaging in the epoch.
+        grad_sync_ops_per_s: ``grad_sync_ops / seconds``.
+        pipe_len: pipeline length K during the epoch.
+        replicas: data-parallel replicas during the epoch.
+        frozen_units: frozen units (blocks) during the epoch.
+        frozen_sublayers: frozen leading sub-layers during the epoch.
+        microbatches: micro-batches per step and replica.
+        cache: whether stage 0 read the frozen prefix's output from the activation cache.
+        lr: learning rate at the end of the epoch.
+    """
+
+    epoch: int
+    steps: int
+    samples: int
+    seconds: float
+    samples_per_s: float
+    loss: float
+    eval_loss: float
+    eval_accuracy: float | None
+    data_s: float
+    forward_s: float
+    backward_s: float
+    grad_sync_s: float
+    optimizer_s: float
+    grad_sync_ops: int
+    grad_sync_ops_per_s: float
+    pipe_len: int
+    replicas: int
+    frozen_units: int
+    frozen_sublayers: int
+    microbatches: int
+    cache: bool
+    lr: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data (with ``"kind": "epoch"``)."""
+        return {"kind": "epoch", **dataclasses.asdict(self)}
+
+    def human(self, epochs: int) -> str:
+        """One line for people: ``epoch 3/8 loss ... acc ... | K=2 R=2 frozen 3 | 812 samples/s | step ...``."""
+        acc = "" if self.eval_accuracy is None else f" acc {self.eval_accuracy:.3f}"
+        ms = self.seconds / max(self.steps, 1) * 1e3
+        split = " ".join(f"{p} {getattr(self, p + '_s') * 1e3:.1f}" for p in PHASES)
+        return (
+            f"epoch {self.epoch + 1}/{epochs} loss {self.loss:.4f} eval {self.eval_loss:.4f}{acc} | "
+            f"K={self.pipe_len} R={self.replicas} frozen {self.frozen_units} | {self.samples_per_s:.0f} samples/s | "
+            f"step {ms:.1f} ms ({split} ms) | sync {self.grad_sync_ops_per_s:.1f} ops/s"
+        )
+
+
+@dataclass(frozen=True)
+class TransitionEvent:
+    """One change of layout.
+
+    Attributes:
+        epoch: the epoch that starts with the new layout.
+        step: global optimizer steps completed before it.
+        frozen_units: frozen units after it.
+        frozen: frozen leading sub-layers after it.
+        pipe_len: pipeline length after it.
+        replicas: replicas after it.
+        microbatches: micro-batches per step and replica after it.
+        boundaries: ``pipe_len + 1`` sub-layer offsets of the new partition.
+        changed_ranks: ranks whose (replica, stage) role changed.
+        bytes_moved: weights and optimizer state broadcast to new owners.
+        cache: whether stage 0 reads the frozen prefix from the activation cache after it.
+        seconds: wall time from the decision to the first step of the new layout (stats gathering, decision,
+            broadcast, state moves, freezing, rebuilding the stage), measured on rank 0.
+    """
+
+    epoch: int
+    step: int
+    frozen_units: int
+    frozen: int
+    pipe_len: int
+    replicas: int
+    microbatches: int
+    boundaries: tuple[int, ...]
+    changed_ranks: tuple[int, ...]
+    bytes_moved: int
+    cache: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as plain data (with ``"kind": "transition"``)."""
+        d = dataclasses.asdict(self)
+        d["boundaries"] = list(self.boundaries)
+        d["changed_ranks"] = list(self.changed_ranks)
+        return {"kind": "transition", **d}
+
+    def human(self) -> str:
+        """One line for people."""
+        return (
+            f"transition before epoch {self.epoch + 1}: frozen {self.frozen_units} units, K={self.pipe_len} "
+            f"R={self.replicas}, boundaries {list(self.boundaries)}, {self.bytes_moved / 1e6:.2f} MB moved, "
+            f"cache {'on' if self.cache else 'off'}, {self.seconds:.3f} s"
+        )
+
+
+class EventLog:
+    """Writes records as JSON lines to ``path`` (if any) and human lines to ``stream`` (if any).
+
+    Only rank 0 writes; other ranks hold a log with neither.
+    """
+
+    def __init__(self, path: str | Path | None = None, stream: TextIO | None = None) -> None:
+        self._path = Path(path) if path else None
+        self._stream = stream
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    @classmethod
+    def to_stderr(cls, path: str | Path | None = None) -> EventLog:
+        """A log whose human lines go to stderr."""
+        return cls(path, sys.stderr)
+
+    def record(self, payload: dict[str, Any], line: str | None = None) -> None:
+        """Append ``payload`` as one JSON line and print ``line``."""
+        if self._path is not None:
+            with self._path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(payload, allow_nan=False) + "\n")
+        self.say(line)
+
+    def say(self, line: str | None) -> None:
+        """Print a human line (no JSON record)."""
+        if self._stream is not None and line:
+            self._stream.write(line + "\n")
+            self._stream.flush()

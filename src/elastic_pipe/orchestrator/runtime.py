@@ -1,0 +1,741 @@
+"""One rank's elastic training loop: the SPMD layout, the pipelined step, and transitions at decision points.
+
+Layout. ``W`` processes, one per device, all busy all the time. With pipeline length ``K`` there are ``R = W / K``
+replicas; rank ``r`` runs stage ``r % K`` of replica ``r // K`` (:func:`elastic_pipe.groups.plan_spmd`). Stage
+``s`` holds the active sub-layers ``boundaries[s]:boundaries[s+1]`` and runs them as a
+``torch.distributed.pipelining.PipelineStage`` under the schedule the schedule package generates. After the
+pipelined step every rank averages its gradients over its stage's replica group (one all-reduce per bucket), so
+replicas stay bit-identical.
+
+Frozen prefix. Every rank holds a copy of the whole model; a frozen sub-layer's weights are broadcast to all ranks
+once, when it freezes. Only stage-0 ranks run the frozen prefix (under ``no_grad``, in eval mode) on their own
+micro-batches, or read its output from the activation cache when that pays, and feed the result to stage 0. This
+keeps every rank busy (no rank is set aside to serve the prefix) and costs no transfer per step.
+
+Semantics. The global batch is fixed: each replica takes ``global_batch / R`` samples per step from the elastic
+sampler and the gradient is the mean over the global batch whatever ``R`` is, so the loss curve does not depend on
+the layout (the equivalence test checks this in float64). The learning-rate schedule counts optimizer steps and
+is unaffected too.
+
+A decision point (the end of every epoch): gather per-layer gradient statistics to rank 0, rank 0 runs the freeze
+policy and the compression, encodes a :class:`~elastic_pipe.protocol.TransitionMessage`, broadcasts it on the gloo
+control group, and every rank applies it (:meth:`ElasticRun.apply`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import data as edata
+from elastic_pipe import freeze, protocol
+from elastic_pipe import schedule as sched
+from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator import decision
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.transition import (
+    apply_moves,
+    changed_ranks,
+    drop_foreign_state,
+    owned_sublayers,
+    plan_gather,
+    plan_moves,
+)
+from elastic_pipe.orchestrator.workload import Split, cross_entropy
+from elastic_pipe.types import Layout
+
+__all__ = ["FAULT_ENV", "ElasticRun", "RunResult", "candidate_pipe_lens", "sublayer_costs"]
+
+log = logging.getLogger(__name__)
+
+#: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
+GRAD_BUCKET_BYTES = 25 * 1024 * 1024
+#: Evaluation batch size per rank.
+EVAL_BATCH = 256
+#: Fault injection for the resume tests: ``"<where>:<rank>:<epoch>[:<step>]"`` with where in "step" or
+#: "transition"; the rank exits hard there, on the first attempt of a torchrun job only.
+FAULT_ENV = "ELASTIC_PIPE_FAULT"
+
+
+def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
+    """Every pipeline length the job may reach: divisors of the world size up to the initial length."""
+    return tuple(k for k in range(config.pipe_len, 0, -1) if config.world_size % k == 0)
+
+
+def sublayer_costs(model: nn.Module) -> list[float]:
+    """Parameters per sub-layer (the published partition proxy)."""
+    return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
+
+
+@dataclass
+class RunResult:
+    """What a run reports when it ends (rank 0 holds the full picture; other ranks the same numbers).
+
+    Attributes:
+        epochs: per-epoch metrics records.
+        transitions: transition event records.
+        losses: the global training loss of every optimizer step, in order.
+        final_accuracy: evaluation accuracy after the last epoch (``None`` for non-classification).
+        final_eval_loss: evaluation loss after the last epoch.
+        seconds: wall time of the whole run on this rank.
+    """
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    final_accuracy: float | None = None
+    final_eval_loss: float = math.nan
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "epochs": self.epochs,
+            "transitions": self.transitions,
+            "losses": self.losses,
+            "final_accuracy": self.final_accuracy,
+            "final_eval_loss": self.final_eval_loss,
+            "seconds": self.seconds,
+        }
+
+
+class _PhaseClock:
+    """Accumulates seconds per phase; synchronises the device at phase edges so GPU time lands in its phase."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._sync = device.type == "cuda"
+        self.totals = dict.fromkeys(PHASES, 0.0)
+        self._t = 0.0
+
+    def start(self) -> None:
+        if self._sync:
+            torch.cuda.synchronize()
+        self._t = time.perf_counter()
+
+    def lap(self, phase: str) -> float:
+        if self._sync:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        spent = now - self._t
+        self.totals[phase] += spent
+        self._t = now
+        return spent
+
+
+class _ForwardTimer:
+    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU)."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, Any]] = []
+        self._open: Any = None
+        self.seconds = 0.0
+        self._handles = [
+            module.register_forward_pre_hook(lambda *_: self._begin()),
+            module.register_forward_hook(lambda *_: self._end()),
+        ]
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _begin(self) -> None:
+        self._open = self._now()
+
+    def _end(self) -> None:
+        self._pending.append((self._open, self._now()))
+
+    def collect(self) -> float:
+        """Seconds of forward since the last call (call after the device is synchronised)."""
+        total = 0.0
+        for a, b in self._pending:
+            total += a.elapsed_time(b) / 1e3 if self._cuda else b - a
+        self._pending.clear()
+        return total
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+class ElasticRun:
+    """One rank's view of an elastic training run.
+
+    Args:
+        config: the validated configuration.
+        model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``, ``prefix_len``), already seeded
+            identically on every rank; it is moved to ``device``.
+        train_set: training split (same on every rank).
+        eval_set: evaluation split (same on every rank).
+        groups: a :class:`~elastic_pipe.groups.GroupManager` built for :func:`candidate_pipe_lens`.
+        device: this rank's device.
+        log: where rank 0 writes records and human lines (other ranks pass a silent log).
+        loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        train_set: Split,
+        eval_set: Split,
+        groups: GroupManager,
+        device: torch.device,
+        *,
+        log: EventLog | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+    ) -> None:
+        self.config = config
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        if self.world_size != config.world_size:
+            raise OrchestratorError(
+                f"the job has {self.world_size} processes but the config describes {config.world_size}"
+            )
+        self.device = device
+        self.model = model.to(device)
+        self.sublayers: list[nn.Module] = list(model.children())
+        self.unit_ends: tuple[int, ...] = tuple(model.unit_ends)  # type: ignore[arg-type]
+        self.train_set = train_set
+        self.eval_set = eval_set
+        self.groups = groups
+        self.log = log or EventLog()
+        self.loss_fn = loss_fn
+        self.steps_per_epoch = len(train_set) // config.global_batch
+        if self.steps_per_epoch < 1:
+            raise OrchestratorError(f"global_batch={config.global_batch} exceeds the {len(train_set)} training samples")
+        self.costs = sublayer_costs(model)
+        self.optimizer = self._make_optimizer()
+        total = config.epochs * self.steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config, total))
+        self.policy = freeze.make_policy(config.policy, len(self.unit_ends), **config.policy_options)
+        self.layout: Layout | None = None
+        self.budget = 0.0
+        self.frozen_units = 0
+        self.epoch = 0
+        self.step = 0
+        self.result = RunResult()
+        self.sampler = edata.ElasticSampler(len(train_set), 1, 0, seed=config.seed, shuffle=True, drop_last=False)
+        self._stage_module: nn.Module | None = None
+        self._runner: Any = None
+        self._tracker: Any = None
+        self._fwd_timer: _ForwardTimer | None = None
+        self._autocast = config.autocast == "bf16"
+
+    # ----------------------------------------------------------------------------------------------------- setup
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        c = self.config
+        if c.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+
+    @property
+    def plan(self) -> Any:
+        """This layout's rank plan."""
+        assert self.layout is not None
+        return self.groups.plan(self.layout.pipe_len)
+
+    @property
+    def stage(self) -> int:
+        """This rank's stage in the current layout."""
+        return int(self.plan.stage_of(self.rank))
+
+    @property
+    def replica(self) -> int:
+        """This rank's replica in the current layout."""
+        return int(self.plan.replica_of(self.rank))
+
+    def _owned(self) -> range:
+        assert self.layout is not None
+        return owned_sublayers(self.layout, self.plan, self.rank)
+
+    def _broadcast_bytes(self, payload: bytes | None, src: int) -> bytes:
+        return self.groups.broadcast_bytes(payload, src=src)
+
+    def start(self) -> None:
+        """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
+        payload = None
+        if self.rank == 0:
+            layout, self.budget = decision.initial_layout(
+                self.costs,
+                self.config.pipe_len,
+                self.world_size,
+                solver=self.config.solver,
+                microbatches=self.config.microbatches,
+            )
+            msg = decision.message_for(layout, epoch=0, step=0, budget=self.budget, changed=(), grad_norms=None)
+            payload = protocol.encode(msg)
+        msg = protocol.decode(self._broadcast_bytes(payload, 0))
+        self.budget = msg.max_cost_at_start
+        self.layout = decision.layout_from_message(msg, self.world_size)
+        drop_foreign_state(self.optimizer, self.sublayers, self._owned())
+        self._build_stage()
+
+    def restore_after_load(self) -> None:
+        """After a checkpoint set ``layout`` and the state: fix module modes, drop foreign state, build the stage."""
+        self._restore_modes(True)
+        drop_foreign_state(self.optimizer, self.sublayers, self._owned())
+        self._build_stage()
+
+    def _build_stage(self) -> None:
+        """(Re)build this rank's pipeline stage, schedule runner, gradient tracker and data shard."""
+        from torch.distributed.pipelining import PipelineStage
+
+        layout = self.layout
+        assert layout is not None
+        if self._fwd_timer is not None:
+            self._fwd_timer.remove()
+        k, s = layout.pipe_len, self.stage
+        lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+        module = nn.Sequential(*self.sublayers[lo:hi])
+        module.train()
+        example_in, example_out = self._example_io(lo, hi)
+        stage = PipelineStage(
+            module,
+            s,
+            k,
+            self.device,
+            input_args=example_in,
+            output_args=example_out,
+            input_grads=example_in if s > 0 else None,
+            output_grads=example_out if s < k - 1 else None,
+            group=self.groups.pipeline_group(k),
+        )
+        plan = sched.generate(self.config.schedule, k, layout.microbatches)
+        self._runner = sched.torch_schedule(plan, s, [stage], self.loss_fn, scale_grads=True)
+        self._stage_module = module
+        self._fwd_timer = _ForwardTimer(module, self.device)
+        held: dict[int, nn.Module] = {}
+        for j in range(lo, hi):
+            unit = self._unit_of(j)
+            if unit is not None:
+                held.setdefault(unit, nn.ModuleList()).append(self.sublayers[j])  # type: ignore[operator]
+        self._tracker = freeze.GradNormTracker(held)
+        self.sampler.reshard(layout.replicas, self.replica)
+
+    def _unit_of(self, j: int) -> int | None:
+        for unit, end in enumerate(self.unit_ends):
+            if j < end:
+                return unit
+        return None
+
+    @torch.no_grad()
+    def _example_io(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Example micro-batch tensors at the stage's input and output (shapes for the pipeline stage)."""
+        assert self.layout is not None
+        mb = self.config.global_batch // self.layout.replicas // self.layout.microbatches
+        x = self.train_set.inputs[:mb].to(self.device)
+        was = self.model.training
+        self.model.eval()
+        with self._autocast_ctx():
+            for j in range(lo):
+                x = self.sublayers[j](x)
+            stage_in = x
+            for j in range(lo, hi):
+                x = self.sublayers[j](x)
+        self._restore_modes(was)
+        return stage_in, x
+
+    def _restore_modes(self, training: bool) -> None:
+        """Back to ``training`` mode, except the frozen prefix, which always runs in eval mode (no dropout)."""
+        self.model.train(training)
+        if self.layout is not None:
+            for m in self.sublayers[: self.layout.frozen]:
+                m.eval()
+
+    def _autocast_ctx(self) -> Any:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast)
+
+    # ------------------------------------------------------------------------------------------------- training
+    def _frozen_prefix(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.layout is not None
+        if self.layout.frozen == 0:
+            return x
+        with torch.no_grad(), self._autocast_ctx():
+            for j in range(self.layout.frozen):
+                x = self.sublayers[j](x)
+        return x
+
+    def _grad_sync(self) -> int:
+        """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
+        assert self.layout is not None
+        replicas = self.layout.replicas
+        if replicas == 1:
+            return 0
+        group = self.groups.dp_group(self.layout.pipe_len)
+        grads = [p.grad for j in self._owned() for p in self.sublayers[j].parameters() if p.grad is not None]
+        ops = 0
+        for bucket in _buckets(grads, GRAD_BUCKET_BYTES):
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, group=group)
+            flat.div_(replicas)
+            offset = 0
+            for g in bucket:
+                n = g.numel()
+                g.copy_(flat[offset : offset + n].view_as(g))
+                offset += n
+            ops += 1
+        return ops
+
+    def train_epoch(self) -> EpochMetrics:
+        """Run one epoch of pipelined steps in the current layout; returns its metrics (same on every rank)."""
+        layout = self.layout
+        assert layout is not None and self._runner is not None and self._fwd_timer is not None
+        c = self.config
+        k, s = layout.pipe_len, self.stage
+        per_replica = c.global_batch // layout.replicas
+        self.sampler.set_epoch(self.epoch)
+        indices = iter(self.sampler)
+        clock = _PhaseClock(self.device)
+        sync_ops = 0
+        losses: list[float] = []
+        self._fwd_timer.collect()
+        t_epoch = time.perf_counter()
+        progress = _Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
+        for i in range(self.steps_per_epoch):
+            _maybe_fail("step", self.rank, self.epoch, i)
+            clock.start()
+            idx = torch.tensor(list(itertools.islice(indices, per_replica)), dtype=torch.long)
+            if idx.numel() != per_replica:
+                raise OrchestratorError(
+                    f"the sampler ran dry at step {i} of epoch {self.epoch}: got {idx.numel()} of {per_replica} indices"
+                )
+            x = self.train_set.inputs[idx].to(self.device, non_blocking=True) if s == 0 else None
+            y = self.train_set.labels[idx].to(self.device, non_blocking=True) if s == k - 1 else None
+            clock.lap("data")
+            if x is not None:
+                x = self._frozen_prefix(x)
+            prefix_s = clock.lap("forward")
+            step_losses: list[torch.Tensor] = []
+            with self._autocast_ctx():
+                if k == 1:
+                    self._runner.step(x, target=y, losses=step_losses)
+                elif s == 0:
+                    self._runner.step(x)
+                elif s == k - 1:
+                    self._runner.step(target=y, losses=step_losses)
+                else:
+                    self._runner.step()
+            step_s = clock.lap("backward")
+            fwd = min(self._fwd_timer.collect(), step_s)
+            clock.totals["forward"] += fwd
+            clock.totals["backward"] -= fwd
+            del prefix_s
+            sync_ops += self._grad_sync()
+            clock.lap("grad_sync")
+            self._tracker.accumulate()
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            clock.lap("optimizer")
+            losses.append(float(torch.stack([t.detach().double() for t in step_losses]).mean()) if step_losses else 0.0)
+            progress.update(i + 1)
+        seconds = time.perf_counter() - t_epoch
+        progress.close()
+        # Per-step losses live on the last stage of each replica; their sum over the world, divided by R, is the
+        # global loss. Timings are reduced with MAX: the slowest rank sets the pace.
+        loss_t = torch.tensor(losses, dtype=torch.float64, device=self.device)
+        if s != k - 1:
+            loss_t.zero_()
+        dist.all_reduce(loss_t)
+        step_losses_global = (loss_t / layout.replicas).tolist()
+        self.result.losses.extend(step_losses_global)
+        times = torch.tensor(
+            [clock.totals[p] for p in PHASES] + [seconds, float(sync_ops)], dtype=torch.float64, device=self.device
+        )
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        t = times.tolist()
+        n = self.steps_per_epoch
+        eval_loss, eval_acc = self.evaluate()
+        seconds = t[len(PHASES)]
+        ops = int(t[len(PHASES) + 1])
+        return EpochMetrics(
+            epoch=self.epoch,
+            steps=n,
+            samples=n * c.global_batch,
+            seconds=seconds,
+            samples_per_s=n * c.global_batch / seconds if seconds > 0 else 0.0,
+            loss=float(sum(step_losses_global) / n),
+            eval_loss=eval_loss,
+            eval_accuracy=eval_acc,
+            data_s=t[0] / n,
+            forward_s=t[1] / n,
+            backward_s=t[2] / n,
+            grad_sync_s=t[3] / n,
+            optimizer_s=t[4] / n,
+            grad_sync_ops=ops,
+            grad_sync_ops_per_s=ops / seconds if seconds > 0 else 0.0,
+            pipe_len=k,
+            replicas=layout.replicas,
+            frozen_units=self.frozen_units,
+            frozen_sublayers=layout.frozen,
+            microbatches=layout.microbatches,
+            cache=False,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+        )
+
+    def _show(self) -> bool:
+        return self.rank == 0 and self.config.progress
+
+    # ----------------------------------------------------------------------------------------------- evaluation
+    def sync_weights(self, *, with_optimizer: bool = False, keep_all_on: int | None = None) -> int:
+        """Make every rank's copy of every active sub-layer current (a collective); returns the bytes moved.
+
+        Args:
+            with_optimizer: also send optimizer state (for a checkpoint).
+            keep_all_on: the rank that keeps every received optimizer state (the others keep their own only).
+        """
+        assert self.layout is not None
+        owned = self._owned()
+        return apply_moves(
+            plan_gather(self.layout, self.plan),
+            self.sublayers,
+            self.optimizer if with_optimizer else None,
+            rank=self.rank,
+            device=self.device,
+            keep_state=lambda j: self.rank == keep_all_on or j in owned,
+            broadcast_bytes=self._broadcast_bytes,
+        )
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float | None]:
+        """Loss and accuracy of the whole model on the evaluation split; each rank scores a 1/W share."""
+        self.sync_weights()
+        was = self.model.training
+        self.model.eval()
+        data = self.eval_set
+        mine = torch.arange(self.rank, len(data), self.world_size)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
+        classify = True
+        for chunk in mine.split(EVAL_BATCH):
+            x = data.inputs[chunk].to(self.device)
+            y = data.labels[chunk].to(self.device)
+            with self._autocast_ctx():
+                out = self.model(x)
+            totals[0] += float(self.loss_fn(out, y)) * len(chunk)
+            if out.dim() == 2:
+                totals[1] += float((out.argmax(-1) == y).sum())
+            else:
+                classify = False
+            totals[2] += len(chunk)
+        self._restore_modes(was)
+        dist.all_reduce(totals)
+        count = float(totals[2])
+        return float(totals[0]) / count, (float(totals[1]) / count if classify else None)
+
+    # ----------------------------------------------------------------------------------------------- transition
+    def _gather_stats(self) -> Any:
+        """Per-unit gradient statistics of the epoch, merged on rank 0 (``None`` elsewhere)."""
+        assert self._tracker is not None
+        n_units = len(self.unit_ends)
+        mine = self._tracker.local_stats(n_units)
+        if self.replica != 0:  # replicas hold identical (all-reduced) gradients: replica 0 speaks for all
+            mine = freeze.LayerStats.zeros(n_units, mine.steps)
+        flat = mine.to_tensor()
+        group = self.groups.control_group
+        pieces = [torch.zeros_like(flat) for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather(flat, pieces, dst=0, group=group)
+        self._tracker.reset()
+        if pieces is None:
+            return None
+        return freeze.merge_stats([freeze.LayerStats.from_tensor(p) for p in pieces])
+
+    def decide(self, epoch: int) -> protocol.TransitionMessage:
+        """The decision point before ``epoch``: gather stats, decide on rank 0, broadcast; returns the message."""
+        assert self.layout is not None
+        stats = self._gather_stats()
+        payload = None
+        if self.rank == 0:
+            self.policy.observe(stats)
+            units = freeze.decide(self.policy, epoch, self.step, self.frozen_units)
+            min_active = self.layout.pipe_len if self.config.compression == "none" else 1
+            units = min(units, decision.max_frozen_units(self.unit_ends, len(self.sublayers), min_active))
+            units = max(units, self.frozen_units)
+            frozen = 0 if units == 0 else self.unit_ends[units - 1]
+            layout = decision.next_layout(
+                self.layout,
+                frozen,
+                self.costs,
+                compression=self.config.compression,
+                solver=self.config.solver,
+                budget=self.budget,
+                world_size=self.world_size,
+            )
+            changed = changed_ranks(self.plan, self.groups.plan(layout.pipe_len), self.world_size)
+            msg = decision.message_for(
+                layout, epoch=epoch, step=self.step, budget=self.budget, changed=changed, grad_norms=stats.mean_l2()
+            )
+            payload = protocol.encode(msg)
+        return protocol.decode(self._broadcast_bytes(payload, 0))
+
+    def apply(self, msg: protocol.TransitionMessage) -> tuple[int, bool]:
+        """Apply a decoded message on this rank (a collective); returns (bytes moved, whether anything changed)."""
+        old = self.layout
+        assert old is not None
+        new = decision.layout_from_message(msg, self.world_size)
+        if new == old:
+            return 0, False
+        _maybe_fail("transition", self.rank, msg.epoch, None)
+        new_plan = self.groups.plan(new.pipe_len)
+        new_owned = owned_sublayers(new, new_plan, self.rank)
+        moves = plan_moves(old, new, self.plan, new_plan)
+        moved = apply_moves(
+            moves,
+            self.sublayers,
+            self.optimizer,
+            rank=self.rank,
+            device=self.device,
+            keep_state=lambda j: j in new_owned,
+            broadcast_bytes=self._broadcast_bytes,
+        )
+        newly_frozen = self.sublayers[old.frozen : new.frozen]
+        if newly_frozen:
+            freeze.freeze_modules(newly_frozen, self.optimizer)
+        self.layout = new
+        self._restore_modes(True)
+        self.frozen_units = sum(1 for end in self.unit_ends if end <= new.frozen)
+        drop_foreign_state(self.optimizer, self.sublayers, new_owned)
+        self._build_stage()
+        return moved, True
+
+    def transition(self, epoch: int) -> TransitionEvent | None:
+        """Decide and apply at the decision point before ``epoch``; returns the event when the layout changed."""
+        t0 = time.perf_counter()
+        msg = self.decide(epoch)
+        moved, changed = self.apply(msg)
+        if not changed:
+            return None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        assert self.layout is not None
+        event = TransitionEvent(
+            epoch=epoch,
+            step=self.step,
+            frozen_units=self.frozen_units,
+            frozen=self.layout.frozen,
+            pipe_len=self.layout.pipe_len,
+            replicas=self.layout.replicas,
+            microbatches=self.layout.microbatches,
+            boundaries=tuple(self.layout.boundaries),
+            changed_ranks=tuple(msg.changed_ranks),
+            bytes_moved=moved,
+            cache=False,
+            seconds=seconds,
+        )
+        self.result.transitions.append(event.to_dict())
+        self.log.record(event.to_dict(), event.human())
+        return event
+
+    # ------------------------------------------------------------------------------------------------------ run
+    def fit(self, *, on_epoch_end: Callable[[ElasticRun], None] | None = None) -> RunResult:
+        """Train from ``self.epoch`` to ``config.epochs``, with a decision point after every epoch but the last.
+
+        Args:
+            on_epoch_end: called on every rank after each epoch's transition (checkpointing hooks in here).
+        """
+        t0 = time.perf_counter()
+        if self.layout is None:
+            self.start()
+        while self.epoch < self.config.epochs:
+            metrics = self.train_epoch()
+            self.result.epochs.append(metrics.to_dict())
+            self.result.final_accuracy = metrics.eval_accuracy
+            self.result.final_eval_loss = metrics.eval_loss
+            self.log.record(metrics.to_dict(), metrics.human(self.config.epochs))
+            self.epoch += 1
+            if self.epoch < self.config.epochs:
+                self.transition(self.epoch)
+            if on_epoch_end is not None:
+                on_epoch_end(self)
+        self.result.seconds = time.perf_counter() - t0
+        return self.result
+
+
+def _lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    warmup = config.warmup_steps
+    cosine = config.lr_schedule == "cosine"
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if not cosine:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive runs of same-dtype tensors of at most ``cap_bytes`` (a tensor larger than the cap goes alone)."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if out and out[-1][0].dtype == t.dtype and size + nbytes <= cap_bytes:
+            out[-1].append(t)
+            size += nbytes
+        else:
+            out.append([t])
+            size = nbytes
+    return out
+
+
+class _Progress:
+    """A one-line progress bar on stderr (rank 0 only)."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int, label: str, *, enabled: bool) -> None:
+        self.total = total
+        self.label = label
+        self.enabled = enabled and total > 0
+        self.t0 = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        filled = self.WIDTH * done // self.total
+        rate = done / max(time.perf_counter() - self.t0, 1e-9)
+        bar = "#" * filled + "." * (self.WIDTH - filled)
+        sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} {rate:.1f} steps/s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * (len(self.label) + self.WIDTH + 40) + "\r")
+            sys.stderr.flush()
+
+
+def _maybe_fail(where: str, rank: int, epoch: int, step: int | None) -> None:
+    """Exit hard where :data:`FAULT_ENV` says (first torchrun attempt only): the resume tests' fault injection."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    parts = spec.split(":")
+    if parts[0] != where or int(parts[1]) != rank or int(parts[2]) != epoch:
+        return
+    if step is not None and len(parts) > 3 and int(parts[3]) != step:
+        return
+    log.warning("fault injection (%s): rank %d exits at epoch %d step %s", spec, rank, epoch, step)
+    sys.stderr.flush()
+    os._exit(1)
