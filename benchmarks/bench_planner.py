@@ -1,0 +1,100 @@
+"""Planner benchmark: how long a plan takes (8 to 1,024 GPUs), what it predicts, and how well it is calibrated.
+
+Writes ``benchmarks/results/planner.json`` and prints three tables: planning time and predicted speedups for
+ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the H200 calibration against
+REFERENCE.md section 7, and a CPU run predicted from its profile.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from elastic_pipe.planner import ClusterSpec, GpuSpec, JobSpec, parse_bytes, plan_model
+from elastic_pipe.planner.calibration import cpu_calibration, h200_calibration
+
+RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
+#: ImageNet-1k training samples: the epoch length of the ViT cases.
+IMAGENET = 1_281_167
+#: Sequences per epoch of the GPT cases (an assumption: a 1B-token slice at 1,024 tokens).
+GPT_SEQUENCES = 1_000_000
+
+#: (model, GPUs, per-GPU memory, global batch, initial pipeline length or None, samples per epoch)
+CASES: list[tuple[str, int, str, int, int | None, int]] = [
+    ("vit-b16", 8, "16GiB", 512, None, IMAGENET),
+    ("vit-b16", 16, "16GiB", 1024, None, IMAGENET),
+    ("vit-b16", 16, "16GiB", 1024, 8, IMAGENET),
+    ("vit-b16", 64, "16GiB", 4096, 8, IMAGENET),
+    ("vit-b16", 1024, "141GB", 65536, None, IMAGENET),
+    ("gpt2-xl", 8, "80GB", 64, None, GPT_SEQUENCES),
+    ("gpt2-xl", 16, "80GB", 128, None, GPT_SEQUENCES),
+    ("gpt2-xl", 64, "80GB", 512, None, GPT_SEQUENCES),
+    ("gpt2-xl", 64, "80GB", 512, 16, GPT_SEQUENCES),
+    ("gpt2-xl", 1024, "80GB", 8192, None, GPT_SEQUENCES),
+]
+
+
+def run_case(case: tuple[str, int, str, int, int | None, int]) -> dict[str, Any]:
+    """Plan one case and time the planner."""
+    model, gpus, memory, batch, pipe_len, samples = case
+    cluster = ClusterSpec(gpus, 8, GpuSpec(memory=parse_bytes(memory)))
+    job = JobSpec(batch, 10, -(-samples // batch), pipe_len=pipe_len, dataset_size=samples)
+    start = time.perf_counter()
+    plan = plan_model(model, cluster, job)
+    seconds = time.perf_counter() - start
+    return {
+        "model": model,
+        "gpus": gpus,
+        "gpu_memory": memory,
+        "global_batch": batch,
+        "initial_pipe_len": pipe_len,
+        "plan_seconds": seconds,
+        "static_layout": f"{plan.static[0].pipe_len}x{plan.static[0].replicas}",
+        "pipe_lens": [e.pipe_len for e in plan.epochs],
+        "frozen": [e.frozen for e in plan.epochs],
+        "throughput": [e.throughput for e in plan.epochs],
+        "static_throughput": plan.static[0].throughput,
+        "speedup": plan.speedup,
+        "speedup_over_freeze_only": plan.speedup_over_freeze_only,
+        "transitions": plan.transitions,
+        "hours": plan.seconds / 3600,
+        "static_hours": plan.static_seconds / 3600,
+    }
+
+
+def main() -> None:
+    """Run every case and the calibrations; write the results file and print tables."""
+    cases = [run_case(case) for case in CASES]
+    h200 = [
+        {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
+        for r in h200_calibration()
+    ]
+    cpu = [
+        {"name": r.name, "measured_ms": r.measured, "predicted_ms": r.predicted, "error": r.error}
+        for r in cpu_calibration()
+    ]
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"cases": cases, "h200_calibration": h200, "cpu_calibration": cpu}, indent=2))
+    print(f"{'model':>8} {'GPUs':>5} {'mem':>6} {'batch':>6} {'K0':>4} {'plan s':>7} {'static':>7} "
+          f"{'K per epoch':>32} {'speedup':>8} {'vs freeze-only':>15}")  # fmt: skip
+    for c in cases:
+        k0 = "auto" if c["initial_pipe_len"] is None else str(c["initial_pipe_len"])
+        lengths = ",".join(str(k) for k in c["pipe_lens"])
+        print(
+            f"{c['model']:>8} {c['gpus']:>5} {c['gpu_memory']:>6} {c['global_batch']:>6} {k0:>4} "
+            f"{c['plan_seconds']:>7.2f} {c['static_layout']:>7} {lengths:>32} {c['speedup']:>7.2f}x "
+            f"{c['speedup_over_freeze_only']:>14.2f}x"
+        )
+    print()
+    for row in h200:
+        print(f"{row['name']:<55} {row['measured']:>10.4g} {row['predicted']:>10.4g} {row['error']:>+8.1%}")
+    print()
+    for row in cpu:
+        print(f"{row['name']:<55} {row['measured_ms']:>10.4g} {row['predicted_ms']:>10.4g} {row['error']:>+8.1%}")
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
