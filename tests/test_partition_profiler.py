@@ -55,3 +55,19 @@ def test_profile_layers_errors() -> None:
 
     with pytest.raises(PartitionError, match="layer 'pair' returned tuple, expected one tensor"):
         profile_layers([("pair", Pair())], torch.zeros(1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_profile_layers_on_cuda_uses_events_and_the_allocator() -> None:
+    device = torch.device("cuda")
+    layers = [("proj", nn.Linear(256, 1024).to(device)), ("act", nn.GELU()), ("out", nn.Linear(1024, 256).to(device))]
+    batch = 64
+    records = profile_layers(layers, torch.randn(batch, 256, device=device), repeats=5, warmup=2)
+    proj, act, out = records
+    assert [r.activation_bytes for r in records] == [batch * 1024 * 4, batch * 1024 * 4, batch * 256 * 4]
+    # at least what the saved-tensor count gives on the CPU: the Linear's saved input, GELU's saved input
+    assert proj.memory_bytes >= proj.params * 16 + batch * 256 * 4
+    assert act.memory_bytes >= batch * 1024 * 4
+    assert all(r.forward > 0 and r.backward > 0 for r in records)
+    assert out.frozen_memory_bytes == out.params * 4
