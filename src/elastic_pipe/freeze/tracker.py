@@ -70,16 +70,21 @@ class GradNormTracker:
                     f"GradNormTracker: layer {index} had {len(sums)} parameters and now has {len(params)}; "
                     "call reset() after changing a module"
                 )
+            runs: list[torch.Tensor] = []
+            grads: list[torch.Tensor] = []
             for j, p in enumerate(params):
                 if p.grad is None or not p.requires_grad:
                     continue
-                grad = p.grad.detach()
                 running = sums[j]
                 if running is None:
                     # float32 so that bf16/fp16 gradients do not lose the small ones over a long interval
-                    sums[j] = grad.to(torch.float32, copy=True)
+                    sums[j] = p.grad.detach().to(torch.float32, copy=True)
                 else:
-                    running.add_(grad)
+                    runs.append(running)
+                    grads.append(p.grad.detach())
+            if runs:
+                # one fused launch per layer instead of one per parameter
+                torch._foreach_add_(runs, grads)
         self._steps += 1
 
     @torch.no_grad()
@@ -103,8 +108,11 @@ class GradNormTracker:
             present = [s for s in sums if s is not None]
             if not present:
                 continue
-            l1[index] = float(sum(s.abs().sum(dtype=torch.float64) for s in present))
-            l2[index] = float(sum(s.double().pow(2).sum() for s in present)) ** 0.5
+            # per-tensor norms in one fused launch each, without float64 copies of the sums; the per-layer
+            # combination (sum of L1s, root of the sum of squared L2s) is done in float64
+            l1_parts = torch.stack(torch._foreach_norm(present, 1)).double()
+            l2_parts = torch.stack(torch._foreach_norm(present, 2)).double()
+            l1[index], l2[index] = torch.stack([l1_parts.sum(), l2_parts.square().sum().sqrt()]).tolist()
         return LayerStats(tuple(l1), tuple(l2), self._steps)
 
     def reset(self) -> None:
