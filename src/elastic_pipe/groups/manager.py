@@ -80,9 +80,8 @@ class GroupManager:
             raise GroupsError("pipe_lens must name at least one pipeline length")
         # One plan per length validates each length against the world size before anything is created. Sorting
         # makes the creation order identical on every rank even if ranks pass the lengths in different orders.
-        self._plans: dict[int, RankPlan] = {
-            k: plan_spmd(world_size, k, gpus_per_node) for k in sorted(set(lens), reverse=True)
-        }
+        plans = {k: plan_spmd(world_size, k, gpus_per_node) for k in lens}
+        self._plans: dict[int, RankPlan] = {k: plans[k] for k in sorted(plans, reverse=True)}
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise GroupsError(f"rank must be in [0, {world_size}), got {rank!r}")
         if not isinstance(backend, str) or not backend:
@@ -134,6 +133,8 @@ class GroupManager:
     def build(self) -> None:
         """Create the control group and every training group, in the same order on every rank (collective).
 
+        All or nothing: if any group cannot be created, those already created are destroyed before the error.
+
         Raises:
             GroupsError: ``torch.distributed`` is not initialized, disagrees with this manager's world size or
                 rank, the manager is already built, or a group could not be created within the timeout.
@@ -147,16 +148,20 @@ class GroupManager:
                 f"torch.distributed has world size {dist.get_world_size()} and rank {dist.get_rank()}, "
                 f"but this manager was made for world size {self.world_size} and rank {self.rank}"
             )
-        self._control = self._new_group(tuple(range(self.world_size)), CONTROL_BACKEND)
-        for k, plan in self._plans.items():
-            for ranks in plan.pipeline_groups:
-                group = self._new_group(ranks, self.backend)
-                if self.rank in ranks:
-                    self._pipeline[k] = group
-            for ranks in plan.dp_groups:
-                group = self._new_group(ranks, self.backend)
-                if self.rank in ranks:
-                    self._dp[k] = group
+        try:
+            self._control = self._new_group(tuple(range(self.world_size)), CONTROL_BACKEND)
+            for k, plan in self._plans.items():
+                for ranks in plan.pipeline_groups:
+                    group = self._new_group(ranks, self.backend)
+                    if self.rank in ranks:
+                        self._pipeline[k] = group
+                for ranks in plan.dp_groups:
+                    group = self._new_group(ranks, self.backend)
+                    if self.rank in ranks:
+                        self._dp[k] = group
+        except BaseException:
+            self.destroy()  # all or nothing: a half-built manager would leak the groups it did create
+            raise
         log.info(
             "rank %d: built control group and %d training groups for pipe_lens %s",
             self.rank,
