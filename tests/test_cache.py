@@ -17,6 +17,7 @@ from elastic_pipe.cache import (
     decide,
     measure_payoff,
     payoff_threshold,
+    time_call,
 )
 from elastic_pipe.cache.layout import SegmentLayout
 
@@ -292,8 +293,11 @@ def test_decide_exact() -> None:
     assert not decide(0.002, 0.002).enabled
     assert not decide(0.001, 0.003, margin=4.0).enabled
     assert decide(0.0, 0.001).speedup == float("inf")
-    with pytest.raises(CacheError, match="read_seconds must be a finite number >= 0, got -1"):
+    assert not decide(float("inf"), 5.0).enabled and decide(float("inf"), 5.0).speedup == 0.0
+    with pytest.raises(CacheError, match=r"read_seconds must be a number >= 0 \(inf: unavailable\), got -1"):
         decide(-1, 1)
+    with pytest.raises(CacheError, match="recompute_seconds must be a finite number"):
+        decide(1, float("inf"))
     with pytest.raises(CacheError, match="margin"):
         decide(1, 1, margin=0)
 
@@ -319,3 +323,33 @@ def test_measure_payoff_reports_both_times_and_leaves_stats(dirs: tuple[Path, Pa
     tiny = make(dirs, 32, device_budget=ENTRY)
     with pytest.raises(CacheError, match="does not fit"):
         measure_payoff(tiny, ids, 4, inputs, prefix, repeats=1)
+
+
+def test_time_call_counts_runs_and_checks_arguments() -> None:
+    calls: list[int] = []
+    assert time_call(lambda: calls.append(1), repeats=4, warmup=2, statistic="min") >= 0
+    assert len(calls) == 6
+    with pytest.raises(CacheError, match="unknown statistic 'mean'; expected one of: median, min"):
+        time_call(lambda: None, statistic="mean")
+    with pytest.raises(CacheError, match="repeats >= 1"):
+        time_call(lambda: None, repeats=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_tier_and_pinned_host_reads(dirs: tuple[Path, Path]) -> None:
+    cuda = torch.device("cuda")
+    num = 64
+    cache = make(
+        dirs, num, device=cuda, device_budget=16 * ENTRY, host_budget=file_budget(16, num), disk_budget=1 << 20
+    )
+    ids = torch.randperm(num, generator=torch.Generator().manual_seed(0))
+    cache.put(ids, 2, rows(ids).to(cuda))
+    assert [t.entries for t in cache.stats.tiers] == [16, 16, 32]
+    query = torch.arange(num)
+    lookup = cache.get(query, 2)
+    assert lookup.values.device.type == "cuda" and lookup.num_hits == num
+    assert torch.equal(lookup.values.cpu(), rows(query))
+    assert cache.extend(2, 3, lambda x: x * 2) == num
+    assert torch.equal(cache.get(query, 3).values.cpu(), rows(query) * 2)
+    cache.unlink()

@@ -20,6 +20,7 @@ from elastic_pipe.cache.errors import CacheError
 
 __all__ = ["CacheDecision", "decide", "payoff_threshold", "time_call"]
 
+_STATISTICS: dict[str, Callable[[list[float]], float]] = {"median": statistics.median, "min": min}
 #: Reading must be this many times faster than recomputing; 1.0 means "any gain at all".
 DEFAULT_MARGIN = 1.0
 
@@ -43,10 +44,7 @@ class CacheDecision:
     reason: str
 
     def __post_init__(self) -> None:
-        for key in ("read_seconds", "recompute_seconds"):
-            value = getattr(self, key)
-            if not math.isfinite(value) or value < 0:
-                raise CacheError(f"CacheDecision.{key} must be a finite number >= 0, got {value!r}")
+        _check_times(self.read_seconds, self.recompute_seconds)
         if not math.isfinite(self.margin) or self.margin <= 0:
             raise CacheError(f"CacheDecision.margin must be a finite number > 0, got {self.margin!r}")
 
@@ -67,11 +65,19 @@ class CacheDecision:
         }
 
 
+def _check_times(read_seconds: float, recompute_seconds: float) -> None:
+    # an infinite read time stands for "no cache to read from" (e.g. nothing frozen): never enabled
+    if math.isnan(read_seconds) or read_seconds < 0:
+        raise CacheError(f"read_seconds must be a number >= 0 (inf: unavailable), got {read_seconds!r}")
+    if not math.isfinite(recompute_seconds) or recompute_seconds < 0:
+        raise CacheError(f"recompute_seconds must be a finite number >= 0, got {recompute_seconds!r}")
+
+
 def decide(read_seconds: float, recompute_seconds: float, *, margin: float = DEFAULT_MARGIN) -> CacheDecision:
     """Enable the cache when ``read_seconds * margin < recompute_seconds``.
 
     Args:
-        read_seconds: time to fetch one batch from the cache (s).
+        read_seconds: time to fetch one batch from the cache (s); ``inf`` when there is nothing to read.
         recompute_seconds: time to recompute the frozen prefix for that batch (s).
         margin: how many times faster reading must be; use > 1 to demand a clear win over measurement noise.
 
@@ -79,11 +85,9 @@ def decide(read_seconds: float, recompute_seconds: float, *, margin: float = DEF
         The decision, its numbers and a one-sentence reason.
 
     Raises:
-        CacheError: a time is negative or not finite, or ``margin <= 0``.
+        CacheError: a time is negative or NaN, the recompute time is infinite, or ``margin <= 0``.
     """
-    for key, value in (("read_seconds", read_seconds), ("recompute_seconds", recompute_seconds)):
-        if not math.isfinite(value) or value < 0:
-            raise CacheError(f"{key} must be a finite number >= 0, got {value!r}")
+    _check_times(read_seconds, recompute_seconds)
     if not math.isfinite(margin) or margin <= 0:
         raise CacheError(f"margin must be a finite number > 0, got {margin!r}")
     enabled = read_seconds * margin < recompute_seconds
@@ -126,22 +130,26 @@ def payoff_threshold(
     return None
 
 
-def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs, synchronizing CUDA around each.
+def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, statistic: str = "median") -> float:
+    """Wall time of ``fn()`` over ``repeats`` runs after ``warmup`` runs, synchronizing CUDA around each.
 
     Args:
         fn: the call to time (its result is discarded).
         repeats: timed runs, >= 1.
         warmup: untimed runs first (allocator and cache warm-up), >= 0.
+        statistic: ``"median"``, or ``"min"`` (the better estimate of the intrinsic cost on a machine shared with
+            other work, where interference only ever adds time).
 
     Returns:
-        Median seconds per call.
+        Seconds per call.
 
     Raises:
-        CacheError: ``repeats < 1`` or ``warmup < 0``.
+        CacheError: ``repeats < 1``, ``warmup < 0`` or an unknown statistic.
     """
     if repeats < 1 or warmup < 0:
         raise CacheError(f"time_call needs repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    if statistic not in _STATISTICS:
+        raise CacheError(f"unknown statistic {statistic!r}; expected one of: {', '.join(sorted(_STATISTICS))}")
     cuda = torch.cuda.is_available()
     for _ in range(warmup):
         fn()
@@ -154,4 +162,4 @@ def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1) ->
         if cuda:
             torch.cuda.synchronize()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return _STATISTICS[statistic](samples)
