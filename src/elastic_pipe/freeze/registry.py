@@ -38,6 +38,8 @@ def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False)
     """
     if not name:
         raise FreezeError("register_policy: the name must be a non-empty string")
+    if not callable(factory):
+        raise FreezeError(f"register_policy: the factory for {name!r} must be callable, got {factory!r}")
     if name in POLICIES and not replace:
         raise FreezeError(f"register_policy: {name!r} is already registered (pass replace=True to override)")
     POLICIES[name] = factory
@@ -60,9 +62,14 @@ def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
     except KeyError:
         raise FreezeError(f"unknown freeze policy {name!r}; expected one of {sorted(POLICIES)}") from None
     try:
-        inspect.signature(factory).bind(num_layers, **options)
-    except TypeError as exc:
-        raise FreezeError(f"freeze policy {name!r}: {exc}; its signature is {inspect.signature(factory)}") from None
+        signature: inspect.Signature | None = inspect.signature(factory)
+    except (TypeError, ValueError):  # some callables (C builtins) have no introspectable signature
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(num_layers, **options)
+        except TypeError as exc:
+            raise FreezeError(f"freeze policy {name!r}: {exc}; its signature is {signature}") from None
     policy = factory(num_layers, **options)
     if not isinstance(policy, FreezePolicy):
         raise FreezeError(f"freeze policy {name!r} built {policy!r}, which lacks the FreezePolicy members")
