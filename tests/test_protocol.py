@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import struct
@@ -399,6 +400,12 @@ def test_cli_decode_v1_text_and_json(capsys: pytest.CaptureFixture[str]) -> None
     assert "stage 0: layers 4-7" in capsys.readouterr().out
     assert main(["decode", "0x" + hexed.upper(), "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == message_to_dict(EXAMPLE)
+
+
+def test_cli_decode_reads_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(encode(EXAMPLE).hex() + "\n"))
+    assert main(["decode", "-", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["boundaries"] == [4, 8, 12]
 
 
 def test_cli_decode_legacy_json_keys(capsys: pytest.CaptureFixture[str]) -> None:

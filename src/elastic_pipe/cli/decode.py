@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import binascii
+import sys
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
 from elastic_pipe.protocol import (
@@ -75,6 +76,8 @@ def parse_hex(text: str) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     """Decode MESSAGE and print it."""
+    if args.message == "-":
+        args.message = sys.stdin.read()
     if args.legacy:
         values = parse_floats(args.message)
         if args.num_layers is not None and args.num_layers < 0:
