@@ -45,6 +45,8 @@ CACHE_TIERS = ("gpu", "host", "disk")
 MICROBATCH_MULTIPLES = (1, 2, 3, 4, 5, 6)
 #: Micro-batch counts tried without a pipeline (gradient accumulation only helps when memory is short).
 DDP_MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+#: Relative digits below which two simulated makespans count as equal when ranking micro-batch counts.
+TIE_DIGITS = 6
 #: Stages per rank for the interleaved schedule.
 INTERLEAVED_CHUNKS = 2
 
@@ -355,7 +357,9 @@ class _Evaluator:
             )
         except ScheduleError:
             return None  # no candidate divides the batch or suits the schedule
-        for row in sorted(choice.table, key=lambda r: (r.makespan, r.microbatches)):
+        # Counts within a rounding error of each other tie; the fewest micro-batches wins (larger kernels).
+        fastest = min(r.makespan for r in choice.table) or 1.0
+        for row in sorted(choice.table, key=lambda r: (round(r.makespan / fastest, TIE_DIGITS), r.microbatches)):
             pred = self.predict(v, pipe_len, row.microbatches)
             if pred is not None and pred.fits:
                 return pred
