@@ -46,6 +46,17 @@ def test_host_overhead_moves_the_best_microbatch_count(host: float, best: int) -
     assert choice.to_dict()["table"][0]["microbatches"] == 2
 
 
+def test_overlapped_host_time_only_shows_when_it_exceeds_device_time() -> None:
+    cost = LinearCost((1e-3,), (2e-3,), (3e-3,), overlap=True)
+    assert cost(4) == StageTimes((4e-3,), (8e-3,))  # device-bound: host (1 ms / 2 ms) hidden
+    at_crossover = cost(1)
+    assert at_crossover.forward == (pytest.approx(1e-3),) and at_crossover.backward == (pytest.approx(2e-3),)
+    assert cost(0).forward == (pytest.approx(1e-3),)  # host-bound
+    additive = LinearCost((1e-3,), (2e-3,), (3e-3,), transfer_per_sample=1e-4, transfer_latency=1e-5)
+    assert additive(4).forward == (pytest.approx(5e-3),)
+    assert additive(4).transfer == pytest.approx(4.1e-4)
+
+
 def test_measured_costs_and_explicit_candidates() -> None:
     measured = {8: StageTimes((1.0, 1.0), (2.0, 2.0)), 4: StageTimes((0.6, 0.6), (1.2, 1.2))}
     choice = tune_microbatches(measured, global_batch=16, pipe_len=2, candidates=[2, 4, 3])

@@ -58,18 +58,23 @@ def run(schedule: Schedule, durations: Sequence[Sequence[float]], hops: Sequence
     ends: dict[int, list[float]] = {r: [] for r in codes}
     parked: dict[int, list[int]] = {}
     runnable = list(codes)
+    park = parked.setdefault
     while runnable:
         rank = runnable.pop()
         acts, p, now = codes[rank], ptr[rank], clock[rank]
-        rank_starts, rank_ends = starts[rank], ends[rank]
-        while p < len(acts):
+        count = len(acts)
+        push_start, push_end = starts[rank].append, ends[rank].append
+        while p < count:
             code, stage, mb = acts[p]
             slot = stage * mbs + mb
             if code == _F:
-                need = slot - mbs if stage > 0 else -1
-                ready = done[need] if need >= 0 else 0.0
-                if need >= 0 and ready >= 0 and place[stage - 1] != rank:
-                    ready += hops[stage - 1]
+                if stage:
+                    need = slot - mbs
+                    ready = done[need]
+                    if ready >= 0 and place[stage - 1] != rank:
+                        ready += hops[stage - 1]
+                else:
+                    ready = 0.0
             elif code == _W:
                 need = grad_base + slot
                 ready = done[need]
@@ -79,23 +84,25 @@ def run(schedule: Schedule, durations: Sequence[Sequence[float]], hops: Sequence
                 if ready >= 0 and stage < last:
                     need = grad_base + slot + mbs
                     grad = done[need]
-                    if grad >= 0 and place[stage + 1] != rank:
-                        grad += hops[stage]
-                    ready = grad if grad < 0 else max(ready, grad)
+                    if grad < 0:
+                        ready = grad
+                    else:
+                        if place[stage + 1] != rank:
+                            grad += hops[stage]
+                        ready = max(ready, grad)
             if ready < 0:
-                parked.setdefault(need, []).append(rank)
+                park(need, []).append(rank)
                 break
             start = now if now > ready else ready
             now = start + durations[code][stage]
-            rank_starts.append(start)
-            rank_ends.append(now)
+            push_start(start)
+            push_end(now)
             p += 1
             if code != _W:
                 produced = slot if code == _F else grad_base + slot
                 done[produced] = now
-                woken = parked.pop(produced, None)
-                if woken:
-                    runnable.extend(woken)
+                if produced in parked:
+                    runnable.extend(parked.pop(produced))
         ptr[rank], clock[rank] = p, now
     stuck = {r: p for r, p in ptr.items() if p < len(codes[r])}
     if stuck:
