@@ -12,6 +12,8 @@ from elastic_pipe.planner.plan import EpochPlan, Plan
 __all__ = ["format_table", "plan_to_dict", "plot_throughput", "plot_timeline"]
 
 _GIB = 1024**3
+#: GPU rows drawn in the timeline.
+TIMELINE_ROWS = 16
 
 
 def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
@@ -156,20 +158,19 @@ def plot_timeline(plan: Plan, path: str | Path) -> Path:
     from matplotlib import colormaps  # noqa: PLC0415 - optional extra, checked by _figure
 
     gpus = plan.cluster.gpus
-    fig = _figure(8, 0.4 * min(gpus, 32) + 1.5)
+    shown = min(gpus, TIMELINE_ROWS)  # more rows would not be readable; the layout repeats per replica anyway
+    fig = _figure(8, 0.3 * shown + 1.8)
     ax = fig.add_subplot()
-    cmap = colormaps["viridis"]
-    shown = min(gpus, 32)  # more rows would not be readable; the layout repeats per replica anyway
+    cmap = colormaps["tab10"]
     for e in plan.epochs:
         for rank in range(shown):
             stage = rank % e.pipe_len
-            colour = cmap(stage / max(1, e.pipe_len - 1)) if e.pipe_len > 1 else cmap(0.9)
-            ax.barh(rank, 1.0, left=e.epoch, color=colour, edgecolor="white", linewidth=0.5)
-        ax.text(e.epoch + 0.5, -1.0, f"K={e.pipe_len}\nR={e.replicas}", ha="center", va="top", fontsize=7)
+            ax.barh(rank, 1.0, left=e.epoch, color=cmap(stage % cmap.N), edgecolor="white", linewidth=0.5)
+        ax.text(e.epoch + 0.5, -0.8, f"K={e.pipe_len}\nR={e.replicas}", ha="center", va="bottom", fontsize=7)
     ax.set_xlim(0, len(plan.epochs))
     ax.set_yticks(range(0, shown, max(1, shown // 8)))
-    ax.set_ylim(shown - 0.5, -2.5)
-    ax.set_xlabel("epoch (colour: pipeline stage of each GPU; replica = consecutive ranks)")
+    ax.set_ylim(shown - 0.5, -2.2)
+    ax.set_xlabel("epoch (colour: the pipeline stage a GPU holds; a replica is K consecutive ranks)")
     ax.set_ylabel("GPU rank" + (f" (first {shown} of {gpus})" if shown < gpus else ""))
     ax.set_title(f"{plan.model}: pipeline length and replicas per epoch")
     fig.tight_layout()
