@@ -3,7 +3,8 @@
 MESSAGE is the hex of a v1 message (what elastic_pipe logs; an optional 0x prefix and spaces are allowed), or with
 --legacy the published PipeTransformer message: 50 comma-separated numbers, brackets allowed, as its logs print
 them. Every field is spelled out: what was frozen, the new pipeline length (how many devices each pipeline replica
-now spans), the newly added ranks (processes that start a new replica), and the gradient norms.
+now spans), the newly added ranks (processes that start a new replica), and the gradient norms. A MESSAGE of -
+is read from stdin.
 
 With --legacy the number of gradient norms is not in the message: they are read as the values after the new
 ranks up to the last non-zero one (pass --num-layers L to read exactly L).
@@ -32,7 +33,9 @@ HELP = "Decode a transition message (v1 hex or the published 50-float form) in p
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
     parser.add_argument(
-        "message", metavar="MESSAGE", help="v1 message as hex, or 50 comma-separated floats with --legacy"
+        "message",
+        metavar="MESSAGE",
+        help="v1 message as hex, or with --legacy 50 comma-separated floats; - reads it from stdin",
     )
     parser.add_argument("--legacy", action="store_true", help="MESSAGE is the published 50-float PipeTransformer list")
     parser.add_argument(
