@@ -42,6 +42,13 @@ VIT_BACKWARD_PER_SAMPLE = (3.70 + 3.65 - 0.97 - 1.23) * 1e-3 / 256
 VIT_TRANSFER_PER_SAMPLE = 197 * 768 * 2 / 286e9
 VIT_TRANSFER_LATENCY = 45e-6
 GLOBAL_BATCH = 512
+#: Measured on 2 H200s (torch 2.11, NCCL, bf16 weights, eager), global batch 512, samples/s by micro-batch count:
+#: ``torchrun --nproc-per-node 2 examples/schedule_torchrun.py --check --time --kind K --microbatches 2 4 8 16 32``
+MEASURED_H200_K2: dict[str, dict[int, float]] = {
+    "1f1b": {2: 3873.2, 4: 4219.9, 8: 4159.1, 16: 2517.7, 32: 1414.5},
+    "zb1p": {2: 4572.7, 4: 4651.1, 8: 2665.9, 16: 1445.6, 32: 686.8},
+    "gpipe": {2: 3865.0, 4: 4439.6, 8: 4597.1, 16: 2921.2, 32: 1360.5},
+}
 
 
 def _median_time(fn: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> float:
@@ -132,17 +139,44 @@ def bench_tuning() -> list[dict[str, Any]]:
     return rows
 
 
+def bench_against_h200() -> list[dict[str, Any]]:
+    """Model predictions (added vs overlapped host time) next to the 2-GPU measurement, 1F1B and GPipe, K = 2."""
+    rows = []
+    blocks = VIT_BLOCKS / 2
+    for kind in ("1f1b", "gpipe"):
+        measured = MEASURED_H200_K2[kind]
+        row: dict[str, Any] = {"kind": kind, "measured": {str(m): v for m, v in measured.items()}}
+        for overlap in (False, True):
+            cost = LinearCost.uniform(
+                2,
+                forward_per_sample=VIT_FORWARD_PER_SAMPLE * blocks,
+                backward_per_sample=VIT_BACKWARD_PER_SAMPLE * blocks,
+                blocks_per_stage=blocks,
+                transfer_per_sample=VIT_TRANSFER_PER_SAMPLE,
+                transfer_latency=VIT_TRANSFER_LATENCY,
+                overlap=overlap,
+            )
+            choice = tune_microbatches(cost, GLOBAL_BATCH, 2, kind=kind, candidates=measured)
+            row["overlapped" if overlap else "added"] = {str(r.microbatches): r.throughput for r in choice.table}
+            row[f"chosen_{'overlapped' if overlap else 'added'}"] = choice.microbatches
+        row["best_measured"] = max(measured, key=lambda m: measured[m])
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     """Run the benchmark, write the JSON results and print the tables."""
     speed = bench_speed()
     formulas = bench_formulas()
     tuning = bench_tuning()
+    h200 = bench_against_h200()
     doc = {
         "machine": {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform()},
         "target_simulate_s": TARGET_SIMULATE_S,
         "speed": speed,
         "formulas": formulas,
         "tuning": {"global_batch": GLOBAL_BATCH, "model": "ViT-B/16 per-block costs, REFERENCE.md 7", "rows": tuning},
+        "model_vs_h200": h200,
     }
     RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{'kind':12} {'stages':>6} {'mbs':>5} {'actions':>8} {'generate':>9} {'validate':>9} {'simulate':>9} "
@@ -159,6 +193,13 @@ def main() -> None:
         cells = " ".join(f"{t['microbatches']}:{t['throughput']:.0f}" for t in r["table"])
         print(f"K={r['pipe_len']} host {r['host_per_block_s'] * 1e3:.0f} ms/block -> M={r['chosen_microbatches']}  "
               f"[{cells}]")  # fmt: skip
+    print(f"\nK=2, global batch {GLOBAL_BATCH}: samples/s by M, measured on 2 H200s vs the model (host 1 ms/block)")
+    for r in h200:
+        for source in ("measured", "added", "overlapped"):
+            cells = " ".join(f"{m}:{v:.0f}" for m, v in r[source].items())
+            print(f"{r['kind']:6} {source:10} [{cells}]")
+        print(f"{r['kind']:6} best: measured M={r['best_measured']}, added M={r['chosen_added']}, "
+              f"overlapped M={r['chosen_overlapped']}")  # fmt: skip
     print(f"\nwrote {RESULTS}")
 
 

@@ -9,8 +9,6 @@ from torch import nn
 from elastic_pipe.schedule import GENERATORS, ScheduleError, generate
 from elastic_pipe.testing import RankContext, run_distributed
 
-pytestmark = pytest.mark.distributed
-
 _WIDTH = 6
 _BATCH = 48
 _TOLERANCE = 1e-12
@@ -65,6 +63,7 @@ def _run_all(ctx: RankContext) -> dict[str, float]:
     return errors
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_generator_matches_unpipelined_gradients(world: int) -> None:
     results = run_distributed(_run_all, world, timeout=120)
@@ -87,3 +86,13 @@ def test_stage_mismatch_is_refused() -> None:
 
     with pytest.raises(ScheduleError, match=r"holds stages \[1\] but the schedule places stages \[0\]"):
         torch_schedule(schedule, 0, [FakeStage()], nn.functional.mse_loss)
+
+
+def test_torch_actions_round_trip_through_torch_text_form() -> None:
+    from elastic_pipe.schedule import torch_actions
+
+    schedule = generate("zb1p", 2, 2)
+    lowered = torch_actions(schedule)
+    assert {r: [str(a) for a in acts] for r, acts in lowered.items()} == {
+        int(r): acts for r, acts in schedule.to_text().items()
+    }
