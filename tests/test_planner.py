@@ -361,3 +361,13 @@ def test_plan_invariants(gpus: int, layers: int, alpha: float, per_gpu: int) -> 
         assert b.total == pytest.approx(e.step.step_time) and min(b.compute, b.bubble, b.allreduce) >= 0
     # The elastic job starts from the best static layout, so its first epoch is the static one.
     assert plan.epochs[0].step.step_time == pytest.approx(plan.static[0].step.step_time)
+
+
+def test_every_decision_is_explained() -> None:
+    plan = _vit_plan(pipe_len=8)
+    first, second = plan.epochs[0].why, plan.epochs[1].why
+    assert first.startswith("start at the given pipe_len=8") and "K=8 x 2" in first
+    assert second.startswith("froze units 0..3; no cache yet, recompute units 0..3 and write boundary 4")
+    assert "K=1 x 16" in second and "beats K=2:" in second
+    assert "read boundary 4 from the" in plan.epochs[2].why
+    assert "transitions:" in format_table(plan) and plan_to_dict(plan)["epochs"][1]["why"] == second

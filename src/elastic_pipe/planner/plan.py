@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from elastic_pipe.cache import decide
@@ -134,6 +134,7 @@ class EpochPlan:
         steps: optimizer steps in the epoch.
         global_batch: samples per step.
         transition_seconds: reshape cost paid at the start of this epoch.
+        why: one sentence per decision: what froze, how the prefix is served, why this layout.
     """
 
     epoch: int
@@ -145,6 +146,7 @@ class EpochPlan:
     steps: int
     global_batch: int
     transition_seconds: float = 0.0
+    why: str = ""
 
     @property
     def pipe_len(self) -> int:
@@ -247,6 +249,12 @@ class _Variant:
     cached: int
     writes: bool
     tier: str | None
+    source: str | None = None  # the tier holding boundary ``cached`` (where this epoch reads from)
+
+    @property
+    def read_tier(self) -> str | None:
+        """Where the cached boundary is read from: the tier it was written to, else this epoch's tier."""
+        return self.source or self.tier
 
 
 class _Evaluator:
@@ -287,10 +295,9 @@ class _Evaluator:
     def cache_seconds(self, v: _Variant) -> float:
         if v.tier is None:
             return 0.0
-        moved = (self.boundary_bytes[v.cached] if v.cached else 0.0) + (
-            self.boundary_bytes[v.frozen] if v.writes else 0.0
-        )
-        return moved / self.bandwidth(v.tier)
+        read = self.boundary_bytes[v.cached] / self.bandwidth(v.read_tier) if v.cached else 0.0
+        write = self.boundary_bytes[v.frozen] / self.bandwidth(v.tier) if v.writes else 0.0
+        return read + write
 
     def tier_fits(self, tier: str, v: _Variant, pred: StepPrediction) -> bool:
         need_per_sample = max(self.boundary_bytes.get(v.cached, 0.0), self.boundary_bytes.get(v.frozen, 0.0))
@@ -365,25 +372,34 @@ class _Evaluator:
                 return pred
         return None
 
-    def best(self, v: _Variant, lengths: Sequence[int]) -> tuple[StepPrediction, _Variant] | None:
-        """Fastest fitting layout over ``lengths``, choosing the cache tier where ``v`` uses the cache."""
+    def best(
+        self, v: _Variant, lengths: Sequence[int]
+    ) -> tuple[tuple[StepPrediction, _Variant] | None, dict[int, float | None]]:
+        """Fastest fitting layout over ``lengths``, choosing the cache tier where ``v`` uses the cache.
+
+        Returns:
+            The winner (or ``None``) and, per length tried, its best throughput (``None``: nothing fits).
+        """
         found: tuple[StepPrediction, _Variant] | None = None
+        options: dict[int, float | None] = {}
         for k in lengths:
+            options[k] = None
             for tiered in self.tier_variants(v):
                 pred = self.best_for(tiered, k)
                 if pred is None or (tiered.tier and not self.tier_fits(tiered.tier, tiered, pred)):
                     continue
+                options[k] = self.job.global_batch / pred.step_time
                 if found is None or pred.step_time < found[0].step_time:
                     found = (pred, tiered)
                 break  # the fastest tier that fits wins for this length
-        return found
+        return found, options
 
     def tier_variants(self, v: _Variant) -> list[_Variant]:
         """The cache tiers to try for ``v``, fastest first, keeping those where reading beats recomputing."""
         if v.tier is None:
             return [v]
         tiers = CACHE_TIERS if self.job.cache_tier == "auto" else (self.job.cache_tier,)
-        return [_Variant(v.frozen, v.cached, v.writes, t) for t in tiers if self.cache_pays(v.frozen, t)]
+        return [replace(v, tier=t) for t in tiers if self.cache_pays(v.frozen, t)]
 
     def cache_pays(self, frozen: int, tier: str) -> bool:
         """The published rule: cache a boundary only when reading it beats recomputing the prefix."""
@@ -401,12 +417,16 @@ def _frozen_schedule(units: int, job: JobSpec) -> tuple[int, ...]:
     return frozen_by_epoch(policy, job.epochs, job.steps_per_epoch)
 
 
-def _variant(frozen: int, held: int, job: JobSpec) -> _Variant:
-    """The cache variant of an epoch (its tier is picked later), or full recompute without a cache."""
+def _variant(frozen: int, held: tuple[int, str | None], job: JobSpec) -> _Variant:
+    """The cache variant of an epoch (its tier is picked later), or full recompute without a cache.
+
+    ``held`` is the boundary the cache holds and the tier it sits in (``(0, None)``: empty).
+    """
     if not job.cache or frozen == 0:
         return _Variant(frozen, 0, False, None)
-    start = held if 0 < held <= frozen else 0
-    return _Variant(frozen, start, frozen > start, "auto")
+    boundary, source = held
+    start = boundary if 0 < boundary <= frozen else 0
+    return _Variant(frozen, start, frozen > start, "auto", source if start else None)
 
 
 def _epoch(
@@ -423,6 +443,37 @@ def _epoch(
         global_batch=job.global_batch,
         transition_seconds=transition,
     )
+
+
+def _units(start: int, stop: int) -> str:
+    return f"unit {start}" if stop == start + 1 else f"units {start}..{stop - 1}"
+
+
+def _explain(
+    epoch: EpochPlan, previous: EpochPlan | None, used: _Variant, options: dict[int, float | None], job: JobSpec
+) -> str:
+    """Why an epoch looks the way it does, in a few clauses."""
+    parts = []
+    if previous is None:
+        parts.append(f"start at the given pipe_len={job.pipe_len}" if job.pipe_len else "start at the fastest layout")
+    elif epoch.frozen > previous.frozen:
+        parts.append(f"froze {_units(previous.frozen, epoch.frozen)}")
+    if used.tier is not None:
+        source = f"read boundary {used.cached} from the {used.read_tier} cache" if used.cached else "no cache yet"
+        fill = (
+            f", recompute {_units(used.cached, used.frozen)} and write boundary {used.frozen} to the {used.tier} cache"
+            if used.writes
+            else ""
+        )
+        parts.append(source + fill)
+    elif epoch.frozen:
+        parts.append(f"recompute the {epoch.frozen} frozen units (cache off or not paying)")
+    others = [
+        f"K={k}: {'does not fit' if tp is None else f'{tp:,.0f}/s'}" for k, tp in options.items() if k != epoch.pipe_len
+    ]
+    layout = f"K={epoch.pipe_len} x {epoch.replicas}, M={epoch.step.microbatches}, {epoch.throughput:,.0f}/s"
+    parts.append(layout + (f" beats {'; '.join(others)}" if others else ""))
+    return "; ".join(parts)
 
 
 def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec, *, model: str = "custom") -> Plan:
@@ -456,7 +507,7 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
         )
 
     plain = _Variant(0, 0, False, None)
-    static_best = ev.best(plain, all_lengths)
+    static_best, _ = ev.best(plain, all_lengths)
     if static_best is None:
         worst = min(
             (
@@ -475,27 +526,29 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
 
     first_lengths = [job.pipe_len] if job.pipe_len is not None else all_lengths
     elastic: list[EpochPlan] = []
-    held = 0
+    held: tuple[int, str | None] = (0, None)
     for e, f in enumerate(frozen):
         allowed = first_lengths if e == 0 else [k for k in all_lengths if k <= elastic[-1].pipe_len]
         v = _variant(f, held, job)
-        found = ev.best(v, allowed)
+        found, options = ev.best(v, allowed)
         if found is None and v.tier is not None:
             v = _Variant(f, 0, False, None)
-            found = ev.best(v, allowed)
+            found, options = ev.best(v, allowed)
         if found is None:
             raise PlannerError(f"epoch {e}: no pipeline length in {allowed} fits memory with {f} frozen units")
         pred, used = found
-        moved = e > 0 and pred.pipe_len != elastic[-1].pipe_len
-        elastic.append(_epoch(e, job, ev, pred, used, transition=job.transition_seconds if moved else 0.0))
+        previous = elastic[-1] if elastic else None
+        moved = previous is not None and pred.pipe_len != previous.pipe_len
+        epoch = _epoch(e, job, ev, pred, used, transition=job.transition_seconds if moved else 0.0)
+        elastic.append(replace(epoch, why=_explain(epoch, previous, used, options, job)))
         if used.tier is not None:
-            held = used.frozen
+            held = (used.frozen, used.tier)
 
     start = elastic[0].step
     # The fixed partition covers every sub-layer; cached ones at epoch 0 (an explicit schedule) sit on stage 0.
     fixed = (start.layers_per_stage[0] + elastic[0].first_layer, *start.layers_per_stage[1:])
     freeze_only: list[EpochPlan] = []
-    held = 0
+    held = (0, None)
     for e, f in enumerate(frozen):
         v = _variant(f, held, job)
         pred_fixed: StepPrediction | None = None
@@ -508,7 +561,7 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
             raise PlannerError(f"epoch {e}: the fixed initial layout cannot be simulated with {f} frozen units")
         freeze_only.append(_epoch(e, job, ev, pred_fixed, v))
         if v.tier is not None:
-            held = v.frozen
+            held = (v.frozen, v.tier)
 
     return Plan(
         model=model,

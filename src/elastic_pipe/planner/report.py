@@ -45,6 +45,7 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
         "throughput": e.throughput,
         "transition_seconds": e.transition_seconds,
         "seconds": e.seconds,
+        "why": e.why,
     }
 
 
@@ -110,6 +111,13 @@ def format_table(plan: Plan) -> str:
             f"{_ms(b.allreduce):>7} {_ms(b.cache_reads):>6} {e.throughput:>10,.0f}  "
             f"{'/'.join(str(n) for n in e.step.layers_per_stage)}{host}{moved}"
         )
+    notes = [
+        f"  epoch {e.epoch}: {e.why}"
+        for i, e in enumerate(plan.epochs)
+        if e.why and (i == 0 or (e.frozen, e.pipe_len) != (plan.epochs[i - 1].frozen, plan.epochs[i - 1].pipe_len))
+    ]
+    if notes:
+        lines += ["", "transitions:", *notes]
     s, f = plan.static[0], plan.freeze_only[0]
     lines += [
         "",
