@@ -154,3 +154,25 @@ def test_vit_trains_on_cpu() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_unit_helpers_agree(data: st.DataObject) -> None:
+    n = data.draw(st.integers(min_value=2, max_value=12))
+    ends = sorted(data.draw(st.sets(st.integers(min_value=1, max_value=n - 1), min_size=1)))
+    model = SubLayerModel([(f"l{i}", nn.Identity()) for i in range(n)], ends)
+    # prefix_len is strictly increasing, starts at 0 and ends at the head
+    prefixes = [model.prefix_len(k) for k in range(model.num_units + 1)]
+    assert prefixes[0] == 0
+    assert prefixes[-1] == model.head_start() == ends[-1]
+    assert all(a < b for a, b in itertools.pairwise(prefixes))
+    # every sub-layer before the head lies in exactly the unit whose bounds contain it
+    for i in range(n):
+        unit = model.unit_of(i)
+        if unit is None:
+            assert i >= model.head_start()
+        else:
+            start, end = model.unit_bounds(unit)
+            assert start <= i < end
+            assert prefixes[unit] == start
