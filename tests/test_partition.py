@@ -123,6 +123,14 @@ def test_frozen_pricing_for_other_solvers() -> None:
     assert sum(p.stage_costs) == 18.0
 
 
+def test_graph_solver_in_the_registry_prices_activations() -> None:
+    # three unit layers; the first emits 100 bytes, the second 1: at 10 bytes/s cut after the second layer.
+    p = solve([1.0, 1.0, 1.0], 2, "graph", activation_bytes=[100, 1, 1], bandwidth=10.0)
+    assert p.layers_per_stage == (2, 1)
+    assert p.stage_costs == pytest.approx((2.1, 1.1))
+    assert solve([1.0, 1.0, 1.0], 2, "graph").bottleneck == 2.0  # free transfers: the chain optimum
+
+
 def test_register_solver_and_unknown_name() -> None:
     def last_heavy(costs: object, stages: int, /, **options: object) -> tuple[int, ...]:
         n = len(costs)  # type: ignore[arg-type]
@@ -133,7 +141,7 @@ def test_register_solver_and_unknown_name() -> None:
         assert solve([1, 1, 1, 1], 2, "test-last-heavy").layers_per_stage == (1, 3)
     finally:
         del SOLVERS["test-last-heavy"]
-    with pytest.raises(PartitionError, match=r"unknown solver 'nope'; valid solvers: greedy, optimal, uniform"):
+    with pytest.raises(PartitionError, match=r"unknown solver 'nope'; valid solvers: graph, greedy, optimal, uniform"):
         solve([1, 2], 1, "nope")
 
 

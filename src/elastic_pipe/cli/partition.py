@@ -19,8 +19,6 @@ import argparse
 import math
 from typing import Any
 
-import networkx as nx
-
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit, read_json_file
 from elastic_pipe.partition import (
     DEFAULT_FROZEN_FACTOR,
@@ -28,7 +26,6 @@ from elastic_pipe.partition import (
     PUBLISHED_UNIT,
     SOLVERS,
     Partition,
-    graph_partition,
     price_frozen,
     solve,
     weights_from_costs,
@@ -88,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--solver",
         default="optimal",
         metavar="NAME",
-        help=f"one of: {', '.join(sorted([*SOLVERS, 'graph']))} (default: optimal)",
+        help=f"one of: {', '.join(sorted(SOLVERS))} (default: optimal)",
     )
     parser.add_argument("--frozen", type=int, default=0, metavar="F", help="number of frozen leading layers")
     parser.add_argument(
@@ -132,22 +129,8 @@ def _weights(raw: list[float] | list[LayerCost], metric: str, frozen: int, facto
     return price_frozen([float(v) for v in raw if not isinstance(v, LayerCost)], frozen, factor)
 
 
-def _chain(raw: list[float] | list[LayerCost], weights: list[float]) -> nx.DiGraph:
-    """The layers as a chain graph: edge ``i-1 -> i`` carries layer ``i-1``'s activation bytes."""
-    chain = nx.DiGraph()
-    for index, weight in enumerate(weights):
-        chain.add_node(index, cost=weight)
-        if index:
-            previous = raw[index - 1]
-            chain.add_edge(index - 1, index, bytes=previous.activation_bytes if isinstance(previous, LayerCost) else 0)
-    return chain
-
-
 def partition_from_args(args: argparse.Namespace, raw: list[float] | list[LayerCost]) -> Partition:
     """Run the solver the options name on the loaded costs."""
-    if args.solver not in SOLVERS and args.solver != "graph":
-        valid = ", ".join(sorted([*SOLVERS, "graph"]))
-        raise CliInputError(f"unknown solver {args.solver!r}; valid solvers: {valid}")
     if args.solver == "greedy":
         # The published rule prices the frozen prefix itself (all of it on stage 0).
         return solve(
@@ -161,9 +144,8 @@ def partition_from_args(args: argparse.Namespace, raw: list[float] | list[LayerC
         )
     weights = _weights(raw, args.metric, args.frozen, args.frozen_factor)
     if args.solver == "graph":
-        if not weights:
-            raise CliInputError(f"{args.costs} holds no layers")
-        return graph_partition(_chain(raw, weights), args.stages, args.bandwidth)
+        sizes = [float(r.activation_bytes) if isinstance(r, LayerCost) else 0.0 for r in raw]
+        return solve(weights, args.stages, "graph", activation_bytes=sizes, bandwidth=args.bandwidth)
     return solve(weights, args.stages, args.solver)
 
 

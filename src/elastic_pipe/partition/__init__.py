@@ -2,7 +2,8 @@
 pipeline compression and a profiler that measures real modules into cost records.
 
 * :func:`solve` with the :data:`SOLVERS` registry: ``uniform`` (equal layer counts), ``greedy`` (PipeTransformer's
-  published rule, reproduced exactly), ``optimal`` (exact min-max by exact bisection, milliseconds at 10,000 layers);
+  published rule, reproduced exactly), ``optimal`` (exact min-max by exact bisection, milliseconds at 10,000 layers),
+  ``graph`` (a chain whose cuts pay for the activations crossing them);
 * :func:`graph_partition`: a layer DAG with skip connections, pricing every tensor alive across a cut;
 * :func:`compress_halving` (published) and :func:`compress_memory`: the shortest pipeline that still fits;
 * :func:`weights_from_costs`, :func:`transformer_costs`: cost models; :func:`profile_layers`: measured costs.
@@ -32,7 +33,10 @@ from elastic_pipe.partition.costs import (
 )
 from elastic_pipe.partition.errors import PartitionError
 from elastic_pipe.partition.graph import (
+    MAX_GRAPH_NODES,
     alive_bytes,
+    chain_graph,
+    graph_chain,
     graph_order,
     graph_partition,
     graph_stage_costs,
@@ -48,6 +52,7 @@ from elastic_pipe.partition.uniform import uniform
 __all__ = [
     "BERT_LARGE",
     "DEFAULT_FROZEN_FACTOR",
+    "MAX_GRAPH_NODES",
     "METRICS",
     "PUBLISHED_UNIT",
     "SOLVERS",
@@ -59,9 +64,11 @@ __all__ = [
     "TrainingPrecision",
     "TransformerShape",
     "alive_bytes",
+    "chain_graph",
     "compress_halving",
     "compress_memory",
     "divisors",
+    "graph_chain",
     "graph_order",
     "graph_partition",
     "graph_stage_costs",

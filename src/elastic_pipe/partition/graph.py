@@ -28,6 +28,7 @@ import itertools
 import math
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -37,7 +38,19 @@ from elastic_pipe.partition.errors import PartitionError
 from elastic_pipe.partition.result import Partition
 from elastic_pipe.types import LayerCost
 
-__all__ = ["alive_bytes", "graph_order", "graph_partition", "graph_stage_costs", "transformer_graph"]
+__all__ = [
+    "MAX_GRAPH_NODES",
+    "alive_bytes",
+    "chain_graph",
+    "graph_chain",
+    "graph_order",
+    "graph_partition",
+    "graph_stage_costs",
+    "transformer_graph",
+]
+
+#: The dynamic programme holds a few (n+1) x (n+1) float64 matrices; beyond this many nodes that is gigabytes.
+MAX_GRAPH_NODES = 4096
 
 #: Relative slack under which two bottlenecks count as equal when choosing the fewest bytes.
 _TIE_TOLERANCE = 1e-12
@@ -124,11 +137,18 @@ def graph_stage_costs(
     """Each stage's cost under the graph objective for a given partition of the order (for checks and tools)."""
     chosen = _checked_order(graph, order)
     costs = _node_costs(graph, chosen, cost_attr)
-    matrix = _stage_cost_matrix(costs, alive_bytes(graph, chosen, bytes_attr), _checked_bandwidth(bandwidth))
-    bounds = np.concatenate(([0], np.cumsum(layers_per_stage))).astype(int)
+    bounds = [0, *itertools.accumulate(layers_per_stage)]
     if bounds[-1] != len(chosen):
         raise PartitionError(f"layers_per_stage sums to {bounds[-1]}, the graph has {len(chosen)} nodes")
-    return tuple(float(matrix[i, j]) for i, j in itertools.pairwise(bounds))
+    return _exact_stage_costs(costs, alive_bytes(graph, chosen, bytes_attr), _checked_bandwidth(bandwidth), bounds)
+
+
+def _exact_stage_costs(costs: np.ndarray, alive: np.ndarray, bandwidth: float, bounds: list[int]) -> tuple[float, ...]:
+    """Stage costs summed segment by segment (prefix-sum differences, used to decide, lose low digits)."""
+    transfer = np.zeros_like(alive) if math.isinf(bandwidth) else alive / bandwidth
+    return tuple(
+        math.fsum(costs[i:j].tolist()) + float(transfer[i] + transfer[j]) for i, j in itertools.pairwise(bounds)
+    )
 
 
 def _checked_bandwidth(bandwidth: float) -> float:
@@ -195,6 +215,11 @@ def graph_partition(
     link = _checked_bandwidth(bandwidth)
     n = len(chosen)
     check_stages(stages, n)
+    if n > MAX_GRAPH_NODES:
+        raise PartitionError(
+            f"the graph has {n} nodes; the graph solver handles up to {MAX_GRAPH_NODES} (its DP is O(n^2) in "
+            "memory) - use solver 'optimal' for a chain without transfer costs"
+        )
 
     start = time.perf_counter()
     matrix = _stage_cost_matrix(costs, alive, link)
@@ -203,8 +228,45 @@ def graph_partition(
     elapsed = time.perf_counter() - start
 
     counts = tuple(j - i for i, j in itertools.pairwise(bounds))
-    stage_costs = tuple(float(matrix[i, j]) for i, j in itertools.pairwise(bounds))
+    stage_costs = _exact_stage_costs(costs, alive, link, bounds)
     return Partition(layers_per_stage=counts, stage_costs=stage_costs, solver="graph", solve_seconds=elapsed)
+
+
+def chain_graph(costs: Sequence[float], activation_bytes: Sequence[float] | None = None) -> nx.DiGraph:
+    """A chain ``0 -> 1 -> ... -> n-1``: node ``i`` costs ``costs[i]``, edge ``i -> i+1`` carries
+    ``activation_bytes[i]`` (layer ``i``'s output; default 0)."""
+    sizes = [0.0] * len(costs) if activation_bytes is None else list(activation_bytes)
+    if len(sizes) != len(costs):
+        raise PartitionError(f"activation_bytes has {len(sizes)} values for {len(costs)} layers")
+    graph = nx.DiGraph()
+    for index, cost in enumerate(costs):
+        graph.add_node(index, cost=cost)
+        if index:
+            graph.add_edge(index - 1, index, bytes=sizes[index - 1])
+    return graph
+
+
+def graph_chain(
+    costs: Sequence[float],
+    stages: int,
+    /,
+    *,
+    activation_bytes: Sequence[float] | None = None,
+    bandwidth: float = math.inf,
+    **options: Any,
+) -> Partition:
+    """The ``graph`` entry of the solver registry: the layers as a chain (:func:`chain_graph`), cut by
+    :func:`graph_partition`, so that ``solve(costs, k, "graph", activation_bytes=..., bandwidth=...)`` prices the
+    activations crossing each cut. With free transfers it agrees with ``optimal``.
+
+    Args:
+        costs: per-layer compute costs.
+        stages: number of stages.
+        activation_bytes: bytes of each layer's output (default: all 0).
+        bandwidth: link bandwidth in bytes per second (default: inf, free).
+        **options: ignored.
+    """
+    return graph_partition(chain_graph(costs, activation_bytes), stages, bandwidth)
 
 
 def transformer_graph(

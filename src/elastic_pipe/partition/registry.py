@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from elastic_pipe.partition._checks import check_costs, check_stages
 from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.graph import graph_chain
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, greedy
 from elastic_pipe.partition.optimal import optimal
 from elastic_pipe.partition.result import Partition, stage_sums
@@ -24,15 +25,16 @@ __all__ = ["SOLVERS", "Solver", "price_frozen", "register_solver", "solve"]
 class Solver(Protocol):
     """A partition solver: a pure function from per-layer costs and a stage count to layers per stage.
 
-    It receives validated costs (finite, >= 0, at least ``stages`` of them) and must return ``stages`` counts
-    summing to ``len(costs)``.
+    It receives validated costs (finite, >= 0, at least ``stages`` of them) and returns ``stages`` counts summing
+    to ``len(costs)`` (stage costs are then the sums of the costs), or a whole :class:`Partition` when its stage
+    costs are more than sums (``graph`` adds transfer times).
     """
 
-    def __call__(self, costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int, ...]: ...
+    def __call__(self, costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int, ...] | Partition: ...
 
 
-#: Name -> solver. ``graph`` is not here: it partitions a DAG, see :func:`elastic_pipe.partition.graph_partition`.
-SOLVERS: dict[str, Solver] = {"uniform": uniform, "greedy": greedy, "optimal": optimal}
+#: Name -> solver. ``graph`` here is the chain form; a DAG with skip connections goes to :func:`graph_partition`.
+SOLVERS: dict[str, Solver] = {"uniform": uniform, "greedy": greedy, "optimal": optimal, "graph": graph_chain}
 
 #: Solvers that price frozen layers themselves (the published greedy rule keeps them all on device 0).
 _PRICES_FROZEN_ITSELF: set[str] = {"greedy"}
@@ -74,8 +76,7 @@ def _lookup(name: str) -> Solver:
         return SOLVERS[name]
     except (KeyError, TypeError):
         valid = ", ".join(sorted(SOLVERS))
-        hint = " (for a layer DAG call graph_partition)" if name == "graph" else ""
-        raise PartitionError(f"unknown solver {name!r}{hint}; valid solvers: {valid}") from None
+        raise PartitionError(f"unknown solver {name!r}; valid solvers: {valid}") from None
 
 
 def solve(
@@ -92,11 +93,12 @@ def solve(
     Args:
         costs: one non-negative finite cost per layer, in any unit (stage costs come back in the same unit).
         stages: number of stages K, ``1 <= K <= len(costs)``.
-        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal").
+        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal", "graph").
         frozen: number of frozen leading layers. ``greedy`` applies the published rule to them; every other
             solver sees their costs scaled by ``frozen_factor`` (and reports stage costs with that pricing).
         frozen_factor: a frozen layer's cost relative to an active one (1/6 as published).
-        **options: solver options, e.g. ``unit`` and ``allow_empty`` for ``greedy``.
+        **options: solver options, e.g. ``unit`` and ``allow_empty`` for ``greedy``, ``activation_bytes`` and
+            ``bandwidth`` for ``graph``.
 
     Returns:
         The partition, with ``solve_seconds`` measuring the solver alone.
@@ -114,16 +116,20 @@ def solve(
     else:
         priced = price_frozen(values, frozen, frozen_factor)
     start = time.perf_counter()
-    counts = fn(priced, stages, **options)
+    answer = fn(priced, stages, **options)
     elapsed = time.perf_counter() - start
-    counts = tuple(int(c) for c in counts)
+    if isinstance(answer, Partition):
+        counts, stage_costs = answer.layers_per_stage, answer.stage_costs
+    else:
+        counts = tuple(int(c) for c in answer)
+        stage_costs = ()
     if len(counts) != stages or sum(counts) != len(values) or min(counts) < 0:
         raise PartitionError(
             f"solver {solver!r} returned {counts!r}: expected {stages} counts >= 0 summing to {len(values)}"
         )
     return Partition(
         layers_per_stage=counts,
-        stage_costs=stage_sums(priced, counts),
+        stage_costs=stage_costs or stage_sums(priced, counts),
         solver=solver,
         solve_seconds=elapsed,
     )
