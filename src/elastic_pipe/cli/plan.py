@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     hw.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     hw.add_argument("--gpu-memory", default="141GB", help="memory per GPU, e.g. 16GiB or 80GB (default 141GB)")
     hw.add_argument(
+        "--reserved-memory",
+        help="memory per GPU a plan never fills: context, allocator, workspaces (default 2GiB, at most 1/8 of the GPU)",
+    )
+    hw.add_argument(
         "--gpu-tflops",
         type=float,
         default=_DEFAULTS.matmul_flops / 1e12,
@@ -179,9 +183,12 @@ def build(args: argparse.Namespace) -> Plan:
     scale = args.gpu_tflops * 1e12 / _DEFAULTS.matmul_flops
     if not (math.isfinite(scale) and scale > 0):
         raise CliInputError(f"--gpu-tflops must be > 0, got {args.gpu_tflops}")
+    memory = parse_bytes(args.gpu_memory)
     gpu = GpuSpec(
-        memory=parse_bytes(args.gpu_memory),
-        reserved_memory=min(_DEFAULTS.reserved_memory, parse_bytes(args.gpu_memory) // 8),
+        memory=memory,
+        reserved_memory=min(_DEFAULTS.reserved_memory, memory // 8)
+        if args.reserved_memory is None
+        else parse_bytes(args.reserved_memory),
         matmul_flops=_DEFAULTS.matmul_flops * scale,
         attention_flops=_DEFAULTS.attention_flops * scale,
         conv_flops=_DEFAULTS.conv_flops * scale,
