@@ -36,10 +36,15 @@ __all__ = [
 
 Pooling = Literal["first", "mean"]
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh approximation of GELU that GPT-2 was trained with (``gelu_new`` in Hugging Face configs)."""
+    return F.gelu(x, approximate="tanh")
+
+
+# Module-level functions only (no lambdas), so that models pickle and deep-copy.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
-    # The tanh approximation GPT-2 was trained with ("gelu_new" in Hugging Face configs).
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": gelu_tanh,
     "relu": F.relu,
 }
 
