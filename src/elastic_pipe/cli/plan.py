@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='measured costs: JSON {"layers": [LayerCost fields...], "unit_ends": [...] (optional)} or a list',
     )
     what.add_argument("--costs-batch", type=int, default=1, help="micro-batch size the --costs were measured at")
+    what.add_argument(
+        "--costs-host-weight",
+        type=float,
+        default=0.0,
+        help="eager host work per --costs layer, in blocks (0: CPU timings include it; 0.5 for GPU-timed sub-layers)",
+    )
     what.add_argument("--seq-len", type=int, help="sequence length of a text model (default: its published one)")
 
     hw = parser.add_argument_group("cluster (H200-like defaults)")
@@ -146,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="DIR", help="write planner_throughput.png and planner_timeline.png here")
 
 
-def _costs_from_file(path: str, batch: int) -> tuple[str, Any]:
+def _costs_from_file(path: str, batch: int, host_weight: float) -> tuple[str, Any]:
     data = read_json_file(path)
     rows = data.get("layers") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows:
@@ -156,7 +162,7 @@ def _costs_from_file(path: str, batch: int) -> tuple[str, Any]:
     except TypeError as exc:
         raise CliInputError(f"{path}: a layer has an unknown or missing field: {exc}") from None
     ends = data.get("unit_ends") if isinstance(data, dict) else None
-    return Path(path).stem, from_layer_costs(records, batch, ends)
+    return Path(path).stem, from_layer_costs(records, batch, ends, host_weight=host_weight)
 
 
 def _policy_options(args: argparse.Namespace, steps: int) -> dict[str, Any]:
@@ -231,7 +237,7 @@ def build(args: argparse.Namespace) -> Plan:
             config = config.with_seq_len(args.seq_len)
         name, costs = config.name, price(model_work(config), gpu)
     else:
-        name, costs = _costs_from_file(args.costs, args.costs_batch)
+        name, costs = _costs_from_file(args.costs, args.costs_batch, args.costs_host_weight)
     return make_plan(costs, cluster, job, model=name)
 
 
