@@ -1,9 +1,9 @@
 """Measure what the freeze primitives cost inside a training step of a ViT-B/16-sized encoder.
 
-Times (median over timed steps, after warm-up): a plain training step (forward, backward, AdamW step); the same
-step plus ``GradNormTracker.accumulate()`` over all 12 blocks; one ``local_stats()`` call (an interval's end); one
-``freeze_modules()`` call that takes 4 blocks out of the optimizer. Prints a table and, with ``--json PATH``,
-writes the numbers. On a machine without CUDA it runs a small configuration on the CPU.
+Times, each the median of 30 steps per variant (alternated, after 5 warm-up steps): a plain training step
+(forward, backward, AdamW step); the same step plus ``GradNormTracker.accumulate()`` over all 12 blocks; one
+``local_stats()`` call (an interval's end); one ``freeze_modules()`` call that takes 4 blocks out of the optimizer.
+Prints a table and, with ``--json PATH``, writes the numbers. Without CUDA it runs a small configuration on the CPU.
 
 Run:  python examples/freeze_tracker_overhead.py [--json out.json]
 """
@@ -24,7 +24,7 @@ from elastic_pipe.freeze import GradNormTracker, freeze_modules
 # ViT-B/16: 12 blocks, width 768, 12 heads, MLP 3072, 197 tokens per image
 VIT_B = {"layers": 12, "width": 768, "heads": 12, "mlp": 3072, "tokens": 197, "batch": 64}
 SMALL = {"layers": 4, "width": 64, "heads": 4, "mlp": 128, "tokens": 16, "batch": 8}
-WARMUP, TIMED, FROZEN = 3, 10, 4
+WARMUP, TIMED, FROZEN = 5, 30, 4
 
 
 def _sync(device: torch.device) -> None:
@@ -74,8 +74,12 @@ def main() -> None:
 
     for _ in range(WARMUP):
         step(True)
-    plain = _median_seconds(lambda: step(False), device, TIMED)
-    tracked = _median_seconds(lambda: step(True), device, TIMED)
+    # alternate the two variants so that drifting clocks or a busy neighbour hit both alike
+    plain_samples, tracked_samples = [], []
+    for _ in range(TIMED):
+        plain_samples.append(_median_seconds(lambda: step(False), device, 1))
+        tracked_samples.append(_median_seconds(lambda: step(True), device, 1))
+    plain, tracked = statistics.median(plain_samples), statistics.median(tracked_samples)
 
     def interval_end() -> None:
         tracker.local_stats(cfg["layers"])
