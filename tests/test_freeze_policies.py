@@ -343,3 +343,31 @@ def test_snapshot_of_another_policy_is_refused() -> None:
         PaperRule(12, 0.25).load_state_dict(PaperRule(12, 0.5).state_dict())
     with pytest.raises(FreezeError, match="policy='alpha'"):
         AutoFreeze(12).load_state_dict(AlphaSchedule(12, 0.5).state_dict())
+
+
+# --- invariants of the statistics-driven rules ------------------------------------------------------------------
+
+
+@FAST
+@given(rounds=st.lists(st.tuples(_norms, _norms), min_size=1, max_size=12), alpha=st.floats(0.05, 1.0))
+def test_paper_rule_never_runs_ahead_of_the_alpha_schedule(
+    rounds: list[tuple[list[float], list[float]]], alpha: float
+) -> None:
+    policy, frozen = PaperRule(6, alpha), 0
+    for epoch, (l1, l2) in enumerate(rounds, start=1):
+        policy.observe(LayerStats(tuple(l1), tuple(l2), 1))
+        new = decide(policy, epoch, epoch, frozen)
+        assert frozen <= new <= alpha_frozen(6, alpha, epoch)
+        frozen = new
+
+
+@FAST
+@given(rounds=st.lists(_norms, min_size=2, max_size=12), q=st.floats(0.0, 100.0))
+def test_autofreeze_advances_by_at_least_one_layer_per_decision(rounds: list[list[float]], q: float) -> None:
+    policy, frozen = AutoFreeze(6, percentile=q), 0
+    for index, l1 in enumerate(rounds):
+        policy.observe(LayerStats(tuple(l1), tuple(l1), 1))
+        new = decide(policy, 0, index, frozen)
+        # the threshold lies within the active ratios, so some active layer reaches it once a baseline exists
+        assert new == frozen if index == 0 or frozen == 6 else frozen < new <= 6
+        frozen = new
