@@ -1,6 +1,6 @@
 """The PipeTransformer paper's freeze rule: a progressive term capped by the gradient-norm argmin.
 
-He et al. (ICML 2021), section 3.1::
+He, Li, Soltanolkotabi, Avestimehr, "PipeTransformer" (ICML 2021)::
 
     L_frozen(T) = min( L_frozen(T-1) + alpha * (L - L_frozen(T-1)),  argmin_{l active} ||g_l(T)|| )
 
