@@ -36,6 +36,7 @@ __all__ = [
 
 Pooling = Literal["first", "mean"]
 
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """The tanh approximation of GELU that GPT-2 was trained with (``gelu_new`` in Hugging Face configs)."""
     return F.gelu(x, approximate="tanh")
