@@ -364,7 +364,8 @@ def from_hf(
         seed: initialization seed for weights the source does not have.
 
     Returns:
-        A :class:`SubLayerModel` in the source's dtype. The head returns what the source's head returns:
+        A :class:`SubLayerModel` on the CPU in the source's dtype (move it with ``.to(device)``). The head
+        returns what the source's head returns:
         ``logits`` for ``...ForSequenceClassification`` / ``...ForImageClassification`` / ``GPT2LMHeadModel``,
         ``pooler_output`` for a base BERT / ViT with a pooler, otherwise the final hidden state of the first
         token (BERT / ViT, or the pooled vector with ``pooling="mean"``) or the final hidden states (GPT-2).
