@@ -45,6 +45,9 @@ REPEATS = 21
 #: Synthetic costs are scaled to parameter counts of this size so the published greedy rule (unit 1e6) sees
 #: sizes in millions, the regime it was designed for.
 PARAMS_SCALE = 1e6
+#: The graph solver's DP is O(K n^2): timed up to this many layers, with fewer repeats.
+GRAPH_SPEED_MAX_N = 1000
+GRAPH_REPEATS = 3
 #: Speed targets from the issue.
 TARGETS_MS = {(1000, 64): 10.0, (10000, 64): 100.0}
 #: BERT-large graph: micro-batch, device throughput and link bandwidth (the NVLink figure from REFERENCE.md 7).
@@ -156,14 +159,16 @@ def speed(rng: np.random.Generator) -> list[dict[str, Any]]:
     for kind, make in KINDS.items():
         for n, k in ((1000, 64), (10000, 64), (1000, 8), (100000, 64)):
             costs = make(rng, n)
-            for solver in ("optimal", "uniform", "greedy"):
-                if solver == "greedy" and n > 10000:
+            for solver in ("optimal", "uniform", "greedy", "graph"):
+                if (solver == "greedy" and n > 10000) or (solver == "graph" and n > GRAPH_SPEED_MAX_N):
                     continue
                 # allow_empty: time the published rule even where it leaves a stage empty
                 options = {"allow_empty": True} if solver == "greedy" else {}
-                samples = [solve(costs, k, solver, **options).solve_seconds for _ in range(REPEATS)]
+                repeats = GRAPH_REPEATS if solver == "graph" else REPEATS
+                samples = [solve(costs, k, solver, **options).solve_seconds for _ in range(repeats)]
                 call_ms = median_ms(
-                    lambda costs=costs, k=k, solver=solver, options=options: solve(costs, k, solver, **options)
+                    lambda costs=costs, k=k, solver=solver, options=options: solve(costs, k, solver, **options),
+                    repeats=repeats,
                 )
                 rows.append(
                     {

@@ -74,6 +74,13 @@ def test_optimal_hand_computed() -> None:
     assert p.solver == "optimal" and p.solve_seconds >= 0
 
 
+def test_optimal_fill_back_mirrors_front() -> None:
+    assert solve([1, 1, 1, 1, 1, 1], 4, "optimal").layers_per_stage == (2, 2, 1, 1)
+    assert solve([1, 1, 1, 1, 1, 1], 4, "optimal", fill="back").layers_per_stage == (1, 1, 2, 2)
+    with pytest.raises(PartitionError, match="unknown fill 'middle'; valid: front, back"):
+        solve([1, 1], 1, "optimal", fill="middle")
+
+
 def test_optimal_never_leaves_a_stage_empty_with_zero_costs() -> None:
     p = solve([0, 0, 0, 5, 0, 0], 4, "optimal")
     assert p.bottleneck == 5.0

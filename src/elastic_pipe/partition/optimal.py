@@ -30,7 +30,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["optimal", "optimal_bottleneck", "prefix_sums"]
+from elastic_pipe.partition.errors import PartitionError
+
+__all__ = ["FILLS", "optimal", "optimal_bottleneck", "prefix_sums"]
+
+#: Where :func:`optimal` puts the slack among partitions with the optimal bottleneck.
+FILLS = ("front", "back")
 
 #: Safety net against a float rounding stall; a normal solve takes well under 100 probes.
 _MAX_PROBES = 400
@@ -103,17 +108,27 @@ def optimal_bottleneck(costs: Sequence[float], stages: int) -> float:
     return _search(prefix, largest_layer, stages)[0]
 
 
-def optimal(costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int, ...]:
+def optimal(costs: Sequence[float], stages: int, /, *, fill: str = "front", **options: Any) -> tuple[int, ...]:
     """Cut ``costs`` into ``stages`` contiguous non-empty stages with the smallest possible bottleneck.
 
     Args:
         costs: non-negative per-layer costs.
         stages: number of stages K, ``1 <= K <= len(costs)``.
+        fill: which end the slack goes to when several partitions reach the optimum: ``"front"`` packs the early
+            stages up to the bottleneck (later stages lighter), ``"back"`` the late ones (useful with 1F1B, whose
+            early stages hold the most activations).
         **options: ignored.
 
     Returns:
         Number of layers on each stage.
+
+    Raises:
+        PartitionError: on an unknown ``fill``.
     """
+    if fill not in FILLS:
+        raise PartitionError(f"unknown fill {fill!r}; valid: {', '.join(FILLS)}")
+    if fill == "back":
+        return tuple(reversed(optimal(list(costs)[::-1], stages, fill="front")))
     prefix, largest_layer = prefix_sums(costs)
     n = len(prefix) - 1
     if stages == 1:
