@@ -64,7 +64,7 @@ def _run_all(ctx: RankContext) -> dict[str, float]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_every_generator_matches_unpipelined_gradients(world: int) -> None:
     results = run_distributed(_run_all, world, timeout=120)
     assert {k for r in results for k in r} == {f"{k}/v{v}" for k, _, v in _cases(world)}
