@@ -18,6 +18,7 @@ without transfers), transfers (what the hops add to the makespan), cache reads, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -115,6 +116,11 @@ class StepPrediction:
     def step_time(self) -> float:
         """Seconds per optimizer step."""
         return self.breakdown.total
+
+
+#: Schedules are immutable data and a plan asks for the same (kind, K, M) many times: build each once.
+_SCHEDULE_CACHE_SIZE = 512
+_schedule = functools.lru_cache(maxsize=_SCHEDULE_CACHE_SIZE)(generate)
 
 
 def transfer_time(nbytes: float, bandwidth: float, latency: float) -> float:
@@ -352,7 +358,7 @@ def _predict(
     stages = [_stage(piece, mb, cluster) for piece in split]
     fwd, bwd, hops = _stage_times(stages, cluster, pipe_len, cache_per_sample * mb)
     cache = [cache_per_sample * mb if s == 0 else 0.0 for s in range(len(stages))]
-    sched = generate(kind, pipe_len, microbatches, chunks)
+    sched = _schedule(kind, pipe_len, microbatches, chunks)
     with_links = simulate(sched, fwd, bwd, transfer=hops if hops else 0.0)
     no_links = simulate(sched, fwd, bwd) if hops else with_links
     per_rank = [0.0] * pipe_len
