@@ -74,6 +74,19 @@ def test_optimal_hand_computed() -> None:
     assert p.solver == "optimal" and p.solve_seconds >= 0
 
 
+@pytest.mark.parametrize(
+    ("costs", "stages", "expected"),
+    [
+        # near ties: the optimum sits within 1% of a probe's overflow, so any slack in the bracket update shows
+        ([42, 16, 45, 15, 6, 36, 49, 19, 33], 3, 102.0),
+        ([37, 43, 38, 29, 50, 41, 35], 3, 117.0),
+    ],
+)
+def test_optimal_near_ties(costs: list[float], stages: int, expected: float) -> None:
+    assert brute_force_bottleneck([float(c) for c in costs], stages) == expected
+    assert solve(costs, stages, "optimal").bottleneck == expected
+
+
 def test_optimal_fill_back_mirrors_front() -> None:
     assert solve([1, 1, 1, 1, 1, 1], 4, "optimal").layers_per_stage == (2, 2, 1, 1)
     assert solve([1, 1, 1, 1, 1, 1], 4, "optimal", fill="back").layers_per_stage == (1, 1, 2, 2)
@@ -100,6 +113,15 @@ def test_greedy_hand_computed_with_variance_term() -> None:
     p = solve([2e6, 4e6, 2e6, 4e6, 2e6, 4e6], 3, "greedy")
     assert p.layers_per_stage == (2, 2, 2)
     assert p.stage_costs == (6e6, 6e6, 6e6)
+
+
+def test_greedy_variance_is_population_variance_over_devices_left() -> None:
+    # device 0: mean 19/3 = 6.333, var([2,5,1,3,3,5]) = 2.139, / 3 = 0.713 -> takes 2, 5 (7 < 7.046), not 1.
+    # device 1: mean 12/2 = 6, var([1,3,3,5]) = 2, / 2 = 1 -> takes 1, 3 (4 < 7), not 3 (7 is not < 7).
+    # (a sample variance gives (2, 3, 1), an undivided one (3, 2, 1), no variance term (1, 2, 3))
+    p = solve([2e6, 5e6, 1e6, 3e6, 3e6, 5e6], 3, "greedy")
+    assert p.layers_per_stage == (2, 2, 2)
+    assert p.stage_costs == (7e6, 4e6, 8e6)
 
 
 def test_greedy_frozen_prefix_goes_to_device_zero_priced_by_factor() -> None:
