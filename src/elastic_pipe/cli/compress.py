@@ -1,14 +1,13 @@
 """Find the smallest pipeline length that still fits after freezing.
 
-FILE holds the ACTIVE layers (the frozen prefix has left the pipeline), in the formats of ``elastic-pipe
-partition``: a JSON list of numbers, or {"layers": [...]} records (--metric picks the field: params for the halving
-rule, memory for the memory rule, unless told otherwise).
+FILE holds the ACTIVE layers (the frozen prefix has left the pipeline), in the formats of elastic-pipe partition:
+a JSON list of numbers, or {"layers": [...]} records, --metric picking the field (default: params for the halving
+rule, memory for the memory rule).
 
-Rules:
-  halving  (published) while K >= 2, partition over K/2 stages (with --solver, default greedy and its --unit);
-           if the largest stage is <= --budget (M0, the largest stage at the start, in the file's unit), halve K.
-  memory   the smallest K dividing --devices (default: --from) whose partition (--solver, default optimal) keeps
-           every stage within --budget (bytes; suffixes such as 16GiB are accepted).
+--rule halving (published): while K >= 2, partition over K/2 stages (with --solver, default greedy and its --unit);
+if the largest stage is within --budget (M0, the largest stage at the start, in the file's unit), halve K, else
+stop. --rule memory: the smallest K dividing --devices (default: --from) whose partition (--solver, default
+optimal) keeps every stage within --budget (bytes; suffixes such as 16GiB are accepted).
 
 Prints "pipe_len" and the partition; --json prints {"rule", "pipe_len", "partition": {...}, "tried": [...]}.
 """

@@ -1,12 +1,12 @@
 """Partition per-layer costs into K contiguous pipeline stages.
 
-FILE is JSON: either a list of numbers (one cost per layer, used as given; for the published ``greedy`` rule
-they are parameter counts, divided by --unit, default 1e6, before the rule runs), or
+FILE is JSON: either a list of numbers (one cost per layer, used as given; for the published greedy rule they
+are parameter counts, divided by --unit, default 1e6, before the rule runs), or
 {"layers": [{"name": ..., "params": ..., "forward": ..., "backward": ..., "activation_bytes": ...,
 "memory_bytes": ..., "frozen_forward": ..., "frozen_memory_bytes": ...}, ...]} (any subset of the fields;
---metric picks which one is partitioned). The first --frozen layers are frozen: ``greedy`` applies the published
+--metric picks which one is partitioned). The first --frozen layers are frozen: greedy applies the published
 rule (all on stage 0, priced by --frozen-factor); every other solver prices them by their measured frozen cost
-(records) or by --frozen-factor. ``graph`` treats the layers as a chain whose cuts cost activation_bytes /
+(records) or by --frozen-factor. graph treats the layers as a chain whose cuts cost activation_bytes /
 --bandwidth on both sides.
 
 --json prints {"solver", "layers_per_stage", "boundaries", "stage_costs" (in the input's unit), "bottleneck",
