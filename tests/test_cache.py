@@ -4,11 +4,14 @@ augmentation policies, and the pay-off decision."""
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from elastic_pipe.cache import (
@@ -353,3 +356,47 @@ def test_cuda_device_tier_and_pinned_host_reads(dirs: tuple[Path, Path]) -> None
     assert cache.extend(2, 3, lambda x: x * 2) == num
     assert torch.equal(cache.get(query, 3).values.cpu(), rows(query) * 2)
     cache.unlink()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    device_entries=st.integers(0, 6),
+    host_entries=st.integers(0, 6),
+    disk=st.booleans(),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "get", "drop"]), st.integers(1, 2), st.sets(st.integers(0, 19), max_size=8)),
+        max_size=12,
+    ),
+)
+def test_any_sequence_of_puts_gets_drops_matches_a_model(
+    device_entries: int, host_entries: int, disk: bool, ops: list[tuple[str, int, set[int]]]
+) -> None:
+    """Hits always return the value put for that id and boundary; an entry stays until its boundary is dropped;
+    the number of entries equals what puts report; no tier exceeds its budget."""
+    num = 20
+    with tempfile.TemporaryDirectory() as root:
+        cache = make(
+            (Path(root) / "shm", Path(root) / "disk"),
+            num,
+            device_budget=device_entries * ENTRY,
+            host_budget=file_budget(host_entries, num) if host_entries else 0,
+            disk_budget=file_budget(5, num, checksum=True) if disk else 0,
+        )
+        cached: dict[int, set[int]] = {1: set(), 2: set()}
+        for op, boundary, chosen in ops:
+            ids = torch.tensor(sorted(chosen), dtype=torch.int64)
+            values = rows(ids) + boundary  # a boundary's rows differ from the other's
+            if op == "put":
+                cache.put(ids, boundary, values)
+            elif op == "drop":
+                cache.drop(boundary)
+                cached[boundary] = set()
+            lookup = cache.get(ids, boundary)
+            hits = set(ids[lookup.hit].tolist())
+            assert torch.equal(lookup.values.reshape(-1, WIDTH), values[lookup.hit])
+            assert cached[boundary] & set(chosen) <= hits  # nothing is evicted
+            cached[boundary] |= hits
+        stats = cache.stats
+        assert sum(t.entries for t in stats.tiers) == sum(len(s) for s in cached.values())
+        assert all(t.used_bytes <= t.budget_bytes for t in stats.tiers)
+        cache.unlink()
