@@ -241,6 +241,9 @@ def test_every_solver_covers_contiguously_and_optimal_is_best(costs: list[float]
     stages = data.draw(st.integers(min_value=1, max_value=len(costs)))
     best = solve(costs, stages, "optimal")
     assert_contiguous_cover(best, costs, stages)
+    back = solve(costs, stages, "optimal", fill="back")
+    assert_contiguous_cover(back, costs, stages)
+    assert back.bottleneck == pytest.approx(best.bottleneck, rel=1e-12, abs=1e-9)
     for name in SOLVERS:
         try:
             p = solve(costs, stages, name)
