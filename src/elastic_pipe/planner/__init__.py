@@ -18,9 +18,11 @@ from __future__ import annotations
 from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec, parse_bytes
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
 from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.job import CACHE_TIERS, JobSpec
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
-from elastic_pipe.planner.plan import CACHE_TIERS, EpochPlan, JobSpec, Plan, make_plan
+from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.report import format_table, plan_to_dict, plot_throughput, plot_timeline
+from elastic_pipe.planner.result import EpochPlan, Plan
 from elastic_pipe.planner.step import Mode, StepBreakdown, StepPrediction, predict_step
 
 __all__ = [

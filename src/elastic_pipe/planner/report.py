@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_pipe.planner.errors import PlannerError
-from elastic_pipe.planner.plan import EpochPlan, Plan
+from elastic_pipe.planner.result import EpochPlan, Plan
 
 __all__ = ["format_table", "plan_to_dict", "plot_throughput", "plot_timeline"]
 

@@ -1,0 +1,87 @@
+"""The training job a plan is for: batch, length, freeze policy, layout choices, cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.schedule import GENERATORS
+
+__all__ = ["CACHE_TIERS", "INTERLEAVED_CHUNKS", "JobSpec"]
+
+#: Cache tiers, fastest first; ``auto`` takes the first whose capacity holds the replica's share.
+CACHE_TIERS = ("gpu", "host", "disk")
+#: Stages per rank for the interleaved schedule.
+INTERLEAVED_CHUNKS = 2
+
+
+def _default_policy_options() -> dict[str, Any]:
+    return {"alpha": 1 / 3}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The training job to plan.
+
+    Attributes:
+        global_batch: samples per optimizer step over all replicas (kept fixed as replicas change).
+        epochs: epochs to plan.
+        steps_per_epoch: optimizer steps per epoch.
+        policy: a freeze policy name of :data:`elastic_pipe.freeze.POLICIES` that decides from the epoch alone.
+        policy_options: the policy's keyword options (``alpha`` for ``alpha``).
+        frozen: an explicit frozen-unit count per epoch; overrides ``policy``.
+        pipe_len: the initial pipeline length; ``None`` takes the fastest layout that fits memory.
+        schedule: pipeline schedule kind ("1f1b", "gpipe", "zb1p", "interleaved").
+        microbatches: a fixed micro-batch count per step and replica; ``None`` searches ``[K, 6K]``.
+        cache: cache the frozen prefix's activations (where it pays).
+        cache_tier: "auto" or one of :data:`CACHE_TIERS`.
+        dataset_size: samples per epoch (for cache capacity); default ``global_batch * steps_per_epoch``.
+        transition_seconds: cost of one reshape (moving stages, rebuilding groups); published ~17 s, assumed 5 s.
+        solver: partition solver name.
+    """
+
+    global_batch: int
+    epochs: int
+    steps_per_epoch: int
+    policy: str = "alpha"
+    policy_options: Mapping[str, Any] = field(default_factory=_default_policy_options)
+    frozen: tuple[int, ...] | None = None
+    pipe_len: int | None = None
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    cache: bool = True
+    cache_tier: str = "auto"
+    dataset_size: int | None = None
+    transition_seconds: float = 5.0
+    solver: str = "optimal"
+
+    def __post_init__(self) -> None:
+        for key in ("global_batch", "epochs", "steps_per_epoch"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PlannerError(f"JobSpec.{key} must be an integer >= 1, got {value!r}")
+        for key in ("pipe_len", "microbatches", "dataset_size"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise PlannerError(f"JobSpec.{key} must be None or an integer >= 1, got {value!r}")
+        if self.schedule not in GENERATORS:
+            raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
+        if self.cache_tier not in ("auto", *CACHE_TIERS):
+            raise PlannerError(f"unknown cache tier {self.cache_tier!r}; expected one of {['auto', *CACHE_TIERS]}")
+        if not (math.isfinite(self.transition_seconds) and self.transition_seconds >= 0):
+            raise PlannerError(f"JobSpec.transition_seconds must be finite and >= 0, got {self.transition_seconds!r}")
+        if self.frozen is not None and len(self.frozen) != self.epochs:
+            raise PlannerError(f"JobSpec.frozen needs one count per epoch ({self.epochs}), got {self.frozen!r}")
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank the schedule needs."""
+        return INTERLEAVED_CHUNKS if self.schedule == "interleaved" else 1
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples the cache has to hold per boundary."""
+        return self.dataset_size if self.dataset_size is not None else self.global_batch * self.steps_per_epoch
