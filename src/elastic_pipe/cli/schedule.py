@@ -8,7 +8,7 @@ stages in all, stage s on rank s mod P (the looped placement of torch's interlea
 backward, default half of ``backward`` each), ``transfer`` (per hop) and ``overhead`` (host time per action).
 Without ``--costs`` a forward costs 1 and a backward 2 time units.
 
-Examples::
+Examples:
 
     elastic-pipe schedule --kind 1f1b --stages 4 --microbatches 8 --gantt 1f1b.png
     elastic-pipe schedule --kind interleaved --stages 4 --microbatches 8 --chunks 2 --json
@@ -34,6 +34,9 @@ _TEXT_ACTIONS = 24
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
     from elastic_pipe.schedule import GENERATORS  # noqa: PLC0415 (the CLI imports subcommands lazily)
+
+    # keep the module docstring's line breaks and examples in --help
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
     parser.add_argument("--kind", required=True, choices=sorted(GENERATORS), help="schedule generator")
     parser.add_argument("--stages", type=int, required=True, metavar="P", help="pipeline ranks (devices)")
