@@ -7,7 +7,7 @@ placement of torch's interleaved schedules). A generator refuses parameters it c
 
 GPipe (Huang et al. 2019): all forwards, then all backwards; every stage holds all ``m`` micro-batches::
 
-    rank 0: F0 F1 F2 F3 .. .. .. .. .. .. B0 B0 B1 B1 B2 B2 B3 B3
+    rank 0: F0 F1 F2 F3 .. .. .. .. .. .. .. .. .. B0 B0 B1 B1 B2 B2 B3 B3
     rank 3: .. .. .. F0 F1 F2 F3 B0 B0 B1 B1 B2 B2 B3 B3
 
 1F1B (PipeDream-Flush, Narayanan et al. 2021): ``p - r - 1`` warm-up forwards on rank ``r``, then one forward
@@ -118,13 +118,13 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> dict[int
 
     out: dict[int, list[Action]] = {}
     for rank in range(ranks):
-        # deep enough that the first backward of the last chunk finds its gradient already on the way
+        # fill every chunk but the last for one group of micro-batches, plus the round trip to the last rank,
+        # so that the steady state's first backward finds its gradient on the way (Megatron-LM's warm-up)
         warmup = min((ranks - rank - 1) * 2 + (chunks - 1) * ranks, total)
         acts: list[Action] = []
-        for k in range(total):
-            if k < warmup:
-                chunk, mb = order(k, backward=False)
-                acts.append(Action(chunk * ranks + rank, FWD, mb))
+        for k in range(warmup):
+            chunk, mb = order(k, backward=False)
+            acts.append(Action(chunk * ranks + rank, FWD, mb))
         for j in range(total - warmup):
             chunk, mb = order(warmup + j, backward=False)
             acts.append(Action(chunk * ranks + rank, FWD, mb))
