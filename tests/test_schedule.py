@@ -141,6 +141,12 @@ def test_validator_names_the_problem(actions: dict[str, list[str]], message: str
         validate(_text(actions))
 
 
+def test_validator_rejects_non_actions() -> None:
+    bad = Schedule("x", 1, 1, 1, {0: ("0F0", Action(0, ActionKind.B, 0))})  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match=r"rank 0 action #0 is '0F0': expected an Action"):
+        validate(bad)
+
+
 def test_validator_detects_deadlock() -> None:
     # rank 0 waits for 0B0 (needs 1B0) before it sends 0F1; rank 1 wants 1F1 before 1B0
     actions = {"0": ["0F0", "0B0", "0F1", "0B1"], "1": ["1F0", "1F1", "1B0", "1B1"]}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from elastic_pipe.schedule.engine import KIND_CODE, run
 from elastic_pipe.schedule.errors import ScheduleError
-from elastic_pipe.schedule.ir import ActionKind, Schedule
+from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
 
 __all__ = ["validate"]
 
@@ -37,6 +37,10 @@ def check_structure(schedule: Schedule) -> None:
     position = {kind: [-1] * (num_stages * mbs) for kind in ActionKind}
     for rank, acts in schedule.actions.items():
         for index, action in enumerate(acts):
+            if not isinstance(action, Action):
+                raise ScheduleError(
+                    f"rank {rank} action #{index} is {action!r}: expected an Action (Action.parse('2F0'))"
+                )
             if action.stage >= num_stages or action.microbatch >= mbs:
                 raise ScheduleError(
                     f"rank {rank} action #{index} {action} is out of range: stages 0..{num_stages - 1}, "
