@@ -135,7 +135,7 @@ class FileTier:
 
     def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
         """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files."""
-        others = sum(p.stat().st_size for p in self._files() if p != self.path(boundary))
+        others = self.used_bytes(excluding=self.path(boundary))
         layout = SegmentLayout.fitting(self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum)
         if layout.capacity == 0:
             return None
@@ -182,10 +182,13 @@ class FileTier:
                 found.append(int(tail))
         return sorted(found)
 
-    def used_bytes(self) -> int:
-        """Bytes of every segment file of the cache name (logical size: tmpfs allocates pages when touched)."""
+    def used_bytes(self, excluding: Path | None = None) -> int:
+        """Bytes of every segment file of the cache name but ``excluding`` (logical size: tmpfs allocates pages
+        when they are first touched)."""
         total = 0
         for p in self._files():
+            if p == excluding:
+                continue
             try:
                 total += p.stat().st_size
             except FileNotFoundError:
