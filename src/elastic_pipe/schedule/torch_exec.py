@@ -4,7 +4,8 @@ torch executes a custom per-rank action list through its schedule runtime: the c
 in the same "2F0" text form as ours) are lowered by torch itself into lists with the matching SEND/RECV actions,
 then ``step()`` runs this rank's list. That runtime class (``_PipelineScheduleRuntime``) and its lowering
 method are private in torch, so this module is the only place that touches them; everything else in the package
-is torch-free. The private surface used, present from torch 2.6 through at least 2.13:
+is torch-free. The private surface used (checked on torch 2.11 and 2.13; torch's own interleaved and zero-bubble
+schedules are built on it):
 
 * ``torch.distributed.pipelining.schedules._PipelineScheduleRuntime(stages, n_microbatches, loss_fn=...,
   scale_grads=...)``, the base class of torch's own interleaved and zero-bubble schedules;
@@ -12,7 +13,8 @@ is torch-free. The private surface used, present from torch 2.6 through at least
 * ``_prepare_schedule_with_comms(actions)`` (named ``_load_actions`` in older releases) to lower and load them.
 
 The gloo test in tests/test_schedule_exec.py checks, for every generator, that a pipelined step gives the same
-gradients as the unpipelined model; it is the guard for a torch upgrade.
+gradients as the unpipelined model; it is the guard for a torch upgrade (examples/schedule_torchrun.py --check
+does the same over NCCL).
 """
 
 from __future__ import annotations
