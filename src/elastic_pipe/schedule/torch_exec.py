@@ -20,12 +20,13 @@ does the same over NCCL).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from elastic_pipe.schedule.errors import ScheduleError
 from elastic_pipe.schedule.ir import Schedule
+
+if TYPE_CHECKING:  # torch is imported only when a schedule is lowered, so the rest of the package stays light
+    import torch
 
 __all__ = ["torch_actions", "torch_schedule"]
 
