@@ -1,0 +1,467 @@
+"""GPU benchmark: elastic pipelining vs the static baselines users run today, every arm in one run.
+
+Run on a machine with 2 GPUs (or, with ``--tiny``, on the CPU with gloo to check the script)::
+
+    torchrun --nproc-per-node 2 benchmarks/gpu/bench_elastic_gpu.py --out benchmarks/results
+    torchrun --nproc-per-node 2 benchmarks/gpu/bench_elastic_gpu.py --tiny --out /tmp/bench   # CPU smoke run
+
+Workloads (the same global batch and freeze schedule - alpha = 1/3 per epoch, 10 short epochs - in every arm):
+
+* ``vit``: ViT-B/16 on 224x224 inputs. It fits one GPU, so a user's static choice is DDP, or a 2-stage
+  pipeline + DDP (the published baseline); the elastic arms start from DDP, exactly as a user's run would.
+* ``gpt``: a GPT-style decoder whose training, on the emulated smaller GPU, needs a 2-stage pipeline at the start
+  but fits one GPU once half its blocks are frozen. The emulation is a declared per-GPU memory budget checked
+  against each arm's measured peak (``torch.cuda.max_memory_allocated``): arms whose peak exceeds it (plain DDP)
+  are reported but excluded from "best static". It is not enforced with ``set_per_process_memory_fraction``,
+  so that one call measures every arm; the report says so.
+
+Arms per workload: static DDP, static 2-stage pipeline (GPipe and 1F1B at several micro-batch counts; the best is
+"the" pipeline baseline), freezing only (no reshaping), elastic without cache, elastic with cache. Static arms
+keep one layout for the whole run, so they are measured for ``--static-epochs`` epochs and their per-epoch time
+is extrapolated to the run's epochs; the freezing arms run every epoch.
+
+Also measured: per-sub-layer forward/backward times (partition profiler) -> the ideal speedup the freeze schedule
+allows with a cache, and each arm's fraction of it; the planner's prediction beside each measurement; accuracy
+of the elastic arm vs the DDP baseline on a real dataset (scikit-learn's digits upscaled to 224x224).
+
+Rank 0 writes ``<out>/gpu_<device>.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from elastic_pipe import freeze, models, partition, planner
+from elastic_pipe.orchestrator import TrainConfig, run_rank
+from elastic_pipe.orchestrator.workload import Split
+
+ALPHA = 1 / 3
+EPOCHS = 10
+
+
+def log(msg: str) -> None:
+    if dist.get_rank() == 0:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------- workloads
+def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
+    """Model factory, samples and batch settings of one workload."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    if name == "vit":
+        preset = {"config": "vit-tiny"} if tiny else {"config": "vit-b16"}
+        global_batch, steps, micro = (32, 3, 4) if tiny else (512, 10, 8)
+        probe = models.vit(**preset)
+        c = probe.config if hasattr(probe, "config") else None
+        shape = (3, 224, 224) if not tiny else (1, 8, 8)
+        n = global_batch * steps
+        n_total = math.ceil(n / 0.95) + 1
+        inputs = torch.randn((n_total, *shape), generator=gen)
+        labels = torch.randint(0, 10 if tiny else 1000, (n_total,), generator=gen)
+        del probe, c
+        return {
+            "build": lambda: models.vit(**preset),
+            "samples": Split(inputs.to(device), labels.to(device), torch.arange(n_total, device=device)),
+            "global_batch": global_batch,
+            "microbatches": micro,
+            "initial_pipe_len": 1,  # fits one GPU: the user's run starts from DDP
+            "loss": None,
+        }
+    if name == "gpt":
+        preset = {"config": "gpt-tiny"} if tiny else {"config": "gpt2-medium", "max_positions": 256}
+        global_batch, steps, micro = (32, 3, 4) if tiny else (64, 10, 8)
+        seq = 16 if tiny else 256
+        vocab = 64 if tiny else 50257
+        n = global_batch * steps
+        n_total = math.ceil(n / 0.95) + 1
+        tokens = torch.randint(0, vocab, (n_total, seq + 1), generator=gen)
+        return {
+            "build": lambda: models.gpt_decoder(**preset),
+            "samples": Split(
+                tokens[:, :-1].contiguous().to(device),
+                tokens[:, 1:].contiguous().to(device),
+                torch.arange(n_total, device=device),
+            ),
+            "global_batch": global_batch,
+            "microbatches": micro,
+            "initial_pipe_len": 2,  # does not fit the emulated GPU: the user's run starts as a 2-stage pipeline
+            "loss": None,
+        }
+    raise SystemExit(f"unknown workload {name!r}")
+
+
+def digits_224(device: torch.device, tiny: bool) -> Split:
+    """scikit-learn's digits (1,797 real 8x8 images), upscaled to the ViT-B/16 input size, 3 channels."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    if not tiny:
+        x = F.interpolate(x, size=(224, 224), mode="nearest").expand(-1, 3, -1, -1).contiguous()
+    y = torch.tensor(d.target, dtype=torch.long)
+    return Split(x.to(device), y.to(device), torch.arange(len(y), device=device))
+
+
+# -------------------------------------------------------------------------------------------------------- arms
+def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, dict[str, Any]]:
+    k0 = w["initial_pipe_len"]
+    common: dict[str, Any] = {
+        "model": "vit",
+        "epochs": EPOCHS,
+        "global_batch": w["global_batch"],
+        "optimizer": "adamw",
+        "lr": 3e-4,
+        "eval_fraction": 0.05,
+        "autocast": "none" if tiny else "bf16",
+        "nproc_per_node": 2,
+        "progress": False,
+        "microbatches": w["microbatches"],
+        "schedule": "1f1b",
+        "solver": "greedy",
+    }
+    alpha = {"policy": "alpha", "policy_options": {"alpha": ALPHA}}
+    never = {"policy": "never", "compression": "none", "cache": "off", "epochs": static_epochs}
+    arms: dict[str, dict[str, Any]] = {"static_ddp": {**common, **never, "pipe_len": 1}}
+    for kind in ("gpipe", "1f1b"):
+        for m in (2, 4, 8):
+            if w["global_batch"] % (2 * m) == 0 and m >= 2:
+                arms[f"static_pipe2_{kind}_m{m}"] = {
+                    **common,
+                    **never,
+                    "pipe_len": 2,
+                    "schedule": kind,
+                    "microbatches": m,
+                }
+    arms["freeze_only"] = {**common, **alpha, "pipe_len": k0, "compression": "none", "cache": "off"}
+    arms["elastic_nocache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "off"}
+    arms["elastic_cache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "on"}
+    return arms
+
+
+def run_arm(name: str, cfg: dict[str, Any], w: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    model = w["build"]()
+    config = TrainConfig(**cfg)  # the model itself is passed in; the name only labels it
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    dist.barrier()
+    t0 = time.perf_counter()
+    try:
+        result = run_rank(config, model=model, samples=w["samples"], quiet=True).to_dict()
+    except Exception as exc:  # one failing arm must not lose the others' numbers
+        log(f"arm {name} failed: {type(exc).__name__}: {exc}")
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    wall = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    peaks = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64), group=_cpu_group())
+    epochs = result["epochs"]
+    out = {
+        "config": {k: v for k, v in cfg.items() if k != "model"},
+        "wall_seconds": wall,
+        "train_seconds": sum(e["seconds"] for e in epochs),
+        "epoch_seconds": [e["seconds"] for e in epochs],
+        "samples_per_s": [e["samples_per_s"] for e in epochs],
+        "pipe_len": [e["pipe_len"] for e in epochs],
+        "replicas": [e["replicas"] for e in epochs],
+        "frozen_units": [e["frozen_units"] for e in epochs],
+        "cache": [e.get("cache") for e in epochs],
+        "breakdown": [
+            {k: e.get(k) for k in ("data_s", "forward_s", "backward_s", "grad_sync_s", "optimizer_s")} for e in epochs
+        ],
+        "transitions": result["transitions"],
+        "transition_seconds": [t.get("seconds") for t in result["transitions"]],
+        "final_accuracy": result["final_accuracy"],
+        "peak_memory_bytes": max(p.item() for p in peaks),
+        "losses_first_last": [result["losses"][0], result["losses"][-1]] if result["losses"] else None,
+    }
+    log(
+        f"{name}: {out['train_seconds']:.2f} s train, K={out['pipe_len']}, R={out['replicas']}, "
+        f"peak {out['peak_memory_bytes'] / 2**30:.1f} GiB"
+    )
+    return out
+
+
+@functools.cache
+def _cpu_group() -> Any:
+    """A gloo group for the benchmark's own small CPU collectives (created once, on every rank)."""
+    return dist.new_group(backend="gloo")
+
+
+_START = time.monotonic()
+
+
+def time_left(deadline: float) -> bool:
+    """Rank 0's verdict, shared by every rank (so that no rank enters an arm the others skip)."""
+    flag = torch.tensor([1.0 if time.monotonic() - _START < deadline else 0.0], dtype=torch.float64)
+    dist.broadcast(flag, src=0, group=_cpu_group())
+    return bool(flag.item())
+
+
+def write_report(report: dict[str, Any], out: Path, tag: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"gpu_{tag}.json"
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+def run_time(arm: dict[str, Any], epochs: int) -> float:
+    """Training seconds over ``epochs``; static arms (measured on fewer epochs) are extrapolated per epoch."""
+    secs = arm["epoch_seconds"]
+    if len(secs) >= epochs:
+        return float(sum(secs[:epochs]))
+    steady = secs[1:] if len(secs) > 1 else secs  # the first epoch carries warm-up
+    return float(sum(steady) / len(steady) * epochs)
+
+
+# ----------------------------------------------------------------------------------------------- ideal speedup
+def ideal_speedup(build: Any, example: torch.Tensor, device: torch.device, autocast: bool) -> dict[str, Any]:
+    """From measured per-sub-layer costs: full forward+backward vs the active layers' plus a cache read per epoch."""
+    model = build().to(device)
+    layers = list(model.named_sublayers()) if hasattr(model, "named_sublayers") else list(model.named_children())
+    ctx = torch.autocast(device.type, dtype=torch.bfloat16) if autocast else torch.autocast(device.type, enabled=False)
+    with ctx:
+        costs = partition.profile_layers(layers, example, repeats=5, warmup=3)
+    unit_ends = model.unit_ends
+    train = [c.forward + c.backward for c in costs]
+    full = sum(train)
+    policy = freeze.AlphaSchedule(len(unit_ends), ALPHA)
+    frozen_units = [policy.propose(e, 0, 0) for e in range(EPOCHS)]
+    # A cache read in device memory moves the boundary activation once (bandwidth measured by a copy below).
+    copy_bw = _device_copy_bandwidth(device)
+    per_epoch = []
+    for f in frozen_units:
+        start = 0 if f == 0 else unit_ends[f - 1]
+        read = 0.0 if f == 0 else costs[start - 1].activation_bytes / copy_bw
+        per_epoch.append(sum(train[start:]) + read)
+    return {
+        "frozen_units_by_epoch": frozen_units,
+        "sublayer_train_seconds": train,
+        "full_step_compute_s": full,
+        "relative_step_cost": [p / full for p in per_epoch],
+        "ideal_speedup": EPOCHS * full / sum(per_epoch),
+        "copy_bandwidth_bytes_per_s": copy_bw,
+    }
+
+
+def _device_copy_bandwidth(device: torch.device) -> float:
+    if device.type != "cuda":
+        return 1e10
+    a = torch.empty(256 * 2**20, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * a.numel() * 10 / (time.perf_counter() - t)
+
+
+# ------------------------------------------------------------------------------------------------------ planner
+def planner_prediction(model_name: str, w: dict[str, Any], steps: int, pipe_len: int | None) -> dict[str, Any]:
+    try:
+        cluster = planner.ClusterSpec(gpus=2, gpus_per_node=2)
+        job = planner.JobSpec(
+            global_batch=w["global_batch"],
+            epochs=EPOCHS,
+            steps_per_epoch=steps,
+            policy_options={"alpha": ALPHA},
+            pipe_len=pipe_len,
+            microbatches=w["microbatches"],
+            transition_seconds=0.5,
+        )
+        return planner.plan_to_dict(planner.plan_model(model_name, cluster, job))
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+# --------------------------------------------------------------------------------------------------------- main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--tiny", action="store_true", help="tiny models on CPU/gloo: checks the script, not speed")
+    ap.add_argument("--workloads", default="vit,gpt")
+    ap.add_argument("--static-epochs", type=int, default=3)
+    ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--deadline", type=float, default=480.0, help="seconds after which remaining arms are skipped")
+    ap.add_argument("--budget-gib", type=float, default=0.0, help="emulated per-GPU memory budget for gpt (0: auto)")
+    args = ap.parse_args()
+
+    use_cuda = torch.cuda.is_available() and not args.tiny
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=datetime.timedelta(seconds=600))
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
+    rank = dist.get_rank()
+    tag = "tiny_cpu" if args.tiny else torch.cuda.get_device_name(device).replace(" ", "_").lower()
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+        "gpus": dist.get_world_size(),
+        "torch": torch.__version__,
+        "epochs": EPOCHS,
+        "alpha": ALPHA,
+        "workloads": {},
+    }
+    try:
+        for wname in args.workloads.split(","):
+            w = workload(wname, args.tiny, device)
+            steps = (len(w["samples"].sample_ids) - 1) // w["global_batch"]
+            arms = arm_configs(w, args.tiny, args.static_epochs)
+            if rank == 0:
+                log(f"== {wname}: {len(arms)} arms, global batch {w['global_batch']}, ~{steps} steps/epoch")
+            # warm-up: kernels, autotuning, allocator (discarded)
+            run_arm("warmup", {**arms["static_ddp"], "epochs": 1}, w, device)
+            results = {}
+            for name, cfg in arms.items():
+                if not time_left(args.deadline):
+                    results[name] = {"error": "skipped: out of time"}
+                    continue
+                results[name] = run_arm(name, cfg, w, device)
+            example = w["samples"].inputs[: w["global_batch"] // 2]
+            ideal = ideal_speedup(w["build"], example, device, autocast=use_cuda) if rank == 0 else {}
+            report["workloads"][wname] = summarise(
+                wname=wname, w=w, results=results, ideal=ideal, args=args, steps=steps
+            )
+            if rank == 0:
+                write_report(report, Path(args.out), tag)
+            del w
+            if use_cuda:
+                torch.cuda.empty_cache()
+        if not args.skip_accuracy and time_left(args.deadline):
+            report["accuracy"] = accuracy_runs(device, args.tiny)
+    finally:
+        if rank == 0:
+            path = write_report(report, Path(args.out), tag)
+            print_table(report)
+            log(f"wrote {path}")
+        dist.destroy_process_group()
+    return 0
+
+
+def summarise(
+    *, wname: str, w: dict[str, Any], results: dict[str, Any], ideal: dict[str, Any], args: Any, steps: int
+) -> dict[str, Any]:
+    ok = {k: v for k, v in results.items() if "error" not in v}
+    times = {k: run_time(v, EPOCHS) for k, v in ok.items()}
+    budget = args.budget_gib * 2**30
+    emulation = None
+    if wname == "gpt" and budget == 0 and "static_ddp" in ok:
+        # The emulated smaller GPU: halfway between the largest peak of every other arm and plain DDP's peak, so
+        # that DDP does not fit and every pipelined or elastic arm does (checked, and said, in the report).
+        ddp_peak = ok["static_ddp"]["peak_memory_bytes"]
+        others = max(v["peak_memory_bytes"] for k, v in ok.items() if k != "static_ddp")
+        budget = (ddp_peak + others) / 2
+        emulation = {"ddp_peak": ddp_peak, "largest_other_peak": others, "separates": ddp_peak > others}
+    fits = {k: (budget == 0 or v["peak_memory_bytes"] <= budget) for k, v in ok.items()}
+    static = {k: t for k, t in times.items() if k.startswith("static") and fits[k]}
+    best_static = min(static, key=lambda k: static[k]) if static else None
+    pipes = {k: t for k, t in static.items() if k.startswith("static_pipe2")}
+    best_pipe = min(pipes, key=lambda k: pipes[k]) if pipes else None
+    base = static[best_static] if best_static else math.nan
+    speedups = {k: base / t for k, t in times.items()}
+    ideal_x = ideal.get("ideal_speedup", math.nan)
+    planner_name = "vit-b16" if wname == "vit" else "gpt2-medium"
+    return {
+        "baseline": best_static,
+        "best_pipeline_baseline": best_pipe,
+        "memory_budget_bytes": budget or None,
+        "memory_emulation": emulation,
+        "fits_budget": fits,
+        "steps_per_epoch": steps,
+        "run_seconds": times,
+        "speedup_over_baseline": speedups,
+        "speedup_elastic_cache": speedups.get("elastic_cache"),
+        "ideal_speedup": ideal_x,
+        "fraction_of_ideal": {
+            k: s / ideal_x for k, s in speedups.items() if k in ("freeze_only", "elastic_nocache", "elastic_cache")
+        },
+        "transition_seconds": [
+            s for t in ok.get("elastic_cache", {}).get("transitions", []) for s in [t.get("seconds")]
+        ],
+        "ideal": ideal,
+        "arms": results,
+        "planner": planner_prediction(planner_name, w, steps, None if wname == "vit" else 2),
+    }
+
+
+def accuracy_runs(device: torch.device, tiny: bool) -> dict[str, Any]:
+    """Accuracy after the same epochs on a real dataset: DDP baseline vs the elastic arm with cache."""
+    data = digits_224(device, tiny)
+    preset = {"config": "vit-tiny"} if tiny else {"config": "vit-b16", "num_classes": 10}
+    w = {"build": lambda: models.vit(**preset), "samples": data}
+    common: dict[str, Any] = {
+        "model": "vit",
+        "epochs": EPOCHS,
+        "global_batch": 64,
+        "optimizer": "adamw",
+        "lr": 1e-4,
+        "warmup_steps": 20,
+        "lr_schedule": "cosine",
+        "eval_fraction": 0.2,
+        "nproc_per_node": 2,
+        "progress": False,
+        "microbatches": 4,
+        "solver": "greedy",
+        "autocast": "none" if tiny else "bf16",
+    }
+    out = {}
+    for name, extra in (
+        ("static_ddp", {"policy": "never", "compression": "none", "cache": "off", "pipe_len": 1}),
+        (
+            "elastic_cache",
+            {
+                "policy": "alpha",
+                "policy_options": {"alpha": ALPHA},
+                "compression": "halving",
+                "cache": "on",
+                "pipe_len": 1,
+            },
+        ),
+    ):
+        r = run_arm(f"accuracy/{name}", {**common, **extra}, w, device)
+        out[name] = {k: r.get(k) for k in ("final_accuracy", "train_seconds", "error")}
+    return out
+
+
+def print_table(report: dict[str, Any]) -> None:
+    for wname, s in report["workloads"].items():
+        print(
+            f"\n{wname} on {report['gpus']}x {report['device']}: baseline {s['baseline']}, "
+            f"ideal {s['ideal_speedup']:.2f}x"
+        )
+        print(f"{'arm':28s} {'run s':>8s} {'speedup':>8s} {'peak GiB':>9s}  K by epoch")
+        for name, arm in s["arms"].items():
+            if "error" in arm:
+                print(f"{name:28s} ERROR {arm['error'][:80]}")
+                continue
+            print(
+                f"{name:28s} {s['run_seconds'][name]:8.2f} {s['speedup_over_baseline'][name]:7.2f}x "
+                f"{arm['peak_memory_bytes'] / 2**30:9.1f}  {arm['pipe_len']}"
+            )
+        print(f"transitions (s): {s['transition_seconds']}")
+    if "accuracy" in report:
+        print(f"accuracy: {json.dumps(report['accuracy'])}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
