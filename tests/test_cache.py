@@ -48,6 +48,15 @@ def make(dirs: tuple[Path, Path], num_samples: int = 100, **kw: object) -> Activ
     return ActivationCache(num_samples, host_dir=host, disk_dir=disk, **kw)  # type: ignore[arg-type]
 
 
+def test_prefetch_on_cpu_is_an_immediate_get(dirs: tuple[Path, Path]) -> None:
+    cache = make(dirs, device_budget=1 << 20)
+    cache.put(torch.arange(4), 1, rows(torch.arange(4)))
+    lookup = cache.prefetch(torch.tensor([3, 9, 0]), 1).result()
+    assert lookup.hit.tolist() == [True, False, True]
+    assert torch.equal(lookup.values, rows(torch.tensor([3, 0])))
+    assert (cache.stats.hits, cache.stats.misses) == (2, 1)
+
+
 def test_hit_and_miss_counts(dirs: tuple[Path, Path]) -> None:
     cache = make(dirs, device_budget=1 << 20)
     assert cache.put(torch.arange(10), 3, rows(torch.arange(10))) == 10
@@ -353,6 +362,8 @@ def test_cuda_device_tier_and_pinned_host_reads(dirs: tuple[Path, Path]) -> None
     lookup = cache.get(query, 2)
     assert lookup.values.device.type == "cuda" and lookup.num_hits == num
     assert torch.equal(lookup.values.cpu(), rows(query))
+    pending = cache.prefetch(query, 2)  # side-stream copies, handed over without a host sync
+    assert torch.equal(pending.result().values.cpu(), rows(query))
     assert cache.extend(2, 3, lambda x: x * 2) == num
     assert torch.equal(cache.get(query, 3).values.cpu(), rows(query) * 2)
     cache.unlink()

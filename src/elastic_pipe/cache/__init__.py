@@ -6,11 +6,12 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
-from elastic_pipe.cache.cache import ActivationCache, CacheLookup, CacheStats, TierStats
+from elastic_pipe.cache.cache import ActivationCache
 from elastic_pipe.cache.config import Augmentation, CacheConfig, OnRandomAugmentation
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.payoff import measure_payoff
+from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 
 __all__ = [
     "ActivationCache",
@@ -21,6 +22,7 @@ __all__ = [
     "CacheLookup",
     "CacheStats",
     "OnRandomAugmentation",
+    "PendingLookup",
     "TierStats",
     "decide",
     "measure_payoff",

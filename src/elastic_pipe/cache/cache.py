@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,126 +32,16 @@ from elastic_pipe.cache.config import (
     parse_choice,
 )
 from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.segments import Segment, ShapeChangedError
 from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier
 
-__all__ = ["ActivationCache", "CacheLookup", "CacheStats", "TierStats"]
+__all__ = ["ActivationCache"]
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 
 #: Entries transformed per chunk by :meth:`ActivationCache.extend` (bounds its extra memory).
 DEFAULT_EXTEND_BATCH = 256
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLookup:
-    """The answer to one batched read.
-
-    Attributes:
-        sample_ids: the ids asked for (CPU, int64).
-        hit: bool mask over ``sample_ids``.
-        values: the cached outputs of the hits, in the order of ``sample_ids[hit]``, on the cache's device.
-    """
-
-    sample_ids: torch.Tensor
-    hit: torch.Tensor
-    values: torch.Tensor
-
-    @property
-    def num_hits(self) -> int:
-        """Number of ids served from the cache."""
-        return int(self.hit.sum())
-
-    @property
-    def missing_ids(self) -> torch.Tensor:
-        """Ids to recompute."""
-        return self.sample_ids[~self.hit]
-
-    def merge(self, computed: torch.Tensor) -> torch.Tensor:
-        """The whole batch: cached rows for hits, ``computed`` (the misses, in order) for the rest.
-
-        Raises:
-            CacheError: ``computed`` has the wrong number of rows or a shape different from the cached rows.
-        """
-        misses = self.sample_ids.numel() - self.num_hits
-        if computed.shape[0] != misses:
-            raise CacheError(f"merge needs {misses} computed rows (one per miss), got {computed.shape[0]}")
-        if misses == 0:
-            return self.values
-        if self.num_hits == 0:
-            return computed
-        if computed.shape[1:] != self.values.shape[1:] or computed.dtype != self.values.dtype:
-            raise CacheError(
-                f"computed rows are {tuple(computed.shape[1:])} {computed.dtype}, cached rows "
-                f"{tuple(self.values.shape[1:])} {self.values.dtype}; expected the same"
-            )
-        out = torch.empty((self.sample_ids.numel(), *computed.shape[1:]), dtype=computed.dtype, device=computed.device)
-        hit = self.hit.to(computed.device)
-        out[hit] = self.values.to(computed.device)
-        out[~hit] = computed
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class TierStats:
-    """One tier's state as this process sees it.
-
-    Attributes:
-        name: ``"device"``, ``"host"`` or ``"disk"``.
-        budget_bytes: the tier's budget.
-        used_bytes: bytes its segments reserve (for file tiers: every process's files of this cache name).
-        entries: valid entries over all boundaries.
-        hits: ids this process was served from the tier.
-    """
-
-    name: str
-    budget_bytes: int
-    used_bytes: int
-    entries: int
-    hits: int
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """Counters of this process since the cache was built (or :meth:`ActivationCache.reset_stats`).
-
-    Attributes:
-        hits: ids served from some tier.
-        misses: ids found in no tier (or bypassed).
-        stored: entries newly written.
-        rejected: ids a put could place in no tier (all budgets full).
-        corrupt: entries that failed verification and were reported as misses.
-        tiers: per-tier state, device first.
-    """
-
-    hits: int
-    misses: int
-    stored: int
-    rejected: int
-    corrupt: int
-    tiers: tuple[TierStats, ...]
-
-    @property
-    def hit_rate(self) -> float:
-        """Hits over lookups (0 when nothing was looked up)."""
-        total = self.hits + self.misses
-        return self.hits / total if total else 0.0
-
-    def to_dict(self) -> dict[str, object]:
-        """Plain JSON-ready form."""
-        return {
-            "hits": self.hits,
-            "misses": self.misses,
-            "stored": self.stored,
-            "rejected": self.rejected,
-            "corrupt": self.corrupt,
-            "hit_rate": self.hit_rate,
-            "tiers": [
-                {"name": t.name, "budget_bytes": t.budget_bytes, "used_bytes": t.used_bytes, "entries": t.entries}
-                | {"hits": t.hits}
-                for t in self.tiers
-            ],
-        }
 
 
 class ActivationCache:
@@ -256,6 +145,7 @@ class ActivationCache:
                 )
             )
         self._tiers = tiers
+        self._side_stream: torch.cuda.Stream | None = None
         self.reset_stats()
 
     # ------------------------------------------------------------------------------------------------ keys
@@ -343,6 +233,31 @@ class ActivationCache:
         for positions, rows in parts:
             values[rank[positions].to(self.device)] = rows
         return CacheLookup(ids, hit, values)
+
+    def prefetch(self, sample_ids: torch.Tensor, boundary: int) -> PendingLookup:
+        """Start a lookup now, use it later: on a GPU the host-to-device copies run on a side stream and overlap
+        the current step (the host-side gather into a pinned buffer still happens here).
+
+        Example::
+
+            pending = cache.prefetch(next_ids, boundary)   # before this step's compute
+            ...                                            # this step
+            lookup = pending.result()                      # next step: no host synchronization
+
+        Returns:
+            A handle whose ``result()`` is the :class:`CacheLookup`; counters are updated at once.
+        """
+        if self.device.type != "cuda":
+            return PendingLookup(self.get(sample_ids, boundary))
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]  # torch stub
+        side = self._side_stream
+        side.wait_stream(torch.cuda.current_stream(self.device))  # see every write queued before the call
+        with torch.cuda.stream(side):
+            lookup = self.get(sample_ids, boundary)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stub
+            event.record(side)
+        return PendingLookup(lookup, event)
 
     # ------------------------------------------------------------------------------------------------ write
     def put(self, sample_ids: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
