@@ -11,9 +11,10 @@ docs/planner.md prints both tables.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +24,7 @@ from elastic_pipe.planner.cluster import ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price
 from elastic_pipe.planner.models import model_config, model_work
 from elastic_pipe.planner.step import Mode, predict_step
+from elastic_pipe.types import LayerCost
 
 __all__ = [
     "CALIBRATION_TOLERANCE",
@@ -210,10 +212,11 @@ def cpu_model(blocks: int, width: int, *, seed: int = 0) -> list[tuple[str, torc
 def _measure_step(
     layers: Sequence[tuple[str, torch.nn.Module]], x: torch.Tensor, frozen_layers: int, repeats: int
 ) -> float:
-    """Fastest wall time of forward + loss + backward with the first ``frozen_layers`` layers frozen (no_grad).
+    """Fastest forward + loss + backward with the first ``frozen_layers`` layers frozen (no_grad), in seconds.
 
-    The fastest run, not the median: on a shared machine a whole step is likelier to be preempted than the short
-    per-layer runs the profiler times, and the fastest run is the least disturbed one.
+    Timed with this thread's CPU clock (torch runs single-threaded here, so that is its compute time) and the
+    fastest run kept: on a shared machine a whole step is likelier to be preempted than the short per-layer runs
+    the profiler times, and neither the preemption nor other processes' work should count.
     """
     modules = [m for _, m in layers]
     for i, m in enumerate(modules):
@@ -221,7 +224,7 @@ def _measure_step(
     target = torch.zeros(x.shape[0], dtype=torch.long)
     times = []
     for _ in range(repeats + 2):
-        start = time.perf_counter()
+        start = time.thread_time()
         h = x
         with torch.no_grad():
             for m in modules[:frozen_layers]:
@@ -230,7 +233,7 @@ def _measure_step(
             h = m(h)
         loss = torch.nn.functional.cross_entropy(h, target)
         torch.autograd.backward(loss)
-        times.append(time.perf_counter() - start)
+        times.append(time.thread_time() - start)
         for m in modules:
             m.zero_grad(set_to_none=True)
     for m in modules:
@@ -238,12 +241,37 @@ def _measure_step(
     return min(times[2:])
 
 
+def _median_profile(rounds: Sequence[Sequence[LayerCost]]) -> list[LayerCost]:
+    """Per layer, the median of several profiling rounds: one disturbed round cannot move it, and unlike the
+    fastest round it does not add up every layer's luckiest run (sizes are the same in every round)."""
+    out = []
+    for versions in zip(*rounds, strict=True):
+        frozen = [v.frozen_forward for v in versions if v.frozen_forward is not None]
+        out.append(
+            replace(
+                versions[0],
+                forward=statistics.median(v.forward for v in versions),
+                backward=statistics.median(v.backward for v in versions),
+                frozen_forward=statistics.median(frozen) if frozen else None,
+            )
+        )
+    return out
+
+
 def cpu_calibration(
-    *, blocks: int = 6, width: int = 256, batch: int = 64, frozen: Sequence[int] = (0, 3), repeats: int = 7
+    *,
+    blocks: int = 6,
+    width: int = 256,
+    batch: int = 64,
+    frozen: Sequence[int] = (0, 3),
+    repeats: int = 7,
+    rounds: int = 3,
 ) -> list[CalibrationRow]:
     """Profile a small model on the CPU, predict its step with ``frozen`` leading units, and measure it.
 
-    The per-layer costs come from :func:`elastic_pipe.partition.profile_layers`; the prediction is the planner's
+    The per-layer costs come from :func:`elastic_pipe.partition.profile_layers`, run ``rounds`` times with the
+    median round kept per layer (one profile is still hit when other work holds the core for a while); the
+    step is timed on this thread's CPU clock, fastest of ``repeats``; the prediction is the planner's
     one-device step (compute only: the measured step runs no optimizer). Unit 0 is the embedding with the first
     block, as in the package's models. Runs single-threaded and restores the thread count.
 
@@ -255,7 +283,7 @@ def cpu_calibration(
     try:
         layers = cpu_model(blocks, width)
         x = torch.randn(batch, CPU_INPUT_FEATURES, generator=torch.Generator().manual_seed(1))
-        records = profile_layers(layers, x, repeats=repeats, warmup=2)
+        records = _median_profile([profile_layers(layers, x, repeats=repeats, warmup=2) for _ in range(rounds)])
         costs = from_layer_costs(records, batch, unit_ends=list(range(2, blocks + 2)))
         cluster = ClusterSpec(1, gpu=GpuSpec(name="cpu", host_overhead=0.0))
         rows = []
