@@ -24,7 +24,6 @@ control group, and every rank applies it (:meth:`ElasticRun.apply`).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
@@ -347,7 +346,9 @@ class ElasticRun:
         with self._autocast_ctx():
             for j in range(lo):
                 x = self.sublayers[j](x)
-            stage_in = x
+            # A stage after the first receives an activation that needs a gradient; the metadata must say so,
+            # or the stage computes no input gradient and the stages before it train on zeros.
+            stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
             for j in range(lo, hi):
                 x = self.sublayers[j](x)
         self._restore_modes(was)
@@ -402,7 +403,6 @@ class ElasticRun:
         k, s = layout.pipe_len, self.stage
         per_replica = c.global_batch // layout.replicas
         self.sampler.set_epoch(self.epoch)
-        indices = iter(self.sampler)
         clock = _PhaseClock(self.device)
         sync_ops = 0
         losses: list[float] = []
@@ -412,7 +412,7 @@ class ElasticRun:
         for i in range(self.steps_per_epoch):
             _maybe_fail("step", self.rank, self.epoch, i)
             clock.start()
-            idx = torch.tensor(list(itertools.islice(indices, per_replica)), dtype=torch.long)
+            idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
             if idx.numel() != per_replica:
                 raise OrchestratorError(
                     f"the sampler ran dry at step {i} of epoch {self.epoch}: got {idx.numel()} of {per_replica} indices"
@@ -444,6 +444,7 @@ class ElasticRun:
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            self.sampler.advance(c.global_batch)
             self.step += 1
             clock.lap("optimizer")
             losses.append(float(torch.stack([t.detach().double() for t in step_losses]).mean()) if step_losses else 0.0)

@@ -62,6 +62,10 @@ class Split:
         return int(self.inputs.shape[0])
 
 
+#: Floor of the standard deviation used to standardise inputs (a constant image would divide by zero).
+_MIN_STD = 1e-8
+
+
 def _builder(name: str) -> Callable[..., Any]:
     from elastic_pipe import models
 
@@ -112,12 +116,18 @@ def load_samples(config: TrainConfig) -> Samples:
 def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torch.dtype) -> tuple[Split, Split]:
     """Split into a training and an evaluation part with a seeded permutation (same on every rank).
 
-    Floating inputs are cast to ``dtype``; integer inputs (token ids) are left alone.
+    Floating inputs are cast to ``dtype`` and standardised with the training part's mean and standard deviation
+    (a transformer initialised with small weights barely sees raw [0, 1] pixels); integer inputs (token ids) are
+    left alone.
     """
     n = int(samples.inputs.shape[0])
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_eval = max(1, round(n * eval_fraction))
-    inputs = samples.inputs.to(dtype) if samples.inputs.is_floating_point() else samples.inputs
+    inputs = samples.inputs
+    if inputs.is_floating_point():
+        train_inputs = inputs[order[n_eval:]].double()
+        mean, std = train_inputs.mean(), train_inputs.std()
+        inputs = ((inputs.double() - mean) / std.clamp_min(_MIN_STD)).to(dtype)
 
     def part(idx: torch.Tensor) -> Split:
         idx = idx.sort().values
