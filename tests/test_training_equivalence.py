@@ -1,8 +1,8 @@
 """Reshaping does not change the mathematics: an elastic run and the same run without reshaping give the same losses.
 
 Both runs: the same seed, data order, global batch, learning-rate schedule and freeze decisions (a manual schedule),
-float64 on CPU. The elastic run compresses the pipeline 2 -> 1 and doubles the replicas at epoch 2; the other keeps
-2 stages and 1 replica. Only the order of floating-point sums differs (micro-batches, all-reduce), so the per-step
+float64 on CPU. The elastic run compresses the pipeline 2 -> 1 and doubles the replicas at epoch 2, and reads the
+frozen prefix from the activation cache; the other keeps 2 stages and 1 replica and recomputes the prefix. Only the order of floating-point sums differs (micro-batches, all-reduce), so the per-step
 losses agree to ~1e-12.
 """
 
@@ -54,8 +54,8 @@ def _both_runs(ctx: RankContext) -> dict[str, Any]:
     from elastic_pipe.orchestrator import run_rank
 
     samples = _samples()
-    elastic = run_rank(_config(), samples=samples, quiet=True).to_dict()
-    fixed = run_rank(_config(compression="none"), samples=samples, quiet=True).to_dict()
+    elastic = run_rank(_config(cache="on"), samples=samples, quiet=True).to_dict()
+    fixed = run_rank(_config(compression="none", cache="off"), samples=samples, quiet=True).to_dict()
     return {"elastic": elastic, "fixed": fixed}
 
 
@@ -71,6 +71,9 @@ def test_equivalence_of_elastic_and_fixed_runs() -> None:
         (1, 2, 1),
         (2, 2, 1),
     ]
+    # the elastic run served the frozen prefix from the activation cache, the fixed one recomputed it
+    assert [e["cache"] for e in elastic["epochs"]] == [False, True, True]
+    assert [e["cache"] for e in fixed["epochs"]] == [False, False, False]
     assert len(elastic["losses"]) == len(fixed["losses"]) == 3 * (SAMPLES - SAMPLES // 5) // 16
     assert elastic["losses"] == pytest.approx(fixed["losses"], rel=1e-10, abs=1e-12)
     assert elastic["final_eval_loss"] == pytest.approx(fixed["final_eval_loss"], rel=1e-10)

@@ -96,6 +96,7 @@ class TrainConfig:
         schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
         microbatches: micro-batches per step and replica.
         cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
+        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
         nproc_per_node: processes (devices) per node.
         nnodes: number of nodes.
         backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
@@ -136,6 +137,7 @@ class TrainConfig:
     schedule: str = "gpipe"
     microbatches: int = 4
     cache: str = "auto"
+    cache_mb: int = 256
     nproc_per_node: int = 1
     nnodes: int = 1
     backend: str = "auto"
@@ -156,6 +158,7 @@ class TrainConfig:
             "global_batch",
             "pipe_len",
             "microbatches",
+            "cache_mb",
             "nproc_per_node",
             "nnodes",
             "checkpoint_every",
@@ -266,6 +269,7 @@ SECTIONS: dict[str, dict[str, str]] = {
         "schedule": "schedule",
         "microbatches": "microbatches",
         "cache": "cache",
+        "cache_mb": "cache_mb",
     },
     "launch": {
         "nproc_per_node": "nproc_per_node",

@@ -23,12 +23,13 @@ __all__ = ["DEMO", "demo_config", "run_demo"]
 #: The demo's configuration: ViT-tiny (6 blocks, 14 sub-layers) on the 8x8 digits, alpha = 1/3.
 DEMO: dict[str, Any] = {
     "model": "vit",
-    "model_options": {"preset": "vit-tiny"},
+    # 4x4 patches: 5 tokens per 8x8 digit, which learns faster and runs ~6x cheaper than the preset's 2x2.
+    "model_options": {"preset": "vit-tiny", "patch_size": 4},
     "dataset": "digits",
     "epochs": 6,
     "global_batch": 64,
     "optimizer": "adamw",
-    "lr": 0.002,
+    "lr": 0.006,
     "warmup_steps": 10,
     "lr_schedule": "cosine",
     "policy": "alpha",
@@ -56,7 +57,7 @@ def _demo_entry(config_dict: dict[str, Any], baseline: bool) -> dict[str, Any]:
         if baseline:
             if dist.get_rank() == 0:
                 sys.stderr.write("--- the same run without reshaping (freeze only, 4 stages, 1 replica) ---\n")
-            out["baseline"] = run_rank(config.replace(compression="none")).to_dict()
+            out["baseline"] = run_rank(config.replace(compression="none", cache="off")).to_dict()
         return out
     finally:
         dist.destroy_process_group()

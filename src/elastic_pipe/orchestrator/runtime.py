@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe import data as edata
+from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
 from elastic_pipe import schedule as sched
 from elastic_pipe.groups import GroupManager
@@ -62,11 +63,25 @@ log = logging.getLogger(__name__)
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
+#: Bytes per MiB (cache budgets are configured in MiB).
+MIB = 1 << 20
 #: Evaluation batch size per rank.
 EVAL_BATCH = 256
 #: Fault injection for the resume tests: ``"<where>:<rank>:<epoch>[:<step>]"`` with where in "step" or
 #: "transition"; the rank exits hard there, on the first attempt of a torchrun job only.
 FAULT_ENV = "ELASTIC_PIPE_FAULT"
+
+
+def _stage_takes_grads() -> bool:
+    import inspect
+
+    from torch.distributed.pipelining import PipelineStage
+
+    return "input_grads" in inspect.signature(PipelineStage.__init__).parameters
+
+
+#: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
+_STAGE_TAKES_GRADS = False  # TEMP
 
 
 def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
@@ -236,6 +251,13 @@ class ElasticRun:
         self._tracker: Any = None
         self._fwd_timer: _ForwardTimer | None = None
         self._autocast = config.autocast == "bf16"
+        self.cache: acache.ActivationCache | None = None
+        if config.cache != "off":
+            self.cache = acache.ActivationCache(
+                int(train_set.sample_ids.max()) + 1, device_budget=config.cache_mb * MIB, device=device
+            )
+        self.cache_on = False
+        self.cache_reason = "off"
 
     # ----------------------------------------------------------------------------------------------------- setup
     def _make_optimizer(self) -> torch.optim.Optimizer:
@@ -292,6 +314,7 @@ class ElasticRun:
         self._restore_modes(True)
         drop_foreign_state(self.optimizer, self.sublayers, self._owned())
         self._build_stage()
+        self._setup_cache(0)
 
     def _build_stage(self) -> None:
         """(Re)build this rank's pipeline stage, schedule runner, gradient tracker and data shard."""
@@ -306,6 +329,13 @@ class ElasticRun:
         module = nn.Sequential(*self.sublayers[lo:hi])
         module.train()
         example_in, example_out = self._example_io(lo, hi)
+        # Gradient shapes are declared where torch accepts them (2.12+); torch 2.11 infers them from the args.
+        grads: dict[str, Any] = {}
+        if _STAGE_TAKES_GRADS:
+            grads = {
+                "input_grads": example_in if s > 0 else None,
+                "output_grads": example_out if s < k - 1 else None,
+            }
         stage = PipelineStage(
             module,
             s,
@@ -313,9 +343,8 @@ class ElasticRun:
             self.device,
             input_args=example_in,
             output_args=example_out,
-            input_grads=example_in if s > 0 else None,
-            output_grads=example_out if s < k - 1 else None,
             group=self.groups.pipeline_group(k),
+            **grads,
         )
         plan = sched.generate(self.config.schedule, k, layout.microbatches)
         self._runner = sched.torch_schedule(plan, s, [stage], self.loss_fn, scale_grads=True)
@@ -328,6 +357,38 @@ class ElasticRun:
                 held.setdefault(unit, nn.ModuleList()).append(self.sublayers[j])  # type: ignore[operator]
         self._tracker = freeze.GradNormTracker(held)
         self.sampler.reshard(layout.replicas, self.replica)
+
+    def _run_sublayers(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        with torch.no_grad(), self._autocast_ctx():
+            for j in range(lo, hi):
+                x = self.sublayers[j](x)
+        return x
+
+    def _setup_cache(self, old_frozen: int) -> None:
+        """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays."""
+        layout = self.layout
+        assert layout is not None
+        self.cache_on = False
+        if self.cache is None or layout.frozen == 0 or self.stage != 0:
+            self.cache_reason = "off" if self.cache is None else "nothing to cache here"
+            return
+        frozen = layout.frozen
+        if old_frozen and old_frozen != frozen and old_frozen in self.cache.boundaries():
+            # Only the newly frozen sub-layers run on the cached entries; then the old boundary is dropped.
+            self.cache.extend(old_frozen, frozen, lambda v: self._run_sublayers(v, old_frozen, frozen))
+            self.cache.drop(old_frozen)
+        if self.config.cache == "on":
+            self.cache_on, self.cache_reason = True, "cache = 'on'"
+            return
+        per_replica = self.config.global_batch // layout.replicas
+        decision = acache.measure_payoff(
+            self.cache,
+            self.train_set.sample_ids[:per_replica],
+            frozen,
+            self.train_set.inputs[:per_replica].to(self.device),
+            lambda v: self._run_sublayers(v, 0, frozen),
+        )
+        self.cache_on, self.cache_reason = decision.enabled, decision.reason
 
     def _unit_of(self, j: int) -> int | None:
         for unit, end in enumerate(self.unit_ends):
@@ -365,14 +426,14 @@ class ElasticRun:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast)
 
     # ------------------------------------------------------------------------------------------------- training
-    def _frozen_prefix(self, x: torch.Tensor) -> torch.Tensor:
+    def _frozen_prefix(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         assert self.layout is not None
-        if self.layout.frozen == 0:
+        frozen = self.layout.frozen
+        if frozen == 0:
             return x
-        with torch.no_grad(), self._autocast_ctx():
-            for j in range(self.layout.frozen):
-                x = self.sublayers[j](x)
-        return x
+        if self.cache_on and self.cache is not None:
+            return self.cache.get_or_compute(ids, frozen, x, lambda v: self._run_sublayers(v, 0, frozen))
+        return self._run_sublayers(x, 0, frozen)
 
     def _grad_sync(self) -> int:
         """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
@@ -421,7 +482,7 @@ class ElasticRun:
             y = self.train_set.labels[idx].to(self.device, non_blocking=True) if s == k - 1 else None
             clock.lap("data")
             if x is not None:
-                x = self._frozen_prefix(x)
+                x = self._frozen_prefix(x, self.train_set.sample_ids[idx])
             prefix_s = clock.lap("forward")
             step_losses: list[torch.Tensor] = []
             with self._autocast_ctx():
@@ -489,7 +550,7 @@ class ElasticRun:
             frozen_units=self.frozen_units,
             frozen_sublayers=layout.frozen,
             microbatches=layout.microbatches,
-            cache=False,
+            cache=self.cache_on,
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
 
@@ -615,6 +676,7 @@ class ElasticRun:
         self.frozen_units = sum(1 for end in self.unit_ends if end <= new.frozen)
         drop_foreign_state(self.optimizer, self.sublayers, new_owned)
         self._build_stage()
+        self._setup_cache(old.frozen)
         return moved, True
 
     def transition(self, epoch: int) -> TransitionEvent | None:
@@ -639,7 +701,7 @@ class ElasticRun:
             boundaries=tuple(self.layout.boundaries),
             changed_ranks=tuple(msg.changed_ranks),
             bytes_moved=moved,
-            cache=False,
+            cache=self.cache_on,
             seconds=seconds,
         )
         self.result.transitions.append(event.to_dict())

@@ -1,0 +1,251 @@
+"""Pure parts of the orchestrator: configuration, decisions, transition plans, metrics, checkpoints' fingerprints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_pipe.groups import plan_spmd
+from elastic_pipe.orchestrator import (
+    ConfigError,
+    Move,
+    TrainConfig,
+    config_from_tables,
+    load_config,
+    plan_gather,
+    plan_moves,
+    preflight,
+)
+from elastic_pipe.orchestrator.decision import initial_layout, max_frozen_units, next_layout
+from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
+from elastic_pipe.orchestrator.runtime import _buckets, candidate_pipe_lens
+from elastic_pipe.orchestrator.transition import changed_ranks
+from elastic_pipe.types import Layout
+
+TINY = {"model": "vit", "model_options": {"preset": "vit-tiny"}}
+
+
+# ------------------------------------------------------------------------------------------------- configuration
+def test_config_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(
+        """
+[model]
+name = "vit"
+options = { preset = "vit-tiny", depth = 4 }
+[train]
+epochs = 3
+global_batch = 32
+[freeze]
+policy = "alpha"
+options = { alpha = 0.5 }
+[pipeline]
+pipe_len = 2
+[launch]
+nproc_per_node = 4
+""",
+        encoding="utf-8",
+    )
+    c = load_config(path)
+    assert (c.model, c.model_options, c.epochs, c.global_batch) == ("vit", {"preset": "vit-tiny", "depth": 4}, 3, 32)
+    assert (c.policy, c.policy_options, c.pipe_len, c.world_size, c.initial_replicas) == ("alpha", {"alpha": 0.5}, 2, 4, 2)
+    assert TrainConfig(**c.to_dict()) == c
+
+
+@pytest.mark.parametrize(
+    ("tables", "message"),
+    [
+        ({"model": {"name": "vit"}, "pipeline": {"pipe_len": 3}, "launch": {"nproc_per_node": 4}}, "not divisible"),
+        ({"model": {"name": "vit"}, "pipeline": {"pipe_len": 4}, "launch": {"nproc_per_node": 2, "nnodes": 2}}, "exceeds"),
+        ({"model": {"name": "vit"}, "train": {"global_batch": 30}, "launch": {"nproc_per_node": 4}}, "divisible"),
+        ({"model": {"name": "vit"}, "train": {"optimizer": "lamb"}}, "optimizer must be one of"),
+        ({"model": {"name": "vit"}, "trian": {}}, "unknown table [trian]"),
+        ({"model": {"name": "vit"}, "train": {"epoch": 3}}, "unknown key 'epoch'"),
+        ({"train": {"epochs": 3}}, "[model] name is required"),
+        ({"model": {"name": "vit"}, "train": {"epochs": 0}}, "epochs must be an integer >= 1"),
+    ],
+)
+def test_bad_configs_name_the_problem(tables: dict[str, dict[str, object]], message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        config_from_tables(tables)
+    assert message in str(exc.value)
+
+
+def test_bad_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[model\nname = 1", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"policy": "sometimes"}, "unknown freeze policy 'sometimes'"),
+        ({"solver": "magic"}, "unknown partition solver 'magic'"),
+        ({"schedule": "zigzag"}, "unknown schedule 'zigzag'"),
+        ({"model": "resnet"}, "unknown model 'resnet'"),
+        ({"model_options": {"preset": "vit-tiny", "depth": 1}, "pipe_len": 8, "nproc_per_node": 8}, "longer than"),
+        ({"policy_options": {"beta": 2}}, "freeze policy 'alpha'"),
+    ],
+)
+def test_preflight_refuses_before_any_process(overrides: dict[str, object], message: str) -> None:
+    config = TrainConfig(**{**TINY, "policy_options": {"alpha": 0.5}, **overrides})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as exc:
+        preflight(config)
+    assert message in str(exc.value)
+
+
+def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    from elastic_pipe.orchestrator.checkpoint import FORMAT, LATEST, fingerprint
+    from elastic_pipe.orchestrator.workload import build_model
+
+    other = build_model(TrainConfig(model="vit", model_options={"preset": "vit-tiny", "depth": 2}))
+    (tmp_path / LATEST).write_text(json.dumps({"format": FORMAT, "file": "x.pt", "fingerprint": fingerprint(other)}))
+    config = TrainConfig(**TINY, policy_options={"alpha": 0.5}, checkpoint_dir=str(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="another model"):
+        preflight(config)
+    facts = preflight(config.replace(resume="never"))
+    assert facts["sublayers"] == 14 and facts["units"] == 6
+
+
+def test_candidate_pipe_lens() -> None:
+    assert candidate_pipe_lens(TrainConfig(**TINY, pipe_len=4, nproc_per_node=4, global_batch=64)) == (4, 2, 1)  # type: ignore[arg-type]
+    assert candidate_pipe_lens(TrainConfig(**TINY, pipe_len=3, nproc_per_node=6, global_batch=96)) == (3, 2, 1)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------------ decisions
+COSTS = [1.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 1.0]  # embed, 3 blocks x (attn, mlp), head
+
+
+def test_initial_layout_and_halving() -> None:
+    layout, budget = initial_layout(COSTS, 4, 4, solver="optimal", microbatches=4)
+    assert layout == Layout(0, 4, 1, (0, 2, 4, 6, 8), 4)
+    assert budget == 8.0
+    # freeze 2 units (5 sub-layers): 1 block + head = 9 > 8 on one stage, 4 + 5 fit on two
+    two = next_layout(layout, 5, COSTS, compression="halving", solver="optimal", budget=budget, world_size=4)
+    assert (two.pipe_len, two.replicas, two.boundaries) == (2, 2, (5, 6, 8))
+    one = next_layout(two, 7, COSTS, compression="halving", solver="optimal", budget=budget, world_size=4)
+    assert (one.pipe_len, one.replicas, one.boundaries) == (1, 4, (7, 8))
+    fixed = next_layout(layout, 3, COSTS, compression="none", solver="optimal", budget=budget, world_size=4)
+    assert (fixed.pipe_len, fixed.replicas, fixed.boundaries) == (4, 1, (3, 4, 5, 6, 8))
+    assert next_layout(layout, 0, COSTS, compression="halving", solver="optimal", budget=8.0, world_size=4) is layout
+
+
+def test_max_frozen_units() -> None:
+    ends = (3, 5, 7)  # 8 sub-layers
+    assert max_frozen_units(ends, 8, 1) == 3
+    assert max_frozen_units(ends, 8, 3) == 2
+    assert max_frozen_units(ends, 8, 6) == 0
+
+
+# ------------------------------------------------------------------------------------------- transition planning
+def test_plan_moves_for_4_to_2() -> None:
+    old = Layout(0, 4, 1, (0, 2, 4, 6, 8), 4)
+    new = Layout(3, 2, 2, (3, 5, 8), 4)
+    moves = plan_moves(old, new, plan_spmd(4, 4), plan_spmd(4, 2))
+    # old stage s lives on rank s. New stage 0 = ranks {0, 2}, stage 1 = ranks {1, 3}.
+    assert moves == (
+        Move(0, (0, 1), optimizer_state=False),
+        Move(1, (2,), optimizer_state=False),
+        Move(1, (3,), optimizer_state=True),
+        Move(2, (4, 5), optimizer_state=True),
+        Move(3, (6, 7), optimizer_state=True),
+    )
+    assert changed_ranks(plan_spmd(4, 4), plan_spmd(4, 2), 4) == (2, 3)
+    assert plan_gather(new, plan_spmd(4, 2)) == (Move(0, (3, 4), True), Move(1, (5, 6, 7), True))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, 11), min_size=3, max_size=3, unique=True),
+    frozen=st.integers(0, 8),
+    new_k=st.sampled_from([1, 2, 4]),
+)
+def test_every_new_owner_gets_every_sublayer_it_lacks(cuts: list[int], frozen: int, new_k: int) -> None:
+    n = 12
+    old = Layout(0, 4, 1, (0, *sorted(cuts), n), 4)
+    step = (n - frozen) / new_k
+    bounds = tuple(frozen + round(i * step) for i in range(new_k)) + (n,)
+    if len(set(bounds)) != len(bounds):
+        return
+    new = Layout(frozen, new_k, 4 // new_k, bounds, 4)
+    old_plan, new_plan = plan_spmd(4, 4), plan_spmd(4, new_k)
+    moves = plan_moves(old, new, old_plan, new_plan)
+    sent = {j: m for m in moves for j in m.sublayers}
+    for rank in range(4):
+        old_stage = old_plan.stage_of(rank)
+        had = set(range(old.boundaries[old_stage], old.boundaries[old_stage + 1]))
+        s = new_plan.stage_of(rank)
+        needs = set(range(new.boundaries[s], new.boundaries[s + 1])) | set(range(frozen))
+        for j in needs - had:
+            assert j in sent, (rank, j)
+            assert sent[j].optimizer_state == (j >= frozen)
+    # a source always holds what it sends
+    for m in moves:
+        st_ = old_plan.stage_of(m.src)
+        assert set(m.sublayers) <= set(range(old.boundaries[st_], old.boundaries[st_ + 1]))
+
+
+def test_plan_moves_refuses_to_thaw() -> None:
+    from elastic_pipe.orchestrator import OrchestratorError
+
+    with pytest.raises(OrchestratorError, match="unfreeze"):
+        plan_moves(Layout(2, 1, 2, (2, 8), 1), Layout(0, 1, 2, (0, 8), 1), plan_spmd(2, 1), plan_spmd(2, 1))
+
+
+def test_buckets_respect_cap_and_dtype() -> None:
+    import torch
+
+    ts = [torch.zeros(4), torch.zeros(4), torch.zeros(4, dtype=torch.float64), torch.zeros(100), torch.zeros(1)]
+    sizes = [[t.numel() for t in b] for b in _buckets(ts, 32)]
+    assert sizes == [[4, 4], [4], [100], [1]]
+
+
+# -------------------------------------------------------------------------------------------------------- metrics
+def test_event_log_writes_json_lines(tmp_path: Path) -> None:
+    import io
+
+    stream = io.StringIO()
+    log = EventLog(tmp_path / "logs" / "events.jsonl", stream)
+    event = TransitionEvent(
+        epoch=2,
+        step=40,
+        frozen_units=2,
+        frozen=5,
+        pipe_len=2,
+        replicas=2,
+        microbatches=4,
+        boundaries=(5, 9, 14),
+        changed_ranks=(2, 3),
+        bytes_moved=1_000_000,
+        cache=False,
+        seconds=0.25,
+    )
+    log.record(event.to_dict(), event.human())
+    lines = (tmp_path / "logs" / "events.jsonl").read_text().splitlines()
+    assert json.loads(lines[0]) == {
+        "kind": "transition",
+        "epoch": 2,
+        "step": 40,
+        "frozen_units": 2,
+        "frozen": 5,
+        "pipe_len": 2,
+        "replicas": 2,
+        "microbatches": 4,
+        "boundaries": [5, 9, 14],
+        "changed_ranks": [2, 3],
+        "bytes_moved": 1_000_000,
+        "cache": False,
+        "seconds": 0.25,
+    }
+    assert stream.getvalue() == (
+        "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, "
+        "0.250 s\n"
+    )
