@@ -52,7 +52,13 @@ nproc_per_node = 4
     )
     c = load_config(path)
     assert (c.model, c.model_options, c.epochs, c.global_batch) == ("vit", {"preset": "vit-tiny", "depth": 4}, 3, 32)
-    assert (c.policy, c.policy_options, c.pipe_len, c.world_size, c.initial_replicas) == ("alpha", {"alpha": 0.5}, 2, 4, 2)
+    assert (c.policy, c.policy_options, c.pipe_len, c.world_size, c.initial_replicas) == (
+        "alpha",
+        {"alpha": 0.5},
+        2,
+        4,
+        2,
+    )
     assert TrainConfig(**c.to_dict()) == c
 
 
@@ -60,7 +66,10 @@ nproc_per_node = 4
     ("tables", "message"),
     [
         ({"model": {"name": "vit"}, "pipeline": {"pipe_len": 3}, "launch": {"nproc_per_node": 4}}, "not divisible"),
-        ({"model": {"name": "vit"}, "pipeline": {"pipe_len": 4}, "launch": {"nproc_per_node": 2, "nnodes": 2}}, "exceeds"),
+        (
+            {"model": {"name": "vit"}, "pipeline": {"pipe_len": 4}, "launch": {"nproc_per_node": 2, "nnodes": 2}},
+            "exceeds",
+        ),
         ({"model": {"name": "vit"}, "train": {"global_batch": 30}, "launch": {"nproc_per_node": 4}}, "divisible"),
         ({"model": {"name": "vit"}, "train": {"optimizer": "lamb"}}, "optimizer must be one of"),
         ({"model": {"name": "vit"}, "trian": {}}, "unknown table [trian]"),
@@ -172,7 +181,7 @@ def test_every_new_owner_gets_every_sublayer_it_lacks(cuts: list[int], frozen: i
     n = 12
     old = Layout(0, 4, 1, (0, *sorted(cuts), n), 4)
     step = (n - frozen) / new_k
-    bounds = tuple(frozen + round(i * step) for i in range(new_k)) + (n,)
+    bounds = (*(frozen + round(i * step) for i in range(new_k)), n)
     if len(set(bounds)) != len(bounds):
         return
     new = Layout(frozen, new_k, 4 // new_k, bounds, 4)
@@ -246,6 +255,5 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         "seconds": 0.25,
     }
     assert stream.getvalue() == (
-        "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, "
-        "0.250 s\n"
+        "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"
     )

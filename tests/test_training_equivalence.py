@@ -2,7 +2,8 @@
 
 Both runs: the same seed, data order, global batch, learning-rate schedule and freeze decisions (a manual schedule),
 float64 on CPU. The elastic run compresses the pipeline 2 -> 1 and doubles the replicas at epoch 2, and reads the
-frozen prefix from the activation cache; the other keeps 2 stages and 1 replica and recomputes the prefix. Only the order of floating-point sums differs (micro-batches, all-reduce), so the per-step
+frozen prefix from the activation cache; the other keeps 2 stages and 1 replica and recomputes the prefix.
+Only the order of floating-point sums differs (micro-batches, all-reduce), so the per-step
 losses agree to ~1e-12.
 """
 

@@ -86,8 +86,9 @@ def render(doc: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print its result."""
-    from elastic_pipe.orchestrator.demo import demo_config, run_demo
-    from elastic_pipe.orchestrator.preflight import preflight
+    # torch and the primitives load only when the command runs, so that `elastic-pipe --help` stays fast.
+    from elastic_pipe.orchestrator.demo import demo_config, run_demo  # noqa: PLC0415
+    from elastic_pipe.orchestrator.preflight import preflight  # noqa: PLC0415
 
     overrides: dict[str, Any] = {"log_dir": args.log_dir}
     if args.epochs is not None:

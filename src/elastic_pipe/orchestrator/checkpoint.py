@@ -83,8 +83,8 @@ def check_compatible(meta: dict[str, Any], model: nn.Module, source: str) -> Non
         )
 
 
-def _param_names(model: nn.Module) -> dict[nn.Parameter, str]:
-    return {p: name for name, p in model.named_parameters()}
+def _param_names(model: nn.Module) -> dict[int, str]:
+    return {id(p): name for name, p in model.named_parameters()}
 
 
 class Checkpointer:
@@ -134,7 +134,7 @@ class Checkpointer:
         assert layout is not None
         names = _param_names(run.model)
         opt_state = {
-            names[p]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+            names[id(p)]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
             for p, s in run.optimizer.state.items()
         }
         groups = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]

@@ -11,6 +11,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import OrchestratorError
 
@@ -37,9 +40,6 @@ def launch(
     Raises:
         OrchestratorError: a worker failed after all restarts (the first failure's message included).
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     endpoint = config.rdzv_endpoint or "localhost:0"
     if config.nnodes > 1 and not config.rdzv_endpoint:
         raise OrchestratorError("a multi-node run needs launch.rdzv_endpoint = 'host:port' (the same on every node)")

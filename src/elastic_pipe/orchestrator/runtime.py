@@ -24,6 +24,7 @@ control group, and every rank applies it (:meth:`ElasticRun.apply`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -36,9 +37,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage
 
-from elastic_pipe import data as edata
 from elastic_pipe import cache as acache
+from elastic_pipe import data as edata
 from elastic_pipe import freeze, protocol
 from elastic_pipe import schedule as sched
 from elastic_pipe.groups import GroupManager
@@ -73,15 +75,11 @@ FAULT_ENV = "ELASTIC_PIPE_FAULT"
 
 
 def _stage_takes_grads() -> bool:
-    import inspect
-
-    from torch.distributed.pipelining import PipelineStage
-
     return "input_grads" in inspect.signature(PipelineStage.__init__).parameters
 
 
 #: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
-_STAGE_TAKES_GRADS = False  # TEMP
+_STAGE_TAKES_GRADS = _stage_takes_grads()
 
 
 def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
@@ -164,7 +162,7 @@ class _ForwardTimer:
 
     def _now(self) -> Any:
         if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             event.record()
             return event
         return time.perf_counter()
@@ -210,8 +208,8 @@ class ElasticRun:
         train_set: Split,
         eval_set: Split,
         groups: GroupManager,
-        device: torch.device,
         *,
+        device: torch.device,
         log: EventLog | None = None,
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
     ) -> None:
@@ -318,8 +316,6 @@ class ElasticRun:
 
     def _build_stage(self) -> None:
         """(Re)build this rank's pipeline stage, schedule runner, gradient tracker and data shard."""
-        from torch.distributed.pipelining import PipelineStage
-
         layout = self.layout
         assert layout is not None
         if self._fwd_timer is not None:
@@ -329,23 +325,18 @@ class ElasticRun:
         module = nn.Sequential(*self.sublayers[lo:hi])
         module.train()
         example_in, example_out = self._example_io(lo, hi)
-        # Gradient shapes are declared where torch accepts them (2.12+); torch 2.11 infers them from the args.
-        grads: dict[str, Any] = {}
+        # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
+        # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
+        # backward without its output gradient.
+        shapes: dict[str, Any] = {}
         if _STAGE_TAKES_GRADS:
-            grads = {
+            shapes = {
+                "input_args": example_in,
+                "output_args": example_out,
                 "input_grads": example_in if s > 0 else None,
                 "output_grads": example_out if s < k - 1 else None,
             }
-        stage = PipelineStage(
-            module,
-            s,
-            k,
-            self.device,
-            input_args=example_in,
-            output_args=example_out,
-            group=self.groups.pipeline_group(k),
-            **grads,
-        )
+        stage = PipelineStage(module, s, k, self.device, group=self.groups.pipeline_group(k), **shapes)
         plan = sched.generate(self.config.schedule, k, layout.microbatches)
         self._runner = sched.torch_schedule(plan, s, [stage], self.loss_fn, scale_grads=True)
         self._stage_module = module
@@ -587,7 +578,7 @@ class ElasticRun:
         mine = torch.arange(self.rank, len(data), self.world_size)
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
         classify = True
-        for chunk in mine.split(EVAL_BATCH):
+        for chunk in torch.split(mine, EVAL_BATCH):
             x = data.inputs[chunk].to(self.device)
             y = data.labels[chunk].to(self.device)
             with self._autocast_ctx():
@@ -709,7 +700,7 @@ class ElasticRun:
         return event
 
     # ------------------------------------------------------------------------------------------------------ run
-    def fit(self, *, on_epoch_end: Callable[[ElasticRun], None] | None = None) -> RunResult:
+    def fit(self, *, on_epoch_end: Callable[[ElasticRun], object] | None = None) -> RunResult:
         """Train from ``self.epoch`` to ``config.epochs``, with a decision point after every epoch but the last.
 
         Args:

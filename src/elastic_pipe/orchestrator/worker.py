@@ -103,7 +103,7 @@ def run_rank(
             if rank == 0:
                 path = os.path.join(config.log_dir, "events.jsonl") if config.log_dir else None
                 events = EventLog(path, None if quiet else sys.stderr)
-            run = ElasticRun(config, model, train_set, eval_set, groups, device, log=events, loss_fn=loss_fn)
+            run = ElasticRun(config, model, train_set, eval_set, groups, device=device, log=events, loss_fn=loss_fn)
             checkpointer = Checkpointer(config) if config.checkpoint_dir else None
             if checkpointer is not None and config.resume == "auto":
                 checkpointer.resume(run)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
+from elastic_pipe import data, models
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 
@@ -67,8 +68,6 @@ _MIN_STD = 1e-8
 
 
 def _builder(name: str) -> Callable[..., Any]:
-    from elastic_pipe import models
-
     attribute = {"vit": "vit", "bert": "bert_encoder", "gpt": "gpt_decoder"}[name]
     builder: Callable[..., Any] = getattr(models, attribute)
     return builder
@@ -105,8 +104,6 @@ def load_samples(config: TrainConfig) -> Samples:
     Raises:
         ConfigError: for an unknown dataset name (listing the valid ones).
     """
-    from elastic_pipe import data
-
     loaders: dict[str, Callable[[], Samples]] = {"digits": data.load_digits, "mnist5k": data.load_mnist5k}
     if config.dataset not in loaders:
         raise ConfigError(f"unknown dataset {config.dataset!r}; expected one of {', '.join(DATASETS)}")
