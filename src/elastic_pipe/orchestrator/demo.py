@@ -8,7 +8,6 @@ needs 4 active sub-layers, which caps how many blocks it may freeze.
 
 from __future__ import annotations
 
-import datetime
 import sys
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch.distributed as dist
 
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.launch import launch
-from elastic_pipe.orchestrator.worker import run_rank, training_backend
+from elastic_pipe.orchestrator.worker import join_process_group, run_rank
 
 __all__ = ["DEMO", "demo_config", "run_demo"]
 
@@ -51,7 +50,7 @@ def demo_config(**overrides: Any) -> TrainConfig:
 
 def _demo_entry(config_dict: dict[str, Any], baseline: bool) -> dict[str, Any]:
     config = TrainConfig(**config_dict)
-    dist.init_process_group(training_backend(config), timeout=datetime.timedelta(seconds=config.timeout))
+    join_process_group(config)
     try:
         out: dict[str, Any] = {"elastic": run_rank(config).to_dict()}
         if baseline:

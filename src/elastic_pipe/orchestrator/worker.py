@@ -27,7 +27,7 @@ from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.runtime import ElasticRun, RunResult, candidate_pipe_lens
 from elastic_pipe.orchestrator.workload import Samples, build_model, cross_entropy, load_samples, split_samples
 
-__all__ = ["device_for", "main", "run_rank", "training_backend"]
+__all__ = ["device_for", "join_process_group", "main", "run_rank", "training_backend"]
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,26 @@ def device_for(config: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
-def _init_process_group(config: TrainConfig) -> bool:
+def join_process_group(config: TrainConfig) -> bool:
     """Join the default group from the torchrun environment unless a caller did; returns whether we did."""
     if dist.is_initialized():
         return False
     backend = training_backend(config)
     # CPU tensors (statistics, byte payloads) may meet the default group too, so NCCL jobs pair it with gloo.
     spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
-    dist.init_process_group(spec, timeout=datetime.timedelta(seconds=config.timeout))
+    timeout = datetime.timedelta(seconds=config.timeout)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under the elastic agent every restart attempt shares the agent's store. Without a per-attempt prefix a
+        # restarted worker can read the dead attempt's addresses and fail to connect, so the prefix is added here.
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"elastic_pipe/attempt_{attempt}", agent_store)  # type: ignore[attr-defined]
+        dist.init_process_group(spec, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(spec, timeout=timeout)
     return True
 
 
@@ -81,7 +93,7 @@ def run_rank(
     Returns:
         The run's result (the same numbers on every rank).
     """
-    owns_group = _init_process_group(config)
+    owns_group = join_process_group(config)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         device = device_for(config)
