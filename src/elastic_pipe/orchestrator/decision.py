@@ -8,7 +8,7 @@ unit-tested and replayed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import OrchestratorError
@@ -48,6 +48,7 @@ def next_layout(
     solver: str,
     budget: float,
     world_size: int,
+    microbatches_for: Callable[[int], int] | None = None,
 ) -> Layout:
     """The layout once the first ``frozen`` sub-layers are frozen.
 
@@ -59,6 +60,7 @@ def next_layout(
         solver: partition solver name.
         budget: the largest per-stage cost allowed after compression (the bottleneck at the start).
         world_size: number of ranks (the new pipeline length must divide it).
+        microbatches_for: micro-batch count for a pipeline length (default: keep the current count).
 
     Raises:
         OrchestratorError: if the compressed length does not divide the world size.
@@ -80,7 +82,8 @@ def next_layout(
             f"compression chose pipe_len={pipe_len}, which does not divide the world size {world_size}"
         )
     boundaries = tuple(frozen + b for b in p.boundaries)
-    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, current.microbatches)
+    microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
+    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches)
 
 
 def message_for(

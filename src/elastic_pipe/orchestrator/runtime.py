@@ -297,7 +297,7 @@ class ElasticRun:
                 self.config.pipe_len,
                 self.world_size,
                 solver=self.config.solver,
-                microbatches=self.config.microbatches,
+                microbatches=self.config.microbatches_for(self.config.pipe_len),
             )
             msg = decision.message_for(layout, epoch=0, step=0, budget=self.budget, changed=(), grad_norms=None)
             payload = protocol.encode(msg)
@@ -370,16 +370,45 @@ class ElasticRun:
             self.cache.drop(old_frozen)
         if self.config.cache == "on":
             self.cache_on, self.cache_reason = True, "cache = 'on'"
-            return
-        per_replica = self.config.global_batch // layout.replicas
-        decision = acache.measure_payoff(
-            self.cache,
-            self.train_set.sample_ids[:per_replica],
-            frozen,
-            self.train_set.inputs[:per_replica].to(self.device),
-            lambda v: self._run_sublayers(v, 0, frozen),
-        )
-        self.cache_on, self.cache_reason = decision.enabled, decision.reason
+        else:
+            per_replica = self.config.global_batch // layout.replicas
+            decision = acache.measure_payoff(
+                self.cache,
+                self.train_set.sample_ids[:per_replica],
+                frozen,
+                self.train_set.inputs[:per_replica].to(self.device),
+                lambda v: self._run_sublayers(v, 0, frozen),
+            )
+            self.cache_on, self.cache_reason = decision.enabled, decision.reason
+        if self.cache_on:
+            self._fill_cache(frozen)
+
+    def _fill_cache(self, frozen: int) -> None:
+        """Store the frozen prefix's output for every training sample this rank may be handed.
+
+        The sampler reshuffles and re-shards every epoch, so a rank sees a different part of the data each
+        epoch: a cache filled only by the samples a rank happened to train on would hit about 1/replicas of the
+        time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
+        prefix over the training set (only the misses run; entries carried over by ``extend`` are reused) makes
+        every later read a hit, for the price of about one epoch of frozen-prefix forwards. It stops early,
+        with a warning, when the cache's budgets are full.
+        """
+        assert self.cache is not None
+        chunk = max(1, self.config.global_batch // max(1, self.world_size))
+        ids_all = self.train_set.sample_ids
+        rejected = self.cache.stats.rejected
+        for start in range(0, int(ids_all.shape[0]), chunk):
+            ids = ids_all[start : start + chunk]
+            inputs = self.train_set.inputs[start : start + chunk].to(self.device)
+            self.cache.get_or_compute(ids, frozen, inputs, lambda v: self._run_sublayers(v, 0, frozen))
+            if self.cache.stats.rejected > rejected:
+                log.warning(
+                    "activation cache full after %d of %d samples at boundary %d; raise cache_mb to cache them all",
+                    start,
+                    int(ids_all.shape[0]),
+                    frozen,
+                )
+                break
 
     def _unit_of(self, j: int) -> int | None:
         for unit, end in enumerate(self.unit_ends):
@@ -631,6 +660,7 @@ class ElasticRun:
                 solver=self.config.solver,
                 budget=self.budget,
                 world_size=self.world_size,
+                microbatches_for=self.config.microbatches_for,
             )
             changed = changed_ranks(self.plan, self.groups.plan(layout.pipe_len), self.world_size)
             msg = decision.message_for(

@@ -1,0 +1,123 @@
+"""``elastic-pipe train`` and ``elastic-pipe demo``: bad input fails fast (one line, exit 2), output renders exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from elastic_pipe.cli import main
+from elastic_pipe.cli.demo import render, summarize
+
+GOOD = """
+[model]
+name = "vit"
+options = {{ preset = "vit-tiny" }}
+[pipeline]
+pipe_len = 2
+{extra}
+[launch]
+nproc_per_node = {nproc}
+"""
+
+
+def _write(tmp_path: Path, extra: str = "", nproc: int = 2) -> str:
+    path = tmp_path / "run.toml"
+    path.write_text(GOOD.format(extra=extra, nproc=nproc), encoding="utf-8")
+    return str(path)
+
+
+def _fails(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("elastic-pipe train: error: ")
+    return captured.err
+
+
+@pytest.mark.parametrize(
+    ("extra", "nproc", "message"),
+    [
+        ('solver = "magic"', 2, "unknown partition solver 'magic'"),
+        ("", 3, "not divisible by pipe_len=2"),
+        ('schedule = "zigzag"', 2, "unknown schedule 'zigzag'"),
+    ],
+)
+def test_bad_config_is_one_line_exit_2(
+    extra: str, nproc: int, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _fails(["train", "--config", _write(tmp_path, extra, nproc)], capsys)
+    assert message in err
+
+
+def test_unknown_policy_and_long_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[model]\nname = "vit"\n[freeze]\npolicy = "sometimes"\n', encoding="utf-8")
+    assert "unknown freeze policy 'sometimes'" in _fails(["train", "--config", str(path)], capsys)
+    path.write_text(
+        '[model]\nname = "vit"\noptions = { depth = 1 }\n[pipeline]\npipe_len = 8\n[launch]\nnproc_per_node = 8\n',
+        encoding="utf-8",
+    )
+    assert "longer than the model" in _fails(["train", "--config", str(path)], capsys)
+
+
+def test_missing_config_and_foreign_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "cannot read" in _fails(["train", "--config", str(tmp_path / "nope.toml")], capsys)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest.json").write_text(
+        json.dumps({"format": 1, "file": "epoch-0001.pt", "fingerprint": {"names": ["w"], "shapes": [[1]]}})
+    )
+    err = _fails(["train", "--config", _write(tmp_path), "--checkpoint-dir", str(ckpt)], capsys)
+    assert "checkpoint is from another model" in err
+
+
+RESULTS = {
+    "elastic": {
+        "epochs": [
+            {
+                "epoch": 0,
+                "loss": 1.5,
+                "eval_accuracy": 0.5,
+                "pipe_len": 4,
+                "replicas": 1,
+                "frozen_units": 0,
+                "seconds": 10.0,
+            },
+            {
+                "epoch": 1,
+                "loss": 0.5,
+                "eval_accuracy": 0.75,
+                "pipe_len": 2,
+                "replicas": 2,
+                "frozen_units": 2,
+                "seconds": 5.0,
+            },
+        ],
+        "transitions": [{"epoch": 1, "frozen_units": 2, "pipe_len": 2, "replicas": 2, "seconds": 0.5}],
+        "final_accuracy": 0.75,
+    },
+    "baseline": {
+        "epochs": [{"seconds": 10.0, "frozen_units": 0}, {"seconds": 8.5, "frozen_units": 2}],
+        "transitions": [{"seconds": 0.5}],
+        "final_accuracy": 0.7,
+    },
+}
+
+
+def test_demo_document_and_table() -> None:
+    doc = summarize(RESULTS)
+    assert doc["transitions"] == [{"epoch": 1, "frozen": 2, "pipe_len": 2, "replicas": 2, "seconds": 0.5}]
+    assert doc["final_accuracy"] == 0.75
+    assert doc["train_seconds"] == 15.5
+    assert doc["baseline"] == {"final_accuracy": 0.7, "train_seconds": 19.0, "frozen_per_epoch": [0, 2]}
+    assert doc["speedup"] == pytest.approx(19.0 / 15.5)
+    assert render(doc).splitlines() == [
+        "epoch  frozen  K  R  loss    accuracy  seconds",
+        "    1       0  4  1  1.5000     0.500    10.00",
+        "    2       2  2  2  0.5000     0.750     5.00",
+        "transition before epoch 2: frozen 2, pipeline 2, replicas 2, 0.500 s",
+        "final accuracy 0.750, training 15.5 s",
+        "without reshaping: final accuracy 0.700, training 19.0 s -> elastic is 1.23x as fast",
+    ]
