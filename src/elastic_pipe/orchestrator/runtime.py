@@ -41,7 +41,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
-from elastic_pipe import freeze, protocol
+from elastic_pipe import freeze, partition, protocol
 from elastic_pipe import schedule as sched
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import decision
@@ -233,6 +233,8 @@ class ElasticRun:
         if self.steps_per_epoch < 1:
             raise OrchestratorError(f"global_batch={config.global_batch} exceeds the {len(train_set)} training samples")
         self.costs = sublayer_costs(model)
+        if config.cost == "time" and self.rank == 0:  # only rank 0 decides, so only rank 0 profiles
+            self.costs = self._profiled_costs()
         self.optimizer = self._make_optimizer()
         total = config.epochs * self.steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config, total))
@@ -258,6 +260,18 @@ class ElasticRun:
         self.cache_reason = "off"
 
     # ----------------------------------------------------------------------------------------------------- setup
+    def _profiled_costs(self) -> list[float]:
+        """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
+        mb = max(1, self.config.global_batch // self.config.world_size // self.config.microbatches)
+        names = getattr(self.model, "layer_names", [str(i) for i in range(len(self.sublayers))])
+        example = self.train_set.inputs[:mb].to(self.device)
+        costs = partition.weights_from_costs(
+            partition.profile_layers(list(zip(names, self.sublayers, strict=True)), example), metric="time"
+        )
+        for p in self.model.parameters():
+            p.grad = None
+        return costs
+
     def _make_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         c = self.config

@@ -27,7 +27,7 @@ from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.runtime import ElasticRun, RunResult, candidate_pipe_lens
 from elastic_pipe.orchestrator.workload import Samples, build_model, cross_entropy, load_samples, split_samples
 
-__all__ = ["device_for", "join_process_group", "main", "run_rank", "training_backend"]
+__all__ = ["device_for", "join_process_group", "main", "run_rank", "training_backend", "warm_up"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,18 @@ def join_process_group(config: TrainConfig) -> bool:
     return True
 
 
+def warm_up(groups: GroupManager, device: torch.device) -> None:
+    """One tiny all-reduce on every training group this rank belongs to (a collective).
+
+    NCCL creates a communicator on a group's first collective, which can take a second; doing it here keeps that
+    cost out of the first step and out of every transition. Every rank walks the groups in the same global order
+    (by pipeline length, pipeline group before data-parallel group), which cannot deadlock.
+    """
+    for k in groups.pipe_lens:
+        for group in (groups.pipeline_group(k), groups.dp_group(k)):
+            dist.all_reduce(torch.zeros(1, device=device), group=group)
+
+
 def run_rank(
     config: TrainConfig,
     *,
@@ -111,6 +123,7 @@ def run_rank(
         )
         groups.build()
         try:
+            warm_up(groups, device)
             events = None
             if rank == 0:
                 path = os.path.join(config.log_dir, "events.jsonl") if config.log_dir else None
