@@ -121,3 +121,40 @@ def test_demo_document_and_table() -> None:
         "final accuracy 0.750, training 15.5 s",
         "without reshaping: final accuracy 0.700, training 19.0 s -> elastic is 1.23x as fast",
     ]
+
+
+def test_train_table_and_plot(tmp_path: Path) -> None:
+    from elastic_pipe.cli.train import plot, render
+
+    epoch = {
+        "epoch": 0,
+        "steps": 10,
+        "frozen_units": 0,
+        "pipe_len": 2,
+        "replicas": 1,
+        "cache": False,
+        "loss": 1.25,
+        "eval_loss": 1.5,
+        "eval_accuracy": 0.5,
+        "samples_per_s": 100.0,
+        "seconds": 2.0,
+        "grad_sync_ops_per_s": 0.0,
+    }
+    result = {
+        "epochs": [epoch, {**epoch, "epoch": 1, "pipe_len": 1, "replicas": 2, "frozen_units": 2, "cache": True}],
+        "transitions": [
+            {"epoch": 1, "frozen_units": 2, "pipe_len": 1, "replicas": 2, "bytes_moved": 2e6, "seconds": 0.25}
+        ],
+        "final_accuracy": 0.5,
+        "final_eval_loss": 1.5,
+        "seconds": 4.5,
+    }
+    assert render(result).splitlines() == [
+        "epoch  frozen  K  R  cache  loss     eval     acc    samples/s  step ms  sync ops/s",
+        "    1       0  2  1    off  1.2500  1.5000  0.500      100.0    200.0         0.0",
+        "    2       2  1  2     on  1.2500  1.5000  0.500      100.0    200.0         0.0",
+        "transition before epoch 2: frozen 2 units, K=1 R=2, 2.00 MB moved, 0.250 s",
+        "final eval loss 1.5000, accuracy 0.500, 4.5 s",
+    ]
+    plot(result, str(tmp_path / "run.png"))
+    assert (tmp_path / "run.png").stat().st_size > 1000
