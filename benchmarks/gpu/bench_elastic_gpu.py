@@ -78,11 +78,12 @@ def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
             "global_batch": global_batch,
             "microbatches": micro,
             "initial_pipe_len": 1,  # fits one GPU: the user's run starts from DDP
+            "microbatches_by_pipe_len": {2: micro, 1: 1},
             "loss": None,
         }
     if name == "gpt":
         preset = {"config": "gpt-tiny"} if tiny else {"config": "gpt2-medium", "max_positions": 256}
-        global_batch, steps, micro = (32, 3, 4) if tiny else (64, 10, 8)
+        global_batch, steps, micro = (32, 3, 4) if tiny else (64, 10, 4)
         seq = 16 if tiny else 256
         vocab = 64 if tiny else 50257
         n = global_batch * steps
@@ -98,6 +99,7 @@ def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
             "global_batch": global_batch,
             "microbatches": micro,
             "initial_pipe_len": 2,  # does not fit the emulated GPU: the user's run starts as a 2-stage pipeline
+            "microbatches_by_pipe_len": {2: micro, 1: 1},
             "loss": None,
         }
     raise SystemExit(f"unknown workload {name!r}")
@@ -130,13 +132,18 @@ def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, 
         "progress": False,
         "microbatches": w["microbatches"],
         "schedule": "1f1b",
-        "solver": "greedy",
+        # optimal never leaves a stage empty (the published greedy rule can, on a frozen-heavy model)
+        "solver": "optimal",
+        # one M per pipeline length, as the published system profiled it: M for K=2, none for K=1 (no bubble)
+        "microbatches_by_pipe_len": w["microbatches_by_pipe_len"],
+        # room for the whole training set's boundary activations in device memory
+        "cache_mb": 1024 if tiny else 40_000,
     }
     alpha = {"policy": "alpha", "policy_options": {"alpha": ALPHA}}
     never = {"policy": "never", "compression": "none", "cache": "off", "epochs": static_epochs}
     arms: dict[str, dict[str, Any]] = {"static_ddp": {**common, **never, "pipe_len": 1}}
     for kind in ("gpipe", "1f1b"):
-        for m in (2, 4, 8):
+        for m in (4, 8):
             if w["global_batch"] % (2 * m) == 0 and m >= 2:
                 arms[f"static_pipe2_{kind}_m{m}"] = {
                     **common,
@@ -144,6 +151,7 @@ def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, 
                     "pipe_len": 2,
                     "schedule": kind,
                     "microbatches": m,
+                    "microbatches_by_pipe_len": {2: m},
                 }
     arms["freeze_only"] = {**common, **alpha, "pipe_len": k0, "compression": "none", "cache": "off"}
     arms["elastic_nocache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "off"}
