@@ -50,7 +50,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """CPU benchmarks; results land in benchmarks/results/ and tables in docs/."""
-    _install(session, "test")
+    _install(session, "test,bench")
     session.run("python", "benchmarks/run_all.py", *session.posargs)
 
 
