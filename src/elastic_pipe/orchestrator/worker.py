@@ -1,8 +1,8 @@
 """What each process runs: join the process group, build the model and data, train, checkpoint, report.
 
-``python -m elastic_pipe.orchestrator.worker --config FILE.toml`` is the script torchrun starts on every rank
-(:mod:`elastic_pipe.orchestrator.launch` does that for ``elastic-pipe train``); :func:`run_rank` is the same thing
-as a function, for a program that already runs under torchrun or :func:`elastic_pipe.testing.run_distributed`.
+``python -m elastic_pipe.orchestrator --config FILE.toml`` is the script torchrun starts on every rank
+(:mod:`elastic_pipe.orchestrator.launch` starts :func:`entry` for ``elastic-pipe train``); :func:`run_rank` is the
+same thing as a function, for a program that already runs under torchrun or :func:`elastic_pipe.testing.run_distributed`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.config import TrainConfig, load_config
 from elastic_pipe.orchestrator.metrics import EventLog
+from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.runtime import ElasticRun, RunResult, candidate_pipe_lens
 from elastic_pipe.orchestrator.workload import Samples, build_model, cross_entropy, load_samples, split_samples
 
@@ -146,18 +147,16 @@ def entry(config_dict: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m elastic_pipe.orchestrator.worker --config FILE.toml [--result FILE.json]``."""
-    parser = argparse.ArgumentParser(prog="python -m elastic_pipe.orchestrator.worker")
+    """``python -m elastic_pipe.orchestrator --config FILE.toml [--result FILE.json]``."""
+    parser = argparse.ArgumentParser(prog="python -m elastic_pipe.orchestrator")
     parser.add_argument("--config", required=True, help="TOML training configuration")
     parser.add_argument("--result", help="rank 0 writes the run's result here as JSON")
     args = parser.parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    result = run_rank(load_config(args.config))
+    config = load_config(args.config)
+    preflight(config)
+    result = run_rank(config)
     if args.result and int(os.environ.get("RANK", "0")) == 0:
         with open(args.result, "w", encoding="utf-8") as f:
             json.dump(result.to_dict(), f)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
