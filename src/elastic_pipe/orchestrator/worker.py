@@ -2,7 +2,8 @@
 
 ``python -m elastic_pipe.orchestrator --config FILE.toml`` is the script torchrun starts on every rank
 (:mod:`elastic_pipe.orchestrator.launch` starts :func:`entry` for ``elastic-pipe train``); :func:`run_rank` is the
-same thing as a function, for a program that already runs under torchrun or :func:`elastic_pipe.testing.run_distributed`.
+same thing as a function, for a program that already runs under torchrun or
+:func:`elastic_pipe.testing.run_distributed`.
 """
 
 from __future__ import annotations
