@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ from elastic_pipe.planner import (
     price,
     to_layer_costs,
 )
-from elastic_pipe.planner.step import ring_allreduce_time, transfer_time
+from elastic_pipe.planner.step import gradient_sync_time, ring_allreduce_time, transfer_time
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 # --- model configs -------------------------------------------------------------------------------------------
@@ -160,6 +161,12 @@ def _uniform(n: int, *, forward: float = 1e-3, backward: float = 2e-3, host: flo
     ]
 
 
+#: A GPU without any fixed per-step host cost: the step is the simulated schedule alone.
+NO_FIXED_COSTS = GpuSpec(
+    host_overhead=0.0, data_overhead=0.0, pass_overhead=0.0, optimizer_overhead=0.0, optimizer_sublayer_overhead=0.0
+)
+
+
 def test_ring_allreduce_formula() -> None:
     assert ring_allreduce_time(1e9, 1, 1e9, 1e-5) == 0.0
     assert ring_allreduce_time(1e9, 4, 1e10, 1e-5) == pytest.approx(2 * 3 / 4 * 0.1 + 6 * 1e-5)
@@ -169,7 +176,7 @@ def test_ring_allreduce_formula() -> None:
 @pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (4, 8), (4, 4)])
 def test_equal_stages_reproduce_the_1f1b_bubble(stages: int, microbatches: int) -> None:
     costs = _uniform(2 * stages)
-    cluster = ClusterSpec(stages, gpu=GpuSpec(host_overhead=0.0))
+    cluster = ClusterSpec(stages, gpu=NO_FIXED_COSTS)
     batch = 8 * microbatches
     pred = predict_step(
         [(c, Mode.ACTIVE) for c in costs], cluster, global_batch=batch, pipe_len=stages, microbatches=microbatches
@@ -180,8 +187,42 @@ def test_equal_stages_reproduce_the_1f1b_bubble(stages: int, microbatches: int) 
     assert b.compute == pytest.approx(microbatches * per_mb)
     assert b.bubble == pytest.approx((stages - 1) * per_mb)
     assert b.transfers == pytest.approx(0.0, abs=1e-12) or b.transfers > 0  # zero-byte messages still pay latency
-    assert b.allreduce == 0.0 and b.optimizer == 0.0
+    assert b.allreduce == 0.0 and b.optimizer == 0.0 and b.host == 0.0
     assert pred.step_time == pytest.approx(b.compute + b.bubble + b.transfers)
+
+
+def test_fixed_step_costs_add_up_per_trained_sub_layer() -> None:
+    # 4 sub-layers of 1M parameters, the first frozen, on 2 DDP replicas: 3 trained sub-layers on every rank.
+    costs = [replace(c, params=10**6) for c in _uniform(4)]
+    gpu = GpuSpec(
+        host_overhead=0.0,
+        data_overhead=1e-3,
+        pass_overhead=2e-3,
+        optimizer_overhead=3e-3,
+        optimizer_sublayer_overhead=1e-4,
+        memory_bandwidth=1e12,
+    )
+    cluster = ClusterSpec(2, gpu=gpu, sync_overhead=5e-4, sync_sublayer_overhead=2e-4, collective_latency=0.0)
+    modes = [(costs[0], Mode.FROZEN)] + [(c, Mode.ACTIVE) for c in costs[1:]]
+    b = predict_step(modes, cluster, global_batch=8, pipe_len=1, microbatches=1).breakdown
+    grads = 3 * 10**6 * 4  # fp32 gradients of the trained sub-layers
+    assert b.host == pytest.approx(3e-3)
+    assert b.optimizer == pytest.approx(3e-3 + 3 * 1e-4 + 3 * 10**6 * 28 / 1e12)
+    assert b.allreduce == pytest.approx(2 * 1 / 2 * grads / cluster.intra_node_bandwidth + 5e-4 + 3 * 2e-4)
+    assert gradient_sync_time(grads, 3, 1, 1e9, cluster) == 0.0  # one replica: nothing to average
+    assert gradient_sync_time(0.0, 0, 2, 1e9, cluster) == 0.0  # nothing trained on the rank
+
+
+@pytest.mark.parametrize("key", ["data_overhead", "pass_overhead", "optimizer_overhead", "optimizer_sublayer_overhead"])
+def test_gpu_spec_rejects_negative_fixed_costs(key: str) -> None:
+    with pytest.raises(PlannerError, match=key):
+        GpuSpec(**{key: -1e-3})
+
+
+@pytest.mark.parametrize("key", ["sync_overhead", "sync_sublayer_overhead"])
+def test_cluster_spec_rejects_negative_sync_costs(key: str) -> None:
+    with pytest.raises(PlannerError, match=key):
+        ClusterSpec(2, **{key: -1e-3})
 
 
 def test_small_micro_batches_are_host_bound() -> None:
@@ -371,3 +412,27 @@ def test_every_decision_is_explained() -> None:
     assert "K=1 x 16" in second and "beats K=2:" in second
     assert "read boundary 4 from the" in plan.epochs[2].why
     assert "transitions:" in format_table(plan) and plan_to_dict(plan)["epochs"][1]["why"] == second
+
+
+def test_cache_filled_in_the_transition_is_read_from_the_first_epoch() -> None:
+    cluster = ClusterSpec(2, 2)
+    job = JobSpec(512, 3, 10, frozen=(0, 4, 4), pipe_len=1, microbatches=1, cache_fill="transition")
+    plan = plan_model("vit-b16", cluster, job)
+    e1, e2 = plan.epochs[1], plan.epochs[2]
+    assert (e1.cached, e2.cached, e1.cache_tier) == (4, 4, "gpu")
+    assert e1.step.step_time == pytest.approx(e2.step.step_time)  # no recompute, no write while training
+    costs = price(model_work(model_config("vit-b16")), cluster.gpu)
+    prefix = [c for c in costs if c.unit is not None and c.unit < 4]
+    per_sample = sum(c.frozen_forward for c in prefix) + prefix[-1].output_bytes / cluster.gpu_cache_bandwidth
+    assert e1.transition_seconds == pytest.approx(job.samples_per_epoch * per_sample)
+    assert e2.transition_seconds == 0.0
+    assert "the transition fills boundary 4 in the gpu cache" in e1.why
+    assert e1.seconds == pytest.approx(10 * e1.step.step_time + e1.transition_seconds)
+    published = plan_model("vit-b16", cluster, replace(job, cache_fill="epoch")).epochs[1]
+    assert published.cached == 0 and published.transition_seconds == 0.0
+    assert published.step.step_time > e1.step.step_time  # recomputes units 0..3 and writes boundary 4
+
+
+def test_job_spec_rejects_an_unknown_cache_fill() -> None:
+    with pytest.raises(PlannerError, match="unknown cache fill 'later'"):
+        JobSpec(64, 2, 10, cache_fill="later")

@@ -1,10 +1,22 @@
-"""The cost model against measurements: the H200 numbers of REFERENCE.md section 7, and a run on this CPU."""
+"""The cost model against measurements: REFERENCE.md section 7's H200 numbers, the GPU benchmark's measured
+epochs of the orchestrator, and a run on this CPU."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from elastic_pipe.planner.calibration import CALIBRATION_TOLERANCE, cpu_calibration, h200_calibration
+from elastic_pipe.planner import PlannerError
+from elastic_pipe.planner.calibration import (
+    CALIBRATION_TOLERANCE,
+    ArmMeasurement,
+    cpu_calibration,
+    gpu_benchmark_calibration,
+    h200_calibration,
+    load_gpu_benchmark,
+)
 
 #: A ratio whose measured value is this close to zero is judged by absolute error (1% of a full step): the
 #: relative error of 0.02 vs 0.01 says nothing about the step times the planner adds up.
@@ -36,3 +48,71 @@ def test_cpu_run_is_predicted_from_its_profile() -> None:
         assert 1 / CPU_FACTOR <= row.predicted / row.measured <= CPU_FACTOR, row
     # Freezing must show up in both: the frozen run is cheaper, measured and predicted.
     assert rows[1].predicted < rows[0].predicted and rows[1].measured < rows[0].measured
+
+
+# --- the GPU benchmark (benchmarks/results/gpu_2xh200_vit.json, 2x H200, torch 2.11, ViT-B/16, batch 512) --------
+# A copy of the measured numbers the calibration needs, so that the test does not depend on the results file.
+_FROZEN = (0, 4, 7, 9, 10, 11, 11, 12, 12, 12)
+MEASURED_ARMS = {
+    "static_ddp": ArmMeasurement(
+        "static_ddp", (0, 0), False, (4163.600355265058, 4952.724187222313), (1.2297049579999992, 1.0337745060000003)
+    ),
+    "freeze_only": ArmMeasurement(
+        "freeze_only",
+        _FROZEN,
+        False,
+        (4071.65, 6396.90, 8285.44, 10395.35, 11764.61, 13588.23, 13665.65, 15569.35, 15740.42, 15847.04),
+        (1.25747, 0.80039, 0.61795, 0.49253, 0.43520, 0.37680, 0.37466, 0.32885, 0.32528, 0.32309),
+    ),
+    "elastic_cache": ArmMeasurement(
+        "elastic_cache",
+        _FROZEN,
+        True,
+        (4023.63, 7078.21, 11495.85, 18215.74, 25854.63, 44568.33, 47541.86, 142548.11, 145781.26, 144012.64),
+        (1.27248, 0.72335, 0.44538, 0.28108, 0.19803, 0.11488, 0.10769, 0.03592, 0.03512, 0.03555),
+    ),
+    "static_pipe2_1f1b_m8": ArmMeasurement(
+        "static_pipe2_1f1b_m8", (0, 0), False, (3255.91, 3787.37), (1.57253, 1.35186), pipe_len=2, microbatches=8
+    ),
+}
+
+
+def test_gpu_benchmark_epochs_are_predicted_within_15_percent() -> None:
+    rows = gpu_benchmark_calibration(MEASURED_ARMS)
+    # One row per steady epoch (the first epoch of every arm is warm-up and left out) plus one run row per arm.
+    assert len(rows) == (1 + 1) + (9 + 1) + (9 + 1) + (1 + 1)
+    assert not any("epoch 0 " in r.name for r in rows)
+    assert [r.measured for r in rows if r.name.startswith("elastic_cache, epoch")] == list(
+        MEASURED_ARMS["elastic_cache"].samples_per_s[1:]
+    )
+    run = next(r for r in rows if r.name == "freeze_only, steady epochs: run time")
+    assert run.measured == pytest.approx(sum(MEASURED_ARMS["freeze_only"].epoch_seconds[1:]))
+    for row in rows:
+        assert abs(row.error) <= CALIBRATION_TOLERANCE, row
+
+
+def test_gpu_benchmark_file_is_read(tmp_path: Path) -> None:
+    arm = {
+        "config": {"global_batch": 512, "microbatches": 8, "microbatches_by_pipe_len": {"1": 1}, "schedule": "1f1b"},
+        "frozen_units": [0, 4],
+        "cache": [False, True],
+        "samples_per_s": [4000.0, 7000.0],
+        "epoch_seconds": [1.28, 0.73],
+        "pipe_len": [1, 1],
+    }
+    doc = {"gpus": 2, "workloads": {"vit": {"steps_per_epoch": 10, "arms": {"elastic_cache": arm, "other": arm}}}}
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(doc))
+    loaded = load_gpu_benchmark(path)
+    assert (loaded["gpus"], loaded["global_batch"], loaded["steps_per_epoch"]) == (2, 512, 10)
+    assert loaded["arms"] == {
+        "elastic_cache": ArmMeasurement("elastic_cache", (0, 4), True, (4000.0, 7000.0), (1.28, 0.73), 1, 1, "1f1b")
+    }
+    path.write_text(json.dumps({"gpus": 2, "workloads": {}}))
+    with pytest.raises(PlannerError, match="not a GPU benchmark result"):
+        load_gpu_benchmark(path)
+
+
+def test_arm_measurement_needs_one_number_per_epoch() -> None:
+    with pytest.raises(PlannerError, match="one frozen count"):
+        ArmMeasurement("x", (0, 1), False, (1.0,), (1.0, 2.0))

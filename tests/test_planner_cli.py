@@ -83,3 +83,19 @@ def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["plan", "--model", "vit-b16"])  # --gpus is required
     assert exc.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_cache_filled_in_the_transition(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--model", "vit-b16", "--gpus", "2", "--gpus-per-node", "2", "--global-batch", "512"]
+    args += ["--dataset-size", "5120", "--epochs", "3", "--pipe-len", "1", "--microbatches", "1"]
+    assert main([*args, "--cache-fill", "transition", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["job"]["cache_fill"] == "transition"
+    first = doc["epochs"][1]
+    assert first["cached"] == first["frozen"] == 4 and first["transition_seconds"] > 0
+    parts = first["breakdown"]
+    assert set(parts) == {"compute", "bubble", "transfers", "allreduce", "cache_reads", "optimizer", "host"}
+    assert sum(parts.values()) == pytest.approx(first["step_time"])
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--cache-fill", "later"])
+    assert exit_info.value.code == 2 and "invalid choice: 'later'" in capsys.readouterr().err

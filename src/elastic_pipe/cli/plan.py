@@ -24,6 +24,7 @@ from typing import Any
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit, read_json_file
 from elastic_pipe.freeze import parse_manual
 from elastic_pipe.planner import (
+    CACHE_FILLS,
     CACHE_TIERS,
     MODEL_CONFIGS,
     ClusterSpec,
@@ -145,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--microbatches", type=int, help="fixed micro-batches per step (default: tuned in [K, 6K])")
     job.add_argument("--no-cache", action="store_true", help="recompute the frozen prefix instead of caching it")
     job.add_argument("--cache-tier", default="auto", choices=["auto", *CACHE_TIERS])
+    job.add_argument(
+        "--cache-fill",
+        default="epoch",
+        choices=list(CACHE_FILLS),
+        help="when a new cache boundary fills: during its first epoch (published, default) or in the transition, "
+        "for the whole training set (elastic-pipe train)",
+    )
     job.add_argument("--transition-seconds", type=float, default=5.0, help="cost of one reshape (default 5 s)")
     job.add_argument("--solver", default="optimal", help="partition solver (default optimal)")
 
@@ -227,6 +235,7 @@ def build(args: argparse.Namespace) -> Plan:
         microbatches=args.microbatches,
         cache=not args.no_cache,
         cache_tier=args.cache_tier,
+        cache_fill=args.cache_fill,
         dataset_size=args.dataset_size,
         transition_seconds=args.transition_seconds,
         solver=args.solver,

@@ -7,7 +7,8 @@ cache pay-off rule) over an analytic cost model calibrated on measured H200 runs
   per-sub-layer work; :func:`price` turns work into per-sample times on a :class:`GpuSpec`, and
   :func:`from_layer_costs` does the same from measured :class:`~elastic_pipe.types.LayerCost` records;
 * :class:`ClusterSpec`: GPUs, nodes, memory, links;
-* :func:`predict_step`: one layout's step, split into compute, bubble, transfers, all-reduce, cache reads;
+* :func:`predict_step`: one layout's step, split into compute, bubble, transfers, all-reduce, cache reads,
+  optimizer and fixed host work;
 * :class:`JobSpec` and :func:`make_plan`: the per-epoch :class:`Plan` with its static and freeze-only baselines;
 * :func:`plan_model`: the one-call path from a model name;
 * :func:`plan_to_dict`, :func:`format_table`, :func:`plot_throughput`, :func:`plot_timeline`: reports.
@@ -18,7 +19,7 @@ from __future__ import annotations
 from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec, parse_bytes
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
 from elastic_pipe.planner.errors import PlannerError
-from elastic_pipe.planner.job import CACHE_TIERS, JobSpec
+from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
 from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.report import format_table, plan_to_dict, plot_throughput, plot_timeline
@@ -26,6 +27,7 @@ from elastic_pipe.planner.result import EpochPlan, Plan
 from elastic_pipe.planner.step import Mode, StepBreakdown, StepPrediction, predict_step
 
 __all__ = [
+    "CACHE_FILLS",
     "CACHE_TIERS",
     "H200",
     "MODEL_CONFIGS",

@@ -4,17 +4,22 @@
   the default :class:`~elastic_pipe.planner.GpuSpec` and :class:`~elastic_pipe.planner.ClusterSpec`; the tests hold
   every row within :data:`CALIBRATION_TOLERANCE` (or within 1% of a full step for near-zero ratios).
 * :func:`cpu_calibration`: profile a small model on the CPU, predict its step, run it and time it.
+* :func:`gpu_benchmark_calibration`: the orchestrator's measured epochs on 2x H200 (the GPU benchmark,
+  ``benchmarks/results/gpu_2xh200_vit.json``, read by :func:`load_gpu_benchmark`), predicted per epoch.
 
-docs/planner.md prints both tables.
+docs/planner.md prints the tables.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,16 +27,25 @@ from elastic_pipe.freeze import AlphaSchedule, frozen_by_epoch
 from elastic_pipe.partition import profile_layers
 from elastic_pipe.planner.cluster import ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price
+from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.job import JobSpec
 from elastic_pipe.planner.models import model_config, model_work
+from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.step import Mode, predict_step
 from elastic_pipe.types import LayerCost
 
 __all__ = [
+    "BARE_LOOP_GPU",
     "CALIBRATION_TOLERANCE",
+    "GPU_BENCHMARK_ARMS",
+    "ArmMeasurement",
     "CalibrationRow",
     "cpu_calibration",
     "cpu_model",
+    "format_rows",
+    "gpu_benchmark_calibration",
     "h200_calibration",
+    "load_gpu_benchmark",
     "relative_step_cost",
 ]
 
@@ -113,10 +127,19 @@ def relative_step_cost(costs: Sequence[SubLayerCost], cluster: ClusterSpec, froz
     return _step(costs, cluster, batch=ONE_GPU_BATCH, frozen=frozen, cached=cached) / full
 
 
+#: An H200 timed in a bare training loop, as REFERENCE.md section 7 and ``examples/plan_calibrate.py`` time a
+#: step: the batch already on the device (no data phase), fused AdamW (one kernel over all tensors, no per-tensor
+#: Python loop), no device synchronisation between phases (the host's own per-step work runs ahead, hidden behind
+#: queued GPU work). ``examples/plan_calibrate.py``'s loop measured 92.4 ms where section 7 measured 92.5 ms. The
+#: defaults of :class:`GpuSpec` describe the orchestrator instead, which pays those per-step costs.
+BARE_LOOP_GPU = GpuSpec(data_overhead=0.0, pass_overhead=0.0, optimizer_sublayer_overhead=0.0)
+
+
 def h200_calibration(one: ClusterSpec | None = None, two: ClusterSpec | None = None) -> list[CalibrationRow]:
-    """Predict REFERENCE.md section 7's ViT-B/16 measurements; defaults: 1 and 2 H200s on one node."""
-    one = one or ClusterSpec(1)
-    two = two or ClusterSpec(2)
+    """Predict REFERENCE.md section 7's ViT-B/16 measurements; defaults: 1 and 2 H200s on one node, timed in a
+    bare loop (:data:`BARE_LOOP_GPU`)."""
+    one = one or ClusterSpec(1, gpu=BARE_LOOP_GPU)
+    two = two or ClusterSpec(2, gpu=BARE_LOOP_GPU)
     costs = price(model_work(model_config("vit-b16")), one.gpu)
     rows = [
         CalibrationRow("one GPU, batch 256: training step", "ms", 92.5, 1e3 * _step(costs, one, batch=ONE_GPU_BATCH)),
@@ -295,3 +318,172 @@ def cpu_calibration(
     finally:
         torch.set_num_threads(threads)
     return rows
+
+
+#: The GPU benchmark's arms that :func:`gpu_benchmark_calibration` predicts: DDP without freezing, freezing with
+#: the frozen prefix recomputed, freezing with the prefix read from the activation cache, and the static
+#: two-stage pipelines (GPipe and 1F1B, 4 and 8 micro-batches).
+GPU_BENCHMARK_ARMS = (
+    "static_ddp",
+    "freeze_only",
+    "elastic_cache",
+    "static_pipe2_gpipe_m4",
+    "static_pipe2_gpipe_m8",
+    "static_pipe2_1f1b_m4",
+    "static_pipe2_1f1b_m8",
+)
+#: Leading epochs of every arm left out: the first epoch carries the job's warm-up (CUDA and NCCL
+#: initialisation, allocator growth, autotuning), 20-30% slower than the same layout's next epoch.
+WARMUP_EPOCHS = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ArmMeasurement:
+    """One measured arm of the GPU benchmark, run in one layout throughout.
+
+    Attributes:
+        name: the arm's name.
+        frozen: frozen units per epoch.
+        cache: whether the frozen prefix was read from the activation cache (filled in the transitions).
+        samples_per_s: measured throughput per epoch (transitions excluded).
+        epoch_seconds: measured seconds per epoch (transitions excluded).
+        pipe_len: pipeline stages (1: DDP over every GPU).
+        microbatches: micro-batches per step and replica.
+        schedule: the pipeline schedule kind.
+    """
+
+    name: str
+    frozen: tuple[int, ...]
+    cache: bool
+    samples_per_s: tuple[float, ...]
+    epoch_seconds: tuple[float, ...]
+    pipe_len: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        if not self.frozen or not len(self.frozen) == len(self.samples_per_s) == len(self.epoch_seconds):
+            raise PlannerError(
+                f"arm {self.name!r} needs one frozen count, throughput and duration per epoch, got "
+                f"{len(self.frozen)}, {len(self.samples_per_s)} and {len(self.epoch_seconds)}"
+            )
+
+
+def load_gpu_benchmark(path: str | Path, workload: str = "vit") -> dict[str, Any]:
+    """Read a GPU benchmark result file: the job (GPUs, global batch, steps per epoch) and the measured arms.
+
+    Returns:
+        ``{"gpus", "global_batch", "steps_per_epoch", "arms": {name: ArmMeasurement}}`` for the arms of
+        :data:`GPU_BENCHMARK_ARMS` present in the file.
+
+    Raises:
+        PlannerError: the file lacks the workload or an arm's per-epoch numbers.
+    """
+    data = json.loads(Path(path).read_text())
+    try:
+        work = data["workloads"][workload]
+        arms = {}
+        for name, a in work["arms"].items():
+            if name not in GPU_BENCHMARK_ARMS:
+                continue
+            config, pipe_len = a["config"], int(a["pipe_len"][0])
+            by_len = config.get("microbatches_by_pipe_len") or {}
+            arms[name] = ArmMeasurement(
+                name=name,
+                frozen=tuple(int(f) for f in a["frozen_units"]),
+                cache=any(a["cache"]),
+                samples_per_s=tuple(float(v) for v in a["samples_per_s"]),
+                epoch_seconds=tuple(float(v) for v in a["epoch_seconds"]),
+                pipe_len=pipe_len,
+                microbatches=int(by_len.get(str(pipe_len), config["microbatches"])),
+                schedule=str(config["schedule"]),
+            )
+        first = next(iter(work["arms"].values()))["config"]
+        return {
+            "gpus": int(data["gpus"]),
+            "global_batch": int(first["global_batch"]),
+            "steps_per_epoch": int(work["steps_per_epoch"]),
+            "arms": arms,
+        }
+    except (KeyError, TypeError, IndexError, StopIteration) as exc:
+        raise PlannerError(f"{path} is not a GPU benchmark result with workload {workload!r}: missing {exc}") from exc
+
+
+def gpu_benchmark_calibration(
+    arms: Mapping[str, ArmMeasurement],
+    *,
+    gpus: int = 2,
+    global_batch: int = TWO_GPU_BATCH,
+    steps_per_epoch: int = 10,
+    cluster: ClusterSpec | None = None,
+) -> list[CalibrationRow]:
+    """Predict the orchestrator's measured epochs: one row per steady epoch, then one per arm for the run.
+
+    Every arm is planned as it ran: ViT-B/16 with the measured frozen counts, in the arm's layout (pipeline
+    length, micro-batches, schedule), the cache on or off as measured and filled in the transitions
+    (``cache_fill="transition"``, as the orchestrator does). The first :data:`WARMUP_EPOCHS` epochs of each arm
+    are left out (warm-up). Measured throughput and epoch times exclude transitions, and so do the predictions.
+
+    Args:
+        arms: measured arms by name (e.g. ``load_gpu_benchmark(path)["arms"]``).
+        gpus: GPUs of the run (one node).
+        global_batch: samples per step.
+        steps_per_epoch: steps per epoch.
+        cluster: the cluster; default ``ClusterSpec(gpus, gpus_per_node=gpus)`` with the H200 defaults.
+
+    Returns:
+        Per steady epoch "<arm>, epoch e (f frozen)" in samples/s, and per arm "<arm>, steady epochs: run time" in
+        seconds (the sum over its steady epochs).
+    """
+    cluster = cluster or ClusterSpec(gpus, gpus_per_node=gpus)
+    costs = price(model_work(model_config("vit-b16")), cluster.gpu)
+    rows: list[CalibrationRow] = []
+    for name, arm in arms.items():
+        job = JobSpec(
+            global_batch=global_batch,
+            epochs=len(arm.frozen),
+            steps_per_epoch=steps_per_epoch,
+            frozen=arm.frozen,
+            pipe_len=arm.pipe_len,
+            microbatches=arm.microbatches,
+            schedule=arm.schedule,
+            cache=arm.cache,
+            cache_fill="transition",
+        )
+        plan = make_plan(costs, cluster, job, model="vit-b16")
+        steady = range(WARMUP_EPOCHS, len(arm.frozen))
+        for e in steady:
+            rows.append(
+                CalibrationRow(
+                    f"{name}, epoch {e} ({arm.frozen[e]} frozen)",
+                    "samples/s",
+                    arm.samples_per_s[e],
+                    plan.epochs[e].throughput,
+                )
+            )
+        if steady:
+            rows.append(
+                CalibrationRow(
+                    f"{name}, steady epochs: run time",
+                    "s",
+                    math.fsum(arm.epoch_seconds[e] for e in steady),
+                    math.fsum(plan.epochs[e].steps * plan.epochs[e].step.step_time for e in steady),
+                )
+            )
+    return rows
+
+
+#: Values at least this large print as whole numbers with thousands separators.
+_WHOLE = 100
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= _WHOLE else f"{value:.3g}"
+
+
+def format_rows(rows: Sequence[CalibrationRow]) -> str:
+    """A Markdown table of calibration rows: measured, predicted and the relative error."""
+    lines = ["| measured | unit | measured | predicted | error |", "| --- | --- | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.unit} | {_number(r.measured)} | {_number(r.predicted)} | {r.error:+.1%} |")
+    return "\n".join(lines)

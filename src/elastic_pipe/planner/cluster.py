@@ -2,7 +2,10 @@
 
 Defaults describe one H200 as measured here (REFERENCE.md section 7, torch 2.11, bf16 autocast, eager): the
 compute rates are *achieved* rates, fitted so that the analytic ViT-B/16 sub-layer times match the measured ones,
-not datasheet peaks. Numbers that were not measured here are marked as assumptions.
+not datasheet peaks. The fixed per-step host costs (``data_overhead``, ``pass_overhead``, the optimizer's and the
+gradient sync's floors and per-sub-layer costs) are the package's orchestrator measured on the same machine
+(``benchmarks/results/gpu_2xh200_vit.json``: ViT-B/16, 2 GPUs, DDP, batch 512, phase times per step). Numbers that
+were not measured here are marked as assumptions.
 """
 
 from __future__ import annotations
@@ -46,6 +49,19 @@ class GpuSpec:
         memory_bandwidth: achieved bytes/s of element-wise kernels (assumption: 4.0e12, ~83% of H200's 4.8 TB/s).
         host_overhead: eager host time per transformer block per micro-batch and pass (s). Measured ~1 ms; 0 when
             the step is captured in a CUDA graph or compiled.
+        data_overhead: host time per optimizer step to draw the step's sample indices, gather the batch and launch
+            its copy to the device (s). The orchestrator's data phase measured 0.35-0.45 ms in every arm and
+            layout; it is not overlapped because each phase starts from a synchronised device.
+        pass_overhead: host time per optimizer step that the pipeline runtime spends outside the layers while the
+            device waits: splitting the batch, the loss, starting autograd's backward (s). Measured ~1 ms: a step
+            whose only trained sub-layer is the head reads its cached input and runs forward+backward in 2.0-2.2
+            ms, where the head's own eager work is 1.0 ms.
+        optimizer_overhead: the optimizer phase's floor per step (s): the learning-rate scheduler, ``zero_grad``
+            and the optimizer's own bookkeeping. Least-squares intercept of the measured optimizer phase against
+            the trained sub-layer count: 0.48 ms (rounded to 0.5).
+        optimizer_sublayer_overhead: optimizer time per trained sub-layer beyond moving its bytes (s):
+            ``torch.optim.AdamW`` (foreach, the orchestrator's default) loops over each parameter tensor in
+            Python and runs unfused passes (~6 tensors per transformer sub-layer). Least-squares slope: 0.136 ms.
     """
 
     name: str = "h200"
@@ -56,6 +72,10 @@ class GpuSpec:
     conv_flops: float = 2.5e13
     memory_bandwidth: float = 4.0e12
     host_overhead: float = 1.0e-3
+    data_overhead: float = 0.4e-3
+    pass_overhead: float = 1.0e-3
+    optimizer_overhead: float = 0.5e-3
+    optimizer_sublayer_overhead: float = 0.135e-3
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -66,7 +86,15 @@ class GpuSpec:
             conv_flops=self.conv_flops,
             memory_bandwidth=self.memory_bandwidth,
         )
-        _check_non_negative("GpuSpec", reserved_memory=self.reserved_memory, host_overhead=self.host_overhead)
+        _check_non_negative(
+            "GpuSpec",
+            reserved_memory=self.reserved_memory,
+            host_overhead=self.host_overhead,
+            data_overhead=self.data_overhead,
+            pass_overhead=self.pass_overhead,
+            optimizer_overhead=self.optimizer_overhead,
+            optimizer_sublayer_overhead=self.optimizer_sublayer_overhead,
+        )
         if self.reserved_memory >= self.memory:
             raise PlannerError(f"GpuSpec.reserved_memory={self.reserved_memory} must be below memory={self.memory}")
 
@@ -93,6 +121,13 @@ class ClusterSpec:
         inter_node_bandwidth: per-GPU bandwidth between nodes, bytes/s (assumption: 5.0e10, one 400 Gb/s NIC per GPU).
         p2p_latency: fixed cost of one point-to-point message (s); measured ~45 us floor.
         collective_latency: fixed cost of one ring step of a collective (s) (assumption: 5 us).
+        sync_overhead: fixed cost per step of averaging gradients over more than one replica (s): launching the
+            first collective, waiting for the slowest replica, synchronising the device. Least-squares intercept
+            of the orchestrator's measured gradient-sync phase (minus the ring's bandwidth time) against the
+            trained sub-layer count on the rank: 0.65 ms.
+        sync_sublayer_overhead: gradient-sync time per trained sub-layer on the rank (s): its ~6 gradients are
+            flattened into a 25 MiB bucket and the averaged values copied back tensor by tensor, each a few small
+            kernels issued from Python. Least-squares slope: 0.20 ms.
         host_bandwidth: pinned host -> device copy rate per GPU, bytes/s (measured 55 GB/s).
         host_cache_memory: host memory per node that an activation cache may use, bytes (assumption: 1 TiB of a
             2 TiB node).
@@ -107,6 +142,8 @@ class ClusterSpec:
     inter_node_bandwidth: float = 5.0e10
     p2p_latency: float = 45e-6
     collective_latency: float = 5e-6
+    sync_overhead: float = 0.65e-3
+    sync_sublayer_overhead: float = 0.2e-3
     host_bandwidth: float = 5.5e10
     host_cache_memory: int = 1024 * _GIB
     disk_bandwidth: float = 5.0e9
@@ -134,6 +171,8 @@ class ClusterSpec:
             "ClusterSpec",
             p2p_latency=self.p2p_latency,
             collective_latency=self.collective_latency,
+            sync_overhead=self.sync_overhead,
+            sync_sublayer_overhead=self.sync_sublayer_overhead,
             host_cache_memory=self.host_cache_memory,
         )
 

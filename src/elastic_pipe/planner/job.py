@@ -10,10 +10,14 @@ from typing import Any
 from elastic_pipe.planner.errors import PlannerError
 from elastic_pipe.schedule import GENERATORS
 
-__all__ = ["CACHE_TIERS", "INTERLEAVED_CHUNKS", "JobSpec"]
+__all__ = ["CACHE_FILLS", "CACHE_TIERS", "INTERLEAVED_CHUNKS", "JobSpec"]
 
-#: Cache tiers, fastest first; ``auto`` takes the first whose capacity holds the replica's share.
+#: Cache tiers, fastest first; ``auto`` takes the first whose capacity holds what a rank caches.
 CACHE_TIERS = ("gpu", "host", "disk")
+#: When a new cache boundary is filled: during the first epoch at it, each rank caching the samples it trains on
+#: (published AutoCache), or in the transition, each stage-0 rank extending its cache through the newly frozen
+#: units for every training sample (this package's orchestrator).
+CACHE_FILLS = ("epoch", "transition")
 #: Stages per rank for the interleaved schedule.
 INTERLEAVED_CHUNKS = 2
 
@@ -38,6 +42,10 @@ class JobSpec:
         microbatches: a fixed micro-batch count per step and replica; ``None`` searches ``[K, 6K]``.
         cache: cache the frozen prefix's activations (where it pays).
         cache_tier: "auto" or one of :data:`CACHE_TIERS`.
+        cache_fill: one of :data:`CACHE_FILLS`: "epoch" (the published cache fills while the first epoch at a
+            boundary trains, which recomputes the newly frozen units and writes) or "transition" (the orchestrator
+            extends the cache for the whole training set in the transition, priced into ``transition_seconds`` of
+            the epoch, which then only reads; every stage-0 rank holds every sample).
         dataset_size: samples per epoch (for cache capacity); default ``global_batch * steps_per_epoch``.
         transition_seconds: cost of one reshape (moving stages, rebuilding groups); published ~17 s, assumed 5 s.
         solver: partition solver name.
@@ -54,6 +62,7 @@ class JobSpec:
     microbatches: int | None = None
     cache: bool = True
     cache_tier: str = "auto"
+    cache_fill: str = "epoch"
     dataset_size: int | None = None
     transition_seconds: float = 5.0
     solver: str = "optimal"
@@ -71,6 +80,8 @@ class JobSpec:
             raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
         if self.cache_tier not in ("auto", *CACHE_TIERS):
             raise PlannerError(f"unknown cache tier {self.cache_tier!r}; expected one of {['auto', *CACHE_TIERS]}")
+        if self.cache_fill not in CACHE_FILLS:
+            raise PlannerError(f"unknown cache fill {self.cache_fill!r}; expected one of {list(CACHE_FILLS)}")
         if not (math.isfinite(self.transition_seconds) and self.transition_seconds >= 0):
             raise PlannerError(f"JobSpec.transition_seconds must be finite and >= 0, got {self.transition_seconds!r}")
         if self.frozen is not None and len(self.frozen) != self.epochs:

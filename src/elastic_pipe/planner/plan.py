@@ -15,10 +15,13 @@ Baselines, with the same model, global batch, epochs and cost model:
 * **freeze-only**: the elastic job's first layout kept for good (same stages, same micro-batches), its layers
   freezing on the same schedule and its prefix cached on the same rule, but never re-partitioned or compressed.
 
-The cache holds the output of one boundary. An epoch whose frozen count grew reads the boundary it holds,
-recomputes the newly frozen units forward-only and writes the new boundary (the published cache fills during
-the first epoch at a new boundary); the next epoch reads it. Cached activations are assumed to stay readable after
-a re-shard (the host tier is shared per node); a reshard that moves samples across nodes is not priced.
+The cache holds the output of one boundary. With ``cache_fill="epoch"`` an epoch whose frozen count grew reads
+the boundary it holds, recomputes the newly frozen units forward-only and writes the new boundary (the published
+cache fills during the first epoch at a new boundary); the next epoch reads it. With ``cache_fill="transition"``
+(this package's orchestrator) the transition extends the cache to the new boundary for every training sample,
+priced into the epoch's ``transition_seconds``, and the epoch only reads. Cached activations are assumed to stay
+readable after a re-shard (the host tier is shared per node); a reshard that moves samples across nodes is not
+priced.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def _variant(frozen: int, held: tuple[int, str | None], job: JobSpec) -> CacheVa
     """
     if not job.cache or frozen == 0:
         return CacheVariant(frozen, 0, False, None)
+    if job.cache_fill == "transition":
+        return CacheVariant(frozen, frozen, False, "auto")  # filled in the transition: read the new boundary
     boundary, source = held
     start = boundary if 0 < boundary <= frozen else 0
     return CacheVariant(frozen, start, frozen > start, "auto", source if start else None)
@@ -83,7 +88,13 @@ def _units(start: int, stop: int) -> str:
 
 
 def _explain(
-    epoch: EpochPlan, previous: EpochPlan | None, used: CacheVariant, options: dict[int, float | None], job: JobSpec
+    epoch: EpochPlan,
+    previous: EpochPlan | None,
+    used: CacheVariant,
+    options: dict[int, float | None],
+    job: JobSpec,
+    *,
+    fill: float = 0.0,
 ) -> str:
     """Why an epoch looks the way it does, in a few clauses."""
     parts = []
@@ -91,14 +102,16 @@ def _explain(
         parts.append(f"start at the given pipe_len={job.pipe_len}" if job.pipe_len else "start at the fastest layout")
     elif epoch.frozen > previous.frozen:
         parts.append(f"froze {_units(previous.frozen, epoch.frozen)}")
+    if fill:
+        parts.append(f"the transition fills boundary {used.cached} in the {used.tier} cache ({fill:.3g} s)")
     if used.tier is not None:
         source = f"read boundary {used.cached} from the {used.read_tier} cache" if used.cached else "no cache yet"
-        fill = (
+        writes = (
             f", recompute {_units(used.cached, used.frozen)} and write boundary {used.frozen} to the {used.tier} cache"
             if used.writes
             else ""
         )
-        parts.append(source + fill)
+        parts.append(source + writes)
     elif epoch.frozen:
         parts.append(f"recompute the {epoch.frozen} frozen units (cache off or not paying)")
     others = [
@@ -172,8 +185,9 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
         pred, used = found
         previous = elastic[-1] if elastic else None
         moved = previous is not None and pred.pipe_len != previous.pipe_len
-        epoch = _epoch(e, job, ev, pred, used, transition=job.transition_seconds if moved else 0.0)
-        elastic.append(replace(epoch, why=_explain(epoch, previous, used, options, job)))
+        fill = ev.fill_seconds(used, *held)
+        epoch = _epoch(e, job, ev, pred, used, transition=(job.transition_seconds if moved else 0.0) + fill)
+        elastic.append(replace(epoch, why=_explain(epoch, previous, used, options, job, fill=fill)))
         if used.tier is not None:
             held = (used.frozen, used.tier)
 
@@ -192,7 +206,7 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
                 break
         if pred_fixed is None:
             raise PlannerError(f"epoch {e}: the fixed initial layout cannot be simulated with {f} frozen units")
-        freeze_only.append(_epoch(e, job, ev, pred_fixed, v))
+        freeze_only.append(_epoch(e, job, ev, pred_fixed, v, transition=ev.fill_seconds(v, *held)))
         if v.tier is not None:
             held = (v.frozen, v.tier)
 

@@ -41,6 +41,7 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
             "allreduce": b.allreduce,
             "cache_reads": b.cache_reads,
             "optimizer": b.optimizer,
+            "host": b.host,
         },
         "throughput": e.throughput,
         "transition_seconds": e.transition_seconds,
@@ -98,17 +99,17 @@ def format_table(plan: Plan) -> str:
         f"cache {'on' if j.cache else 'off'}",
         "",
         f"{'epoch':>5} {'frozen':>6} {'cache':>9} {'K':>3} {'R':>4} {'M':>3} {'step ms':>8} {'compute':>8} "
-        f"{'bubble':>7} {'xfer':>6} {'allred':>7} {'cache':>6} {'samples/s':>10}  stages (sub-layers)",
+        f"{'bubble':>7} {'xfer':>6} {'allred':>7} {'cache':>6} {'opt+host':>8} {'samples/s':>10}  stages (sub-layers)",
     ]
     for e in plan.epochs:
         b = e.step.breakdown
         cache = f"{e.cached}@{e.cache_tier}" if e.cache_tier else "-"
         host = " host-bound" if e.step.host_bound else ""
-        moved = f"  [reshape {e.transition_seconds:g} s]" if e.transition_seconds else ""
+        moved = f"  [transition {e.transition_seconds:.3g} s]" if e.transition_seconds else ""
         lines.append(
             f"{e.epoch:>5} {e.frozen:>6} {cache:>9} {e.pipe_len:>3} {e.replicas:>4} {e.step.microbatches:>3} "
             f"{_ms(e.step.step_time):>8} {_ms(b.compute):>8} {_ms(b.bubble):>7} {_ms(b.transfers):>6} "
-            f"{_ms(b.allreduce):>7} {_ms(b.cache_reads):>6} {e.throughput:>10,.0f}  "
+            f"{_ms(b.allreduce):>7} {_ms(b.cache_reads):>6} {_ms(b.optimizer + b.host):>8} {e.throughput:>10,.0f}  "
             f"{'/'.join(str(n) for n in e.step.layers_per_stage)}{host}{moved}"
         )
     notes = [

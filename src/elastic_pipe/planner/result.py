@@ -25,7 +25,8 @@ class EpochPlan:
         step: the predicted step (layout, partition, breakdown).
         steps: optimizer steps in the epoch.
         global_batch: samples per step.
-        transition_seconds: reshape cost paid at the start of this epoch.
+        transition_seconds: paid at the start of this epoch: a reshape's cost, plus filling the cache when the
+            job fills it in the transition.
         why: one sentence per decision: what froze, how the prefix is served, why this layout.
     """
 

@@ -91,14 +91,31 @@ class LayoutSearch:
         write = self.boundary_bytes[v.frozen] / self.bandwidth(v.tier) if v.writes else 0.0
         return read + write
 
+    def fill_seconds(self, v: CacheVariant, held: int, held_tier: str | None) -> float:
+        """Seconds a stage-0 rank spends in the transition extending the cache from boundary ``held`` (in
+        ``held_tier``; 0: from the input) to ``v.cached`` for every training sample (``cache_fill="transition"``):
+        read the held boundary, recompute the newly frozen units forward-only, write the new boundary."""
+        if self.job.cache_fill != "transition" or v.tier is None or v.cached <= held:
+            return 0.0
+        start = held if held > 0 else 0
+        read = self.boundary_bytes[start] / self.bandwidth(held_tier) if start and held_tier else 0.0
+        recompute = self.recompute[v.cached] - self.recompute[start]
+        write = self.boundary_bytes[v.cached] / self.bandwidth(v.tier)
+        return self.job.samples_per_epoch * (read + recompute + write)
+
     def tier_fits(self, tier: str, v: CacheVariant, pred: StepPrediction) -> bool:
         need_per_sample = max(self.boundary_bytes.get(v.cached, 0.0), self.boundary_bytes.get(v.frozen, 0.0))
-        per_replica = math.ceil(self.job.samples_per_epoch / pred.replicas) * need_per_sample
+        # Filled in the transition, every stage-0 rank caches the whole training set (a rank is handed different
+        # samples each epoch); filled while training, a rank caches its share.
+        share = self.job.samples_per_epoch
+        if self.job.cache_fill == "epoch":
+            share = math.ceil(share / pred.replicas)
+        per_rank = share * need_per_sample
         if tier == "gpu":
-            return pred.stage_memory[0] + per_replica <= self.cluster.gpu.usable_memory
+            return pred.stage_memory[0] + per_rank <= self.cluster.gpu.usable_memory
         if tier == "host":
             replicas_per_node = max(1, self.cluster.gpus_on_a_node // pred.pipe_len)
-            return per_replica * replicas_per_node <= self.cluster.host_cache_memory
+            return per_rank * replicas_per_node <= self.cluster.host_cache_memory
         return True
 
     def microbatch_options(self, pipe_len: int) -> tuple[int, ...]:

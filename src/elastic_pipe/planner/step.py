@@ -11,9 +11,12 @@ with these per-stage costs (seconds per micro-batch of ``b`` samples):
 * a hop between stages: ``latency + bytes / bandwidth`` per message (NVLink inside a node, the NIC across nodes).
 
 After the pipeline drains, every stage all-reduces its gradients over the replicas (ring:
-``2 (R-1)/R * bytes / bandwidth + 2 (R-1) * step_latency``, not overlapped with compute) and runs its optimizer.
+``2 (R-1)/R * bytes / bandwidth + 2 (R-1) * step_latency``, not overlapped with compute, plus the sync's fixed
+cost and a per-trained-sub-layer cost for flattening and copying back the gradients) and runs its optimizer
+(bytes at memory bandwidth, a floor and a per-trained-sub-layer cost). Each step also pays fixed host work that
+no GPU work hides: loading the batch (``data_overhead``) and the pipeline runtime's own work (``pass_overhead``).
 The step time is split into compute (the busiest stage's own work), bubble (idle time of the simulated schedule
-without transfers), transfers (what the hops add to the makespan), cache reads, all-reduce and optimizer.
+without transfers), transfers (what the hops add to the makespan), cache reads, all-reduce, optimizer and host.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ __all__ = [
     "Mode",
     "StepBreakdown",
     "StepPrediction",
+    "gradient_sync_time",
     "microbatch_cost",
     "partition_entries",
     "predict_step",
@@ -66,6 +70,8 @@ class StepBreakdown:
         cache_reads: the busiest stage's cache reads (and writes while the cache fills), when that is stage 0.
         allreduce: gradient all-reduce over the replicas (the slowest stage's).
         optimizer: the optimizer step (the slowest stage's).
+        host: fixed host work per step outside the pipelined passes: loading the batch and the pipeline
+            runtime's own work (loss, schedule bookkeeping) while the device waits.
     """
 
     compute: float
@@ -74,11 +80,14 @@ class StepBreakdown:
     cache_reads: float
     allreduce: float
     optimizer: float
+    host: float = 0.0
 
     @property
     def total(self) -> float:
         """The step time."""
-        return self.compute + self.bubble + self.transfers + self.cache_reads + self.allreduce + self.optimizer
+        return (
+            self.compute + self.bubble + self.transfers + self.cache_reads + self.allreduce + self.optimizer + self.host
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +155,14 @@ class _Stage:
     grads: float
     optimizer: float
     out_bytes: float
+    active: int
 
 
 def _stage(entries: Sequence[tuple[SubLayerCost, Mode]], mb: float, cluster: ClusterSpec) -> _Stage:
     gpu = cluster.gpu
     gpu_f = gpu_b = host_f = host_b = state = stored = params = 0.0
     out = 0.0
+    active = 0
     for cost, mode in entries:
         if mode is Mode.CACHED:
             continue
@@ -167,6 +178,7 @@ def _stage(entries: Sequence[tuple[SubLayerCost, Mode]], mb: float, cluster: Clu
         state += STATE_BYTES_PER_PARAM * cost.params
         stored += cost.stored_bytes * mb
         params += cost.params
+        active += 1
     return _Stage(
         gpu_f=gpu_f,
         gpu_b=gpu_b,
@@ -177,6 +189,7 @@ def _stage(entries: Sequence[tuple[SubLayerCost, Mode]], mb: float, cluster: Clu
         grads=GRAD_BYTES_PER_PARAM * params,
         optimizer=OPTIMIZER_BYTES_PER_PARAM * params / gpu.memory_bandwidth,
         out_bytes=out,
+        active=active,
     )
 
 
@@ -224,6 +237,16 @@ def partition_entries(
     if len(live) < stages:
         raise PlannerError(f"{stages} stages need at least as many sub-layers, got {len(live)}")
     return solve(_weights(live, micro_batch, cluster), stages, solver).layers_per_stage
+
+
+def gradient_sync_time(nbytes: float, sublayers: int, replicas: int, bandwidth: float, cluster: ClusterSpec) -> float:
+    """Averaging one rank's gradients over ``replicas``: the ring all-reduce of ``nbytes`` plus the sync's fixed
+    cost and its per-sub-layer cost for the ``sublayers`` trained sub-layers (none without a second replica or
+    without gradients)."""
+    if replicas <= 1 or nbytes <= 0:
+        return 0.0
+    ring = ring_allreduce_time(nbytes, replicas, bandwidth, cluster.collective_latency)
+    return ring + cluster.sync_overhead + sublayers * cluster.sync_sublayer_overhead
 
 
 def _stage_times(
@@ -379,7 +402,16 @@ def _predict(
         rank_grads[r] += st.grads
         rank_opt[r] += st.optimizer
         rank_mem[r] += st.state + st.stored * with_links.peak_activations[s]
-    allreduce = max(ring_allreduce_time(g, replicas, dp_link, cluster.collective_latency) for g in rank_grads)
+    rank_active = [0] * pipe_len
+    for s, st in enumerate(stages):
+        rank_active[s % pipe_len] += st.active
+    allreduce = max(
+        gradient_sync_time(g, n, replicas, dp_link, cluster) for g, n in zip(rank_grads, rank_active, strict=True)
+    )
+    optimizer = max(
+        t + cluster.gpu.optimizer_overhead + n * cluster.gpu.optimizer_sublayer_overhead
+        for t, n in zip(rank_opt, rank_active, strict=True)
+    )
     host = sum(stages[s].host_f + stages[s].host_b for s in range(busiest, len(stages), pipe_len))
     gpu = sum(stages[s].gpu_f + stages[s].gpu_b for s in range(busiest, len(stages), pipe_len))
     return StepPrediction(
@@ -398,7 +430,8 @@ def _predict(
             transfers=transfers,
             cache_reads=cache_part,
             allreduce=allreduce,
-            optimizer=max(rank_opt),
+            optimizer=optimizer,
+            host=cluster.gpu.data_overhead + cluster.gpu.pass_overhead,
         ),
         simulation=with_links,
     )
