@@ -236,6 +236,7 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         bytes_moved=1_000_000,
         cache=False,
         seconds=0.25,
+        phases={"decide": 0.05, "moves": 0.1, "rebuild": 0.05, "cache": 0.05},
     )
     log.record(event.to_dict(), event.human())
     lines = (tmp_path / "logs" / "events.jsonl").read_text().splitlines()
@@ -253,6 +254,7 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         "bytes_moved": 1_000_000,
         "cache": False,
         "seconds": 0.25,
+        "phases": {"decide": 0.05, "moves": 0.1, "rebuild": 0.05, "cache": 0.05},
     }
     assert stream.getvalue() == (
         "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"

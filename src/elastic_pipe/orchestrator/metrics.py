@@ -108,6 +108,9 @@ class TransitionEvent:
         cache: whether stage 0 reads the frozen prefix from the activation cache after it.
         seconds: wall time from the decision to the first step of the new layout (stats gathering, decision,
             broadcast, state moves, freezing, rebuilding the stage), measured on rank 0.
+        phases: ``seconds`` split: ``decide`` (statistics, policy, compression, message broadcast), ``moves``
+            (weights and optimizer state to new owners), ``rebuild`` (freezing, pipeline stage and schedule,
+            data re-shard), ``cache`` (extending cached activations, timing the cache against recomputation).
     """
 
     epoch: int
@@ -122,6 +125,7 @@ class TransitionEvent:
     bytes_moved: int
     cache: bool
     seconds: float
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "transition"``)."""

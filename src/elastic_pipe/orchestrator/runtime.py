@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
+#: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
+TRANSITION_PHASES = ("moves", "rebuild", "cache")
 #: Bytes per MiB (cache budgets are configured in MiB).
 MIB = 1 << 20
 #: Evaluation batch size per rank.
@@ -127,9 +129,9 @@ class RunResult:
 class _PhaseClock:
     """Accumulates seconds per phase; synchronises the device at phase edges so GPU time lands in its phase."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, phases: Sequence[str] = PHASES) -> None:
         self._sync = device.type == "cuda"
-        self.totals = dict.fromkeys(PHASES, 0.0)
+        self.totals = dict.fromkeys(phases, 0.0)
         self._t = 0.0
 
     def start(self) -> None:
@@ -258,6 +260,7 @@ class ElasticRun:
             )
         self.cache_on = False
         self.cache_reason = "off"
+        self.transition_phases: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------------------------------- setup
     def _profiled_costs(self) -> list[float]:
@@ -691,6 +694,8 @@ class ElasticRun:
         if new == old:
             return 0, False
         _maybe_fail("transition", self.rank, msg.epoch, None)
+        clock = _PhaseClock(self.device, TRANSITION_PHASES)
+        clock.start()
         new_plan = self.groups.plan(new.pipe_len)
         new_owned = owned_sublayers(new, new_plan, self.rank)
         moves = plan_moves(old, new, self.plan, new_plan)
@@ -703,6 +708,7 @@ class ElasticRun:
             keep_state=lambda j: j in new_owned,
             broadcast_bytes=self._broadcast_bytes,
         )
+        clock.lap("moves")
         newly_frozen = self.sublayers[old.frozen : new.frozen]
         if newly_frozen:
             freeze.freeze_modules(newly_frozen, self.optimizer)
@@ -711,13 +717,17 @@ class ElasticRun:
         self.frozen_units = sum(1 for end in self.unit_ends if end <= new.frozen)
         drop_foreign_state(self.optimizer, self.sublayers, new_owned)
         self._build_stage()
+        clock.lap("rebuild")
         self._setup_cache(old.frozen)
+        clock.lap("cache")
+        self.transition_phases.update(clock.totals)
         return moved, True
 
     def transition(self, epoch: int) -> TransitionEvent | None:
         """Decide and apply at the decision point before ``epoch``; returns the event when the layout changed."""
         t0 = time.perf_counter()
         msg = self.decide(epoch)
+        self.transition_phases = {"decide": time.perf_counter() - t0}
         moved, changed = self.apply(msg)
         if not changed:
             return None
@@ -738,6 +748,7 @@ class ElasticRun:
             bytes_moved=moved,
             cache=self.cache_on,
             seconds=seconds,
+            phases={k: round(v, 6) for k, v in self.transition_phases.items()},
         )
         self.result.transitions.append(event.to_dict())
         self.log.record(event.to_dict(), event.human())
