@@ -1,8 +1,9 @@
 """Planner benchmark: how long a plan takes (8 to 1,024 GPUs), what it predicts, and how well it is calibrated.
 
-Writes ``benchmarks/results/planner.json`` and prints three tables: planning time and predicted speedups for
+Writes ``benchmarks/results/planner.json`` and prints four tables: planning time and predicted speedups for
 ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the H200 calibration against
-REFERENCE.md section 7, and a CPU run predicted from its profile.
+REFERENCE.md section 7, the orchestrator's measured epochs of the GPU benchmark (``results/gpu_2xh200_vit.json``,
+when present) against their predictions, and a CPU run predicted from its profile.
 """
 
 from __future__ import annotations
@@ -13,9 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from elastic_pipe.planner import ClusterSpec, GpuSpec, JobSpec, parse_bytes, plan_model
-from elastic_pipe.planner.calibration import cpu_calibration, h200_calibration
+from elastic_pipe.planner.calibration import (
+    CalibrationRow,
+    cpu_calibration,
+    format_rows,
+    gpu_benchmark_calibration,
+    h200_calibration,
+    load_gpu_benchmark,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
+#: The GPU benchmark's measured run (``benchmarks/gpu/bench_elastic_gpu.py`` on 2x H200).
+GPU_RUN = Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit.json"
 #: ImageNet-1k training samples: the epoch length of the ViT cases.
 IMAGENET = 1_281_167
 #: Sequences per epoch of the GPT cases (an assumption: a 1B-token slice at 1,024 tokens).
@@ -66,9 +76,24 @@ def run_case(case: tuple[str, int, str, int, int | None, int]) -> dict[str, Any]
     }
 
 
+def gpu_rows() -> list[CalibrationRow]:
+    """The GPU benchmark's steady epochs, measured and predicted (none without the results file)."""
+    if not GPU_RUN.exists():
+        return []
+    run = load_gpu_benchmark(GPU_RUN)
+    return gpu_benchmark_calibration(
+        run["arms"], gpus=run["gpus"], global_batch=run["global_batch"], steps_per_epoch=run["steps_per_epoch"]
+    )
+
+
 def main() -> None:
     """Run every case and the calibrations; write the results file and print tables."""
     cases = [run_case(case) for case in CASES]
+    gpu_rows_ = gpu_rows()
+    gpu = [
+        {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
+        for r in gpu_rows_
+    ]
     h200 = [
         {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
         for r in h200_calibration()
@@ -78,7 +103,12 @@ def main() -> None:
         for r in cpu_calibration()
     ]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"cases": cases, "h200_calibration": h200, "cpu_calibration": cpu}, indent=2))
+    RESULTS.write_text(
+        json.dumps(
+            {"cases": cases, "h200_calibration": h200, "gpu_benchmark_calibration": gpu, "cpu_calibration": cpu},
+            indent=2,
+        )
+    )
     print(f"{'model':>8} {'GPUs':>5} {'mem':>6} {'batch':>6} {'K0':>4} {'plan s':>7} {'static':>7} "
           f"{'cpu s':>6} {'K per epoch':>32} {'speedup':>8} {'vs freeze-only':>15}")  # fmt: skip
     for c in cases:
@@ -93,6 +123,9 @@ def main() -> None:
     print()
     for row in h200:
         print(f"{row['name']:<55} {row['measured']:>10.4g} {row['predicted']:>10.4g} {row['error']:>+8.1%}")
+    if gpu_rows_:
+        print(f"\nGPU benchmark ({GPU_RUN.name}), first epoch of every arm left out as warm-up:")
+        print(format_rows(gpu_rows_))
     print()
     for row in cpu:
         print(f"{row['name']:<55} {row['measured_ms']:>10.4g} {row['predicted_ms']:>10.4g} {row['error']:>+8.1%}")

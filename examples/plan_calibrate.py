@@ -20,7 +20,7 @@ import torch
 from elastic_pipe.models import vit
 from elastic_pipe.partition import profile_layers
 from elastic_pipe.planner import ClusterSpec, Mode, SubLayerCost, from_layer_costs, model_config, model_work, price
-from elastic_pipe.planner.calibration import cpu_calibration
+from elastic_pipe.planner.calibration import BARE_LOOP_GPU, cpu_calibration
 from elastic_pipe.planner.step import predict_step
 
 BATCH = 256
@@ -43,7 +43,9 @@ def _cuda_ms(fn: Any) -> float:
 
 def _predict(costs: list[SubLayerCost] | tuple[SubLayerCost, ...], frozen: int) -> float:
     entries = [(c, Mode.FROZEN if c.unit is not None and c.unit < frozen else Mode.ACTIVE) for c in costs]
-    return 1e3 * predict_step(entries, ClusterSpec(1), global_batch=BATCH, pipe_len=1, microbatches=1).step_time
+    # This loop is a bare one (batch on the device, fused AdamW, no phase synchronisation): price it as such.
+    cluster = ClusterSpec(1, gpu=BARE_LOOP_GPU)
+    return 1e3 * predict_step(entries, cluster, global_batch=BATCH, pipe_len=1, microbatches=1).step_time
 
 
 def gpu_check() -> dict[str, Any]:

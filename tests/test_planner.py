@@ -436,3 +436,14 @@ def test_cache_filled_in_the_transition_is_read_from_the_first_epoch() -> None:
 def test_job_spec_rejects_an_unknown_cache_fill() -> None:
     with pytest.raises(PlannerError, match="unknown cache fill 'later'"):
         JobSpec(64, 2, 10, cache_fill="later")
+
+
+def test_a_reshape_must_pay_for_its_transition() -> None:
+    kept = _vit_plan(pipe_len=8, steps_per_epoch=1, transition_seconds=1000.0)
+    assert [e.pipe_len for e in kept.epochs] == [8] * 10 and kept.reshapes == 0
+    assert "kept K=8: K=1 would save" in kept.epochs[1].why and "less than its 1000 s transition" in kept.epochs[1].why
+    # Every epoch's stages cover the model up to its last sub-layer, cached sub-layers kept on stage 0 or not.
+    for e in (*kept.epochs, *kept.freeze_only):
+        assert e.boundaries[-1] == 26 and sum(e.step.layers_per_stage) == 26 - e.first_layer
+    free = _vit_plan(pipe_len=8, steps_per_epoch=1, transition_seconds=0.0)
+    assert free.reshapes >= 1 and free.epochs[1].pipe_len < 8

@@ -3,8 +3,9 @@
 For every epoch the planner asks the freeze policy how many units are frozen (:mod:`elastic_pipe.freeze`), decides
 whether the activation cache pays for that boundary (:func:`elastic_pipe.cache.decide`), and then picks the fastest
 layout that fits memory among the pipeline lengths that divide the GPU count and do not exceed the previous epoch's
-(the pipeline only compresses, as in PipeTransformer; freed GPUs become replicas). Each candidate length is
-partitioned by :func:`elastic_pipe.partition.solve` and its step is simulated with
+(the pipeline only compresses, as in PipeTransformer; freed GPUs become replicas), keeping the previous length
+when a reshape, at this epoch's saving per epoch, would not pay for its transition by the end of the job. Each
+candidate length is partitioned by :func:`elastic_pipe.partition.solve` and its step is simulated with
 :func:`elastic_pipe.schedule.simulate` for the micro-batch counts the published practice searches, ``[K, 6K]``
 (see :mod:`elastic_pipe.planner.step`).
 
@@ -75,12 +76,28 @@ def _epoch(
         frozen=v.frozen,
         cached=v.cached,
         cache_tier=v.tier,
-        first_layer=ev.first_layer(v.cached),
+        # A fixed partition (kept layout) covers every sub-layer, cached ones on stage 0; otherwise they are gone.
+        first_layer=0 if sum(pred.layers_per_stage) == len(ev.costs) else ev.first_layer(v.cached),
         step=pred,
         steps=job.steps_per_epoch,
         global_batch=job.global_batch,
         transition_seconds=transition,
     )
+
+
+def _stay(ev: LayoutSearch, v: CacheVariant, previous: EpochPlan) -> tuple[StepPrediction, CacheVariant] | None:
+    """The best step at the previous epoch's pipeline length; when the remaining sub-layers are too few for its
+    stages, the previous partition kept with the cached sub-layers on stage 0 (as the freeze-only baseline)."""
+    found, _ = ev.best(v, [previous.pipe_len])
+    if found is not None:
+        return found
+    counts = previous.step.layers_per_stage
+    fixed = (counts[0] + previous.first_layer, *counts[1:])
+    for tiered in [*ev.tier_variants(v), CacheVariant(v.frozen, 0, False, None)]:
+        pred = ev.predict(tiered, previous.pipe_len, previous.step.microbatches, fixed)
+        if pred is not None and pred.fits and (tiered.tier is None or ev.tier_fits(tiered.tier, tiered, pred)):
+            return pred, tiered
+    return None
 
 
 def _units(start: int, stop: int) -> str:
@@ -182,12 +199,26 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
             found, options = ev.best(v, allowed)
         if found is None:
             raise PlannerError(f"epoch {e}: no pipeline length in {allowed} fits memory with {f} frozen units")
-        pred, used = found
         previous = elastic[-1] if elastic else None
+        note = ""
+        if previous is not None and found[0].pipe_len != previous.pipe_len:
+            stay = _stay(ev, v, previous)
+            # Judged over the rest of the job at this epoch's saving (later epochs usually save more).
+            left = job.epochs - e
+            saved = left * job.steps_per_epoch * (stay[0].step_time - found[0].step_time) if stay else math.inf
+            if stay is not None and saved < job.transition_seconds:
+                note = (
+                    f"kept K={previous.pipe_len}: K={found[0].pipe_len} would save {saved:.3g} s over the "
+                    f"{left} epochs left, less than its {job.transition_seconds:g} s transition"
+                )
+                found = stay
+                options = {}  # the note says why; no "beats" list
+        pred, used = found
         moved = previous is not None and pred.pipe_len != previous.pipe_len
         fill = ev.fill_seconds(used, *held)
         epoch = _epoch(e, job, ev, pred, used, transition=(job.transition_seconds if moved else 0.0) + fill)
-        elastic.append(replace(epoch, why=_explain(epoch, previous, used, options, job, fill=fill)))
+        why = _explain(epoch, previous, used, options, job, fill=fill)
+        elastic.append(replace(epoch, why=f"{why}; {note}" if note else why))
         if used.tier is not None:
             held = (used.frozen, used.tier)
 
