@@ -57,7 +57,7 @@ from elastic_pipe.orchestrator.transition import (
     plan_moves,
 )
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
-from elastic_pipe.types import Layout
+from elastic_pipe.types import ElasticPipeError, Layout
 
 __all__ = ["FAULT_ENV", "ElasticRun", "RunResult", "candidate_pipe_lens", "sublayer_costs"]
 
@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
+#: Marks a control-group payload that carries rank 0's error instead of a message.
+_ERROR_PREFIX = b"ELASTIC_PIPE_ERROR "
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
 TRANSITION_PHASES = ("moves", "rebuild", "cache")
 #: Bytes per MiB (cache budgets are configured in MiB).
@@ -305,20 +307,37 @@ class ElasticRun:
     def _broadcast_bytes(self, payload: bytes | None, src: int) -> bytes:
         return self.groups.broadcast_bytes(payload, src=src)
 
-    def start(self) -> None:
-        """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
+    def _announce(self, make: Callable[[], protocol.TransitionMessage]) -> protocol.TransitionMessage:
+        """Rank 0 runs ``make`` and broadcasts the encoded message on the control group; every rank decodes it.
+
+        If rank 0's decision fails, the error travels instead of a message, so every rank stops with the same
+        one-line reason at once rather than waiting for a broadcast until the timeout.
+        """
         payload = None
         if self.rank == 0:
-            layout, self.budget = decision.initial_layout(
+            try:
+                payload = protocol.encode(make())
+            except ElasticPipeError as exc:
+                payload = _ERROR_PREFIX + str(exc).encode()
+        data = self._broadcast_bytes(payload, 0)
+        if data.startswith(_ERROR_PREFIX):
+            raise OrchestratorError(f"rank 0 could not decide: {data[len(_ERROR_PREFIX) :].decode()}")
+        return protocol.decode(data)
+
+    def start(self) -> None:
+        """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
+
+        def initial() -> protocol.TransitionMessage:
+            layout, budget = decision.initial_layout(
                 self.costs,
                 self.config.pipe_len,
                 self.world_size,
                 solver=self.config.solver,
                 microbatches=self.config.microbatches_for(self.config.pipe_len),
             )
-            msg = decision.message_for(layout, epoch=0, step=0, budget=self.budget, changed=(), grad_norms=None)
-            payload = protocol.encode(msg)
-        msg = protocol.decode(self._broadcast_bytes(payload, 0))
+            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=(), grad_norms=None)
+
+        msg = self._announce(initial)
         self.budget = msg.max_cost_at_start
         self.layout = decision.layout_from_message(msg, self.world_size)
         drop_foreign_state(self.optimizer, self.sublayers, self._owned())
@@ -661,16 +680,17 @@ class ElasticRun:
         """The decision point before ``epoch``: gather stats, decide on rank 0, broadcast; returns the message."""
         assert self.layout is not None
         stats = self._gather_stats()
-        payload = None
-        if self.rank == 0:
+        current = self.layout
+
+        def next_message() -> protocol.TransitionMessage:
             self.policy.observe(stats)
             units = freeze.decide(self.policy, epoch, self.step, self.frozen_units)
-            min_active = self.layout.pipe_len if self.config.compression == "none" else 1
+            min_active = current.pipe_len if self.config.compression == "none" else 1
             units = min(units, decision.max_frozen_units(self.unit_ends, len(self.sublayers), min_active))
             units = max(units, self.frozen_units)
             frozen = 0 if units == 0 else self.unit_ends[units - 1]
             layout = decision.next_layout(
-                self.layout,
+                current,
                 frozen,
                 self.costs,
                 compression=self.config.compression,
@@ -680,11 +700,11 @@ class ElasticRun:
                 microbatches_for=self.config.microbatches_for,
             )
             changed = changed_ranks(self.plan, self.groups.plan(layout.pipe_len), self.world_size)
-            msg = decision.message_for(
+            return decision.message_for(
                 layout, epoch=epoch, step=self.step, budget=self.budget, changed=changed, grad_norms=stats.mean_l2()
             )
-            payload = protocol.encode(msg)
-        return protocol.decode(self._broadcast_bytes(payload, 0))
+
+        return self._announce(next_message)
 
     def apply(self, msg: protocol.TransitionMessage) -> tuple[int, bool]:
         """Apply a decoded message on this rank (a collective); returns (bytes moved, whether anything changed)."""
