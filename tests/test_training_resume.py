@@ -1,9 +1,10 @@
 """Fault tolerance: under torchrun with restarts, a rank killed mid-epoch or mid-transition costs time, not results.
 
 Each faulty job runs with ``max_restarts = 1``; the fault hook (``ELASTIC_PIPE_FAULT``) kills one rank hard on the
-first attempt only. The agent restarts the workers, they resume from the newest checkpoint, and the job must end
-with exactly the weights of an uninterrupted run (CPU, float64, deterministic: the cache is off so no timing-based
-choice can change a floating-point sum). A last test resumes a 2-process checkpoint on 1 process.
+first attempt only. The agent restarts the workers, they resume from the newest checkpoint (taken at an epoch end,
+or inside an epoch with ``checkpoint_steps``), and the job must end with exactly the weights of an uninterrupted run
+(CPU, float64, deterministic: the cache is off so no timing-based choice can change a floating-point sum). A last
+test resumes a 2-process checkpoint on 1 process.
 """
 
 from __future__ import annotations
@@ -77,25 +78,36 @@ def _assert_same(weights: dict[str, torch.Tensor], expected: dict[str, torch.Ten
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize(("fault", "name"), [("step:1:1:3", "mid-epoch"), ("transition:1:2", "mid-transition")])
+@pytest.mark.parametrize(
+    ("fault", "name", "every_steps"),
+    [
+        ("step:1:1:3", "mid-epoch", 0),
+        ("step:1:1:3", "mid-epoch-checkpoint", 2),
+        ("transition:1:2", "mid-transition", 0),
+    ],
+)
 def test_resume_after_a_rank_dies(
     fault: str,
     name: str,
+    every_steps: int,
     reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tmp, clean, expected = reference
     monkeypatch.setenv(FAULT_ENV, fault)
-    config = _config(tmp, name)
+    config = _config(tmp, name, checkpoint_steps=every_steps)
     result = _launch(config)
     _assert_same(_final_weights(config), expected)
+    if every_steps:  # resumed from the checkpoint taken after step 2 of epoch 1, not from the end of epoch 0
+        assert (Path(config.checkpoint_dir) / "epoch-0001-step-000002.pt").exists()
     assert result["losses"] == clean["losses"]
     assert [(t["epoch"], t["pipe_len"], t["replicas"]) for t in result["transitions"]] == [(1, 2, 1), (2, 1, 2)]
-    # The event log shows what was redone: a rank killed inside epoch 1 stops the job before epoch 1 is logged; a
-    # rank killed in the transition after epoch 1 makes the job redo epoch 1 from the checkpoint written before it.
+    # The event log shows what was redone: a rank killed inside epoch 1 stops the job before epoch 1 is logged (the
+    # restart resumes from the end of epoch 0, or from the checkpoint inside epoch 1); a rank killed in the
+    # transition after epoch 1 makes the job redo epoch 1 from the checkpoint written before it.
     records = [json.loads(line) for line in (Path(config.log_dir) / "events.jsonl").read_text().splitlines()]
     epochs_logged = [r["epoch"] for r in records if r["kind"] == "epoch"]
-    assert epochs_logged == ([0, 1, 2] if name == "mid-epoch" else [0, 1, 1, 2])
+    assert epochs_logged == ([0, 1, 1, 2] if name == "mid-transition" else [0, 1, 2])
 
 
 @pytest.mark.distributed

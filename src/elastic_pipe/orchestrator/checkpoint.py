@@ -107,13 +107,30 @@ class Checkpointer:
         self.save(run)
         return True
 
-    def save(self, run: ElasticRun) -> Path:
-        """Write a checkpoint of ``run`` (a collective: every rank sends its stage's state to rank 0)."""
+    def maybe_save_step(self, run: ElasticRun, steps_done: int) -> bool:
+        """Save inside an epoch every ``config.checkpoint_steps`` steps (a collective); returns whether it did."""
+        every = self.config.checkpoint_steps
+        if not every or steps_done % every:
+            return False
+        self.save(run, steps_done=steps_done)
+        return True
+
+    def save(self, run: ElasticRun, *, steps_done: int | None = None) -> Path:
+        """Write a checkpoint of ``run`` (a collective: every rank sends its stage's state to rank 0).
+
+        Args:
+            run: the run, at an epoch's end (after its transition) or after ``steps_done`` steps of ``run.epoch``.
+            steps_done: steps of the current epoch already done, for a checkpoint inside an epoch.
+        """
         run.sync_weights(with_optimizer=True, keep_all_on=0)
-        path = self.directory / f"epoch-{run.epoch:04d}.pt"
+        epoch_losses = run.losses_so_far() if steps_done is not None else []
+        name = f"epoch-{run.epoch:04d}.pt" if steps_done is None else f"epoch-{run.epoch:04d}-step-{steps_done:06d}.pt"
+        path = self.directory / name
         if run.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-            torch.save(self._state(run), path.with_suffix(".tmp"))
+            state = self._state(run)
+            state["epoch_losses"] = epoch_losses
+            torch.save(state, path.with_suffix(".tmp"))
             os.replace(path.with_suffix(".tmp"), path)
             meta = {
                 "format": FORMAT,
@@ -215,5 +232,6 @@ class Checkpointer:
         run.result.epochs = list(history["epochs"])
         run.result.transitions = list(history["transitions"])
         run.result.losses = list(history["losses"])
+        run.partial_losses = [float(v) for v in state.get("epoch_losses", [])]
         run.restore_after_load()
         return True

@@ -112,6 +112,7 @@ class TrainConfig:
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
         checkpoint_dir: directory for checkpoints ("" disables checkpoints).
         checkpoint_every: save a checkpoint every this many epochs.
+        checkpoint_steps: also save one every this many steps inside an epoch (0: only at epoch ends).
         resume: "auto" (resume from ``checkpoint_dir`` when it holds a checkpoint) or "never".
         log_dir: directory for ``events.jsonl`` and ``metrics.jsonl`` ("" disables the files).
         progress: draw a progress bar per epoch on stderr.
@@ -154,6 +155,7 @@ class TrainConfig:
     rdzv_endpoint: str = ""
     checkpoint_dir: str = ""
     checkpoint_every: int = 1
+    checkpoint_steps: int = 0
     resume: str = "auto"
     log_dir: str = ""
     progress: bool = True
@@ -172,7 +174,7 @@ class TrainConfig:
             "checkpoint_every",
         ):
             _positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "seed", "max_restarts"):
+        for name in ("warmup_steps", "seed", "max_restarts", "checkpoint_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
@@ -318,7 +320,12 @@ SECTIONS: dict[str, dict[str, str]] = {
         "max_restarts": "max_restarts",
         "rdzv_endpoint": "rdzv_endpoint",
     },
-    "checkpoint": {"dir": "checkpoint_dir", "every": "checkpoint_every", "resume": "resume"},
+    "checkpoint": {
+        "dir": "checkpoint_dir",
+        "every": "checkpoint_every",
+        "steps": "checkpoint_steps",
+        "resume": "resume",
+    },
     "log": {"dir": "log_dir", "progress": "progress"},
 }
 

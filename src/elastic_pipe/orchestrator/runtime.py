@@ -263,6 +263,10 @@ class ElasticRun:
         self.cache_on = False
         self.cache_reason = "off"
         self.transition_phases: dict[str, float] = {}
+        #: Global losses of the current epoch's steps run before a mid-epoch checkpoint this run resumed from.
+        self.partial_losses: list[float] = []
+        self._epoch_losses: list[float] = []
+        self._on_step: Callable[[ElasticRun, int], object] | None = None
 
     # ----------------------------------------------------------------------------------------------------- setup
     def _profiled_costs(self) -> list[float]:
@@ -519,14 +523,16 @@ class ElasticRun:
         c = self.config
         k, s = layout.pipe_len, self.stage
         per_replica = c.global_batch // layout.replicas
-        self.sampler.set_epoch(self.epoch)
+        self.sampler.set_epoch(self.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
+        first = self.sampler.consumed // c.global_batch
         clock = _PhaseClock(self.device)
         sync_ops = 0
         losses: list[float] = []
+        self._epoch_losses = losses
         self._fwd_timer.collect()
         t_epoch = time.perf_counter()
         progress = _Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
-        for i in range(self.steps_per_epoch):
+        for i in range(first, self.steps_per_epoch):
             _maybe_fail("step", self.rank, self.epoch, i)
             clock.start()
             idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
@@ -566,15 +572,14 @@ class ElasticRun:
             clock.lap("optimizer")
             losses.append(float(torch.stack([t.detach().double() for t in step_losses]).mean()) if step_losses else 0.0)
             progress.update(i + 1)
+            if self._on_step is not None and i + 1 < self.steps_per_epoch:
+                self._on_step(self, i + 1)
         seconds = time.perf_counter() - t_epoch
         progress.close()
         # Per-step losses live on the last stage of each replica; their sum over the world, divided by R, is the
         # global loss. Timings are reduced with MAX: the slowest rank sets the pace.
-        loss_t = torch.tensor(losses, dtype=torch.float64, device=self.device)
-        if s != k - 1:
-            loss_t.zero_()
-        dist.all_reduce(loss_t)
-        step_losses_global = (loss_t / layout.replicas).tolist()
+        step_losses_global = self.losses_so_far()
+        self.partial_losses = []
         self.result.losses.extend(step_losses_global)
         times = torch.tensor(
             [clock.totals[p] for p in PHASES] + [seconds, float(sync_ops)], dtype=torch.float64, device=self.device
@@ -582,6 +587,7 @@ class ElasticRun:
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t = times.tolist()
         n = self.steps_per_epoch
+        timed = max(1, n - first)  # steps run (and timed) by this attempt
         eval_loss, eval_acc = self.evaluate()
         seconds = t[len(PHASES)]
         ops = int(t[len(PHASES) + 1])
@@ -590,15 +596,15 @@ class ElasticRun:
             steps=n,
             samples=n * c.global_batch,
             seconds=seconds,
-            samples_per_s=n * c.global_batch / seconds if seconds > 0 else 0.0,
+            samples_per_s=timed * c.global_batch / seconds if seconds > 0 else 0.0,
             loss=float(sum(step_losses_global) / n),
             eval_loss=eval_loss,
             eval_accuracy=eval_acc,
-            data_s=t[0] / n,
-            forward_s=t[1] / n,
-            backward_s=t[2] / n,
-            grad_sync_s=t[3] / n,
-            optimizer_s=t[4] / n,
+            data_s=t[0] / timed,
+            forward_s=t[1] / timed,
+            backward_s=t[2] / timed,
+            grad_sync_s=t[3] / timed,
+            optimizer_s=t[4] / timed,
             grad_sync_ops=ops,
             grad_sync_ops_per_s=ops / seconds if seconds > 0 else 0.0,
             pipe_len=k,
@@ -609,6 +615,19 @@ class ElasticRun:
             cache=self.cache_on,
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
+
+    def losses_so_far(self) -> list[float]:
+        """Global losses of the current epoch's steps so far (a collective).
+
+        Each step's loss lives on the last stage of each replica; the sum over the world divided by the replica
+        count is the global loss.
+        """
+        assert self.layout is not None
+        local = torch.tensor(self._epoch_losses, dtype=torch.float64, device=self.device)
+        if self.stage != self.layout.pipe_len - 1:
+            local.zero_()
+        dist.all_reduce(local)
+        return self.partial_losses + (local / self.layout.replicas).tolist()
 
     def _show(self) -> bool:
         return self.rank == 0 and self.config.progress
@@ -775,13 +794,20 @@ class ElasticRun:
         return event
 
     # ------------------------------------------------------------------------------------------------------ run
-    def fit(self, *, on_epoch_end: Callable[[ElasticRun], object] | None = None) -> RunResult:
+    def fit(
+        self,
+        *,
+        on_epoch_end: Callable[[ElasticRun], object] | None = None,
+        on_step: Callable[[ElasticRun, int], object] | None = None,
+    ) -> RunResult:
         """Train from ``self.epoch`` to ``config.epochs``, with a decision point after every epoch but the last.
 
         Args:
             on_epoch_end: called on every rank after each epoch's transition (checkpointing hooks in here).
+            on_step: called on every rank after each step but an epoch's last, with the steps done in the epoch.
         """
         t0 = time.perf_counter()
+        self._on_step = on_step
         if self.layout is None:
             self.start()
         while self.epoch < self.config.epochs:

@@ -134,7 +134,9 @@ def run_rank(
             checkpointer = Checkpointer(config) if config.checkpoint_dir else None
             if checkpointer is not None and config.resume == "auto":
                 checkpointer.resume(run)
-            return run.fit(on_epoch_end=checkpointer.maybe_save if checkpointer is not None else None)
+            if checkpointer is None:
+                return run.fit()
+            return run.fit(on_epoch_end=checkpointer.maybe_save, on_step=checkpointer.maybe_save_step)
         finally:
             groups.destroy()
     finally:
