@@ -65,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
+#: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
+_SEED_STRIDE = 1 << 20
 #: Marks a control-group payload that carries rank 0's error instead of a message.
 _ERROR_PREFIX = b"ELASTIC_PIPE_ERROR "
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
@@ -524,6 +526,9 @@ class ElasticRun:
         k, s = layout.pipe_len, self.stage
         per_replica = c.global_batch // layout.replicas
         self.sampler.set_epoch(self.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
+        # Random ops in training (dropout) draw from generators seeded by (seed, epoch, rank): reproducible across
+        # restarts at epoch granularity, and independent between ranks.
+        torch.manual_seed(epoch_seed(c.seed, self.epoch, self.rank))
         first = self.sampler.consumed // c.global_batch
         clock = _PhaseClock(self.device)
         sync_ops = 0
@@ -823,6 +828,11 @@ class ElasticRun:
                 on_epoch_end(self)
         self.result.seconds = time.perf_counter() - t0
         return self.result
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a rank's random generators (CPU and CUDA) for one epoch: distinct for every (epoch, rank)."""
+    return (seed * _SEED_STRIDE + epoch) * _SEED_STRIDE + rank
 
 
 def _lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
