@@ -31,3 +31,14 @@ SCRIPTS = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "benchmarks").rglo
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_compiles(script: Path, tmp_path: Path) -> None:
     py_compile.compile(str(script), cfile=str(tmp_path / "out.pyc"), doraise=True)
+
+
+def test_readme_python_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks, "the README should show the Python API"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})  # the README's own words, run as written
+    out = capsys.readouterr().out
+    for line in re.findall(r"# (\[.*?\]|\(.*?\))\s*$", "\n".join(blocks), flags=re.M):
+        assert line in out, f"README promises {line} but the snippet printed:\n{out}"
