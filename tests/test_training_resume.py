@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe.orchestrator.runtime import FAULT_ENV
+from elastic_pipe.orchestrator.faults import FAULT_ENV
 
 
 def _config(tmp: Path, name: str, **overrides: Any) -> Any:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +45,9 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import decision
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
 from elastic_pipe.orchestrator.transition import (
     apply_moves,
     changed_ranks,
@@ -59,7 +59,7 @@ from elastic_pipe.orchestrator.transition import (
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
 from elastic_pipe.types import ElasticPipeError, Layout
 
-__all__ = ["FAULT_ENV", "ElasticRun", "RunResult", "candidate_pipe_lens", "sublayer_costs"]
+__all__ = ["ElasticRun", "RunResult", "candidate_pipe_lens", "epoch_seed", "sublayer_costs"]
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,6 @@ TRANSITION_PHASES = ("moves", "rebuild", "cache")
 MIB = 1 << 20
 #: Evaluation batch size per rank.
 EVAL_BATCH = 256
-#: Fault injection for the resume tests: ``"<where>:<rank>:<epoch>[:<step>]"`` with where in "step" or
-#: "transition"; the rank exits hard there, on the first attempt of a torchrun job only.
-FAULT_ENV = "ELASTIC_PIPE_FAULT"
 
 
 def _stage_takes_grads() -> bool:
@@ -128,68 +125,6 @@ class RunResult:
             "final_eval_loss": self.final_eval_loss,
             "seconds": self.seconds,
         }
-
-
-class _PhaseClock:
-    """Accumulates seconds per phase; synchronises the device at phase edges so GPU time lands in its phase."""
-
-    def __init__(self, device: torch.device, phases: Sequence[str] = PHASES) -> None:
-        self._sync = device.type == "cuda"
-        self.totals = dict.fromkeys(phases, 0.0)
-        self._t = 0.0
-
-    def start(self) -> None:
-        if self._sync:
-            torch.cuda.synchronize()
-        self._t = time.perf_counter()
-
-    def lap(self, phase: str) -> float:
-        if self._sync:
-            torch.cuda.synchronize()
-        now = time.perf_counter()
-        spent = now - self._t
-        self.totals[phase] += spent
-        self._t = now
-        return spent
-
-
-class _ForwardTimer:
-    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU)."""
-
-    def __init__(self, module: nn.Module, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._pending: list[tuple[Any, Any]] = []
-        self._open: Any = None
-        self.seconds = 0.0
-        self._handles = [
-            module.register_forward_pre_hook(lambda *_: self._begin()),
-            module.register_forward_hook(lambda *_: self._end()),
-        ]
-
-    def _now(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def _begin(self) -> None:
-        self._open = self._now()
-
-    def _end(self) -> None:
-        self._pending.append((self._open, self._now()))
-
-    def collect(self) -> float:
-        """Seconds of forward since the last call (call after the device is synchronised)."""
-        total = 0.0
-        for a, b in self._pending:
-            total += a.elapsed_time(b) / 1e3 if self._cuda else b - a
-        self._pending.clear()
-        return total
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 class ElasticRun:
@@ -255,7 +190,7 @@ class ElasticRun:
         self._stage_module: nn.Module | None = None
         self._runner: Any = None
         self._tracker: Any = None
-        self._fwd_timer: _ForwardTimer | None = None
+        self._fwd_timer: ForwardTimer | None = None
         self._autocast = config.autocast == "bf16"
         self.cache: acache.ActivationCache | None = None
         if config.cache != "off":
@@ -382,7 +317,7 @@ class ElasticRun:
         plan = sched.generate(self.config.schedule, k, layout.microbatches)
         self._runner = sched.torch_schedule(plan, s, [stage], self.loss_fn, scale_grads=True)
         self._stage_module = module
-        self._fwd_timer = _ForwardTimer(module, self.device)
+        self._fwd_timer = ForwardTimer(module, self.device)
         held: dict[int, nn.Module] = {}
         for j in range(lo, hi):
             unit = self._unit_of(j)
@@ -530,15 +465,15 @@ class ElasticRun:
         # restarts at epoch granularity, and independent between ranks.
         torch.manual_seed(epoch_seed(c.seed, self.epoch, self.rank))
         first = self.sampler.consumed // c.global_batch
-        clock = _PhaseClock(self.device)
+        clock = PhaseClock(self.device)
         sync_ops = 0
         losses: list[float] = []
         self._epoch_losses = losses
         self._fwd_timer.collect()
         t_epoch = time.perf_counter()
-        progress = _Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
+        progress = Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
         for i in range(first, self.steps_per_epoch):
-            _maybe_fail("step", self.rank, self.epoch, i)
+            maybe_fail("step", self.rank, self.epoch, i)
             clock.start()
             idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
             if idx.numel() != per_replica:
@@ -737,8 +672,8 @@ class ElasticRun:
         new = decision.layout_from_message(msg, self.world_size)
         if new == old:
             return 0, False
-        _maybe_fail("transition", self.rank, msg.epoch, None)
-        clock = _PhaseClock(self.device, TRANSITION_PHASES)
+        maybe_fail("transition", self.rank, msg.epoch, None)
+        clock = PhaseClock(self.device, TRANSITION_PHASES)
         clock.start()
         new_plan = self.groups.plan(new.pipe_len)
         new_owned = owned_sublayers(new, new_plan, self.rank)
@@ -863,44 +798,3 @@ def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch
             out.append([t])
             size = nbytes
     return out
-
-
-class _Progress:
-    """A one-line progress bar on stderr (rank 0 only)."""
-
-    WIDTH = 30
-
-    def __init__(self, total: int, label: str, *, enabled: bool) -> None:
-        self.total = total
-        self.label = label
-        self.enabled = enabled and total > 0
-        self.t0 = time.perf_counter()
-
-    def update(self, done: int) -> None:
-        if not self.enabled:
-            return
-        filled = self.WIDTH * done // self.total
-        rate = done / max(time.perf_counter() - self.t0, 1e-9)
-        bar = "#" * filled + "." * (self.WIDTH - filled)
-        sys.stderr.write(f"\r{self.label} [{bar}] {done}/{self.total} {rate:.1f} steps/s")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r" + " " * (len(self.label) + self.WIDTH + 40) + "\r")
-            sys.stderr.flush()
-
-
-def _maybe_fail(where: str, rank: int, epoch: int, step: int | None) -> None:
-    """Exit hard where :data:`FAULT_ENV` says (first torchrun attempt only): the resume tests' fault injection."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
-    parts = spec.split(":")
-    if parts[0] != where or int(parts[1]) != rank or int(parts[2]) != epoch:
-        return
-    if step is not None and len(parts) > 3 and int(parts[3]) != step:
-        return
-    log.warning("fault injection (%s): rank %d exits at epoch %d step %s", spec, rank, epoch, step)
-    sys.stderr.flush()
-    os._exit(1)
