@@ -2,7 +2,7 @@
 
 :class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs; here the names
 are checked against the registries (freeze policy, partition solver, schedule kind), the model is built once on the
-CPU to check that the initial pipeline fits it, and a checkpoint to resume from is checked against the model.
+CPU to check that the initial pipeline fits it, the dataset is loaded once, and a checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.checkpoint import check_compatible, read_latest
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.workload import build_model
+from elastic_pipe.orchestrator.workload import build_model, load_samples
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = ["preflight"]
@@ -53,6 +53,10 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         freeze.make_policy(config.policy, units, **config.policy_options)
     except (ElasticPipeError, TypeError) as exc:
         raise ConfigError(f"freeze policy {config.policy!r} with options {dict(config.policy_options)}: {exc}") from exc
+    try:  # a missing optional extra (scikit-learn for the digits) is a one-line error here, not a worker crash
+        load_samples(config)
+    except ElasticPipeError as exc:
+        raise ConfigError(f"dataset {config.dataset!r}: {exc}") from exc
     if config.checkpoint_dir and config.resume == "auto":
         meta = read_latest(config.checkpoint_dir)
         if meta is not None:
