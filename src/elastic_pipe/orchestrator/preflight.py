@@ -2,7 +2,8 @@
 
 :class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs; here the names
 are checked against the registries (freeze policy, partition solver, schedule kind), the model is built once on the
-CPU to check that the initial pipeline fits it, the dataset is loaded once, and a checkpoint to resume from is checked against the model.
+CPU to check that the initial pipeline fits it, the dataset is loaded once, and a checkpoint to resume from is
+checked against the model.
 """
 
 from __future__ import annotations
