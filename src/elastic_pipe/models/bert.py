@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, check_probability, resolve_config
+from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
+from elastic_pipe.models._checks import check_attention, check_norm_and_activation
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import (
     AttentionSubLayer,
@@ -25,7 +26,6 @@ from elastic_pipe.models.layers import (
     MLPSubLayer,
     Pooling,
     TokenEmbedding,
-    activation,
 )
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 
@@ -90,16 +90,14 @@ class BertConfig:
             check_positive("BertConfig", num_classes=self.num_classes)
         if self.type_vocab_size < 0:
             raise ModelError(f"BertConfig.type_vocab_size must be >= 0, got {self.type_vocab_size!r}")
-        check_probability("BertConfig", dropout=self.dropout, attention_dropout=self.attention_dropout)
-        if self.dim % self.heads:
-            raise ModelError(f"BertConfig.heads={self.heads} must divide dim={self.dim}")
+        check_attention(
+            "BertConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
+        )
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ModelError(f"BertConfig.pad_token_id must be in [0, {self.vocab_size}), got {self.pad_token_id!r}")
         if self.pooling not in ("first", "mean"):
             raise ModelError(f"BertConfig.pooling must be 'first' or 'mean', got {self.pooling!r}")
-        if not self.eps > 0:
-            raise ModelError(f"BertConfig.eps must be > 0, got {self.eps!r}")
-        activation(self.act)
+        check_norm_and_activation("BertConfig", eps=self.eps, act=self.act)
 
 
 def _published(dim: int, depth: int, heads: int) -> BertConfig:

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, check_probability, resolve_config
-from elastic_pipe.models.errors import ModelError
-from elastic_pipe.models.layers import AttentionSubLayer, LMHead, MLPSubLayer, TokenEmbedding, activation
+from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
+from elastic_pipe.models._checks import check_attention, check_norm_and_activation
+from elastic_pipe.models.layers import AttentionSubLayer, LMHead, MLPSubLayer, TokenEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 
 __all__ = ["GPT_PRESETS", "GPTConfig", "gpt_config", "gpt_decoder", "gpt_layers"]
@@ -65,12 +65,10 @@ class GPTConfig:
             heads=self.heads,
             mlp_dim=self.mlp_dim,
         )
-        check_probability("GPTConfig", dropout=self.dropout, attention_dropout=self.attention_dropout)
-        if self.dim % self.heads:
-            raise ModelError(f"GPTConfig.heads={self.heads} must divide dim={self.dim}")
-        if not self.eps > 0:
-            raise ModelError(f"GPTConfig.eps must be > 0, got {self.eps!r}")
-        activation(self.act)
+        check_attention(
+            "GPTConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
+        )
+        check_norm_and_activation("GPTConfig", eps=self.eps, act=self.act)
 
 
 def _gpt2(dim: int, depth: int, heads: int) -> GPTConfig:

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, check_probability, resolve_config
+from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
+from elastic_pipe.models._checks import check_attention, check_norm_and_activation
 from elastic_pipe.models.errors import ModelError
-from elastic_pipe.models.layers import AttentionSubLayer, ClassifierHead, MLPSubLayer, PatchEmbedding, activation
+from elastic_pipe.models.layers import AttentionSubLayer, ClassifierHead, MLPSubLayer, PatchEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 
 __all__ = ["VIT_PRESETS", "ViTConfig", "vit", "vit_config"]
@@ -64,14 +65,12 @@ class ViTConfig:
             heads=self.heads,
             mlp_dim=self.mlp_dim,
         )
-        check_probability("ViTConfig", dropout=self.dropout, attention_dropout=self.attention_dropout)
         if self.image_size % self.patch_size:
             raise ModelError(f"ViTConfig.patch_size={self.patch_size} must divide image_size={self.image_size}")
-        if self.dim % self.heads:
-            raise ModelError(f"ViTConfig.heads={self.heads} must divide dim={self.dim}")
-        if not self.eps > 0:
-            raise ModelError(f"ViTConfig.eps must be > 0, got {self.eps!r}")
-        activation(self.act)
+        check_attention(
+            "ViTConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
+        )
+        check_norm_and_activation("ViTConfig", eps=self.eps, act=self.act)
 
     @property
     def seq_len(self) -> int:
