@@ -259,3 +259,28 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
     assert stream.getvalue() == (
         "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"
     )
+
+
+def test_a_failed_decision_reaches_every_rank() -> None:
+    from elastic_pipe.orchestrator import OrchestratorError
+    from elastic_pipe.orchestrator.decision import announce, message_for
+    from elastic_pipe.partition import PartitionError
+
+    sent: list[bytes] = []
+
+    def broadcast(payload: bytes | None, src: int) -> bytes:
+        assert src == 0
+        if payload is not None:
+            sent.append(payload)
+        return sent[-1]
+
+    def fail() -> object:
+        raise PartitionError("no pipeline length fits budget=1")
+
+    layout = Layout(0, 2, 1, (0, 4, 8), 2)
+    ok = message_for(layout, epoch=1, step=5, budget=4.0, changed=(1,), grad_norms=None)
+    assert announce(lambda: ok, rank=0, broadcast_bytes=broadcast) == ok
+    assert announce(lambda: ok, rank=1, broadcast_bytes=broadcast) == ok  # rank 1 reads what rank 0 sent
+    for rank in (0, 1):
+        with pytest.raises(OrchestratorError, match="rank 0 could not decide: no pipeline length fits budget=1"):
+            announce(fail, rank=rank, broadcast_bytes=broadcast)  # type: ignore[arg-type]

@@ -12,10 +12,21 @@ from collections.abc import Callable, Sequence
 
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.protocol import TransitionMessage
-from elastic_pipe.types import Layout
+from elastic_pipe.protocol import TransitionMessage, decode, encode
+from elastic_pipe.types import ElasticPipeError, Layout
 
-__all__ = ["initial_layout", "layout_from_message", "max_frozen_units", "message_for", "next_layout"]
+__all__ = [
+    "ERROR_PREFIX",
+    "announce",
+    "initial_layout",
+    "layout_from_message",
+    "max_frozen_units",
+    "message_for",
+    "next_layout",
+]
+
+#: Marks a control-group payload that carries rank 0's error instead of a message.
+ERROR_PREFIX = b"ELASTIC_PIPE_ERROR "
 
 
 def initial_layout(
@@ -112,3 +123,31 @@ def layout_from_message(msg: TransitionMessage, world_size: int) -> Layout:
     if world_size % msg.pipe_len:
         raise OrchestratorError(f"message pipe_len={msg.pipe_len} does not divide the world size {world_size}")
     return Layout(msg.frozen, msg.pipe_len, world_size // msg.pipe_len, tuple(msg.boundaries), msg.microbatches)
+
+
+def announce(
+    make: Callable[[], TransitionMessage], *, rank: int, broadcast_bytes: Callable[[bytes | None, int], bytes]
+) -> TransitionMessage:
+    """Rank 0 runs ``make`` and broadcasts the encoded message; every rank returns the decoded message.
+
+    If rank 0's decision fails, the error travels instead of a message, so every rank stops with the same
+    one-line reason at once rather than waiting in a broadcast until the timeout.
+
+    Args:
+        make: builds the message (called on rank 0 only).
+        rank: this rank.
+        broadcast_bytes: ``broadcast_bytes(payload_or_None, src) -> payload`` over the control group.
+
+    Raises:
+        OrchestratorError: on every rank, when ``make`` raised an :class:`~elastic_pipe.types.ElasticPipeError`.
+    """
+    payload = None
+    if rank == 0:
+        try:
+            payload = encode(make())
+        except ElasticPipeError as exc:
+            payload = ERROR_PREFIX + " ".join(str(exc).split()).encode()
+    data = broadcast_bytes(payload, 0)
+    if data.startswith(ERROR_PREFIX):
+        raise OrchestratorError(f"rank 0 could not decide: {data[len(ERROR_PREFIX) :].decode()}")
+    return decode(data)

@@ -57,7 +57,7 @@ from elastic_pipe.orchestrator.transition import (
     plan_moves,
 )
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
-from elastic_pipe.types import ElasticPipeError, Layout
+from elastic_pipe.types import Layout
 
 __all__ = ["ElasticRun", "RunResult", "candidate_pipe_lens", "epoch_seed", "sublayer_costs"]
 
@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
 #: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
 _SEED_STRIDE = 1 << 20
-#: Marks a control-group payload that carries rank 0's error instead of a message.
-_ERROR_PREFIX = b"ELASTIC_PIPE_ERROR "
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
 TRANSITION_PHASES = ("moves", "rebuild", "cache")
 #: Bytes per MiB (cache budgets are configured in MiB).
@@ -249,21 +247,7 @@ class ElasticRun:
         return self.groups.broadcast_bytes(payload, src=src)
 
     def _announce(self, make: Callable[[], protocol.TransitionMessage]) -> protocol.TransitionMessage:
-        """Rank 0 runs ``make`` and broadcasts the encoded message on the control group; every rank decodes it.
-
-        If rank 0's decision fails, the error travels instead of a message, so every rank stops with the same
-        one-line reason at once rather than waiting for a broadcast until the timeout.
-        """
-        payload = None
-        if self.rank == 0:
-            try:
-                payload = protocol.encode(make())
-            except ElasticPipeError as exc:
-                payload = _ERROR_PREFIX + str(exc).encode()
-        data = self._broadcast_bytes(payload, 0)
-        if data.startswith(_ERROR_PREFIX):
-            raise OrchestratorError(f"rank 0 could not decide: {data[len(_ERROR_PREFIX) :].decode()}")
-        return protocol.decode(data)
+        return decision.announce(make, rank=self.rank, broadcast_bytes=self._broadcast_bytes)
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
