@@ -79,15 +79,63 @@ def _split_state(model: nn.Module) -> tuple[StateDict, StateDict]:
     return {k[len(prefix) :]: v for k, v in top.items() if k.startswith(prefix)}, top
 
 
+WeightBias = tuple[torch.Tensor, torch.Tensor | None]
+
+
 def _linear(target: dict[str, torch.Tensor], name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
     target[f"{name}.weight"] = weight
     if bias is not None:
         target[f"{name}.bias"] = bias
 
 
+def _pair(sd: StateDict, prefix: str) -> WeightBias:
+    """``prefix``'s weight and bias, both required."""
+    return sd[f"{prefix}.weight"], sd[f"{prefix}.bias"]
+
+
+def _pick_pair(sd: StateDict, *prefixes: str) -> WeightBias:
+    """The weight and the bias under the first of ``prefixes`` that has each (see :func:`_pick`)."""
+    return _pick(sd, *(p + ".weight" for p in prefixes)), _pick(sd, *(p + ".bias" for p in prefixes))
+
+
+def _conv1d_pair(sd: StateDict, prefix: str) -> WeightBias:
+    """A GPT-2 ``Conv1D``'s weight and bias; it stores the weight as (in, out), the transpose of nn.Linear's."""
+    return sd[f"{prefix}.weight"].t(), sd[f"{prefix}.bias"]
+
+
 def _norm(target: dict[str, torch.Tensor], name: str, sd: StateDict, *prefixes: str) -> None:
-    target[f"{name}.weight"] = _pick(sd, *(p + ".weight" for p in prefixes))
-    target[f"{name}.bias"] = _pick(sd, *(p + ".bias" for p in prefixes))
+    _linear(target, name, *_pick_pair(sd, *prefixes))
+
+
+def _block(
+    target: dict[str, torch.Tensor],
+    index: int,
+    *,
+    qkv: WeightBias,
+    proj: WeightBias,
+    attn_norm: WeightBias,
+    fc1: WeightBias,
+    fc2: WeightBias,
+    mlp_norm: WeightBias,
+) -> None:
+    """Store block ``index``'s weights under the names of its attention and MLP sub-layers."""
+    a, m = f"block{index}_attn", f"block{index}_mlp"
+    _linear(target, f"{a}.qkv", *qkv)
+    _linear(target, f"{a}.proj", *proj)
+    _linear(target, f"{a}.norm", *attn_norm)
+    _linear(target, f"{m}.fc1", *fc1)
+    _linear(target, f"{m}.fc2", *fc2)
+    _linear(target, f"{m}.norm", *mlp_norm)
+
+
+def _encoder_head(
+    target: dict[str, torch.Tensor], base: StateDict, top: StateDict, use_pooler: bool, copy_classifier: bool
+) -> None:
+    """Copy an encoder's pooler and classifier when the head keeps them (see :func:`_head_options`)."""
+    if use_pooler:
+        _linear(target, "head.pooler", *_pair(base, "pooler.dense"))
+    if copy_classifier:
+        _linear(target, "head.classifier", *_pair(top, "classifier"))
 
 
 def _dtype(model: nn.Module) -> torch.dtype:
@@ -166,23 +214,19 @@ def _from_bert(
         t["embed.segments.weight"] = base["embeddings.token_type_embeddings.weight"]
     _norm(t, "embed.norm", base, "embeddings.LayerNorm")
     for i in range(config.depth):
-        p, a, m = f"encoder.layer.{i}.", f"block{i}_attn", f"block{i}_mlp"
+        p = f"encoder.layer.{i}."
         qkv = [f"{p}attention.self.{n}" for n in ("query", "key", "value")]
-        _linear(
+        _block(
             t,
-            f"{a}.qkv",
-            torch.cat([base[q + ".weight"] for q in qkv]),
-            torch.cat([base[q + ".bias"] for q in qkv]),
+            i,
+            qkv=(torch.cat([base[q + ".weight"] for q in qkv]), torch.cat([base[q + ".bias"] for q in qkv])),
+            proj=_pair(base, f"{p}attention.output.dense"),
+            attn_norm=_pick_pair(base, f"{p}attention.output.LayerNorm"),
+            fc1=_pair(base, f"{p}intermediate.dense"),
+            fc2=_pair(base, f"{p}output.dense"),
+            mlp_norm=_pick_pair(base, f"{p}output.LayerNorm"),
         )
-        _linear(t, f"{a}.proj", base[f"{p}attention.output.dense.weight"], base[f"{p}attention.output.dense.bias"])
-        _norm(t, f"{a}.norm", base, f"{p}attention.output.LayerNorm")
-        _linear(t, f"{m}.fc1", base[f"{p}intermediate.dense.weight"], base[f"{p}intermediate.dense.bias"])
-        _linear(t, f"{m}.fc2", base[f"{p}output.dense.weight"], base[f"{p}output.dense.bias"])
-        _norm(t, f"{m}.norm", base, f"{p}output.LayerNorm")
-    if use_pooler:
-        _linear(t, "head.pooler", base["pooler.dense.weight"], base["pooler.dense.bias"])
-    if copy_classifier:
-        _linear(t, "head.classifier", top["classifier.weight"], top["classifier.bias"])
+    _encoder_head(t, base, top, use_pooler, copy_classifier)
     return _finish(lambda: bert_layers(config), config.depth, t, dtype, seed)
 
 
@@ -240,7 +284,7 @@ def _from_vit(
         base["embeddings.patch_embeddings.projection.bias"],
     )
     for i in range(config.depth):
-        new, old, a, m = f"layers.{i}.", f"encoder.layer.{i}.", f"block{i}_attn", f"block{i}_mlp"
+        new, old = f"layers.{i}.", f"encoder.layer.{i}."
         names = (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value"))
         weights = [_pick(base, f"{new}attention.{n}.weight", f"{old}attention.attention.{o}.weight") for n, o in names]
         dim = config.dim
@@ -250,32 +294,18 @@ def _from_vit(
             else torch.zeros(dim)
             for n, o in names
         ]
-        _linear(t, f"{a}.qkv", torch.cat(weights), torch.cat(biases))
-        _linear(
+        _block(
             t,
-            f"{a}.proj",
-            _pick(base, f"{new}attention.o_proj.weight", f"{old}attention.output.dense.weight"),
-            _pick(base, f"{new}attention.o_proj.bias", f"{old}attention.output.dense.bias"),
+            i,
+            qkv=(torch.cat(weights), torch.cat(biases)),
+            proj=_pick_pair(base, f"{new}attention.o_proj", f"{old}attention.output.dense"),
+            attn_norm=_pick_pair(base, f"{new}layernorm_before", f"{old}layernorm_before"),
+            fc1=_pick_pair(base, f"{new}mlp.fc1", f"{old}intermediate.dense"),
+            fc2=_pick_pair(base, f"{new}mlp.fc2", f"{old}output.dense"),
+            mlp_norm=_pick_pair(base, f"{new}layernorm_after", f"{old}layernorm_after"),
         )
-        _norm(t, f"{a}.norm", base, f"{new}layernorm_before", f"{old}layernorm_before")
-        _linear(
-            t,
-            f"{m}.fc1",
-            _pick(base, f"{new}mlp.fc1.weight", f"{old}intermediate.dense.weight"),
-            _pick(base, f"{new}mlp.fc1.bias", f"{old}intermediate.dense.bias"),
-        )
-        _linear(
-            t,
-            f"{m}.fc2",
-            _pick(base, f"{new}mlp.fc2.weight", f"{old}output.dense.weight"),
-            _pick(base, f"{new}mlp.fc2.bias", f"{old}output.dense.bias"),
-        )
-        _norm(t, f"{m}.norm", base, f"{new}layernorm_after", f"{old}layernorm_after")
     _norm(t, "head.norm", base, "layernorm")
-    if use_pooler:
-        _linear(t, "head.pooler", base["pooler.dense.weight"], base["pooler.dense.bias"])
-    if copy_classifier:
-        _linear(t, "head.classifier", top["classifier.weight"], top["classifier.bias"])
+    _encoder_head(t, base, top, use_pooler, copy_classifier)
     return _finish(make_layers, config.depth, t, dtype, seed)
 
 
@@ -321,14 +351,17 @@ def _from_gpt2(
         "embed.positions.weight": base["wpe.weight"],
     }
     for i in range(config.depth):
-        p, a, m = f"h.{i}.", f"block{i}_attn", f"block{i}_mlp"
-        # GPT-2's Conv1D stores weights as (in, out), the transpose of nn.Linear's.
-        _linear(t, f"{a}.qkv", base[f"{p}attn.c_attn.weight"].t(), base[f"{p}attn.c_attn.bias"])
-        _linear(t, f"{a}.proj", base[f"{p}attn.c_proj.weight"].t(), base[f"{p}attn.c_proj.bias"])
-        _norm(t, f"{a}.norm", base, f"{p}ln_1")
-        _linear(t, f"{m}.fc1", base[f"{p}mlp.c_fc.weight"].t(), base[f"{p}mlp.c_fc.bias"])
-        _linear(t, f"{m}.fc2", base[f"{p}mlp.c_proj.weight"].t(), base[f"{p}mlp.c_proj.bias"])
-        _norm(t, f"{m}.norm", base, f"{p}ln_2")
+        p = f"h.{i}."
+        _block(
+            t,
+            i,
+            qkv=_conv1d_pair(base, f"{p}attn.c_attn"),
+            proj=_conv1d_pair(base, f"{p}attn.c_proj"),
+            attn_norm=_pick_pair(base, f"{p}ln_1"),
+            fc1=_conv1d_pair(base, f"{p}mlp.c_fc"),
+            fc2=_conv1d_pair(base, f"{p}mlp.c_proj"),
+            mlp_norm=_pick_pair(base, f"{p}ln_2"),
+        )
     _norm(t, "head.norm", base, "ln_f")
     if has_lm_head:
         t["head.proj.weight"] = top.get("lm_head.weight", base["wte.weight"])
@@ -339,6 +372,17 @@ Converter = Callable[..., SubLayerModel]
 
 #: Hugging Face ``config.model_type`` -> converter.
 HF_CONVERTERS: dict[str, Converter] = {"bert": _from_bert, "vit": _from_vit, "gpt2": _from_gpt2}
+
+
+def _converter(model_type: Any) -> Converter:
+    """The converter for ``model_type``.
+
+    Raises:
+        ModelError: for a type not in :data:`HF_CONVERTERS` (the message lists the supported ones).
+    """
+    if model_type not in HF_CONVERTERS:
+        raise ModelError(f"unsupported Hugging Face model type {model_type!r}; expected one of {sorted(HF_CONVERTERS)}")
+    return HF_CONVERTERS[model_type]
 
 
 def from_hf(
@@ -373,11 +417,9 @@ def from_hf(
     Raises:
         ModelError: for an unsupported model type (listing the supported ones) or configuration.
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in HF_CONVERTERS:
-        raise ModelError(f"unsupported Hugging Face model type {model_type!r}; expected one of {sorted(HF_CONVERTERS)}")
+    convert = _converter(getattr(getattr(model, "config", None), "model_type", None))
     base, top = _split_state(model)
-    return HF_CONVERTERS[model_type](
+    return convert(
         model.config,
         base,
         top,
@@ -445,16 +487,15 @@ def from_hf_state(
     Raises:
         ModelError: for an unsupported model type or configuration.
     """
-    model_type = config.get("model_type")
-    if model_type not in HF_CONVERTERS:
-        raise ModelError(f"unsupported Hugging Face model type {model_type!r}; expected one of {sorted(HF_CONVERTERS)}")
+    model_type: Any = config.get("model_type")  # a key of HF_CONVERTERS once _converter accepts it
+    convert = _converter(model_type)
     cfg = SimpleNamespace(**{**HF_CONFIG_DEFAULTS[model_type], **config})
     prefix = HF_BASE_PREFIXES[model_type] + "."
     top = dict(state_dict)
     base = {k[len(prefix) :]: v for k, v in top.items() if k.startswith(prefix)} or top
     if dtype is None:
         dtype = next(iter(top.values())).dtype if top else torch.float32
-    return HF_CONVERTERS[model_type](
+    return convert(
         cfg,
         base,
         top,
