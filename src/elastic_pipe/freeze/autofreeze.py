@@ -21,6 +21,7 @@ import math
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import percentile
+from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
@@ -73,11 +74,7 @@ class AutoFreeze:
         Raises:
             FreezeError: statistics for a different number of layers, or over zero steps.
         """
-        if stats.num_layers != self.num_layers or stats.steps < 1:
-            raise FreezeError(
-                f"AutoFreeze.observe: got stats of {stats.num_layers} layers over {stats.steps} steps, "
-                f"expected {self.num_layers} layers over >= 1 step"
-            )
+        check_stats("AutoFreeze", self.num_layers, stats)
         self._pending = stats.mean_l1()
 
     def propose(self, epoch: int, step: int, current: int) -> int:
@@ -106,8 +103,8 @@ class AutoFreeze:
             "policy": self.name,
             "num_layers": self.num_layers,
             "percentile": self.percentile,
-            "prev": None if self._prev is None else list(self._prev),
-            "pending": None if self._pending is None else list(self._pending),
+            "prev": norms_to_state(self._prev),
+            "pending": norms_to_state(self._pending),
             "frozen": self._frozen,
         }
 
@@ -116,6 +113,6 @@ class AutoFreeze:
         check_config(
             "AutoFreeze", state, {"policy": self.name, "num_layers": self.num_layers, "percentile": self.percentile}
         )
-        self._prev = None if state["prev"] is None else tuple(float(v) for v in state["prev"])
-        self._pending = None if state["pending"] is None else tuple(float(v) for v in state["pending"])
+        self._prev = norms_from_state(state["prev"])
+        self._pending = norms_from_state(state["pending"])
         self._frozen = int(state["frozen"])

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import ceil_tolerant
+from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.alpha import check_alpha
-from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -55,11 +55,7 @@ class PaperRule:
         Raises:
             FreezeError: statistics for a different number of layers, or over zero steps.
         """
-        if stats.num_layers != self.num_layers or stats.steps < 1:
-            raise FreezeError(
-                f"PaperRule.observe: got stats of {stats.num_layers} layers over {stats.steps} steps, "
-                f"expected {self.num_layers} layers over >= 1 step"
-            )
+        check_stats("PaperRule", self.num_layers, stats)
         self._latest = stats.mean_l2()
 
     def propose(self, epoch: int, step: int, current: int) -> int:
@@ -95,7 +91,7 @@ class PaperRule:
             "alpha": self.alpha,
             "progress": self._progress,
             "epoch": self._epoch,
-            "latest": None if self._latest is None else list(self._latest),
+            "latest": norms_to_state(self._latest),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -104,4 +100,4 @@ class PaperRule:
         latest = state["latest"]
         self._progress = float(state["progress"])
         self._epoch = int(state["epoch"])
-        self._latest = None if latest is None else tuple(float(v) for v in latest)
+        self._latest = norms_from_state(latest)
