@@ -55,6 +55,36 @@ _GB = 1e9
 _DEFAULTS = GpuSpec()
 _CLUSTER_DEFAULTS = ClusterSpec(1)
 
+#: The cluster group's float options that default to the H200 specs above, in the option's unit: (flag, default,
+#: help), in the order ``--help`` lists them. :func:`build` converts each back to the spec's SI unit.
+_RATE_OPTIONS: tuple[tuple[str, float, str], ...] = (
+    (
+        "--gpu-tflops",
+        _DEFAULTS.matmul_flops / 1e12,
+        f"achieved matmul TFLOP/s per GPU (default {_DEFAULTS.matmul_flops / 1e12:g}); attention and conv "
+        "rates scale with it",
+    ),
+    (
+        "--memory-bandwidth",
+        _DEFAULTS.memory_bandwidth / _GB,
+        f"achieved GPU memory GB/s (default {_DEFAULTS.memory_bandwidth / _GB:g})",
+    ),
+    (
+        "--host-overhead-ms",
+        _DEFAULTS.host_overhead * 1e3,
+        "eager host ms per block, micro-batch and pass (default 1; 0 for CUDA graphs / compiled)",
+    ),
+    ("--intra-bw", _CLUSTER_DEFAULTS.intra_node_bandwidth / _GB, "GB/s between GPUs of a node (default 300)"),
+    ("--inter-bw", _CLUSTER_DEFAULTS.inter_node_bandwidth / _GB, "GB/s per GPU between nodes (default 50)"),
+    (
+        "--p2p-latency-us",
+        _CLUSTER_DEFAULTS.p2p_latency * 1e6,
+        "fixed microseconds per point-to-point message (default 45)",
+    ),
+    ("--host-bw", _CLUSTER_DEFAULTS.host_bandwidth / _GB, "GB/s pinned host -> GPU, the host cache tier (default 55)"),
+    ("--disk-bw", _CLUSTER_DEFAULTS.disk_bandwidth / _GB, "GB/s per GPU from the disk cache tier (default 5)"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
@@ -81,55 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reserved-memory",
         help="memory per GPU a plan never fills: context, allocator, workspaces (default 2GiB, at most 1/8 of the GPU)",
     )
-    hw.add_argument(
-        "--gpu-tflops",
-        type=float,
-        default=_DEFAULTS.matmul_flops / 1e12,
-        help=f"achieved matmul TFLOP/s per GPU (default {_DEFAULTS.matmul_flops / 1e12:g}); attention and conv "
-        "rates scale with it",
-    )
-    hw.add_argument(
-        "--memory-bandwidth",
-        type=float,
-        default=_DEFAULTS.memory_bandwidth / _GB,
-        help=f"achieved GPU memory GB/s (default {_DEFAULTS.memory_bandwidth / _GB:g})",
-    )
-    hw.add_argument(
-        "--host-overhead-ms",
-        type=float,
-        default=_DEFAULTS.host_overhead * 1e3,
-        help="eager host ms per block, micro-batch and pass (default 1; 0 for CUDA graphs / compiled)",
-    )
-    hw.add_argument(
-        "--intra-bw",
-        type=float,
-        default=_CLUSTER_DEFAULTS.intra_node_bandwidth / _GB,
-        help="GB/s between GPUs of a node (default 300)",
-    )
-    hw.add_argument(
-        "--inter-bw",
-        type=float,
-        default=_CLUSTER_DEFAULTS.inter_node_bandwidth / _GB,
-        help="GB/s per GPU between nodes (default 50)",
-    )
-    hw.add_argument(
-        "--p2p-latency-us",
-        type=float,
-        default=_CLUSTER_DEFAULTS.p2p_latency * 1e6,
-        help="fixed microseconds per point-to-point message (default 45)",
-    )
-    hw.add_argument(
-        "--host-bw",
-        type=float,
-        default=_CLUSTER_DEFAULTS.host_bandwidth / _GB,
-        help="GB/s pinned host -> GPU, the host cache tier (default 55)",
-    )
-    hw.add_argument(
-        "--disk-bw",
-        type=float,
-        default=_CLUSTER_DEFAULTS.disk_bandwidth / _GB,
-        help="GB/s per GPU from the disk cache tier (default 5)",
-    )
+    for flag, default, text in _RATE_OPTIONS:
+        hw.add_argument(flag, type=float, default=default, help=text)
     hw.add_argument("--host-cache-memory", default="1TiB", help="host memory per node for the cache (default 1TiB)")
 
     job = parser.add_argument_group("job")
