@@ -18,12 +18,10 @@ import torch
 from torch import nn
 
 from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
-from elastic_pipe.models._checks import check_attention, check_norm_and_activation
+from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import (
-    AttentionSubLayer,
     ClassifierHead,
-    MLPSubLayer,
     Pooling,
     TokenEmbedding,
 )
@@ -90,14 +88,12 @@ class BertConfig:
             check_positive("BertConfig", num_classes=self.num_classes)
         if self.type_vocab_size < 0:
             raise ModelError(f"BertConfig.type_vocab_size must be >= 0, got {self.type_vocab_size!r}")
-        check_attention(
-            "BertConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
-        )
+        check_attention("BertConfig", self)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ModelError(f"BertConfig.pad_token_id must be in [0, {self.vocab_size}), got {self.pad_token_id!r}")
         if self.pooling not in ("first", "mean"):
             raise ModelError(f"BertConfig.pooling must be 'first' or 'mean', got {self.pooling!r}")
-        check_norm_and_activation("BertConfig", eps=self.eps, act=self.act)
+        check_norm_and_activation("BertConfig", self)
 
 
 def _published(dim: int, depth: int, heads: int) -> BertConfig:
@@ -155,19 +151,7 @@ def bert_layers(config: BertConfig) -> list[tuple[str, nn.Module]]:
         )
     ]
     for i in range(c.depth):
-        attn = AttentionSubLayer(
-            c.dim,
-            c.heads,
-            norm_first=c.norm_first,
-            eps=c.eps,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-            carries_mask=masked,
-        )
-        mlp = MLPSubLayer(
-            c.dim, c.mlp_dim, act=c.act, norm_first=c.norm_first, eps=c.eps, dropout=c.dropout, carries_mask=masked
-        )
-        layers += [(f"block{i}.attn", attn), (f"block{i}.mlp", mlp)]
+        layers += transformer_block(i, c, norm_first=c.norm_first, carries_mask=masked)
     head = ClassifierHead(
         c.dim,
         c.num_classes,

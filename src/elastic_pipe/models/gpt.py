@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
-from elastic_pipe.models._checks import check_attention, check_norm_and_activation
-from elastic_pipe.models.layers import AttentionSubLayer, LMHead, MLPSubLayer, TokenEmbedding
+from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
+from elastic_pipe.models.layers import LMHead, TokenEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 
 __all__ = ["GPT_PRESETS", "GPTConfig", "gpt_config", "gpt_decoder", "gpt_layers"]
@@ -65,10 +65,8 @@ class GPTConfig:
             heads=self.heads,
             mlp_dim=self.mlp_dim,
         )
-        check_attention(
-            "GPTConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
-        )
-        check_norm_and_activation("GPTConfig", eps=self.eps, act=self.act)
+        check_attention("GPTConfig", self)
+        check_norm_and_activation("GPTConfig", self)
 
 
 def _gpt2(dim: int, depth: int, heads: int) -> GPTConfig:
@@ -111,17 +109,7 @@ def gpt_layers(config: GPTConfig) -> list[tuple[str, nn.Module]]:
         ("embed", TokenEmbedding(c.vocab_size, c.max_positions, c.dim, dropout=c.dropout))
     ]
     for i in range(c.depth):
-        attn = AttentionSubLayer(
-            c.dim,
-            c.heads,
-            norm_first=True,
-            causal=True,
-            eps=c.eps,
-            dropout=c.dropout,
-            attention_dropout=c.attention_dropout,
-        )
-        mlp = MLPSubLayer(c.dim, c.mlp_dim, act=c.act, norm_first=True, eps=c.eps, dropout=c.dropout)
-        layers += [(f"block{i}.attn", attn), (f"block{i}.mlp", mlp)]
+        layers += transformer_block(i, c, norm_first=True, causal=True)
     layers.append(("head", LMHead(c.dim, c.vocab_size, final_norm=True, eps=c.eps)))
     return layers
 

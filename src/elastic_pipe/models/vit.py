@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
-from elastic_pipe.models._checks import check_attention, check_norm_and_activation
+from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
 from elastic_pipe.models.errors import ModelError
-from elastic_pipe.models.layers import AttentionSubLayer, ClassifierHead, MLPSubLayer, PatchEmbedding
+from elastic_pipe.models.layers import ClassifierHead, PatchEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 
 __all__ = ["VIT_PRESETS", "ViTConfig", "vit", "vit_config"]
@@ -67,10 +67,8 @@ class ViTConfig:
         )
         if self.image_size % self.patch_size:
             raise ModelError(f"ViTConfig.patch_size={self.patch_size} must divide image_size={self.image_size}")
-        check_attention(
-            "ViTConfig", dim=self.dim, heads=self.heads, dropout=self.dropout, attention_dropout=self.attention_dropout
-        )
-        check_norm_and_activation("ViTConfig", eps=self.eps, act=self.act)
+        check_attention("ViTConfig", self)
+        check_norm_and_activation("ViTConfig", self)
 
     @property
     def seq_len(self) -> int:
@@ -109,22 +107,7 @@ def vit_layers(config: ViTConfig) -> list[tuple[str, nn.Module]]:
         ("embed", PatchEmbedding(c.image_size, c.patch_size, c.in_channels, c.dim, c.dropout))
     ]
     for i in range(c.depth):
-        layers.append(
-            (
-                f"block{i}.attn",
-                AttentionSubLayer(
-                    c.dim,
-                    c.heads,
-                    norm_first=True,
-                    eps=c.eps,
-                    dropout=c.dropout,
-                    attention_dropout=c.attention_dropout,
-                ),
-            )
-        )
-        layers.append(
-            (f"block{i}.mlp", MLPSubLayer(c.dim, c.mlp_dim, act=c.act, norm_first=True, eps=c.eps, dropout=c.dropout))
-        )
+        layers += transformer_block(i, c, norm_first=True)
     layers.append(("head", ClassifierHead(c.dim, c.num_classes, final_norm=True, eps=c.eps, pooling="first")))
     return layers
 
