@@ -8,7 +8,7 @@ them; every config keeps the order in which it reports the first bad field.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, TypeAlias
 
 from torch import nn
 
@@ -16,63 +16,51 @@ from elastic_pipe.models._build import check_probability
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import AttentionSubLayer, MLPSubLayer, activation
 
-__all__ = ["BlockShape", "check_attention", "check_norm_and_activation", "transformer_block"]
+if TYPE_CHECKING:  # annotations only: the config modules import this one
+    from elastic_pipe.models.bert import BertConfig
+    from elastic_pipe.models.gpt import GPTConfig
+    from elastic_pipe.models.vit import ViTConfig
+
+    TransformerConfig: TypeAlias = "BertConfig | GPTConfig | ViTConfig"
+
+__all__ = ["check_attention", "check_norm_and_activation", "transformer_block"]
 
 
-class BlockShape(Protocol):
-    """The config fields a transformer block is built from (BertConfig, GPTConfig and ViTConfig have them)."""
-
-    @property
-    def dim(self) -> int: ...
-    @property
-    def heads(self) -> int: ...
-    @property
-    def mlp_dim(self) -> int: ...
-    @property
-    def act(self) -> str: ...
-    @property
-    def eps(self) -> float: ...
-    @property
-    def dropout(self) -> float: ...
-    @property
-    def attention_dropout(self) -> float: ...
-
-
-def check_attention(owner: str, shape: BlockShape) -> None:
+def check_attention(owner: str, config: TransformerConfig) -> None:
     """Raise ModelError unless both dropouts are probabilities in [0, 1) and ``heads`` divides ``dim``."""
-    check_probability(owner, dropout=shape.dropout, attention_dropout=shape.attention_dropout)
-    if shape.dim % shape.heads:
-        raise ModelError(f"{owner}.heads={shape.heads} must divide dim={shape.dim}")
+    check_probability(owner, dropout=config.dropout, attention_dropout=config.attention_dropout)
+    if config.dim % config.heads:
+        raise ModelError(f"{owner}.heads={config.heads} must divide dim={config.dim}")
 
 
-def check_norm_and_activation(owner: str, shape: BlockShape) -> None:
+def check_norm_and_activation(owner: str, config: TransformerConfig) -> None:
     """Raise ModelError unless the LayerNorm ``eps`` is > 0 and ``act`` names a known activation."""
-    if not shape.eps > 0:
-        raise ModelError(f"{owner}.eps must be > 0, got {shape.eps!r}")
-    activation(shape.act)
+    if not config.eps > 0:
+        raise ModelError(f"{owner}.eps must be > 0, got {config.eps!r}")
+    activation(config.act)
 
 
 def transformer_block(
-    index: int, shape: BlockShape, *, norm_first: bool, causal: bool = False, carries_mask: bool = False
+    index: int, config: TransformerConfig, *, norm_first: bool, causal: bool = False, carries_mask: bool = False
 ) -> list[tuple[str, nn.Module]]:
     """Block ``index`` as its two named sub-layers, ``block{index}.attn`` then ``block{index}.mlp``."""
     attn = AttentionSubLayer(
-        shape.dim,
-        shape.heads,
+        config.dim,
+        config.heads,
         norm_first=norm_first,
         causal=causal,
-        eps=shape.eps,
-        dropout=shape.dropout,
-        attention_dropout=shape.attention_dropout,
+        eps=config.eps,
+        dropout=config.dropout,
+        attention_dropout=config.attention_dropout,
         carries_mask=carries_mask,
     )
     mlp = MLPSubLayer(
-        shape.dim,
-        shape.mlp_dim,
-        act=shape.act,
+        config.dim,
+        config.mlp_dim,
+        act=config.act,
         norm_first=norm_first,
-        eps=shape.eps,
-        dropout=shape.dropout,
+        eps=config.eps,
+        dropout=config.dropout,
         carries_mask=carries_mask,
     )
     return [(f"block{index}.attn", attn), (f"block{index}.mlp", mlp)]
