@@ -106,7 +106,8 @@ RESULTS = {
 }
 
 
-def test_demo_document_and_table() -> None:
+def test_demo_document_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
     doc = summarize(RESULTS)
     assert doc["transitions"] == [{"epoch": 1, "frozen": 2, "pipe_len": 2, "replicas": 2, "seconds": 0.5}]
     assert doc["final_accuracy"] == 0.75
@@ -158,3 +159,10 @@ def test_train_table_and_plot(tmp_path: Path) -> None:
     ]
     plot(result, str(tmp_path / "run.png"))
     assert (tmp_path / "run.png").stat().st_size > 1000
+
+
+def test_demo_says_when_processes_share_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    doc = summarize(RESULTS)
+    assert doc["note"].startswith("4 processes share 2 CPU cores")
+    assert render(doc).splitlines()[-1] == f"note: {doc['note']}"
