@@ -30,7 +30,9 @@ SCRIPTS = sorted([*(ROOT / "examples").glob("*.py"), *(ROOT / "benchmarks").rglo
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_script_compiles(script: Path, tmp_path: Path) -> None:
-    py_compile.compile(str(script), cfile=str(tmp_path / "out.pyc"), doraise=True)
+    out = tmp_path / "out.pyc"
+    py_compile.compile(str(script), cfile=str(out), doraise=True)
+    assert out.stat().st_size > 0
 
 
 def test_readme_python_snippets_run(capsys: pytest.CaptureFixture[str]) -> None:

@@ -155,7 +155,12 @@ def test_validator_detects_deadlock() -> None:
 
 
 def test_validator_accepts_split_backward_by_hand() -> None:
-    validate(_text({"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "1I0", "1W0"]}))
+    schedule = _text({"0": ["0F0", "0I0", "0W0"], "1": ["1F0", "1I0", "1W0"]})
+    validate(schedule)  # raises ScheduleError if it were refused
+    sim = simulate(schedule, forward=1.0, backward=2.0, input_grad=1.0, weight_grad=1.0)
+    # 0F0 [0,1], 1F0 [1,2], 1I0 [2,3], then 1W0 [3,4] beside 0I0 [3,4] (it needed 1I0's gradient), 0W0 [4,5]
+    assert sim.makespan == 5.0
+    assert sim.busy == (3.0, 3.0)
 
 
 # --- simulator: published formulas -------------------------------------------------------------------------------
