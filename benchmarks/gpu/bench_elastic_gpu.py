@@ -58,7 +58,7 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- workloads
-def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
+def workload(name: str, tiny: bool, device: torch.device, pipe_len: int) -> dict[str, Any]:
     """Model factory, samples and batch settings of one workload."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     if name == "vit":
@@ -78,7 +78,7 @@ def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
             "global_batch": global_batch,
             "microbatches": micro,
             "initial_pipe_len": 1,  # fits one GPU: the user's run starts from DDP
-            "microbatches_by_pipe_len": {2: micro, 1: 1},
+            "microbatches_by_pipe_len": {pipe_len: micro, 1: 1},
             "loss": None,
         }
     if name == "gpt":
@@ -101,8 +101,9 @@ def workload(name: str, tiny: bool, device: torch.device) -> dict[str, Any]:
             ),
             "global_batch": global_batch,
             "microbatches": micro,
-            "initial_pipe_len": 2,  # does not fit the emulated GPU: the user's run starts as a 2-stage pipeline
-            "microbatches_by_pipe_len": {2: micro, 1: 1},
+            # does not fit the emulated GPU: the user's run starts as a pipeline (2 stages on 2 GPUs, 8 on 8)
+            "initial_pipe_len": pipe_len,
+            "microbatches_by_pipe_len": {pipe_len: micro, 1: 1},
             "loss": None,
         }
     raise SystemExit(f"unknown workload {name!r}")
@@ -121,7 +122,9 @@ def digits_224(device: torch.device, tiny: bool) -> Split:
 
 
 # -------------------------------------------------------------------------------------------------------- arms
-def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, dict[str, Any]]:
+def arm_configs(
+    w: dict[str, Any], tiny: bool, static_epochs: int, world: int, pipe_len: int
+) -> dict[str, dict[str, Any]]:
     k0 = w["initial_pipe_len"]
     common: dict[str, Any] = {
         "model": "vit",
@@ -131,7 +134,7 @@ def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, 
         "lr": 3e-4,
         "eval_fraction": 0.05,
         "autocast": "none" if tiny else "bf16",
-        "nproc_per_node": 2,
+        "nproc_per_node": world,
         "progress": False,
         "microbatches": w["microbatches"],
         "schedule": "1f1b",
@@ -147,14 +150,14 @@ def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int) -> dict[str, 
     arms: dict[str, dict[str, Any]] = {"static_ddp": {**common, **never, "pipe_len": 1}}
     for kind in ("gpipe", "1f1b"):
         for m in (4, 8):
-            if w["global_batch"] % (2 * m) == 0 and m >= 2:
-                arms[f"static_pipe2_{kind}_m{m}"] = {
+            if w["global_batch"] % (world * m) == 0:
+                arms[f"static_pipe{pipe_len}_{kind}_m{m}"] = {
                     **common,
                     **never,
-                    "pipe_len": 2,
+                    "pipe_len": pipe_len,
                     "schedule": kind,
                     "microbatches": m,
-                    "microbatches_by_pipe_len": {2: m},
+                    "microbatches_by_pipe_len": {pipe_len: m},
                 }
     arms["freeze_only"] = {**common, **alpha, "pipe_len": k0, "compression": "none", "cache": "off"}
     arms["elastic_nocache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "off"}
@@ -286,7 +289,8 @@ def _device_copy_bandwidth(device: torch.device) -> float:
 # ------------------------------------------------------------------------------------------------------ planner
 def planner_prediction(model_name: str, w: dict[str, Any], steps: int, pipe_len: int | None) -> dict[str, Any]:
     try:
-        cluster = planner.ClusterSpec(gpus=2, gpus_per_node=2)
+        world = dist.get_world_size()
+        cluster = planner.ClusterSpec(gpus=world, gpus_per_node=world)
         job = planner.JobSpec(
             global_batch=w["global_batch"],
             epochs=EPOCHS,
@@ -308,6 +312,12 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny models on CPU/gloo: checks the script, not speed")
     ap.add_argument("--workloads", default="vit,gpt")
     ap.add_argument("--static-epochs", type=int, default=3)
+    ap.add_argument(
+        "--pipe-len",
+        type=int,
+        default=2,
+        help="pipeline length of the static pipeline arms and of the GPT workload's start (8 on 8 GPUs)",
+    )
     ap.add_argument("--skip-accuracy", action="store_true")
     ap.add_argument("--deadline", type=float, default=480.0, help="seconds after which remaining arms are skipped")
     ap.add_argument(
@@ -341,9 +351,9 @@ def main() -> int:
     }
     try:
         for wname in args.workloads.split(","):
-            w = workload(wname, args.tiny, device)
+            w = workload(wname, args.tiny, device, args.pipe_len)
             steps = (len(w["samples"].sample_ids) - 1) // w["global_batch"]
-            arms = arm_configs(w, args.tiny, args.static_epochs)
+            arms = arm_configs(w, args.tiny, args.static_epochs, dist.get_world_size(), args.pipe_len)
             if rank == 0:
                 log(f"== {wname}: {len(arms)} arms, global batch {w['global_batch']}, ~{steps} steps/epoch")
             # warm-up: kernels, autotuning, allocator (discarded)
@@ -398,7 +408,7 @@ def summarise(
     fits = {k: (budget == 0 or v["peak_memory_bytes"] <= budget) for k, v in ok.items()}
     static = {k: t for k, t in times.items() if k.startswith("static") and fits[k]}
     best_static = min(static, key=lambda k: static[k]) if static else None
-    pipes = {k: t for k, t in static.items() if k.startswith("static_pipe2")}
+    pipes = {k: t for k, t in static.items() if k.startswith("static_pipe")}
     best_pipe = min(pipes, key=lambda k: pipes[k]) if pipes else None
     base = static[best_static] if best_static else math.nan
     speedups = {k: base / t for k, t in times.items()}
@@ -423,7 +433,7 @@ def summarise(
         ],
         "ideal": ideal,
         "arms": results,
-        "planner": planner_prediction(planner_name, w, steps, None if wname == "vit" else 2),
+        "planner": planner_prediction(planner_name, w, steps, None if wname == "vit" else args.pipe_len),
     }
 
 
@@ -441,7 +451,7 @@ def accuracy_runs(device: torch.device, tiny: bool) -> dict[str, Any]:
         "warmup_steps": 20,
         "lr_schedule": "cosine",
         "eval_fraction": 0.2,
-        "nproc_per_node": 2,
+        "nproc_per_node": dist.get_world_size(),
         "progress": False,
         "microbatches": 4,
         "solver": "greedy",
