@@ -4,18 +4,21 @@ Two record kinds (field ``"kind"``), both described field by field in docs/train
 
 * ``"epoch"`` (:class:`EpochMetrics`): throughput and where the step time went, per epoch;
 * ``"transition"`` (:class:`TransitionEvent`): every change of layout, with the seconds it took.
+
+A run's summary (:class:`RunResult`) collects both, with the per-step losses and the final evaluation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["PHASES", "EpochMetrics", "EventLog", "TransitionEvent"]
+__all__ = ["PHASES", "EpochMetrics", "EventLog", "RunResult", "TransitionEvent"]
 
 #: The phases a training step is split into, in order (seconds per step, slowest rank).
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
@@ -172,3 +175,35 @@ class EventLog:
         if self._stream is not None and line:
             self._stream.write(line + "\n")
             self._stream.flush()
+
+
+@dataclass
+class RunResult:
+    """What a run reports when it ends (rank 0 holds the full picture; other ranks the same numbers).
+
+    Attributes:
+        epochs: per-epoch metrics records.
+        transitions: transition event records.
+        losses: the global training loss of every optimizer step, in order.
+        final_accuracy: evaluation accuracy after the last epoch (``None`` for non-classification).
+        final_eval_loss: evaluation loss after the last epoch.
+        seconds: wall time of the whole run on this rank.
+    """
+
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    final_accuracy: float | None = None
+    final_eval_loss: float = math.nan
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data."""
+        return {
+            "epochs": self.epochs,
+            "transitions": self.transitions,
+            "losses": self.losses,
+            "final_accuracy": self.final_accuracy,
+            "final_eval_loss": self.final_eval_loss,
+            "seconds": self.seconds,
+        }

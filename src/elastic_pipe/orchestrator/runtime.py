@@ -20,33 +20,39 @@ is unaffected too.
 A decision point (the end of every epoch): gather per-layer gradient statistics to rank 0, rank 0 runs the freeze
 policy and the compression, encodes a :class:`~elastic_pipe.protocol.TransitionMessage`, broadcasts it on the gloo
 control group, and every rank applies it (:meth:`ElasticRun.apply`).
+
+The loop calls out to one module per part: :mod:`.stage` builds the pipeline stage, :mod:`.grad_sync` averages
+gradients, :mod:`.prefix_cache` manages the frozen prefix's activation cache, :mod:`.evaluation` scores the model,
+:mod:`.optim` builds the optimizer and learning-rate schedule, :mod:`.timing` times the phases, and
+:mod:`.transition` moves state between ranks.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition, protocol
-from elastic_pipe import schedule as sched
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import decision
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.faults import maybe_fail
-from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.evaluation import evaluate_split
+from elastic_pipe.orchestrator.faults import FAULT_ENV, maybe_fail
+from elastic_pipe.orchestrator.grad_sync import average_gradients
+from elastic_pipe.orchestrator.grad_sync import grad_buckets as _buckets  # noqa: F401  (old name; tests import it)
+from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.optim import lr_lambda, make_optimizer
+from elastic_pipe.orchestrator.prefix_cache import prepare_cache
+from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
 from elastic_pipe.orchestrator.transition import (
     apply_moves,
@@ -59,28 +65,16 @@ from elastic_pipe.orchestrator.transition import (
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
 from elastic_pipe.types import Layout
 
-__all__ = ["ElasticRun", "RunResult", "candidate_pipe_lens", "epoch_seed", "sublayer_costs"]
+__all__ = ["FAULT_ENV", "ElasticRun", "RunResult", "candidate_pipe_lens", "epoch_seed", "sublayer_costs"]
 
 log = logging.getLogger(__name__)
 
-#: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
-GRAD_BUCKET_BYTES = 25 * 1024 * 1024
 #: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
 _SEED_STRIDE = 1 << 20
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
 TRANSITION_PHASES = ("moves", "rebuild", "cache")
 #: Bytes per MiB (cache budgets are configured in MiB).
 MIB = 1 << 20
-#: Evaluation batch size per rank.
-EVAL_BATCH = 256
-
-
-def _stage_takes_grads() -> bool:
-    return "input_grads" in inspect.signature(PipelineStage.__init__).parameters
-
-
-#: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
-_STAGE_TAKES_GRADS = _stage_takes_grads()
 
 
 def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
@@ -91,38 +85,6 @@ def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
 def sublayer_costs(model: nn.Module) -> list[float]:
     """Parameters per sub-layer (the published partition proxy)."""
     return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
-
-
-@dataclass
-class RunResult:
-    """What a run reports when it ends (rank 0 holds the full picture; other ranks the same numbers).
-
-    Attributes:
-        epochs: per-epoch metrics records.
-        transitions: transition event records.
-        losses: the global training loss of every optimizer step, in order.
-        final_accuracy: evaluation accuracy after the last epoch (``None`` for non-classification).
-        final_eval_loss: evaluation loss after the last epoch.
-        seconds: wall time of the whole run on this rank.
-    """
-
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    transitions: list[dict[str, Any]] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    final_accuracy: float | None = None
-    final_eval_loss: float = math.nan
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data."""
-        return {
-            "epochs": self.epochs,
-            "transitions": self.transitions,
-            "losses": self.losses,
-            "final_accuracy": self.final_accuracy,
-            "final_eval_loss": self.final_eval_loss,
-            "seconds": self.seconds,
-        }
 
 
 class ElasticRun:
@@ -174,9 +136,9 @@ class ElasticRun:
         self.costs = sublayer_costs(model)
         if config.cost == "time" and self.rank == 0:  # only rank 0 decides, so only rank 0 profiles
             self.costs = self._profiled_costs()
-        self.optimizer = self._make_optimizer()
+        self.optimizer = make_optimizer(self.model, config)
         total = config.epochs * self.steps_per_epoch
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config, total))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config, total))
         self.policy = freeze.make_policy(config.policy, len(self.unit_ends), **config.policy_options)
         self.layout: Layout | None = None
         self.budget = 0.0
@@ -215,13 +177,6 @@ class ElasticRun:
         for p in self.model.parameters():
             p.grad = None
         return costs
-
-    def _make_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        c = self.config
-        if c.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
 
     @property
     def plan(self) -> Any:
@@ -286,28 +241,21 @@ class ElasticRun:
         module = nn.Sequential(*self.sublayers[lo:hi])
         module.train()
         example_in, example_out = self._example_io(lo, hi)
-        # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
-        # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
-        # backward without its output gradient.
-        shapes: dict[str, Any] = {}
-        if _STAGE_TAKES_GRADS:
-            shapes = {
-                "input_args": example_in,
-                "output_args": example_out,
-                "input_grads": example_in if s > 0 else None,
-                "output_grads": example_out if s < k - 1 else None,
-            }
-        stage = PipelineStage(module, s, k, self.device, group=self.groups.pipeline_group(k), **shapes)
-        plan = sched.generate(self.config.schedule, k, layout.microbatches)
-        self._runner = sched.torch_schedule(plan, s, [stage], self.loss_fn, scale_grads=True)
+        self._runner = build_runner(
+            module,
+            stage=s,
+            pipe_len=k,
+            microbatches=layout.microbatches,
+            schedule=self.config.schedule,
+            device=self.device,
+            group=self.groups.pipeline_group(k),
+            example_in=example_in,
+            example_out=example_out,
+            loss_fn=self.loss_fn,
+        )
         self._stage_module = module
         self._fwd_timer = ForwardTimer(module, self.device)
-        held: dict[int, nn.Module] = {}
-        for j in range(lo, hi):
-            unit = self._unit_of(j)
-            if unit is not None:
-                held.setdefault(unit, nn.ModuleList()).append(self.sublayers[j])  # type: ignore[operator]
-        self._tracker = freeze.GradNormTracker(held)
+        self._tracker = freeze.GradNormTracker(unit_modules(self.sublayers, self.unit_ends, lo, hi))
         self.sampler.reshard(layout.replicas, self.replica)
 
     def _run_sublayers(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
@@ -324,77 +272,28 @@ class ElasticRun:
         if self.cache is None or layout.frozen == 0 or self.stage != 0:
             self.cache_reason = "off" if self.cache is None else "nothing to cache here"
             return
-        frozen = layout.frozen
-        if old_frozen and old_frozen != frozen and old_frozen in self.cache.boundaries():
-            # Only the newly frozen sub-layers run on the cached entries; then the old boundary is dropped.
-            self.cache.extend(old_frozen, frozen, lambda v: self._run_sublayers(v, old_frozen, frozen))
-            self.cache.drop(old_frozen)
-        if self.config.cache == "on":
-            self.cache_on, self.cache_reason = True, "cache = 'on'"
-        else:
-            per_replica = self.config.global_batch // layout.replicas
-            decision = acache.measure_payoff(
-                self.cache,
-                self.train_set.sample_ids[:per_replica],
-                frozen,
-                self.train_set.inputs[:per_replica].to(self.device),
-                lambda v: self._run_sublayers(v, 0, frozen),
-            )
-            self.cache_on, self.cache_reason = decision.enabled, decision.reason
-        if self.cache_on:
-            self._fill_cache(frozen)
+        self.cache_on, self.cache_reason = prepare_cache(
+            self.cache,
+            self.train_set,
+            mode=self.config.cache,
+            old_frozen=old_frozen,
+            frozen=layout.frozen,
+            per_replica=self.config.global_batch // layout.replicas,
+            chunk=max(1, self.config.global_batch // max(1, self.world_size)),
+            device=self.device,
+            run=self._run_sublayers,
+        )
 
-    def _fill_cache(self, frozen: int) -> None:
-        """Store the frozen prefix's output for every training sample this rank may be handed.
-
-        The sampler reshuffles and re-shards every epoch, so a rank sees a different part of the data each
-        epoch: a cache filled only by the samples a rank happened to train on would hit about 1/replicas of the
-        time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
-        prefix over the training set (only the misses run; entries carried over by ``extend`` are reused) makes
-        every later read a hit, for the price of about one epoch of frozen-prefix forwards. It stops early,
-        with a warning, when the cache's budgets are full.
-        """
-        assert self.cache is not None
-        chunk = max(1, self.config.global_batch // max(1, self.world_size))
-        ids_all = self.train_set.sample_ids
-        rejected = self.cache.stats.rejected
-        for start in range(0, int(ids_all.shape[0]), chunk):
-            ids = ids_all[start : start + chunk]
-            inputs = self.train_set.inputs[start : start + chunk].to(self.device)
-            self.cache.get_or_compute(ids, frozen, inputs, lambda v: self._run_sublayers(v, 0, frozen))
-            if self.cache.stats.rejected > rejected:
-                log.warning(
-                    "activation cache full after %d of %d samples at boundary %d; raise cache_mb to cache them all",
-                    start,
-                    int(ids_all.shape[0]),
-                    frozen,
-                )
-                break
-
-    def _unit_of(self, j: int) -> int | None:
-        for unit, end in enumerate(self.unit_ends):
-            if j < end:
-                return unit
-        return None
-
-    @torch.no_grad()
     def _example_io(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Example micro-batch tensors at the stage's input and output (shapes for the pipeline stage)."""
+        """Example micro-batch tensors at the stage's input and output, run in eval mode (no dropout)."""
         assert self.layout is not None
         mb = self.config.global_batch // self.layout.replicas // self.layout.microbatches
         x = self.train_set.inputs[:mb].to(self.device)
         was = self.model.training
         self.model.eval()
-        with self._autocast_ctx():
-            for j in range(lo):
-                x = self.sublayers[j](x)
-            # A stage after the first receives an activation that needs a gradient; the metadata must say so,
-            # or the stage computes no input gradient and the stages before it train on zeros.
-            stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
-            for j in range(lo, hi):
-                x = self.sublayers[j](x)
+        stage_in, stage_out = example_io(self.sublayers, x, lo, hi, self._autocast_ctx)
         self._restore_modes(was)
-        return stage_in, x
+        return stage_in, stage_out
 
     def _restore_modes(self, training: bool) -> None:
         """Back to ``training`` mode, except the frozen prefix, which always runs in eval mode (no dropout)."""
@@ -424,18 +323,7 @@ class ElasticRun:
             return 0
         group = self.groups.dp_group(self.layout.pipe_len)
         grads = [p.grad for j in self._owned() for p in self.sublayers[j].parameters() if p.grad is not None]
-        ops = 0
-        for bucket in _buckets(grads, GRAD_BUCKET_BYTES):
-            flat = torch.cat([g.reshape(-1) for g in bucket])
-            dist.all_reduce(flat, group=group)
-            flat.div_(replicas)
-            offset = 0
-            for g in bucket:
-                n = g.numel()
-                g.copy_(flat[offset : offset + n].view_as(g))
-                offset += n
-            ops += 1
-        return ops
+        return average_gradients(grads, group=group, replicas=replicas)
 
     def train_epoch(self) -> EpochMetrics:
         """Run one epoch of pipelined steps in the current layout; returns its metrics (same on every rank)."""
@@ -582,25 +470,17 @@ class ElasticRun:
         self.sync_weights()
         was = self.model.training
         self.model.eval()
-        data = self.eval_set
-        mine = torch.arange(self.rank, len(data), self.world_size)
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss sum, correct, count
-        classify = True
-        for chunk in torch.split(mine, EVAL_BATCH):
-            x = data.inputs[chunk].to(self.device)
-            y = data.labels[chunk].to(self.device)
-            with self._autocast_ctx():
-                out = self.model(x)
-            totals[0] += float(self.loss_fn(out, y)) * len(chunk)
-            if out.dim() == 2:
-                totals[1] += float((out.argmax(-1) == y).sum())
-            else:
-                classify = False
-            totals[2] += len(chunk)
+        scores = evaluate_split(
+            self.model,
+            self.eval_set,
+            self.loss_fn,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            autocast=self._autocast_ctx,
+        )
         self._restore_modes(was)
-        dist.all_reduce(totals)
-        count = float(totals[2])
-        return float(totals[0]) / count, (float(totals[1]) / count if classify else None)
+        return scores
 
     # ----------------------------------------------------------------------------------------------- transition
     def _gather_stats(self) -> Any:
@@ -752,33 +632,3 @@ class ElasticRun:
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """The seed of a rank's random generators (CPU and CUDA) for one epoch: distinct for every (epoch, rank)."""
     return (seed * _SEED_STRIDE + epoch) * _SEED_STRIDE + rank
-
-
-def _lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    warmup = config.warmup_steps
-    cosine = config.lr_schedule == "cosine"
-
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if not cosine:
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def _buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
-    """Consecutive runs of same-dtype tensors of at most ``cap_bytes`` (a tensor larger than the cap goes alone)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for t in tensors:
-        nbytes = t.numel() * t.element_size()
-        if out and out[-1][0].dtype == t.dtype and size + nbytes <= cap_bytes:
-            out[-1].append(t)
-            size += nbytes
-        else:
-            out.append([t])
-            size = nbytes
-    return out

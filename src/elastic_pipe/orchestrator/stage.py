@@ -1,0 +1,110 @@
+"""Building one rank's pipeline stage: the stage module, its declared shapes, its schedule runner, its units."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+
+from elastic_pipe import schedule as sched
+
+__all__ = ["build_runner", "example_io", "unit_modules", "unit_of"]
+
+
+def _stage_takes_grads() -> bool:
+    return "input_grads" in inspect.signature(PipelineStage.__init__).parameters
+
+
+#: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
+_STAGE_TAKES_GRADS = _stage_takes_grads()
+
+
+@torch.no_grad()
+def example_io(
+    sublayers: Sequence[nn.Module], x: torch.Tensor, lo: int, hi: int, autocast: Callable[[], Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example micro-batch tensors at the input and output of sub-layers ``lo:hi`` (shapes for the stage).
+
+    Args:
+        sublayers: the whole model's sub-layers, in the modes the caller chose (eval: no dropout).
+        x: one micro-batch of model inputs.
+        lo: the stage's first sub-layer.
+        hi: one past the stage's last sub-layer.
+        autocast: returns the autocast context the forward runs in.
+    """
+    with autocast():
+        for j in range(lo):
+            x = sublayers[j](x)
+        # A stage after the first receives an activation that needs a gradient; the metadata must say so,
+        # or the stage computes no input gradient and the stages before it train on zeros.
+        stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
+        for j in range(lo, hi):
+            x = sublayers[j](x)
+    return stage_in, x
+
+
+def build_runner(
+    module: nn.Module,
+    *,
+    stage: int,
+    pipe_len: int,
+    microbatches: int,
+    schedule: str,
+    device: torch.device,
+    group: dist.ProcessGroup,
+    example_in: torch.Tensor,
+    example_out: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Any:
+    """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
+
+    Args:
+        module: the stage's sub-layers.
+        stage: this rank's stage index.
+        pipe_len: the number of stages.
+        microbatches: micro-batches per step.
+        schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
+        device: this rank's device.
+        group: the pipeline group of this rank's replica.
+        example_in: an example micro-batch at the stage's input (:func:`example_io`).
+        example_out: an example micro-batch at the stage's output.
+        loss_fn: ``loss_fn(output, target)``, run by the last stage.
+    """
+    s, k = stage, pipe_len
+    # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
+    # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
+    # backward without its output gradient.
+    shapes: dict[str, Any] = {}
+    if _STAGE_TAKES_GRADS:
+        shapes = {
+            "input_args": example_in,
+            "output_args": example_out,
+            "input_grads": example_in if s > 0 else None,
+            "output_grads": example_out if s < k - 1 else None,
+        }
+    pipe_stage = PipelineStage(module, s, k, device, group=group, **shapes)
+    plan = sched.generate(schedule, k, microbatches)
+    return sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)
+
+
+def unit_of(unit_ends: Sequence[int], j: int) -> int | None:
+    """The freeze unit sub-layer ``j`` belongs to (``None`` after the last unit ends)."""
+    for unit, end in enumerate(unit_ends):
+        if j < end:
+            return unit
+    return None
+
+
+def unit_modules(sublayers: Sequence[nn.Module], unit_ends: Sequence[int], lo: int, hi: int) -> dict[int, nn.Module]:
+    """The parts of each freeze unit that sub-layers ``lo:hi`` hold, keyed by unit (for the gradient tracker)."""
+    held: dict[int, nn.Module] = {}
+    for j in range(lo, hi):
+        unit = unit_of(unit_ends, j)
+        if unit is not None:
+            held.setdefault(unit, nn.ModuleList()).append(sublayers[j])  # type: ignore[operator]
+    return held
