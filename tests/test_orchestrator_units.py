@@ -21,8 +21,9 @@ from elastic_pipe.orchestrator import (
     preflight,
 )
 from elastic_pipe.orchestrator.decision import initial_layout, max_frozen_units, next_layout
+from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
-from elastic_pipe.orchestrator.runtime import _buckets, candidate_pipe_lens
+from elastic_pipe.orchestrator.runtime import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
 
@@ -213,7 +214,7 @@ def test_buckets_respect_cap_and_dtype() -> None:
     import torch
 
     ts = [torch.zeros(4), torch.zeros(4), torch.zeros(4, dtype=torch.float64), torch.zeros(100), torch.zeros(1)]
-    sizes = [[t.numel() for t in b] for b in _buckets(ts, 32)]
+    sizes = [[t.numel() for t in b] for b in grad_buckets(ts, 32)]
     assert sizes == [[4, 4], [4], [100], [1]]
 
 

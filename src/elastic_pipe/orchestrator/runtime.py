@@ -48,7 +48,6 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate_split
 from elastic_pipe.orchestrator.faults import FAULT_ENV, maybe_fail
 from elastic_pipe.orchestrator.grad_sync import average_gradients
-from elastic_pipe.orchestrator.grad_sync import grad_buckets as _buckets  # noqa: F401  (old name; tests import it)
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import lr_lambda, make_optimizer
 from elastic_pipe.orchestrator.prefix_cache import prepare_cache
