@@ -44,12 +44,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from elastic_pipe import freeze, models, partition, planner
+from elastic_pipe import data, freeze, models, partition, planner
 from elastic_pipe.orchestrator import TrainConfig, run_rank
 from elastic_pipe.orchestrator.workload import Split
 
 ALPHA = 1 / 3
 EPOCHS = 10
+#: Share of the synthetic samples held out for evaluation in the throughput arms.
+EVAL_FRACTION = 0.05
 
 
 def log(msg: str) -> None:
@@ -58,20 +60,21 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- workloads
+def _sample_count(global_batch: int, steps: int) -> int:
+    """Samples to generate so that, after the evaluation hold-out, ``steps`` full global batches remain."""
+    return math.ceil(global_batch * steps / (1 - EVAL_FRACTION)) + 1
+
+
 def workload(name: str, tiny: bool, device: torch.device, pipe_len: int) -> dict[str, Any]:
     """Model factory, samples and batch settings of one workload."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     if name == "vit":
         preset = {"config": "vit-tiny"} if tiny else {"config": "vit-b16"}
         global_batch, steps, micro = (32, 3, 4) if tiny else (512, 10, 8)
-        probe = models.vit(**preset)
-        c = probe.config if hasattr(probe, "config") else None
         shape = (3, 224, 224) if not tiny else (1, 8, 8)
-        n = global_batch * steps
-        n_total = math.ceil(n / 0.95) + 1
+        n_total = _sample_count(global_batch, steps)
         inputs = torch.randn((n_total, *shape), generator=gen)
         labels = torch.randint(0, 10 if tiny else 1000, (n_total,), generator=gen)
-        del probe, c
         return {
             "build": lambda: models.vit(**preset),
             "samples": Split(inputs.to(device), labels.to(device), torch.arange(n_total, device=device)),
@@ -79,7 +82,6 @@ def workload(name: str, tiny: bool, device: torch.device, pipe_len: int) -> dict
             "microbatches": micro,
             "initial_pipe_len": 1,  # fits one GPU: the user's run starts from DDP
             "microbatches_by_pipe_len": {pipe_len: micro, 1: 1},
-            "loss": None,
         }
     if name == "gpt":
         # GPT-2 XL (1.5B parameters): with AdamW its DDP training state (~25 GB) plus activations exceeds the
@@ -89,8 +91,7 @@ def workload(name: str, tiny: bool, device: torch.device, pipe_len: int) -> dict
         global_batch, steps, micro = (32, 3, 4) if tiny else (64, 10, 4)
         seq = 16 if tiny else 256
         vocab = 64 if tiny else 50257
-        n = global_batch * steps
-        n_total = math.ceil(n / 0.95) + 1
+        n_total = _sample_count(global_batch, steps)
         tokens = torch.randint(0, vocab, (n_total, seq + 1), generator=gen)
         return {
             "build": lambda: models.gpt_decoder(**preset),
@@ -104,21 +105,17 @@ def workload(name: str, tiny: bool, device: torch.device, pipe_len: int) -> dict
             # does not fit the emulated GPU: the user's run starts as a pipeline (2 stages on 2 GPUs, 8 on 8)
             "initial_pipe_len": pipe_len,
             "microbatches_by_pipe_len": {pipe_len: micro, 1: 1},
-            "loss": None,
         }
     raise SystemExit(f"unknown workload {name!r}")
 
 
 def digits_224(device: torch.device, tiny: bool) -> Split:
     """scikit-learn's digits (1,797 real 8x8 images), upscaled to the ViT-B/16 input size, 3 channels."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    d = data.load_digits()
+    x = d.inputs
     if not tiny:
         x = F.interpolate(x, size=(224, 224), mode="nearest").expand(-1, 3, -1, -1).contiguous()
-    y = torch.tensor(d.target, dtype=torch.long)
-    return Split(x.to(device), y.to(device), torch.arange(len(y), device=device))
+    return Split(x.to(device), d.labels.to(device), d.sample_ids.to(device))
 
 
 # -------------------------------------------------------------------------------------------------------- arms
@@ -132,7 +129,7 @@ def arm_configs(
         "global_batch": w["global_batch"],
         "optimizer": "adamw",
         "lr": 3e-4,
-        "eval_fraction": 0.05,
+        "eval_fraction": EVAL_FRACTION,
         "autocast": "none" if tiny else "bf16",
         "nproc_per_node": world,
         "progress": False,
@@ -439,9 +436,9 @@ def summarise(
 
 def accuracy_runs(device: torch.device, tiny: bool) -> dict[str, Any]:
     """Accuracy after the same epochs on a real dataset: DDP baseline vs the elastic arm with cache."""
-    data = digits_224(device, tiny)
+    digits = digits_224(device, tiny)
     preset = {"config": "vit-tiny"} if tiny else {"config": "vit-b16", "num_classes": 10}
-    w = {"build": lambda: models.vit(**preset), "samples": data}
+    w = {"build": lambda: models.vit(**preset), "samples": digits}
     common: dict[str, Any] = {
         "model": "vit",
         "epochs": EPOCHS,
