@@ -4,18 +4,39 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.workload import Split
 
-__all__ = ["fill_cache", "prepare_cache"]
+__all__ = ["FillPeers", "fill_cache", "prepare_cache"]
 
 log = logging.getLogger(__name__)
 
 #: Runs sub-layers ``lo:hi`` on a batch (``run(x, lo, hi)``), under ``no_grad``.
 RunSublayers = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FillPeers:
+    """The stage-0 ranks of every replica, which share one pass over the training split.
+
+    Each computes every ``count``-th chunk of the prefix outputs and an all-gather in ``group`` hands every
+    peer the rest, so the pass costs ``1/count`` of the compute it would cost each rank alone.
+
+    Attributes:
+        group: the process group of the peers (the stage-0 data-parallel group).
+        index: this rank's position in ``group``.
+        count: the number of peers.
+    """
+
+    group: Any
+    index: int
+    count: int
 
 
 def prepare_cache(
@@ -29,6 +50,7 @@ def prepare_cache(
     chunk: int,
     device: torch.device,
     run: RunSublayers,
+    peers: FillPeers | None = None,
 ) -> tuple[bool, str]:
     """Carry cached entries from ``old_frozen`` to ``frozen``, decide whether reading pays, fill when it does.
 
@@ -42,29 +64,145 @@ def prepare_cache(
         chunk: samples per prefix forward when filling.
         device: where the inputs go.
         run: runs a range of sub-layers.
+        peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
+            split the carrying and filling between them and all-gather the results; the old and the new
+            boundary are both held until the pass ends. ``None``: this rank does it all alone.
 
     Returns:
-        Whether stage 0 reads the cache, and why.
+        Whether stage 0 reads the cache, and why (the same answer on every peer).
     """
+    if peers is not None and peers.count > 1:
+        enabled, reason = _decide(
+            cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run
+        )
+        enabled = _agree(enabled, peers, device)
+        if enabled:
+            fill_shared(cache, data, old_frozen, frozen, chunk=chunk, device=device, run=run, peers=peers)
+        elif old_frozen and old_frozen != frozen:
+            cache.drop(old_frozen)
+        return enabled, reason if enabled else f"{reason}; not read on every replica"
     if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries():
         # Only the newly frozen sub-layers run on the cached entries; then the old boundary is dropped.
         cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen))
         cache.drop(old_frozen)
-    if mode == "on":
-        enabled, reason = True, "cache = 'on'"
-    else:
-        decision = acache.measure_payoff(
-            cache,
-            data.sample_ids[:per_replica],
-            frozen,
-            data.inputs[:per_replica].to(device),
-            lambda v: run(v, 0, frozen),
-        )
-        enabled, reason = decision.enabled, decision.reason
+    enabled, reason = _decide(cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run)
     if enabled:
         # Every rank may be handed any sample in a later epoch, so the whole training split is cached.
         fill_cache(cache, data, frozen, chunk=chunk, device=device, run_prefix=lambda v: run(v, 0, frozen))
     return enabled, reason
+
+
+def _decide(
+    cache: acache.ActivationCache,
+    data: Split,
+    *,
+    mode: str,
+    frozen: int,
+    per_replica: int,
+    device: torch.device,
+    run: RunSublayers,
+) -> tuple[bool, str]:
+    if mode == "on":
+        return True, "cache = 'on'"
+    decision = acache.measure_payoff(
+        cache,
+        data.sample_ids[:per_replica],
+        frozen,
+        data.inputs[:per_replica].to(device),
+        lambda v: run(v, 0, frozen),
+    )
+    return decision.enabled, decision.reason
+
+
+def _agree(enabled: bool, peers: FillPeers, device: torch.device) -> bool:
+    """Every peer reads the cache only if all of them would (the shared fill is a collective)."""
+    flag = torch.tensor([1.0 if enabled else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=peers.group)
+    return bool(flag.item() > 0)
+
+
+def fill_shared(
+    cache: acache.ActivationCache,
+    data: Split,
+    old_frozen: int,
+    frozen: int,
+    *,
+    chunk: int,
+    device: torch.device,
+    run: RunSublayers,
+    peers: FillPeers,
+) -> None:
+    """Cache the prefix output at ``frozen`` for the whole training split, the work split between ``peers``.
+
+    The split's chunks are dealt round-robin: in each round every peer computes one chunk (from its entries
+    at ``old_frozen`` where it holds them, running only sub-layers ``old_frozen:frozen``; from the inputs
+    otherwise), then one all-gather gives every peer all of the round's rows. ``old_frozen``'s entries are
+    dropped at the end. A collective: every peer calls it with the same arguments.
+    """
+    ids_all, n = data.sample_ids, int(data.sample_ids.shape[0])
+    if n == 0:
+        return
+    starts = list(range(0, n, chunk))
+    probe = run(data.inputs[:1].to(device), 0, frozen)  # the entry shape and dtype, known to every peer
+    carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
+    rejected = cache.stats.rejected
+    for first in range(0, len(starts), peers.count):
+        buffers = [torch.empty((chunk, *probe.shape[1:]), dtype=probe.dtype, device=device) for _ in range(peers.count)]
+        mine = first + peers.index
+        if mine < len(starts):
+            lo = starts[mine]
+            rows = _prefix_rows(
+                cache,
+                ids_all[lo : lo + chunk],
+                data.inputs[lo : lo + chunk],
+                carried=carried,
+                frozen=frozen,
+                run=run,
+                device=device,
+            )
+            buffers[peers.index][: rows.shape[0]] = rows
+        dist.all_gather(buffers, buffers[peers.index].clone(), group=peers.group)
+        for peer, buf in enumerate(buffers):
+            if first + peer < len(starts):
+                lo = starts[first + peer]
+                ids = ids_all[lo : lo + chunk]
+                cache.put(ids, frozen, buf[: ids.shape[0]])
+    if carried:
+        cache.drop(carried)
+    if cache.stats.rejected > rejected:
+        log.warning(
+            "activation cache full: %d of %d samples not cached at boundary %d; raise cache_mb to cache them all",
+            cache.stats.rejected - rejected,
+            n,
+            frozen,
+        )
+
+
+def _prefix_rows(
+    cache: acache.ActivationCache,
+    ids: torch.Tensor,
+    inputs: torch.Tensor,
+    *,
+    carried: int,
+    frozen: int,
+    run: RunSublayers,
+    device: torch.device,
+) -> torch.Tensor:
+    """Prefix outputs at ``frozen`` for one chunk: from the entries at ``carried`` where present, else from inputs."""
+    if not carried:
+        return run(inputs.to(device), 0, frozen)
+    with cache.uncounted():
+        lookup = cache.get(ids, carried)
+    if lookup.num_hits == 0:
+        return run(inputs.to(device), 0, frozen)
+    miss = ~lookup.hit
+    computed = run(inputs[miss].to(device), 0, frozen) if bool(miss.any()) else None
+    moved = run(lookup.values, carried, frozen)
+    out = torch.empty((ids.shape[0], *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
+    out[lookup.hit.to(out.device)] = moved
+    if computed is not None:
+        out[miss.to(out.device)] = computed.to(out.dtype)
+    return out
 
 
 def fill_cache(

@@ -50,7 +50,7 @@ from elastic_pipe.orchestrator.faults import FAULT_ENV, maybe_fail
 from elastic_pipe.orchestrator.grad_sync import average_gradients
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import lr_lambda, make_optimizer
-from elastic_pipe.orchestrator.prefix_cache import prepare_cache
+from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
 from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
 from elastic_pipe.orchestrator.transition import (
@@ -281,16 +281,25 @@ class ElasticRun:
             chunk=max(1, self.config.global_batch // max(1, self.world_size)),
             device=self.device,
             run=self._run_sublayers,
+            peers=self._fill_peers(),
         )
+
+    def _fill_peers(self) -> FillPeers | None:
+        """The replicas' stage-0 ranks, which split the cache's pass over the training split between them."""
+        assert self.layout is not None
+        if self.layout.replicas == 1:
+            return None
+        group = self.groups.dp_group(self.layout.pipe_len)
+        return FillPeers(group, dist.get_rank(group), self.layout.replicas)
 
     def _example_io(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Example micro-batch tensors at the stage's input and output, run in eval mode (no dropout)."""
         assert self.layout is not None
         mb = self.config.global_batch // self.layout.replicas // self.layout.microbatches
-        x = self.train_set.inputs[:mb].to(self.device)
+        x = self.train_set.inputs[:1].to(self.device)
         was = self.model.training
         self.model.eval()
-        stage_in, stage_out = example_io(self.sublayers, x, lo, hi, self._autocast_ctx)
+        stage_in, stage_out = example_io(self.sublayers, x, lo, hi, self._autocast_ctx, rows=mb)
         self._restore_modes(was)
         return stage_in, stage_out
 

@@ -26,16 +26,26 @@ _STAGE_TAKES_GRADS = _stage_takes_grads()
 
 @torch.no_grad()
 def example_io(
-    sublayers: Sequence[nn.Module], x: torch.Tensor, lo: int, hi: int, autocast: Callable[[], Any]
+    sublayers: Sequence[nn.Module],
+    x: torch.Tensor,
+    lo: int,
+    hi: int,
+    autocast: Callable[[], Any],
+    *,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Example micro-batch tensors at the input and output of sub-layers ``lo:hi`` (shapes for the stage).
 
     Args:
         sublayers: the whole model's sub-layers, in the modes the caller chose (eval: no dropout).
-        x: one micro-batch of model inputs.
+        x: model inputs (one sample is enough when ``rows`` is given).
         lo: the stage's first sub-layer.
         hi: one past the stage's last sub-layer.
         autocast: returns the autocast context the forward runs in.
+        rows: the micro-batch size to declare: the examples are ``x``'s results repeated to that many rows
+            (contiguous: torch allocates its receive buffers like them), so a transition runs the model on one
+            sample instead of a whole micro-batch.
+            ``None``: ``x``'s own rows.
     """
     with autocast():
         for j in range(lo):
@@ -45,7 +55,14 @@ def example_io(
         stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
         for j in range(lo, hi):
             x = sublayers[j](x)
-    return stage_in, x
+    if rows is None:
+        return stage_in, x
+    return _widen(stage_in, rows), _widen(x, rows)
+
+
+def _widen(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """``t``'s first row repeated ``rows`` times, with ``t``'s ``requires_grad``."""
+    return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(t.requires_grad)
 
 
 def build_runner(

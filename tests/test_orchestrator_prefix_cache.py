@@ -1,0 +1,86 @@
+"""The frozen prefix's activation cache filled by several replicas together: split work, the same entries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe.cache import ActivationCache
+from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
+from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.testing import RankContext, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+SAMPLES = 37  # not a multiple of the chunk: the last round is ragged
+CHUNK = 4
+
+
+def _layers() -> nn.ModuleList:
+    torch.manual_seed(0)
+    return nn.ModuleList(nn.Sequential(nn.Linear(6, 6, dtype=torch.float64), nn.Tanh()) for _ in range(4))
+
+
+def _split() -> Split:
+    gen = torch.Generator().manual_seed(1)
+    inputs = torch.randn(SAMPLES, 6, dtype=torch.float64, generator=gen)
+    # shuffled ids: entries must land under each sample's own id, not its row
+    ids = torch.randperm(SAMPLES, generator=gen)
+    return Split(inputs, torch.zeros(SAMPLES, dtype=torch.long), ids)
+
+
+def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
+    layers, data = _layers(), _split()
+    rows_run = [0]
+
+    def run(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        rows_run[0] += x.shape[0]
+        with torch.no_grad():
+            for j in range(lo, hi):
+                x = layers[j](x)
+        return x
+
+    cache = ActivationCache(SAMPLES, device_budget=2**20)
+    group = dist.new_group(list(range(world)))
+    peers = FillPeers(group, dist.get_rank(group), world)
+    common: dict[str, Any] = {"per_replica": 8, "chunk": CHUNK, "device": torch.device("cpu"), "run": run}
+    first = prepare_cache(cache, data, mode="on", old_frozen=0, frozen=1, peers=peers, **common)
+    rows_first = rows_run[0]
+    second = prepare_cache(cache, data, mode="on", old_frozen=1, frozen=3, peers=peers, **common)
+    with cache.uncounted():
+        lookup = cache.get(data.sample_ids, 3)
+    return {
+        "enabled": (first[0], second[0]),
+        "boundaries": cache.boundaries(),
+        "hits": int(lookup.hit.sum()),
+        "values": lookup.values.tolist(),  # plain data: tensors do not survive the result queue
+        "rows_first": rows_first,
+        "rows_second": rows_run[0] - rows_first,
+    }
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_replicas_split_the_fill_and_all_hold_every_entry(world: int) -> None:
+    results = run_distributed(_fill_then_carry, world, world, timeout=60.0)
+    layers, data = _layers(), _split()
+    with torch.no_grad():
+        expected = data.inputs
+        for j in range(3):
+            expected = layers[j](expected)
+    # the cache returns rows in the order of the ids asked for: the split's own order
+    for r in results:
+        assert r["enabled"] == (True, True)
+        assert r["boundaries"] == [3]  # the old boundary was dropped after the carry
+        assert r["hits"] == SAMPLES
+        torch.testing.assert_close(torch.tensor(r["values"], dtype=torch.float64), expected, rtol=1e-12, atol=1e-12)
+    # each peer computed only its share of the chunks (plus a one-row probe per pass)
+    chunks = -(-SAMPLES // CHUNK)
+    for rank, r in enumerate(results):
+        mine = sum(min(CHUNK, SAMPLES - c * CHUNK) for c in range(rank, chunks, world))
+        assert r["rows_first"] == mine + 1
+        assert r["rows_second"] == mine + 1
+    assert sum(r["rows_first"] for r in results) == SAMPLES + world
