@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +26,7 @@ from elastic_pipe.orchestrator.decision import initial_layout, max_frozen_units,
 from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
 from elastic_pipe.orchestrator.runtime import candidate_pipe_lens
+from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
 
@@ -77,6 +80,7 @@ nproc_per_node = 4
         ({"model": {"name": "vit"}, "train": {"epoch": 3}}, "unknown key 'epoch'"),
         ({"train": {"epochs": 3}}, "[model] name is required"),
         ({"model": {"name": "vit"}, "train": {"epochs": 0}}, "epochs must be an integer >= 1"),
+        ({"model": {"name": "vit"}, "log": {"timing_interval": 0}}, "timing_interval must be an integer >= 1"),
     ],
 )
 def test_bad_configs_name_the_problem(tables: dict[str, dict[str, object]], message: str) -> None:
@@ -285,3 +289,26 @@ def test_a_failed_decision_reaches_every_rank() -> None:
     for rank in (0, 1):
         with pytest.raises(OrchestratorError, match="rank 0 could not decide: no pipeline length fits budget=1"):
             announce(fail, rank=rank, broadcast_bytes=broadcast)  # type: ignore[arg-type]
+
+
+def test_phase_clock_counts_only_timed_steps() -> None:
+    clock = PhaseClock(torch.device("cpu"), ("a", "b"))
+    clock.start(timed=True)
+    time.sleep(0.002)
+    assert clock.lap("a") > 0
+    clock.start(timed=False)
+    time.sleep(0.002)
+    assert clock.lap("b") == 0.0
+    assert clock.timed_steps == 1
+    assert clock.totals["a"] > 0 and clock.totals["b"] == 0.0
+
+
+def test_forward_timer_records_only_while_active() -> None:
+    layer = torch.nn.Linear(2, 2)
+    timer = ForwardTimer(layer, torch.device("cpu"))
+    layer(torch.ones(1, 2))
+    timer.active = False
+    layer(torch.ones(1, 2))
+    assert len(timer._pending) == 1  # the recorded (begin, end) pairs
+    assert timer.collect() >= 0 and not timer._pending
+    timer.remove()

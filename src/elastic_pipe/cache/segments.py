@@ -142,6 +142,10 @@ def _assign_slots(current: torch.Tensor, used: int, capacity: int) -> tuple[torc
 
 def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One gather of ``data[slots]`` onto ``device``; through a pinned buffer when the target is a GPU."""
+    if data.device.type == "cuda":
+        # a pinned index copies without waiting for the work queued on the device
+        index = slots.pin_memory().to(data.device, non_blocking=True)
+        return data.index_select(0, index).to(device)
     if device.type == "cpu" or data.device.type != "cpu":
         return data.index_select(0, slots.to(data.device)).to(device)
     staging = torch.empty((slots.numel(), *data.shape[1:]), dtype=data.dtype, pin_memory=True)

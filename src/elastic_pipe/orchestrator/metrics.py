@@ -37,7 +37,9 @@ class EpochMetrics:
         loss: mean training loss over the epoch's steps (mean over replicas and micro-batches).
         eval_loss: mean loss on the held-out split after the epoch.
         eval_accuracy: accuracy on the held-out split after the epoch (classification only; else ``None``).
-        data_s: seconds per step spent assembling the batch (indexing, copy to the device), slowest rank.
+        data_s: seconds per step spent assembling the batch (indexing, copy to the device), slowest rank. On a
+            GPU the five phase times are means over the steps timed (every ``timing_interval``-th step), whose
+            phase edges synchronise the device; ``seconds`` covers every step.
         forward_s: seconds per step in forward compute: the frozen prefix (or cache read) plus the stage's forward.
         backward_s: seconds per step in the rest of the pipeline step: backward compute, activation and gradient
             transfers between stages, and pipeline bubbles.

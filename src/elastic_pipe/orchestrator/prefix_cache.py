@@ -146,11 +146,11 @@ def fill_shared(
     probe = run(data.inputs[:1].to(device), 0, frozen)  # the entry shape and dtype, known to every peer
     carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
     rejected = cache.stats.rejected
+    shape = (chunk, *probe.shape[1:])
     for first in range(0, len(starts), peers.count):
-        buffers = [torch.empty((chunk, *probe.shape[1:]), dtype=probe.dtype, device=device) for _ in range(peers.count)]
-        mine = first + peers.index
-        if mine < len(starts):
-            lo = starts[mine]
+        mine = torch.zeros(shape, dtype=probe.dtype, device=device)
+        if first + peers.index < len(starts):
+            lo = starts[first + peers.index]
             rows = _prefix_rows(
                 cache,
                 ids_all[lo : lo + chunk],
@@ -160,13 +160,14 @@ def fill_shared(
                 run=run,
                 device=device,
             )
-            buffers[peers.index][: rows.shape[0]] = rows
-        dist.all_gather(buffers, buffers[peers.index].clone(), group=peers.group)
-        for peer, buf in enumerate(buffers):
-            if first + peer < len(starts):
-                lo = starts[first + peer]
-                ids = ids_all[lo : lo + chunk]
-                cache.put(ids, frozen, buf[: ids.shape[0]])
+            mine[: rows.shape[0]] = rows
+        # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
+        # is short, and it is the round's last valid one).
+        gathered = torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device)
+        dist.all_gather_into_tensor(gathered, mine, group=peers.group)
+        lo = starts[first]
+        valid = min(n - lo, peers.count * chunk)
+        cache.put(ids_all[lo : lo + valid], frozen, gathered[:valid])
     if carried:
         cache.drop(carried)
     if cache.stats.rejected > rejected:

@@ -161,7 +161,7 @@ class ElasticRun:
         self.transition_phases: dict[str, float] = {}
         #: Global losses of the current epoch's steps run before a mid-epoch checkpoint this run resumed from.
         self.partial_losses: list[float] = []
-        self._epoch_losses: list[float] = []
+        self._epoch_losses: list[torch.Tensor] = []
         self._on_step: Callable[[ElasticRun, int], object] | None = None
 
     # ----------------------------------------------------------------------------------------------------- setup
@@ -278,7 +278,9 @@ class ElasticRun:
             old_frozen=old_frozen,
             frozen=layout.frozen,
             per_replica=self.config.global_batch // layout.replicas,
-            chunk=max(1, self.config.global_batch // max(1, self.world_size)),
+            # A forward without autograd holds one layer's activations at a time, a training step of a replica's
+            # batch every layer's: filling twice that batch per forward fits wherever training does.
+            chunk=2 * (self.config.global_batch // layout.replicas),
             device=self.device,
             run=self._run_sublayers,
             peers=self._fill_peers(),
@@ -347,15 +349,22 @@ class ElasticRun:
         first = self.sampler.consumed // c.global_batch
         clock = PhaseClock(self.device)
         sync_ops = 0
-        losses: list[float] = []
+        # Per-step losses stay on the device until the epoch ends: reading one would synchronise every step.
+        losses: list[torch.Tensor] = []
         self._epoch_losses = losses
+        no_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self._fwd_timer.collect()
+        self._sync_device()
         t_epoch = time.perf_counter()
         progress = Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
         for i in range(first, self.steps_per_epoch):
             maybe_fail("step", self.rank, self.epoch, i)
-            clock.start()
+            timed = self.device.type != "cuda" or (i - first) % c.timing_interval == 0
+            self._fwd_timer.active = timed
+            clock.start(timed=timed)
             idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
+            if self.device.type == "cuda":  # a pinned index copies without waiting for the queued work
+                idx = idx.pin_memory().to(self.device, non_blocking=True)
             if idx.numel() != per_replica:
                 raise OrchestratorError(
                     f"the sampler ran dry at step {i} of epoch {self.epoch}: got {idx.numel()} of {per_replica} indices"
@@ -377,9 +386,10 @@ class ElasticRun:
                 else:
                     self._runner.step()
             step_s = clock.lap("backward")
-            fwd = min(self._fwd_timer.collect(), step_s)
-            clock.totals["forward"] += fwd
-            clock.totals["backward"] -= fwd
+            if timed:
+                fwd = min(self._fwd_timer.collect(), step_s)
+                clock.totals["forward"] += fwd
+                clock.totals["backward"] -= fwd
             del prefix_s
             sync_ops += self._grad_sync()
             clock.lap("grad_sync")
@@ -390,11 +400,13 @@ class ElasticRun:
             self.sampler.advance(c.global_batch)
             self.step += 1
             clock.lap("optimizer")
-            losses.append(float(torch.stack([t.detach().double() for t in step_losses]).mean()) if step_losses else 0.0)
+            losses.append(torch.stack([t.detach().double() for t in step_losses]).mean() if step_losses else no_loss)
             progress.update(i + 1)
             if self._on_step is not None and i + 1 < self.steps_per_epoch:
                 self._on_step(self, i + 1)
+        self._sync_device()
         seconds = time.perf_counter() - t_epoch
+        self._fwd_timer.active = True
         progress.close()
         # Per-step losses live on the last stage of each replica; their sum over the world, divided by R, is the
         # global loss. Timings are reduced with MAX: the slowest rank sets the pace.
@@ -407,7 +419,8 @@ class ElasticRun:
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         t = times.tolist()
         n = self.steps_per_epoch
-        timed = max(1, n - first)  # steps run (and timed) by this attempt
+        steps_run = max(1, n - first)  # steps run by this attempt
+        phase_steps = max(1, clock.timed_steps)
         eval_loss, eval_acc = self.evaluate()
         seconds = t[len(PHASES)]
         ops = int(t[len(PHASES) + 1])
@@ -416,15 +429,15 @@ class ElasticRun:
             steps=n,
             samples=n * c.global_batch,
             seconds=seconds,
-            samples_per_s=timed * c.global_batch / seconds if seconds > 0 else 0.0,
+            samples_per_s=steps_run * c.global_batch / seconds if seconds > 0 else 0.0,
             loss=float(sum(step_losses_global) / n),
             eval_loss=eval_loss,
             eval_accuracy=eval_acc,
-            data_s=t[0] / timed,
-            forward_s=t[1] / timed,
-            backward_s=t[2] / timed,
-            grad_sync_s=t[3] / timed,
-            optimizer_s=t[4] / timed,
+            data_s=t[0] / phase_steps,
+            forward_s=t[1] / phase_steps,
+            backward_s=t[2] / phase_steps,
+            grad_sync_s=t[3] / phase_steps,
+            optimizer_s=t[4] / phase_steps,
             grad_sync_ops=ops,
             grad_sync_ops_per_s=ops / seconds if seconds > 0 else 0.0,
             pipe_len=k,
@@ -443,11 +456,18 @@ class ElasticRun:
         count is the global loss.
         """
         assert self.layout is not None
-        local = torch.tensor(self._epoch_losses, dtype=torch.float64, device=self.device)
+        if self._epoch_losses:
+            local = torch.stack(self._epoch_losses).to(torch.float64)
+        else:
+            local = torch.zeros(0, dtype=torch.float64, device=self.device)
         if self.stage != self.layout.pipe_len - 1:
             local.zero_()
         dist.all_reduce(local)
         return self.partial_losses + (local / self.layout.replicas).tolist()
+
+    def _sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _show(self) -> bool:
         return self.rank == 0 and self.config.progress

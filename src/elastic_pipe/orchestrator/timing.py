@@ -16,20 +16,34 @@ __all__ = ["ForwardTimer", "PhaseClock", "Progress"]
 
 
 class PhaseClock:
-    """Accumulates seconds per phase; synchronises the device at phase edges so GPU time lands in its phase."""
+    """Accumulates seconds per phase over the steps it times.
+
+    On a GPU a timed step synchronises the device at every phase edge, so that GPU time lands in its phase;
+    an untimed step (``start(timed=False)``) costs nothing and adds nothing, letting the host queue work ahead.
+    """
 
     def __init__(self, device: torch.device, phases: Sequence[str] = PHASES) -> None:
-        self._sync = device.type == "cuda"
+        self._cuda = device.type == "cuda"
         self.totals = dict.fromkeys(phases, 0.0)
+        self.timed_steps = 0
+        self._timing = False
         self._t = 0.0
 
-    def start(self) -> None:
-        if self._sync:
+    def start(self, *, timed: bool = True) -> None:
+        """Begin a step; ``timed=False`` makes every :meth:`lap` of the step a no-op."""
+        self._timing = timed
+        if not timed:
+            return
+        self.timed_steps += 1
+        if self._cuda:
             torch.cuda.synchronize()
         self._t = time.perf_counter()
 
     def lap(self, phase: str) -> float:
-        if self._sync:
+        """Close ``phase`` at now; returns its seconds (0 in an untimed step)."""
+        if not self._timing:
+            return 0.0
+        if self._cuda:
             torch.cuda.synchronize()
         now = time.perf_counter()
         spent = now - self._t
@@ -39,12 +53,16 @@ class PhaseClock:
 
 
 class ForwardTimer:
-    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU)."""
+    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU).
+
+    Only while :attr:`active`; :meth:`collect` needs the device synchronised first.
+    """
 
     def __init__(self, module: nn.Module, device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self._pending: list[tuple[Any, Any]] = []
         self._open: Any = None
+        self.active = True
         self.seconds = 0.0
         self._handles = [
             module.register_forward_pre_hook(lambda *_: self._begin()),
@@ -59,10 +77,12 @@ class ForwardTimer:
         return time.perf_counter()
 
     def _begin(self) -> None:
-        self._open = self._now()
+        if self.active:
+            self._open = self._now()
 
     def _end(self) -> None:
-        self._pending.append((self._open, self._now()))
+        if self.active:
+            self._pending.append((self._open, self._now()))
 
     def collect(self) -> float:
         """Seconds of forward since the last call (call after the device is synchronised)."""
