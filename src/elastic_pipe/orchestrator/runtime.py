@@ -278,9 +278,9 @@ class ElasticRun:
             old_frozen=old_frozen,
             frozen=layout.frozen,
             per_replica=self.config.global_batch // layout.replicas,
-            # A forward without autograd holds one layer's activations at a time, a training step of a replica's
-            # batch every layer's: filling twice that batch per forward fits wherever training does.
-            chunk=2 * (self.config.global_batch // layout.replicas),
+            # A replica's batch per forward: the shapes the training step's prefix forward already ran (kernels
+            # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
+            chunk=self.config.global_batch // layout.replicas,
             device=self.device,
             run=self._run_sublayers,
             peers=self._fill_peers(),
