@@ -17,6 +17,9 @@ __all__ = ["FillPeers", "fill_cache", "prepare_cache"]
 
 log = logging.getLogger(__name__)
 
+#: torch 2.13 renamed ``all_gather_into_tensor`` (now deprecated) to ``all_gather_single``; 2.11 has only the former.
+_all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 #: Runs sub-layers ``lo:hi`` on a batch (``run(x, lo, hi)``), under ``no_grad``.
 RunSublayers = Callable[[torch.Tensor, int, int], torch.Tensor]
 
@@ -164,7 +167,7 @@ def fill_shared(
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
         # is short, and it is the round's last valid one).
         gathered = torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device)
-        dist.all_gather_into_tensor(gathered, mine, group=peers.group)
+        _all_gather_into(gathered, mine, group=peers.group)
         lo = starts[first]
         valid = min(n - lo, peers.count * chunk)
         cache.put(ids_all[lo : lo + valid], frozen, gathered[:valid])
