@@ -2,8 +2,9 @@
 
 Writes ``benchmarks/results/planner.json`` and prints four tables: planning time and predicted speedups for
 ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the H200 calibration against
-REFERENCE.md section 7, the orchestrator's measured epochs of the GPU benchmark (``results/gpu_2xh200_vit.json``,
-when present) against their predictions, and a CPU run predicted from its profile.
+REFERENCE.md section 7, the orchestrator's measured epochs of the GPU benchmark against their predictions (the run
+the per-step host terms were fitted on, ``results/gpu_2xh200_vit_session1.json``, and a later run they were not,
+``results/gpu_2xh200_vit.json``; each when present), and a CPU run predicted from its profile.
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from elastic_pipe.planner.calibration import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
-#: The GPU benchmark's measured run (``benchmarks/gpu/bench_elastic_gpu.py`` on 2x H200).
-GPU_RUN = Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit.json"
+#: The GPU benchmark's measured runs (``benchmarks/gpu/bench_elastic_gpu.py`` on 2x H200): the one the planner's
+#: per-step host terms were fitted on, and a later one (new step loop, new session) that checks them out of sample.
+GPU_RUNS = {
+    "fitted": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit_session1.json",
+    "out_of_sample": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit.json",
+}
 #: ImageNet-1k training samples: the epoch length of the ViT cases.
 IMAGENET = 1_281_167
 #: Sequences per epoch of the GPT cases (an assumption: a 1B-token slice at 1,024 tokens).
@@ -76,11 +81,11 @@ def run_case(case: tuple[str, int, str, int, int | None, int]) -> dict[str, Any]
     }
 
 
-def gpu_rows() -> list[CalibrationRow]:
-    """The GPU benchmark's steady epochs, measured and predicted (none without the results file)."""
-    if not GPU_RUN.exists():
+def gpu_rows(path: Path) -> list[CalibrationRow]:
+    """A GPU benchmark run's steady epochs, measured and predicted (none without the results file)."""
+    if not path.exists():
         return []
-    run = load_gpu_benchmark(GPU_RUN)
+    run = load_gpu_benchmark(path)
     return gpu_benchmark_calibration(
         run["arms"], gpus=run["gpus"], global_batch=run["global_batch"], steps_per_epoch=run["steps_per_epoch"]
     )
@@ -89,11 +94,14 @@ def gpu_rows() -> list[CalibrationRow]:
 def main() -> None:
     """Run every case and the calibrations; write the results file and print tables."""
     cases = [run_case(case) for case in CASES]
-    gpu_rows_ = gpu_rows()
-    gpu = [
-        {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
-        for r in gpu_rows_
-    ]
+    gpu_tables = {kind: gpu_rows(path) for kind, path in GPU_RUNS.items()}
+    gpu = {
+        kind: [
+            {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
+            for r in rows
+        ]
+        for kind, rows in gpu_tables.items()
+    }
     h200 = [
         {"name": r.name, "unit": r.unit, "measured": r.measured, "predicted": r.predicted, "error": r.error}
         for r in h200_calibration()
@@ -123,9 +131,10 @@ def main() -> None:
     print()
     for row in h200:
         print(f"{row['name']:<55} {row['measured']:>10.4g} {row['predicted']:>10.4g} {row['error']:>+8.1%}")
-    if gpu_rows_:
-        print(f"\nGPU benchmark ({GPU_RUN.name}), first epoch of every arm left out as warm-up:")
-        print(format_rows(gpu_rows_))
+    for kind, rows in gpu_tables.items():
+        if rows:
+            print(f"\nGPU benchmark ({GPU_RUNS[kind].name}, {kind}), first epoch of every arm left out as warm-up:")
+            print(format_rows(rows))
     print()
     for row in cpu:
         print(f"{row['name']:<55} {row['measured_ms']:>10.4g} {row['predicted_ms']:>10.4g} {row['error']:>+8.1%}")

@@ -617,7 +617,9 @@ def print_table(report: dict[str, Any]) -> None:
     if "accuracy" in report:
         acc = report["accuracy"]
         for start in ("from_scratch", "fine_tuned"):
-            pair = acc.get(start, {})
+            if start not in acc:
+                continue
+            pair = acc[start]
             if "error" in pair:
                 print(f"accuracy ({start}): {pair['error']}")
                 continue

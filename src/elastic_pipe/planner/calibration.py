@@ -4,8 +4,9 @@
   the default :class:`~elastic_pipe.planner.GpuSpec` and :class:`~elastic_pipe.planner.ClusterSpec`; the tests hold
   every row within :data:`CALIBRATION_TOLERANCE` (or within 1% of a full step for near-zero ratios).
 * :func:`cpu_calibration`: profile a small model on the CPU, predict its step, run it and time it.
-* :func:`gpu_benchmark_calibration`: the orchestrator's measured epochs on 2x H200 (the GPU benchmark,
-  ``benchmarks/results/gpu_2xh200_vit.json``, read by :func:`load_gpu_benchmark`), predicted per epoch.
+* :func:`gpu_benchmark_calibration`: the orchestrator's measured epochs on 2x H200 (the GPU benchmark, read by
+  :func:`load_gpu_benchmark`), predicted per epoch: ``benchmarks/results/gpu_2xh200_vit_session1.json`` is the
+  run the host terms were fitted on, ``gpu_2xh200_vit.json`` a later run that checks them out of sample.
 
 docs/planner.md prints the tables.
 """
