@@ -235,10 +235,24 @@ def time_left(deadline: float) -> bool:
     return bool(flag.item())
 
 
+#: Per-workload summary fields that the report also carries at its top level.
+HEADLINE = ("baseline", "speedup_elastic_cache", "ideal_speedup", "fraction_of_ideal", "transition_seconds")
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """The summary fields at the top level: the workload's values when the report holds one workload, else a
+    mapping from workload name to value."""
+    workloads = report.get("workloads", {})
+    if len(workloads) == 1:
+        (summary,) = workloads.values()
+        return {key: summary.get(key) for key in HEADLINE}
+    return {key: {name: s.get(key) for name, s in workloads.items()} for key in HEADLINE}
+
+
 def write_report(report: dict[str, Any], out: Path, tag: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"gpu_{tag}.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
+    path.write_text(json.dumps({**report, **headline(report)}, indent=2, default=str))
     return path
 
 
