@@ -13,7 +13,7 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.workload import Split
 
-__all__ = ["FillPeers", "fill_cache", "prepare_cache"]
+__all__ = ["FillPeers", "fill_cache", "fill_shared", "prepare_cache"]
 
 log = logging.getLogger(__name__)
 
