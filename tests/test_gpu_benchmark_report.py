@@ -1,0 +1,83 @@
+"""The GPU benchmark's pure pieces, on synthetic results: run-time accounting, top-level fields and the plot."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str) -> ModuleType:
+    path = ROOT / "benchmarks" / "gpu" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _arm(epoch_seconds: list[float], transitions: list[float]) -> dict[str, Any]:
+    return {
+        "epoch_seconds": epoch_seconds,
+        "transition_seconds": transitions,
+        "samples_per_s": [100.0 / s for s in epoch_seconds],
+    }
+
+
+def test_run_time_counts_transitions_and_one_warm_up_per_arm() -> None:
+    bench = _load("bench_elastic_gpu")
+    elastic = _arm([1.2, 0.5, 0.25], [0.1, 0.05])
+    assert bench.run_time(elastic, 3) == pytest.approx(1.2 + 0.5 + 0.25 + 0.15)
+    # A static arm measured for 3 epochs of a 10-epoch run: its first epoch once, its steady mean for the rest.
+    static = _arm([1.3, 1.0, 1.1], [])
+    assert bench.run_time(static, 10) == pytest.approx(1.3 + 1.05 * 9)
+
+
+def _report(workloads: list[str]) -> dict[str, Any]:
+    arms = {
+        "static_ddp": _arm([1.1, 1.0], []),
+        "static_pipe2_1f1b_m4": _arm([1.4, 1.3], []),
+        "elastic_cache": _arm([1.1, 0.5, 0.3], [0.1, 0.1]),
+    }
+    summary = {
+        "baseline": "static_ddp",
+        "speedup_elastic_cache": 2.0,
+        "ideal_speedup": 2.5,
+        "fraction_of_ideal": {"elastic_cache": 0.8},
+        "transition_seconds": [0.1, 0.1],
+        "arms": arms,
+        "fits_budget": {"static_ddp": False},
+        "run_seconds": {"static_ddp": 10.0, "static_pipe2_1f1b_m4": 13.0, "elastic_cache": 5.0},
+        "transition_seconds_total": {"static_ddp": 0.0, "static_pipe2_1f1b_m4": 0.0, "elastic_cache": 0.2},
+        "speedup_over_baseline": {"static_ddp": 1.0, "static_pipe2_1f1b_m4": 0.77, "elastic_cache": 2.0},
+    }
+    return {"device": "GPU", "gpus": 2, "epochs": 3, "workloads": {w: summary for w in workloads}}
+
+
+def test_headline_fields_sit_at_the_top_level() -> None:
+    bench = _load("bench_elastic_gpu")
+    one = bench.headline(_report(["vit"]))
+    assert one["baseline"] == "static_ddp" and one["speedup_elastic_cache"] == 2.0
+    assert set(one) == set(bench.HEADLINE)
+    two = bench.headline(_report(["vit", "gpt"]))
+    assert two["ideal_speedup"] == {"vit": 2.5, "gpt": 2.5}
+
+
+def test_plot_has_a_throughput_and_a_run_time_panel_per_workload() -> None:
+    pytest.importorskip("matplotlib")
+    plot = _load("plot_gpu_results")
+    fig = plot.draw(_report(["vit", "gpt"]))
+    axes = fig.get_axes()
+    assert len(axes) == 4
+    throughput, run_time = axes[0], axes[1]
+    assert len(throughput.get_lines()) == 3  # one line per arm
+    labels = [t.get_text() for t in run_time.get_yticklabels()]
+    assert labels == ["static DDP (over budget)", "static 2-stage 1F1B M=4", "elastic + cache"]
+    # two bars per arm (epochs, transitions); the over-budget arm is hatched
+    assert len(run_time.patches) == 6
+    assert run_time.patches[0].get_hatch() == "//" and not run_time.patches[2].get_hatch()
