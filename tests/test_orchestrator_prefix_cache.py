@@ -10,6 +10,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.cache import ActivationCache
+from elastic_pipe.orchestrator import prefix_cache
 from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
@@ -84,3 +85,79 @@ def test_replicas_split_the_fill_and_all_hold_every_entry(world: int) -> None:
         assert r["rows_first"] == mine + 1
         assert r["rows_second"] == mine + 1
     assert sum(r["rows_first"] for r in results) == SAMPLES + world
+
+
+def _run_layers(layers: nn.ModuleList) -> Any:
+    def run(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        with torch.no_grad():
+            for j in range(lo, hi):
+                x = layers[j](x)
+        return x
+
+    return run
+
+
+def _carry_partial(ctx: RankContext, world: int) -> list[list[float]]:
+    """Only some samples are cached at the old boundary: the rest start from their inputs."""
+    layers, data = _layers(), _split()
+    run = _run_layers(layers)
+    cache = ActivationCache(SAMPLES, device_budget=2**20)
+    some = data.sample_ids[: SAMPLES // 2]
+    cache.put(some, 1, run(data.inputs[: SAMPLES // 2], 0, 1))
+    group = dist.new_group(list(range(world)))
+    prepare_cache(
+        cache,
+        data,
+        mode="on",
+        old_frozen=1,
+        frozen=3,
+        per_replica=8,
+        chunk=CHUNK,
+        device=torch.device("cpu"),
+        run=run,
+        peers=FillPeers(group, dist.get_rank(group), world),
+    )
+    assert cache.boundaries() == [3]
+    with cache.uncounted():
+        lookup = cache.get(data.sample_ids, 3)
+    assert int(lookup.hit.sum()) == SAMPLES
+    return lookup.values.tolist()
+
+
+def test_a_partly_cached_old_boundary_is_completed_from_the_inputs() -> None:
+    results = run_distributed(_carry_partial, 2, 2, timeout=60.0)
+    layers, data = _layers(), _split()
+    expected = _run_layers(layers)(data.inputs, 0, 3)
+    for values in results:
+        torch.testing.assert_close(torch.tensor(values, dtype=torch.float64), expected, rtol=1e-12, atol=1e-12)
+
+
+def _disagree(ctx: RankContext) -> tuple[bool, str, list[int]]:
+    """Rank 1's stage 0 finds that reading does not pay: no replica reads, and nobody waits in a fill."""
+    # patched in this child process only
+    prefix_cache._decide = lambda *a, **k: (ctx.rank == 0, f"rank {ctx.rank} measured")  # type: ignore[assignment]
+    layers, data = _layers(), _split()
+    run = _run_layers(layers)
+    cache = ActivationCache(SAMPLES, device_budget=2**20)
+    cache.put(data.sample_ids, 1, run(data.inputs, 0, 1))
+    group = dist.new_group([0, 1])
+    enabled, reason = prefix_cache.prepare_cache(
+        cache,
+        data,
+        mode="auto",
+        old_frozen=1,
+        frozen=2,
+        per_replica=8,
+        chunk=CHUNK,
+        device=torch.device("cpu"),
+        run=run,
+        peers=FillPeers(group, dist.get_rank(group), 2),
+    )
+    return enabled, reason, cache.boundaries()
+
+
+def test_replicas_read_the_cache_only_if_all_agree() -> None:
+    (on0, why0, b0), (on1, why1, b1) = run_distributed(_disagree, 2, timeout=60.0)
+    assert not on0 and not on1
+    assert "not on another replica" in why0 and why1 == "rank 1 measured"
+    assert b0 == b1 == []  # the old boundary is dropped and nothing was filled

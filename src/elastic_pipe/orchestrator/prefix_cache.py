@@ -78,12 +78,13 @@ def prepare_cache(
         enabled, reason = _decide(
             cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run
         )
-        enabled = _agree(enabled, peers, device)
-        if enabled:
+        agreed = _agree(enabled, peers, device)
+        if agreed:
             fill_shared(cache, data, old_frozen, frozen, chunk=chunk, device=device, run=run, peers=peers)
-        elif old_frozen and old_frozen != frozen:
+            return True, reason
+        if old_frozen and old_frozen != frozen:
             cache.drop(old_frozen)
-        return enabled, reason if enabled else f"{reason}; not read on every replica"
+        return False, reason if not enabled else f"{reason}, but not on another replica's stage 0: off on all"
     if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries():
         # Only the newly frozen sub-layers run on the cached entries; then the old boundary is dropped.
         cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen))
@@ -200,7 +201,7 @@ def _prefix_rows(
     if lookup.num_hits == 0:
         return run(inputs.to(device), 0, frozen)
     miss = ~lookup.hit
-    computed = run(inputs[miss].to(device), 0, frozen) if bool(miss.any()) else None
+    computed = run(inputs[miss.to(inputs.device)].to(device), 0, frozen) if bool(miss.any()) else None
     moved = run(lookup.values, carried, frozen)
     out = torch.empty((ids.shape[0], *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
     out[lookup.hit.to(out.device)] = moved
