@@ -327,10 +327,9 @@ def _device_copy_bandwidth(device: torch.device) -> float:
 
 
 # ------------------------------------------------------------------------------------------------------ planner
-def planner_prediction(
-    wname: str, w: dict[str, Any], steps: int, pipe_len: int | None, budget: float
-) -> dict[str, Any]:
-    """The planner's dry run of the same job: the workload's model shape, batch, schedule and memory budget."""
+def planner_prediction(wname: str, w: dict[str, Any], steps: int, budget: float) -> dict[str, Any]:
+    """The planner's dry run of the same job: the workload's model shape, batch, starting layout, cache filled in
+    the transitions, and memory budget."""
     try:
         world = dist.get_world_size()
         gpu = planner.GpuSpec()
@@ -339,13 +338,16 @@ def planner_prediction(
         model = planner.model_config("vit-b16" if wname == "vit" else "gpt2-xl")
         if wname == "gpt":
             model = dataclasses.replace(model, seq_len=int(w["samples"].inputs.shape[1]))
+        start = w["initial_pipe_len"]
         job = planner.JobSpec(
             global_batch=w["global_batch"],
             epochs=EPOCHS,
             steps_per_epoch=steps,
             policy_options={"alpha": ALPHA},
-            pipe_len=pipe_len,
-            microbatches=w["microbatches"],
+            pipe_len=start,
+            microbatches=w["microbatches_by_pipe_len"][start],
+            cache_fill="transition",
+            dataset_size=steps * w["global_batch"],
             transition_seconds=0.25,
         )
         cluster = planner.ClusterSpec(gpus=world, gpus_per_node=world, gpu=gpu)
@@ -506,7 +508,7 @@ def summarise(
         ],
         "ideal": ideal,
         "arms": results,
-        "planner": planner_prediction(wname, w, steps, None if wname == "vit" else args.pipe_len, budget),
+        "planner": planner_prediction(wname, w, steps, budget),
     }
 
 
