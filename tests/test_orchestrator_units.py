@@ -25,7 +25,7 @@ from elastic_pipe.orchestrator import (
 from elastic_pipe.orchestrator.decision import initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
-from elastic_pipe.orchestrator.runtime import candidate_pipe_lens
+from elastic_pipe.orchestrator.runtime import _timed_step, candidate_pipe_lens
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
@@ -312,3 +312,11 @@ def test_forward_timer_records_only_while_active() -> None:
     assert len(timer._pending) == 1  # the recorded (begin, end) pairs
     assert timer.collect() >= 0 and not timer._pending
     timer.remove()
+
+
+@pytest.mark.parametrize(
+    ("steps", "interval", "timed"),
+    [(10, 10, [9]), (25, 10, [9, 19]), (3, 10, [2]), (1, 10, [0]), (4, 1, [0, 1, 2, 3])],
+)
+def test_timed_steps_skip_the_first_and_cover_every_epoch(steps: int, interval: int, timed: list[int]) -> None:
+    assert [i for i in range(steps) if _timed_step(i, steps, interval)] == timed

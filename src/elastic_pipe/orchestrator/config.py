@@ -116,10 +116,12 @@ class TrainConfig:
         resume: "auto" (resume from ``checkpoint_dir`` when it holds a checkpoint) or "never".
         log_dir: directory for ``events.jsonl`` and ``metrics.jsonl`` ("" disables the files).
         progress: draw a progress bar per epoch on stderr.
-        timing_interval: on a GPU, every this many steps synchronises the device at each phase edge to split
-            the step's time into phases (data, forward, backward, gradient sync, optimizer); the other steps run
-            without a host-device synchronisation, so that the host queues work ahead of the GPU. 1 times every
-            step (exact breakdowns, slower steps). On a CPU every step is timed (there is nothing to synchronise).
+        timing_interval: on a GPU, every this many steps (the ``interval``-th, ``2 * interval``-th, ...; the last
+            one when an epoch is shorter; never an epoch's first, which carries a new layout's warm-up) one
+            synchronises the device at each phase edge to split its time into phases (data, forward, backward,
+            gradient sync, optimizer); the other steps run without a host-device synchronisation, so that the
+            host queues work ahead of the GPU. 1 times every step (exact breakdowns, slower steps). On a CPU
+            every step is timed (there is nothing to synchronise).
 
     Raises:
         ConfigError: on any value that cannot work, naming it and what was expected.

@@ -359,7 +359,9 @@ class ElasticRun:
         progress = Progress(self.steps_per_epoch, f"epoch {self.epoch + 1}/{c.epochs}", enabled=self._show())
         for i in range(first, self.steps_per_epoch):
             maybe_fail("step", self.rank, self.epoch, i)
-            timed = self.device.type != "cuda" or (i - first) % c.timing_interval == 0
+            timed = self.device.type != "cuda" or _timed_step(
+                i - first, self.steps_per_epoch - first, c.timing_interval
+            )
             self._fwd_timer.active = timed
             clock.start(timed=timed)
             idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
@@ -655,6 +657,12 @@ class ElasticRun:
                 on_epoch_end(self)
         self.result.seconds = time.perf_counter() - t0
         return self.result
+
+
+def _timed_step(done: int, steps: int, interval: int) -> bool:
+    """Whether step ``done`` (0-based) of an epoch's ``steps`` is split into phases: every ``interval``-th step,
+    never the first (it carries the warm-up of a new layout), and the last when the epoch is shorter than that."""
+    return done % interval == interval - 1 or (done == steps - 1 and steps < interval)
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
