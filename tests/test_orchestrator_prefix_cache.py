@@ -11,7 +11,7 @@ from torch import nn
 
 from elastic_pipe.cache import ActivationCache
 from elastic_pipe.orchestrator import prefix_cache
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
+from elastic_pipe.orchestrator.prefix_cache import FillPeers
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -34,6 +34,25 @@ def _split() -> Split:
     return Split(inputs, torch.zeros(SAMPLES, dtype=torch.long), ids)
 
 
+def _prepare_together(
+    cache: ActivationCache, data: Split, run: Any, *, mode: str, old_frozen: int, frozen: int, world: int
+) -> tuple[bool, str]:
+    """``prepare_cache`` called by every rank of the world as one replica's stage 0 each."""
+    group = dist.new_group(list(range(world)))
+    return prefix_cache.prepare_cache(
+        cache,
+        data,
+        mode=mode,
+        old_frozen=old_frozen,
+        frozen=frozen,
+        per_replica=8,
+        chunk=CHUNK,
+        device=torch.device("cpu"),
+        run=run,
+        peers=FillPeers(group, dist.get_rank(group), world),
+    )
+
+
 def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
     layers, data = _layers(), _split()
     rows_run = [0]
@@ -46,12 +65,9 @@ def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
         return x
 
     cache = ActivationCache(SAMPLES, device_budget=2**20)
-    group = dist.new_group(list(range(world)))
-    peers = FillPeers(group, dist.get_rank(group), world)
-    common: dict[str, Any] = {"per_replica": 8, "chunk": CHUNK, "device": torch.device("cpu"), "run": run}
-    first = prepare_cache(cache, data, mode="on", old_frozen=0, frozen=1, peers=peers, **common)
+    first = _prepare_together(cache, data, run, mode="on", old_frozen=0, frozen=1, world=world)
     rows_first = rows_run[0]
-    second = prepare_cache(cache, data, mode="on", old_frozen=1, frozen=3, peers=peers, **common)
+    second = _prepare_together(cache, data, run, mode="on", old_frozen=1, frozen=3, world=world)
     with cache.uncounted():
         lookup = cache.get(data.sample_ids, 3)
     return {
@@ -104,19 +120,7 @@ def _carry_partial(ctx: RankContext, world: int) -> list[list[float]]:
     cache = ActivationCache(SAMPLES, device_budget=2**20)
     some = data.sample_ids[: SAMPLES // 2]
     cache.put(some, 1, run(data.inputs[: SAMPLES // 2], 0, 1))
-    group = dist.new_group(list(range(world)))
-    prepare_cache(
-        cache,
-        data,
-        mode="on",
-        old_frozen=1,
-        frozen=3,
-        per_replica=8,
-        chunk=CHUNK,
-        device=torch.device("cpu"),
-        run=run,
-        peers=FillPeers(group, dist.get_rank(group), world),
-    )
+    _prepare_together(cache, data, run, mode="on", old_frozen=1, frozen=3, world=world)
     assert cache.boundaries() == [3]
     with cache.uncounted():
         lookup = cache.get(data.sample_ids, 3)
@@ -140,19 +144,7 @@ def _disagree(ctx: RankContext) -> tuple[bool, str, list[int]]:
     run = _run_layers(layers)
     cache = ActivationCache(SAMPLES, device_budget=2**20)
     cache.put(data.sample_ids, 1, run(data.inputs, 0, 1))
-    group = dist.new_group([0, 1])
-    enabled, reason = prefix_cache.prepare_cache(
-        cache,
-        data,
-        mode="auto",
-        old_frozen=1,
-        frozen=2,
-        per_replica=8,
-        chunk=CHUNK,
-        device=torch.device("cpu"),
-        run=run,
-        peers=FillPeers(group, dist.get_rank(group), 2),
-    )
+    enabled, reason = _prepare_together(cache, data, run, mode="auto", old_frozen=1, frozen=2, world=2)
     return enabled, reason, cache.boundaries()
 
 
