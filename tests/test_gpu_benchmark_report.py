@@ -8,6 +8,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import torch
+
+from elastic_pipe import models
+from elastic_pipe.orchestrator import TrainConfig
+from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.testing import RankContext, run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,3 +97,27 @@ def test_policy_specs_become_train_config_fields() -> None:
     for bad in ("alpha", "alpha=x", "sgd=1", "freezeout"):
         with pytest.raises(SystemExit, match="--policies"):
             bench.policy_settings(bad, 200)
+
+
+def _torch_ddp_two_epochs(ctx: RankContext) -> dict[str, Any]:
+    bench = _load("bench_elastic_gpu")
+    gen = torch.Generator().manual_seed(0)
+    samples = Split(
+        torch.randn(80, 1, 8, 8, generator=gen), torch.randint(0, 10, (80,), generator=gen), torch.arange(80)
+    )
+    model = models.vit("vit-tiny")
+    config = TrainConfig(model="vit", epochs=2, global_batch=16, optimizer="adamw", lr=1e-3, nproc_per_node=2)
+    result = bench.torch_ddp(config, model, samples)
+    checksum = float(sum(p.double().sum() for p in model.parameters()))
+    return {"epochs": result["epochs"], "losses": result["losses"], "checksum": checksum}
+
+
+def test_torch_ddp_baseline_trains_in_step_on_every_rank() -> None:
+    results = run_distributed(_torch_ddp_two_epochs, 2, timeout=120.0)
+    for r in results:
+        assert [e["replicas"] for e in r["epochs"]] == [2, 2]
+        assert all(e["samples_per_s"] > 0 for e in r["epochs"])
+        assert len(r["losses"]) == 2
+    # DDP averages gradients, so both replicas hold the same weights after training - and they did train.
+    assert results[0]["checksum"] == pytest.approx(results[1]["checksum"], rel=1e-9)
+    assert results[0]["losses"][0] != results[0]["losses"][1]

@@ -15,8 +15,9 @@ Workloads (the same global batch and freeze schedule - alpha = 1/3 per epoch, 10
   are reported but excluded from "best static". It is not enforced with ``set_per_process_memory_fraction``,
   so that one call measures every arm; the report says so.
 
-Arms per workload: static DDP, static 2-stage pipeline (GPipe and 1F1B at several micro-batch counts; the best is
-"the" pipeline baseline), freezing only (no reshaping), elastic without cache, elastic with cache. Static arms
+Arms per workload: static DDP (the orchestrator with a fixed layout, and ``torch.nn.parallel.DDP`` itself, whose
+all-reduce overlaps the backward pass), static 2-stage pipeline (GPipe and 1F1B at several micro-batch counts; the
+best is "the" pipeline baseline), freezing only (no reshaping), elastic without cache, elastic with cache. Static arms
 keep one layout for the whole run, so they are measured for ``--static-epochs`` epochs and their per-epoch time
 is extrapolated to the run's epochs; the freezing arms run every epoch.
 
@@ -45,10 +46,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from elastic_pipe import data, freeze, models, partition, planner
 from elastic_pipe.orchestrator import TrainConfig, run_rank
-from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.orchestrator.optim import make_optimizer
+from elastic_pipe.orchestrator.worker import device_for
+from elastic_pipe.orchestrator.workload import Split, cross_entropy, split_samples
 
 ALPHA = 1 / 3
 EPOCHS = 10
@@ -154,6 +158,8 @@ def arm_configs(
     alpha = {"policy": "alpha", "policy_options": {"alpha": ALPHA}}
     never = {"policy": "never", "compression": "none", "cache": "off", "epochs": static_epochs}
     arms: dict[str, dict[str, Any]] = {"static_ddp": {**common, **never, "pipe_len": 1}}
+    # The same layout under torch's own DDP (all-reduce overlapped with backward): see TRAINERS.
+    arms["static_torch_ddp"] = arms["static_ddp"]
     for kind in ("gpipe", "1f1b"):
         for m in (4, 8):
             if w["global_batch"] % (world * m) == 0:
@@ -171,10 +177,75 @@ def arm_configs(
     return arms
 
 
+def _orchestrator(config: TrainConfig, model: torch.nn.Module, samples: Split) -> dict[str, Any]:
+    return run_rank(config, model=model, samples=samples, quiet=True).to_dict()
+
+
+def torch_ddp(config: TrainConfig, model: torch.nn.Module, samples: Split) -> dict[str, Any]:
+    """The baseline users run today where the model fits: ``torch.nn.parallel.DistributedDataParallel`` (gradient
+    all-reduce overlapped with the backward pass), the orchestrator's optimizer and loss, the same global batch,
+    training split and precision; no freezing, no evaluation. Returns the orchestrator's result shape."""
+    device = device_for(config)  # the orchestrator's choice: cuda:LOCAL_RANK with NCCL, else the CPU
+    model = model.to(device)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = make_optimizer(model, config)
+    train, _ = split_samples(samples, config.eval_fraction, config.seed, getattr(torch, config.dtype))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    per_rank = config.global_batch // world
+    steps = len(train) // config.global_batch
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast == "bf16")
+    epochs, losses = [], []
+    for epoch in range(config.epochs):
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + epoch))
+        _synchronize(device)
+        t0 = time.perf_counter()
+        for step in range(steps):
+            idx = order[step * config.global_batch + rank * per_rank :][:per_rank].to(train.inputs.device)
+            with autocast:
+                loss = cross_entropy(ddp(train.inputs[idx].to(device)), train.labels[idx].to(device))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        _synchronize(device)
+        seconds = time.perf_counter() - t0
+        epochs.append(
+            {
+                "seconds": seconds,
+                "samples_per_s": steps * config.global_batch / seconds,
+                "pipe_len": 1,
+                "replicas": world,
+                "frozen_units": 0,
+                "cache": False,
+            }
+        )
+    return {
+        "epochs": epochs,
+        "transitions": [],
+        "final_accuracy": None,
+        "losses": [float(x) for x in losses[:1] + losses[-1:]],
+    }
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+#: Arms trained by something other than the orchestrator.
+TRAINERS = {"static_torch_ddp": torch_ddp}
+
+
 def run_arm(
-    name: str, cfg: dict[str, Any], w: dict[str, Any], device: torch.device, model: torch.nn.Module | None = None
+    name: str,
+    cfg: dict[str, Any],
+    w: dict[str, Any],
+    device: torch.device,
+    *,
+    model: torch.nn.Module | None = None,
+    trainer: Any = _orchestrator,
 ) -> dict[str, Any]:
-    """Train one arm (``model``, or a fresh ``w["build"]()``) and return its measurements."""
+    """Train one arm (``model``, or a fresh ``w["build"]()``) with ``trainer`` and return its measurements."""
     model = model if model is not None else w["build"]()
     config = TrainConfig(**cfg)  # the model itself is passed in; the name only labels it
     if device.type == "cuda":
@@ -183,7 +254,7 @@ def run_arm(
     dist.barrier()
     t0 = time.perf_counter()
     try:
-        result = run_rank(config, model=model, samples=w["samples"], quiet=True).to_dict()
+        result = trainer(config, model, w["samples"])
     except Exception as exc:  # one failing arm must not lose the others' numbers
         log(f"arm {name} failed: {type(exc).__name__}: {exc}")
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -430,7 +501,7 @@ def main() -> int:
                 if not time_left(args.deadline):
                     results[name] = {"error": "skipped: out of time"}
                     continue
-                results[name] = run_arm(name, cfg, w, device)
+                results[name] = run_arm(name, cfg, w, device, trainer=TRAINERS.get(name, _orchestrator))
             example = w["samples"].inputs[: w["global_batch"] // dist.get_world_size()]  # one GPU's share
             ideal = ideal_speedup(w["build"], example, device, autocast=use_cuda) if rank == 0 else {}
             report["workloads"][wname] = summarise(
@@ -583,7 +654,7 @@ def accuracy_runs(
         return out
     model = models.vit(**preset)
     pre = {"samples": as_vit_inputs(mnist, device, tiny), "build": None}
-    pretrain = run_arm("accuracy/pretrain_mnist5k", {**PRETRAIN_RUN, **machine}, pre, device, model)
+    pretrain = run_arm("accuracy/pretrain_mnist5k", {**PRETRAIN_RUN, **machine}, pre, device, model=model)
     state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
     del pre, model
 

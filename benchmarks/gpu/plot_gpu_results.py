@@ -20,6 +20,7 @@ from matplotlib.patches import Patch
 #: Arms drawn, in legend order, with their labels.
 LABELS = {
     "static_ddp": "static DDP",
+    "static_torch_ddp": "static torch DDP",
     "static_pipe2_1f1b_m4": "static 2-stage 1F1B M=4",
     "static_pipe2_gpipe_m4": "static 2-stage GPipe M=4",
     "freeze_only": "freezing only",
