@@ -1,13 +1,15 @@
-"""Per-step gradient averaging over a replica group: bucketed all-reduces, as DDP does them."""
+"""Per-step gradient averaging over a replica group: bucketed all-reduces, as DDP does them - overlapped with the
+backward pass when each parameter's gradient is final after one accumulation, after the step otherwise."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["GRAD_BUCKET_BYTES", "average_gradients", "grad_buckets"]
+__all__ = ["GRAD_BUCKET_BYTES", "OverlappedAverager", "average_gradients", "grad_buckets"]
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
@@ -54,3 +56,88 @@ def average_gradients(
             offset += n
         ops += 1
     return ops
+
+
+class OverlappedAverager:
+    """Gradient averaging that overlaps the backward pass, as ``torch.nn.parallel.DistributedDataParallel`` does.
+
+    Parameters are bucketed in reverse order (the order the backward pass finishes them). A hook after each
+    parameter's gradient accumulation marks it ready; when a bucket's last parameter is ready its gradients are
+    flattened and an asynchronous all-reduce starts while the backward pass goes on. :meth:`finish`, after the
+    step's backward, waits for them, divides by the replica count and writes the means back.
+
+    Only for steps with one backward pass per parameter (one micro-batch): with several, a gradient is final only
+    after the last micro-batch and the schedule rescales it afterwards; use :func:`average_gradients` there.
+    Every rank of ``group`` must hold the same parameters in the same order, and its backward must reach the
+    same buckets in the same order (the same model): the all-reduces are matched by order.
+
+    Args:
+        params: this rank's trainable parameters, in the same order on every rank of ``group``.
+        group: the replica group of this rank's stage.
+        replicas: the size of ``group``.
+        cap_bytes: the bucket size.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        group: dist.ProcessGroup,
+        replicas: int,
+        cap_bytes: int = GRAD_BUCKET_BYTES,
+    ) -> None:
+        self._group = group
+        self._replicas = replicas
+        self._buckets: list[list[torch.nn.Parameter]] = grad_buckets(list(reversed(params)), cap_bytes)  # type: ignore[assignment]
+        self._bucket_of = {id(p): b for b, bucket in enumerate(self._buckets) for p in bucket}
+        self._pending = [len(bucket) for bucket in self._buckets]
+        self._flights: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._ready)  # type: ignore[no-untyped-call]  # torch stub
+            for p in params
+        ]
+
+    def _ready(self, param: torch.nn.Parameter) -> None:
+        b = self._bucket_of[id(param)]
+        self._pending[b] -= 1
+        if self._pending[b] == 0:
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        grads = [p.grad for p in self._buckets[b] if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self._flights[b] = (flat, dist.all_reduce(flat, group=self._group, async_op=True))
+
+    @property
+    def in_flight(self) -> int:
+        """Buckets whose all-reduce has started and not been finished."""
+        return len(self._flights)
+
+    def finish(self) -> int:
+        """Wait for every bucket's all-reduce (starting those the backward pass did not complete), write the means
+        into the gradients, and get ready for the next step; returns the number of all-reduce calls."""
+        for b in range(len(self._buckets)):
+            if b not in self._flights:
+                self._launch(b)
+        for b, (flat, work) in sorted(self._flights.items()):
+            work.wait()
+            flat.div_(self._replicas)
+            offset = 0
+            for p in self._buckets[b]:
+                if p.grad is None:
+                    continue
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+        ops = len(self._flights)
+        self._flights.clear()
+        self._pending = [len(bucket) for bucket in self._buckets]
+        return ops
+
+    def remove(self) -> None:
+        """Take the hooks off the parameters (before the layout changes)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -47,7 +47,7 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate_split
 from elastic_pipe.orchestrator.faults import FAULT_ENV, maybe_fail
-from elastic_pipe.orchestrator.grad_sync import average_gradients
+from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics, EventLog, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import lr_lambda, make_optimizer
 from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
@@ -150,6 +150,7 @@ class ElasticRun:
         self._runner: Any = None
         self._tracker: Any = None
         self._fwd_timer: ForwardTimer | None = None
+        self._averager: OverlappedAverager | None = None
         self._autocast = config.autocast == "bf16"
         self.cache: acache.ActivationCache | None = None
         if config.cache != "off":
@@ -255,7 +256,19 @@ class ElasticRun:
         self._stage_module = module
         self._fwd_timer = ForwardTimer(module, self.device)
         self._tracker = freeze.GradNormTracker(unit_modules(self.sublayers, self.unit_ends, lo, hi))
+        self._build_averager()
         self.sampler.reshard(layout.replicas, self.replica)
+
+    def _build_averager(self) -> None:
+        """With one micro-batch and several replicas, gradients are averaged while the backward pass runs."""
+        assert self.layout is not None
+        if self._averager is not None:
+            self._averager.remove()
+            self._averager = None
+        if self.layout.replicas > 1 and self.layout.microbatches == 1:
+            params = [p for j in self._owned() for p in self.sublayers[j].parameters() if p.requires_grad]
+            group = self.groups.dp_group(self.layout.pipe_len)
+            self._averager = OverlappedAverager(params, group=group, replicas=self.layout.replicas)
 
     def _run_sublayers(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         with torch.no_grad(), self._autocast_ctx():
@@ -331,6 +344,8 @@ class ElasticRun:
         replicas = self.layout.replicas
         if replicas == 1:
             return 0
+        if self._averager is not None:
+            return self._averager.finish()
         group = self.groups.dp_group(self.layout.pipe_len)
         grads = [p.grad for j in self._owned() for p in self.sublayers[j].parameters() if p.grad is not None]
         return average_gradients(grads, group=group, replicas=replicas)
