@@ -200,6 +200,8 @@ def _prefix_rows(
         lookup = cache.get(ids, carried)
     if lookup.num_hits == 0:
         return run(inputs.to(device), 0, frozen)
+    if lookup.num_hits == ids.shape[0]:  # the usual case: no scatter (and no mask on the device)
+        return run(lookup.values, carried, frozen)
     miss = ~lookup.hit
     computed = run(inputs[miss.to(inputs.device)].to(device), 0, frozen) if bool(miss.any()) else None
     moved = run(lookup.values, carried, frozen)
