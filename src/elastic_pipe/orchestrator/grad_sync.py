@@ -48,14 +48,18 @@ def average_gradients(
     for bucket in grad_buckets(grads, cap_bytes):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=group)
-        flat.div_(replicas)
-        offset = 0
-        for g in bucket:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g))
-            offset += n
+        _write_back(flat.div_(replicas), bucket)
         ops += 1
     return ops
+
+
+def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` into ``tensors`` (the inverse of flattening them in this order)."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
 
 
 class OverlappedAverager:
@@ -123,14 +127,7 @@ class OverlappedAverager:
                 self._launch(b)
         for b, (flat, work) in sorted(self._flights.items()):
             work.wait()
-            flat.div_(self._replicas)
-            offset = 0
-            for p in self._buckets[b]:
-                if p.grad is None:
-                    continue
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
+            _write_back(flat.div_(self._replicas), [p.grad for p in self._buckets[b] if p.grad is not None])
         ops = len(self._flights)
         self._flights.clear()
         self._pending = [len(bucket) for bucket in self._buckets]
