@@ -52,7 +52,7 @@ from elastic_pipe import data, freeze, models, partition, planner
 from elastic_pipe.orchestrator import TrainConfig, run_rank
 from elastic_pipe.orchestrator.optim import make_optimizer
 from elastic_pipe.orchestrator.worker import device_for
-from elastic_pipe.orchestrator.workload import Split, cross_entropy, split_samples
+from elastic_pipe.orchestrator.workload import Split, cross_entropy, eval_count, split_samples
 
 ALPHA = 1 / 3
 EPOCHS = 10
@@ -699,7 +699,8 @@ def _ddp_vs_elastic(
     common: dict[str, Any], w: dict[str, Any], device: torch.device, policies: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """DDP, the elastic arm with the published schedule, and one elastic arm per extra policy in ``policies``."""
-    n_train = int(w["samples"].inputs.shape[0]) - max(1, round(len(w["samples"].inputs) * common["eval_fraction"]))
+    n = int(w["samples"].inputs.shape[0])
+    n_train = n - eval_count(n, common["eval_fraction"])
     total_steps = n_train // common["global_batch"] * common["epochs"]
     elastic = {"compression": "halving", "cache": "on", "pipe_len": 1}
     arms = {

@@ -32,20 +32,19 @@ def example_io(
     hi: int,
     autocast: Callable[[], Any],
     *,
-    rows: int | None = None,
+    rows: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Example micro-batch tensors at the input and output of sub-layers ``lo:hi`` (shapes for the stage).
 
     Args:
         sublayers: the whole model's sub-layers, in the modes the caller chose (eval: no dropout).
-        x: model inputs (one sample is enough when ``rows`` is given).
+        x: model inputs (one sample is enough).
         lo: the stage's first sub-layer.
         hi: one past the stage's last sub-layer.
         autocast: returns the autocast context the forward runs in.
-        rows: the micro-batch size to declare: the examples are ``x``'s results repeated to that many rows
-            (contiguous: torch allocates its receive buffers like them), so a transition runs the model on one
-            sample instead of a whole micro-batch.
-            ``None``: ``x``'s own rows.
+        rows: the micro-batch size to declare: the examples are ``x``'s first results repeated to that many
+            rows (contiguous: torch allocates its receive buffers like them), so a transition runs the model on
+            one sample instead of a whole micro-batch.
     """
     with autocast():
         for j in range(lo):
@@ -55,8 +54,6 @@ def example_io(
         stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
         for j in range(lo, hi):
             x = sublayers[j](x)
-    if rows is None:
-        return stage_in, x
     return _widen(stage_in, rows), _widen(x, rows)
 
 

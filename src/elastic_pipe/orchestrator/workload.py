@@ -110,6 +110,11 @@ def load_samples(config: TrainConfig) -> Samples:
     return loaders[config.dataset]()
 
 
+def eval_count(n: int, eval_fraction: float) -> int:
+    """How many of ``n`` samples :func:`split_samples` holds out for evaluation (at least one)."""
+    return max(1, round(n * eval_fraction))
+
+
 def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torch.dtype) -> tuple[Split, Split]:
     """Split into a training and an evaluation part with a seeded permutation (same on every rank).
 
@@ -119,7 +124,7 @@ def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torc
     """
     n = int(samples.inputs.shape[0])
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_eval = max(1, round(n * eval_fraction))
+    n_eval = eval_count(n, eval_fraction)
     inputs = samples.inputs
     if inputs.is_floating_point():
         train_inputs = inputs[order[n_eval:]].double()
