@@ -33,7 +33,7 @@ from elastic_pipe.cache.config import (
 )
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
-from elastic_pipe.cache.segments import Segment, ShapeChangedError
+from elastic_pipe.cache.segments import Segment, ShapeChangedError, index_on
 from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier
 
 __all__ = ["ActivationCache"]
@@ -188,7 +188,8 @@ class ActivationCache:
         """Look a batch up: one gather per tier that holds some of it.
 
         Args:
-            sample_ids: 1-D integer tensor of dataset ids.
+            sample_ids: 1-D integer tensor of dataset ids (keep them on the CPU: ids on a GPU are copied back,
+                which waits for the work queued there).
             boundary: the frozen boundary (number of frozen layers) whose output is wanted.
 
         Returns:
@@ -264,7 +265,8 @@ class ActivationCache:
         """Store a batch's prefix outputs, skipping ids already cached, filling tiers in order (one scatter each).
 
         Args:
-            sample_ids: 1-D integer tensor of dataset ids (duplicates keep their first row).
+            sample_ids: 1-D integer tensor of dataset ids (duplicates keep their first row; on the CPU, as for
+                :meth:`get`).
             boundary: the frozen boundary the values belong to.
             values: ``len(sample_ids)`` rows; every row of one boundary must share shape and dtype.
 
@@ -284,6 +286,8 @@ class ActivationCache:
         if values[0].numel() == 0:
             raise CacheError(f"cannot cache zero-byte entries of shape {tuple(values.shape[1:])}")
         _, first = np.unique(keys.numpy(), return_index=True)
+        if first.size == keys.numel():  # no duplicates: the rows as given (no gather, no host-device copy)
+            return self._put_keys(keys, boundary, values.detach())
         rows = torch.from_numpy(np.sort(first))
         return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
 
@@ -304,7 +308,8 @@ class ActivationCache:
             if segment is None:
                 continue
             _check_layout(segment, shape, dtype, boundary)
-            present, written = segment.write(keys[todo], values[todo.to(values.device)])
+            rows = values if todo.numel() == keys.numel() else values.index_select(0, index_on(todo, values.device))
+            present, written = segment.write(keys[todo], rows)
             stored += written
             pending[todo[present]] = False
         self._stored += stored

@@ -42,6 +42,7 @@ __all__ = [
     "Segment",
     "ShapeChangedError",
     "crc32_rows",
+    "index_on",
 ]
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
@@ -140,12 +141,18 @@ def _assign_slots(current: torch.Tensor, used: int, capacity: int) -> tuple[torc
     return slots, write, used + fresh.numel()
 
 
+def index_on(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host index moved to ``device``; to a GPU through pinned memory, which copies without waiting for the work
+    queued there (a pageable copy would synchronise the host with the device)."""
+    if device.type == "cuda" and index.device.type == "cpu":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
+
+
 def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device) -> torch.Tensor:
     """One gather of ``data[slots]`` onto ``device``; through a pinned buffer when the target is a GPU."""
     if data.device.type == "cuda":
-        # a pinned index copies without waiting for the work queued on the device
-        index = slots.pin_memory().to(data.device, non_blocking=True)
-        return data.index_select(0, index).to(device)
+        return data.index_select(0, index_on(slots, data.device)).to(device)
     if device.type == "cpu" or data.device.type != "cpu":
         return data.index_select(0, slots.to(data.device)).to(device)
     staging = torch.empty((slots.numel(), *data.shape[1:]), dtype=data.dtype, pin_memory=True)
@@ -175,9 +182,13 @@ class DeviceSegment:
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         current = self._index[keys]
         slots, write, self._used = _assign_slots(current, self._used, self.layout.capacity)
-        if bool(write.any()):
+        if bool(write.all()):  # the usual case (a batch of new keys): no masked select, which would synchronise
+            self._data.index_copy_(0, index_on(slots, self.device), values.to(self.device))
+            self._index[keys] = slots
+        elif bool(write.any()):
             target = slots[write]
-            self._data.index_copy_(0, target.to(self.device), values[write.to(values.device)].to(self.device))
+            rows = values.index_select(0, index_on(write.nonzero().flatten(), values.device))
+            self._data.index_copy_(0, index_on(target, self.device), rows.to(self.device))
             self._index[keys[write]] = target
         return (current >= 0) | write, int(write.sum())
 

@@ -211,15 +211,19 @@ class Checkpointer:
         run.layout = layout
         owned = owned_sublayers(layout, run.plan, run.rank)
         by_name = dict(run.model.named_parameters())
+        # A fused optimizer keeps its step count beside the parameters; the others keep it on the host.
+        fused = bool(run.optimizer.defaults.get("fused"))
         for name, s in state["optimizer"]["state"].items():
             p = by_name[name]
             j = next(i for i, m in enumerate(run.sublayers) if any(q is p for q in m.parameters()))
             if j in owned:
                 run.optimizer.state[p] = {
-                    k: (v.to(run.device) if isinstance(v, torch.Tensor) and k != "step" else v) for k, v in s.items()
+                    k: (v.to(run.device) if isinstance(v, torch.Tensor) and (fused or k != "step") else v)
+                    for k, v in s.items()
                 }
         for group, saved in zip(run.optimizer.param_groups, state["optimizer"]["param_groups"], strict=False):
-            group.update(saved)
+            # hyper-parameters come back; how the update runs (fused or not) is this machine's choice
+            group.update({k: v for k, v in saved.items() if k not in ("fused", "foreach")})
         run.scheduler.load_state_dict(state["scheduler"])
         run.policy.load_state_dict(state["policy"])
         run.sampler.load_state_dict(state["sampler"])

@@ -54,12 +54,10 @@ def average_gradients(
 
 
 def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    """Copy consecutive slices of ``flat`` into ``tensors`` (the inverse of flattening them in this order)."""
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset : offset + n].view_as(t))
-        offset += n
+    """Copy consecutive slices of ``flat`` into ``tensors`` (the inverse of flattening them in this order), with one
+    multi-tensor copy rather than a launch per tensor."""
+    pieces = flat.split([t.numel() for t in tensors])
+    torch._foreach_copy_(list(tensors), [p.view_as(t) for p, t in zip(pieces, tensors, strict=True)])
 
 
 class OverlappedAverager:

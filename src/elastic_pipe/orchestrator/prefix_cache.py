@@ -143,7 +143,9 @@ def fill_shared(
     otherwise), then one all-gather gives every peer all of the round's rows. ``old_frozen``'s entries are
     dropped at the end. A collective: every peer calls it with the same arguments.
     """
-    ids_all, n = data.sample_ids, int(data.sample_ids.shape[0])
+    # Ids stay on the host, where the cache's bookkeeping is: the loop never waits for the device, so each
+    # round's compute, all-gather and store queue up behind the last.
+    ids_all, n = data.sample_ids.to("cpu", torch.int64), int(data.sample_ids.shape[0])
     if n == 0:
         return
     starts = list(range(0, n, chunk))
@@ -151,8 +153,10 @@ def fill_shared(
     carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
     rejected = cache.stats.rejected
     shape = (chunk, *probe.shape[1:])
+    # One pair of buffers for every round: the stream orders each round's reads of them before the next writes.
+    mine = torch.zeros(shape, dtype=probe.dtype, device=device)
+    gathered = torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device)
     for first in range(0, len(starts), peers.count):
-        mine = torch.zeros(shape, dtype=probe.dtype, device=device)
         if first + peers.index < len(starts):
             lo = starts[first + peers.index]
             rows = _prefix_rows(
@@ -167,7 +171,6 @@ def fill_shared(
             mine[: rows.shape[0]] = rows
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
         # is short, and it is the round's last valid one).
-        gathered = torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device)
         _all_gather_into(gathered, mine, group=peers.group)
         lo = starts[first]
         valid = min(n - lo, peers.count * chunk)

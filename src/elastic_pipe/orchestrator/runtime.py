@@ -126,6 +126,9 @@ class ElasticRun:
         self.unit_ends: tuple[int, ...] = tuple(model.unit_ends)  # type: ignore[arg-type]
         self.train_set = train_set
         self.eval_set = eval_set
+        #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
+        #: synchronise the host with the device at every cached step.
+        self._host_ids = train_set.sample_ids.to("cpu", torch.int64)
         self.groups = groups
         self.log = log or EventLog()
         self.loss_fn = loss_fn
@@ -155,7 +158,7 @@ class ElasticRun:
         self.cache: acache.ActivationCache | None = None
         if config.cache != "off":
             self.cache = acache.ActivationCache(
-                int(train_set.sample_ids.max()) + 1, device_budget=config.cache_mb * MIB, device=device
+                int(self._host_ids.max()) + 1, device_budget=config.cache_mb * MIB, device=device
             )
         self.cache_on = False
         self.cache_reason = "off"
@@ -379,7 +382,8 @@ class ElasticRun:
             )
             self._fwd_timer.active = timed
             clock.start(timed=timed)
-            idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
+            host_idx = torch.tensor(self.sampler.step_indices(c.global_batch), dtype=torch.long)
+            idx = host_idx
             if self.device.type == "cuda":  # a pinned index copies without waiting for the queued work
                 idx = idx.pin_memory().to(self.device, non_blocking=True)
             if idx.numel() != per_replica:
@@ -390,7 +394,7 @@ class ElasticRun:
             y = self.train_set.labels[idx].to(self.device, non_blocking=True) if s == k - 1 else None
             clock.lap("data")
             if x is not None:
-                x = self._frozen_prefix(x, self.train_set.sample_ids[idx])
+                x = self._frozen_prefix(x, self._host_ids[host_idx])
             prefix_s = clock.lap("forward")
             step_losses: list[torch.Tensor] = []
             with self._autocast_ctx():
