@@ -56,7 +56,7 @@ def average_gradients(
 def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of ``flat`` into ``tensors`` (the inverse of flattening them in this order), with one
     multi-tensor copy rather than a launch per tensor."""
-    pieces = flat.split([t.numel() for t in tensors])
+    pieces = torch.split(flat, [t.numel() for t in tensors])
     torch._foreach_copy_(list(tensors), [p.view_as(t) for p, t in zip(pieces, tensors, strict=True)])
 
 
