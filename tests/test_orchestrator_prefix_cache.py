@@ -35,7 +35,15 @@ def _split() -> Split:
 
 
 def _prepare_together(
-    cache: ActivationCache, data: Split, run: Any, *, mode: str, old_frozen: int, frozen: int, world: int
+    cache: ActivationCache,
+    data: Split,
+    run: Any,
+    *,
+    mode: str,
+    old_frozen: int,
+    frozen: int,
+    world: int,
+    example: torch.Tensor | None = None,
 ) -> tuple[bool, str]:
     """``prepare_cache`` called by every rank of the world as one replica's stage 0 each."""
     group = dist.new_group(list(range(world)))
@@ -50,10 +58,11 @@ def _prepare_together(
         device=torch.device("cpu"),
         run=run,
         peers=FillPeers(group, dist.get_rank(group), world),
+        example=example,
     )
 
 
-def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
+def _fill_then_carry(ctx: RankContext, world: int, with_example: bool) -> dict[str, Any]:
     layers, data = _layers(), _split()
     rows_run = [0]
 
@@ -67,7 +76,11 @@ def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
     cache = ActivationCache(SAMPLES, device_budget=2**20)
     first = _prepare_together(cache, data, run, mode="on", old_frozen=0, frozen=1, world=world)
     rows_first = rows_run[0]
-    second = _prepare_together(cache, data, run, mode="on", old_frozen=1, frozen=3, world=world)
+    example = None
+    if with_example:  # the caller knows the entries' shape: no one-row probe through the prefix
+        with torch.no_grad():
+            example = layers[2](layers[1](layers[0](data.inputs[:1])))
+    second = _prepare_together(cache, data, run, mode="on", old_frozen=1, frozen=3, world=world, example=example)
     with cache.uncounted():
         lookup = cache.get(data.sample_ids, 3)
     return {
@@ -80,9 +93,9 @@ def _fill_then_carry(ctx: RankContext, world: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_replicas_split_the_fill_and_all_hold_every_entry(world: int) -> None:
-    results = run_distributed(_fill_then_carry, world, world, timeout=60.0)
+@pytest.mark.parametrize(("world", "with_example"), [(2, False), (3, False), (2, True)])
+def test_replicas_split_the_fill_and_all_hold_every_entry(world: int, with_example: bool) -> None:
+    results = run_distributed(_fill_then_carry, world, world, with_example, timeout=60.0)
     layers, data = _layers(), _split()
     with torch.no_grad():
         expected = data.inputs
@@ -94,12 +107,12 @@ def test_replicas_split_the_fill_and_all_hold_every_entry(world: int) -> None:
         assert r["boundaries"] == [3]  # the old boundary was dropped after the carry
         assert r["hits"] == SAMPLES
         torch.testing.assert_close(torch.tensor(r["values"], dtype=torch.float64), expected, rtol=1e-12, atol=1e-12)
-    # each peer computed only its share of the chunks (plus a one-row probe per pass)
+    # each peer computed only its share of the chunks (plus a one-row probe per pass without an example)
     chunks = -(-SAMPLES // CHUNK)
     for rank, r in enumerate(results):
         mine = sum(min(CHUNK, SAMPLES - c * CHUNK) for c in range(rank, chunks, world))
         assert r["rows_first"] == mine + 1
-        assert r["rows_second"] == mine + 1
+        assert r["rows_second"] == mine + (0 if with_example else 1)
     assert sum(r["rows_first"] for r in results) == SAMPLES + world
 
 

@@ -54,6 +54,7 @@ def prepare_cache(
     device: torch.device,
     run: RunSublayers,
     peers: FillPeers | None = None,
+    example: torch.Tensor | None = None,
 ) -> tuple[bool, str]:
     """Carry cached entries from ``old_frozen`` to ``frozen``, decide whether reading pays, fill when it does.
 
@@ -70,6 +71,8 @@ def prepare_cache(
         peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
             split the carrying and filling between them and all-gather the results; the old and the new
             boundary are both held until the pass ends. ``None``: this rank does it all alone.
+        example: the prefix's output at ``frozen`` for one sample, if the caller has it (the shared fill needs
+            the entry's shape and dtype, and otherwise runs the whole prefix once to learn them).
 
     Returns:
         Whether stage 0 reads the cache, and why (the same answer on every peer).
@@ -80,7 +83,9 @@ def prepare_cache(
         )
         agreed = _agree(enabled, peers, device)
         if agreed:
-            fill_shared(cache, data, old_frozen, frozen, chunk=chunk, device=device, run=run, peers=peers)
+            fill_shared(
+                cache, data, old_frozen, frozen, chunk=chunk, device=device, run=run, peers=peers, example=example
+            )
             return True, reason
         if old_frozen and old_frozen != frozen:
             cache.drop(old_frozen)
@@ -135,13 +140,16 @@ def fill_shared(
     device: torch.device,
     run: RunSublayers,
     peers: FillPeers,
+    example: torch.Tensor | None = None,
 ) -> None:
     """Cache the prefix output at ``frozen`` for the whole training split, the work split between ``peers``.
 
     The split's chunks are dealt round-robin: in each round every peer computes one chunk (from its entries
     at ``old_frozen`` where it holds them, running only sub-layers ``old_frozen:frozen``; from the inputs
     otherwise), then one all-gather gives every peer all of the round's rows. ``old_frozen``'s entries are
-    dropped at the end. A collective: every peer calls it with the same arguments.
+    dropped at the end. ``example``, the output at ``frozen`` for one sample, gives the entries' shape and dtype
+    (``None``: the prefix runs on one sample to learn them). A collective: every peer calls it with the same
+    arguments.
     """
     # Ids stay on the host, where the cache's bookkeeping is: the loop never waits for the device, so each
     # round's compute, all-gather and store queue up behind the last.
@@ -149,7 +157,7 @@ def fill_shared(
     if n == 0:
         return
     starts = list(range(0, n, chunk))
-    probe = run(data.inputs[:1].to(device), 0, frozen)  # the entry shape and dtype, known to every peer
+    probe = example if example is not None else run(data.inputs[:1].to(device), 0, frozen)  # shape and dtype
     carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
     rejected = cache.stats.rejected
     shape = (chunk, *probe.shape[1:])

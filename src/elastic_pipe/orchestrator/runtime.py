@@ -166,6 +166,7 @@ class ElasticRun:
         #: Global losses of the current epoch's steps run before a mid-epoch checkpoint this run resumed from.
         self.partial_losses: list[float] = []
         self._epoch_losses: list[torch.Tensor] = []
+        self._prefix_memo: tuple[int, torch.Tensor] | None = None
         self._on_step: Callable[[ElasticRun, int], object] | None = None
 
     # ----------------------------------------------------------------------------------------------------- setup
@@ -228,6 +229,7 @@ class ElasticRun:
 
     def restore_after_load(self) -> None:
         """After a checkpoint set ``layout`` and the state: fix module modes, drop foreign state, build the stage."""
+        self._prefix_memo = None  # the loaded weights are not those it was taken with
         self._restore_modes(True)
         drop_foreign_state(self.optimizer, self.sublayers, self._owned())
         self._build_stage()
@@ -300,6 +302,7 @@ class ElasticRun:
             device=self.device,
             run=self._run_sublayers,
             peers=self._fill_peers(),
+            example=self._prefix_example(layout.frozen),
         )
 
     def _fill_peers(self) -> FillPeers | None:
@@ -314,12 +317,26 @@ class ElasticRun:
         """Example micro-batch tensors at the stage's input and output, run in eval mode (no dropout)."""
         assert self.layout is not None
         mb = self.config.global_batch // self.layout.replicas // self.layout.microbatches
-        x = self.train_set.inputs[:1].to(self.device)
+        start = min(lo, self.layout.frozen)
+        x = self._prefix_example(start)
         was = self.model.training
         self.model.eval()
-        stage_in, stage_out = example_io(self.sublayers, x, lo, hi, self._autocast_ctx, rows=mb)
+        stage_in, stage_out = example_io(self.sublayers, x, lo, hi, self._autocast_ctx, rows=mb, start=start)
         self._restore_modes(was)
         return stage_in, stage_out
+
+    def _prefix_example(self, frozen: int) -> torch.Tensor:
+        """The output of the frozen sub-layers ``0:frozen`` on one training sample (eval mode).
+
+        Memoised: frozen weights never change, so a later, larger boundary runs only the sub-layers frozen since.
+        """
+        memo = self._prefix_memo
+        if memo is None or memo[0] > frozen:
+            memo = (0, self.train_set.inputs[:1].to(self.device))
+        if memo[0] < frozen:
+            memo = (frozen, self._run_sublayers(memo[1], memo[0], frozen))
+        self._prefix_memo = memo
+        return memo[1]
 
     def _restore_modes(self, training: bool) -> None:
         """Back to ``training`` mode, except the frozen prefix, which always runs in eval mode (no dropout)."""

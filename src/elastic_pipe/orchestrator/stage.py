@@ -33,21 +33,25 @@ def example_io(
     autocast: Callable[[], Any],
     *,
     rows: int,
+    start: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Example micro-batch tensors at the input and output of sub-layers ``lo:hi`` (shapes for the stage).
 
     Args:
         sublayers: the whole model's sub-layers, in the modes the caller chose (eval: no dropout).
-        x: model inputs (one sample is enough).
-        lo: the stage's first sub-layer.
+        x: the output of sub-layers ``0:start`` (the model's inputs when ``start`` is 0); one sample is enough.
+        lo: the stage's first sub-layer (``>= start``).
         hi: one past the stage's last sub-layer.
         autocast: returns the autocast context the forward runs in.
         rows: the micro-batch size to declare: the examples are ``x``'s first results repeated to that many
             rows (contiguous: torch allocates its receive buffers like them), so a transition runs the model on
             one sample instead of a whole micro-batch.
+        start: how many sub-layers ``x`` has been through already.
     """
+    if not 0 <= start <= lo:
+        raise ValueError(f"example_io: start must lie in [0, lo={lo}], got {start}")
     with autocast():
-        for j in range(lo):
+        for j in range(start, lo):
             x = sublayers[j](x)
         # A stage after the first receives an activation that needs a gradient; the metadata must say so,
         # or the stage computes no input gradient and the stages before it train on zeros.
