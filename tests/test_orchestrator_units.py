@@ -320,23 +320,3 @@ def test_forward_timer_records_only_while_active() -> None:
 )
 def test_timed_steps_skip_the_first_and_cover_every_epoch(steps: int, interval: int, timed: list[int]) -> None:
     assert [i for i in range(steps) if _timed_step(i, steps, interval)] == timed
-
-
-# ------------------------------------------------------------------------------------------------- stage examples
-def test_stage_examples_from_a_prefix_output_match_those_from_the_inputs() -> None:
-    from contextlib import nullcontext
-
-    from elastic_pipe.orchestrator.stage import example_io
-
-    torch.manual_seed(0)
-    layers = [torch.nn.Sequential(torch.nn.Linear(4 + j, 5 + j), torch.nn.Tanh()) for j in range(5)]
-    x = torch.randn(1, 4)
-    with torch.no_grad():
-        at_two = layers[1](layers[0](x))
-    full = example_io(layers, x, 3, 5, nullcontext, rows=6)
-    resumed = example_io(layers, at_two, 3, 5, nullcontext, rows=6, start=2)
-    for a, b in zip(full, resumed, strict=True):
-        assert a.shape == (6, *a.shape[1:]) and torch.equal(a, b) and a.requires_grad == b.requires_grad
-    assert full[0].requires_grad  # the input of a stage after the first needs a gradient
-    with pytest.raises(ValueError, match="start must lie"):
-        example_io(layers, at_two, 1, 5, nullcontext, rows=6, start=2)

@@ -3,7 +3,8 @@
 Trains the same arm as ``bench_elastic_gpu.py`` (same workload, config and freeze schedule) and profiles the
 epochs and transitions named on the command line. For each profiled region rank 0 reports its wall time, the time
 the GPU spent in compute kernels and in communication kernels (their sum over the region, from the profiler's
-device events), the rest as idle, and the operators that took the most host time::
+device events), the rest as idle, the operators that took the most host time and the kernels that took the most
+device time (an epoch's region includes its evaluation pass)::
 
     torchrun --nproc-per-node 2 benchmarks/gpu/profile_elastic_gpu.py --epochs-profiled 5,8 --out /tmp/profile
 
@@ -51,6 +52,9 @@ def summarise(prof: Any, wall_s: float, top: int) -> dict[str, Any]:
             comm += _device_us(evt)
         else:
             compute += _device_us(evt)
+    kernels = sorted(
+        (e for e in table if e.device_type == torch.autograd.DeviceType.CUDA), key=_device_us, reverse=True
+    )[:top]
     host = sorted(
         (e for e in table if e.device_type == torch.autograd.DeviceType.CPU),
         key=lambda e: e.self_cpu_time_total,
@@ -62,6 +66,7 @@ def summarise(prof: Any, wall_s: float, top: int) -> dict[str, Any]:
         "device_comm_s": comm / 1e6,
         "device_idle_s": max(0.0, wall_s - compute / 1e6),
         "host_top": [{"op": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3} for e in host],
+        "device_top": [{"kernel": e.key[:120], "calls": e.count, "ms": _device_us(e) / 1e3} for e in kernels],
     }
 
 

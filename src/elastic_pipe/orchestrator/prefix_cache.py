@@ -161,10 +161,20 @@ def fill_shared(
     carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
     rejected = cache.stats.rejected
     shape = (chunk, *probe.shape[1:])
-    # One pair of buffers for every round: the stream orders each round's reads of them before the next writes.
-    mine = torch.zeros(shape, dtype=probe.dtype, device=device)
-    gathered = torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device)
-    for first in range(0, len(starts), peers.count):
+    # Two sets of buffers, used in turn: round r's all-gather runs while round r+1 computes, and is waited for
+    # (then stored) only after that compute is queued. The stream orders each buffer's reuse two rounds later.
+    mine = [torch.zeros(shape, dtype=probe.dtype, device=device) for _ in range(2)]
+    gathered = [torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device) for _ in range(2)]
+    in_flight: tuple[Any, torch.Tensor, int] | None = None  # (all-gather, its output, first row of its round)
+
+    def store(flight: tuple[Any, torch.Tensor, int]) -> None:
+        work, rows, lo = flight
+        work.wait()
+        valid = min(n - lo, peers.count * chunk)
+        cache.put(ids_all[lo : lo + valid], frozen, rows[:valid])
+
+    for r, first in enumerate(range(0, len(starts), peers.count)):
+        buf = r % 2
         if first + peers.index < len(starts):
             lo = starts[first + peers.index]
             rows = _prefix_rows(
@@ -176,13 +186,15 @@ def fill_shared(
                 run=run,
                 device=device,
             )
-            mine[: rows.shape[0]] = rows
+            mine[buf][: rows.shape[0]] = rows
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
         # is short, and it is the round's last valid one).
-        _all_gather_into(gathered, mine, group=peers.group)
-        lo = starts[first]
-        valid = min(n - lo, peers.count * chunk)
-        cache.put(ids_all[lo : lo + valid], frozen, gathered[:valid])
+        work = _all_gather_into(gathered[buf], mine[buf], group=peers.group, async_op=True)
+        if in_flight is not None:
+            store(in_flight)
+        in_flight = (work, gathered[buf], starts[first])
+    if in_flight is not None:
+        store(in_flight)
     if carried:
         cache.drop(carried)
     if cache.stats.rejected > rejected:

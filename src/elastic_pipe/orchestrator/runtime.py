@@ -245,7 +245,6 @@ class ElasticRun:
         lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
         module = nn.Sequential(*self.sublayers[lo:hi])
         module.train()
-        example_in, example_out = self._example_io(lo, hi)
         self._runner = build_runner(
             module,
             stage=s,
@@ -254,8 +253,7 @@ class ElasticRun:
             schedule=self.config.schedule,
             device=self.device,
             group=self.groups.pipeline_group(k),
-            example_in=example_in,
-            example_out=example_out,
+            examples=lambda: self._example_io(lo, hi),
             loss_fn=self.loss_fn,
         )
         self._stage_module = module

@@ -13,7 +13,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
 
-__all__ = ["build_runner", "example_io", "unit_modules", "unit_of"]
+__all__ = ["LocalStep", "build_runner", "example_io", "unit_modules", "unit_of"]
 
 
 def _stage_takes_grads() -> bool:
@@ -66,6 +66,26 @@ def _widen(t: torch.Tensor, rows: int) -> torch.Tensor:
     return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(t.requires_grad)
 
 
+class LocalStep:
+    """The runner of a one-stage, one-micro-batch layout: forward, loss and backward, called directly.
+
+    With one stage there is nothing to send and with one micro-batch nothing to schedule, so this is what torch's
+    one-stage schedules compute (the same loss and gradients: ``tests/test_orchestrator_units.py`` compares them),
+    without their per-step bookkeeping, which dominates a step whose layers are nearly all frozen.
+    """
+
+    def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.module = module
+        self.loss_fn = loss_fn
+
+    def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
+        """One training step's forward and backward (gradients accumulate into ``.grad``)."""
+        loss = self.loss_fn(self.module(x), target)
+        loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+        if losses is not None:
+            losses.append(loss.detach())
+
+
 def build_runner(
     module: nn.Module,
     *,
@@ -75,8 +95,7 @@ def build_runner(
     schedule: str,
     device: torch.device,
     group: dist.ProcessGroup,
-    example_in: torch.Tensor,
-    example_out: torch.Tensor,
+    examples: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Any:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
@@ -89,16 +108,23 @@ def build_runner(
         schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
         device: this rank's device.
         group: the pipeline group of this rank's replica.
-        example_in: an example micro-batch at the stage's input (:func:`example_io`).
-        example_out: an example micro-batch at the stage's output.
+        examples: returns example micro-batches at the stage's input and output (:func:`example_io`); called only
+            when a :class:`~torch.distributed.pipelining.PipelineStage` is built.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
+
+    Returns:
+        An object whose ``step`` runs one training step: a torch schedule, or :class:`LocalStep` for one stage and
+        one micro-batch.
     """
     s, k = stage, pipe_len
+    if k == 1 and microbatches == 1:
+        return LocalStep(module, loss_fn)
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
     # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
     # backward without its output gradient.
     shapes: dict[str, Any] = {}
     if _STAGE_TAKES_GRADS:
+        example_in, example_out = examples()
         shapes = {
             "input_args": example_in,
             "output_args": example_out,

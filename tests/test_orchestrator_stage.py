@@ -1,0 +1,84 @@
+"""A rank's stage: example tensors for its declared shapes, and the runner that steps it."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe.orchestrator.stage import LocalStep, build_runner, example_io
+from elastic_pipe.orchestrator.workload import cross_entropy
+from elastic_pipe.testing import RankContext, run_distributed
+
+
+def test_stage_examples_from_a_prefix_output_match_those_from_the_inputs() -> None:
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(4 + j, 5 + j), nn.Tanh()) for j in range(5)]
+    x = torch.randn(1, 4)
+    with torch.no_grad():
+        at_two = layers[1](layers[0](x))
+    full = example_io(layers, x, 3, 5, nullcontext, rows=6)
+    resumed = example_io(layers, at_two, 3, 5, nullcontext, rows=6, start=2)
+    for a, b in zip(full, resumed, strict=True):
+        assert a.shape == (6, *a.shape[1:]) and torch.equal(a, b) and a.requires_grad == b.requires_grad
+    assert full[0].requires_grad  # the input of a stage after the first needs a gradient
+    with pytest.raises(ValueError, match="start must lie"):
+        example_io(layers, at_two, 1, 5, nullcontext, rows=6, start=2)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 8, dtype=torch.float64), nn.GELU(), nn.Linear(8, 4, dtype=torch.float64))
+
+
+def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
+    """The same step through torch's one-stage schedule and through whatever ``build_runner`` picks."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 6, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 4, (8,), generator=gen)
+    out: dict[str, Any] = {}
+    for name in ("torch", "built"):
+        model = _model()
+        losses: list[torch.Tensor] = []
+        if name == "torch":
+            from torch.distributed.pipelining import PipelineStage
+
+            from elastic_pipe import schedule as sched
+
+            stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=dist.group.WORLD)
+            runner: Any = sched.torch_schedule(
+                sched.generate("1f1b", 1, microbatches), 0, [stage], cross_entropy, scale_grads=True
+            )
+        else:
+            runner = build_runner(
+                model,
+                stage=0,
+                pipe_len=1,
+                microbatches=microbatches,
+                schedule="1f1b",
+                device=torch.device("cpu"),
+                group=dist.group.WORLD,
+                examples=lambda: (x[:2], torch.zeros(2, 4, dtype=torch.float64)),
+                loss_fn=cross_entropy,
+            )
+            out["local"] = isinstance(runner, LocalStep)
+        runner.step(x, target=y, losses=losses)
+        out[name] = {
+            "loss": float(torch.stack(losses).mean()),
+            "grads": [p.grad.tolist() for p in model.parameters()],  # type: ignore[union-attr]
+        }
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_one_stage_runner_computes_what_the_torch_schedule_computes(microbatches: int) -> None:
+    (result,) = run_distributed(_one_stage_runners, 1, microbatches, timeout=60.0)
+    assert result["local"] == (microbatches == 1)  # one micro-batch: nothing to schedule
+    torch.testing.assert_close(result["built"]["loss"], result["torch"]["loss"], rtol=1e-12, atol=1e-12)
+    for a, b in zip(result["built"]["grads"], result["torch"]["grads"], strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-12, atol=1e-12)
