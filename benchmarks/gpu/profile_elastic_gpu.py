@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from bench_elastic_gpu import arm_configs, workload  # the benchmark's own workloads and arms
 from torch.profiler import ProfilerActivity, profile
 
+from bench_elastic_gpu import arm_configs, workload  # the benchmark's own workloads and arms
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import TrainConfig
 from elastic_pipe.orchestrator.runtime import ElasticRun, candidate_pipe_lens

@@ -141,6 +141,7 @@ def fill_shared(
     run: RunSublayers,
     peers: FillPeers,
     example: torch.Tensor | None = None,
+    overlap: bool = True,
 ) -> None:
     """Cache the prefix output at ``frozen`` for the whole training split, the work split between ``peers``.
 
@@ -148,7 +149,8 @@ def fill_shared(
     at ``old_frozen`` where it holds them, running only sub-layers ``old_frozen:frozen``; from the inputs
     otherwise), then one all-gather gives every peer all of the round's rows. ``old_frozen``'s entries are
     dropped at the end. ``example``, the output at ``frozen`` for one sample, gives the entries' shape and dtype
-    (``None``: the prefix runs on one sample to learn them). A collective: every peer calls it with the same
+    (``None``: the prefix runs on one sample to learn them). ``overlap``: each round's all-gather runs while the
+    next round computes (``False``: one after the other). A collective: every peer calls it with the same
     arguments.
     """
     # Ids stay on the host, where the cache's bookkeeping is: the loop never waits for the device, so each
@@ -193,6 +195,9 @@ def fill_shared(
         if in_flight is not None:
             store(in_flight)
         in_flight = (work, gathered[buf], starts[first])
+        if not overlap:
+            store(in_flight)
+            in_flight = None
     if in_flight is not None:
         store(in_flight)
     if carried:
