@@ -494,8 +494,11 @@ def main() -> int:
             arms = arm_configs(w, args.tiny, args.static_epochs, dist.get_world_size(), args.pipe_len)
             if rank == 0:
                 log(f"== {wname}: {len(arms)} arms, global batch {w['global_batch']}, ~{steps} steps/epoch")
-            # warm-up: kernels, autotuning, allocator (discarded)
+            # Warm-up (discarded): what the process pays once, whatever it trains - kernel loading, autotuning, the
+            # allocator's growth, each collective's first call on a communicator - so that no measured arm pays it
+            # for the others. An elastic run's first transition (freeze, cache fill) is part of that.
             run_arm("warmup", {**arms["static_ddp"], "epochs": 1}, w, device)
+            run_arm("warmup_elastic", {**arms["elastic_cache"], "epochs": 2}, w, device)
             results = {}
             for name, cfg in arms.items():
                 if not time_left(args.deadline):
