@@ -82,3 +82,33 @@ def test_one_stage_runner_computes_what_the_torch_schedule_computes(microbatches
     torch.testing.assert_close(result["built"]["loss"], result["torch"]["loss"], rtol=1e-12, atol=1e-12)
     for a, b in zip(result["built"]["grads"], result["torch"]["grads"], strict=True):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-12, atol=1e-12)
+
+
+def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
+    from elastic_pipe import models
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import TrainConfig, run_rank
+    from elastic_pipe.orchestrator.workload import Split
+
+    d = load_digits()
+    model = models.vit(config="vit-tiny", depth=2, dim=16, heads=2, mlp_dim=32)
+    config = TrainConfig(
+        model="vit",
+        epochs=1,
+        global_batch=32,
+        microbatches=1,  # one stage, one micro-batch, two replicas: gradients averaged by backward hooks
+        pipe_len=1,
+        nproc_per_node=2,
+        cache="on",
+        policy="never",
+        progress=False,
+    )
+    run_rank(config, model=model, samples=Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96]), quiet=True)
+    hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
+    return {"hooked": hooked, "params": sum(1 for _ in model.parameters())}
+
+
+@pytest.mark.distributed
+def test_a_finished_run_leaves_no_hooks_on_the_model() -> None:
+    for result in run_distributed(_train_then_look_at_hooks, 2, timeout=120):
+        assert result["params"] > 0 and result["hooked"] == 0

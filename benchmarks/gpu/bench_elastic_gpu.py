@@ -35,6 +35,7 @@ import copy
 import dataclasses
 import datetime
 import functools
+import gc
 import json
 import math
 import os
@@ -248,6 +249,7 @@ def run_arm(
     """Train one arm (``model``, or a fresh ``w["build"]()``) with ``trainer`` and return its measurements."""
     model = model if model is not None else w["build"]()
     config = TrainConfig(**cfg)  # the model itself is passed in; the name only labels it
+    gc.collect()  # the previous arm's model and optimizer may sit in reference cycles: free them before measuring
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)

@@ -235,6 +235,22 @@ class ElasticRun:
         self._build_stage()
         self._setup_cache(0)
 
+    def close(self) -> None:
+        """Release what the run holds beyond its results: the hooks it put on the model's parameters and stage (so
+        that the model trains on elsewhere without them), and the activation cache's memory. Idempotent."""
+        if self._averager is not None:
+            self._averager.remove()
+            self._averager = None
+        if self._fwd_timer is not None:
+            self._fwd_timer.remove()
+            self._fwd_timer = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+            self.cache_on = False
+        self._runner = None
+        self._prefix_memo = None
+
     def _build_stage(self) -> None:
         """(Re)build this rank's pipeline stage, schedule runner, gradient tracker and data shard."""
         layout = self.layout

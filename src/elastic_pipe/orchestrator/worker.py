@@ -131,12 +131,15 @@ def run_rank(
                 path = os.path.join(config.log_dir, "events.jsonl") if config.log_dir else None
                 events = EventLog(path, None if quiet else sys.stderr)
             run = ElasticRun(config, model, train_set, eval_set, groups, device=device, log=events, loss_fn=loss_fn)
-            checkpointer = Checkpointer(config) if config.checkpoint_dir else None
-            if checkpointer is not None and config.resume == "auto":
-                checkpointer.resume(run)
-            if checkpointer is None:
-                return run.fit()
-            return run.fit(on_epoch_end=checkpointer.maybe_save, on_step=checkpointer.maybe_save_step)
+            try:
+                checkpointer = Checkpointer(config) if config.checkpoint_dir else None
+                if checkpointer is not None and config.resume == "auto":
+                    checkpointer.resume(run)
+                if checkpointer is None:
+                    return run.fit()
+                return run.fit(on_epoch_end=checkpointer.maybe_save, on_step=checkpointer.maybe_save_step)
+            finally:
+                run.close()
         finally:
             groups.destroy()
     finally:
