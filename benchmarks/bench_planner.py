@@ -3,8 +3,9 @@
 Writes ``benchmarks/results/planner.json`` and prints four tables: planning time and predicted speedups for
 ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the H200 calibration against
 REFERENCE.md section 7, the orchestrator's measured epochs of the GPU benchmark against their predictions (the run
-the per-step host terms were fitted on, ``results/gpu_2xh200_vit_session1.json``, and a later run they were not,
-``results/gpu_2xh200_vit.json``; each when present), and a CPU run predicted from its profile.
+the per-step host terms were fitted on, ``results/gpu_2xh200_vit_session1.json``, and two later runs they were not,
+``results/gpu_2xh200_vit_session2.json`` and ``results/gpu_2xh200_vit.json``; each when present), and a CPU run
+predicted from its profile.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from elastic_pipe.planner.calibration import (
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
 #: The GPU benchmark's measured runs (``benchmarks/gpu/bench_elastic_gpu.py`` on 2x H200): the one the planner's
-#: per-step host terms were fitted on, and a later one (new step loop, new session) that checks them out of sample.
+#: per-step host terms were fitted on, and later ones (new step loops, new sessions) that check them out of sample.
 GPU_RUNS = {
     "fitted": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit_session1.json",
-    "out_of_sample": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit.json",
+    "out_of_sample": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit_session2.json",
+    "latest": Path(__file__).resolve().parent / "results" / "gpu_2xh200_vit.json",
 }
 #: ImageNet-1k training samples: the epoch length of the ViT cases.
 IMAGENET = 1_281_167

@@ -112,3 +112,49 @@ def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
 def test_a_finished_run_leaves_no_hooks_on_the_model() -> None:
     for result in run_distributed(_train_then_look_at_hooks, 2, timeout=120):
         assert result["params"] > 0 and result["hooked"] == 0
+
+
+def _alpha_run_tracks(ctx: RankContext, policy: str) -> dict[str, Any]:
+    from elastic_pipe import models
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import TrainConfig
+    from elastic_pipe.orchestrator.runtime import ElasticRun
+    from elastic_pipe.orchestrator.worker import run_rank
+    from elastic_pipe.orchestrator.workload import Split
+
+    seen: dict[str, Any] = {"observed": 0}
+    original = ElasticRun.decide
+
+    def spy(self: ElasticRun, epoch: int) -> Any:
+        seen["track"] = self._track_gradients
+        seen["held"] = len(self._tracker._layers)  # units whose gradients the tracker sums
+        return original(self, epoch)
+
+    ElasticRun.decide = spy  # type: ignore[method-assign]
+    d = load_digits()
+    options = {"alpha": 0.5} if policy == "alpha" else {}
+    config = TrainConfig(
+        model="vit",
+        epochs=2,
+        global_batch=32,
+        microbatches=1,
+        pipe_len=1,
+        nproc_per_node=2,
+        policy=policy,
+        policy_options=options,
+        progress=False,
+    )
+    model = models.vit(config="vit-tiny", depth=2, dim=16, heads=2, mlp_dim=32)
+    result = run_rank(config, model=model, samples=Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96]), quiet=True)
+    seen["frozen"] = [e["frozen_units"] for e in result.to_dict()["epochs"]]
+    return seen
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("policy", "tracked"), [("alpha", False), ("autofreeze", True)])
+def test_gradient_statistics_are_collected_only_for_policies_that_read_them(policy: str, tracked: bool) -> None:
+    for result in run_distributed(_alpha_run_tracks, 2, policy, timeout=120):
+        assert result["track"] is tracked
+        assert (result["held"] > 0) is tracked
+    if policy == "alpha":  # the schedule still freezes without them
+        assert result["frozen"] == [0, 1]

@@ -142,6 +142,10 @@ class ElasticRun:
         total = config.epochs * self.steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config, total))
         self.policy = freeze.make_policy(config.policy, len(self.unit_ends), **config.policy_options)
+        #: Whether the policy reads gradient statistics: schedules (alpha, FreezeOut, manual: ``needs_stats`` False)
+        #: do not, and then no step pays for accumulating them nor any decision for gathering them. A policy that
+        #: does not say gets them.
+        self._track_gradients = bool(getattr(self.policy, "needs_stats", True))
         self.layout: Layout | None = None
         self.budget = 0.0
         self.frozen_units = 0
@@ -274,7 +278,8 @@ class ElasticRun:
         )
         self._stage_module = module
         self._fwd_timer = ForwardTimer(module, self.device)
-        self._tracker = freeze.GradNormTracker(unit_modules(self.sublayers, self.unit_ends, lo, hi))
+        tracked = unit_modules(self.sublayers, self.unit_ends, lo, hi) if self._track_gradients else {}
+        self._tracker = freeze.GradNormTracker(tracked)
         self._build_averager()
         self.sampler.reshard(layout.replicas, self.replica)
 
@@ -445,7 +450,8 @@ class ElasticRun:
             del prefix_s
             sync_ops += self._grad_sync()
             clock.lap("grad_sync")
-            self._tracker.accumulate()
+            if self._track_gradients:
+                self._tracker.accumulate()
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -564,8 +570,11 @@ class ElasticRun:
 
     # ----------------------------------------------------------------------------------------------- transition
     def _gather_stats(self) -> Any:
-        """Per-unit gradient statistics of the epoch, merged on rank 0 (``None`` elsewhere)."""
+        """Per-unit gradient statistics of the epoch, merged on rank 0 (``None`` elsewhere, and on every rank when
+        the policy does not read them)."""
         assert self._tracker is not None
+        if not self._track_gradients:
+            return None
         n_units = len(self.unit_ends)
         mine = self._tracker.local_stats(n_units)
         if self.replica != 0:  # replicas hold identical (all-reduced) gradients: replica 0 speaks for all
@@ -586,7 +595,8 @@ class ElasticRun:
         current = self.layout
 
         def next_message() -> protocol.TransitionMessage:
-            self.policy.observe(stats)
+            if stats is not None:
+                self.policy.observe(stats)
             units = freeze.decide(self.policy, epoch, self.step, self.frozen_units)
             min_active = current.pipe_len if self.config.compression == "none" else 1
             units = min(units, decision.max_frozen_units(self.unit_ends, len(self.sublayers), min_active))
@@ -604,7 +614,12 @@ class ElasticRun:
             )
             changed = changed_ranks(self.plan, self.groups.plan(layout.pipe_len), self.world_size)
             return decision.message_for(
-                layout, epoch=epoch, step=self.step, budget=self.budget, changed=changed, grad_norms=stats.mean_l2()
+                layout,
+                epoch=epoch,
+                step=self.step,
+                budget=self.budget,
+                changed=changed,
+                grad_norms=None if stats is None else stats.mean_l2(),
             )
 
         return self._announce(next_message)

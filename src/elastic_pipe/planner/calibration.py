@@ -6,7 +6,8 @@
 * :func:`cpu_calibration`: profile a small model on the CPU, predict its step, run it and time it.
 * :func:`gpu_benchmark_calibration`: the orchestrator's measured epochs on 2x H200 (the GPU benchmark, read by
   :func:`load_gpu_benchmark`), predicted per epoch: ``benchmarks/results/gpu_2xh200_vit_session1.json`` is the
-  run the host terms were fitted on, ``gpu_2xh200_vit.json`` a later run that checks them out of sample.
+  run the host terms were fitted on, ``gpu_2xh200_vit_session2.json`` and ``gpu_2xh200_vit.json`` later runs that
+  check them out of sample.
 
 docs/planner.md prints the tables.
 """
