@@ -84,26 +84,32 @@ def test_one_stage_runner_computes_what_the_torch_schedule_computes(microbatches
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-12, atol=1e-12)
 
 
-def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
+def _train_tiny(**overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
+    """A tiny ViT trained on 96 digits by one stage and two replicas, one micro-batch per step (gradients are
+    averaged by backward hooks); returns the model and the run's result."""
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import TrainConfig, run_rank
     from elastic_pipe.orchestrator.workload import Split
 
     d = load_digits()
+    base: dict[str, Any] = {
+        "model": "vit",
+        "epochs": 1,
+        "global_batch": 32,
+        "microbatches": 1,
+        "pipe_len": 1,
+        "nproc_per_node": 2,
+        "progress": False,
+    }
     model = models.vit(config="vit-tiny", depth=2, dim=16, heads=2, mlp_dim=32)
-    config = TrainConfig(
-        model="vit",
-        epochs=1,
-        global_batch=32,
-        microbatches=1,  # one stage, one micro-batch, two replicas: gradients averaged by backward hooks
-        pipe_len=1,
-        nproc_per_node=2,
-        cache="on",
-        policy="never",
-        progress=False,
-    )
-    run_rank(config, model=model, samples=Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96]), quiet=True)
+    samples = Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96])
+    result = run_rank(TrainConfig(**{**base, **overrides}), model=model, samples=samples, quiet=True)
+    return model, result.to_dict()
+
+
+def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
+    model, _ = _train_tiny(cache="on", policy="never")
     hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
     return {"hooked": hooked, "params": sum(1 for _ in model.parameters())}
 
@@ -114,15 +120,10 @@ def test_a_finished_run_leaves_no_hooks_on_the_model() -> None:
         assert result["params"] > 0 and result["hooked"] == 0
 
 
-def _alpha_run_tracks(ctx: RankContext, policy: str) -> dict[str, Any]:
-    from elastic_pipe import models
-    from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator import TrainConfig
+def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
     from elastic_pipe.orchestrator.runtime import ElasticRun
-    from elastic_pipe.orchestrator.worker import run_rank
-    from elastic_pipe.orchestrator.workload import Split
 
-    seen: dict[str, Any] = {"observed": 0}
+    seen: dict[str, Any] = {}
     original = ElasticRun.decide
 
     def spy(self: ElasticRun, epoch: int) -> Any:
@@ -131,29 +132,15 @@ def _alpha_run_tracks(ctx: RankContext, policy: str) -> dict[str, Any]:
         return original(self, epoch)
 
     ElasticRun.decide = spy  # type: ignore[method-assign]
-    d = load_digits()
-    options = {"alpha": 0.5} if policy == "alpha" else {}
-    config = TrainConfig(
-        model="vit",
-        epochs=2,
-        global_batch=32,
-        microbatches=1,
-        pipe_len=1,
-        nproc_per_node=2,
-        policy=policy,
-        policy_options=options,
-        progress=False,
-    )
-    model = models.vit(config="vit-tiny", depth=2, dim=16, heads=2, mlp_dim=32)
-    result = run_rank(config, model=model, samples=Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96]), quiet=True)
-    seen["frozen"] = [e["frozen_units"] for e in result.to_dict()["epochs"]]
+    _, result = _train_tiny(epochs=2, policy=policy, policy_options={"alpha": 0.5} if policy == "alpha" else {})
+    seen["frozen"] = [e["frozen_units"] for e in result["epochs"]]
     return seen
 
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(("policy", "tracked"), [("alpha", False), ("autofreeze", True)])
 def test_gradient_statistics_are_collected_only_for_policies_that_read_them(policy: str, tracked: bool) -> None:
-    for result in run_distributed(_alpha_run_tracks, 2, policy, timeout=120):
+    for result in run_distributed(_what_is_tracked, 2, policy, timeout=120):
         assert result["track"] is tracked
         assert (result["held"] > 0) is tracked
     if policy == "alpha":  # the schedule still freezes without them
