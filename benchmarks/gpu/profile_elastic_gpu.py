@@ -82,12 +82,16 @@ def main() -> int:
     epochs_p = {int(e) for e in args.epochs_profiled.split(",") if e}
     trans_p = {int(e) for e in args.transitions_profiled.split(",") if e}
 
-    w0 = workload(args.workload, args.tiny, torch.device("cpu"), 2)
-    cfg = arm_configs(w0, args.tiny, 2, int(os.environ.get("WORLD_SIZE", "1")), 2)["elastic_cache"]
+    cuda = torch.cuda.is_available() and not args.tiny
+    # the orchestrator's own choice for this process (cuda:LOCAL_RANK with NCCL, else the CPU), made before the
+    # workload is built so that the model is built once, where it trains
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    w = workload(args.workload, args.tiny, device, 2)
+    cfg = arm_configs(w, args.tiny, 2, int(os.environ.get("WORLD_SIZE", "1")), 2)["elastic_cache"]
     config = TrainConfig(**cfg)
     join_process_group(config)
-    device = device_for(config)
-    w = workload(args.workload, args.tiny, device, 2)
+    if device_for(config) != device:
+        raise SystemExit(f"the orchestrator would train on {device_for(config)}, not on {device}")
     train, evals = split_samples(w["samples"], config.eval_fraction, config.seed, torch.float32)
     groups = GroupManager(
         dist.get_world_size(), dist.get_rank(), candidate_pipe_lens(config), backend=training_backend(config)
@@ -118,6 +122,7 @@ def main() -> int:
         run.epoch += 1
         if run.epoch < config.epochs:
             region(f"transition{run.epoch}", run.epoch in trans_p, lambda: run.transition(run.epoch))
+    run.close()
     groups.destroy()
     if dist.get_rank() == 0:
         out = Path(args.out)
