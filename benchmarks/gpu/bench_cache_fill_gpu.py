@@ -15,6 +15,7 @@ Rank 0 prints the median of ``--repeats`` runs per case and writes ``<out>/cache
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -73,9 +74,12 @@ def main() -> int:
             torch.cuda.synchronize(device)
         dist.barrier()
 
-    def timed(fn: Any) -> float:
+    def timed(fn: Any, setup: Any = None) -> float:
+        """Median seconds of ``fn`` over the repeats; ``setup`` runs untimed before each."""
         times = []
         for _ in range(args.repeats + 1):  # the first run warms up (allocations, kernels): dropped
+            if setup is not None:
+                setup()
             sync()
             t0 = time.perf_counter()
             fn()
@@ -90,19 +94,18 @@ def main() -> int:
         if old:
             mine = [run(x, 0, old) for x in mine]
         row = {"compute_floor_s": timed(lambda: [run(x, old, new) for x in mine])}
+
+        def as_the_transition_finds_it() -> None:
+            for b in cache.boundaries():  # entries at ``old`` only (none when ``old`` is 0)
+                cache.drop(b)
+            if old:
+                fill_shared(cache, train, 0, old, chunk=chunk, device=device, run=run, peers=peers)
+
         for overlap in (True, False):
-            samples = []
-            for _ in range(args.repeats + 1):
-                for b in cache.boundaries():  # the cache as the transition finds it: entries at ``old`` only
-                    cache.drop(b)
-                if old:
-                    fill_shared(cache, train, 0, old, chunk=chunk, device=device, run=run, peers=peers)
-                sync()
-                t0 = time.perf_counter()
-                fill_shared(cache, train, old, new, chunk=chunk, device=device, run=run, peers=peers, overlap=overlap)
-                sync()
-                samples.append(time.perf_counter() - t0)
-            row["overlapped_s" if overlap else "sequential_s"] = statistics.median(samples[1:])
+            fill = functools.partial(
+                fill_shared, cache, train, old, new, chunk=chunk, device=device, run=run, peers=peers, overlap=overlap
+            )
+            row["overlapped_s" if overlap else "sequential_s"] = timed(fill, setup=as_the_transition_finds_it)
         cache.close()
         return row
 
