@@ -450,8 +450,7 @@ class ElasticRun:
             del prefix_s
             sync_ops += self._grad_sync()
             clock.lap("grad_sync")
-            if self._track_gradients:
-                self._tracker.accumulate()
+            self._tracker.accumulate()  # holds no layers when the policy does not read their statistics
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
