@@ -17,4 +17,14 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["ElasticPipeError", "LayerCost", "Layout", "__version__"]
+__all__ = ["ElasticPipeError", "ElasticTrainer", "LayerCost", "Layout", "TrainConfig", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    # The trainer and its config load torch and every primitive; importing them lazily keeps `import elastic_pipe`
+    # (and so `elastic-pipe --help`) light.
+    if name in ("ElasticTrainer", "TrainConfig"):
+        from elastic_pipe import orchestrator  # noqa: PLC0415
+
+        return getattr(orchestrator, name)
+    raise AttributeError(f"module 'elastic_pipe' has no attribute {name!r}")

@@ -102,10 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator.demo import demo_config, run_demo  # noqa: PLC0415
     from elastic_pipe.orchestrator.preflight import preflight  # noqa: PLC0415
 
-    overrides: dict[str, Any] = {"log_dir": args.log_dir}
+    overrides: dict[str, Any] = {"log.dir": args.log_dir}
     if args.epochs is not None:
-        overrides["epochs"] = args.epochs
-    config = demo_config(**overrides)
+        overrides["train.epochs"] = args.epochs
+    config = demo_config(overrides)
     preflight(config)
     doc = summarize(run_demo(config, baseline=not args.no_baseline))
     emit(args, doc, render(doc))

@@ -92,15 +92,14 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     overrides: dict[str, Any] = {}
     for flag, key in (
-        ("epochs", "epochs"),
-        ("log_dir", "log_dir"),
-        ("checkpoint_dir", "checkpoint_dir"),
-        ("rdzv_endpoint", "rdzv_endpoint"),
+        ("epochs", "train.epochs"),
+        ("log_dir", "log.dir"),
+        ("checkpoint_dir", "checkpoint.dir"),
+        ("rdzv_endpoint", "launch.rdzv_endpoint"),
     ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    if overrides:
-        config = config.replace(**overrides)
+    config = config.override(overrides)
     preflight(config)
     results = launch(config, entry, config.to_dict(), run_id=args.run_id)
     result: dict[str, Any] = results[min(results)]

@@ -1,8 +1,9 @@
 """Checkpoints: everything a run needs to continue, in one file of tensors and plain data.
 
-What is saved (rank 0 writes, after the optimizer state of every stage has been broadcast to it): the model's
-weights, the optimizer's state by parameter name and its hyper-parameters, the learning-rate scheduler, the freeze
-policy's state, the sampler's position, the RNG state, the current layout and budget, and the history so far.
+What is saved is :meth:`ElasticTrainer.state_dict` (rank 0 writes, after the optimizer state of every stage has
+been sent to it): the model's weights, the optimizer's state by parameter name and its hyper-parameters, the
+learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the run's position
+(:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step) and the history so far.
 
 Loading uses ``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only; no object is
 ever unpickled. A JSON side file (``latest.json``) names the newest checkpoint and fingerprints the model (names
@@ -24,19 +25,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe import freeze
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
-from elastic_pipe.orchestrator.transition import drop_foreign_state, owned_sublayers
-from elastic_pipe.types import Layout
+from elastic_pipe.orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.runtime import ElasticRun
+    from elastic_pipe.orchestrator.trainer import ElasticTrainer
 
 __all__ = ["FORMAT", "LATEST", "Checkpointer", "check_compatible", "fingerprint", "read_latest"]
 
 #: Version of the checkpoint layout; bumped on any incompatible change.
-FORMAT = 1
+FORMAT = 2
 #: Name of the side file that points at the newest checkpoint.
 LATEST = "latest.json"
 
@@ -83,105 +81,69 @@ def check_compatible(meta: dict[str, Any], model: nn.Module, source: str) -> Non
         )
 
 
-def _param_names(model: nn.Module) -> dict[int, str]:
-    return {id(p): name for name, p in model.named_parameters()}
-
-
 class Checkpointer:
-    """Saves a :class:`ElasticRun` every ``config.checkpoint_every`` epochs and resumes it.
+    """Saves an :class:`ElasticTrainer` every ``[checkpoint] every`` epochs and resumes it.
+
+    It only writes and reads files: the state comes from :meth:`ElasticTrainer.state_dict` and goes back through
+    :meth:`ElasticTrainer.load_state_dict`.
 
     Args:
-        config: the run's configuration (``checkpoint_dir`` must be set).
+        config: the run's configuration (``[checkpoint] dir`` must be set).
     """
 
     def __init__(self, config: TrainConfig) -> None:
-        if not config.checkpoint_dir:
-            raise ConfigError("a Checkpointer needs config.checkpoint_dir")
+        if not config.checkpoint.dir:
+            raise ConfigError("a Checkpointer needs [checkpoint] dir")
         self.config = config
-        self.directory = Path(config.checkpoint_dir)
+        self.directory = Path(config.checkpoint.dir)
 
-    def maybe_save(self, run: ElasticRun) -> bool:
+    def maybe_save(self, trainer: ElasticTrainer) -> bool:
         """Save if the epoch just finished is due (a collective); returns whether a checkpoint was written."""
-        if run.epoch % self.config.checkpoint_every and run.epoch != self.config.epochs:
+        epoch = trainer.state.epoch
+        if epoch % self.config.checkpoint.every and epoch != self.config.train.epochs:
             return False
-        self.save(run)
+        self.save(trainer)
         return True
 
-    def maybe_save_step(self, run: ElasticRun, steps_done: int) -> bool:
-        """Save inside an epoch every ``config.checkpoint_steps`` steps (a collective); returns whether it did."""
-        every = self.config.checkpoint_steps
+    def maybe_save_step(self, trainer: ElasticTrainer, steps_done: int) -> bool:
+        """Save inside an epoch every ``[checkpoint] steps`` steps (a collective); returns whether it did."""
+        every = self.config.checkpoint.steps
         if not every or steps_done % every:
             return False
-        self.save(run, steps_done=steps_done)
+        self.save(trainer, steps_done=steps_done)
         return True
 
-    def save(self, run: ElasticRun, *, steps_done: int | None = None) -> Path:
-        """Write a checkpoint of ``run`` (a collective: every rank sends its stage's state to rank 0).
+    def save(self, trainer: ElasticTrainer, *, steps_done: int | None = None) -> Path:
+        """Write a checkpoint of ``trainer`` (a collective: every rank sends its stage's state to rank 0).
 
         Args:
-            run: the run, at an epoch's end (after its transition) or after ``steps_done`` steps of ``run.epoch``.
+            trainer: the run, at an epoch's end (after its transition) or after ``steps_done`` steps of its epoch.
             steps_done: steps of the current epoch already done, for a checkpoint inside an epoch.
         """
-        run.sync_weights(with_optimizer=True, keep_all_on=0)
-        epoch_losses = run.losses_so_far() if steps_done is not None else []
-        name = f"epoch-{run.epoch:04d}.pt" if steps_done is None else f"epoch-{run.epoch:04d}-step-{steps_done:06d}.pt"
+        state = trainer.state_dict()
+        epoch = trainer.state.epoch
+        name = f"epoch-{epoch:04d}.pt" if steps_done is None else f"epoch-{epoch:04d}-step-{steps_done:06d}.pt"
         path = self.directory / name
-        if run.rank == 0:
+        if trainer.ctx.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-            state = self._state(run)
-            state["epoch_losses"] = epoch_losses
+            state["format"] = FORMAT
             torch.save(state, path.with_suffix(".tmp"))
             os.replace(path.with_suffix(".tmp"), path)
             meta = {
                 "format": FORMAT,
                 "file": path.name,
-                "epoch": run.epoch,
-                "step": run.step,
-                "fingerprint": fingerprint(run.model),
+                "epoch": epoch,
+                "step": trainer.state.step,
+                "fingerprint": fingerprint(trainer.ctx.model),
             }
             tmp = self.directory / (LATEST + ".tmp")
             tmp.write_text(json.dumps(meta), encoding="utf-8")
             os.replace(tmp, self.directory / LATEST)
-            drop_foreign_state(run.optimizer, run.sublayers, owned_sublayers(run.layout, run.plan, run.rank))  # type: ignore[arg-type]
-        dist.barrier(group=run.groups.control_group)
+        dist.barrier(group=trainer.ctx.groups.control_group)
         return path
 
-    def _state(self, run: ElasticRun) -> dict[str, Any]:
-        layout = run.layout
-        assert layout is not None
-        names = _param_names(run.model)
-        opt_state = {
-            names[id(p)]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
-            for p, s in run.optimizer.state.items()
-        }
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
-        return {
-            "format": FORMAT,
-            "epoch": run.epoch,
-            "step": run.step,
-            "frozen_units": run.frozen_units,
-            "budget": run.budget,
-            "layout": {
-                "frozen": layout.frozen,
-                "pipe_len": layout.pipe_len,
-                "boundaries": list(layout.boundaries),
-                "microbatches": layout.microbatches,
-            },
-            "model": {k: v.detach().cpu() for k, v in run.model.state_dict().items()},
-            "optimizer": {"state": opt_state, "param_groups": groups},
-            "scheduler": run.scheduler.state_dict(),
-            "policy": run.policy.state_dict(),
-            "sampler": run.sampler.state_dict(),
-            "rng": torch.get_rng_state(),
-            "history": {
-                "epochs": run.result.epochs,
-                "transitions": run.result.transitions,
-                "losses": run.result.losses,
-            },
-        }
-
-    def resume(self, run: ElasticRun) -> bool:
-        """Load the newest checkpoint into ``run`` if there is one (every rank reads the file).
+    def resume(self, trainer: ElasticTrainer) -> bool:
+        """Load the newest checkpoint into ``trainer`` if there is one (every rank reads the file).
 
         Returns:
             Whether a checkpoint was loaded.
@@ -193,49 +155,7 @@ class Checkpointer:
         meta = read_latest(self.directory)
         if meta is None:
             return False
-        check_compatible(meta, run.model, str(self.directory))
+        check_compatible(meta, trainer.parts.model, str(self.directory))
         state = torch.load(self.directory / meta["file"], map_location="cpu", weights_only=True)
-        lay = state["layout"]
-        pipe_len = int(lay["pipe_len"])
-        if run.world_size % pipe_len or pipe_len not in run.groups.pipe_lens:
-            raise OrchestratorError(
-                f"the checkpoint's pipeline length {pipe_len} cannot run on {run.world_size} processes "
-                f"(possible lengths: {list(run.groups.pipe_lens)})"
-            )
-        run.model.load_state_dict(state["model"])
-        layout = Layout(
-            int(lay["frozen"]), pipe_len, run.world_size // pipe_len, tuple(lay["boundaries"]), lay["microbatches"]
-        )
-        if layout.frozen:
-            freeze.freeze_modules(run.sublayers[: layout.frozen], run.optimizer)
-        run.layout = layout
-        owned = owned_sublayers(layout, run.plan, run.rank)
-        by_name = dict(run.model.named_parameters())
-        # A fused optimizer keeps its step count beside the parameters; the others keep it on the host.
-        fused = bool(run.optimizer.defaults.get("fused"))
-        for name, s in state["optimizer"]["state"].items():
-            p = by_name[name]
-            j = next(i for i, m in enumerate(run.sublayers) if any(q is p for q in m.parameters()))
-            if j in owned:
-                run.optimizer.state[p] = {
-                    k: (v.to(run.device) if isinstance(v, torch.Tensor) and (fused or k != "step") else v)
-                    for k, v in s.items()
-                }
-        for group, saved in zip(run.optimizer.param_groups, state["optimizer"]["param_groups"], strict=False):
-            # hyper-parameters come back; how the update runs (fused or not) is this machine's choice
-            group.update({k: v for k, v in saved.items() if k not in ("fused", "foreach")})
-        run.scheduler.load_state_dict(state["scheduler"])
-        run.policy.load_state_dict(state["policy"])
-        run.sampler.load_state_dict(state["sampler"])
-        torch.set_rng_state(state["rng"])
-        run.epoch = int(state["epoch"])
-        run.step = int(state["step"])
-        run.frozen_units = int(state["frozen_units"])
-        run.budget = float(state["budget"])
-        history = state["history"]
-        run.result.epochs = list(history["epochs"])
-        run.result.transitions = list(history["transitions"])
-        run.result.losses = list(history["losses"])
-        run.partial_losses = [float(v) for v in state.get("epoch_losses", [])]
-        run.restore_after_load()
+        trainer.load_state_dict(state)
         return True

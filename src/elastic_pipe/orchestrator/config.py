@@ -1,13 +1,13 @@
-"""``TrainConfig``: everything one elastic training run needs, frozen and validated, loadable from TOML.
+"""``TrainConfig``: the numbers and names of one elastic training run, sectioned exactly as its TOML file is.
 
-The TOML file has one table per concern; every key is optional except ``[model] name``::
+Each TOML table is one frozen, validated section; every key is optional except ``[model] name``::
 
     [model]
-    name = "vit"                    # a builder of elastic_pipe.models: "vit", "bert", "gpt"
+    name = "vit"                    # a builder of elastic_pipe.models, or your own: "my_pkg.models:build"
     options = { preset = "digits-tiny" }
 
     [data]
-    dataset = "digits"              # "digits", "mnist5k", or "synthetic-images" / "synthetic-tokens"
+    dataset = "digits"              # "digits", "mnist5k", or "my_pkg.data:train_set" (an import path)
 
     [train]
     epochs = 6
@@ -15,7 +15,7 @@ The TOML file has one table per concern; every key is optional except ``[model] 
     lr = 0.05
 
     [freeze]
-    policy = "alpha"                # a name of elastic_pipe.freeze.POLICIES
+    policy = "alpha"                # a name of elastic_pipe.freeze.POLICIES or "my_pkg.policies:Plateau"
     options = { alpha = 0.5 }
 
     [pipeline]
@@ -25,9 +25,13 @@ The TOML file has one table per concern; every key is optional except ``[model] 
     [launch]
     nproc_per_node = 4
 
+In Python the same shape: ``TrainConfig(model=ModelSection("vit"), train=TrainSection(epochs=3))``, or
+:func:`config_from_tables` with the TOML's dictionary. :meth:`TrainConfig.override` applies ``"section.key"``
+overrides (the CLI's ``--set``).
+
+This module holds only plain values: names and import paths are resolved into objects by
+:func:`elastic_pipe.orchestrator.components.components_from_config`, the only reader of the registries.
 Structural checks (positive counts, divisibility, known enum values) happen here, without importing torch.
-Checks that need the primitives' registries or the model (unknown policy or solver, a pipeline longer than the
-model) live in :func:`elastic_pipe.orchestrator.preflight.preflight`; both run before any process group exists.
 """
 
 from __future__ import annotations
@@ -52,8 +56,16 @@ __all__ = [
     "DTYPES",
     "LR_SCHEDULES",
     "OPTIMIZERS",
-    "SECTIONS",
+    "CheckpointSection",
+    "DataSection",
+    "FreezeSection",
+    "LaunchSection",
+    "LogSection",
+    "ModelSection",
+    "PipelineSection",
     "TrainConfig",
+    "TrainSection",
+    "config_from_tables",
     "load_config",
 ]
 
@@ -69,20 +81,95 @@ BACKENDS = ("auto", "gloo", "nccl")
 DEFAULT_ALPHA = 1 / 3
 
 
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _nonnegative_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _positive_float(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _nonnegative_float(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _string(name: str, value: object) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+
+
+def _table(name: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be a table of options, got {value!r}")
+    return dict(value)
+
+
 @dataclass(frozen=True)
-class TrainConfig:
-    """One elastic training run.
+class ModelSection:
+    """``[model]``: what is trained.
 
     Attributes:
-        model: builder name in :data:`elastic_pipe.orchestrator.models.MODEL_BUILDERS` ("vit", "bert", "gpt").
-        model_options: keyword arguments for the builder.
-        dataset: "digits", "mnist5k", "synthetic-images" or "synthetic-tokens".
-        eval_fraction: share of the dataset held out for evaluation (split with ``seed``).
+        name: a builder of :mod:`elastic_pipe.models` ("vit", "bert", "gpt", ...) or an import path
+            ``"module:attr"`` of a function returning a :class:`~elastic_pipe.models.SubLayerModel`.
+        options: keyword arguments for the builder (``preset`` is the built-ins' first positional argument).
+    """
+
+    name: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _string("model.name", self.name)
+        if not self.name:
+            raise ConfigError("[model] name must name a model builder (e.g. 'vit') or 'module:function'")
+        object.__setattr__(self, "options", _table("model.options", self.options))
+
+
+@dataclass(frozen=True)
+class DataSection:
+    """``[data]``: what it is trained on.
+
+    Attributes:
+        dataset: "digits", "mnist5k", or an import path ``"module:attr"`` of a function (called with
+            ``options``) returning the samples: an object with ``inputs``, ``labels`` and ``sample_ids`` tensors,
+            or a map-style dataset of ``(input, label)`` pairs.
+        options: keyword arguments for an imported dataset function.
+        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
+    """
+
+    dataset: str = "digits"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    eval_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        _string("data.dataset", self.dataset)
+        object.__setattr__(self, "options", _table("data.options", self.options))
+        if not isinstance(self.eval_fraction, int | float) or not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    """``[train]``: the optimisation.
+
+    Attributes:
         epochs: number of epochs.
         global_batch: samples per optimizer step over all replicas; each replica gets ``global_batch / replicas``,
             so the batch and the learning-rate schedule do not change when the replica count does.
         lr: peak learning rate.
-        optimizer: "sgd" (with ``momentum``) or "adamw".
+        optimizer: "sgd" (with ``momentum``) or "adamw" (the trainer also takes any optimizer factory object).
         momentum: SGD momentum.
         weight_decay: decoupled (AdamW) or L2 (SGD) weight decay.
         lr_schedule: "constant" or "cosine" (over all steps of the run, after ``warmup_steps`` of linear warm-up).
@@ -90,47 +177,8 @@ class TrainConfig:
         seed: seeds the model initialisation, the data split and the sampler.
         dtype: parameter dtype, "float32" or "float64" (the equivalence tests use float64).
         autocast: "none" or "bf16" (autocast on the device for the forward passes).
-        policy: freeze policy name in :data:`elastic_pipe.freeze.POLICIES`.
-        policy_options: keyword arguments for the policy (e.g. ``alpha``; the alpha policy defaults to 1/3).
-        pipe_len: initial pipeline length K; must divide the world size.
-        solver: partition solver name in :data:`elastic_pipe.partition.SOLVERS`.
-        cost: per-sub-layer cost the partition balances: "params" (the published proxy) or "time" (profiled).
-        compression: "halving" (the published rule), "memory", or "none" (freeze only; length and replicas fixed).
-        schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
-        microbatches: micro-batches per step and replica while the pipeline has more than one stage.
-        microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
-            (the published system profiled one M per K). A length not listed uses ``microbatches``, except
-            length 1, which uses 1: a one-stage pipeline has no bubble to fill, so more micro-batches only add
-            host overhead per step (list ``1`` here to accumulate gradients over several micro-batches anyway).
-        cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
-        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
-        nproc_per_node: processes (devices) per node.
-        nnodes: number of nodes.
-        backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
-        timeout: seconds every collective may take before the job fails instead of hanging.
-        max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
-        rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
-        checkpoint_dir: directory for checkpoints ("" disables checkpoints).
-        checkpoint_every: save a checkpoint every this many epochs.
-        checkpoint_steps: also save one every this many steps inside an epoch (0: only at epoch ends).
-        resume: "auto" (resume from ``checkpoint_dir`` when it holds a checkpoint) or "never".
-        log_dir: directory for ``events.jsonl`` and ``metrics.jsonl`` ("" disables the files).
-        progress: draw a progress bar per epoch on stderr.
-        timing_interval: on a GPU, every this many steps (the ``interval``-th, ``2 * interval``-th, ...; the last
-            one when an epoch is shorter; never an epoch's first, which carries a new layout's warm-up) one
-            synchronises the device at each phase edge to split its time into phases (data, forward, backward,
-            gradient sync, optimizer); the other steps run without a host-device synchronisation, so that the
-            host queues work ahead of the GPU. 1 times every step (exact breakdowns, slower steps). On a CPU
-            every step is timed (there is nothing to synchronise).
-
-    Raises:
-        ConfigError: on any value that cannot work, naming it and what was expected.
     """
 
-    model: str
-    model_options: Mapping[str, Any] = field(default_factory=dict)
-    dataset: str = "digits"
-    eval_fraction: float = 0.2
     epochs: int = 6
     global_batch: int = 64
     lr: float = 0.05
@@ -142,8 +190,64 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"
     autocast: str = "none"
+
+    def __post_init__(self) -> None:
+        _positive_int("train.epochs", self.epochs)
+        _positive_int("train.global_batch", self.global_batch)
+        _nonnegative_int("train.warmup_steps", self.warmup_steps)
+        _nonnegative_int("train.seed", self.seed)
+        _positive_float("train.lr", self.lr)
+        _nonnegative_float("train.momentum", self.momentum)
+        _nonnegative_float("train.weight_decay", self.weight_decay)
+        _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
+        _one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _one_of("train.dtype", self.dtype, DTYPES)
+        _one_of("train.autocast", self.autocast, AUTOCAST)
+
+
+@dataclass(frozen=True)
+class FreezeSection:
+    """``[freeze]``: the freeze policy.
+
+    Attributes:
+        policy: a name of :data:`elastic_pipe.freeze.POLICIES` or an import path ``"module:attr"`` of a policy
+            factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory).
+        options: keyword arguments for the policy (the alpha policy defaults to ``alpha = 1/3``).
+    """
+
     policy: str = "alpha"
-    policy_options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _string("freeze.policy", self.policy)
+        if not self.policy:
+            raise ConfigError("freeze.policy must name a policy (e.g. 'alpha') or 'module:attr'")
+        options = _table("freeze.options", self.options)
+        if self.policy == "alpha" and not options:
+            options = {"alpha": DEFAULT_ALPHA}
+        object.__setattr__(self, "options", options)
+
+
+@dataclass(frozen=True)
+class PipelineSection:
+    """``[pipeline]``: the initial layout and how it changes.
+
+    Attributes:
+        pipe_len: initial pipeline length K; must divide the world size.
+        solver: partition solver name in :data:`elastic_pipe.partition.SOLVERS`, or ``"module:attr"``.
+        cost: per-sub-layer cost the partition balances: "params" (the published proxy) or "time" (profiled).
+        compression: "halving" (the published rule), "memory", "none" (freeze only; length and replicas fixed), or
+            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule` object.
+        schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
+        microbatches: micro-batches per step and replica while the pipeline has more than one stage.
+        microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
+            (the published system profiled one M per K). A length not listed uses ``microbatches``, except
+            length 1, which uses 1: a one-stage pipeline has no bubble to fill, so more micro-batches only add
+            host overhead per step (list ``1`` here to accumulate gradients over several micro-batches anyway).
+        cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
+        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
+    """
+
     pipe_len: int = 1
     solver: str = "greedy"
     cost: str = "params"
@@ -153,189 +257,217 @@ class TrainConfig:
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
     cache_mb: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("pipe_len", "microbatches", "cache_mb"):
+            _positive_int(f"pipeline.{name}", getattr(self, name))
+        for name in ("solver", "schedule"):
+            _string(f"pipeline.{name}", getattr(self, name))
+        _one_of("pipeline.cost", self.cost, COST_METRICS)
+        if ":" not in self.compression:
+            _one_of("pipeline.compression", self.compression, COMPRESSIONS)
+        _one_of("pipeline.cache", self.cache, CACHE_MODES)
+        table: dict[int, int] = {}
+        for key, value in _table("pipeline.microbatches_by_pipe_len", self.microbatches_by_pipe_len).items():
+            try:
+                length = int(key)  # TOML and JSON keys are strings
+            except (TypeError, ValueError):
+                raise ConfigError(f"microbatches_by_pipe_len keys must be pipeline lengths, got {key!r}") from None
+            _positive_int(f"microbatches_by_pipe_len[{length}]", value)
+            table[length] = value
+        object.__setattr__(self, "microbatches_by_pipe_len", table)
+
+
+@dataclass(frozen=True)
+class LaunchSection:
+    """``[launch]``: the processes.
+
+    Attributes:
+        nproc_per_node: processes (devices) per node.
+        nnodes: number of nodes.
+        backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
+        timeout: seconds every collective may take before the job fails instead of hanging.
+        max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
+        rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
+    """
+
     nproc_per_node: int = 1
     nnodes: int = 1
     backend: str = "auto"
     timeout: float = 120.0
     max_restarts: int = 0
     rdzv_endpoint: str = ""
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 1
-    checkpoint_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _positive_int("launch.nproc_per_node", self.nproc_per_node)
+        _positive_int("launch.nnodes", self.nnodes)
+        _nonnegative_int("launch.max_restarts", self.max_restarts)
+        _one_of("launch.backend", self.backend, BACKENDS)
+        _positive_float("launch.timeout", self.timeout)
+        _string("launch.rdzv_endpoint", self.rdzv_endpoint)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    """``[checkpoint]``: saving and resuming.
+
+    Attributes:
+        dir: directory for checkpoints ("" disables checkpoints).
+        every: save a checkpoint every this many epochs.
+        steps: also save one every this many steps inside an epoch (0: only at epoch ends).
+        resume: "auto" (resume from ``dir`` when it holds a checkpoint) or "never".
+    """
+
+    dir: str = ""
+    every: int = 1
+    steps: int = 0
     resume: str = "auto"
-    log_dir: str = ""
+
+    def __post_init__(self) -> None:
+        _string("checkpoint.dir", self.dir)
+        _positive_int("checkpoint.every", self.every)
+        _nonnegative_int("checkpoint.steps", self.steps)
+        _one_of("checkpoint.resume", self.resume, ("auto", "never"))
+
+
+@dataclass(frozen=True)
+class LogSection:
+    """``[log]``: what the run reports.
+
+    Attributes:
+        dir: directory for ``events.jsonl`` ("" disables the file).
+        progress: draw a progress bar per epoch on stderr.
+        timing_interval: on a GPU, every this many steps (the ``interval``-th, ``2 * interval``-th, ...; the last
+            one when an epoch is shorter; never an epoch's first, which carries a new layout's warm-up) one
+            synchronises the device at each phase edge to split its time into phases (data, forward, backward,
+            gradient sync, optimizer); the other steps run without a host-device synchronisation, so that the
+            host queues work ahead of the GPU. 1 times every step (exact breakdowns, slower steps). On a CPU
+            every step is timed (there is nothing to synchronise).
+    """
+
+    dir: str = ""
     progress: bool = True
     timing_interval: int = 10
 
     def __post_init__(self) -> None:
-        if not self.model:
-            raise ConfigError("model must name a model builder (e.g. 'vit'), got an empty string")
-        for name in (
-            "epochs",
-            "global_batch",
-            "pipe_len",
-            "microbatches",
-            "cache_mb",
-            "nproc_per_node",
-            "nnodes",
-            "checkpoint_every",
-            "timing_interval",
-        ):
-            _positive_int(name, getattr(self, name))
-        for name in ("warmup_steps", "seed", "max_restarts", "checkpoint_steps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
-        for name, allowed in (
-            ("optimizer", OPTIMIZERS),
-            ("lr_schedule", LR_SCHEDULES),
-            ("dtype", DTYPES),
-            ("autocast", AUTOCAST),
-            ("compression", COMPRESSIONS),
-            ("cost", COST_METRICS),
-            ("cache", CACHE_MODES),
-            ("backend", BACKENDS),
-            ("resume", ("auto", "never")),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-        for name in ("lr", "timeout"):
-            _positive_float(name, getattr(self, name))
-        for name in ("momentum", "weight_decay"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-        if not 0.0 < self.eval_fraction < 1.0:
-            raise ConfigError(f"eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
-        if self.world_size % self.pipe_len:
+        _string("log.dir", self.dir)
+        if not isinstance(self.progress, bool):
+            raise ConfigError(f"log.progress must be true or false, got {self.progress!r}")
+        _positive_int("log.timing_interval", self.timing_interval)
+
+
+#: TOML table name -> its section class, in the file's order.
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "train": TrainSection,
+    "freeze": FreezeSection,
+    "pipeline": PipelineSection,
+    "launch": LaunchSection,
+    "checkpoint": CheckpointSection,
+    "log": LogSection,
+}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One elastic training run: one frozen section per TOML table, checked together.
+
+    Raises:
+        ConfigError: on any value that cannot work, naming it and what was expected.
+    """
+
+    model: ModelSection
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    freeze: FreezeSection = field(default_factory=FreezeSection)
+    pipeline: PipelineSection = field(default_factory=PipelineSection)
+    launch: LaunchSection = field(default_factory=LaunchSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    log: LogSection = field(default_factory=LogSection)
+
+    def __post_init__(self) -> None:
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"TrainConfig.{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        p, world = self.pipeline, self.world_size
+        if world % p.pipe_len:
             raise ConfigError(
-                f"world size {self.world_size} (nproc_per_node={self.nproc_per_node} x nnodes={self.nnodes}) "
-                f"is not divisible by pipe_len={self.pipe_len}"
+                f"world size {world} (nproc_per_node={self.launch.nproc_per_node} x nnodes={self.launch.nnodes}) "
+                f"is not divisible by pipe_len={p.pipe_len}"
             )
-        if self.pipe_len > self.nproc_per_node:
+        if p.pipe_len > self.launch.nproc_per_node:
             raise ConfigError(
-                f"pipe_len={self.pipe_len} exceeds nproc_per_node={self.nproc_per_node}: "
+                f"pipe_len={p.pipe_len} exceeds nproc_per_node={self.launch.nproc_per_node}: "
                 "a pipeline stays inside one node"
             )
         # The batch of every replica must split into equal micro-batches for every replica count the job can reach
         # (up to one replica per process); equal micro-batches keep the gradient an exact mean over the batch.
-        unit = self.world_size * self.microbatches
-        if self.global_batch % unit:
+        unit = world * p.microbatches
+        if self.train.global_batch % unit:
             raise ConfigError(
-                f"global_batch={self.global_batch} must be divisible by world size x microbatches = "
-                f"{self.world_size} x {self.microbatches} = {unit}, so every replica count gets equal micro-batches"
+                f"global_batch={self.train.global_batch} must be divisible by world size x microbatches = "
+                f"{world} x {p.microbatches} = {unit}, so every replica count gets equal micro-batches"
             )
-        table: dict[int, int] = {}
-        for key, value in dict(self.microbatches_by_pipe_len).items():
-            try:
-                length = int(key)  # TOML and JSON keys are strings
-            except (TypeError, ValueError):
-                raise ConfigError(f"microbatches_by_pipe_len keys must be pipeline lengths, got {key!r}") from None
-            _positive_int(f"microbatches_by_pipe_len[{length}]", value)
-            if length < 1 or self.world_size % length:
+        for length, value in p.microbatches_by_pipe_len.items():
+            if length < 1 or world % length:
                 raise ConfigError(
-                    f"microbatches_by_pipe_len lists pipe_len={length}, which does not divide the world size "
-                    f"{self.world_size}"
+                    f"microbatches_by_pipe_len lists pipe_len={length}, which does not divide the world size {world}"
                 )
-            replica_batch = self.global_batch // (self.world_size // length)
+            replica_batch = self.train.global_batch // (world // length)
             if replica_batch % value:
                 raise ConfigError(
                     f"microbatches_by_pipe_len[{length}]={value} does not divide the per-replica batch "
-                    f"{replica_batch} (global_batch={self.global_batch} over {self.world_size // length} replicas)"
+                    f"{replica_batch} (global_batch={self.train.global_batch} over {world // length} replicas)"
                 )
-            table[length] = value
-        object.__setattr__(self, "microbatches_by_pipe_len", table)
-        object.__setattr__(self, "model_options", dict(self.model_options))
-        options = dict(self.policy_options)
-        if self.policy == "alpha" and not options:
-            options = {"alpha": DEFAULT_ALPHA}
-        object.__setattr__(self, "policy_options", options)
 
     @property
     def world_size(self) -> int:
         """Number of processes: ``nproc_per_node * nnodes``."""
-        return self.nproc_per_node * self.nnodes
+        return self.launch.nproc_per_node * self.launch.nnodes
 
     @property
     def initial_replicas(self) -> int:
         """Data-parallel replicas at the start: world size / initial pipeline length."""
-        return self.world_size // self.pipe_len
+        return self.world_size // self.pipeline.pipe_len
 
     def microbatches_for(self, pipe_len: int) -> int:
-        """Micro-batches per step and replica for a pipeline of ``pipe_len`` stages (see the attribute docs)."""
-        if pipe_len in self.microbatches_by_pipe_len:
-            return self.microbatches_by_pipe_len[pipe_len]
-        return self.microbatches if pipe_len > 1 else 1
+        """Micro-batches per step and replica for a pipeline of ``pipe_len`` stages (see :class:`PipelineSection`)."""
+        table = self.pipeline.microbatches_by_pipe_len
+        if pipe_len in table:
+            return table[pipe_len]
+        return self.pipeline.microbatches if pipe_len > 1 else 1
 
-    def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+    def override(self, changes: Mapping[str, Any]) -> TrainConfig:
+        """A copy with ``{"section.key": value}`` changes applied, validated again (the CLI's ``--set``).
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (JSON- and TOML-friendly), the inverse of ``TrainConfig(**d)``."""
-        d = dataclasses.asdict(self)
-        d["model_options"] = dict(self.model_options)
-        d["policy_options"] = dict(self.policy_options)
-        d["microbatches_by_pipe_len"] = dict(self.microbatches_by_pipe_len)
-        return d
+        Raises:
+            ConfigError: an unknown section or key (listing the valid ones), or a value that cannot work.
+        """
+        tables = self.to_dict()
+        for dotted, value in changes.items():
+            section, _, key = dotted.partition(".")
+            if section not in SECTIONS or not key:
+                raise ConfigError(
+                    f"override {dotted!r}: expected 'section.key' with a section of {', '.join(SECTIONS)}"
+                )
+            keys = [f.name for f in dataclasses.fields(SECTIONS[section])]
+            if key not in keys:
+                raise ConfigError(f"override {dotted!r}: unknown key {key!r} in [{section}]; expected one of {keys}")
+            tables[section][key] = value
+        return config_from_tables(tables, source="override")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain-data form in the TOML's shape (JSON-friendly), the inverse of :func:`config_from_tables`."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            out[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
+        return out
 
 
-def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _positive_float(name: str, value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-#: TOML table -> {key in the table -> TrainConfig field}.
-SECTIONS: dict[str, dict[str, str]] = {
-    "model": {"name": "model", "options": "model_options"},
-    "data": {"dataset": "dataset", "eval_fraction": "eval_fraction"},
-    "train": {
-        "epochs": "epochs",
-        "global_batch": "global_batch",
-        "lr": "lr",
-        "optimizer": "optimizer",
-        "momentum": "momentum",
-        "weight_decay": "weight_decay",
-        "lr_schedule": "lr_schedule",
-        "warmup_steps": "warmup_steps",
-        "seed": "seed",
-        "dtype": "dtype",
-        "autocast": "autocast",
-    },
-    "freeze": {"policy": "policy", "options": "policy_options"},
-    "pipeline": {
-        "pipe_len": "pipe_len",
-        "solver": "solver",
-        "cost": "cost",
-        "compression": "compression",
-        "schedule": "schedule",
-        "microbatches": "microbatches",
-        "microbatches_by_pipe_len": "microbatches_by_pipe_len",
-        "cache": "cache",
-        "cache_mb": "cache_mb",
-    },
-    "launch": {
-        "nproc_per_node": "nproc_per_node",
-        "nnodes": "nnodes",
-        "backend": "backend",
-        "timeout": "timeout",
-        "max_restarts": "max_restarts",
-        "rdzv_endpoint": "rdzv_endpoint",
-    },
-    "checkpoint": {
-        "dir": "checkpoint_dir",
-        "every": "checkpoint_every",
-        "steps": "checkpoint_steps",
-        "resume": "resume",
-    },
-    "log": {"dir": "log_dir", "progress": "progress", "timing_interval": "timing_interval"},
-}
+def _plain(value: Any) -> Any:
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def config_from_tables(tables: Mapping[str, Any], *, source: str = "config") -> TrainConfig:
@@ -344,23 +476,29 @@ def config_from_tables(tables: Mapping[str, Any], *, source: str = "config") -> 
     Raises:
         ConfigError: on an unknown table or key (listing the valid ones) or a bad value.
     """
-    fields: dict[str, Any] = {}
-    for section, body in tables.items():
-        if section not in SECTIONS:
-            raise ConfigError(f"{source}: unknown table [{section}]; expected one of {', '.join(SECTIONS)}")
+    sections: dict[str, Any] = {}
+    for name, body in tables.items():
+        if name not in SECTIONS:
+            raise ConfigError(f"{source}: unknown table [{name}]; expected one of {', '.join(SECTIONS)}")
         if not isinstance(body, Mapping):
-            raise ConfigError(f"{source}: [{section}] must be a table, got {body!r}")
-        keys = SECTIONS[section]
-        for key, value in body.items():
+            raise ConfigError(f"{source}: [{name}] must be a table, got {body!r}")
+        cls = SECTIONS[name]
+        keys = [f.name for f in dataclasses.fields(cls)]
+        for key in body:
             if key not in keys:
-                raise ConfigError(f"{source}: unknown key {key!r} in [{section}]; expected one of {', '.join(keys)}")
-            fields[keys[key]] = value
-    if "model" not in fields:
+                raise ConfigError(f"{source}: unknown key {key!r} in [{name}]; expected one of {', '.join(keys)}")
+        try:
+            sections[name] = cls(**body)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        except TypeError as exc:  # a wrong type where a table was expected, e.g. options = 3
+            raise ConfigError(f"{source}: [{name}]: {exc}") from None
+    if "model" not in sections:
         raise ConfigError(f"{source}: [model] name is required (e.g. name = 'vit')")
     try:
-        return TrainConfig(**fields)
-    except TypeError as exc:  # a wrong type where a table was expected, e.g. options = 3
-        raise ConfigError(f"{source}: {exc}") from exc
+        return TrainConfig(**sections)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_config(path: str | Path) -> TrainConfig:

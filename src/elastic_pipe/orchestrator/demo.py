@@ -13,51 +13,49 @@ from typing import Any
 
 import torch.distributed as dist
 
-from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables
 from elastic_pipe.orchestrator.launch import launch
-from elastic_pipe.orchestrator.worker import join_process_group, run_rank
+from elastic_pipe.orchestrator.process_group import join_process_group
+from elastic_pipe.orchestrator.worker import run_rank
 
 __all__ = ["DEMO", "demo_config", "run_demo"]
 
-#: The demo's configuration: ViT-tiny (6 blocks, 14 sub-layers) on the 8x8 digits, alpha = 1/3.
-DEMO: dict[str, Any] = {
-    "model": "vit",
+#: The demo's configuration, in the TOML's shape: ViT-tiny (6 blocks, 14 sub-layers) on the 8x8 digits, alpha = 1/3.
+DEMO: dict[str, dict[str, Any]] = {
     # 4x4 patches: 5 tokens per 8x8 digit, which learns faster and runs ~6x cheaper than the preset's 2x2.
-    "model_options": {"preset": "vit-tiny", "patch_size": 4},
-    "dataset": "digits",
-    "epochs": 6,
-    "global_batch": 64,
-    "optimizer": "adamw",
-    "lr": 0.006,
-    "warmup_steps": 10,
-    "lr_schedule": "cosine",
-    "policy": "alpha",
-    "policy_options": {"alpha": 1 / 3},
-    "pipe_len": 4,
-    "solver": "greedy",
-    "compression": "halving",
+    "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4}},
+    "data": {"dataset": "digits"},
+    "train": {
+        "epochs": 6,
+        "global_batch": 64,
+        "optimizer": "adamw",
+        "lr": 0.006,
+        "warmup_steps": 10,
+        "lr_schedule": "cosine",
+    },
+    "freeze": {"policy": "alpha", "options": {"alpha": 1 / 3}},
     # 2 micro-batches per step: on CPU the host cost of each pipeline action dominates, not the bubble.
-    "microbatches": 2,
-    "nproc_per_node": 4,
-    "backend": "gloo",
-    "progress": True,
+    "pipeline": {"pipe_len": 4, "solver": "greedy", "compression": "halving", "microbatches": 2},
+    "launch": {"nproc_per_node": 4, "backend": "gloo"},
+    "log": {"progress": True},
 }
 
 
-def demo_config(**overrides: Any) -> TrainConfig:
-    """The demo's :class:`TrainConfig` with ``overrides`` applied."""
-    return TrainConfig(**{**DEMO, **overrides})
+def demo_config(overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The demo's :class:`TrainConfig` with ``{"section.key": value}`` overrides applied."""
+    return config_from_tables(DEMO, source="demo").override(overrides or {})
 
 
-def _demo_entry(config_dict: dict[str, Any], baseline: bool) -> dict[str, Any]:
-    config = TrainConfig(**config_dict)
+def _demo_entry(tables: dict[str, Any], baseline: bool) -> dict[str, Any]:
+    config = config_from_tables(tables)
     join_process_group(config)
     try:
         out: dict[str, Any] = {"elastic": run_rank(config).to_dict()}
         if baseline:
             if dist.get_rank() == 0:
                 sys.stderr.write("--- the same run without reshaping (freeze only, 4 stages, 1 replica) ---\n")
-            out["baseline"] = run_rank(config.replace(compression="none", cache="off")).to_dict()
+            fixed = config.override({"pipeline.compression": "none", "pipeline.cache": "off"})
+            out["baseline"] = run_rank(fixed).to_dict()
         return out
     finally:
         dist.destroy_process_group()

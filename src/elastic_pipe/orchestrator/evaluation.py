@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastic_pipe.orchestrator.transition import apply_moves, plan_gather
 from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.types import Layout
 
-__all__ = ["EVAL_BATCH", "evaluate_split"]
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+
+__all__ = ["EVAL_BATCH", "evaluate", "evaluate_split", "sync_weights"]
 
 #: Evaluation batch size per rank.
 EVAL_BATCH = 256
@@ -61,3 +66,49 @@ def evaluate_split(
     dist.all_reduce(totals)
     count = float(totals[2])
     return float(totals[0]) / count, (float(totals[1]) / count if classify else None)
+
+
+def sync_weights(
+    ctx: RunContext,
+    layout: Layout,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    keep_all_on: int | None = None,
+) -> int:
+    """Make every rank's copy of every active sub-layer current (a collective); returns the bytes received.
+
+    Args:
+        ctx: the rank's fixed facts.
+        layout: the current layout.
+        optimizer: also send its state (for a checkpoint).
+        keep_all_on: the rank that keeps every received optimizer state (the others keep their own only).
+    """
+    owned = ctx.owned(layout)
+    return apply_moves(
+        plan_gather(layout, ctx.plan(layout)),
+        ctx.sublayers,
+        optimizer,
+        rank=ctx.rank,
+        device=ctx.device,
+        keep_state=lambda j: ctx.rank == keep_all_on or j in owned,
+        broadcast_bytes=ctx.broadcast_bytes,
+    )
+
+
+@torch.no_grad()
+def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
+    """Loss and accuracy of the whole model on the evaluation split; each rank scores a 1/W share."""
+    sync_weights(ctx, layout)
+    was = ctx.model.training
+    ctx.model.eval()
+    scores = evaluate_split(
+        ctx.model,
+        ctx.eval_set,
+        ctx.parts.loss,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        device=ctx.device,
+        autocast=ctx.autocast,
+    )
+    ctx.restore_modes(layout, was)
+    return scores

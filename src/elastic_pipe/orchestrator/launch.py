@@ -40,20 +40,20 @@ def launch(
     Raises:
         OrchestratorError: a worker failed after all restarts (the first failure's message included).
     """
-    endpoint = config.rdzv_endpoint or "localhost:0"
-    if config.nnodes > 1 and not config.rdzv_endpoint:
+    endpoint = config.launch.rdzv_endpoint or "localhost:0"
+    if config.launch.nnodes > 1 and not config.launch.rdzv_endpoint:
         raise OrchestratorError("a multi-node run needs launch.rdzv_endpoint = 'host:port' (the same on every node)")
-    if config.nnodes > 1 and run_id is None:
+    if config.launch.nnodes > 1 and run_id is None:
         run_id = "elastic-pipe"
     launch_config = LaunchConfig(
-        min_nodes=config.nnodes,
-        max_nodes=config.nnodes,
-        nproc_per_node=config.nproc_per_node,
+        min_nodes=config.launch.nnodes,
+        max_nodes=config.launch.nnodes,
+        nproc_per_node=config.launch.nproc_per_node,
         run_id=run_id or str(uuid.uuid4()),
         rdzv_endpoint=endpoint,
         rdzv_backend="c10d",
         rdzv_configs={"timeout": RDZV_TIMEOUT_S},
-        max_restarts=config.max_restarts,
+        max_restarts=config.launch.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
     )
@@ -62,5 +62,5 @@ def launch(
     except ChildFailedError as exc:
         first = next(iter(exc.failures.values()), None)
         detail = first.message if first is not None else str(exc)
-        raise OrchestratorError(f"training failed after {config.max_restarts} restart(s): {detail}") from exc
+        raise OrchestratorError(f"training failed after {config.launch.max_restarts} restart(s): {detail}") from exc
     return result

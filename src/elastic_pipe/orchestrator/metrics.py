@@ -199,6 +199,16 @@ class RunResult:
     final_eval_loss: float = math.nan
     seconds: float = 0.0
 
+    def history(self) -> dict[str, Any]:
+        """The records so far (what a checkpoint keeps)."""
+        return {"epochs": self.epochs, "transitions": self.transitions, "losses": self.losses}
+
+    def load_history(self, history: dict[str, Any]) -> None:
+        """Continue from :meth:`history`."""
+        self.epochs = list(history["epochs"])
+        self.transitions = list(history["transitions"])
+        self.losses = [float(v) for v in history["losses"]]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data."""
         return {

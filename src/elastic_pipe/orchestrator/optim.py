@@ -1,4 +1,10 @@
-"""The optimizer and learning-rate schedule a run trains with, built from its configuration."""
+"""The optimizer and learning-rate schedule a run trains with.
+
+The trainer takes an :data:`OptimizerFactory` (any ``params -> Optimizer`` callable, e.g.
+``lambda params: torch.optim.AdamW(params, lr=3e-4)``); :func:`optimizer_factory` builds the one a config names.
+The learning-rate schedule always comes from the config's numbers (warm-up, constant or cosine), counting
+optimizer steps, so it does not depend on the layout.
+"""
 
 from __future__ import annotations
 
@@ -8,29 +14,35 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.config import TrainConfig, TrainSection
 
-__all__ = ["lr_lambda", "make_optimizer"]
+__all__ = ["OptimizerFactory", "lr_lambda", "optimizer_factory"]
+
+#: Builds an optimizer over a list of trainable parameters.
+OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
 
 
-def make_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    """SGD (with momentum) or AdamW over the model's trainable parameters, as ``config.optimizer`` says.
+def optimizer_factory(config: TrainConfig) -> OptimizerFactory:
+    """SGD (with momentum) or AdamW, as ``[train] optimizer`` says.
 
     On a GPU, AdamW runs fused (one kernel per step for all parameters, instead of a dozen multi-tensor launches):
     the same update, less host work per step.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    c = config
-    if c.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-    fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=fused or None)
+    c = config.train
+
+    def build(params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        if c.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
+        fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=fused or None)
+
+    return build
 
 
-def lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def lr_lambda(train: TrainSection, total_steps: int) -> Callable[[int], float]:
     """The learning-rate factor per optimizer step: linear warm-up, then constant or cosine decay to zero."""
-    warmup = config.warmup_steps
-    cosine = config.lr_schedule == "cosine"
+    warmup = train.warmup_steps
+    cosine = train.lr_schedule == "cosine"
 
     def factor(step: int) -> float:
         if warmup and step < warmup:

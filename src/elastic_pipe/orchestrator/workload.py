@@ -1,8 +1,6 @@
-"""What is trained on what: model builders, datasets and the loss, looked up by the names a config uses.
+"""What is trained on: samples held in memory, their train/eval split, and the default loss.
 
-This is glue: the models come from :mod:`elastic_pipe.models`, the data from :mod:`elastic_pipe.data`. A program
-that drives the orchestrator directly may pass its own :class:`~elastic_pipe.models.SubLayerModel` and
-:class:`Samples` instead (see :func:`elastic_pipe.orchestrator.train`).
+Built-in models and datasets are looked up by name in :mod:`elastic_pipe.orchestrator.components`.
 """
 
 from __future__ import annotations
@@ -14,20 +12,12 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from elastic_pipe import data, models
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = [
-    "DATASETS",
-    "MODEL_BUILDERS",
-    "Samples",
-    "Split",
-    "build_model",
-    "cross_entropy",
-    "load_samples",
-    "split_samples",
-]
+__all__ = ["Loss", "Samples", "Split", "as_samples", "cross_entropy", "eval_count", "split_samples"]
+
+#: ``loss(output, target)``: a mean over the micro-batch.
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Samples(Protocol):
@@ -67,47 +57,39 @@ class Split:
 _MIN_STD = 1e-8
 
 
-def _builder(name: str) -> Callable[..., Any]:
-    attribute = {"vit": "vit", "bert": "bert_encoder", "gpt": "gpt_decoder"}[name]
-    builder: Callable[..., Any] = getattr(models, attribute)
-    return builder
+def as_samples(data: Any) -> Samples:
+    """``data`` as samples held in memory.
 
-
-#: Model name in a config -> builder in :mod:`elastic_pipe.models` (resolved lazily).
-MODEL_BUILDERS: tuple[str, ...] = ("vit", "bert", "gpt")
-#: Dataset name in a config -> loader in :mod:`elastic_pipe.data`.
-DATASETS: tuple[str, ...] = ("digits", "mnist5k")
-
-
-def build_model(config: TrainConfig) -> torch.nn.Module:
-    """Build the config's model, seeded with ``config.seed`` and in ``config.dtype``, on the CPU.
-
-    ``model_options`` may hold ``preset`` (a preset name of the builder) and any field overrides.
+    An object with ``inputs``, ``labels`` and ``sample_ids`` tensors is returned as it is. A map-style dataset
+    (``__len__`` and ``__getitem__`` returning ``(input, label)``, e.g. a ``torch.utils.data.Dataset``) is stacked
+    into tensors, its indices becoming the sample ids.
 
     Raises:
-        ConfigError: for an unknown model name (listing the valid ones).
+        ConfigError: an empty dataset, items that are not ``(input, label)`` pairs, or items whose shapes or
+            dtypes differ (naming the first bad index).
     """
-    if config.model not in MODEL_BUILDERS:
-        raise ConfigError(f"unknown model {config.model!r}; expected one of {', '.join(MODEL_BUILDERS)}")
-    options = dict(config.model_options)
-    preset = options.pop("preset", None)
-    dtype = getattr(torch, config.dtype)
-    builder = _builder(config.model)
-    args = () if preset is None else (preset,)
-    model: torch.nn.Module = builder(*args, seed=config.seed, dtype=dtype, **options)
-    return model
-
-
-def load_samples(config: TrainConfig) -> Samples:
-    """Load the config's dataset (inputs cast to the config's dtype).
-
-    Raises:
-        ConfigError: for an unknown dataset name (listing the valid ones).
-    """
-    loaders: dict[str, Callable[[], Samples]] = {"digits": data.load_digits, "mnist5k": data.load_mnist5k}
-    if config.dataset not in loaders:
-        raise ConfigError(f"unknown dataset {config.dataset!r}; expected one of {', '.join(DATASETS)}")
-    return loaders[config.dataset]()
+    if all(hasattr(data, name) for name in ("inputs", "labels", "sample_ids")):
+        return data  # type: ignore[no-any-return]
+    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        raise ConfigError(f"{type(data).__name__} is neither samples (inputs, labels, sample_ids) nor a dataset")
+    n = len(data)
+    if n == 0:
+        raise ConfigError("the dataset is empty")
+    inputs: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    for i in range(n):
+        item = data[i]
+        if not (isinstance(item, tuple | list) and len(item) == 2):
+            raise ConfigError(f"dataset item {i} is {type(item).__name__}, expected an (input, label) pair")
+        x, y = (torch.as_tensor(v) for v in item)
+        if inputs and (x.shape != inputs[0].shape or x.dtype != inputs[0].dtype):
+            raise ConfigError(
+                f"dataset item {i}: input {tuple(x.shape)} {x.dtype} differs from item 0's "
+                f"{tuple(inputs[0].shape)} {inputs[0].dtype}"
+            )
+        inputs.append(x)
+        labels.append(y)
+    return Split(torch.stack(inputs), torch.stack(labels), torch.arange(n))
 
 
 def eval_count(n: int, eval_fraction: float) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 from elastic_pipe.partition._checks import check_costs
 from elastic_pipe.partition.errors import PartitionError
-from elastic_pipe.partition.registry import solve
+from elastic_pipe.partition.registry import Solver, solve
 from elastic_pipe.partition.result import Partition
 
 __all__ = ["Compression", "compress_halving", "compress_memory", "divisors", "initial_budget"]
@@ -74,7 +74,7 @@ def compress_halving(
     sizes: Sequence[float],
     from_stages: int,
     budget: float,
-    solver: str = "greedy",
+    solver: str | Solver = "greedy",
     **options: Any,
 ) -> Compression:
     """The published halving rule.
@@ -121,7 +121,7 @@ def compress_memory(
     memory: Sequence[float],
     devices: int,
     budget: float,
-    solver: str = "optimal",
+    solver: str | Solver = "optimal",
     **options: Any,
 ) -> Compression:
     """The smallest pipeline length dividing ``devices`` whose partition fits ``budget`` per device.

@@ -71,7 +71,9 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
     return [float(c) * frozen_factor for c in costs[:frozen]] + [float(c) for c in costs[frozen:]]
 
 
-def _lookup(name: str) -> Solver:
+def _lookup(name: str | Solver) -> Solver:
+    if callable(name):
+        return name
     try:
         return SOLVERS[name]
     except (KeyError, TypeError):
@@ -82,7 +84,7 @@ def _lookup(name: str) -> Solver:
 def solve(
     costs: Sequence[float],
     stages: int,
-    solver: str = "optimal",
+    solver: str | Solver = "optimal",
     *,
     frozen: int = 0,
     frozen_factor: float = DEFAULT_FROZEN_FACTOR,
@@ -93,7 +95,8 @@ def solve(
     Args:
         costs: one non-negative finite cost per layer, in any unit (stage costs come back in the same unit).
         stages: number of stages K, ``1 <= K <= len(costs)``.
-        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal", "graph").
+        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal", "graph"), or a solver function itself
+            (``partition.optimal``), which sees frozen costs scaled like every solver but ``greedy``.
         frozen: number of frozen leading layers. ``greedy`` applies the published rule to them; every other
             solver sees their costs scaled by ``frozen_factor`` (and reports stage costs with that pricing).
         frozen_factor: a frozen layer's cost relative to an active one (1/6 as published).
@@ -108,6 +111,7 @@ def solve(
             ``1..len(costs)``.
     """
     fn = _lookup(solver)
+    name = solver if isinstance(solver, str) else getattr(solver, "__name__", type(solver).__name__)
     values = check_costs(costs)
     check_stages(stages, len(values))
     if solver in _PRICES_FROZEN_ITSELF:
@@ -125,11 +129,11 @@ def solve(
         stage_costs = ()
     if len(counts) != stages or sum(counts) != len(values) or min(counts) < 0:
         raise PartitionError(
-            f"solver {solver!r} returned {counts!r}: expected {stages} counts >= 0 summing to {len(values)}"
+            f"solver {name!r} returned {counts!r}: expected {stages} counts >= 0 summing to {len(values)}"
         )
     return Partition(
         layers_per_stage=counts,
         stage_costs=stage_costs or stage_sums(priced, counts),
-        solver=solver,
+        solver=name,
         solve_seconds=elapsed,
     )

@@ -1,0 +1,221 @@
+"""The parts a trainer composes, and the one function that turns a config of names into them.
+
+:class:`Components` holds built objects: the model, the data, the freeze policy, the partition solver, the
+compression rule, the schedule kind, the optimizer factory and the loss. :class:`~elastic_pipe.orchestrator.trainer.
+ElasticTrainer` takes them directly; :func:`components_from_config` builds them from a :class:`TrainConfig` and is
+the only reader of the registries (``freeze.POLICIES``, ``partition.SOLVERS``, the model builders, the datasets).
+
+Wherever a registry name is accepted, so is an import path ``"package.module:attribute"``: it is imported in the
+process that resolves it, so under ``elastic-pipe train`` (spawned workers) and torchrun alike every worker finds the
+user's own policy, model or dataset without anything being registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from elastic_pipe import data as edata
+from elastic_pipe import freeze, models, partition
+from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
+from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+from elastic_pipe.orchestrator.workload import Loss, Samples, as_samples, cross_entropy
+from elastic_pipe.types import ElasticPipeError
+
+__all__ = [
+    "DATASETS",
+    "MODEL_BUILDERS",
+    "Components",
+    "build_model",
+    "components_from_config",
+    "load_samples",
+    "resolve",
+]
+
+T = TypeVar("T")
+
+#: Model name in a config -> builder in :mod:`elastic_pipe.models`.
+MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    "vit": models.vit,
+    "bert": models.bert_encoder,
+    "gpt": models.gpt_decoder,
+}
+#: Dataset name in a config -> loader in :mod:`elastic_pipe.data`.
+DATASETS: dict[str, Callable[[], Samples]] = {"digits": edata.load_digits, "mnist5k": edata.load_mnist5k}
+
+
+def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
+    """A registry entry by name, or any object by import path ``"module:attribute"``.
+
+    Args:
+        spec: a key of ``registry``, or ``"package.module:attr"`` (dots after the colon walk attributes).
+        registry: the built-in names.
+        kind: what is looked up, for the error message ("freeze policy", "model", ...).
+
+    Raises:
+        ConfigError: an unknown name (listing the valid ones), or an import path that does not import.
+    """
+    if ":" not in spec:
+        if spec not in registry:
+            raise ConfigError(
+                f"unknown {kind} {spec!r}; expected one of {', '.join(sorted(registry))} or 'module:attribute'"
+            )
+        return registry[spec]
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{kind} {spec!r}: cannot import {module_name!r}: {exc}") from None
+    for part in attr.split("."):
+        if not part or not hasattr(obj, part):
+            raise ConfigError(f"{kind} {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj  # type: ignore[no-any-return]
+
+
+@dataclass
+class Components:
+    """Everything a trainer composes, built.
+
+    Attributes:
+        model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``), seeded identically on every rank.
+        data: the samples: ``inputs``, ``labels``, ``sample_ids`` tensors (a map-style dataset of
+            ``(input, label)`` pairs is stacked into them by :func:`~elastic_pipe.orchestrator.workload.as_samples`).
+        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
+            (``partition.optimal``).
+        compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
+        schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
+        optimizer: builds the optimizer over a list of trainable parameters.
+        loss: ``loss(output, target)``, a mean over the micro-batch.
+    """
+
+    model: nn.Module
+    data: Samples
+    policy: freeze.FreezePolicy
+    partitioner: str | partition.Solver = "greedy"
+    compression: CompressionRule = field(default_factory=lambda: COMPRESSION_RULES["halving"])
+    schedule: str = "gpipe"
+    optimizer: OptimizerFactory | None = None
+    loss: Loss = cross_entropy
+
+
+def build_model(config: TrainConfig) -> nn.Module:
+    """Build the config's model, seeded with ``train.seed`` and in ``train.dtype``, on the CPU.
+
+    A built-in builder gets ``options`` (``preset`` is its first positional argument) plus ``seed`` and ``dtype``;
+    a builder given by import path gets ``options`` alone, under a seeded global generator, and its model is cast.
+
+    Raises:
+        ConfigError: an unknown model name, bad options, or a builder that did not return a module.
+    """
+    spec = config.model.name
+    builder = resolve(spec, MODEL_BUILDERS, "model")
+    options = dict(config.model.options)
+    dtype = getattr(torch, config.train.dtype)
+    try:
+        if spec in MODEL_BUILDERS:
+            preset = options.pop("preset", None)
+            args = () if preset is None else (preset,)
+            model = builder(*args, seed=config.train.seed, dtype=dtype, **options)
+        else:
+            torch.manual_seed(config.train.seed)
+            model = builder(**options)
+    except (ElasticPipeError, TypeError) as exc:
+        raise ConfigError(f"model {spec!r} with options {dict(config.model.options)}: {exc}") from None
+    if not isinstance(model, nn.Module) or not hasattr(model, "unit_ends"):
+        raise ConfigError(f"model {spec!r} built {type(model).__name__}, expected a SubLayerModel (with unit_ends)")
+    return model.to(dtype)
+
+
+def load_samples(config: TrainConfig) -> Samples:
+    """Load the config's dataset: a built-in one by name, or the result of ``factory(**options)`` by import path.
+
+    Raises:
+        ConfigError: an unknown dataset name, or a dataset that cannot be read as samples.
+    """
+    spec = config.data.dataset
+    loader = resolve(spec, DATASETS, "dataset")
+    try:
+        loaded = loader(**config.data.options) if spec not in DATASETS else loader()
+        return as_samples(loaded)
+    except (ElasticPipeError, TypeError) as exc:
+        raise ConfigError(f"dataset {spec!r}: {exc}") from None
+
+
+def make_policy(config: TrainConfig, num_units: int) -> freeze.FreezePolicy:
+    """The config's freeze policy over ``num_units`` units (registry name or import path of a factory).
+
+    Raises:
+        ConfigError: an unknown name, options the factory does not take, or an object that is not a policy.
+    """
+    spec = config.freeze.policy
+    factory = resolve(spec, freeze.POLICIES, "freeze policy")
+    try:
+        if spec in freeze.POLICIES:
+            return freeze.make_policy(spec, num_units, **config.freeze.options)
+        policy = factory(num_units, **config.freeze.options)
+    except (ElasticPipeError, TypeError) as exc:
+        raise ConfigError(f"freeze policy {spec!r} with options {dict(config.freeze.options)}: {exc}") from None
+    if not isinstance(policy, freeze.FreezePolicy):
+        raise ConfigError(f"freeze policy {spec!r} built {policy!r}, which lacks the FreezePolicy members")
+    return policy
+
+
+def components_from_config(
+    config: TrainConfig,
+    *,
+    model: nn.Module | None = None,
+    data: Any = None,
+    policy: freeze.FreezePolicy | None = None,
+    partitioner: str | partition.Solver | None = None,
+    compression: CompressionRule | None = None,
+    schedule: str | None = None,
+    optimizer: OptimizerFactory | None = None,
+    loss: Loss | None = None,
+) -> Components:
+    """Build every component a :class:`TrainConfig` names (the only reader of the registries).
+
+    Each keyword given is used as it is instead of what the config names.
+
+    Raises:
+        ConfigError: naming the bad value and the valid choices.
+    """
+    p = config.pipeline
+    model = model if model is not None else build_model(config)
+    samples = as_samples(data) if data is not None else load_samples(config)
+    if partitioner is None:
+        partitioner = p.solver
+        if ":" in p.solver:
+            partitioner = resolve(p.solver, partition.SOLVERS, "partition solver")
+        elif p.solver not in partition.SOLVERS:
+            raise ConfigError(f"unknown partition solver {p.solver!r}; expected one of {', '.join(partition.SOLVERS)}")
+    if compression is None:
+        compression = resolve(p.compression, COMPRESSION_RULES, "compression rule")
+    if not isinstance(compression, CompressionRule):
+        raise ConfigError(f"compression {compression!r} lacks the CompressionRule members (name, keeps_length)")
+    schedule = schedule if schedule is not None else p.schedule
+    if schedule not in sched.GENERATORS:
+        raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
+    if policy is None:
+        policy = make_policy(config, len(model.unit_ends))  # type: ignore[arg-type]
+    elif not isinstance(policy, freeze.FreezePolicy):
+        raise ConfigError(f"policy {policy!r} lacks the FreezePolicy members")
+    return Components(
+        model=model,
+        data=samples,
+        policy=policy,
+        partitioner=partitioner,
+        compression=compression,
+        schedule=schedule,
+        optimizer=optimizer if optimizer is not None else optimizer_factory(config),
+        loss=loss if loss is not None else cross_entropy,
+    )

@@ -1,0 +1,172 @@
+"""A decision point, as data then action: rank 0 decides a :class:`~elastic_pipe.protocol.TransitionMessage`, every
+rank applies it.
+
+Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them), ask the policy
+(:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
+sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), and broadcast the encoded message
+on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
+
+Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
+prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and carry the
+activation cache to the new boundary.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from elastic_pipe import cache as acache
+from elastic_pipe import freeze, protocol
+from elastic_pipe.orchestrator import decision, layout_rule
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.timing import PhaseClock
+from elastic_pipe.orchestrator.transition import apply_moves, changed_ranks, drop_foreign_state, plan_moves
+
+__all__ = ["TRANSITION_PHASES", "Applied", "apply", "decide", "gather_stats", "timed_decision"]
+
+#: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
+TRANSITION_PHASES = ("moves", "rebuild", "cache")
+
+
+def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | None:
+    """Per-unit gradient statistics of the interval, merged on rank 0 (a collective on the control group).
+
+    ``None`` elsewhere, and on every rank when the policy does not read them.
+    """
+    if not ctx.track_gradients:
+        return None
+    n_units = len(ctx.unit_ends)
+    mine = stage.tracker.local_stats(n_units)
+    if stage.replica != 0:  # replicas hold identical (all-reduced) gradients: replica 0 speaks for all
+        mine = freeze.LayerStats.zeros(n_units, mine.steps)
+    flat = mine.to_tensor()
+    pieces = [torch.zeros_like(flat) for _ in range(ctx.world_size)] if ctx.rank == 0 else None
+    dist.gather(flat, pieces, dst=0, group=ctx.groups.control_group)
+    stage.tracker.reset()
+    if pieces is None:
+        return None
+    return freeze.merge_stats([freeze.LayerStats.from_tensor(p) for p in pieces])
+
+
+def decide(
+    ctx: RunContext, state: RunState, stage: StageRuntime, *, eval_loss: float | None = None
+) -> protocol.TransitionMessage:
+    """The decision point before ``state.epoch`` (a collective); every rank returns the same message."""
+    stats = gather_stats(ctx, stage)
+    current = state.layout
+    policy, rule = ctx.parts.policy, ctx.parts.compression
+
+    def next_message() -> protocol.TransitionMessage:
+        if stats is not None:
+            policy.observe(stats)
+        if eval_loss is not None:
+            policy.observe_eval(eval_loss)
+        units = freeze.decide(policy, state.epoch, state.step, state.frozen_units)
+        cap = layout_rule.max_frozen_units(ctx.unit_ends, len(ctx.costs), current.pipe_len if rule.keeps_length else 1)
+        units = max(min(units, cap), state.frozen_units)
+        layout = layout_rule.next_layout(
+            current,
+            layout_rule.frozen_sublayers(ctx.unit_ends, units),
+            ctx.costs,
+            compression=rule,
+            solver=ctx.parts.partitioner,
+            budget=state.budget,
+            world_size=ctx.world_size,
+            microbatches_for=ctx.config.microbatches_for,
+        )
+        changed = changed_ranks(ctx.plan(current), ctx.plan(layout), ctx.world_size)
+        return decision.message_for(
+            layout,
+            epoch=state.epoch,
+            step=state.step,
+            budget=state.budget,
+            changed=changed,
+            grad_norms=None if stats is None else stats.mean_l2(),
+        )
+
+    return decision.announce(next_message, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
+
+
+@dataclass
+class Applied:
+    """What applying a message changed on this rank.
+
+    Attributes:
+        state: the state in the new layout.
+        stage: the new stage (the old one is closed).
+        bytes_moved: bytes this rank received.
+        phases: seconds per part of :data:`TRANSITION_PHASES`.
+    """
+
+    state: RunState
+    stage: StageRuntime
+    bytes_moved: int
+    phases: dict[str, float]
+
+
+def apply(
+    ctx: RunContext,
+    state: RunState,
+    stage: StageRuntime,
+    msg: protocol.TransitionMessage,
+    *,
+    optimizer: torch.optim.Optimizer,
+    cache: acache.ActivationCache | None,
+) -> Applied | None:
+    """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is."""
+    old = state.layout
+    new = decision.layout_from_message(msg, ctx.world_size)
+    if new == old:
+        return None
+    maybe_fail("transition", ctx.rank, msg.epoch, None)
+    clock = PhaseClock(ctx.device, TRANSITION_PHASES)
+    clock.start()
+    sublayers = ctx.sublayers
+    new_owned = ctx.owned(new)
+    moved = apply_moves(
+        plan_moves(old, new, ctx.plan(old), ctx.plan(new)),
+        sublayers,
+        optimizer,
+        rank=ctx.rank,
+        device=ctx.device,
+        keep_state=lambda j: j in new_owned,
+        broadcast_bytes=ctx.broadcast_bytes,
+    )
+    clock.lap("moves")
+    if new.frozen > old.frozen:
+        freeze.freeze_modules(sublayers[old.frozen : new.frozen], optimizer)
+    ctx.restore_modes(new, True)
+    drop_foreign_state(optimizer, sublayers, new_owned)
+    stage.close()
+    frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
+    new_stage = StageRuntime(ctx, new)
+    clock.lap("rebuild")
+    new_stage.setup_cache(cache, old.frozen)
+    clock.lap("cache")
+    return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals))
+
+
+def timed_decision(
+    ctx: RunContext,
+    state: RunState,
+    stage: StageRuntime,
+    *,
+    optimizer: torch.optim.Optimizer,
+    cache: acache.ActivationCache | None,
+    eval_loss: float | None = None,
+) -> tuple[protocol.TransitionMessage, Applied | None, float, float]:
+    """:func:`decide` then :func:`apply`; returns the message, what changed, the decide seconds and the total."""
+    t0 = time.perf_counter()
+    msg = decide(ctx, state, stage, eval_loss=eval_loss)
+    decide_s = time.perf_counter() - t0
+    applied = apply(ctx, state, stage, msg, optimizer=optimizer, cache=cache)
+    if applied is not None and ctx.device.type == "cuda":
+        torch.cuda.synchronize()
+    return msg, applied, decide_s, time.perf_counter() - t0

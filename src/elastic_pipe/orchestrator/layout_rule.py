@@ -1,0 +1,216 @@
+"""The layout rule: from sub-layer costs and a frozen count to the next :class:`Layout`, in one place.
+
+The trainer (at every decision point) and the planner (``elastic-pipe plan --config``) both call these pure
+functions, so a plan predicts exactly the layouts a run performs. The partition comes from
+:func:`elastic_pipe.partition.solve`, the shorter pipeline from a :class:`CompressionRule`.
+
+A compression rule gets the active sub-layers' costs, the current length, the budget (the bottleneck cost of the
+initial partition) and the world size, and returns the new length with its partition:
+
+* ``halving`` - the published rule: halve while the halved pipeline still fits the budget;
+* ``memory`` - the shortest length dividing the current one whose partition fits the budget;
+* ``none`` - keep the length (freeze only; the pipeline needs one active sub-layer per stage).
+
+Any object with ``name``, ``keeps_length`` and this ``__call__`` is a rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from elastic_pipe import partition as part
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.types import Layout
+
+__all__ = [
+    "COMPRESSION_RULES",
+    "CompressionRule",
+    "Halving",
+    "KeepLength",
+    "MemoryFit",
+    "initial_layout",
+    "layout_sequence",
+    "max_frozen_units",
+    "next_layout",
+]
+
+Solver = str | part.Solver
+
+
+@runtime_checkable
+class CompressionRule(Protocol):
+    """Chooses the pipeline length once the frozen prefix has left the pipeline.
+
+    Attributes:
+        name: a short name ("halving", "memory", "none").
+        keeps_length: whether the rule never shortens the pipeline (then freezing stops one sub-layer per stage
+            short of the end).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def keeps_length(self) -> bool: ...
+
+    def __call__(
+        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
+    ) -> part.Partition:
+        """The partition of the ``active`` costs at the chosen length (its ``num_stages``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Halving:
+    """The published rule: :func:`elastic_pipe.partition.compress_halving`."""
+
+    name: str = "halving"
+    keeps_length: bool = False
+
+    def __call__(
+        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
+    ) -> part.Partition:
+        return part.compress_halving(active, pipe_len, budget, solver=solver).partition
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """The shortest length dividing the current one that fits: :func:`elastic_pipe.partition.compress_memory`.
+
+    Only divisors of the current length are tried: a pipeline shrinks onto its own devices, never grows.
+    """
+
+    name: str = "memory"
+    keeps_length: bool = False
+
+    def __call__(
+        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
+    ) -> part.Partition:
+        return part.compress_memory(active, pipe_len, budget, solver=solver).partition
+
+
+@dataclass(frozen=True)
+class KeepLength:
+    """No reshaping: re-partition the active layers over the same number of stages."""
+
+    name: str = "none"
+    keeps_length: bool = True
+
+    def __call__(
+        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
+    ) -> part.Partition:
+        return part.solve(list(active), pipe_len, solver)
+
+
+#: The built-in rules by the names ``[pipeline] compression`` accepts.
+COMPRESSION_RULES: dict[str, CompressionRule] = {"halving": Halving(), "memory": MemoryFit(), "none": KeepLength()}
+
+
+def initial_layout(
+    costs: Sequence[float], pipe_len: int, world_size: int, *, solver: Solver, microbatches: int
+) -> tuple[Layout, float]:
+    """The layout at the start (nothing frozen) and its bottleneck cost, the budget compression must respect."""
+    p = part.solve(list(costs), pipe_len, solver)
+    layout = Layout(0, pipe_len, world_size // pipe_len, tuple(p.boundaries), microbatches)
+    return layout, float(p.bottleneck)
+
+
+def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:
+    """The most units that may freeze while at least ``min_active`` sub-layers stay active.
+
+    Without compression the pipeline keeps its length, so it needs one active sub-layer per stage.
+    """
+    best = 0
+    for units, end in enumerate(unit_ends, start=1):
+        if num_sublayers - end >= min_active:
+            best = units
+    return best
+
+
+def next_layout(
+    current: Layout,
+    frozen: int,
+    costs: Sequence[float],
+    *,
+    compression: CompressionRule,
+    solver: Solver,
+    budget: float,
+    world_size: int,
+    microbatches_for: Callable[[int], int] | None = None,
+) -> Layout:
+    """The layout once the first ``frozen`` sub-layers are frozen.
+
+    Args:
+        current: the layout now.
+        frozen: frozen sub-layers after the decision (``>= current.frozen``).
+        costs: per-sub-layer cost (the same metric as ``budget``).
+        compression: the rule choosing the new length.
+        solver: partition solver name or function.
+        budget: the largest per-stage cost allowed after compression (the bottleneck at the start).
+        world_size: number of ranks (the new pipeline length must divide it).
+        microbatches_for: micro-batch count for a pipeline length (default: keep the current count).
+
+    Raises:
+        OrchestratorError: if the compressed length does not divide the world size.
+    """
+    if frozen == current.frozen:
+        return current
+    p = compression(list(costs[frozen:]), current.pipe_len, budget, world_size=world_size, solver=solver)
+    pipe_len = p.num_stages
+    if world_size % pipe_len:
+        raise OrchestratorError(
+            f"compression {compression.name!r} chose pipe_len={pipe_len}, which does not divide the world size "
+            f"{world_size}"
+        )
+    boundaries = tuple(frozen + b for b in p.boundaries)
+    microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
+    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches)
+
+
+def frozen_sublayers(unit_ends: Sequence[int], units: int) -> int:
+    """Sub-layers covered by the first ``units`` freezable units."""
+    return 0 if units == 0 else unit_ends[units - 1]
+
+
+def layout_sequence(
+    costs: Sequence[float],
+    unit_ends: Sequence[int],
+    frozen_units_by_epoch: Sequence[int],
+    *,
+    pipe_len: int,
+    world_size: int,
+    compression: CompressionRule,
+    solver: Solver,
+    microbatches_for: Callable[[int], int],
+) -> list[tuple[int, Layout]]:
+    """``(frozen units, layout)`` per epoch for a freeze schedule, exactly as a run decides them.
+
+    Args:
+        costs: per-sub-layer cost.
+        unit_ends: where each freezable unit ends (sub-layer index, exclusive).
+        frozen_units_by_epoch: the policy's frozen-unit count at the start of each epoch.
+        pipe_len: initial pipeline length.
+        world_size: number of ranks.
+        compression: the rule.
+        solver: partition solver.
+        microbatches_for: micro-batches for a pipeline length.
+    """
+    layout, budget = initial_layout(costs, pipe_len, world_size, solver=solver, microbatches=microbatches_for(pipe_len))
+    cap = max_frozen_units(unit_ends, len(costs), pipe_len if compression.keeps_length else 1)
+    units, out = 0, []
+    for wanted in frozen_units_by_epoch:
+        units = max(units, min(wanted, cap))
+        layout = next_layout(
+            layout,
+            frozen_sublayers(unit_ends, units),
+            costs,
+            compression=compression,
+            solver=solver,
+            budget=budget,
+            world_size=world_size,
+            microbatches_for=microbatches_for,
+        )
+        out.append((units, layout))
+    return out

@@ -1,0 +1,69 @@
+"""Joining torch.distributed: the backend, this process's device, the default group, warming up NCCL.
+
+Used by :class:`~elastic_pipe.orchestrator.trainer.ElasticTrainer`; a program that already runs under torchrun or
+:func:`elastic_pipe.testing.run_distributed` may join the group itself first (the trainer then leaves it alone).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator.config import TrainConfig
+
+__all__ = ["device_for", "join_process_group", "training_backend", "warm_up"]
+
+
+def training_backend(config: TrainConfig) -> str:
+    """The backend of the training groups: NCCL when asked for or when CUDA is there under "auto", else gloo."""
+    if config.launch.backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    return config.launch.backend
+
+
+def device_for(config: TrainConfig) -> torch.device:
+    """This process's device: ``cuda:LOCAL_RANK`` with NCCL, else the CPU."""
+    if training_backend(config) == "nccl":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def join_process_group(config: TrainConfig) -> bool:
+    """Join the default group from the torchrun environment unless a caller did; returns whether we did."""
+    if dist.is_initialized():
+        return False
+    backend = training_backend(config)
+    # CPU tensors (statistics, byte payloads) may meet the default group too, so NCCL jobs pair it with gloo.
+    spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
+    timeout = datetime.timedelta(seconds=config.launch.timeout)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under the elastic agent every restart attempt shares the agent's store. Without a per-attempt prefix a
+        # restarted worker can read the dead attempt's addresses and fail to connect, so the prefix is added here.
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+            os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"elastic_pipe/attempt_{attempt}", agent_store)  # type: ignore[attr-defined]
+        dist.init_process_group(spec, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(spec, timeout=timeout)
+    return True
+
+
+def warm_up(groups: GroupManager, device: torch.device) -> None:
+    """One tiny all-reduce on every training group this rank belongs to (a collective).
+
+    NCCL creates a communicator on a group's first collective, which can take a second; doing it here keeps that
+    cost out of the first step and out of every transition. Every rank walks the groups in the same global order
+    (by pipeline length, pipeline group before data-parallel group), which cannot deadlock.
+    """
+    for k in groups.pipe_lens:
+        for group in (groups.pipeline_group(k), groups.dp_group(k)):
+            dist.all_reduce(torch.zeros(1, device=device), group=group)

@@ -1,0 +1,169 @@
+"""One rank's stage in one layout: the stage module and its runner, gradient tracking and sync, the frozen prefix.
+
+A :class:`StageRuntime` is built from a layout and thrown away at the next transition; nothing in it outlives its
+layout except the activation cache it is handed (which carries entries from one boundary to the next).
+
+Frozen prefix. Only stage-0 ranks run the frozen prefix (under ``no_grad``, in eval mode) on their own
+micro-batches, or read its output from the activation cache when that pays, and feed the result to stage 0.
+This keeps every rank busy (no rank is set aside to serve the prefix) and costs no transfer per step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import cache as acache
+from elastic_pipe import freeze
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
+from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
+from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
+from elastic_pipe.orchestrator.timing import ForwardTimer
+from elastic_pipe.types import Layout
+
+__all__ = ["StageRuntime"]
+
+
+class StageRuntime:
+    """This rank's stage of ``layout``: what a step runs.
+
+    Args:
+        ctx: the rank's fixed facts.
+        layout: the layout the stage belongs to.
+    """
+
+    def __init__(self, ctx: RunContext, layout: Layout) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        plan = ctx.plan(layout)
+        self.stage = int(plan.stage_of(ctx.rank))
+        self.replica = int(plan.replica_of(ctx.rank))
+        self.owned = ctx.owned(layout)
+        k, s = layout.pipe_len, self.stage
+        lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+        sublayers = ctx.sublayers
+        self.module = nn.Sequential(*sublayers[lo:hi])
+        self.module.train()
+        self.runner: Any = build_runner(
+            self.module,
+            stage=s,
+            pipe_len=k,
+            microbatches=layout.microbatches,
+            schedule=ctx.parts.schedule,
+            device=ctx.device,
+            group=ctx.groups.pipeline_group(k),
+            examples=lambda: self._example_io(lo, hi),
+            loss_fn=ctx.parts.loss,
+        )
+        self.forward_timer = ForwardTimer(self.module, ctx.device)
+        tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
+        self.tracker = freeze.GradNormTracker(tracked)
+        self.averager: OverlappedAverager | None = None
+        if layout.replicas > 1 and layout.microbatches == 1:
+            # With one micro-batch and several replicas, gradients are averaged while the backward pass runs.
+            params = [p for j in self.owned for p in sublayers[j].parameters() if p.requires_grad]
+            self.averager = OverlappedAverager(params, group=self._dp_group(), replicas=layout.replicas)
+        self.cache: acache.ActivationCache | None = None
+        self.cache_on = False
+        self.cache_reason = "off"
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank runs stage 0 (and so the frozen prefix)."""
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank runs the last stage (and so the loss)."""
+        return self.stage == self.layout.pipe_len - 1
+
+    def _dp_group(self) -> dist.ProcessGroup:
+        group: dist.ProcessGroup = self.ctx.groups.dp_group(self.layout.pipe_len)
+        return group
+
+    def _example_io(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Example micro-batch tensors at the stage's input and output, run in eval mode (no dropout)."""
+        ctx, layout = self.ctx, self.layout
+        mb = ctx.config.train.global_batch // layout.replicas // layout.microbatches
+        start = min(lo, layout.frozen)
+        x = ctx.prefix_example(start)
+        was = ctx.model.training
+        ctx.model.eval()
+        stage_in, stage_out = example_io(ctx.sublayers, x, lo, hi, ctx.autocast, rows=mb, start=start)
+        ctx.restore_modes(layout, was)
+        return stage_in, stage_out
+
+    # ------------------------------------------------------------------------------------------------ the cache
+    def setup_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:
+        """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays."""
+        ctx, layout = self.ctx, self.layout
+        self.cache = cache
+        self.cache_on = False
+        if cache is None or layout.frozen == 0 or not self.is_first:
+            self.cache_reason = "off" if cache is None else "nothing to cache here"
+            return
+        per_replica = ctx.config.train.global_batch // layout.replicas
+        peers = None
+        if layout.replicas > 1:
+            group = self._dp_group()
+            peers = FillPeers(group, dist.get_rank(group), layout.replicas)
+        self.cache_on, self.cache_reason = prepare_cache(
+            cache,
+            ctx.train_set,
+            mode=ctx.config.pipeline.cache,
+            old_frozen=old_frozen,
+            frozen=layout.frozen,
+            per_replica=per_replica,
+            # A replica's batch per forward: the shapes the training step's prefix forward already ran (kernels
+            # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
+            chunk=per_replica,
+            device=ctx.device,
+            run=ctx.run_sublayers,
+            peers=peers,
+            example=ctx.prefix_example(layout.frozen),
+        )
+
+    # ------------------------------------------------------------------------------------------------- a step
+    def frozen_prefix(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The frozen prefix's output on ``x`` (from the cache when it is on)."""
+        frozen = self.layout.frozen
+        if frozen == 0:
+            return x
+        if self.cache_on and self.cache is not None:
+            return self.cache.get_or_compute(ids, frozen, x, lambda v: self.ctx.run_sublayers(v, 0, frozen))
+        return self.ctx.run_sublayers(x, 0, frozen)
+
+    def run(self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor]) -> None:
+        """One pipelined forward and backward of this stage (a collective in the replica's pipeline)."""
+        with self.ctx.autocast():
+            if self.layout.pipe_len == 1:
+                self.runner.step(x, target=y, losses=losses)
+            elif self.is_first:
+                self.runner.step(x)
+            elif self.is_last:
+                self.runner.step(target=y, losses=losses)
+            else:
+                self.runner.step()
+
+    def grad_sync(self) -> int:
+        """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
+        replicas = self.layout.replicas
+        if replicas == 1:
+            return 0
+        if self.averager is not None:
+            return self.averager.finish()
+        sublayers = self.ctx.sublayers
+        grads = [p.grad for j in self.owned for p in sublayers[j].parameters() if p.grad is not None]
+        return average_gradients(grads, group=self._dp_group(), replicas=replicas)
+
+    def close(self) -> None:
+        """Take this stage's hooks off the model's parameters and modules. Idempotent."""
+        if self.averager is not None:
+            self.averager.remove()
+            self.averager = None
+        self.forward_timer.remove()
+        self.runner = None

@@ -1,0 +1,207 @@
+"""One epoch of pipelined steps in one layout, and the epoch's global losses.
+
+Semantics. The global batch is fixed: each replica takes ``global_batch / R`` samples per step from the elastic
+sampler and the gradient is the mean over the global batch whatever ``R`` is, so the loss curve does not depend on
+the layout (the equivalence test checks this in float64). The learning-rate schedule counts optimizer steps and
+is unaffected too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from elastic_pipe import data as edata
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
+from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.timing import PhaseClock, Progress
+
+__all__ = ["EpochLosses", "StepHook", "epoch_seed", "run_epoch"]
+
+#: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
+_SEED_STRIDE = 1 << 20
+
+#: Called after each step but an epoch's last, with the state after the step and the steps done in the epoch.
+StepHook = Callable[[RunState, int], object]
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    """The seed of a rank's random generators (CPU and CUDA) for one epoch: distinct for every (epoch, rank)."""
+    return (seed * _SEED_STRIDE + epoch) * _SEED_STRIDE + rank
+
+
+def _timed_step(done: int, steps: int, interval: int) -> bool:
+    """Whether step ``done`` (0-based) of an epoch's ``steps`` is split into phases: every ``interval``-th step,
+    never the first (it carries the warm-up of a new layout), and the last when the epoch is shorter than that."""
+    return done % interval == interval - 1 or (done == steps - 1 and steps < interval)
+
+
+@dataclass
+class EpochLosses:
+    """The current epoch's per-step losses: on the device while it runs (reading one would synchronise every
+    step), plus the global losses of steps run before a mid-epoch checkpoint this run resumed from."""
+
+    partial: list[float] = field(default_factory=list)
+    local: list[torch.Tensor] = field(default_factory=list)
+
+    def global_losses(self, stage: StageRuntime, device: torch.device) -> list[float]:
+        """Global losses of the epoch's steps so far (a collective).
+
+        Each step's loss lives on the last stage of each replica; the sum over the world divided by the replica
+        count is the global loss.
+        """
+        if self.local:
+            mine = torch.stack(self.local).to(torch.float64)
+        else:
+            mine = torch.zeros(0, dtype=torch.float64, device=device)
+        if not stage.is_last:
+            mine.zero_()
+        dist.all_reduce(mine)
+        return self.partial + (mine / stage.layout.replicas).tolist()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_epoch(
+    ctx: RunContext,
+    state: RunState,
+    stage: StageRuntime,
+    *,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    sampler: edata.ElasticSampler,
+    losses: EpochLosses,
+    on_step: StepHook | None = None,
+) -> tuple[RunState, list[float], dict[str, float], float]:
+    """Run the rest of ``state.epoch`` in ``stage``'s layout (a collective).
+
+    Returns:
+        The state after the epoch's last step, the epoch's global losses, the per-step phase seconds (slowest
+        rank; means over the timed steps) with ``grad_sync_ops``, and the epoch's seconds.
+    """
+    c, device, layout = ctx.config, ctx.device, stage.layout
+    batch = c.train.global_batch
+    steps_per_epoch = len(ctx.train_set) // batch
+    per_replica = batch // layout.replicas
+    sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
+    # Random ops in training (dropout) draw from generators seeded by (seed, epoch, rank): reproducible across
+    # restarts at epoch granularity, and independent between ranks.
+    torch.manual_seed(epoch_seed(c.train.seed, state.epoch, ctx.rank))
+    first = sampler.consumed // batch
+    clock = PhaseClock(device)
+    sync_ops = 0
+    losses.local = []
+    no_loss = torch.zeros((), dtype=torch.float64, device=device)
+    timer = stage.forward_timer
+    timer.collect()
+    _sync(device)
+    t_epoch = time.perf_counter()
+    label = f"epoch {state.epoch + 1}/{c.train.epochs}"
+    progress = Progress(steps_per_epoch, label, enabled=ctx.rank == 0 and c.log.progress)
+    for i in range(first, steps_per_epoch):
+        maybe_fail("step", ctx.rank, state.epoch, i)
+        timed = device.type != "cuda" or _timed_step(i - first, steps_per_epoch - first, c.log.timing_interval)
+        timer.active = timed
+        clock.start(timed=timed)
+        host_idx = torch.tensor(sampler.step_indices(batch), dtype=torch.long)
+        idx = host_idx
+        if device.type == "cuda":  # a pinned index copies without waiting for the queued work
+            idx = idx.pin_memory().to(device, non_blocking=True)
+        if idx.numel() != per_replica:
+            raise OrchestratorError(
+                f"the sampler ran dry at step {i} of epoch {state.epoch}: got {idx.numel()} of {per_replica} indices"
+            )
+        x = ctx.train_set.inputs[idx].to(device, non_blocking=True) if stage.is_first else None
+        y = ctx.train_set.labels[idx].to(device, non_blocking=True) if stage.is_last else None
+        clock.lap("data")
+        if x is not None:
+            x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
+        clock.lap("forward")
+        step_losses: list[torch.Tensor] = []
+        stage.run(x, y, step_losses)
+        step_s = clock.lap("backward")
+        if timed:
+            fwd = min(timer.collect(), step_s)
+            clock.totals["forward"] += fwd
+            clock.totals["backward"] -= fwd
+        sync_ops += stage.grad_sync()
+        clock.lap("grad_sync")
+        stage.tracker.accumulate()  # holds no layers when the policy does not read their statistics
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        sampler.advance(batch)
+        state = state.replace(step=state.step + 1)
+        clock.lap("optimizer")
+        losses.local.append(torch.stack([t.detach().double() for t in step_losses]).mean() if step_losses else no_loss)
+        progress.update(i + 1)
+        if on_step is not None and i + 1 < steps_per_epoch:
+            on_step(state, i + 1)
+    _sync(device)
+    seconds = time.perf_counter() - t_epoch
+    timer.active = True
+    progress.close()
+    epoch_losses = losses.global_losses(stage, device)
+    losses.partial, losses.local = [], []
+    # Timings are reduced with MAX: the slowest rank sets the pace.
+    times = torch.tensor([clock.totals[p] for p in PHASES] + [seconds, float(sync_ops)], dtype=torch.float64)
+    times = times.to(device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    t = times.tolist()
+    phase_steps = max(1, clock.timed_steps)
+    phases = {p: t[j] / phase_steps for j, p in enumerate(PHASES)}
+    phases["grad_sync_ops"] = t[len(PHASES) + 1]
+    return state, epoch_losses, phases, t[len(PHASES)]
+
+
+def epoch_metrics(
+    state: RunState,
+    stage: StageRuntime,
+    *,
+    steps: int,
+    steps_run: int,
+    global_batch: int,
+    losses: list[float],
+    phases: dict[str, float],
+    seconds: float,
+    scores: tuple[float, float | None],
+    lr: float,
+) -> EpochMetrics:
+    """The record of an epoch from what :func:`run_epoch` measured and the evaluation's scores."""
+    layout = stage.layout
+    ops = int(phases["grad_sync_ops"])
+    return EpochMetrics(
+        epoch=state.epoch,
+        steps=steps,
+        samples=steps * global_batch,
+        seconds=seconds,
+        samples_per_s=max(1, steps_run) * global_batch / seconds if seconds > 0 else 0.0,
+        loss=float(sum(losses) / steps),
+        eval_loss=scores[0],
+        eval_accuracy=scores[1],
+        data_s=phases["data"],
+        forward_s=phases["forward"],
+        backward_s=phases["backward"],
+        grad_sync_s=phases["grad_sync"],
+        optimizer_s=phases["optimizer"],
+        grad_sync_ops=ops,
+        grad_sync_ops_per_s=ops / seconds if seconds > 0 else 0.0,
+        pipe_len=layout.pipe_len,
+        replicas=layout.replicas,
+        frozen_units=state.frozen_units,
+        frozen_sublayers=layout.frozen,
+        microbatches=layout.microbatches,
+        cache=stage.cache_on,
+        lr=lr,
+    )

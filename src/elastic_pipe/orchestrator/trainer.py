@@ -1,0 +1,395 @@
+"""``ElasticTrainer``: the thin, stateful elastic trainer that composes the user's own objects.
+
+Layout. ``W`` processes, one per device, all busy all the time. With pipeline length ``K`` there are ``R = W / K``
+replicas; rank ``r`` runs stage ``r % K`` of replica ``r // K`` (:func:`elastic_pipe.groups.plan_spmd`). Stage
+``s`` holds the active sub-layers ``boundaries[s]:boundaries[s+1]`` and runs them as a
+``torch.distributed.pipelining.PipelineStage`` under the schedule the schedule package generates; gradients are
+averaged over the stage's replica group, so replicas stay bit-identical.
+
+The trainer only composes::
+
+    components (model, data, policy, solver, compression rule, schedule, optimizer, loss)   <- yours, or
+        |                                                                                   components_from_config
+    RunContext (rank, device, groups, splits, costs)      RunState (layout, budget, frozen, epoch, step)
+        |                                                      |  replaced at every transition
+    StageRuntime(layout) --- step_loop.run_epoch ---> executor.decide -> executor.apply -> StageRuntime(new)
+                                        \\-> evaluation.evaluate        \\-> Checkpointer (state_dict / load)
+
+Example::
+
+    trainer = ElasticTrainer(config, model=my_model, data=my_samples, policy=MyPolicy(num_layers=12))
+    with trainer:
+        result = trainer.fit()          # collective: every rank calls it; the same result on every rank
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import cache as acache
+from elastic_pipe import data as edata
+from elastic_pipe import freeze, partition
+from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator import decision, executor, layout_rule, snapshot
+from elastic_pipe.orchestrator.checkpoint import Checkpointer
+from elastic_pipe.orchestrator.components import Components, components_from_config
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.evaluation import evaluate
+from elastic_pipe.orchestrator.layout_rule import CompressionRule
+from elastic_pipe.orchestrator.metrics import EventLog, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
+from elastic_pipe.orchestrator.process_group import device_for, join_process_group, training_backend, warm_up
+from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, epoch_metrics, run_epoch
+from elastic_pipe.orchestrator.transition import drop_foreign_state
+from elastic_pipe.orchestrator.workload import Loss, Samples, split_samples
+
+__all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
+
+#: Bytes per MiB (cache budgets are configured in MiB).
+MIB = 1 << 20
+
+
+def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
+    """Every pipeline length the job may reach: divisors of the world size up to the initial length."""
+    return tuple(k for k in range(config.pipeline.pipe_len, 0, -1) if config.world_size % k == 0)
+
+
+def sublayer_costs(model: nn.Module) -> list[float]:
+    """Parameters per sub-layer (the published partition proxy)."""
+    return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
+
+
+class ElasticTrainer:
+    """One rank's elastic training run, composed from built parts.
+
+    Every component not given is built from ``config`` (:func:`components_from_config`).
+
+    Args:
+        config: the run's numbers (epochs, batch, layout, launch, checkpoint, log).
+        model: a :class:`~elastic_pipe.models.SubLayerModel`, seeded identically on every rank.
+        data: samples (``inputs``, ``labels``, ``sample_ids``) or a map-style dataset of ``(input, label)``.
+        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        partitioner: a partition solver name or function (``partition.optimal``).
+        compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
+        schedule: a schedule kind ("gpipe", "1f1b", ...).
+        optimizer: ``params -> torch.optim.Optimizer``.
+        loss: ``loss(output, target)``, a mean over the micro-batch.
+        quiet: no human lines on stderr (records still go to ``[log] dir``).
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: nn.Module | None = None,
+        data: Samples | Any = None,
+        policy: freeze.FreezePolicy | None = None,
+        partitioner: str | partition.Solver | None = None,
+        compression: CompressionRule | None = None,
+        schedule: str | None = None,
+        optimizer: OptimizerFactory | None = None,
+        loss: Loss | None = None,
+        quiet: bool = False,
+    ) -> None:
+        self.config = config
+        self.parts: Components = components_from_config(
+            config,
+            model=model,
+            data=data,
+            policy=policy,
+            partitioner=partitioner,
+            compression=compression,
+            schedule=schedule,
+            optimizer=optimizer,
+            loss=loss,
+        )
+        self.quiet = quiet
+        self.result = RunResult()
+        self._ctx: RunContext | None = None
+        self._state: RunState | None = None
+        self._stage: StageRuntime | None = None
+        self._owns_group = False
+        self._groups: GroupManager | None = None
+        self.cache: acache.ActivationCache | None = None
+        self.losses = EpochLosses()
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> ElasticTrainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def setup(self) -> None:
+        """Join the process group (from the torchrun environment, unless one exists), build the groups, the
+        optimizer and the data splits (a collective). :meth:`fit` calls it; idempotent."""
+        if self._ctx is not None:
+            return
+        c = self.config
+        self._owns_group = join_process_group(c)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world != c.world_size:
+            raise OrchestratorError(f"the job has {world} processes but the config describes {c.world_size}")
+        device = device_for(c)
+        dtype = getattr(torch, c.train.dtype)
+        train_set, eval_set = split_samples(self.parts.data, c.data.eval_fraction, c.train.seed, dtype)
+        if len(train_set) < c.train.global_batch:
+            raise OrchestratorError(
+                f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples"
+            )
+        groups = GroupManager(
+            world,
+            rank,
+            candidate_pipe_lens(c),
+            backend=training_backend(c),
+            gpus_per_node=c.launch.nproc_per_node if c.launch.nnodes > 1 else None,
+            timeout=c.launch.timeout,
+        )
+        groups.build()
+        self._groups = groups
+        warm_up(groups, device)
+        path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
+        log = EventLog(path, None if self.quiet or rank != 0 else sys.stderr)
+        model = self.parts.model.to(device)
+        costs = sublayer_costs(model)
+        self._ctx = RunContext(c, self.parts, rank, world, device, groups, train_set, eval_set, log, costs)
+        if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
+            self._ctx.costs = self._profiled_costs()
+        make = self.parts.optimizer
+        assert make is not None  # components_from_config fills it
+        self.optimizer = make([p for p in model.parameters() if p.requires_grad])
+        total = c.train.epochs * self.steps_per_epoch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
+        self.sampler = edata.ElasticSampler(len(train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
+        if c.pipeline.cache != "off":
+            self.cache = acache.ActivationCache(
+                int(self._ctx.host_ids.max()) + 1, device_budget=c.pipeline.cache_mb * MIB, device=device
+            )
+
+    def _profiled_costs(self) -> list[float]:
+        """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
+        ctx = self.ctx
+        c = self.config
+        mb = max(1, c.train.global_batch // c.world_size // c.pipeline.microbatches)
+        names = getattr(ctx.model, "layer_names", [str(i) for i in range(len(ctx.sublayers))])
+        example = ctx.train_set.inputs[:mb].to(ctx.device)
+        costs = partition.weights_from_costs(
+            partition.profile_layers(list(zip(names, ctx.sublayers, strict=True)), example), metric="time"
+        )
+        for p in ctx.model.parameters():
+            p.grad = None
+        return costs
+
+    def start(self) -> None:
+        """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
+        self.setup()
+        ctx, c = self.ctx, self.config
+
+        def initial() -> Any:
+            layout, budget = layout_rule.initial_layout(
+                ctx.costs,
+                c.pipeline.pipe_len,
+                ctx.world_size,
+                solver=self.parts.partitioner,
+                microbatches=c.microbatches_for(c.pipeline.pipe_len),
+            )
+            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=(), grad_norms=None)
+
+        msg = decision.announce(initial, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
+        self._enter(RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start), 0)
+
+    def _enter(self, state: RunState, old_frozen: int) -> None:
+        """Make ``state`` current: drop foreign optimizer state, build the stage, carry the cache."""
+        ctx = self.ctx
+        if self._stage is not None:
+            self._stage.close()
+        ctx.restore_modes(state.layout, True)
+        drop_foreign_state(self.optimizer, ctx.sublayers, ctx.owned(state.layout))
+        self._state = state
+        self._stage = StageRuntime(ctx, state.layout)
+        self._stage.setup_cache(self.cache, old_frozen)
+        self.sampler.reshard(state.layout.replicas, self._stage.replica)
+
+    def close(self) -> None:
+        """Release what the trainer holds beyond its results: the stage's hooks on the model, the activation
+        cache, and the process groups it created (the default group too, when it joined it). Idempotent."""
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
+        if self._groups is not None:
+            self._groups.destroy()
+            self._groups = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    # ---------------------------------------------------------------------------------------------- properties
+    @property
+    def ctx(self) -> RunContext:
+        """This rank's fixed facts (after :meth:`setup`)."""
+        if self._ctx is None:
+            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
+        return self._ctx
+
+    @property
+    def state(self) -> RunState:
+        """Where the run stands (after :meth:`start`)."""
+        if self._state is None:
+            raise OrchestratorError("the trainer has no layout yet: call fit() or start() first")
+        return self._state
+
+    @property
+    def stage(self) -> StageRuntime:
+        """This rank's stage in the current layout (after :meth:`start`)."""
+        if self._stage is None:
+            raise OrchestratorError("the trainer has no stage yet: call fit() or start() first")
+        return self._stage
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch."""
+        return len(self.ctx.train_set) // self.config.train.global_batch
+
+    # -------------------------------------------------------------------------------------------------- train
+    def fit(self, *, on_epoch_end: Callable[[ElasticTrainer], object] | None = None) -> RunResult:
+        """Train to ``train.epochs`` (a collective), with a decision point after every epoch but the last.
+
+        Checkpoints are written and resumed as ``[checkpoint]`` says.
+
+        Args:
+            on_epoch_end: called on every rank after each epoch's transition.
+        """
+        t0 = time.perf_counter()
+        self.setup()
+        c = self.config
+        checkpointer = Checkpointer(c) if c.checkpoint.dir else None
+        if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and checkpointer.resume(self)):
+            self.start()
+        on_step: StepHook | None = None
+        if checkpointer is not None:
+
+            def on_step(state: RunState, done: int) -> None:
+                self._state = state  # the record of the step just finished, which a checkpoint saves
+                checkpointer.maybe_save_step(self, done)
+
+        while self.state.epoch < c.train.epochs:
+            self._train_epoch(on_step)
+            if self.state.epoch < c.train.epochs:
+                self.transition()
+            if checkpointer is not None:
+                checkpointer.maybe_save(self)
+            if on_epoch_end is not None:
+                on_epoch_end(self)
+        self.result.seconds = time.perf_counter() - t0
+        return self.result
+
+    def _train_epoch(self, on_step: StepHook | None) -> None:
+        ctx, c = self.ctx, self.config
+        first = self.sampler.consumed // c.train.global_batch
+        state, losses, phases, seconds = run_epoch(
+            ctx,
+            self.state,
+            self.stage,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            sampler=self.sampler,
+            losses=self.losses,
+            on_step=on_step,
+        )
+        scores = evaluate(ctx, state.layout)
+        metrics = epoch_metrics(
+            state,
+            self.stage,
+            steps=self.steps_per_epoch,
+            steps_run=self.steps_per_epoch - first,
+            global_batch=c.train.global_batch,
+            losses=losses,
+            phases=phases,
+            seconds=seconds,
+            scores=scores,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+        )
+        self.result.losses.extend(losses)
+        self.result.epochs.append(metrics.to_dict())
+        self.result.final_accuracy, self.result.final_eval_loss = scores[1], scores[0]
+        ctx.log.record(metrics.to_dict(), metrics.human(c.train.epochs))
+        self._state = state.replace(epoch=state.epoch + 1)
+
+    def transition(self) -> TransitionEvent | None:
+        """Decide and apply at the decision point before the current epoch; returns the event when it changed."""
+        ctx = self.ctx
+        eval_loss = self.result.final_eval_loss if self.result.epochs else None
+        msg, applied, decide_s, seconds = executor.timed_decision(
+            ctx, self.state, self.stage, optimizer=self.optimizer, cache=self.cache, eval_loss=eval_loss
+        )
+        if applied is None:
+            return None
+        self._state, self._stage = applied.state, applied.stage
+        self.sampler.reshard(applied.state.layout.replicas, applied.stage.replica)
+        layout = applied.state.layout
+        event = TransitionEvent(
+            epoch=applied.state.epoch,
+            step=applied.state.step,
+            frozen_units=applied.state.frozen_units,
+            frozen=layout.frozen,
+            pipe_len=layout.pipe_len,
+            replicas=layout.replicas,
+            microbatches=layout.microbatches,
+            boundaries=tuple(layout.boundaries),
+            changed_ranks=tuple(msg.changed_ranks),
+            bytes_moved=applied.bytes_moved,
+            cache=applied.stage.cache_on,
+            seconds=seconds,
+            phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
+        )
+        self.result.transitions.append(event.to_dict())
+        ctx.log.record(event.to_dict(), event.human())
+        return event
+
+    # -------------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the run needs to continue (a collective: every stage's optimizer state goes to rank 0).
+
+        Returns:
+            On rank 0 the complete state (tensors on the CPU, plain data otherwise); ``{}`` on the other ranks.
+        """
+        ctx = self.ctx
+        return snapshot.gather(
+            ctx,
+            self.state,
+            self.optimizer,
+            extra={
+                "scheduler": self.scheduler.state_dict(),
+                "policy": self.parts.policy.state_dict(),
+                "sampler": self.sampler.state_dict(),
+                "history": self.result.history(),
+                "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
+            },
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` (every rank passes the same dict; after :meth:`setup`)."""
+        ctx = self.ctx
+        run_state = snapshot.restore(ctx, self.optimizer, state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.parts.policy.load_state_dict(state["policy"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.result.load_history(state["history"])
+        self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
+        ctx.forget_prefix()  # the loaded weights are not those it was taken with
+        self._enter(run_state, 0)
