@@ -17,11 +17,12 @@ from torch import nn
 from elastic_pipe.freeze import GradNormTracker, LayerStats, decide, freeze_modules, make_policy, register_policy
 
 
-# --- the policy (24 lines) ----------------------------------------------------------------------------------------
+# --- the policy (29 lines) ----------------------------------------------------------------------------------------
 class PlateauFreeze:
     """Freeze one more layer when the first active layer's gradient norm fell below ``ratio`` x its peak norm."""
 
-    can_unfreeze = False
+    name = "plateau"  # how snapshots and error messages call it
+    needs_stats = True  # observe() reads gradient norms, so the runtime must collect them
 
     def __init__(self, num_layers: int, ratio: float = 0.5) -> None:
         self.num_layers, self.ratio = num_layers, ratio
@@ -31,6 +32,9 @@ class PlateauFreeze:
     def observe(self, stats: LayerStats) -> None:
         self.latest = list(stats.mean_l2())
         self.peak = [max(p, v) for p, v in zip(self.peak, self.latest, strict=True)]
+
+    def observe_eval(self, loss: float) -> None:
+        pass  # decides from gradient norms alone
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         latest, self.latest = self.latest, None  # decide once per observation
@@ -59,6 +63,8 @@ def main() -> None:
     tracker = GradNormTracker(dict(enumerate(layers)))
     x = torch.randn(512, WIDTH)
     y = (x[:, :4].sum(dim=1, keepdim=True) > 0).float()
+    x_eval = torch.randn(256, WIDTH)  # held out: drawn after the training data, so that stays the same
+    y_eval = (x_eval[:, :4].sum(dim=1, keepdim=True) > 0).float()
     frozen = 0
     for epoch in range(EPOCHS):
         new = decide(policy, epoch, epoch * STEPS_PER_EPOCH, frozen)
@@ -76,8 +82,17 @@ def main() -> None:
             optimizer.step()
         policy.observe(tracker.local_stats(NUM_LAYERS))
         tracker.reset()
+        with torch.no_grad():
+            h = x_eval
+            for layer in layers:
+                h = layer(h)
+            eval_loss = nn.functional.binary_cross_entropy_with_logits(head(h), y_eval).item()
+        policy.observe_eval(eval_loss)  # every policy takes it; this one ignores it
         bar = "#" * frozen + "." * (NUM_LAYERS - frozen)
-        print(f"epoch {epoch:>2}  frozen {frozen}  {bar}  loss {loss.item():.3f}  (removed {removed} tensors)")
+        print(
+            f"epoch {epoch:>2}  frozen {frozen}  {bar}  loss {loss.item():.3f}  held-out {eval_loss:.3f}  "
+            f"(removed {removed} tensors)"
+        )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ def test_example_policy_plugs_in_and_resumes() -> None:
     try:
         policy = make_policy("plateau-test", 3, ratio=0.5)
         assert isinstance(policy, FreezePolicy)
+        assert (policy.name, policy.needs_stats) == ("plateau", True)
+        policy.observe_eval(0.25)  # ignored
         policy.observe(LayerStats((1.0,) * 3, (4.0, 2.0, 2.0), 1))
         assert decide(policy, 1, 10, 0) == 0  # peak 4, latest 4
         policy.observe(LayerStats((1.0,) * 3, (1.9, 0.5, 2.0), 1))

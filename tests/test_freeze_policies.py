@@ -229,13 +229,19 @@ def test_never_keeps_the_current_count() -> None:
 
 
 class _Unfreezer:
+    """A custom policy with every protocol member, answering a fixed count."""
+
+    name = "unfreezer"
+    needs_stats = False
     num_layers = 4
-    can_unfreeze = False
 
     def __init__(self, answer: int) -> None:
         self.answer = answer
 
     def observe(self, stats: LayerStats) -> None:
+        pass
+
+    def observe_eval(self, loss: float) -> None:
         pass
 
     def propose(self, epoch: int, step: int, current: int) -> int:
@@ -248,17 +254,81 @@ class _Unfreezer:
         pass
 
 
+class _OldProtocol:
+    """A policy written against the protocol before ``name``, ``needs_stats`` and ``observe_eval``."""
+
+    num_layers = 4
+    can_unfreeze = True
+
+    def observe(self, stats: LayerStats) -> None:
+        pass
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        return current
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 def test_decide_rejects_bad_proposals() -> None:
     assert isinstance(_Unfreezer(0), FreezePolicy)
-    with pytest.raises(FreezeError, match="can_unfreeze=False"):
-        decide(_Unfreezer(1), 0, 0, 2)
-    with pytest.raises(FreezeError, match=r"in \[0, 4\]"):
+    with pytest.raises(FreezeError, match=r"'unfreezer'.*returned 5, expected a count in \[0, 4\]"):
         decide(_Unfreezer(5), 0, 0, 0)
     with pytest.raises(FreezeError, match="current frozen count"):
         decide(_Unfreezer(1), 0, 0, 7)
+    with pytest.raises(FreezeError, match="expected an int"):
+        decide(_Unfreezer(True), 0, 0, 0)
+
+
+def test_decide_refuses_a_decrease_naming_the_policy() -> None:
+    # there is no can_unfreeze switch any more: a policy that declares it still may not thaw
     unfreezer = _Unfreezer(1)
-    unfreezer.can_unfreeze = True
-    assert decide(unfreezer, 0, 0, 3) == 1
+    unfreezer.can_unfreeze = True  # type: ignore[attr-defined]
+    with pytest.raises(FreezeError, match=r"freeze policy 'unfreezer' \(_Unfreezer\).*1 < current 3.*thawing"):
+        decide(unfreezer, 0, 0, 3)
+    assert decide(_Unfreezer(3), 0, 0, 3) == 3
+
+
+@pytest.mark.parametrize("member", ["name", "needs_stats", "observe_eval"])
+def test_a_policy_missing_a_member_is_not_a_freeze_policy(member: str) -> None:
+    namespace = {k: v for k, v in vars(_Unfreezer).items() if k != member and not k.startswith("__")}
+    partial = type("Partial", (), {**namespace, "__init__": _Unfreezer.__init__})(0)
+    assert not isinstance(partial, FreezePolicy)
+    with pytest.raises(FreezeError, match=rf"lacks the FreezePolicy members \['{member}'\]"):
+        decide(partial, 0, 0, 0)
+
+
+def test_the_old_protocol_is_refused_by_name() -> None:
+    old = _OldProtocol()
+    assert not isinstance(old, FreezePolicy)
+    with pytest.raises(FreezeError, match=r"\['name', 'needs_stats', 'observe_eval'\]"):
+        decide(old, 0, 0, 0)  # type: ignore[arg-type]
+    register_policy("test-old", lambda num_layers: _OldProtocol())
+    try:
+        with pytest.raises(FreezeError, match=r"freeze policy 'test-old'.*lacks the FreezePolicy members"):
+            make_policy("test-old", 4)
+    finally:
+        del POLICIES["test-old"]
+
+
+def test_every_builtin_declares_name_and_needs_stats_on_the_class() -> None:
+    expected_stats = {
+        "alpha": False,
+        "paper": True,
+        "autofreeze": True,
+        "freezeout": False,
+        "manual": False,
+        "never": False,
+    }
+    assert set(POLICIES) == set(expected_stats)
+    for name, factory in POLICIES.items():
+        assert isinstance(factory, type)
+        assert vars(factory)["name"] == name
+        assert vars(factory)["needs_stats"] is expected_stats[name]
+        assert "observe_eval" in vars(factory) and "can_unfreeze" not in vars(factory)
 
 
 def test_make_policy_builds_every_builtin() -> None:
@@ -273,7 +343,8 @@ def test_make_policy_builds_every_builtin() -> None:
     assert set(options) <= set(POLICIES)
     for name, kw in options.items():
         policy = make_policy(name, 8, **kw)
-        assert isinstance(policy, FreezePolicy) and policy.num_layers == 8 and not policy.can_unfreeze
+        assert isinstance(policy, FreezePolicy) and policy.num_layers == 8 and policy.name == name
+        policy.observe_eval(0.5)  # every built-in takes the held-out loss (all but one ignore it)
 
 
 def test_make_policy_errors_name_the_valid_choices() -> None:

@@ -3,8 +3,9 @@ and apply a decision to a model and its optimizer without disturbing the state o
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 
-* :class:`FreezePolicy` - the protocol; built-ins :class:`AlphaSchedule`, :class:`PaperRule`, :class:`AutoFreeze`,
-  :class:`FreezeOut`, :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+* :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
+  :class:`PaperRule`, :class:`AutoFreeze`, :class:`FreezeOut`, :class:`ManualSchedule`,
+  :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.

@@ -53,7 +53,6 @@ class AlphaSchedule:
 
     name: ClassVar[str] = "alpha"
     needs_stats: ClassVar[bool] = False
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int, alpha: float) -> None:
         check_num_layers("AlphaSchedule", num_layers)
@@ -65,6 +64,9 @@ class AlphaSchedule:
         return f"AlphaSchedule(num_layers={self.num_layers}, alpha={self.alpha})"
 
     def observe(self, stats: LayerStats) -> None:
+        """Ignored: the schedule depends on the epoch only."""
+
+    def observe_eval(self, loss: float) -> None:
         """Ignored: the schedule depends on the epoch only."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:

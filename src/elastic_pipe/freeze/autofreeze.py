@@ -53,7 +53,6 @@ class AutoFreeze:
 
     name: ClassVar[str] = "autofreeze"
     needs_stats: ClassVar[bool] = True
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int, percentile: float = 50.0) -> None:
         check_num_layers("AutoFreeze", num_layers)
@@ -76,6 +75,9 @@ class AutoFreeze:
         """
         check_stats("AutoFreeze", self.num_layers, stats)
         self._pending = stats.mean_l1()
+
+    def observe_eval(self, loss: float) -> None:
+        """Ignored: the rule reads gradient statistics only."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         """Decide if an interval was observed since the last decision; else repeat the last answer."""

@@ -32,7 +32,6 @@ class FreezeOut:
 
     name: ClassVar[str] = "freezeout"
     needs_stats: ClassVar[bool] = False
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int, t0: float, total_steps: int, cubic: bool = False) -> None:
         check_num_layers("FreezeOut", num_layers)
@@ -73,6 +72,9 @@ class FreezeOut:
         return 0.5 * (1.0 + math.cos(math.pi * step / stop))
 
     def observe(self, stats: LayerStats) -> None:
+        """Ignored: the schedule depends on the step only."""
+
+    def observe_eval(self, loss: float) -> None:
         """Ignored: the schedule depends on the step only."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:

@@ -45,7 +45,6 @@ class ManualSchedule:
 
     name: ClassVar[str] = "manual"
     needs_stats: ClassVar[bool] = False
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int, schedule: Mapping[int, int]) -> None:
         check_num_layers("ManualSchedule", num_layers)
@@ -73,6 +72,9 @@ class ManualSchedule:
         return max((f for e, f in self.schedule.items() if e <= epoch), default=0)
 
     def observe(self, stats: LayerStats) -> None:
+        """Ignored: the schedule depends on the epoch only."""
+
+    def observe_eval(self, loss: float) -> None:
         """Ignored: the schedule depends on the epoch only."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:
@@ -106,7 +108,6 @@ class Never:
 
     name: ClassVar[str] = "never"
     needs_stats: ClassVar[bool] = False
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int) -> None:
         check_num_layers("Never", num_layers)
@@ -117,6 +118,9 @@ class Never:
 
     def observe(self, stats: LayerStats) -> None:
         """Ignored."""
+
+    def observe_eval(self, loss: float) -> None:
+        """Ignored: nothing is ever frozen."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         """``current``: nothing new is frozen."""

@@ -35,7 +35,6 @@ class PaperRule:
 
     name: ClassVar[str] = "paper"
     needs_stats: ClassVar[bool] = True
-    can_unfreeze: bool = False
 
     def __init__(self, num_layers: int, alpha: float) -> None:
         check_num_layers("PaperRule", num_layers)
@@ -57,6 +56,9 @@ class PaperRule:
         """
         check_stats("PaperRule", self.num_layers, stats)
         self._latest = stats.mean_l2()
+
+    def observe_eval(self, loss: float) -> None:
+        """Ignored: the rule reads gradient statistics only."""
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         """Take one decision step per epoch elapsed since the last decision; else repeat the last answer."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.policy import FreezePolicy, decide
+from elastic_pipe.freeze.policy import FreezePolicy, check_policy, decide
 
 __all__ = ["frozen_by_epoch"]
 
@@ -12,17 +12,19 @@ def frozen_by_epoch(policy: FreezePolicy, epochs: int, steps_per_epoch: int = 1)
     """Frozen count at the start of epochs ``0 .. epochs-1``, asking ``policy`` exactly as a training loop would.
 
     Args:
-        policy: a schedule-driven policy (one whose ``needs_stats`` is False or absent).
+        policy: a schedule-driven policy (one whose ``needs_stats`` is False).
         epochs: number of epochs, >= 1.
         steps_per_epoch: optimizer steps per epoch, passed as ``step = epoch * steps_per_epoch``.
 
     Raises:
-        FreezeError: a policy that needs gradient statistics, or bad ``epochs``/``steps_per_epoch``.
+        FreezeError: a policy that lacks protocol members or needs gradient statistics, or bad ``epochs`` or
+            ``steps_per_epoch``.
     """
-    if getattr(policy, "needs_stats", False):
+    check_policy("frozen_by_epoch", policy)
+    if policy.needs_stats:
         raise FreezeError(
-            f"{type(policy).__name__} decides from gradient statistics, so it has no plan without training; "
-            "expected a schedule-driven policy (alpha, freezeout, manual, never)"
+            f"freeze policy {policy.name!r} ({type(policy).__name__}) decides from gradient statistics, "
+            "so it has no plan without training; expected a schedule-driven policy (alpha, freezeout, manual, never)"
         )
     if epochs < 1 or steps_per_epoch < 1:
         raise FreezeError(

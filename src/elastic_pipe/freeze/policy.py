@@ -1,13 +1,20 @@
 """The freeze-policy protocol: the plug-in point for deciding how many leading layers are frozen.
 
 A policy is any object with these members (no base class needed). The caller - the orchestrator, or a plain
-training loop - feeds it per-layer statistics with :meth:`FreezePolicy.observe` and asks at a decision point
-(typically the start of an epoch) with :meth:`FreezePolicy.propose`. :func:`decide` asks and checks the answer, so
-a faulty custom policy fails loudly instead of unfreezing layers or freezing past the end.
+training loop - feeds it per-layer gradient statistics with :meth:`FreezePolicy.observe` (only if
+:attr:`FreezePolicy.needs_stats`), the held-out loss with :meth:`FreezePolicy.observe_eval`, and asks at a decision
+point (typically the start of an epoch) with :meth:`FreezePolicy.propose`. :func:`decide` asks and checks the
+answer, so a faulty custom policy fails loudly instead of unfreezing layers or freezing past the end.
+
+Thawing is not supported: every policy is monotone, and :func:`decide` raises :class:`FreezeError` for a proposal
+below the current count. Freezing is not reversible where it matters: :func:`~elastic_pipe.freeze.freeze_modules`
+drops a frozen parameter's optimizer state (moments, step counts), the orchestrator caches the frozen prefix's
+activations and lays out the pipeline over the active layers only. A thawed layer would restart with a blank
+optimizer state over stale cached activations, so the protocol has no ``can_unfreeze`` switch to ask for it.
 
 Timeline of one job, with decisions at epoch starts::
 
-    epoch 0: train ... tracker.accumulate() per step ... policy.observe(stats)
+    epoch 0: train ... tracker.accumulate() per step ... policy.observe(stats); policy.observe_eval(held-out loss)
     epoch 1: frozen = decide(policy, epoch=1, step=s, current=frozen) -> freeze_modules(newly frozen, optimizer)
     ...
 """
@@ -19,27 +26,55 @@ from typing import Any, Protocol, runtime_checkable
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.stats import LayerStats
 
-__all__ = ["FreezePolicy", "check_config", "check_current", "check_num_layers", "decide"]
+__all__ = ["MEMBERS", "FreezePolicy", "check_config", "check_current", "check_num_layers", "check_policy", "decide"]
+
+#: Every member a runtime reads, in the order of :class:`FreezePolicy`; :func:`check_policy` names the missing ones.
+MEMBERS = (
+    "name",
+    "needs_stats",
+    "num_layers",
+    "observe",
+    "observe_eval",
+    "propose",
+    "state_dict",
+    "load_state_dict",
+)
 
 
 @runtime_checkable
 class FreezePolicy(Protocol):
     """Decides the number of frozen leading layers of a model with ``num_layers`` freezable layers.
 
+    ``name`` and ``needs_stats`` are read-only: a class attribute (as every built-in declares them), an instance
+    attribute or a property satisfies them.
+
     Attributes:
         num_layers: number of freezable layers L (an input, never hard-coded).
-        can_unfreeze: whether :meth:`propose` may return less than ``current``; False for every built-in policy.
     """
 
     num_layers: int
-    can_unfreeze: bool
+
+    @property
+    def name(self) -> str:
+        """Short registry-style name (``"alpha"``, ``"converged"``); snapshots and error messages carry it."""
+        ...
+
+    @property
+    def needs_stats(self) -> bool:
+        """Whether :meth:`observe` needs gradient statistics. Schedules say False, and a runtime then neither
+        accumulates gradients per step nor gathers statistics per decision (it need not call :meth:`observe`)."""
+        ...
 
     def observe(self, stats: LayerStats) -> None:
         """Take in per-layer statistics gathered since the previous observation."""
         ...
 
+    def observe_eval(self, loss: float) -> None:
+        """Take in the held-out loss measured after a decision interval (schedules ignore it)."""
+        ...
+
     def propose(self, epoch: int, step: int, current: int) -> int:
-        """Return the frozen count wanted now, in ``[0, num_layers]``, ``>= current`` unless ``can_unfreeze``.
+        """Return the frozen count wanted now, in ``[current, num_layers]`` (policies never thaw).
 
         Args:
             epoch: the epoch about to run (0-based).
@@ -55,6 +90,13 @@ class FreezePolicy(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a snapshot taken by :meth:`state_dict` (of a policy with the same configuration)."""
         ...
+
+
+def check_policy(owner: str, obj: object) -> None:
+    """Raise :class:`FreezeError` naming the :data:`MEMBERS` that ``obj`` lacks, if it is no :class:`FreezePolicy`."""
+    missing = [member for member in MEMBERS if not hasattr(obj, member)]
+    if missing:
+        raise FreezeError(f"{owner}: {obj!r} lacks the FreezePolicy members {missing}; expected all of {list(MEMBERS)}")
 
 
 def check_num_layers(owner: str, num_layers: int) -> None:
@@ -90,23 +132,25 @@ def decide(policy: FreezePolicy, epoch: int, step: int, current: int) -> int:
         current: leading layers frozen right now.
 
     Returns:
-        The proposed frozen count.
+        The proposed frozen count, in ``[current, policy.num_layers]``.
 
     Raises:
-        FreezeError: bad ``epoch``/``step``/``current``, or the proposal is outside ``[0, num_layers]``, not an
-            integer, or below ``current`` for a policy that cannot unfreeze.
+        FreezeError: ``policy`` lacks protocol members, bad ``epoch``/``step``/``current``, or the proposal is not
+            an integer, outside ``[0, num_layers]``, or below ``current`` (thawing is not supported).
     """
-    name = type(policy).__name__
+    check_policy("decide", policy)
+    owner = f"freeze policy {policy.name!r} ({type(policy).__name__})"
     if epoch < 0 or step < 0:
-        raise FreezeError(f"{name}: epoch and step must be >= 0, got epoch={epoch} step={step}")
-    check_current(name, policy.num_layers, current)
+        raise FreezeError(f"{owner}: epoch and step must be >= 0, got epoch={epoch} step={step}")
+    check_current(owner, policy.num_layers, current)
     proposal = policy.propose(epoch, step, current)
     if isinstance(proposal, bool) or not isinstance(proposal, int):
-        raise FreezeError(f"{name}.propose returned {proposal!r}, expected an int")
+        raise FreezeError(f"{owner}: propose returned {proposal!r}, expected an int")
     if not 0 <= proposal <= policy.num_layers:
-        raise FreezeError(f"{name}.propose returned {proposal}, expected a count in [0, {policy.num_layers}]")
-    if proposal < current and not policy.can_unfreeze:
+        raise FreezeError(f"{owner}: propose returned {proposal}, expected a count in [0, {policy.num_layers}]")
+    if proposal < current:
         raise FreezeError(
-            f"{name}.propose returned {proposal} < current {current}, but the policy declares can_unfreeze=False"
+            f"{owner}: propose returned {proposal} < current {current}; expected a count in "
+            f"[{current}, {policy.num_layers}] (policies are monotone: thawing is not supported)"
         )
     return proposal

@@ -12,7 +12,7 @@ from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
 from elastic_pipe.freeze.paper import PaperRule
-from elastic_pipe.freeze.policy import FreezePolicy
+from elastic_pipe.freeze.policy import FreezePolicy, check_policy
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy"]
 
@@ -54,8 +54,8 @@ def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
         **options: the policy's own keyword arguments (``alpha=``, ``percentile=``, ``t0=``, ...).
 
     Raises:
-        FreezeError: unknown name (the message lists the valid ones), options the policy does not take, or
-            invalid option values.
+        FreezeError: unknown name (the message lists the valid ones), options the policy does not take, invalid
+            option values, or a factory that built an object lacking FreezePolicy members (the message names them).
     """
     try:
         factory = POLICIES[name]
@@ -71,6 +71,5 @@ def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
         except TypeError as exc:
             raise FreezeError(f"freeze policy {name!r}: {exc}; its signature is {signature}") from None
     policy = factory(num_layers, **options)
-    if not isinstance(policy, FreezePolicy):
-        raise FreezeError(f"freeze policy {name!r} built {policy!r}, which lacks the FreezePolicy members")
+    check_policy(f"freeze policy {name!r}", policy)
     return policy
