@@ -84,32 +84,31 @@ def test_one_stage_runner_computes_what_the_torch_schedule_computes(microbatches
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-12, atol=1e-12)
 
 
-def _train_tiny(**overrides: Any) -> tuple[nn.Module, dict[str, Any]]:
+def _train_tiny(overrides: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     """A tiny ViT trained on 96 digits by one stage and two replicas, one micro-batch per step (gradients are
     averaged by backward hooks); returns the model and the run's result."""
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator import TrainConfig, run_rank
+    from elastic_pipe.orchestrator import config_from_tables, run_rank
     from elastic_pipe.orchestrator.workload import Split
 
     d = load_digits()
-    base: dict[str, Any] = {
-        "model": "vit",
-        "epochs": 1,
-        "global_batch": 32,
-        "microbatches": 1,
-        "pipe_len": 1,
-        "nproc_per_node": 2,
-        "progress": False,
+    tables: dict[str, Any] = {
+        "model": {"name": "vit"},
+        "train": {"epochs": 1, "global_batch": 32},
+        "pipeline": {"microbatches": 1, "pipe_len": 1},
+        "launch": {"nproc_per_node": 2},
+        "log": {"progress": False},
     }
     model = models.vit(config="vit-tiny", depth=2, dim=16, heads=2, mlp_dim=32)
     samples = Split(d.inputs[:96], d.labels[:96], d.sample_ids[:96])
-    result = run_rank(TrainConfig(**{**base, **overrides}), model=model, samples=samples, quiet=True)
+    config = config_from_tables(tables).override(overrides)
+    result = run_rank(config, model=model, samples=samples, quiet=True)
     return model, result.to_dict()
 
 
 def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
-    model, _ = _train_tiny(cache="on", policy="never")
+    model, _ = _train_tiny({"pipeline.cache": "on", "freeze.policy": "never"})
     hooked = sum(bool(getattr(p, "_post_accumulate_grad_hooks", None)) for p in model.parameters())
     return {"hooked": hooked, "params": sum(1 for _ in model.parameters())}
 
@@ -121,18 +120,19 @@ def test_a_finished_run_leaves_no_hooks_on_the_model() -> None:
 
 
 def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
-    from elastic_pipe.orchestrator.runtime import ElasticRun
+    from elastic_pipe.orchestrator import executor
 
     seen: dict[str, Any] = {}
-    original = ElasticRun.decide
+    original = executor.decide
 
-    def spy(self: ElasticRun, epoch: int) -> Any:
-        seen["track"] = self._track_gradients
-        seen["held"] = len(self._tracker._layers)  # units whose gradients the tracker sums
-        return original(self, epoch)
+    def spy(ctx: Any, state: Any, stage: Any, **kw: Any) -> Any:
+        seen["track"] = ctx.track_gradients
+        seen["held"] = len(stage.tracker._layers)  # units whose gradients the tracker sums
+        return original(ctx, state, stage, **kw)
 
-    ElasticRun.decide = spy  # type: ignore[method-assign]
-    _, result = _train_tiny(epochs=2, policy=policy, policy_options={"alpha": 0.5} if policy == "alpha" else {})
+    executor.decide = spy  # type: ignore[assignment]
+    options = {"alpha": 0.5} if policy == "alpha" else {}
+    _, result = _train_tiny({"train.epochs": 2, "freeze.policy": policy, "freeze.options": options})
     seen["frozen"] = [e["frozen_units"] for e in result["epochs"]]
     return seen
 

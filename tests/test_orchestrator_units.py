@@ -22,15 +22,20 @@ from elastic_pipe.orchestrator import (
     plan_moves,
     preflight,
 )
-from elastic_pipe.orchestrator.decision import initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.grad_sync import grad_buckets
+from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
-from elastic_pipe.orchestrator.runtime import _timed_step, candidate_pipe_lens
+from elastic_pipe.orchestrator.step_loop import _timed_step
+from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
 
-TINY = {"model": "vit", "model_options": {"preset": "vit-tiny"}}
+TINY = {"model": {"name": "vit", "options": {"preset": "vit-tiny"}}, "freeze": {"options": {"alpha": 0.5}}}
+
+
+def _tiny(overrides: dict[str, object] | None = None) -> TrainConfig:
+    return config_from_tables(TINY).override(overrides or {})
 
 
 # ------------------------------------------------------------------------------------------------- configuration
@@ -55,15 +60,25 @@ nproc_per_node = 4
         encoding="utf-8",
     )
     c = load_config(path)
-    assert (c.model, c.model_options, c.epochs, c.global_batch) == ("vit", {"preset": "vit-tiny", "depth": 4}, 3, 32)
-    assert (c.policy, c.policy_options, c.pipe_len, c.world_size, c.initial_replicas) == (
+    assert (c.model.name, c.model.options, c.train.epochs, c.train.global_batch) == (
+        "vit",
+        {"preset": "vit-tiny", "depth": 4},
+        3,
+        32,
+    )
+    assert (c.freeze.policy, c.freeze.options, c.pipeline.pipe_len, c.world_size, c.initial_replicas) == (
         "alpha",
         {"alpha": 0.5},
         2,
         4,
         2,
     )
-    assert TrainConfig(**c.to_dict()) == c
+    assert config_from_tables(c.to_dict()) == c
+    assert c.override({"train.epochs": 5}).train.epochs == 5
+    with pytest.raises(ConfigError, match="unknown key 'epoch'"):
+        c.override({"train.epoch": 5})
+    with pytest.raises(ConfigError, match="epochs must be an integer >= 1"):
+        c.override({"train.epochs": 0})
 
 
 @pytest.mark.parametrize(
@@ -101,16 +116,30 @@ def test_bad_toml_is_a_config_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"policy": "sometimes"}, "unknown freeze policy 'sometimes'"),
-        ({"solver": "magic"}, "unknown partition solver 'magic'"),
-        ({"schedule": "zigzag"}, "unknown schedule 'zigzag'"),
-        ({"model": "resnet"}, "unknown model 'resnet'"),
-        ({"model_options": {"preset": "vit-tiny", "depth": 1}, "pipe_len": 8, "nproc_per_node": 8}, "longer than"),
-        ({"policy_options": {"beta": 2}}, "freeze policy 'alpha'"),
+        ({"freeze.policy": "sometimes"}, "unknown freeze policy 'sometimes'"),
+        ({"freeze.policy": "no_such_module_xyz:Policy"}, "cannot import 'no_such_module_xyz'"),
+        ({"freeze.policy": "elastic_pipe.freeze:NoSuchPolicy"}, "has no attribute 'NoSuchPolicy'"),
+        ({"freeze.policy": "elastic_pipe.freeze:decide"}, "freeze policy 'elastic_pipe.freeze:decide'"),
+        ({"pipeline.solver": "magic"}, "unknown partition solver 'magic'"),
+        ({"pipeline.schedule": "zigzag"}, "unknown schedule 'zigzag'"),
+        ({"pipeline.compression": "os:getcwd"}, "lacks the CompressionRule members"),
+        ({"model.name": "resnet"}, "unknown model 'resnet'"),
+        (
+            {
+                "model.options": {"preset": "vit-tiny", "depth": 1},
+                "pipeline.pipe_len": 8,
+                "launch.nproc_per_node": 8,
+                "train.global_batch": 64,
+            },
+            "longer than",
+        ),
+        ({"freeze.options": {"beta": 2}}, "freeze policy 'alpha'"),
+        ({"data.dataset": "json:loads", "data.options": {"s": "3"}}, "neither samples"),
+        ({"data.dataset": "json:loads", "data.options": {"s": "[]"}}, "the dataset is empty"),
     ],
 )
 def test_preflight_refuses_before_any_process(overrides: dict[str, object], message: str) -> None:
-    config = TrainConfig(**{**TINY, "policy_options": {"alpha": 0.5}, **overrides})  # type: ignore[arg-type]
+    config = _tiny(overrides)
     with pytest.raises(ConfigError) as exc:
         preflight(config)
     assert message in str(exc.value)
@@ -118,20 +147,22 @@ def test_preflight_refuses_before_any_process(overrides: dict[str, object], mess
 
 def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     from elastic_pipe.orchestrator.checkpoint import FORMAT, LATEST, fingerprint
-    from elastic_pipe.orchestrator.workload import build_model
+    from elastic_pipe.orchestrator.components import build_model
 
-    other = build_model(TrainConfig(model="vit", model_options={"preset": "vit-tiny", "depth": 2}))
+    other = build_model(_tiny({"model.options": {"preset": "vit-tiny", "depth": 2}}))
     (tmp_path / LATEST).write_text(json.dumps({"format": FORMAT, "file": "x.pt", "fingerprint": fingerprint(other)}))
-    config = TrainConfig(**TINY, policy_options={"alpha": 0.5}, checkpoint_dir=str(tmp_path))  # type: ignore[arg-type]
+    config = _tiny({"checkpoint.dir": str(tmp_path)})
     with pytest.raises(ConfigError, match="another model"):
         preflight(config)
-    facts = preflight(config.replace(resume="never"))
+    facts = preflight(config.override({"checkpoint.resume": "never"}))
     assert facts["sublayers"] == 14 and facts["units"] == 6
 
 
 def test_candidate_pipe_lens() -> None:
-    assert candidate_pipe_lens(TrainConfig(**TINY, pipe_len=4, nproc_per_node=4, global_batch=64)) == (4, 2, 1)  # type: ignore[arg-type]
-    assert candidate_pipe_lens(TrainConfig(**TINY, pipe_len=3, nproc_per_node=6, global_batch=96)) == (3, 2, 1)  # type: ignore[arg-type]
+    four = {"pipeline.pipe_len": 4, "launch.nproc_per_node": 4, "train.global_batch": 64}
+    six = {"pipeline.pipe_len": 3, "launch.nproc_per_node": 6, "train.global_batch": 96}
+    assert candidate_pipe_lens(_tiny(four)) == (4, 2, 1)
+    assert candidate_pipe_lens(_tiny(six)) == (3, 2, 1)
 
 
 # ------------------------------------------------------------------------------------------------------ decisions
@@ -143,13 +174,13 @@ def test_initial_layout_and_halving() -> None:
     assert layout == Layout(0, 4, 1, (0, 2, 4, 6, 8), 4)
     assert budget == 8.0
     # freeze 2 units (5 sub-layers): 1 block + head = 9 > 8 on one stage, 4 + 5 fit on two
-    two = next_layout(layout, 5, COSTS, compression="halving", solver="optimal", budget=budget, world_size=4)
+    two = next_layout(layout, 5, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4)
     assert (two.pipe_len, two.replicas, two.boundaries) == (2, 2, (5, 6, 8))
-    one = next_layout(two, 7, COSTS, compression="halving", solver="optimal", budget=budget, world_size=4)
+    one = next_layout(two, 7, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4)
     assert (one.pipe_len, one.replicas, one.boundaries) == (1, 4, (7, 8))
-    fixed = next_layout(layout, 3, COSTS, compression="none", solver="optimal", budget=budget, world_size=4)
+    fixed = next_layout(layout, 3, COSTS, compression=COMPRESSION_RULES["none"], solver="optimal", budget=budget, world_size=4)
     assert (fixed.pipe_len, fixed.replicas, fixed.boundaries) == (4, 1, (3, 4, 5, 6, 8))
-    assert next_layout(layout, 0, COSTS, compression="halving", solver="optimal", budget=8.0, world_size=4) is layout
+    assert next_layout(layout, 0, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=8.0, world_size=4) is layout
 
 
 def test_max_frozen_units() -> None:

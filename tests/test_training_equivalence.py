@@ -19,28 +19,18 @@ from elastic_pipe.testing import RankContext, run_distributed
 SAMPLES = 320
 
 
-def _config(**overrides: Any) -> Any:
-    from elastic_pipe.orchestrator import TrainConfig
+def _config(**pipeline: Any) -> Any:
+    from elastic_pipe.orchestrator import config_from_tables
 
-    base: dict[str, Any] = {
-        "model": "vit",
-        "model_options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-        "dtype": "float64",
-        "epochs": 3,
-        "global_batch": 32,
-        "microbatches": 2,
-        "optimizer": "sgd",
-        "lr": 0.05,
-        "momentum": 0.9,
-        "policy": "manual",
-        "policy_options": {"schedule": {1: 1, 2: 2}},
-        "pipe_len": 2,
-        "solver": "optimal",
-        "compression": "halving",
-        "nproc_per_node": 2,
-        "progress": False,
+    tables: dict[str, Any] = {
+        "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}},
+        "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
+        "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
+        "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "compression": "halving", **pipeline},
+        "launch": {"nproc_per_node": 2},
+        "log": {"progress": False},
     }
-    return TrainConfig(**{**base, **overrides})
+    return config_from_tables(tables)
 
 
 def _samples() -> Any:

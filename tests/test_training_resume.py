@@ -20,31 +20,23 @@ import torch
 from elastic_pipe.orchestrator.faults import FAULT_ENV
 
 
-def _config(tmp: Path, name: str, **overrides: Any) -> Any:
-    from elastic_pipe.orchestrator import TrainConfig
+def _config(tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> Any:
+    from elastic_pipe.orchestrator import config_from_tables
 
-    base: dict[str, Any] = {
-        "model": "vit",
-        "model_options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4},
-        "epochs": 3,
-        "eval_fraction": 0.8,  # 360 training samples: 5 steps per epoch keep the four jobs short
-        "dtype": "float64",
-        "global_batch": 64,
-        "microbatches": 2,
-        "optimizer": "adamw",
-        "lr": 0.005,
-        "policy": "manual",
-        "policy_options": {"schedule": {1: 1, 2: 2}},
-        "pipe_len": 2,
-        "solver": "optimal",
-        "cache": "off",
-        "nproc_per_node": 2,
-        "max_restarts": 1,
-        "progress": False,
-        "checkpoint_dir": str(tmp / name / "ckpt"),
-        "log_dir": str(tmp / name / "log"),
+    tables: dict[str, Any] = {
+        "model": {
+            "name": "vit",
+            "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4},
+        },
+        "data": {"eval_fraction": 0.8},  # 360 training samples: 5 steps per epoch keep the four jobs short
+        "train": {"epochs": 3, "dtype": "float64", "global_batch": 64, "optimizer": "adamw", "lr": 0.005},
+        "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
+        "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "cache": "off"},
+        "launch": {"nproc_per_node": 2, "max_restarts": 1},
+        "log": {"progress": False, "dir": str(tmp / name / "log")},
+        "checkpoint": {"dir": str(tmp / name / "ckpt")},
     }
-    return TrainConfig(**{**base, **overrides})
+    return config_from_tables(tables).override(overrides or {})
 
 
 def _launch(config: Any) -> dict[str, Any]:
@@ -56,9 +48,9 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
-    meta = json.loads((Path(config.checkpoint_dir) / "latest.json").read_text())
-    state = torch.load(Path(config.checkpoint_dir) / meta["file"], map_location="cpu", weights_only=True)
-    assert state["epoch"] == config.epochs
+    meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
+    state = torch.load(Path(config.checkpoint.dir) / meta["file"], map_location="cpu", weights_only=True)
+    assert state["run"]["epoch"] == config.train.epochs
     weights: dict[str, torch.Tensor] = state["model"]
     return weights
 
@@ -95,17 +87,17 @@ def test_resume_after_a_rank_dies(
 ) -> None:
     tmp, clean, expected = reference
     monkeypatch.setenv(FAULT_ENV, fault)
-    config = _config(tmp, name, checkpoint_steps=every_steps)
+    config = _config(tmp, name, {"checkpoint.steps": every_steps})
     result = _launch(config)
     _assert_same(_final_weights(config), expected)
     if every_steps:  # resumed from the checkpoint taken after step 2 of epoch 1, not from the end of epoch 0
-        assert (Path(config.checkpoint_dir) / "epoch-0001-step-000002.pt").exists()
+        assert (Path(config.checkpoint.dir) / "epoch-0001-step-000002.pt").exists()
     assert result["losses"] == clean["losses"]
     assert [(t["epoch"], t["pipe_len"], t["replicas"]) for t in result["transitions"]] == [(1, 2, 1), (2, 1, 2)]
     # The event log shows what was redone: a rank killed inside epoch 1 stops the job before epoch 1 is logged (the
     # restart resumes from the end of epoch 0, or from the checkpoint inside epoch 1); a rank killed in the
     # transition after epoch 1 makes the job redo epoch 1 from the checkpoint written before it.
-    records = [json.loads(line) for line in (Path(config.log_dir) / "events.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(config.log.dir) / "events.jsonl").read_text().splitlines()]
     epochs_logged = [r["epoch"] for r in records if r["kind"] == "epoch"]
     assert epochs_logged == ([0, 1, 1, 2] if name == "mid-transition" else [0, 1, 2])
 
@@ -121,7 +113,7 @@ def test_resume_into_a_different_world_size(reference: tuple[Path, dict[str, Any
     meta = json.loads((clean_dir / "latest.json").read_text())
     meta.update(file="epoch-0002.pt", epoch=2)
     (moved / "latest.json").write_text(json.dumps(meta))
-    config = _config(tmp, "one-process", nproc_per_node=1, pipe_len=1, max_restarts=0)
+    config = _config(tmp, "one-process", {"launch.nproc_per_node": 1, "pipeline.pipe_len": 1, "launch.max_restarts": 0})
     result = _launch(config)
     assert [(e["pipe_len"], e["replicas"]) for e in result["epochs"]] == [(2, 1), (2, 1), (1, 1)]
     weights = _final_weights(config)
