@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from elastic_pipe import freeze
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.types import Layout
@@ -30,6 +31,8 @@ __all__ = [
     "Halving",
     "KeepLength",
     "MemoryFit",
+    "decide_units",
+    "frozen_sublayers",
     "initial_layout",
     "layout_sequence",
     "max_frozen_units",
@@ -174,23 +177,46 @@ def frozen_sublayers(unit_ends: Sequence[int], units: int) -> int:
     return 0 if units == 0 else unit_ends[units - 1]
 
 
+def decide_units(
+    policy: freeze.FreezePolicy,
+    *,
+    epoch: int,
+    step: int,
+    current: int,
+    unit_ends: Sequence[int],
+    num_sublayers: int,
+    pipe_len: int,
+    compression: CompressionRule,
+) -> int:
+    """The frozen unit count after a decision point: the policy's proposal (checked by
+    :func:`elastic_pipe.freeze.decide`), capped so that the pipeline keeps an active sub-layer per stage when the
+    rule keeps its length (one otherwise), and never below ``current``."""
+    cap = max_frozen_units(unit_ends, num_sublayers, pipe_len if compression.keeps_length else 1)
+    return max(min(freeze.decide(policy, epoch, step, current), cap), current)
+
+
 def layout_sequence(
     costs: Sequence[float],
     unit_ends: Sequence[int],
-    frozen_units_by_epoch: Sequence[int],
+    policy: freeze.FreezePolicy,
     *,
+    epochs: int,
+    steps_per_epoch: int,
     pipe_len: int,
     world_size: int,
     compression: CompressionRule,
     solver: Solver,
     microbatches_for: Callable[[int], int],
 ) -> list[tuple[int, Layout]]:
-    """``(frozen units, layout)`` per epoch for a freeze schedule, exactly as a run decides them.
+    """``(frozen units, layout)`` per epoch, decided exactly as a run decides them (a decision point before every
+    epoch but the first), for a policy that reads no measured statistics (``needs_stats`` False).
 
     Args:
         costs: per-sub-layer cost.
         unit_ends: where each freezable unit ends (sub-layer index, exclusive).
-        frozen_units_by_epoch: the policy's frozen-unit count at the start of each epoch.
+        policy: the freeze policy (it is asked, so its state advances as in a run).
+        epochs: epochs of the run.
+        steps_per_epoch: optimizer steps per epoch.
         pipe_len: initial pipeline length.
         world_size: number of ranks.
         compression: the rule.
@@ -198,10 +224,19 @@ def layout_sequence(
         microbatches_for: micro-batches for a pipeline length.
     """
     layout, budget = initial_layout(costs, pipe_len, world_size, solver=solver, microbatches=microbatches_for(pipe_len))
-    cap = max_frozen_units(unit_ends, len(costs), pipe_len if compression.keeps_length else 1)
-    units, out = 0, []
-    for wanted in frozen_units_by_epoch:
-        units = max(units, min(wanted, cap))
+    units = 0
+    out = [(units, layout)]
+    for epoch in range(1, epochs):
+        units = decide_units(
+            policy,
+            epoch=epoch,
+            step=epoch * steps_per_epoch,
+            current=units,
+            unit_ends=unit_ends,
+            num_sublayers=len(costs),
+            pipe_len=layout.pipe_len,
+            compression=compression,
+        )
         layout = next_layout(
             layout,
             frozen_sublayers(unit_ends, units),
