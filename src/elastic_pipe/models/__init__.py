@@ -1,5 +1,5 @@
-"""Models at sub-layer granularity (ViT, BERT-style encoder, GPT- and Llama-style decoders) and adapters that turn torchvision
-and Hugging Face models into ordered sub-layer lists.
+"""Models at sub-layer granularity (ViT, BERT-style encoder, GPT- and Llama-style decoders) and adapters that turn
+torchvision and Hugging Face models into ordered sub-layer lists.
 
 Every model is a :class:`SubLayerModel`: an ``nn.Sequential`` of sub-layers that each take one tensor and return
 one tensor, plus ``unit_ends``, the freezable units (transformer blocks) as sub-layer end offsets.
