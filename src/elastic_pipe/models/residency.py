@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol, TypeAlias, TypeVar
 
@@ -36,6 +36,7 @@ __all__ = [
     "MappingReader",
     "TensorReader",
     "WeightMap",
+    "hold_only",
     "load_sublayers",
     "materialize",
     "materialize_from_safetensors",
@@ -119,7 +120,7 @@ def materialize(
     device: torch.device | str = "cpu",
     *,
     dtype: torch.dtype | None = None,
-) -> None:
+) -> tuple[str, ...]:
     """Give the meta tensors of sub-layers ``indices`` real, uninitialized storage on ``device``.
 
     Fill them with :func:`load_sublayers` (or initialize them yourself). Tensors already materialized are left
@@ -131,27 +132,35 @@ def materialize(
         device: where their storage goes.
         dtype: floating-point dtype of the new storage; default: the meta tensors' own.
 
+    Returns:
+        The state-dict keys of the tensors that got storage (all names of a shared one), in state-dict order.
+
     Raises:
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
     targets = {id(t) for i in _indices(model, indices) for t in _tensors(model[i]) if t.is_meta}
+    keys = tuple(k for k, t in model.state_dict(keep_vars=True).items() if id(t) in targets)
 
     def make(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(t, device=device, dtype=dtype if dtype is not None and t.is_floating_point() else None)
 
     _replace(model, targets, make)
+    return keys
 
 
 def release(model: SubLayerModel, indices: Iterable[int]) -> None:
     """Send sub-layers ``indices`` back to the meta device, dropping their storage and gradients.
 
-    A tensor that a sub-layer outside ``indices`` still uses (a tied embedding whose other half stays) is kept.
+    A tensor that a resident sub-layer outside ``indices`` (see :func:`resident_sublayers`) also uses is kept:
+    releasing the head keeps a tied embedding matrix that the embedding still needs. On the head's rank the
+    embedding may look resident through that one shared matrix, so release everything the rank no longer runs
+    in one call (as :func:`hold_only` does) to free it there.
 
     Raises:
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
     chosen = set(_indices(model, indices))
-    kept = {id(t) for i in range(model.num_sublayers) if i not in chosen for t in _tensors(model[i]) if not t.is_meta}
+    kept = {id(t) for i in resident_sublayers(model) if i not in chosen for t in _tensors(model[i])}
     targets = {id(t) for i in chosen for t in _tensors(model[i]) if not t.is_meta and id(t) not in kept}
     _replace(model, targets, lambda t: torch.empty_like(t, device="meta"))
 
@@ -179,7 +188,12 @@ def _child_names(model: SubLayerModel) -> list[str]:
 
 
 def load_sublayers(
-    model: SubLayerModel, indices: Iterable[int], reader: TensorReader, weight_map: WeightMap
+    model: SubLayerModel,
+    indices: Iterable[int],
+    reader: TensorReader,
+    weight_map: WeightMap,
+    *,
+    only: Collection[str] | None = None,
 ) -> tuple[str, ...]:
     """Copy the tensors of sub-layers ``indices`` from ``reader``, reading only those (each at most once).
 
@@ -188,6 +202,8 @@ def load_sublayers(
         indices: sub-layer offsets to load.
         reader: the checkpoint (a ``safetensors.safe_open`` handle, :class:`MappingReader`, ...).
         weight_map: ``{model key: checkpoint key}`` for (at least) every tensor of those sub-layers.
+        only: load just these model keys (e.g. what :func:`materialize` returned, so that tensors already
+            resident, and perhaps trained, are not overwritten); default: every tensor of the sub-layers.
 
     Returns:
         The checkpoint keys read, in reading order.
@@ -202,7 +218,7 @@ def load_sublayers(
     read: list[str] = []
     for i in _indices(model, indices):
         for key, tensor in model[i].state_dict(prefix=f"{children[i]}.", keep_vars=True).items():
-            if id(tensor) in filled:
+            if id(tensor) in filled or (only is not None and key not in only):
                 continue  # a tied parameter shows up under two keys
             if tensor.is_meta:
                 raise ModelError(f"{key!r} of sub-layer {i} is on the meta device; materialize({i}) first")
@@ -290,12 +306,42 @@ def materialize_from_safetensors(
 ) -> tuple[str, ...]:
     """:func:`materialize` sub-layers ``indices`` on ``device`` and :func:`load_sublayers` them from ``path``.
 
+    Only the tensors that were on the meta device are read: a tensor already resident (a tied embedding that the
+    head brought in, or a sub-layer that stayed on this rank) keeps its current values.
+
     Returns:
-        The checkpoint keys read (only those of the chosen sub-layers).
+        The checkpoint keys read (only those of the chosen sub-layers' new tensors).
 
     Raises:
         ModelError: as :func:`materialize`, :func:`load_sublayers` and :func:`open_safetensors` do.
     """
-    materialize(model, indices, device, dtype=dtype)
+    fresh = materialize(model, indices, device, dtype=dtype)
     with open_safetensors(path) as reader:
-        return load_sublayers(model, indices, reader, weight_map)
+        return load_sublayers(model, indices, reader, weight_map, only=set(fresh))
+
+
+def hold_only(
+    model: SubLayerModel,
+    indices: Iterable[int],
+    path: str | Path,
+    weight_map: WeightMap,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[str, ...]:
+    """Make sub-layers ``indices`` exactly what ``model`` holds: load the missing ones, release all others.
+
+    What a rank calls for its stage, at start-up (on a :func:`meta_build` model) and after every re-partition:
+    sub-layers it kept keep their current (trained) values, new ones are read from the checkpoint at ``path``,
+    and the storage of the ones it gave away is freed.
+
+    Returns:
+        The checkpoint keys read.
+
+    Raises:
+        ModelError: as :func:`materialize_from_safetensors` does.
+    """
+    chosen = _indices(model, indices)
+    read = materialize_from_safetensors(model, chosen, path, weight_map, device=device, dtype=dtype)
+    release(model, set(range(model.num_sublayers)) - set(chosen))
+    return read
