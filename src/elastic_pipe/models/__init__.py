@@ -32,6 +32,7 @@ from elastic_pipe.models.llama import (
     llama_config,
     llama_config_from_hf,
     llama_decoder,
+    llama_model,
     llama_weight_map,
 )
 from elastic_pipe.models.minilm import load_minilm, minilm_dir, minilm_tokenize
@@ -90,6 +91,7 @@ __all__ = [
     "llama_config",
     "llama_config_from_hf",
     "llama_decoder",
+    "llama_model",
     "llama_weight_map",
     "load_minilm",
     "load_sublayers",
