@@ -135,7 +135,7 @@ def test_checkpoint_directory_route(tmp_path: Path) -> None:
 
 
 def test_unsupported_inputs_are_rejected() -> None:
-    with pytest.raises(ModelError, match=r"\['bert', 'gpt2', 'vit'\]"):
+    with pytest.raises(ModelError, match=r"\['bert', 'gpt2', 'llama', 'vit'\]"):
         from_hf(torch.nn.Linear(2, 2))
     with pytest.raises(ModelError, match="activation"):
         from_hf(_hf(transformers.BertModel, _bert_config(hidden_act="silu")))

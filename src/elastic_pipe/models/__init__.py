@@ -1,8 +1,10 @@
-"""Models at sub-layer granularity (ViT, BERT-style encoder, GPT-style decoder) and adapters that turn torchvision
-and Hugging Face models into ordered sub-layer lists.
+"""Models at sub-layer granularity (ViT, BERT-style encoder, GPT- and Llama-style decoders) and adapters that turn
+torchvision and Hugging Face models into ordered sub-layer lists.
 
 Every model is a :class:`SubLayerModel`: an ``nn.Sequential`` of sub-layers that each take one tensor and return
 one tensor, plus ``unit_ends``, the freezable units (transformer blocks) as sub-layer end offsets.
+:mod:`~elastic_pipe.models.residency` builds one on the meta device and materializes only the sub-layers a rank
+runs.
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 """
@@ -24,7 +26,30 @@ from elastic_pipe.models.layers import (
     TokenEmbedding,
     next_token_loss,
 )
+from elastic_pipe.models.llama import (
+    LLAMA_PRESETS,
+    LlamaConfig,
+    llama_config,
+    llama_config_from_hf,
+    llama_decoder,
+    llama_model,
+    llama_weight_map,
+)
 from elastic_pipe.models.minilm import load_minilm, minilm_dir, minilm_tokenize
+from elastic_pipe.models.residency import (
+    MappingReader,
+    TensorReader,
+    WeightMap,
+    hold_only,
+    load_sublayers,
+    materialize,
+    materialize_from_safetensors,
+    meta_build,
+    open_safetensors,
+    release,
+    resident_sublayers,
+    shared_parameters,
+)
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.torchvision_vit import from_torchvision_vit
 from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig, vit, vit_config
@@ -33,19 +58,24 @@ __all__ = [
     "ACTIVATIONS",
     "BERT_PRESETS",
     "GPT_PRESETS",
+    "LLAMA_PRESETS",
     "VIT_PRESETS",
     "AttentionSubLayer",
     "BertConfig",
     "ClassifierHead",
     "GPTConfig",
     "LMHead",
+    "LlamaConfig",
     "MLPSubLayer",
+    "MappingReader",
     "ModelError",
     "PatchEmbedding",
     "SubLayerModel",
     "SubLayerProfile",
+    "TensorReader",
     "TokenEmbedding",
     "ViTConfig",
+    "WeightMap",
     "analyze",
     "attention_flops",
     "bert_config",
@@ -57,10 +87,24 @@ __all__ = [
     "from_torchvision_vit",
     "gpt_config",
     "gpt_decoder",
+    "hold_only",
+    "llama_config",
+    "llama_config_from_hf",
+    "llama_decoder",
+    "llama_model",
+    "llama_weight_map",
     "load_minilm",
+    "load_sublayers",
+    "materialize",
+    "materialize_from_safetensors",
+    "meta_build",
     "minilm_dir",
     "minilm_tokenize",
     "next_token_loss",
+    "open_safetensors",
+    "release",
+    "resident_sublayers",
+    "shared_parameters",
     "sublayer_costs",
     "vit",
     "vit_config",

@@ -8,7 +8,9 @@ the original (float64, tolerance 1e-10).
 
 Supported: ``BertModel`` / ``BertForSequenceClassification`` (post-LN encoder), ``ViTModel`` /
 ``ViTForImageClassification`` (attribute layouts of transformers 4.x and 5.x), ``GPT2Model`` / ``GPT2LMHeadModel``
-(GPT-2's tied output projection becomes an untied copy; see :mod:`elastic_pipe.models.gpt`).
+(GPT-2's tied output projection becomes an untied copy; see :mod:`elastic_pipe.models.gpt`), ``LlamaModel`` /
+``LlamaForCausalLM`` (grouped-query attention, rotary positions, SwiGLU; a tied head stays tied, see
+:mod:`elastic_pipe.models.llama`).
 
 transformers itself is not imported here: the adapter only needs ``model.config``, ``model.state_dict()`` and
 ``model.base_model``, so it works with any installed version that keeps those names.
@@ -30,6 +32,7 @@ from elastic_pipe.models.bert import BertConfig, bert_layers
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.gpt import GPTConfig, gpt_layers
 from elastic_pipe.models.layers import ClassifierHead, LMHead, Pooling
+from elastic_pipe.models.llama import LLAMA_HF_DEFAULTS, llama_config_from_hf, llama_from_state
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.vit import ViTConfig, vit_layers
 
@@ -368,10 +371,33 @@ def _from_gpt2(
     return _finish(make_layers, config.depth, t, dtype, seed)
 
 
+def _from_llama(
+    cfg: Any,
+    base: StateDict,
+    top: StateDict,
+    dtype: torch.dtype,
+    *,
+    pooling: Pooling | None,
+    pooler: bool | None,
+    normalize: bool,
+    num_classes: int | None,
+    seed: int,
+) -> SubLayerModel:
+    del seed  # every weight comes from the source
+    if pooling is not None or pooler or normalize or num_classes is not None:
+        raise ModelError("Llama has a language-model head: pooling, pooler, normalize and num_classes do not apply")
+    # As for GPT-2: a saved tied LlamaForCausalLM has no lm_head.weight, a base LlamaModel has no prefix.
+    config = llama_config_from_hf(cfg, lm_head="lm_head.weight" in top or top is not base)
+    state = {f"model.{k}": v for k, v in base.items()}
+    if "lm_head.weight" in top:
+        state["lm_head.weight"] = top["lm_head.weight"]
+    return llama_from_state(config, state, dtype)
+
+
 Converter = Callable[..., SubLayerModel]
 
 #: Hugging Face ``config.model_type`` -> converter.
-HF_CONVERTERS: dict[str, Converter] = {"bert": _from_bert, "vit": _from_vit, "gpt2": _from_gpt2}
+HF_CONVERTERS: dict[str, Converter] = {"bert": _from_bert, "vit": _from_vit, "gpt2": _from_gpt2, "llama": _from_llama}
 
 
 def _converter(model_type: Any) -> Converter:
@@ -394,7 +420,7 @@ def from_hf(
     num_classes: int | None = None,
     seed: int = 0,
 ) -> SubLayerModel:
-    """Convert a Hugging Face BERT, ViT or GPT-2 model into a :class:`SubLayerModel` with the same weights.
+    """Convert a Hugging Face BERT, ViT, GPT-2 or Llama model into a :class:`SubLayerModel` with the same weights.
 
     Args:
         model: a transformers model whose ``config.model_type`` is in :data:`HF_CONVERTERS` (a base model or one
@@ -410,9 +436,10 @@ def from_hf(
     Returns:
         A :class:`SubLayerModel` on the CPU in the source's dtype (move it with ``.to(device)``). The head
         returns what the source's head returns:
-        ``logits`` for ``...ForSequenceClassification`` / ``...ForImageClassification`` / ``GPT2LMHeadModel``,
-        ``pooler_output`` for a base BERT / ViT with a pooler, otherwise the final hidden state of the first
-        token (BERT / ViT, or the pooled vector with ``pooling="mean"``) or the final hidden states (GPT-2).
+        ``logits`` for ``...ForSequenceClassification`` / ``...ForImageClassification`` / ``GPT2LMHeadModel`` /
+        ``LlamaForCausalLM``, ``pooler_output`` for a base BERT / ViT with a pooler, otherwise the final hidden
+        state of the first token (BERT / ViT, or the pooled vector with ``pooling="mean"``) or the final hidden
+        states (GPT-2, Llama).
 
     Raises:
         ModelError: for an unsupported model type (listing the supported ones) or configuration.
@@ -459,9 +486,10 @@ HF_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "attn_pdrop": 0.1,
         "layer_norm_epsilon": 1e-5,
     },
+    "llama": LLAMA_HF_DEFAULTS,
 }
 #: The attribute under which each model type's ``...For...`` classes hold the base model.
-HF_BASE_PREFIXES: dict[str, str] = {"bert": "bert", "vit": "vit", "gpt2": "transformer"}
+HF_BASE_PREFIXES: dict[str, str] = {"bert": "bert", "vit": "vit", "gpt2": "transformer", "llama": "model"}
 
 
 def from_hf_state(
@@ -480,7 +508,7 @@ def from_hf_state(
     Args:
         config: the parsed ``config.json`` (must contain ``model_type``).
         state_dict: the checkpoint's tensors, with or without the base-model prefix (``bert.``, ``vit.``,
-            ``transformer.``).
+            ``transformer.``, ``model.``).
         dtype: parameter dtype; default: the checkpoint's.
         pooling, pooler, normalize, num_classes, seed: as in :func:`from_hf`.
 
