@@ -37,7 +37,7 @@ def decode_abort_body(frame: Frame) -> AbortMessage:
         ProtocolError: a reason length beyond its maximum or the body, a reason that is not UTF-8 or not one
             printable line, trailing bytes.
     """
-    body = frame.body
+    body = frame.reader()
     rank, n = body.unpack(_FIXED, "rank and reason length")
     if n > MAX_REASON_BYTES:
         raise ProtocolError(f"abort reason length {n} exceeds the maximum {MAX_REASON_BYTES}")

@@ -88,7 +88,7 @@ def _encode_transition_body(msg: TransitionMessage) -> bytes:
 
 
 def _decode_transition_body(frame: Frame) -> TransitionMessage:
-    body = frame.body
+    body = frame.reader()
     (epoch, step, frozen, pipe_len, microbatches, max_cost, n_bounds, n_changed, n_norms) = body.unpack(
         _FIXED, "fixed fields"
     )

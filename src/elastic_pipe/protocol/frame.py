@@ -64,9 +64,8 @@ class Frame:
     flags: int
     buf: bytes
 
-    @property
-    def body(self) -> Reader:
-        """A bounded reader over the body."""
+    def reader(self) -> Reader:
+        """A fresh bounded reader over the body."""
         return Reader(self.buf, HEADER.size, len(self.buf) - _CRC.size, self.kind.name)
 
 

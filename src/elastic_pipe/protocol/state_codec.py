@@ -115,7 +115,7 @@ def decode_state_body(frame: Frame) -> OptimizerStateHeader:
         ProtocolError: a count beyond its maximum or the bytes left, an unknown kind, dtype or device code, a key
             that is not UTF-8, a bool byte other than 0 or 1, trailing bytes, or values the dataclasses reject.
     """
-    body = frame.body
+    body = frame.reader()
     (n_params,) = body.unpack(_N_PARAMS, "parameter count")
     if n_params > MAX_STATE_PARAMS:
         raise ProtocolError(f"parameter count {n_params} exceeds the maximum {MAX_STATE_PARAMS}")
