@@ -234,6 +234,7 @@ def test_protocol_error_is_in_the_toolkit_family() -> None:
         ({"max_cost_at_start": math.inf}, "finite"),
         ({"changed_ranks": (9, 1)}, "distinct and increasing"),
         ({"changed_ranks": [1, 9]}, "must be a tuple"),
+        ({"changed_ranks": 5}, "must be a tuple of at most 1048576 ranks, got int"),
         ({"grad_norms": (0.5, math.nan)}, "grad_norms"),
         ({"grad_norms": (-0.5,)}, "grad_norms"),
     ],

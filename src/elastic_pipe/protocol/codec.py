@@ -1,6 +1,13 @@
-"""The v1 binary codec of :class:`~elastic_pipe.protocol.message.TransitionMessage`.
+"""The v1 binary codec of the control messages, and the body of a transition message.
 
-Layout (all fields little-endian, fixed width; offsets in bytes)::
+:func:`encode` writes any of the three kinds (:class:`~elastic_pipe.protocol.message.TransitionMessage`,
+:class:`~elastic_pipe.protocol.abort.AbortMessage`,
+:class:`~elastic_pipe.protocol.optimizer_state.OptimizerStateHeader`) in the shared frame of
+:mod:`elastic_pipe.protocol.frame`; :func:`decode_any` reads any of them, :func:`decode` one expected kind (a
+transition message unless told otherwise) and refuses the others with a ProtocolError that names what arrived,
+an abort's rank and reason included.
+
+Layout of a transition message (all fields little-endian, fixed width; offsets in bytes)::
 
     header   0  magic         4s   b"EPTM"
              4  version       u16  1
@@ -29,44 +36,38 @@ reads an array, so a hostile or corrupted buffer costs at most its own size in m
 from __future__ import annotations
 
 import struct
-import zlib
+from typing import TypeAlias, TypeVar, overload
 
+from elastic_pipe.protocol.abort import AbortMessage
+from elastic_pipe.protocol.abort_codec import ABORT_KIND, decode_abort_body, encode_abort_body
 from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.frame import FRAME_BYTES, VERSION, Buffer, Frame, Kind, read_frame, write_frame
 from elastic_pipe.protocol.message import MAX_GRAD_NORMS, MAX_PIPE_LEN, MAX_RANKS, TransitionMessage
+from elastic_pipe.protocol.optimizer_state import OptimizerStateHeader
+from elastic_pipe.protocol.state_codec import STATE_KIND, decode_state_body, encode_state_body
 
-__all__ = ["MAGIC", "MAX_MESSAGE_BYTES", "VERSION", "decode", "encode"]
+__all__ = ["MAGIC", "MAX_MESSAGE_BYTES", "VERSION", "ControlMessage", "decode", "decode_any", "encode"]
+
+#: Any message that travels on the control group.
+ControlMessage: TypeAlias = TransitionMessage | AbortMessage | OptimizerStateHeader
+_M = TypeVar("_M", TransitionMessage, AbortMessage, OptimizerStateHeader)
 
 MAGIC = b"EPTM"
-VERSION = 1
 _FLAG_GRAD_NORMS = 1
-_KNOWN_FLAGS = _FLAG_GRAD_NORMS
-_HEADER = struct.Struct("<4sHHI")
 _FIXED = struct.Struct("<QQIIIdIII")
-_CRC = struct.Struct("<I")
 _U32 = 4
 _F64 = 8
-#: The largest well-formed message: every count at its maximum. Anything longer is rejected before parsing.
-MAX_MESSAGE_BYTES = (
-    _HEADER.size + _FIXED.size + (MAX_PIPE_LEN + 1) * _U32 + MAX_RANKS * _U32 + MAX_GRAD_NORMS * _F64 + _CRC.size
-)
+#: The largest well-formed transition message: every count at its maximum. It is also the largest message of any
+#: kind, so nothing longer is parsed at all.
+MAX_MESSAGE_BYTES = FRAME_BYTES + _FIXED.size + (MAX_PIPE_LEN + 1) * _U32 + MAX_RANKS * _U32 + MAX_GRAD_NORMS * _F64
+_TRANSITION_KIND = Kind("TransitionMessage", MAGIC, MAX_MESSAGE_BYTES, _FLAG_GRAD_NORMS)
+_KINDS = {k.magic: k for k in (_TRANSITION_KIND, ABORT_KIND, STATE_KIND)}
+_EXPECTABLE: tuple[type[ControlMessage], ...] = (TransitionMessage, AbortMessage, OptimizerStateHeader)
 
 
-def encode(msg: TransitionMessage) -> bytes:
-    """Encode a message in the v1 binary format.
-
-    Args:
-        msg: the message (already validated by its constructor).
-
-    Returns:
-        The encoded bytes: header, body, CRC32.
-
-    Raises:
-        ProtocolError: ``msg`` is not a :class:`TransitionMessage`.
-    """
-    if not isinstance(msg, TransitionMessage):
-        raise ProtocolError(f"encode expects a TransitionMessage, got {type(msg).__name__}")
+def _encode_transition_body(msg: TransitionMessage) -> bytes:
     norms = msg.grad_norms if msg.grad_norms is not None else ()
-    body = b"".join(
+    return b"".join(
         (
             _FIXED.pack(
                 msg.epoch,
@@ -84,55 +85,12 @@ def encode(msg: TransitionMessage) -> bytes:
             struct.pack(f"<{len(norms)}d", *(float(g) for g in norms)),
         )
     )
-    flags = _FLAG_GRAD_NORMS if msg.grad_norms is not None else 0
-    head_body = _HEADER.pack(MAGIC, VERSION, flags, len(body)) + body
-    return head_body + _CRC.pack(zlib.crc32(head_body))
 
 
-def decode(data: bytes | bytearray | memoryview) -> TransitionMessage:
-    """Decode a v1 message, checking everything before trusting it.
-
-    Args:
-        data: the bytes produced by :func:`encode`.
-
-    Returns:
-        The decoded, validated message.
-
-    Raises:
-        ProtocolError: on any malformed input, with what is wrong: not bytes, too short or too long, wrong magic,
-            unsupported version, a length prefix that disagrees with the bytes present, a CRC mismatch, unknown
-            flags, counts beyond their maxima or the buffer, or field values the message rejects.
-    """
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise ProtocolError(f"decode expects bytes, got {type(data).__name__}")
-    size = data.nbytes if isinstance(data, memoryview) else len(data)
-    if size > MAX_MESSAGE_BYTES:
-        raise ProtocolError(
-            f"message has {size} bytes, more than the largest valid message ({MAX_MESSAGE_BYTES} bytes)"
-        )
-    buf = data.tobytes() if isinstance(data, memoryview) else bytes(data)
-    smallest = _HEADER.size + _FIXED.size + _CRC.size
-    if len(buf) < smallest:
-        raise ProtocolError(f"message truncated: {len(buf)} bytes, a v1 message has at least {smallest}")
-    magic, version, flags, body_length = _HEADER.unpack_from(buf, 0)
-    if magic != MAGIC:
-        raise ProtocolError(f"wrong magic {magic!r}, expected {MAGIC!r} (not an elastic_pipe transition message)")
-    if version != VERSION:
-        raise ProtocolError(f"unsupported message version {version}, this decoder reads version {VERSION}")
-    present = len(buf) - _HEADER.size - _CRC.size
-    if body_length != present:
-        raise ProtocolError(
-            f"length prefix says the body has {body_length} bytes but {present} are present "
-            "(truncated message or trailing bytes)"
-        )
-    (expected_crc,) = _CRC.unpack_from(buf, len(buf) - _CRC.size)
-    actual_crc = zlib.crc32(buf[: len(buf) - _CRC.size])
-    if actual_crc != expected_crc:
-        raise ProtocolError(f"CRC32 mismatch: message says {expected_crc:#010x}, content gives {actual_crc:#010x}")
-    if flags & ~_KNOWN_FLAGS:
-        raise ProtocolError(f"unknown flag bits {flags & ~_KNOWN_FLAGS:#06x} (known: {_KNOWN_FLAGS:#06x})")
-    (epoch, step, frozen, pipe_len, microbatches, max_cost, n_bounds, n_changed, n_norms) = _FIXED.unpack_from(
-        buf, _HEADER.size
+def _decode_transition_body(frame: Frame) -> TransitionMessage:
+    body = frame.reader()
+    (epoch, step, frozen, pipe_len, microbatches, max_cost, n_bounds, n_changed, n_norms) = body.unpack(
+        _FIXED, "fixed fields"
     )
     if n_bounds != pipe_len + 1:
         raise ProtocolError(f"boundary count {n_bounds} does not match pipe_len + 1 = {pipe_len + 1}")
@@ -142,17 +100,17 @@ def decode(data: bytes | bytearray | memoryview) -> TransitionMessage:
         raise ProtocolError(f"changed-rank count {n_changed} exceeds the maximum {MAX_RANKS}")
     if n_norms > MAX_GRAD_NORMS:
         raise ProtocolError(f"gradient-norm count {n_norms} exceeds the maximum {MAX_GRAD_NORMS}")
-    if n_norms and not flags & _FLAG_GRAD_NORMS:
+    has_norms = bool(frame.flags & _FLAG_GRAD_NORMS)
+    if n_norms and not has_norms:
         raise ProtocolError(f"{n_norms} gradient norms present but the grad-norms flag is not set")
     needed = _FIXED.size + (n_bounds + n_changed) * _U32 + n_norms * _F64
+    body_length = len(frame.buf) - FRAME_BYTES
     if needed != body_length:
         raise ProtocolError(f"counts need a body of {needed} bytes but it has {body_length}")
-    offset = _HEADER.size + _FIXED.size
-    boundaries = struct.unpack_from(f"<{n_bounds}I", buf, offset)
-    offset += n_bounds * _U32
-    changed = struct.unpack_from(f"<{n_changed}I", buf, offset)
-    offset += n_changed * _U32
-    norms = struct.unpack_from(f"<{n_norms}d", buf, offset)
+    boundaries = body.array("I", n_bounds, "boundaries")
+    changed = body.array("I", n_changed, "changed ranks")
+    norms = body.array("d", n_norms, "gradient norms")
+    body.finish()
     return TransitionMessage(
         epoch=epoch,
         step=step,
@@ -162,5 +120,89 @@ def decode(data: bytes | bytearray | memoryview) -> TransitionMessage:
         microbatches=microbatches,
         max_cost_at_start=max_cost,
         changed_ranks=changed,
-        grad_norms=norms if flags & _FLAG_GRAD_NORMS else None,
+        grad_norms=norms if has_norms else None,
     )
+
+
+def encode(msg: ControlMessage) -> bytes:
+    """Encode a control message in the v1 binary format.
+
+    Args:
+        msg: a :class:`TransitionMessage`, :class:`AbortMessage` or :class:`OptimizerStateHeader` (already
+            validated by its constructor).
+
+    Returns:
+        The encoded bytes: header (with the kind's magic), body, CRC32.
+
+    Raises:
+        ProtocolError: ``msg`` is none of the three kinds.
+    """
+    if isinstance(msg, TransitionMessage):
+        flags = _FLAG_GRAD_NORMS if msg.grad_norms is not None else 0
+        return write_frame(_TRANSITION_KIND, flags, _encode_transition_body(msg))
+    if isinstance(msg, AbortMessage):
+        return write_frame(ABORT_KIND, 0, encode_abort_body(msg))
+    if isinstance(msg, OptimizerStateHeader):
+        return write_frame(STATE_KIND, 0, encode_state_body(msg))
+    raise ProtocolError(
+        f"encode expects a TransitionMessage, AbortMessage or OptimizerStateHeader, got {type(msg).__name__}"
+    )
+
+
+def decode_any(data: Buffer) -> ControlMessage:
+    """Decode a message of any kind, checking everything before trusting it.
+
+    The receiver of a control-group broadcast tells the kinds apart with ``isinstance``; the kind tag (magic)
+    is inside the checksum, so corruption cannot change it.
+
+    Args:
+        data: the bytes produced by :func:`encode`.
+
+    Returns:
+        The decoded, validated message.
+
+    Raises:
+        ProtocolError: on any malformed input, with what is wrong: not bytes, too short or too long, an unknown
+            magic, an unsupported version, a length prefix that disagrees with the bytes present, a CRC mismatch,
+            unknown flags, counts beyond their maxima or the buffer, or field values the message rejects.
+    """
+    frame = read_frame(data, _KINDS, max_bytes=MAX_MESSAGE_BYTES)
+    if frame.kind is ABORT_KIND:
+        return decode_abort_body(frame)
+    if frame.kind is STATE_KIND:
+        return decode_state_body(frame)
+    return _decode_transition_body(frame)
+
+
+@overload
+def decode(data: Buffer) -> TransitionMessage: ...
+@overload
+def decode(data: Buffer, expect: type[_M]) -> _M: ...
+def decode(data: Buffer, expect: type[object] = TransitionMessage) -> ControlMessage:
+    """Decode a message of one expected kind (by default a :class:`TransitionMessage`).
+
+    Args:
+        data: the bytes produced by :func:`encode`.
+        expect: the kind the caller waits for: ``TransitionMessage``, ``AbortMessage`` or
+            ``OptimizerStateHeader``.
+
+    Returns:
+        The decoded, validated message.
+
+    Raises:
+        ProtocolError: everything :func:`decode_any` raises, and a well-formed message of another kind; for an
+            abort the error says so and carries its rank and reason (use :func:`decode_any` to receive aborts
+            as values).
+    """
+    # ``type[object]``: mypy does not match a union of classes against the constrained ``type[_M]`` overload.
+    if expect not in _EXPECTABLE:
+        raise ProtocolError(f"decode can expect {', '.join(k.__name__ for k in _EXPECTABLE)}, got {expect!r}")
+    msg = decode_any(data)
+    if isinstance(msg, expect):
+        return msg
+    if isinstance(msg, AbortMessage):
+        raise ProtocolError(
+            f"message is an abort from rank {msg.rank}, not a {expect.__name__}: {msg.reason} "
+            "(decode_any receives aborts as values)"
+        )
+    raise ProtocolError(f"message is a {type(msg).__name__}, expected a {expect.__name__}")

@@ -97,7 +97,8 @@ class TransitionMessage:
         if not isinstance(self.changed_ranks, tuple) or len(self.changed_ranks) > MAX_RANKS:
             raise ProtocolError(
                 f"TransitionMessage.changed_ranks must be a tuple of at most {MAX_RANKS} ranks, "
-                f"got {type(self.changed_ranks).__name__} of length {len(self.changed_ranks)}"
+                f"got {type(self.changed_ranks).__name__}"
+                + (f" of length {len(self.changed_ranks)}" if isinstance(self.changed_ranks, tuple) else "")
             )
         for r in self.changed_ranks:
             _check_int("changed_ranks[...]", r, 0, _U32_MAX)
