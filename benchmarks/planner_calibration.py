@@ -106,7 +106,9 @@ def h200_calibration(one: ClusterSpec | None = None, two: ClusterSpec | None = N
     rows += [
         CalibrationRow("alpha=1/3, 10 epochs: mean step, recomputed", "x", H200_ALPHA_MEAN_RECOMPUTED, mean_recompute),
         CalibrationRow("alpha=1/3, 10 epochs: mean step, cached", "x", H200_ALPHA_MEAN_CACHED, mean_cached),
-        CalibrationRow("alpha=1/3, 10 epochs: ideal speedup with cache", "x", H200_ALPHA_IDEAL_SPEEDUP, 1 / mean_cached),
+        CalibrationRow(
+            "alpha=1/3, 10 epochs: ideal speedup with cache", "x", H200_ALPHA_IDEAL_SPEEDUP, 1 / mean_cached
+        ),
         CalibrationRow("two GPUs, batch 512: DDP", "samples/s", H200_DDP, throughput()),
         CalibrationRow(
             "two GPUs, batch 512: 1F1B, 2 stages, 8 micro-batches",
