@@ -1,11 +1,11 @@
 """Planner benchmark: how long a plan takes (8 to 1,024 GPUs), what it predicts, and how well it is calibrated.
 
 Writes ``benchmarks/results/planner.json`` and prints four tables: planning time and predicted speedups for
-ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the H200 calibration against
-REFERENCE.md section 7, the orchestrator's measured epochs of the GPU benchmark against their predictions (the run
-the per-step host terms were fitted on, ``results/gpu_2xh200_vit_session1.json``, and two later runs they were not,
-``results/gpu_2xh200_vit_session2.json`` and ``results/gpu_2xh200_vit.json``; each when present), and a CPU run
-predicted from its profile.
+ViT-B/16 and GPT-2 XL on 8, 16, 64 and 1,024 GPUs (H200-like defaults), the calibration against the H200
+measurements kept in ``benchmarks/planner_calibration.py``, the orchestrator's measured epochs of the GPU benchmark
+against their predictions (the run the per-step host terms were fitted on, ``results/gpu_2xh200_vit_session1.json``,
+and two later runs they were not, ``results/gpu_2xh200_vit_session2.json`` and ``results/gpu_2xh200_vit.json``;
+each when present), and a CPU run predicted from its profile.
 """
 
 from __future__ import annotations
@@ -15,15 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner_calibration import cpu_calibration, gpu_benchmark_calibration, h200_calibration, load_gpu_benchmark
+
 from elastic_pipe.planner import ClusterSpec, GpuSpec, JobSpec, parse_bytes, plan_model
-from elastic_pipe.planner.calibration import (
-    CalibrationRow,
-    cpu_calibration,
-    format_rows,
-    gpu_benchmark_calibration,
-    h200_calibration,
-    load_gpu_benchmark,
-)
+from elastic_pipe.planner.calibration import CalibrationRow, format_rows
 
 RESULTS = Path(__file__).resolve().parent / "results" / "planner.json"
 #: The GPU benchmark's measured runs (``benchmarks/gpu/bench_elastic_gpu.py`` on 2x H200): the one the planner's

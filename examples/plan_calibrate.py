@@ -11,21 +11,35 @@ the analytic H200 model, predicted from the profile. Without CUDA it runs the CP
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 
 from elastic_pipe.models import vit
 from elastic_pipe.partition import profile_layers
-from elastic_pipe.planner import ClusterSpec, Mode, SubLayerCost, from_layer_costs, model_config, model_work, price
-from elastic_pipe.planner.calibration import BARE_LOOP_GPU, cpu_calibration
+from elastic_pipe.planner import ClusterSpec, Mode, SubLayerCost, from_layer_costs, model_shape, model_work, price
+from elastic_pipe.planner.calibration import BARE_LOOP_GPU
 from elastic_pipe.planner.step import predict_step
+
+#: The CPU check lives with the other calibration runs, outside the package.
+CALIBRATION = Path(__file__).resolve().parents[1] / "benchmarks" / "planner_calibration.py"
 
 BATCH = 256
 FROZEN = (0, 3, 6, 9, 12)
 WARMUP, REPEATS = 3, 10
+
+
+def _calibration() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("planner_calibration", CALIBRATION)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _cuda_ms(fn: Any) -> float:
@@ -59,7 +73,7 @@ def gpu_check() -> dict[str, Any]:
     with torch.autocast("cuda", torch.bfloat16):
         records = profile_layers(list(model.named_children()), x[:BATCH], repeats=REPEATS, warmup=WARMUP)
     profiled = from_layer_costs(records, BATCH, model.unit_ends, host_weight=0.0)
-    analytic = price(model_work(model_config("vit-b16")), ClusterSpec(1).gpu)
+    analytic = price(model_work(model_shape("vit-b16")), ClusterSpec(1).gpu)
     for frozen in FROZEN:
         cut = model.unit_ends[frozen - 1] if frozen else 0
         for i, m in enumerate(layers):
@@ -103,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     cpu = [
         {"name": r.name, "measured_ms": r.measured, "predicted_ms": r.predicted, "error": r.error}
-        for r in cpu_calibration()
+        for r in _calibration().cpu_calibration()
     ]
     result: dict[str, Any] = {"cpu": cpu}
     if torch.cuda.is_available():

@@ -1,4 +1,12 @@
-"""The layering rules: primitives never import each other; only orchestrator, planner and CLI compose them."""
+"""The layering rules, checked on the imports of every module.
+
+* A primitive imports only itself and :mod:`elastic_pipe.types` (directly, or as ``from elastic_pipe import types``;
+  the package root re-exports nothing but the shared types and the version).
+* The planner composes primitives: it may import any primitive, the shared types and itself, never the
+  orchestrator or the CLI (they build on it, not the other way round).
+* :mod:`elastic_pipe.testing` (helpers a user's tests can rely on) imports only the shared types: it runs a
+  function in processes and knows nothing of what the function does.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +19,18 @@ import elastic_pipe
 
 PACKAGE = Path(elastic_pipe.__file__).resolve().parent
 PRIMITIVES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models")
-#: What a primitive may import from the toolkit besides itself.
+#: What any layer may import from the toolkit besides itself: the root (its version) and the shared types.
 SHARED = {"elastic_pipe", "elastic_pipe.types"}
+#: What each composing or helper package may import besides itself and :data:`SHARED`.
+ALLOWED = {
+    "planner": {f"elastic_pipe.{p}" for p in PRIMITIVES},
+    "testing": set(),
+}
+
+
+def _submodule(name: str) -> bool:
+    """Whether ``elastic_pipe.<name>`` is a module or package (rather than an attribute of the root)."""
+    return (PACKAGE / name).is_dir() or (PACKAGE / f"{name}.py").is_file()
 
 
 def _toolkit_imports(path: Path) -> set[str]:
@@ -21,6 +39,9 @@ def _toolkit_imports(path: Path) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("elastic_pipe"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "elastic_pipe" and node.level == 0:
+            # ``from elastic_pipe import partition`` imports the package ``elastic_pipe.partition``.
+            found.update(f"elastic_pipe.{a.name}" if _submodule(a.name) else "elastic_pipe" for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module.startswith("elastic_pipe"):
                 found.add(node.module)
@@ -29,15 +50,33 @@ def _toolkit_imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("primitive", PRIMITIVES)
-def test_primitive_imports_only_itself_and_shared_types(primitive: str) -> None:
-    own = f"elastic_pipe.{primitive}"
+def _outside(package: str, allowed: set[str]) -> dict[str, set[str]]:
+    """Per module of ``elastic_pipe.<package>``, the toolkit imports outside itself, :data:`SHARED` and
+    ``allowed`` (a name is allowed with everything below it)."""
+    own = f"elastic_pipe.{package}"
+    roots = {own, *allowed}
     offenders: dict[str, set[str]] = {}
-    for path in sorted((PACKAGE / primitive).rglob("*.py")):
-        bad = {m for m in _toolkit_imports(path) if m not in SHARED and not (m == own or m.startswith(own + "."))}
+    for path in sorted((PACKAGE / package).rglob("*.py")):
+        bad = {
+            m
+            for m in _toolkit_imports(path)
+            if m not in SHARED and not any(m == r or m.startswith(r + ".") for r in roots)
+        }
         if bad:
             offenders[str(path.relative_to(PACKAGE))] = bad
+    return offenders
+
+
+@pytest.mark.parametrize("primitive", PRIMITIVES)
+def test_primitive_imports_only_itself_and_shared_types(primitive: str) -> None:
+    offenders = _outside(primitive, set())
     assert not offenders, f"{primitive} imports other parts of the toolkit: {offenders}"
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_planner_and_testing_keep_to_their_layer(package: str) -> None:
+    offenders = _outside(package, ALLOWED[package])
+    assert not offenders, f"{package} imports what it may not: {offenders}"
 
 
 def test_every_primitive_has_a_docstring() -> None:
@@ -51,3 +90,25 @@ def test_the_checker_catches_a_cross_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("from elastic_pipe.partition import solve\nimport elastic_pipe.types\n")
     assert _toolkit_imports(bad) == {"elastic_pipe.partition", "elastic_pipe.types"}
+
+
+def test_the_checker_catches_a_primitive_imported_from_the_root(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from elastic_pipe import partition, types\nfrom elastic_pipe import ElasticPipeError\n")
+    assert _toolkit_imports(bad) == {"elastic_pipe.partition", "elastic_pipe.types", "elastic_pipe"}
+
+
+def test_the_rules_reject_what_they_should(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fake toolkit tree: a primitive importing another from the root, a planner importing the orchestrator.
+    for name in (*PRIMITIVES, "planner", "orchestrator", "cli", "testing"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text('"""x"""\n')
+    (tmp_path / "types.py").write_text("")
+    (tmp_path / "freeze" / "bad.py").write_text("from elastic_pipe import partition\n")
+    (tmp_path / "planner" / "bad.py").write_text("from elastic_pipe.orchestrator import decision\n")
+    (tmp_path / "planner" / "good.py").write_text("from elastic_pipe import freeze, types\n")
+    (tmp_path / "testing" / "bad.py").write_text("import elastic_pipe.groups\n")
+    monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path)
+    assert _outside("freeze", set()) == {"freeze/bad.py": {"elastic_pipe.partition"}}
+    assert _outside("planner", ALLOWED["planner"]) == {"planner/bad.py": {"elastic_pipe.orchestrator"}}
+    assert _outside("testing", ALLOWED["testing"]) == {"testing/bad.py": {"elastic_pipe.groups"}}

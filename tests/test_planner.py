@@ -11,10 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_pipe import planner
 from elastic_pipe.freeze import FreezeError
+from elastic_pipe.models import ModelError, bert_config, gpt_config, vit, vit_config
+from elastic_pipe.models.catalogue import shape_of
 from elastic_pipe.planner import (
     H200,
-    MODEL_CONFIGS,
+    MODEL_SHAPES,
     ClusterSpec,
     GpuSpec,
     JobSpec,
@@ -24,15 +27,17 @@ from elastic_pipe.planner import (
     format_table,
     from_layer_costs,
     make_plan,
-    model_config,
+    model_shape,
     model_work,
     parse_bytes,
     plan_model,
     plan_to_dict,
     predict_step,
     price,
+    runtime_layouts,
     to_layer_costs,
 )
+from elastic_pipe.planner.layouts import max_frozen_units
 from elastic_pipe.planner.step import gradient_sync_time, ring_allreduce_time, transfer_time
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
@@ -41,25 +46,25 @@ from elastic_pipe.types import ElasticPipeError, LayerCost
 
 def test_vit_b16_parameter_count_matches_torchvision() -> None:
     # torchvision's vit_b_16 reports 86,567,656 parameters.
-    assert sum(w.params for w in model_work(model_config("vit-b16"))) == 86_567_656
+    assert sum(w.params for w in model_work(model_shape("vit-b16"))) == 86_567_656
 
 
 def test_bert_base_encoder_parameter_count_matches_hugging_face() -> None:
     # BertModel without its pooler: 108,891,648 parameters (the MLM head is priced separately).
-    work = model_work(model_config("bert-base"))
+    work = model_work(model_shape("bert-base"))
     assert sum(w.params for w in work if w.name != "head") == 108_891_648
 
 
 def test_gpt2_small_parameter_count_matches_hugging_face() -> None:
     # GPT-2 small has 124,439,808 parameters with its LM head tied to the token table; a pipeline's last stage
     # holds its own copy of the table (vocab x hidden).
-    c = model_config("gpt2-small")
+    c = model_shape("gpt2-small")
     total = sum(w.params for w in model_work(c))
     assert total - c.vocab * c.hidden == 124_439_808
 
 
 def test_sub_layer_structure() -> None:
-    work = model_work(model_config("bert-large"))
+    work = model_work(model_shape("bert-large"))
     assert len(work) == 2 * 24 + 2
     assert [w.unit for w in work[:5]] == [0, 0, 0, 1, 1]
     assert work[-1].unit is None and work[-1].name == "head"
@@ -67,7 +72,7 @@ def test_sub_layer_structure() -> None:
 
 
 def test_attention_and_mlp_flops_are_the_textbook_counts() -> None:
-    c = model_config("gpt2-medium")
+    c = model_shape("gpt2-medium")
     attn, mlp = model_work(c)[1:3]
     t, d = c.seq_len, c.hidden
     assert attn.matmul_flops == 8 * d * d * t
@@ -77,22 +82,42 @@ def test_attention_and_mlp_flops_are_the_textbook_counts() -> None:
 
 
 def test_unknown_model_lists_valid_names() -> None:
-    with pytest.raises(PlannerError, match="vit-b16") as exc:
-        model_config("vit-x")
+    with pytest.raises(ModelError, match="vit-b16") as exc:
+        model_shape("vit-x")
     assert isinstance(exc.value, ElasticPipeError) and isinstance(exc.value, ValueError)
 
 
 def test_every_builtin_config_prices() -> None:
-    for name in MODEL_CONFIGS:
-        costs = price(model_work(model_config(name)), H200)
+    for name in MODEL_SHAPES:
+        costs = price(model_work(model_shape(name)), H200)
         assert all(c.forward > 0 and c.backward > 0 for c in costs), name
 
 
 def test_seq_len_override() -> None:
-    short = model_config("bert-base").with_seq_len(128)
+    short = model_shape("bert-base").with_seq_len(128)
     assert short.seq_len == 128 and model_work(short)[1].output_bytes == 128 * 768 * 2
-    with pytest.raises(PlannerError, match="image"):
-        model_config("vit-b16").with_seq_len(100)
+    with pytest.raises(ElasticPipeError, match="image"):
+        model_shape("vit-b16").with_seq_len(100)
+    with pytest.raises(ElasticPipeError, match="position table"):
+        model_shape("bert-base").with_seq_len(1024)
+
+
+def test_the_catalogue_reads_the_models_presets() -> None:
+    # One statement of each model's facts: the preset that builds the module.
+    vit_b16, gpt2 = vit_config("vit-b16"), gpt_config("gpt2")
+    shape = model_shape("vit-b16")
+    assert (shape.blocks, shape.hidden, shape.heads, shape.ffn) == (vit_b16.depth, vit_b16.dim, 12, vit_b16.mlp_dim)
+    assert shape.seq_len == vit_b16.seq_len == 197
+    assert model_shape("gpt2-small") == shape_of(gpt2, "gpt2-small")
+    assert model_shape("bert-large").positions == bert_config("bert-large").max_positions == 512
+    # The planner's old names are the catalogue itself, not a copy.
+    assert planner.MODEL_CONFIGS is MODEL_SHAPES and planner.model_config is model_shape
+
+
+def test_the_planner_prices_a_preset_outside_the_catalogue() -> None:
+    tiny = shape_of(vit_config("vit-tiny"), "vit-tiny")
+    model = vit("vit-tiny")
+    assert sum(w.params for w in model_work(tiny)) == sum(p.numel() for p in model.parameters())
 
 
 # --- cluster ---------------------------------------------------------------------------------------------------
@@ -421,7 +446,7 @@ def test_cache_filled_in_the_transition_is_read_from_the_first_epoch() -> None:
     e1, e2 = plan.epochs[1], plan.epochs[2]
     assert (e1.cached, e2.cached, e1.cache_tier) == (4, 4, "gpu")
     assert e1.step.step_time == pytest.approx(e2.step.step_time)  # no recompute, no write while training
-    costs = price(model_work(model_config("vit-b16")), cluster.gpu)
+    costs = price(model_work(model_shape("vit-b16")), cluster.gpu)
     prefix = [c for c in costs if c.unit is not None and c.unit < 4]
     per_sample = sum(c.frozen_forward for c in prefix) + prefix[-1].output_bytes / cluster.gpu_cache_bandwidth
     assert e1.transition_seconds == pytest.approx(job.samples_per_epoch * per_sample)
@@ -447,3 +472,69 @@ def test_a_reshape_must_pay_for_its_transition() -> None:
         assert e.boundaries[-1] == 26 and sum(e.step.layers_per_stage) == 26 - e.first_layer
     free = _vit_plan(pipe_len=8, steps_per_epoch=1, transition_seconds=0.0)
     assert free.reshapes >= 1 and free.epochs[1].pipe_len < 8
+
+
+# --- the runtime's layout rule -----------------------------------------------------------------------------------
+# Ten sub-layers of cost 1: the embedding with block 0 (unit 0 ends at 3), blocks 1-3, the head.
+RULE_COSTS = [1.0] * 10
+RULE_UNIT_ENDS = [3, 5, 7, 9]
+
+
+def _rule(compression: str, frozen: list[int]) -> list[tuple[int, int, int, tuple[int, ...], int]]:
+    layouts = runtime_layouts(
+        RULE_COSTS,
+        RULE_UNIT_ENDS,
+        frozen,
+        world_size=4,
+        pipe_len=4,
+        compression=compression,
+        solver="optimal",
+        microbatches=lambda k: 2 * k,
+    )
+    return [(x.frozen, x.pipe_len, x.replicas, x.boundaries, x.microbatches) for x in layouts]
+
+
+def test_runtime_rule_halves_within_the_initial_bottleneck() -> None:
+    # Budget: the initial bottleneck, 3. Seven active sub-layers need 4 per stage on 2 stages (> 3): stay at 4;
+    # five fit 2 stages of 3; three fit one stage.
+    assert _rule("halving", [0, 1, 2, 3, 4]) == [
+        (0, 4, 1, (0, 3, 6, 9, 10), 8),
+        (3, 4, 1, (3, 5, 7, 9, 10), 8),
+        (5, 2, 2, (5, 8, 10), 4),
+        (7, 1, 4, (7, 10), 2),
+        (9, 1, 4, (9, 10), 2),
+    ]
+
+
+def test_runtime_rule_without_compression_keeps_a_sub_layer_per_stage() -> None:
+    # Four stages need four active sub-layers: at most two units (five sub-layers) freeze.
+    assert _rule("none", [0, 1, 2, 3, 4])[2:] == [(5, 4, 1, (5, 7, 8, 9, 10), 8)] * 3
+    assert max_frozen_units(RULE_UNIT_ENDS, 10, 4) == 2 and max_frozen_units(RULE_UNIT_ENDS, 10, 1) == 4
+
+
+def test_runtime_rule_never_unfreezes_and_keeps_an_unchanged_layout() -> None:
+    layouts = _rule("memory", [0, 2, 1, 2])
+    assert [x[0] for x in layouts] == [0, 5, 5, 5] and layouts[1] == layouts[2] == layouts[3]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"compression": "fold"}, "unknown compression"),
+        ({"pipe_len": 3}, "divide world_size"),
+        ({"unit_ends": [3, 3]}, "strictly increase"),
+        ({"frozen_units": [1, 2]}, "starting at 0"),
+        ({"frozen_units": []}, "starting at 0"),
+    ],
+)
+def test_runtime_rule_rejects_bad_input(kwargs: dict[str, object], match: str) -> None:
+    args: dict[str, object] = {
+        "costs": RULE_COSTS,
+        "unit_ends": RULE_UNIT_ENDS,
+        "frozen_units": [0, 1],
+        "world_size": 4,
+        "pipe_len": 4,
+        **kwargs,
+    }
+    with pytest.raises(PlannerError, match=match):
+        runtime_layouts(**args)  # type: ignore[arg-type]

@@ -1,22 +1,36 @@
-"""The cost model against measurements: REFERENCE.md section 7's H200 numbers, the GPU benchmark's measured
-epochs of the orchestrator, and a run on this CPU."""
+"""The cost model against measurements: ViT-B/16 steps timed on an H200, the GPU benchmark's measured epochs of
+the orchestrator, and a run on this CPU. The measured data and its readers live in
+``benchmarks/planner_calibration.py``; the library's pure prediction functions in ``planner.calibration``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-from elastic_pipe.planner import PlannerError
-from elastic_pipe.planner.calibration import (
-    CALIBRATION_TOLERANCE,
-    ArmMeasurement,
-    cpu_calibration,
-    gpu_benchmark_calibration,
-    h200_calibration,
-    load_gpu_benchmark,
-)
+from elastic_pipe.planner import ClusterSpec, PlannerError, model_shape, model_work, price
+from elastic_pipe.planner.calibration import ArmMeasurement, CalibrationRow, format_rows, predict_arms
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("planner_calibration", ROOT / "benchmarks" / "planner_calibration.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+calibration = _load()
+CALIBRATION_TOLERANCE = calibration.CALIBRATION_TOLERANCE
+cpu_calibration = calibration.cpu_calibration
+gpu_benchmark_calibration = calibration.gpu_benchmark_calibration
+h200_calibration = calibration.h200_calibration
+load_gpu_benchmark = calibration.load_gpu_benchmark
 
 #: A ratio whose measured value is this close to zero is judged by absolute error (1% of a full step): the
 #: relative error of 0.02 vs 0.01 says nothing about the step times the planner adds up.
@@ -116,3 +130,23 @@ def test_gpu_benchmark_file_is_read(tmp_path: Path) -> None:
 def test_arm_measurement_needs_one_number_per_epoch() -> None:
     with pytest.raises(PlannerError, match="one frozen count"):
         ArmMeasurement("x", (0, 1), False, (1.0,), (1.0, 2.0))
+
+
+def test_predict_arms_takes_the_costs_and_the_warm_up_as_arguments() -> None:
+    cluster = ClusterSpec(2, gpus_per_node=2)
+    costs = price(model_work(model_shape("vit-b16")), cluster.gpu)
+    arms = {"static_ddp": MEASURED_ARMS["static_ddp"]}
+    rows = predict_arms(arms, costs, cluster, global_batch=512, steps_per_epoch=10, warmup_epochs=0)
+    assert [r.name for r in rows] == [
+        "static_ddp, epoch 0 (0 frozen)",
+        "static_ddp, epoch 1 (0 frozen)",
+        "static_ddp, steady epochs: run time",
+    ]
+    assert rows[0].predicted == rows[1].predicted  # same layout, no freezing: the same prediction
+    default = predict_arms(arms, costs, cluster, global_batch=512, steps_per_epoch=10)
+    assert [r.name for r in default] == ["static_ddp, epoch 1 (0 frozen)", "static_ddp, steady epochs: run time"]
+
+
+def test_format_rows_is_a_markdown_table() -> None:
+    text = format_rows([CalibrationRow("step", "ms", 100.0, 110.0), CalibrationRow("ratio", "x", 0.5, 0.25)])
+    assert text.splitlines()[2:] == ["| step | ms | 100 | 110 | +10.0% |", "| ratio | x | 0.5 | 0.25 | -50.0% |"]

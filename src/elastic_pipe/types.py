@@ -2,15 +2,32 @@
 
 This is the only module that the primitive packages (``freeze``, ``partition``, ``schedule``, ``groups``,
 ``protocol``, ``cache``, ``data``, ``models``) may import from each other's neighbourhood. It holds data, not
-behaviour: frozen dataclasses and the root of the exception hierarchy.
+behaviour: frozen dataclasses, the root of the exception hierarchy, and the one cost fact every cost model shares
+(:data:`BACKWARD_TO_FORWARD`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["ElasticPipeError", "LayerCost", "Layout"]
+__all__ = [
+    "BACKWARD_TO_FORWARD",
+    "TRANSFORMER_FAMILIES",
+    "ElasticPipeError",
+    "LayerCost",
+    "Layout",
+    "TransformerShape",
+]
+
+#: A dense layer's backward costs twice its forward: it runs one matrix multiply for the input gradient and one
+#: for the weight gradient, each as large as the forward's. Every analytic cost model here prices a backward
+#: from its forward with this ratio (the planner's fitted factors cover the kernels it does not describe).
+BACKWARD_TO_FORWARD = 2.0
+
+#: Kinds of transformer a :class:`TransformerShape` describes: image encoder (patch embedding, class-token
+#: head), bidirectional text encoder, causal text decoder.
+TRANSFORMER_FAMILIES = ("vit", "bert", "gpt")
 
 
 class ElasticPipeError(Exception):
@@ -120,3 +137,93 @@ class Layout:
     def layers_per_stage(self) -> tuple[int, ...]:
         """Number of active layers on each stage."""
         return tuple(c - b for b, c in zip(self.boundaries, self.boundaries[1:], strict=False))
+
+
+@dataclass(frozen=True, slots=True)
+class TransformerShape:
+    """The shape of a transformer, enough to count its parameters, FLOPs and activations.
+
+    The facts of the built-in presets are stated once, in :mod:`elastic_pipe.models` (its preset tables), and
+    turned into shapes by :func:`elastic_pipe.models.model_shape`; the partition and planner cost models take a
+    shape as an argument.
+
+    Attributes:
+        name: a human-readable name, e.g. ``"vit-b16"``.
+        family: one of :data:`TRANSFORMER_FAMILIES`.
+        blocks: transformer blocks (the freezable units).
+        hidden: hidden size d.
+        heads: attention heads; must divide ``hidden``.
+        ffn: MLP inner size f.
+        seq_len: tokens per sample (for a ViT: patches plus the class token, ``(image / patch)^2 + 1``).
+        vocab: token vocabulary (text models; 0 for a ViT).
+        positions: rows of the learned position table (at least ``seq_len``).
+        type_vocab: rows of the segment (token-type) table (BERT: 2; 0 for none).
+        image: image side in pixels (ViT; 0 for text models).
+        patch: patch side in pixels (ViT; 0 for text models).
+        channels: image channels (ViT; 0 for text models).
+        classes: classifier outputs (ViT; 0 for text models, whose heads predict tokens).
+    """
+
+    name: str
+    family: str
+    blocks: int
+    hidden: int
+    heads: int
+    ffn: int
+    seq_len: int
+    vocab: int = 0
+    positions: int = 0
+    type_vocab: int = 0
+    image: int = 0
+    patch: int = 0
+    channels: int = 0
+    classes: int = 0
+
+    def __post_init__(self) -> None:
+        owner = f"TransformerShape({self.name!r})"
+        if self.family not in TRANSFORMER_FAMILIES:
+            raise ElasticPipeError(f"{owner}.family must be one of {TRANSFORMER_FAMILIES}, got {self.family!r}")
+        for key in ("blocks", "hidden", "heads", "ffn", "seq_len"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ElasticPipeError(f"{owner}.{key} must be an int >= 1, got {value!r}")
+        for key in ("vocab", "positions", "type_vocab", "image", "patch", "channels", "classes"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ElasticPipeError(f"{owner}.{key} must be an int >= 0, got {value!r}")
+        if self.hidden % self.heads:
+            raise ElasticPipeError(f"{owner}: hidden={self.hidden} must be divisible by heads={self.heads}")
+        if self.positions < self.seq_len:
+            raise ElasticPipeError(
+                f"{owner}: seq_len={self.seq_len} needs a position table of at least that many rows, "
+                f"got positions={self.positions}"
+            )
+        if self.family == "vit":
+            if min(self.image, self.patch, self.channels, self.classes) < 1 or self.image % self.patch:
+                raise ElasticPipeError(
+                    f"{owner}: a ViT needs image, patch, channels, classes >= 1 and patch dividing image, got "
+                    f"image={self.image} patch={self.patch} channels={self.channels} classes={self.classes}"
+                )
+            if self.seq_len != (self.image // self.patch) ** 2 + 1:
+                raise ElasticPipeError(
+                    f"{owner}: a ViT's seq_len must be (image/patch)^2 + 1 = {(self.image // self.patch) ** 2 + 1}, "
+                    f"got {self.seq_len}"
+                )
+        elif self.vocab < 1:
+            raise ElasticPipeError(f"{owner}: a {self.family} model needs vocab >= 1, got {self.vocab}")
+
+    @property
+    def causal(self) -> bool:
+        """Whether attention is causal (a fused kernel then skips half of the score matrix)."""
+        return self.family == "gpt"
+
+    def with_seq_len(self, seq_len: int) -> TransformerShape:
+        """The same text model at another sequence length (at most ``positions``).
+
+        Raises:
+            ElasticPipeError: for a ViT (its length follows from image and patch) or a length the position table
+                does not cover.
+        """
+        if self.family == "vit":
+            raise ElasticPipeError("a ViT's sequence length follows from image and patch; change those instead")
+        return replace(self, seq_len=seq_len)

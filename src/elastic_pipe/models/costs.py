@@ -23,11 +23,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import AttentionSubLayer
-from elastic_pipe.types import LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost
 
 __all__ = [
     "ADAM_STATES",
-    "BACKWARD_FLOPS_RATIO",
     "SubLayerProfile",
     "analyze",
     "attention_flops",
@@ -36,8 +35,6 @@ __all__ = [
 
 #: Optimizer tensors per parameter kept by Adam/AdamW (first and second moments).
 ADAM_STATES = 2
-#: Backward costs about twice the forward: one matmul for input gradients, one for weight gradients.
-BACKWARD_FLOPS_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +138,7 @@ def sublayer_costs(
             dtype's size.
         optimizer_states: optimizer tensors per parameter (2 for Adam, 1 for SGD with momentum, 0 for plain SGD).
         flops_per_second: sustained device FLOP/s; when given, ``forward`` = FLOPs / rate and ``backward`` =
-            :data:`BACKWARD_FLOPS_RATIO` times that; otherwise both stay 0.
+            :data:`elastic_pipe.types.BACKWARD_TO_FORWARD` times that; otherwise both stay 0.
 
     Returns:
         ``LayerCost`` with ``params``, ``activation_bytes`` (the output of one micro-batch), ``memory_bytes``
@@ -167,7 +164,7 @@ def sublayer_costs(
                 name=p.name,
                 params=p.params,
                 forward=forward,
-                backward=BACKWARD_FLOPS_RATIO * forward,
+                backward=BACKWARD_TO_FORWARD * forward,
                 activation_bytes=activation,
                 # weights + gradients (+ optimizer state), each the parameter's size
                 memory_bytes=p.param_bytes * (2 + optimizer_states) + activation,

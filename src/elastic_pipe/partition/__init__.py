@@ -21,9 +21,7 @@ from elastic_pipe.partition.compress import (
     initial_budget,
 )
 from elastic_pipe.partition.costs import (
-    BERT_LARGE,
     METRICS,
-    VIT_B16,
     TrainingPrecision,
     TransformerShape,
     parse_bytes,
@@ -50,13 +48,11 @@ from elastic_pipe.partition.result import Partition
 from elastic_pipe.partition.uniform import uniform
 
 __all__ = [
-    "BERT_LARGE",
     "DEFAULT_FROZEN_FACTOR",
     "MAX_GRAPH_NODES",
     "METRICS",
     "PUBLISHED_UNIT",
     "SOLVERS",
-    "VIT_B16",
     "Compression",
     "Partition",
     "PartitionError",

@@ -4,7 +4,8 @@ Two sources of :class:`~elastic_pipe.types.LayerCost` records feed the solvers:
 
 * measured ones, from :func:`elastic_pipe.partition.profile_layers`;
 * the analytic transformer model here, at the published sub-layer granularity (attention with its residual, MLP
-  with its residual), from the layer shapes: parameters, forward/backward time from FLOPs at a given device
+  with its residual), from a :class:`~elastic_pipe.types.TransformerShape` (the catalogued presets are
+  :func:`elastic_pipe.models.model_shape`): parameters, forward/backward time from FLOPs at a given device
   throughput, output activation bytes, and training memory (parameters, gradients, optimizer state and the
   activations stored for backward for one micro-batch).
 
@@ -21,12 +22,10 @@ from dataclasses import dataclass
 
 from elastic_pipe.partition.errors import PartitionError
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR
-from elastic_pipe.types import LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost, TransformerShape
 
 __all__ = [
-    "BERT_LARGE",
     "METRICS",
-    "VIT_B16",
     "TrainingPrecision",
     "TransformerShape",
     "parse_bytes",
@@ -40,8 +39,6 @@ METRICS = ("time", "params", "memory")
 
 #: FLOPs of a multiply-add.
 _FLOPS_PER_MAC = 2
-#: Backward costs about twice the forward (input gradients plus weight gradients).
-_BACKWARD_TO_FORWARD = 2.0
 #: Stored activations per token and hidden unit, in bytes at 16-bit precision with dropout masks, from
 #: Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (2022): attention 11 sbh +
 #: 5 a s^2 b, MLP 19 sbh, each layer norm 2 sbh. Here each sub-layer carries its own layer norm.
@@ -130,43 +127,6 @@ def training_memory_bytes(params: int, stored_activation_bytes: int, precision: 
     return params * per_param + stored_activation_bytes
 
 
-@dataclass(frozen=True, slots=True)
-class TransformerShape:
-    """The shape of a pre-norm transformer encoder (or decoder) stack.
-
-    Attributes:
-        hidden: model width h.
-        heads: attention heads a.
-        ffn: MLP inner width.
-        seq_len: tokens per sample s.
-        layers: number of blocks.
-        vocab: vocabulary size of the token embedding (0: no embedding sub-layer in the cost list).
-    """
-
-    hidden: int
-    heads: int
-    ffn: int
-    seq_len: int
-    layers: int
-    vocab: int = 0
-
-    def __post_init__(self) -> None:
-        for key in ("hidden", "heads", "ffn", "seq_len", "layers"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PartitionError(f"TransformerShape.{key} must be an int >= 1, got {value!r}")
-        if self.vocab < 0:
-            raise PartitionError(f"TransformerShape.vocab must be >= 0, got {self.vocab!r}")
-        if self.hidden % self.heads:
-            raise PartitionError(f"hidden={self.hidden} must be divisible by heads={self.heads}")
-
-
-#: BERT-large: 24 blocks of width 1024, 16 heads, sequence 512.
-BERT_LARGE = TransformerShape(hidden=1024, heads=16, ffn=4096, seq_len=512, layers=24, vocab=30522)
-#: ViT-B/16 at 224x224: 196 patches plus the class token.
-VIT_B16 = TransformerShape(hidden=768, heads=12, ffn=3072, seq_len=197, layers=12)
-
-
 def transformer_costs(
     shape: TransformerShape,
     micro_batch: int,
@@ -177,11 +137,12 @@ def transformer_costs(
     """Analytic per-sub-layer costs of a transformer stack.
 
     The list is ``[embed] + [block{i}.attn, block{i}.mlp for each block]`` (``embed`` only when
-    ``shape.vocab > 0``). Times count the matrix multiplies only (at ``flops_per_second``), backward twice the
-    forward; this is a planning model, :func:`~elastic_pipe.partition.profile_layers` measures real ones.
+    ``shape.vocab > 0``: a ViT's patch embedding is left out). Times count the matrix multiplies only (at
+    ``flops_per_second``), the backward :data:`~elastic_pipe.types.BACKWARD_TO_FORWARD` times the forward; this is
+    a planning model, :func:`~elastic_pipe.partition.profile_layers` measures real ones.
 
     Args:
-        shape: the stack's dimensions.
+        shape: the stack's dimensions, e.g. ``elastic_pipe.models.model_shape("bert-large")``.
         micro_batch: samples per micro-batch b.
         flops_per_second: sustained device throughput used to turn FLOPs into seconds.
         precision: bytes per parameter, gradient, optimizer state and activation.
@@ -207,7 +168,7 @@ def transformer_costs(
             name=name,
             params=params,
             forward=forward,
-            backward=_BACKWARD_TO_FORWARD * forward,
+            backward=BACKWARD_TO_FORWARD * forward,
             activation_bytes=out_bytes,
             memory_bytes=training_memory_bytes(params, stored_bytes, prec),
             frozen_forward=forward,
@@ -217,14 +178,14 @@ def transformer_costs(
     costs: list[LayerCost] = []
     if shape.vocab:
         # Token and position tables; a lookup does no multiplies, so its time is ~0 in this model.
-        costs.append(record("embed", (shape.vocab + s) * h + norm_params, 0, 0))
+        costs.append(record("embed", (shape.vocab + shape.positions) * h + norm_params, 0, 0))
     attn_params = 4 * h * h + 4 * h + norm_params
     attn_macs = 4 * tokens * h * h + 2 * b * s * s * h
     attn_stored = _ATTENTION_ACT_PER_TOKEN_HIDDEN * tokens * h + _ATTENTION_ACT_PER_SCORE * a * s * s * b
     mlp_params = 2 * h * f + f + h + norm_params
     mlp_macs = 2 * tokens * h * f
     mlp_stored = _MLP_ACT_PER_TOKEN_HIDDEN * tokens * h
-    for block in range(shape.layers):
+    for block in range(shape.blocks):
         costs.append(record(f"block{block}.attn", attn_params, attn_macs, attn_stored))
         costs.append(record(f"block{block}.mlp", mlp_params, mlp_macs, mlp_stored))
     return costs

@@ -1,9 +1,10 @@
 """The cluster a plan runs on: GPUs, nodes, memory, speeds and links.
 
-Defaults describe one H200 as measured here (REFERENCE.md section 7, torch 2.11, bf16 autocast, eager): the
-compute rates are *achieved* rates, fitted so that the analytic ViT-B/16 sub-layer times match the measured ones,
-not datasheet peaks. The fixed per-step host costs (``data_overhead``, ``pass_overhead``, the optimizer's and the
-gradient sync's floors and per-sub-layer costs) are the package's orchestrator measured on the same machine
+Defaults describe one H200 (torch 2.11, bf16 autocast, eager): the compute rates are *achieved* rates, fitted so
+that the analytic ViT-B/16 sub-layer times match ones timed on that GPU, not datasheet peaks; docs/planner.md
+("Calibration") compares them with the measurements. The fixed per-step host costs (``data_overhead``,
+``pass_overhead``, the optimizer's and the gradient sync's floors and per-sub-layer costs) are the package's
+orchestrator measured on the same machine
 (``benchmarks/results/gpu_2xh200_vit_session1.json``: ViT-B/16, 2 GPUs, DDP, batch 512, phase times per step).
 Numbers that were not measured here are marked as assumptions.
 """

@@ -2,7 +2,8 @@
 
 Times are GPU seconds per sample; a micro-batch of ``b`` samples costs ``b`` times as much (the model ignores the
 lower efficiency of very small kernels; the per-micro-batch host overhead, which dominates there, is modelled
-separately). The backward factors below were fitted on the measured ViT-B/16 sub-layers (REFERENCE.md section 7).
+separately). The backward factors below were fitted on ViT-B/16's sub-layers timed on one H200 (bf16 autocast,
+eager); each factor gives the timings it rests on, and docs/planner.md ("The cost model") describes the model.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from elastic_pipe.planner.cluster import GpuSpec
 from elastic_pipe.planner.errors import PlannerError
 from elastic_pipe.planner.models import HOST_WEIGHT_PER_SUBLAYER, SubLayerWork
-from elastic_pipe.types import LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost
 
 __all__ = [
     "FROZEN_BYTES_PER_PARAM",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 #: Backward of a matrix multiply: input gradient plus weight gradient, each as large as the forward.
-MATMUL_BACKWARD_FACTOR = 2.0
+MATMUL_BACKWARD_FACTOR = BACKWARD_TO_FORWARD
 #: Backward of the fused attention core relative to its forward. Fitted: ViT-B/16's attention sub-layer measures
 #: 0.97 ms forward and 3.70 ms forward+backward at batch 256 on H200; the matmul and element-wise parts explain
 #: all but ~1.25 ms of the backward, 5.4 times the core's forward.

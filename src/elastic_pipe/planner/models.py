@@ -1,9 +1,11 @@
-"""Built-in analytic transformer configs and their per-sub-layer work (FLOPs, parameters, bytes).
+"""Per-sub-layer work (FLOPs, parameters, bytes) of a transformer shape from the model catalogue.
 
-A model is described at the granularity the partition solver cuts at (REFERENCE.md section 3): an embedding,
-then per transformer block an attention sub-layer and an MLP sub-layer (each with its LayerNorm and residual), then
-a head. Each sub-layer's work is counted per *sample* and split by the kind of kernel that does it, because the
-kinds run at very different speeds on a GPU (measured on H200, REFERENCE.md section 7):
+The shapes come from :mod:`elastic_pipe.models.catalogue` (:func:`~elastic_pipe.models.catalogue.model_shape`),
+where each preset's facts are stated once. A model is described at the granularity the partition solver cuts at:
+an embedding, then per transformer block an attention sub-layer and an MLP sub-layer (each with its LayerNorm and
+residual, as the package's models are built, :mod:`elastic_pipe.models`), then a head. Each sub-layer's work is
+counted per *sample* and split by the kind of kernel that does it, because the kinds run at very different speeds
+on a GPU (docs/planner.md, "The cost model", gives the rates):
 
 * dense matrix multiplies (``matmul_flops``),
 * the attention core ``softmax(QK^T)V`` (``attention_flops``, a fused flash kernel),
@@ -17,9 +19,10 @@ token and hidden unit for the attention sub-layer, ``5d + 4f`` per token for the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.models.catalogue import MODEL_SHAPES, model_shape
+from elastic_pipe.types import TransformerShape
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -36,111 +39,15 @@ ACTIVATION_BYTES = 2
 INPUT_PIXEL_BYTES = 4
 #: Element passes over the logits for the loss: write (16-bit), upcast (fp32 read + write), softmax read.
 LOGIT_BYTES_PER_ELEMENT = 2 + 4 + 4 + 4
-#: Host overhead weight of one sub-layer, in blocks: a block is two sub-layers (REFERENCE.md section 7 gives the
-#: eager host cost per block).
+#: Host overhead weight of one sub-layer, in blocks: a block is two sub-layers (the eager host cost is priced per
+#: block, :attr:`elastic_pipe.planner.GpuSpec.host_overhead`).
 HOST_WEIGHT_PER_SUBLAYER = 0.5
-#: Learned position embeddings of the BERT family cover this many positions whatever the sequence length.
-BERT_MAX_POSITIONS = 512
-#: BERT's token-type (segment) vocabulary.
-BERT_TYPE_VOCAB = 2
 
-_FAMILIES = ("vit", "bert", "gpt")
-
-
-@dataclass(frozen=True, slots=True)
-class ModelConfig:
-    """Shape of a transformer, enough to count its work.
-
-    Attributes:
-        name: registry name, e.g. ``"vit-b16"``.
-        family: ``"vit"`` (image, patch embedding, class-token head), ``"bert"`` (bidirectional encoder, masked
-            language-model head) or ``"gpt"`` (causal decoder, language-model head).
-        blocks: transformer blocks; these are the freezable units.
-        hidden: hidden size d.
-        heads: attention heads.
-        ffn: MLP inner size f.
-        seq_len: tokens per sample (for ViT: patches plus the class token, derived from image and patch).
-        vocab: vocabulary size (text models).
-        image: image side in pixels (ViT).
-        patch: patch side in pixels (ViT).
-        channels: image channels (ViT).
-        classes: classifier outputs (ViT).
-    """
-
-    name: str
-    family: str
-    blocks: int
-    hidden: int
-    heads: int
-    ffn: int
-    seq_len: int
-    vocab: int = 0
-    image: int = 224
-    patch: int = 16
-    channels: int = 3
-    classes: int = 1000
-
-    def __post_init__(self) -> None:
-        if self.family not in _FAMILIES:
-            raise PlannerError(f"ModelConfig.family must be one of {_FAMILIES}, got {self.family!r}")
-        for key in ("blocks", "hidden", "heads", "ffn", "seq_len"):
-            if getattr(self, key) < 1:
-                raise PlannerError(f"ModelConfig.{key} must be >= 1, got {getattr(self, key)!r}")
-        if self.hidden % self.heads:
-            raise PlannerError(f"ModelConfig.hidden={self.hidden} must be divisible by heads={self.heads}")
-        if self.family == "vit" and self.seq_len != (self.image // self.patch) ** 2 + 1:
-            raise PlannerError(
-                f"ViT seq_len must be (image/patch)^2 + 1 = {(self.image // self.patch) ** 2 + 1}, got {self.seq_len}"
-            )
-        if self.family != "vit" and self.vocab < 1:
-            raise PlannerError(f"a {self.family} model needs vocab >= 1, got {self.vocab}")
-
-    def with_seq_len(self, seq_len: int) -> ModelConfig:
-        """The same model at another sequence length (text models only)."""
-        if self.family == "vit":
-            raise PlannerError("a ViT's sequence length follows from image and patch; change those instead")
-        return replace(self, seq_len=seq_len)
-
-    @property
-    def causal(self) -> bool:
-        """Whether attention is causal (a fused kernel then skips half of the score matrix)."""
-        return self.family == "gpt"
-
-
-def _vit(name: str, *, blocks: int, hidden: int, heads: int) -> ModelConfig:
-    return ModelConfig(name, "vit", blocks, hidden, heads, 4 * hidden, (224 // 16) ** 2 + 1)
-
-
-def _text(name: str, family: str, *, blocks: int, hidden: int, heads: int, seq_len: int, vocab: int) -> ModelConfig:
-    return ModelConfig(name, family, blocks, hidden, heads, 4 * hidden, seq_len, vocab=vocab)
-
-
-#: The built-in configs, with their published shapes (BERT at its pre-training length 512, GPT-2 at 1,024).
-MODEL_CONFIGS: dict[str, ModelConfig] = {
-    c.name: c
-    for c in (
-        _vit("vit-b16", blocks=12, hidden=768, heads=12),
-        _vit("vit-l16", blocks=24, hidden=1024, heads=16),
-        _text("bert-base", "bert", blocks=12, hidden=768, heads=12, seq_len=512, vocab=30522),
-        _text("bert-large", "bert", blocks=24, hidden=1024, heads=16, seq_len=512, vocab=30522),
-        _text("gpt2-small", "gpt", blocks=12, hidden=768, heads=12, seq_len=1024, vocab=50257),
-        _text("gpt2-medium", "gpt", blocks=24, hidden=1024, heads=16, seq_len=1024, vocab=50257),
-        _text("gpt2-large", "gpt", blocks=36, hidden=1280, heads=20, seq_len=1024, vocab=50257),
-        _text("gpt2-xl", "gpt", blocks=48, hidden=1600, heads=25, seq_len=1024, vocab=50257),
-    )
-}
-
-
-def model_config(name: str) -> ModelConfig:
-    """Look up a built-in config by name.
-
-    Raises:
-        PlannerError: unknown name (the message lists the valid ones).
-    """
-    try:
-        return MODEL_CONFIGS[name]
-    except KeyError:
-        raise PlannerError(f"unknown model {name!r}; expected one of {sorted(MODEL_CONFIGS)}") from None
+# The planner's former names of the catalogue, kept for the callers that still use them (cli/plan.py,
+# benchmarks/gpu/bench_elastic_gpu.py): the same objects, not a second catalogue.
+ModelConfig = TransformerShape
+MODEL_CONFIGS = MODEL_SHAPES
+model_config = model_shape
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +80,7 @@ class SubLayerWork:
     host_weight: float = HOST_WEIGHT_PER_SUBLAYER
 
 
-def _embedding(c: ModelConfig) -> SubLayerWork:
+def _embedding(c: TransformerShape) -> SubLayerWork:
     t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
     if c.family == "vit":
         pixels = c.channels * c.image * c.image
@@ -189,8 +96,8 @@ def _embedding(c: ModelConfig) -> SubLayerWork:
             output_bytes=t * d * a,
             stored_bytes=pixels * a,  # the conv keeps its input for the weight gradient
         )
-    positions = BERT_MAX_POSITIONS if c.family == "bert" else c.seq_len
-    tables = c.vocab * d + positions * d + (BERT_TYPE_VOCAB * d + 2 * d if c.family == "bert" else 0)
+    # Token, position and segment tables, and BERT's LayerNorm after the embeddings.
+    tables = (c.vocab + c.positions + c.type_vocab) * d + (2 * d if c.family == "bert" else 0)
     gathers = 3 if c.family == "bert" else 2
     return SubLayerWork(
         "embed",
@@ -203,7 +110,7 @@ def _embedding(c: ModelConfig) -> SubLayerWork:
     )
 
 
-def _attention(c: ModelConfig, block: int) -> SubLayerWork:
+def _attention(c: TransformerShape, block: int) -> SubLayerWork:
     t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
     core = 4.0 * t * t * d * (0.5 if c.causal else 1.0)
     return SubLayerWork(
@@ -219,7 +126,7 @@ def _attention(c: ModelConfig, block: int) -> SubLayerWork:
     )
 
 
-def _mlp(c: ModelConfig, block: int) -> SubLayerWork:
+def _mlp(c: TransformerShape, block: int) -> SubLayerWork:
     t, d, f, a = c.seq_len, c.hidden, c.ffn, ACTIVATION_BYTES
     return SubLayerWork(
         f"block{block}.mlp",
@@ -232,7 +139,7 @@ def _mlp(c: ModelConfig, block: int) -> SubLayerWork:
     )
 
 
-def _head(c: ModelConfig) -> SubLayerWork:
+def _head(c: TransformerShape) -> SubLayerWork:
     t, d, a = c.seq_len, c.hidden, ACTIVATION_BYTES
     if c.family == "vit":
         return SubLayerWork(
@@ -258,7 +165,7 @@ def _head(c: ModelConfig) -> SubLayerWork:
     )
 
 
-def model_work(config: ModelConfig) -> tuple[SubLayerWork, ...]:
+def model_work(config: TransformerShape) -> tuple[SubLayerWork, ...]:
     """The model's sub-layers in order: embedding, (attention, MLP) per block, head."""
     blocks = [w for b in range(config.blocks) for w in (_attention(config, b), _mlp(config, b))]
     return (_embedding(config), *blocks, _head(config))

@@ -5,7 +5,8 @@ with these per-stage costs (seconds per micro-batch of ``b`` samples):
 
 * forward ``F_s = max(GPU_F_s + cache_s, host_F_s)`` and backward ``B_s = max(GPU_B_s, host_B_s)``: the GPU works
   while the host issues the next kernels, so a stage is bound by whichever is slower. ``host`` is the eager
-  per-block, per-micro-batch launch cost (REFERENCE.md section 7), which makes small micro-batches host-bound;
+  per-block, per-micro-batch launch cost (:attr:`~elastic_pipe.planner.GpuSpec.host_overhead`), which makes small
+  micro-batches host-bound;
 * ``cache_s`` (stage 0 only): reading the frozen prefix's output from the cache tier, plus writing the new
   boundary's output while the cache fills;
 * a hop between stages: ``latency + bytes / bandwidth`` per message (NVLink inside a node, the NIC across nodes).
