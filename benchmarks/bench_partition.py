@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from elastic_pipe.models.catalogue import model_shape
 from elastic_pipe.partition import (
-    BERT_LARGE,
     PartitionError,
     graph_order,
     graph_partition,
@@ -274,8 +274,8 @@ def dp_reference(rng: np.random.Generator) -> list[dict[str, Any]]:
 
 
 def bert_graph() -> list[dict[str, Any]]:
-    costs = transformer_costs(BERT_LARGE, BERT_MICRO_BATCH, flops_per_second=BERT_FLOPS)
-    graph = transformer_graph(costs, [False] + [True] * (2 * BERT_LARGE.layers))
+    costs = transformer_costs(model_shape("bert-large"), BERT_MICRO_BATCH, flops_per_second=BERT_FLOPS)
+    graph = transformer_graph(costs, [False] + [True] * (2 * model_shape("bert-large").blocks))
     order = graph_order(graph)
     chain_costs = [graph.nodes[node]["cost"] for node in order]
     rows = []

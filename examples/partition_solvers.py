@@ -8,8 +8,8 @@ step the active layers are re-partitioned (milliseconds) and the published halvi
 
 from __future__ import annotations
 
+from elastic_pipe.models.catalogue import model_shape
 from elastic_pipe.partition import (
-    VIT_B16,
     compress_halving,
     compress_memory,
     graph_partition,
@@ -32,7 +32,8 @@ FROZEN_BLOCKS = (0, 4, 7, 9, 10, 11)
 
 def main() -> None:
     """Compare the solvers, then compress the pipeline as blocks freeze."""
-    costs = transformer_costs(VIT_B16, MICRO_BATCH, flops_per_second=FLOPS)  # 24 sub-layers (no embedding)
+    # 24 sub-layers (no embedding)
+    costs = transformer_costs(model_shape("vit-b16"), MICRO_BATCH, flops_per_second=FLOPS)
     times = weights_from_costs(costs, "time")
     params = weights_from_costs(costs, "params")
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 
 def main() -> None:
     import torch
 
-    from elastic_pipe.orchestrator import TrainConfig, run_rank
+    from elastic_pipe.orchestrator import config_from_tables, run_rank
     from elastic_pipe.orchestrator.workload import Split
 
     parser = argparse.ArgumentParser()
@@ -27,30 +28,31 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2048, help="random images for vit-b16")
     args = parser.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    common = {
-        "epochs": args.epochs,
-        "policy": "alpha",
-        "policy_options": {"alpha": 1 / 3},
-        "pipe_len": world,
-        "nproc_per_node": world,
-        "autocast": "bf16" if torch.cuda.is_available() else "none",
-        "optimizer": "adamw",
-        "lr": 1e-3,
+    # The run as the tables of its TOML file (see examples/vit_digits.toml).
+    tables: dict[str, dict[str, Any]] = {
+        "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4}},
+        "train": {
+            "epochs": args.epochs,
+            "autocast": "bf16" if torch.cuda.is_available() else "none",
+            "optimizer": "adamw",
+            "lr": 1e-3,
+        },
+        "freeze": {"policy": "alpha", "options": {"alpha": 1 / 3}},
+        "pipeline": {"pipe_len": world},
+        "launch": {"nproc_per_node": world},
     }
     samples = None
-    if args.model == "vit-tiny":
-        config = TrainConfig(model="vit", model_options={"preset": "vit-tiny", "patch_size": 4}, **common)
-    else:
+    if args.model == "vit-b16":
         # Random images stand in for ImageNet: the point is the speed of steps and transitions, not accuracy.
         gen = torch.Generator().manual_seed(0)
         n = args.samples
         samples = Split(
             torch.randn(n, 3, 224, 224, generator=gen), torch.randint(0, 1000, (n,), generator=gen), torch.arange(n)
         )
-        config = TrainConfig(
-            model="vit", model_options={"preset": "vit-b16"}, global_batch=256, microbatches=4, **common
-        )
-    result = run_rank(config, samples=samples)
+        tables["model"]["options"] = {"preset": "vit-b16"}
+        tables["train"].update(global_batch=256)
+        tables["pipeline"].update(microbatches=4)
+    result = run_rank(config_from_tables(tables), samples=samples)
     if int(os.environ.get("RANK", "0")) == 0:
         for t in result.transitions:
             print(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from elastic_pipe import models
-from elastic_pipe.orchestrator import TrainConfig
+from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -89,11 +89,11 @@ def test_plot_has_a_throughput_and_a_run_time_panel_per_workload() -> None:
     assert run_time.patches[0].get_hatch() == "//" and not run_time.patches[2].get_hatch()
 
 
-def test_policy_specs_become_train_config_fields() -> None:
+def test_policy_specs_become_freeze_overrides() -> None:
     bench = _load("bench_elastic_gpu")
-    assert bench.policy_settings("alpha=0.1", 200) == {"policy": "alpha", "policy_options": {"alpha": 0.1}}
-    assert bench.policy_settings("autofreeze", 200)["policy_options"] == {"percentile": 50.0}
-    assert bench.policy_settings("freezeout=0.5", 200)["policy_options"] == {"t0": 0.5, "total_steps": 200}
+    assert bench.policy_settings("alpha=0.1", 200) == {"freeze.policy": "alpha", "freeze.options": {"alpha": 0.1}}
+    assert bench.policy_settings("autofreeze", 200)["freeze.options"] == {"percentile": 50.0}
+    assert bench.policy_settings("freezeout=0.5", 200)["freeze.options"] == {"t0": 0.5, "total_steps": 200}
     for bad in ("alpha", "alpha=x", "sgd=1", "freezeout"):
         with pytest.raises(SystemExit, match="--policies"):
             bench.policy_settings(bad, 200)
@@ -106,7 +106,13 @@ def _torch_ddp_two_epochs(ctx: RankContext) -> dict[str, Any]:
         torch.randn(80, 1, 8, 8, generator=gen), torch.randint(0, 10, (80,), generator=gen), torch.arange(80)
     )
     model = models.vit("vit-tiny")
-    config = TrainConfig(model="vit", epochs=2, global_batch=16, optimizer="adamw", lr=1e-3, nproc_per_node=2)
+    config = config_from_tables(
+        {
+            "model": {"name": "vit"},
+            "train": {"epochs": 2, "global_batch": 16, "optimizer": "adamw", "lr": 1e-3},
+            "launch": {"nproc_per_node": 2},
+        }
+    )
     result = bench.torch_ddp(config, model, samples)
     checksum = float(sum(p.double().sum() for p in model.parameters()))
     return {"epochs": result["epochs"], "losses": result["losses"], "checksum": checksum}
@@ -121,3 +127,24 @@ def test_torch_ddp_baseline_trains_in_step_on_every_rank() -> None:
     # DDP averages gradients, so both replicas hold the same weights after training - and they did train.
     assert results[0]["checksum"] == pytest.approx(results[1]["checksum"], rel=1e-9)
     assert results[0]["losses"][0] != results[0]["losses"][1]
+
+
+def test_arms_are_sectioned_configs_and_policy_specs_override_them() -> None:
+    bench = _load("bench_elastic_gpu")
+    w = bench.workload("vit", True, torch.device("cpu"), 2)
+    arms = bench.arm_configs(w, True, 3, 2, 2)
+    assert sorted(k for k in arms if k.startswith("static_pipe")) == [
+        "static_pipe2_1f1b_m4",
+        "static_pipe2_1f1b_m8",
+        "static_pipe2_gpipe_m4",
+        "static_pipe2_gpipe_m8",
+    ]
+    ddp = arms["static_ddp"]
+    assert (ddp.freeze.policy, ddp.freeze.options, ddp.train.epochs, ddp.pipeline.cache) == ("never", {}, 3, "off")
+    pipe = arms["static_pipe2_gpipe_m8"].pipeline
+    assert (pipe.pipe_len, pipe.schedule, pipe.microbatches, pipe.microbatches_by_pipe_len) == (2, "gpipe", 8, {2: 8})
+    elastic = arms["elastic_cache"]
+    assert elastic.freeze.options == {"alpha": bench.ALPHA} and elastic.train.epochs == bench.EPOCHS
+    assert (elastic.pipeline.compression, elastic.pipeline.cache) == ("halving", "on")
+    freezeout = elastic.override(bench.policy_settings("freezeout=0.5", 200)).freeze
+    assert (freezeout.policy, freezeout.options) == ("freezeout", {"t0": 0.5, "total_steps": 200})

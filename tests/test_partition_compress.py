@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_pipe.models.catalogue import model_shape
 from elastic_pipe.partition import (
-    BERT_LARGE,
     Compression,
     PartitionError,
     TrainingPrecision,
@@ -119,7 +119,7 @@ def test_weights_from_costs_frozen_pricing() -> None:
 
 def test_transformer_costs_bert_large() -> None:
     precision = TrainingPrecision()
-    costs = transformer_costs(BERT_LARGE, 4, flops_per_second=1e12, precision=precision)
+    costs = transformer_costs(model_shape("bert-large"), 4, flops_per_second=1e12, precision=precision)
     assert [c.name for c in costs[:3]] == ["embed", "block0.attn", "block0.mlp"]
     assert len(costs) == 1 + 2 * 24
     h, s, b = 1024, 512, 4

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_pipe.models.catalogue import model_shape
 from elastic_pipe.partition import (
-    BERT_LARGE,
     PartitionError,
     alive_bytes,
     graph_order,
@@ -136,7 +136,7 @@ def test_transformer_graph_structure_and_bert_large() -> None:
     g = transformer_graph(records, [False, True])
     assert list(g.nodes) == ["embed", "attn", "attn.add"]
     assert set(g.edges) == {("embed", "attn"), ("attn", "attn.add"), ("embed", "attn.add")}
-    costs = transformer_costs(BERT_LARGE, 8, flops_per_second=1e14)
+    costs = transformer_costs(model_shape("bert-large"), 8, flops_per_second=1e14)
     bert = transformer_graph(costs, [False] + [True] * 48)
     assert bert.number_of_nodes() == 1 + 48 * 2
     p = graph_partition(bert, 4, bandwidth=1e11)

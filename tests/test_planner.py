@@ -34,10 +34,8 @@ from elastic_pipe.planner import (
     plan_to_dict,
     predict_step,
     price,
-    runtime_layouts,
     to_layer_costs,
 )
-from elastic_pipe.planner.layouts import max_frozen_units
 from elastic_pipe.planner.step import gradient_sync_time, ring_allreduce_time, transfer_time
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
@@ -472,69 +470,3 @@ def test_a_reshape_must_pay_for_its_transition() -> None:
         assert e.boundaries[-1] == 26 and sum(e.step.layers_per_stage) == 26 - e.first_layer
     free = _vit_plan(pipe_len=8, steps_per_epoch=1, transition_seconds=0.0)
     assert free.reshapes >= 1 and free.epochs[1].pipe_len < 8
-
-
-# --- the runtime's layout rule -----------------------------------------------------------------------------------
-# Ten sub-layers of cost 1: the embedding with block 0 (unit 0 ends at 3), blocks 1-3, the head.
-RULE_COSTS = [1.0] * 10
-RULE_UNIT_ENDS = [3, 5, 7, 9]
-
-
-def _rule(compression: str, frozen: list[int]) -> list[tuple[int, int, int, tuple[int, ...], int]]:
-    layouts = runtime_layouts(
-        RULE_COSTS,
-        RULE_UNIT_ENDS,
-        frozen,
-        world_size=4,
-        pipe_len=4,
-        compression=compression,
-        solver="optimal",
-        microbatches=lambda k: 2 * k,
-    )
-    return [(x.frozen, x.pipe_len, x.replicas, x.boundaries, x.microbatches) for x in layouts]
-
-
-def test_runtime_rule_halves_within_the_initial_bottleneck() -> None:
-    # Budget: the initial bottleneck, 3. Seven active sub-layers need 4 per stage on 2 stages (> 3): stay at 4;
-    # five fit 2 stages of 3; three fit one stage.
-    assert _rule("halving", [0, 1, 2, 3, 4]) == [
-        (0, 4, 1, (0, 3, 6, 9, 10), 8),
-        (3, 4, 1, (3, 5, 7, 9, 10), 8),
-        (5, 2, 2, (5, 8, 10), 4),
-        (7, 1, 4, (7, 10), 2),
-        (9, 1, 4, (9, 10), 2),
-    ]
-
-
-def test_runtime_rule_without_compression_keeps_a_sub_layer_per_stage() -> None:
-    # Four stages need four active sub-layers: at most two units (five sub-layers) freeze.
-    assert _rule("none", [0, 1, 2, 3, 4])[2:] == [(5, 4, 1, (5, 7, 8, 9, 10), 8)] * 3
-    assert max_frozen_units(RULE_UNIT_ENDS, 10, 4) == 2 and max_frozen_units(RULE_UNIT_ENDS, 10, 1) == 4
-
-
-def test_runtime_rule_never_unfreezes_and_keeps_an_unchanged_layout() -> None:
-    layouts = _rule("memory", [0, 2, 1, 2])
-    assert [x[0] for x in layouts] == [0, 5, 5, 5] and layouts[1] == layouts[2] == layouts[3]
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"),
-    [
-        ({"compression": "fold"}, "unknown compression"),
-        ({"pipe_len": 3}, "divide world_size"),
-        ({"unit_ends": [3, 3]}, "strictly increase"),
-        ({"frozen_units": [1, 2]}, "starting at 0"),
-        ({"frozen_units": []}, "starting at 0"),
-    ],
-)
-def test_runtime_rule_rejects_bad_input(kwargs: dict[str, object], match: str) -> None:
-    args: dict[str, object] = {
-        "costs": RULE_COSTS,
-        "unit_ends": RULE_UNIT_ENDS,
-        "frozen_units": [0, 1],
-        "world_size": 4,
-        "pipe_len": 4,
-        **kwargs,
-    }
-    with pytest.raises(PlannerError, match=match):
-        runtime_layouts(**args)  # type: ignore[arg-type]

@@ -50,9 +50,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from elastic_pipe import data, freeze, models, partition, planner
-from elastic_pipe.orchestrator import TrainConfig, run_rank
-from elastic_pipe.orchestrator.optim import make_optimizer
-from elastic_pipe.orchestrator.worker import device_for
+from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
+from elastic_pipe.orchestrator.optim import optimizer_factory
+from elastic_pipe.orchestrator.process_group import device_for
 from elastic_pipe.orchestrator.workload import Split, cross_entropy, eval_count, split_samples
 
 ALPHA = 1 / 3
@@ -133,48 +133,59 @@ def as_vit_inputs(d: data.IndexedDataset, device: torch.device, tiny: bool) -> S
 
 
 # -------------------------------------------------------------------------------------------------------- arms
-def arm_configs(
-    w: dict[str, Any], tiny: bool, static_epochs: int, world: int, pipe_len: int
-) -> dict[str, dict[str, Any]]:
+#: Overrides of a run that never freezes (a policy's options go with its name: "never" takes none).
+NEVER_FREEZE: dict[str, Any] = {"freeze.policy": "never", "freeze.options": {}}
+
+
+def arm_configs(w: dict[str, Any], tiny: bool, static_epochs: int, world: int, pipe_len: int) -> dict[str, TrainConfig]:
+    """Every arm's config: the tables the arms share, varied per arm by ``"section.key"`` overrides."""
     k0 = w["initial_pipe_len"]
-    common: dict[str, Any] = {
-        "model": "vit",
-        "epochs": EPOCHS,
-        "global_batch": w["global_batch"],
-        "optimizer": "adamw",
-        "lr": 3e-4,
-        "eval_fraction": EVAL_FRACTION,
-        "autocast": "none" if tiny else "bf16",
-        "nproc_per_node": world,
-        "progress": False,
-        "microbatches": w["microbatches"],
-        "schedule": "1f1b",
-        # optimal never leaves a stage empty (the published greedy rule can, on a frozen-heavy model)
-        "solver": "optimal",
-        # one M per pipeline length, as the published system profiled it: M for K=2, none for K=1 (no bubble)
-        "microbatches_by_pipe_len": w["microbatches_by_pipe_len"],
-        # room for the whole training set's boundary activations in device memory
-        "cache_mb": 1024 if tiny else 40_000,
-    }
-    alpha = {"policy": "alpha", "policy_options": {"alpha": ALPHA}}
-    never = {"policy": "never", "compression": "none", "cache": "off", "epochs": static_epochs}
-    arms: dict[str, dict[str, Any]] = {"static_ddp": {**common, **never, "pipe_len": 1}}
+    common = config_from_tables(
+        {
+            "model": {"name": "vit"},  # the model itself is passed in; the name only labels it
+            "data": {"eval_fraction": EVAL_FRACTION},
+            "train": {
+                "epochs": EPOCHS,
+                "global_batch": w["global_batch"],
+                "optimizer": "adamw",
+                "lr": 3e-4,
+                "autocast": "none" if tiny else "bf16",
+            },
+            "pipeline": {
+                "microbatches": w["microbatches"],
+                "schedule": "1f1b",
+                # optimal never leaves a stage empty (the published greedy rule can, on a frozen-heavy model)
+                "solver": "optimal",
+                # one M per pipeline length, as the published system profiled it: M for K=2, none for K=1 (no bubble)
+                "microbatches_by_pipe_len": w["microbatches_by_pipe_len"],
+                # room for the whole training set's boundary activations in device memory
+                "cache_mb": 1024 if tiny else 40_000,
+            },
+            "launch": {"nproc_per_node": world},
+            "log": {"progress": False},
+        }
+    )
+    alpha = {"freeze.policy": "alpha", "freeze.options": {"alpha": ALPHA}}
+    never = {**NEVER_FREEZE, "pipeline.compression": "none", "pipeline.cache": "off", "train.epochs": static_epochs}
+    arms = {"static_ddp": common.override({**never, "pipeline.pipe_len": 1})}
     # The same layout under torch's own DDP (all-reduce overlapped with backward): see TRAINERS.
     arms["static_torch_ddp"] = arms["static_ddp"]
     for kind in ("gpipe", "1f1b"):
         for m in (4, 8):
             if w["global_batch"] % (world * m) == 0:
-                arms[f"static_pipe{pipe_len}_{kind}_m{m}"] = {
-                    **common,
-                    **never,
-                    "pipe_len": pipe_len,
-                    "schedule": kind,
-                    "microbatches": m,
-                    "microbatches_by_pipe_len": {pipe_len: m},
-                }
-    arms["freeze_only"] = {**common, **alpha, "pipe_len": k0, "compression": "none", "cache": "off"}
-    arms["elastic_nocache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "off"}
-    arms["elastic_cache"] = {**common, **alpha, "pipe_len": k0, "compression": "halving", "cache": "on"}
+                arms[f"static_pipe{pipe_len}_{kind}_m{m}"] = common.override(
+                    {
+                        **never,
+                        "pipeline.pipe_len": pipe_len,
+                        "pipeline.schedule": kind,
+                        "pipeline.microbatches": m,
+                        "pipeline.microbatches_by_pipe_len": {pipe_len: m},
+                    }
+                )
+    elastic = {**alpha, "pipeline.pipe_len": k0}
+    arms["freeze_only"] = common.override({**elastic, "pipeline.compression": "none", "pipeline.cache": "off"})
+    arms["elastic_nocache"] = common.override({**elastic, "pipeline.compression": "halving", "pipeline.cache": "off"})
+    arms["elastic_cache"] = common.override({**elastic, "pipeline.compression": "halving", "pipeline.cache": "on"})
     return arms
 
 
@@ -189,19 +200,20 @@ def torch_ddp(config: TrainConfig, model: torch.nn.Module, samples: Split) -> di
     device = device_for(config)  # the orchestrator's choice: cuda:LOCAL_RANK with NCCL, else the CPU
     model = model.to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = make_optimizer(model, config)
-    train, _ = split_samples(samples, config.eval_fraction, config.seed, getattr(torch, config.dtype))
+    optimizer = optimizer_factory(config)([p for p in model.parameters() if p.requires_grad])
+    t = config.train
+    train, _ = split_samples(samples, config.data.eval_fraction, t.seed, getattr(torch, t.dtype))
     world, rank = dist.get_world_size(), dist.get_rank()
-    per_rank = config.global_batch // world
-    steps = len(train) // config.global_batch
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast == "bf16")
+    per_rank = t.global_batch // world
+    steps = len(train) // t.global_batch
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=t.autocast == "bf16")
     epochs, losses = [], []
-    for epoch in range(config.epochs):
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed + epoch))
+    for epoch in range(t.epochs):
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(t.seed + epoch))
         _synchronize(device)
         t0 = time.perf_counter()
         for step in range(steps):
-            idx = order[step * config.global_batch + rank * per_rank :][:per_rank].to(train.inputs.device)
+            idx = order[step * t.global_batch + rank * per_rank :][:per_rank].to(train.inputs.device)
             with autocast:
                 loss = cross_entropy(ddp(train.inputs[idx].to(device)), train.labels[idx].to(device))
             loss.backward()
@@ -213,7 +225,7 @@ def torch_ddp(config: TrainConfig, model: torch.nn.Module, samples: Split) -> di
         epochs.append(
             {
                 "seconds": seconds,
-                "samples_per_s": steps * config.global_batch / seconds,
+                "samples_per_s": steps * t.global_batch / seconds,
                 "pipe_len": 1,
                 "replicas": world,
                 "frozen_units": 0,
@@ -239,7 +251,7 @@ TRAINERS = {"static_torch_ddp": torch_ddp}
 
 def run_arm(
     name: str,
-    cfg: dict[str, Any],
+    config: TrainConfig,
     w: dict[str, Any],
     device: torch.device,
     *,
@@ -248,7 +260,6 @@ def run_arm(
 ) -> dict[str, Any]:
     """Train one arm (``model``, or a fresh ``w["build"]()``) with ``trainer`` and return its measurements."""
     model = model if model is not None else w["build"]()
-    config = TrainConfig(**cfg)  # the model itself is passed in; the name only labels it
     gc.collect()  # the previous arm's model and optimizer may sit in reference cycles: free them before measuring
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -266,7 +277,8 @@ def run_arm(
     dist.all_gather(peaks, torch.tensor([float(peak)], dtype=torch.float64), group=_cpu_group())
     epochs = result["epochs"]
     out = {
-        "config": {k: v for k, v in cfg.items() if k != "model"},
+        # the model itself is passed in: the config's [model] table only labels it
+        "config": {k: v for k, v in config.to_dict().items() if k != "model"},
         "wall_seconds": wall,
         "train_seconds": sum(e["seconds"] for e in epochs),
         "epoch_seconds": [e["seconds"] for e in epochs],
@@ -499,14 +511,14 @@ def main() -> int:
             # Warm-up (discarded): what the process pays once, whatever it trains - kernel loading, autotuning, the
             # allocator's growth, each collective's first call on a communicator - so that no measured arm pays it
             # for the others. An elastic run's first transition (freeze, cache fill) is part of that.
-            run_arm("warmup", {**arms["static_ddp"], "epochs": 1}, w, device)
-            run_arm("warmup_elastic", {**arms["elastic_cache"], "epochs": 2}, w, device)
+            run_arm("warmup", arms["static_ddp"].override({"train.epochs": 1}), w, device)
+            run_arm("warmup_elastic", arms["elastic_cache"].override({"train.epochs": 2}), w, device)
             results = {}
-            for name, cfg in arms.items():
+            for name, config in arms.items():
                 if not time_left(args.deadline):
                     results[name] = {"error": "skipped: out of time"}
                     continue
-                results[name] = run_arm(name, cfg, w, device, trainer=TRAINERS.get(name, _orchestrator))
+                results[name] = run_arm(name, config, w, device, trainer=TRAINERS.get(name, _orchestrator))
             example = w["samples"].inputs[: w["global_batch"] // dist.get_world_size()]  # one GPU's share
             ideal = ideal_speedup(w["build"], example, device, autocast=use_cuda) if rank == 0 else {}
             report["workloads"][wname] = summarise(
@@ -594,33 +606,32 @@ def summarise(
     }
 
 
-#: Fine-tuning and training from scratch share these settings; only the starting weights differ.
-ACCURACY_RUN: dict[str, Any] = {
-    "model": "vit",
-    "epochs": EPOCHS,
-    "global_batch": 64,
-    "optimizer": "adamw",
-    "lr": 1e-4,
-    "warmup_steps": 20,
-    "lr_schedule": "cosine",
-    "eval_fraction": 0.2,
-    "progress": False,
-    "microbatches": 4,
-    "solver": "optimal",
-    "cache_mb": 40_000,
+#: Fine-tuning and training from scratch share these settings (as TOML tables); only the starting weights differ.
+ACCURACY_RUN: dict[str, dict[str, Any]] = {
+    "model": {"name": "vit"},
+    "data": {"eval_fraction": 0.2},
+    "train": {
+        "epochs": EPOCHS,
+        "global_batch": 64,
+        "optimizer": "adamw",
+        "lr": 1e-4,
+        "warmup_steps": 20,
+        "lr_schedule": "cosine",
+    },
+    "pipeline": {"microbatches": 4, "solver": "optimal", "cache_mb": 40_000},
+    "log": {"progress": False},
 }
-#: Pre-training on MNIST-5k (the "pretrained checkpoint" of the fine-tuning comparison). Earlier tries: lr 3e-4
-#: at batch 128 for 10 epochs reached 54% on MNIST, these settings for 15 epochs 75.6%: checkpoints too weak
-#: to stand for the converged, pre-trained bottom layers that freezing assumes.
+#: Pre-training on MNIST-5k (the "pretrained checkpoint" of the fine-tuning comparison), as overrides of
+#: ACCURACY_RUN. Earlier tries: lr 3e-4 at batch 128 for 10 epochs reached 54% on MNIST, these settings for 15
+#: epochs 75.6%: checkpoints too weak to stand for the converged, pre-trained bottom layers that freezing assumes.
 PRETRAIN_RUN: dict[str, Any] = {
-    **ACCURACY_RUN,
-    "epochs": 35,
-    "warmup_steps": 50,
-    "eval_fraction": 0.1,
-    "policy": "never",
-    "compression": "none",
-    "cache": "off",
-    "pipe_len": 1,
+    "train.epochs": 35,
+    "train.warmup_steps": 50,
+    "data.eval_fraction": 0.1,
+    **NEVER_FREEZE,
+    "pipeline.compression": "none",
+    "pipeline.cache": "off",
+    "pipeline.pipe_len": 1,
 }
 
 
@@ -638,8 +649,9 @@ def accuracy_runs(
     fine-tuning a pre-trained model, where the bottom layers have already converged).
     """
     preset = {"config": "vit-tiny"} if tiny else {"config": "vit-b16", "num_classes": 10}
-    machine = {"nproc_per_node": dist.get_world_size(), "autocast": "none" if tiny else "bf16"}
-    common = {**ACCURACY_RUN, **machine, "global_batch": batch}
+    machine = {"launch.nproc_per_node": dist.get_world_size(), "train.autocast": "none" if tiny else "bf16"}
+    accuracy_run = config_from_tables(ACCURACY_RUN)
+    common = accuracy_run.override({**machine, "train.global_batch": batch})
     digits = {"samples": as_vit_inputs(data.load_digits(), device, tiny)}
     out: dict[str, Any] = {
         "dataset": "digits (1,797 images, 20% held out)",
@@ -659,7 +671,8 @@ def accuracy_runs(
         return out
     model = models.vit(**preset)
     pre = {"samples": as_vit_inputs(mnist, device, tiny), "build": None}
-    pretrain = run_arm("accuracy/pretrain_mnist5k", {**PRETRAIN_RUN, **machine}, pre, device, model=model)
+    pretrain_run = accuracy_run.override({**PRETRAIN_RUN, **machine})
+    pretrain = run_arm("accuracy/pretrain_mnist5k", pretrain_run, pre, device, model=model)
     state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
     del pre, model
 
@@ -682,7 +695,7 @@ PUBLISHED_POLICY = "alpha=0.3333333333333333"
 
 
 def policy_settings(spec: str, total_steps: int) -> dict[str, Any]:
-    """A ``--policies`` entry as TrainConfig fields: ``alpha=A``, ``autofreeze[=PERCENTILE]``, ``freezeout=T0``.
+    """A ``--policies`` entry as ``[freeze]`` overrides: ``alpha=A``, ``autofreeze[=PERCENTILE]``, ``freezeout=T0``.
 
     Raises:
         SystemExit: an entry that names no policy this benchmark knows, or lacks its number.
@@ -690,33 +703,33 @@ def policy_settings(spec: str, total_steps: int) -> dict[str, Any]:
     name, _, value = spec.partition("=")
     try:
         if name == "alpha":
-            return {"policy": "alpha", "policy_options": {"alpha": float(value)}}
+            return {"freeze.policy": "alpha", "freeze.options": {"alpha": float(value)}}
         if name == "autofreeze":
-            return {"policy": "autofreeze", "policy_options": {"percentile": float(value or 50)}}
+            return {"freeze.policy": "autofreeze", "freeze.options": {"percentile": float(value or 50)}}
         if name == "freezeout":
-            return {"policy": "freezeout", "policy_options": {"t0": float(value), "total_steps": total_steps}}
+            return {"freeze.policy": "freezeout", "freeze.options": {"t0": float(value), "total_steps": total_steps}}
     except ValueError:
         pass
     raise SystemExit(f"--policies: cannot read {spec!r}; expected alpha=A, autofreeze[=PERCENTILE] or freezeout=T0")
 
 
 def _ddp_vs_elastic(
-    common: dict[str, Any], w: dict[str, Any], device: torch.device, policies: tuple[str, ...] = ()
+    common: TrainConfig, w: dict[str, Any], device: torch.device, policies: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """DDP, the elastic arm with the published schedule, and one elastic arm per extra policy in ``policies``."""
     n = int(w["samples"].inputs.shape[0])
-    n_train = n - eval_count(n, common["eval_fraction"])
-    total_steps = n_train // common["global_batch"] * common["epochs"]
-    elastic = {"compression": "halving", "cache": "on", "pipe_len": 1}
+    n_train = n - eval_count(n, common.data.eval_fraction)
+    total_steps = n_train // common.train.global_batch * common.train.epochs
+    elastic = {"pipeline.compression": "halving", "pipeline.cache": "on", "pipeline.pipe_len": 1}
     arms = {
-        "static_ddp": {"policy": "never", "compression": "none", "cache": "off", "pipe_len": 1},
+        "static_ddp": {**NEVER_FREEZE, "pipeline.compression": "none", "pipeline.cache": "off", "pipeline.pipe_len": 1},
         "elastic_cache": {**elastic, **policy_settings(PUBLISHED_POLICY, total_steps)},
     }
     for spec in policies:
         arms[f"elastic_cache[{spec}]"] = {**elastic, **policy_settings(spec, total_steps)}
     out = {}
     for name, extra in arms.items():
-        r = run_arm(f"accuracy/{name}", {**common, **extra}, w, device)
+        r = run_arm(f"accuracy/{name}", common.override(extra), w, device)
         out[name] = {k: r.get(k) for k in ("final_accuracy", "eval_accuracy", "train_seconds", "frozen_units", "error")}
     return out
 

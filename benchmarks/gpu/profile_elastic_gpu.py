@@ -27,11 +27,8 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from bench_elastic_gpu import arm_configs, workload  # the benchmark's own workloads and arms
-from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator import TrainConfig
-from elastic_pipe.orchestrator.runtime import ElasticRun, candidate_pipe_lens
-from elastic_pipe.orchestrator.worker import device_for, join_process_group, training_backend, warm_up
-from elastic_pipe.orchestrator.workload import split_samples
+from elastic_pipe.orchestrator import ElasticTrainer
+from elastic_pipe.orchestrator.process_group import device_for, join_process_group
 
 #: Device kernels whose name starts with one of these are communication, the rest compute.
 _COMM = ("nccl", "ncclDevKernel", "ncclKernel")
@@ -87,19 +84,12 @@ def main() -> int:
     # workload is built so that the model is built once, where it trains
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
     w = workload(args.workload, args.tiny, device, 2)
-    cfg = arm_configs(w, args.tiny, 2, int(os.environ.get("WORLD_SIZE", "1")), 2)["elastic_cache"]
-    config = TrainConfig(**cfg)
-    join_process_group(config)
+    config = arm_configs(w, args.tiny, 2, int(os.environ.get("WORLD_SIZE", "1")), 2)["elastic_cache"]
+    join_process_group(config)  # joined here, so that the trainer leaves the group to this script
     if device_for(config) != device:
         raise SystemExit(f"the orchestrator would train on {device_for(config)}, not on {device}")
-    train, evals = split_samples(w["samples"], config.eval_fraction, config.seed, torch.float32)
-    groups = GroupManager(
-        dist.get_world_size(), dist.get_rank(), candidate_pipe_lens(config), backend=training_backend(config)
-    )
-    groups.build()
-    warm_up(groups, device)
-    run = ElasticRun(config, w["build"](), train, evals, groups, device=device)
-    run.start()
+    trainer = ElasticTrainer(config, model=w["build"](), data=w["samples"], quiet=True)
+    trainer.start()  # builds the groups, warms them up, splits the data, agrees on the first layout
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     report: dict[str, Any] = {"workload": args.workload, "device": str(device), "regions": {}}
 
@@ -116,14 +106,14 @@ def main() -> int:
         report["regions"][name] = summarise(prof, wall, args.top)
         return out
 
-    while run.epoch < config.epochs:
-        e = run.epoch
-        region(f"epoch{e}", e in epochs_p, run.train_epoch)
-        run.epoch += 1
-        if run.epoch < config.epochs:
-            region(f"transition{run.epoch}", run.epoch in trans_p, lambda: run.transition(run.epoch))
-    run.close()
-    groups.destroy()
+    epochs = config.train.epochs
+    with trainer:  # closes the stage, the cache and the trainer's groups
+        # ElasticTrainer.fit, one region per epoch (its evaluation included) and per transition
+        while trainer.state.epoch < epochs:
+            e = trainer.state.epoch
+            region(f"epoch{e}", e in epochs_p, lambda: trainer._train_epoch(None))
+            if trainer.state.epoch < epochs:
+                region(f"transition{trainer.state.epoch}", trainer.state.epoch in trans_p, trainer.transition)
     if dist.get_rank() == 0:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ cache pay-off rule) over an analytic cost model calibrated on measured H200 runs
   optimizer and fixed host work;
 * :class:`JobSpec` and :func:`make_plan`: the per-epoch :class:`Plan` with its static and freeze-only baselines;
 * :func:`plan_model`: the one-call path from a model name;
-* :func:`runtime_layouts`: the per-epoch layouts the training runtime's compression rule picks (no cost model);
 * :func:`plan_to_dict`, :func:`format_table`, :func:`plot_throughput`, :func:`plot_timeline`: reports.
 """
 
@@ -23,7 +22,6 @@ from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec, parse_bytes
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
 from elastic_pipe.planner.errors import PlannerError
 from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
-from elastic_pipe.planner.layouts import COMPRESSIONS, runtime_layouts
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
 from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.report import format_table, plan_to_dict, plot_throughput, plot_timeline
@@ -34,7 +32,6 @@ from elastic_pipe.types import TransformerShape
 __all__ = [
     "CACHE_FILLS",
     "CACHE_TIERS",
-    "COMPRESSIONS",
     "H200",
     "MODEL_CONFIGS",
     "MODEL_SHAPES",
@@ -64,7 +61,6 @@ __all__ = [
     "plot_timeline",
     "predict_step",
     "price",
-    "runtime_layouts",
     "to_layer_costs",
 ]
 
