@@ -17,7 +17,6 @@ from fractions import Fraction
 from typing import Any
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
-from elastic_pipe.freeze import POLICIES, FreezeError, frozen_by_epoch, make_policy, parse_manual
 
 HELP = "Print the frozen-layer count per epoch of a schedule-driven freeze policy."
 
@@ -53,6 +52,8 @@ def _parse_alpha(text: str) -> float:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
+    from elastic_pipe.freeze import POLICIES, FreezeError, parse_manual  # noqa: PLC0415 (freeze imports torch)
+
     def need(flag: str, value: object) -> None:
         if value is None:
             raise CliInputError(f"--policy {args.policy} needs {flag}")
@@ -91,6 +92,8 @@ def timeline(frozen: tuple[int, ...] | list[int], num_layers: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Build the policy, dry-run it for ``--epochs`` epochs and print the plan."""
+    from elastic_pipe.freeze import frozen_by_epoch, make_policy  # noqa: PLC0415 (see _options)
+
     options = _options(args)
     policy = make_policy(args.policy, args.layers, **options)
     frozen = frozen_by_epoch(policy, args.epochs, args.steps_per_epoch)

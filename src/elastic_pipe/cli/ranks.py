@@ -16,7 +16,6 @@ import argparse
 from typing import Any
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
-from elastic_pipe.groups import plan_pipetransformer, plan_spmd
 
 HELP = "Show the rank layout (replica, stage, groups) for a world size and pipeline length."
 
@@ -44,6 +43,8 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 
 def _spmd(args: argparse.Namespace) -> int:
+    from elastic_pipe.groups import plan_spmd  # noqa: PLC0415 (groups imports torch; --help must not)
+
     if args.initial_pipe_len is not None:
         raise CliInputError("--initial-pipe-len only applies to --layout pipetransformer")
     plan = plan_spmd(args.world_size, args.pipe_len, args.gpus_per_node)
@@ -87,6 +88,8 @@ def _spmd(args: argparse.Namespace) -> int:
 
 
 def _pipetransformer(args: argparse.Namespace) -> int:
+    from elastic_pipe.groups import plan_pipetransformer  # noqa: PLC0415 (see _spmd)
+
     if args.gpus_per_node is not None:
         raise CliInputError("--gpus-per-node only applies to --layout spmd")
     k0 = args.pipe_len if args.initial_pipe_len is None else args.initial_pipe_len
