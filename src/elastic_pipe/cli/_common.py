@@ -26,6 +26,7 @@ __all__ = [
     "dumps_document",
     "emit",
     "fail",
+    "first_non_finite",
     "json_output",
     "jsonable",
     "not_built",
@@ -102,6 +103,22 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [jsonable(item) for item in value]
     return value
+
+
+def first_non_finite(value: Any, path: str = "") -> str | None:
+    """The path (``epochs[0].step_time``) of the first NaN or infinity in a JSON-like document, or ``None``."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'the result'} = {value!r}"
+    items: Any = ()
+    if isinstance(value, dict):
+        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{path}[{index}]", item) for index, item in enumerate(value))
+    for where, item in items:
+        found = first_non_finite(item, where)
+        if found is not None:
+            return found
+    return None
 
 
 def dumps_document(document: Any) -> str:

@@ -21,7 +21,14 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from elastic_pipe.cli._common import CliInputError, add_json_flag, check_limit, emit, read_json_file
+from elastic_pipe.cli._common import (
+    CliInputError,
+    add_json_flag,
+    check_limit,
+    emit,
+    first_non_finite,
+    read_json_file,
+)
 from elastic_pipe.types import LayerCost
 
 if TYPE_CHECKING:
@@ -37,9 +44,10 @@ _GB = 1e9
 
 #: Upper bounds on the job's sizes: the planner prices every epoch and every layout (pipeline length, micro-batch
 #: count) of every epoch, so its time grows with each of these; the limits sit well past real jobs (the largest
-#: published training runs use ~16k GPUs and a few hundred epochs) and keep one plan within seconds.
+#: published training runs use ~16k GPUs and a few hundred epochs) and keep one plan within seconds (measured:
+#: 1000 epochs of vit-b16 on 16 GPUs plan in 3 s, 10000 in 30 s).
 MAX_GPUS = 65_536
-MAX_EPOCHS = 10_000
+MAX_EPOCHS = 2_000
 MAX_MICROBATCHES = 4_096
 MAX_PIPE_LEN = 1_024
 LIMIT_REASON = "the planner prices every layout of every epoch; larger jobs would take hours"
@@ -186,6 +194,7 @@ def build(args: argparse.Namespace) -> Plan:
         JobSpec,
         make_plan,
         model_config,
+        plan_to_dict,
         model_work,
         parse_bytes,
         price,
@@ -204,7 +213,7 @@ def build(args: argparse.Namespace) -> Plan:
         check_limit("--pipe-len", args.pipe_len, MAX_PIPE_LEN, LIMIT_REASON)
     scale = args.gpu_tflops * 1e12 / defaults.matmul_flops
     if not (math.isfinite(scale) and scale > 0):
-        raise CliInputError(f"--gpu-tflops must be > 0, got {args.gpu_tflops}")
+        raise CliInputError(f"--gpu-tflops must be a finite number > 0, got {args.gpu_tflops}")
     memory = parse_bytes(args.gpu_memory)
     gpu = GpuSpec(
         memory=memory,
@@ -255,7 +264,18 @@ def build(args: argparse.Namespace) -> Plan:
         name, costs = config.name, price(model_work(config), gpu)
     else:
         name, costs = _costs_from_file(args.costs, args.costs_batch, args.costs_host_weight)
-    return make_plan(costs, cluster, job, model=name)
+    try:
+        plan = make_plan(costs, cluster, job, model=name)
+    except OverflowError as exc:
+        raise CliInputError(f"the options overflow the float range ({exc}); {_EXTREME}") from None
+    found = first_non_finite(plan_to_dict(plan))
+    if found is not None:
+        raise CliInputError(f"the plan's {found}: an option overflows the float range; {_EXTREME}")
+    return plan
+
+
+#: What to check when the planner's arithmetic overflows.
+_EXTREME = "use realistic values for the rates, times and sizes (e.g. --host-overhead-ms 1e308 or --intra-bw 1e-308)"
 
 
 def run(args: argparse.Namespace) -> int:
