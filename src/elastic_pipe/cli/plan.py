@@ -194,9 +194,9 @@ def build(args: argparse.Namespace) -> Plan:
         JobSpec,
         make_plan,
         model_config,
-        plan_to_dict,
         model_work,
         parse_bytes,
+        plan_to_dict,
         price,
     )
 
