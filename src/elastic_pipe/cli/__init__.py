@@ -6,10 +6,15 @@ Every subcommand lives in its own module of this package and exposes three names
 * ``add_arguments(parser)``: declares its options;
 * ``run(args) -> int``: does the work and returns the exit code.
 
+Importing a subcommand module is cheap (torch and the primitives load inside ``add_arguments`` or ``run``), and
+:func:`main` declares the options of the one subcommand named on the command line only, so that ``elastic-pipe
+--help`` and ``--version`` never import torch.
+
 Conventions shared by all of them (see :mod:`elastic_pipe.cli._common`): ``--json`` makes stdout hold exactly
-one JSON document and nothing else; logs and progress go to stderr; bad input raises an
-:class:`~elastic_pipe.types.ElasticPipeError` (or ``ValueError``/``OSError``), which :func:`main` turns into one
-line on stderr and exit code 2, never a traceback.
+one complete JSON document or nothing; logs and progress go to stderr. Exit codes: 0 success; 2 bad input (a
+usage error, or a ``ValueError``, ``OSError`` or :class:`~elastic_pipe.types.ElasticPipeError` such as a
+``ConfigError``); 1 a failure at run time (a ``RuntimeError`` such as ``OrchestratorError``, or anything
+unexpected); 130 interrupted. Every failure is one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,10 +28,17 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from elastic_pipe import __version__
-from elastic_pipe.cli._common import EXIT_USAGE, OneLineArgumentParser, fail
+from elastic_pipe.cli._common import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    OneLineArgumentParser,
+    clean_docstring,
+    fail,
+    json_output,
+)
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["COMMANDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "build_parser", "exit_code", "main"]
 
 #: Subcommand name -> module name inside this package, in the order ``--help`` lists them.
 COMMANDS: dict[str, str] = {
@@ -41,13 +53,25 @@ COMMANDS: dict[str, str] = {
     "demo": "demo",
 }
 
+#: Exit code of a run stopped by Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+
 
 def _command_module(name: str) -> ModuleType:
     return importlib.import_module(f"elastic_pipe.cli.{COMMANDS[name]}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the top-level parser with every subcommand registered."""
+def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """Build the top-level parser.
+
+    Args:
+        commands: the subcommands whose options are declared (default: all of them). The others are listed with
+            their one-line help only, which keeps ``--help`` from importing what their options need (torch).
+
+    Returns:
+        The parser; each declared subcommand sets ``args._run`` to its ``run`` function.
+    """
+    declared = set(COMMANDS if commands is None else commands)
     parser = OneLineArgumentParser(
         prog="elastic-pipe",
         description="Elastic pipeline training: freeze converged layers, compress the pipeline, add replicas.",
@@ -58,16 +82,46 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMANDS:
         module = _command_module(name)
         help_text: str = module.HELP
-        cmd = sub.add_parser(name, help=help_text, description=module.__doc__ or help_text)
-        module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
+        cmd = sub.add_parser(
+            name,
+            help=help_text,
+            description=clean_docstring(module.__doc__ or help_text),
+            # keep the docstring's paragraphs and indented example blocks as written
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if name in declared:
+            module.add_arguments(cmd)
+            cmd.set_defaults(_run=module.run)
     return parser
 
 
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand on the command line: the first word that is not a top-level option (they take no value)."""
+    for word in argv:
+        if word == "--":
+            return None
+        if not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an exception that ended a subcommand (see the module docstring)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, RuntimeError):  # OrchestratorError: the input was fine, the run failed
+        return EXIT_FAILURE
+    if isinstance(exc, ElasticPipeError | ValueError | OSError):  # ConfigError, CliInputError, PartitionError...
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code (0 success, 2 bad input, 1 unexpected failure)."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the CLI and return its exit code (0 success, 2 bad input, 1 failure at run time)."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = _named_command(words)
+    parser = build_parser([] if command is None else [command])
+    args = parser.parse_args(words)
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING,
@@ -78,13 +132,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     prog = f"elastic-pipe {args.command}"
     try:
-        code: int = args._run(args)
-    except (ElasticPipeError, ValueError, OSError) as exc:
-        return fail(prog, str(exc))
-    except KeyboardInterrupt:
-        return fail(prog, "interrupted", code=130)
+        with json_output(enabled=bool(getattr(args, "json", False))) as document:
+            code: int = args._run(args)
     except Exception as exc:
+        code = exit_code(exc)
+        if code == EXIT_USAGE or isinstance(exc, ElasticPipeError):
+            return fail(prog, str(exc) or type(exc).__name__, code)
         if os.environ.get("ELASTIC_PIPE_DEBUG"):
             raise
-        return fail(prog, f"unexpected {type(exc).__name__}: {exc} (set ELASTIC_PIPE_DEBUG=1 for a traceback)", 1)
+        return fail(prog, f"unexpected {type(exc).__name__}: {exc} (set ELASTIC_PIPE_DEBUG=1 for a traceback)", code)
+    except KeyboardInterrupt:
+        return fail(prog, "interrupted", EXIT_INTERRUPTED)
+    if document:
+        sys.stdout.write(document[0])
+        sys.stdout.flush()
     return code

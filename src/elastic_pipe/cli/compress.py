@@ -18,15 +18,6 @@ import argparse
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
 from elastic_pipe.cli.partition import describe_partition, load_costs
-from elastic_pipe.partition import (
-    METRICS,
-    PUBLISHED_UNIT,
-    SOLVERS,
-    compress_halving,
-    compress_memory,
-    parse_bytes,
-    weights_from_costs,
-)
 from elastic_pipe.types import LayerCost
 
 __all__ = ["HELP", "add_arguments", "run"]
@@ -39,6 +30,9 @@ _DEFAULT_METRIC = {"halving": "params", "memory": "memory"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
+    # the partition package imports torch: only when this subcommand is named, never for `elastic-pipe --help`
+    from elastic_pipe.partition import METRICS, PUBLISHED_UNIT  # noqa: PLC0415
+
     parser.add_argument("--costs", required=True, metavar="FILE", help="JSON costs of the active layers")
     parser.add_argument("--from", dest="from_stages", required=True, type=int, metavar="K", help="current length")
     parser.add_argument("--budget", required=True, metavar="B", help="largest stage allowed (e.g. 21.3e6, 16GiB)")
@@ -54,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Apply the compression rule and print the chosen pipeline length and partition."""
+    from elastic_pipe.partition import (  # noqa: PLC0415 (see add_arguments)
+        SOLVERS,
+        compress_halving,
+        compress_memory,
+        parse_bytes,
+        weights_from_costs,
+    )
+
     solver = args.solver or _DEFAULT_SOLVER[args.rule]
     if solver not in SOLVERS:
         raise CliInputError(f"unknown solver {solver!r}; valid solvers: {', '.join(sorted(SOLVERS))}")

@@ -16,8 +16,7 @@ import math
 from fractions import Fraction
 from typing import Any
 
-from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
-from elastic_pipe.freeze import POLICIES, FreezeError, frozen_by_epoch, make_policy, parse_manual
+from elastic_pipe.cli._common import CliInputError, add_json_flag, check_limit, emit
 
 HELP = "Print the frozen-layer count per epoch of a schedule-driven freeze policy."
 
@@ -25,6 +24,15 @@ HELP = "Print the frozen-layer count per epoch of a schedule-driven freeze polic
 SCHEDULE_POLICIES = ("alpha", "freezeout", "manual", "never")
 #: Widest timeline bar in characters; larger models are drawn to scale.
 _BAR_WIDTH = 60
+
+#: Upper bounds. The plan has one row per epoch and the freezeout policy looks at every layer each epoch (about
+#: 2.5M layer-epochs per second, measured), so layers x epochs bounds the time; the limits sit far beyond real
+#: models (tens to thousands of freezable layers) and schedules (hundreds of epochs).
+MAX_LAYERS = 1_000_000
+MAX_EPOCHS = 100_000
+MAX_LAYER_EPOCHS = 5_000_000
+MAX_STEPS_PER_EPOCH = 10**9
+LIMIT_REASON = "a plan with more rows or layers than this takes minutes and is too large to read"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +61,8 @@ def _parse_alpha(text: str) -> float:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
+    from elastic_pipe.freeze import POLICIES, FreezeError, parse_manual  # noqa: PLC0415 (freeze imports torch)
+
     def need(flag: str, value: object) -> None:
         if value is None:
             raise CliInputError(f"--policy {args.policy} needs {flag}")
@@ -91,6 +101,13 @@ def timeline(frozen: tuple[int, ...] | list[int], num_layers: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Build the policy, dry-run it for ``--epochs`` epochs and print the plan."""
+    from elastic_pipe.freeze import frozen_by_epoch, make_policy  # noqa: PLC0415 (see _options)
+
+    check_limit("--layers", args.layers, MAX_LAYERS, LIMIT_REASON)
+    check_limit("--epochs", args.epochs, MAX_EPOCHS, LIMIT_REASON)
+    check_limit("--steps-per-epoch", args.steps_per_epoch, MAX_STEPS_PER_EPOCH, LIMIT_REASON)
+    if args.layers > 0 and args.epochs > 0:
+        check_limit("--layers x --epochs", args.layers * args.epochs, MAX_LAYER_EPOCHS, LIMIT_REASON)
     options = _options(args)
     policy = make_policy(args.policy, args.layers, **options)
     frozen = frozen_by_epoch(policy, args.epochs, args.steps_per_epoch)

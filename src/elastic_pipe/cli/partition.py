@@ -17,20 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit, read_json_file
-from elastic_pipe.partition import (
-    DEFAULT_FROZEN_FACTOR,
-    METRICS,
-    PUBLISHED_UNIT,
-    SOLVERS,
-    Partition,
-    price_frozen,
-    solve,
-    weights_from_costs,
-)
 from elastic_pipe.types import LayerCost
+
+if TYPE_CHECKING:
+    from elastic_pipe.partition import Partition
 
 __all__ = ["HELP", "add_arguments", "describe_partition", "load_costs", "run"]
 
@@ -79,6 +72,9 @@ def load_costs(path: str) -> list[float] | list[LayerCost]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
+    # the partition package imports torch: only when this subcommand is named, never for `elastic-pipe --help`
+    from elastic_pipe.partition import DEFAULT_FROZEN_FACTOR, METRICS, PUBLISHED_UNIT, SOLVERS  # noqa: PLC0415
+
     parser.add_argument("--costs", required=True, metavar="FILE", help="JSON costs file (see above)")
     parser.add_argument("--stages", required=True, type=int, metavar="K", help="number of pipeline stages")
     parser.add_argument(
@@ -123,6 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _weights(raw: list[float] | list[LayerCost], metric: str, frozen: int, factor: float) -> list[float]:
     """Per-layer weights with the first ``frozen`` priced (measured frozen cost, else ``factor``)."""
+    from elastic_pipe.partition import price_frozen, weights_from_costs  # noqa: PLC0415 (see add_arguments)
+
     records = [r for r in raw if isinstance(r, LayerCost)]
     if records:
         return weights_from_costs(records, metric, frozen, factor)
@@ -131,6 +129,8 @@ def _weights(raw: list[float] | list[LayerCost], metric: str, frozen: int, facto
 
 def partition_from_args(args: argparse.Namespace, raw: list[float] | list[LayerCost]) -> Partition:
     """Run the solver the options name on the loaded costs."""
+    from elastic_pipe.partition import solve  # noqa: PLC0415 (see add_arguments)
+
     if args.solver == "greedy":
         # The published rule prices the frozen prefix itself (all of it on stage 0).
         return solve(

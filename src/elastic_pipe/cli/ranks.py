@@ -15,12 +15,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
-from elastic_pipe.groups import plan_pipetransformer, plan_spmd
+from elastic_pipe.cli._common import CliInputError, add_json_flag, check_limit, emit
 
 HELP = "Show the rank layout (replica, stage, groups) for a world size and pipeline length."
 
 LAYOUTS = ("spmd", "pipetransformer")
+
+#: Upper bounds. The largest published training clusters have ~16k-32k GPUs; the SPMD table lists, for every
+#: rank, its pipeline group (K ranks) and data-parallel group (W/K ranks), W x (K + W/K) numbers in all, so that
+#: count is bounded too (measured: 1.6M numbers, 8192 ranks in pipelines of 128, are 23 MB of JSON and take 8 s).
+MAX_WORLD_SIZE = 65_536
+MAX_TABLE_ENTRIES = 2_000_000
+LIMIT_REASON = "larger layouts take minutes to print and are too large to read"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,17 +50,21 @@ def _ranks(ranks: tuple[int, ...] | list[int]) -> str:
 
 
 def _spmd(args: argparse.Namespace) -> int:
+    from elastic_pipe.groups import plan_spmd  # noqa: PLC0415 (groups imports torch; --help must not)
+
     if args.initial_pipe_len is not None:
         raise CliInputError("--initial-pipe-len only applies to --layout pipetransformer")
     plan = plan_spmd(args.world_size, args.pipe_len, args.gpus_per_node)
+    # the plan's group properties rebuild every group on each access: take them once
+    pipeline_groups, dp_groups = plan.pipeline_groups, plan.dp_groups
     rows: list[dict[str, Any]] = [
         {
             "rank": r,
             "replica": plan.replica_of(r),
             "stage": plan.stage_of(r),
             "node": plan.node_of(r),
-            "pipeline_group": list(plan.pipeline_group_of(r)),
-            "dp_group": list(plan.dp_group_of(r)),
+            "pipeline_group": list(pipeline_groups[plan.replica_of(r)]),
+            "dp_group": list(dp_groups[plan.stage_of(r)]),
         }
         for r in range(plan.world_size)
     ]
@@ -65,8 +75,8 @@ def _spmd(args: argparse.Namespace) -> int:
         "replicas": plan.replicas,
         "gpus_per_node": plan.gpus_per_node,
         "ranks": rows,
-        "pipeline_groups": [list(g) for g in plan.pipeline_groups],
-        "dp_groups": [list(g) for g in plan.dp_groups],
+        "pipeline_groups": [list(g) for g in pipeline_groups],
+        "dp_groups": [list(g) for g in dp_groups],
     }
     k = plan.pipe_len
     lines = [
@@ -87,6 +97,8 @@ def _spmd(args: argparse.Namespace) -> int:
 
 
 def _pipetransformer(args: argparse.Namespace) -> int:
+    from elastic_pipe.groups import plan_pipetransformer  # noqa: PLC0415 (see _spmd)
+
     if args.gpus_per_node is not None:
         raise CliInputError("--gpus-per-node only applies to --layout spmd")
     k0 = args.pipe_len if args.initial_pipe_len is None else args.initial_pipe_len
@@ -121,4 +133,14 @@ def _pipetransformer(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Plan the layout and print it."""
+    check_limit("--world-size", args.world_size, MAX_WORLD_SIZE, LIMIT_REASON)
+    for flag, value in (("--pipe-len", args.pipe_len), ("--initial-pipe-len", args.initial_pipe_len)):
+        if value is not None:
+            check_limit(flag, value, MAX_WORLD_SIZE, "a pipeline cannot be longer than the largest world size")
+    if args.gpus_per_node is not None:
+        check_limit("--gpus-per-node", args.gpus_per_node, MAX_WORLD_SIZE, "no node has more devices than that")
+    if args.layout == "spmd" and 1 <= args.pipe_len <= args.world_size:
+        entries = args.world_size * (args.pipe_len + args.world_size // args.pipe_len)
+        what = f"--world-size {args.world_size} with --pipe-len {args.pipe_len} lists W x (K + W/K) ="
+        check_limit(what, entries, MAX_TABLE_ENTRIES, f"group entries; {LIMIT_REASON}")
     return _spmd(args) if args.layout == "spmd" else _pipetransformer(args)
