@@ -458,7 +458,7 @@ def main() -> int:
     ap.add_argument(
         "--accuracy-batch",
         type=int,
-        default=ACCURACY_RUN["global_batch"],
+        default=ACCURACY_RUN["train"]["global_batch"],
         help="global batch of the digits runs (smaller: more steps per epoch before each freeze)",
     )
     ap.add_argument(

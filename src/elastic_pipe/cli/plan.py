@@ -100,6 +100,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from elastic_pipe.schedule import GENERATORS  # noqa: PLC0415 (see _gpu_defaults)
 
     what = parser.add_argument_group("model (one of)")
+    what.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        help="a training config: print the per-epoch layouts `elastic-pipe train --config` will run",
+    )
     what.add_argument("--model", help=f"a built-in config: {', '.join(MODEL_CONFIGS)}")
     what.add_argument(
         "--costs",
@@ -115,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--seq-len", type=int, help="sequence length of a text model (default: its published one)")
 
     hw = parser.add_argument_group("cluster (H200-like defaults)")
-    hw.add_argument("--gpus", type=int, required=True, help="GPU count W")
+    hw.add_argument("--gpus", type=int, help="GPU count W (required with --model or --costs)")
     hw.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     hw.add_argument("--gpu-memory", default="141GB", help="memory per GPU, e.g. 16GiB or 80GB (default 141GB)")
     hw.add_argument(
@@ -278,10 +283,35 @@ def build(args: argparse.Namespace) -> Plan:
 _EXTREME = "use realistic values for the rates, times and sizes (e.g. --host-overhead-ms 1e308 or --intra-bw 1e-308)"
 
 
+def render_layouts(epochs: list[dict[str, Any]]) -> str:
+    """The table of a training config's per-epoch layouts."""
+    lines = ["epoch  frozen units  frozen sub-layers  K  R  M  boundaries"]
+    for e in epochs:
+        lines.append(
+            f"{e['epoch'] + 1:>5}  {e['frozen_units']:>12}  {e['frozen']:>17}  {e['pipe_len']}  {e['replicas']}  "
+            f"{e['microbatches']}  {e['boundaries']}"
+        )
+    return "\n".join(lines)
+
+
+def run_config(args: argparse.Namespace) -> int:
+    """``plan --config``: the layouts the training config leads to, decided by the trainer's own rule."""
+    from elastic_pipe.orchestrator import load_config  # noqa: PLC0415
+    from elastic_pipe.orchestrator.dry_run import planned_epochs  # noqa: PLC0415
+
+    if args.model is not None or args.costs is not None:
+        raise CliInputError("give exactly one of --config FILE, --model NAME or --costs FILE")
+    epochs = planned_epochs(load_config(args.config))
+    emit(args, {"config": args.config, "epochs": epochs}, render_layouts(epochs))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Plan the job and print the table (or JSON); write plots on request."""
     from elastic_pipe.planner import format_table, plan_to_dict, plot_throughput, plot_timeline  # noqa: PLC0415
 
+    if args.config is not None:
+        return run_config(args)
     plan = build(args)
     text = format_table(plan)
     if args.plot:

@@ -1,0 +1,35 @@
+"""A freeze policy that lives outside elastic_pipe, for the tests that plug user code in by object and by path."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from elastic_pipe.freeze import LayerStats
+
+
+class OneUnitPerEpoch:
+    """Freezes one more leading unit at every decision point, up to ``limit``; counts what it was told."""
+
+    name: ClassVar[str] = "one-unit-per-epoch"
+    needs_stats: ClassVar[bool] = False
+
+    def __init__(self, num_layers: int, limit: int = 2) -> None:
+        self.num_layers = num_layers
+        self.limit = limit
+        self.evals: list[float] = []
+
+    def observe(self, stats: LayerStats) -> None:
+        del stats
+
+    def observe_eval(self, loss: float) -> None:
+        self.evals.append(loss)
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        del step, current
+        return min(epoch, self.limit, self.num_layers)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"limit": self.limit, "evals": list(self.evals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.limit, self.evals = int(state["limit"]), list(state["evals"])
