@@ -342,7 +342,13 @@ class ActivationCache:
 
     # ------------------------------------------------------------------------------------------------ boundaries
     def extend(
-        self, old_boundary: int, new_boundary: int, fn: Transform, *, batch_size: int = DEFAULT_EXTEND_BATCH
+        self,
+        old_boundary: int,
+        new_boundary: int,
+        fn: Transform,
+        *,
+        batch_size: int = DEFAULT_EXTEND_BATCH,
+        only: torch.Tensor | None = None,
     ) -> int:
         """Move entries from ``old_boundary`` to ``new_boundary`` by running ``fn`` (layers ``old..new-1``) on them.
 
@@ -352,17 +358,25 @@ class ActivationCache:
         no entries and its memory is returned. On a node-shared cache, call it on every process between two
         barriers: the leader rewrites the shared files.
 
+        With ``only``, just those samples' entries are extended; the others' slots stay reserved (as empty
+        entries of ``new_boundary``) for a later :meth:`put` of the same ids, so the new boundary gets all of the
+        old one's memory. This is how peers that each compute a share of the entries fill the new boundary inside
+        the old one's budget. If ``fn`` changes the entry shape, nothing is carried under ``only``: both
+        boundaries are dropped first, so the new one gets the whole budget, and every entry is recomputed.
+
         Args:
             old_boundary: the cached boundary ``b``.
             new_boundary: the new boundary ``b' > b``.
             fn: maps a chunk of ``b`` outputs to ``b'`` outputs (``fn`` sees tensors on :attr:`device`).
             batch_size: entries per chunk.
+            only: sample ids (1-D, on the CPU) whose entries are extended; ``None``: every entry.
 
         Returns:
             Entries this process extended.
 
         Raises:
-            CacheError: ``new_boundary <= old_boundary``, a negative boundary, or ``batch_size < 1``.
+            CacheError: ``new_boundary <= old_boundary``, a negative boundary, ``batch_size < 1``, or ``only``
+                holding ids outside ``[0, num_samples)``.
         """
         self._check_boundary(old_boundary)
         self._check_boundary(new_boundary)
@@ -373,6 +387,10 @@ class ActivationCache:
             )
         if batch_size < 1:
             raise CacheError(f"batch_size must be >= 1, got {batch_size}")
+        keep = None
+        if only is not None:
+            keep = torch.zeros(self._num_keys, dtype=torch.bool)
+            keep[self._keys(only)] = True
         done = 0
         with torch.no_grad():
             try:
@@ -380,9 +398,13 @@ class ActivationCache:
                     mine = isinstance(tier, DeviceTier) or tier.leader
                     segment = tier.segment(old_boundary) if mine else None
                     if segment is not None:
-                        done += segment.transform(fn, batch_size, self.device)
+                        done += segment.transform(fn, batch_size, self.device, keep)
                     tier.rename(old_boundary, new_boundary)
             except ShapeChangedError:
+                if keep is not None:
+                    self.drop(new_boundary)
+                    self.drop(old_boundary)
+                    return 0
                 done = self._extend_reshaped(old_boundary, new_boundary, fn, batch_size)
         return done
 

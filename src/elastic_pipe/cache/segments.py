@@ -97,8 +97,14 @@ class Segment(Protocol):
         """Keys with an entry, in slot order."""
         ...
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
-        """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count."""
+    def transform(
+        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
+    ) -> int:
+        """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count.
+
+        ``keep``, a bool mask over the key space, limits the transform to its keys: the other entries are
+        invalidated, their slots reserved for a later write of the same key (which reuses the memory).
+        """
         ...
 
     def entries(self) -> int:
@@ -196,8 +202,13 @@ class DeviceSegment:
         keys = (self._index >= 0).nonzero().flatten()
         return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
+    def transform(
+        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
+    ) -> int:
         keys = self.valid_keys()
+        others = torch.empty(0, dtype=torch.int64)
+        if keep is not None:
+            keys, others = keys[keep[keys]], keys[~keep[keys]]
         slots = self._index[keys]
         for start in range(0, slots.numel(), batch_size):
             chunk = slots[start : start + batch_size].to(self.device)
@@ -205,6 +216,7 @@ class DeviceSegment:
             new = fn(old.to(device))
             _check_same(old, new)
             self._data.index_copy_(0, chunk, new.to(self.device))
+        self._index[others] = encode_invalid(self._index[others])
         return int(slots.numel())
 
     def entries(self) -> int:
@@ -408,11 +420,16 @@ class FileSegment:
             keys = (self._index >= 0).nonzero().flatten()
             return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
+    def transform(
+        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
+    ) -> int:
         done = 0
         with self._locked(exclusive=True):
             keys = (self._index >= 0).nonzero().flatten()
             keys = keys[torch.argsort(self._index[keys])]
+            others = torch.empty(0, dtype=torch.int64)
+            if keep is not None:
+                keys, others = keys[keep[keys]], keys[~keep[keys]]
             slots = self._index[keys].clone()
             lost = slots >= self._data.shape[0]  # past the end of a truncated file
             self._index[keys[lost]] = encode_invalid(slots[lost])
@@ -433,6 +450,7 @@ class FileSegment:
                 if self.layout.checksum:
                     self._crc[chunk] = crc32_rows(rows)
                 done += int(chunk.numel())
+            self._index[others] = encode_invalid(self._index[others])
         return done
 
     def entries(self) -> int:
