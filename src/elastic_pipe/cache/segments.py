@@ -97,9 +97,7 @@ class Segment(Protocol):
         """Keys with an entry, in slot order."""
         ...
 
-    def transform(
-        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
-    ) -> int:
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
         """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count.
 
         ``keep``, a bool mask over the key space, limits the transform to its keys: the other entries are
@@ -202,9 +200,7 @@ class DeviceSegment:
         keys = (self._index >= 0).nonzero().flatten()
         return keys[torch.argsort(self._index[keys])]
 
-    def transform(
-        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
-    ) -> int:
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
         keys = self.valid_keys()
         others = torch.empty(0, dtype=torch.int64)
         if keep is not None:
@@ -420,9 +416,7 @@ class FileSegment:
             keys = (self._index >= 0).nonzero().flatten()
             return keys[torch.argsort(self._index[keys])]
 
-    def transform(
-        self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None
-    ) -> int:
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
         done = 0
         with self._locked(exclusive=True):
             keys = (self._index >= 0).nonzero().flatten()
