@@ -10,6 +10,7 @@ from elastic_pipe.cache.cache import ActivationCache
 from elastic_pipe.cache.config import Augmentation, CacheConfig, OnRandomAugmentation
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
 from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.fingerprint import prefix_fingerprint
 from elastic_pipe.cache.payoff import measure_payoff
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 
@@ -27,5 +28,6 @@ __all__ = [
     "decide",
     "measure_payoff",
     "payoff_threshold",
+    "prefix_fingerprint",
     "time_call",
 ]

@@ -60,6 +60,8 @@ class ActivationCache:
         on_random_augmentation: ``"error"`` (default), ``"bypass"`` or ``"views"``.
         views: per-epoch views per sample kept under ``"views"``.
         leader: whether this process deletes and renames shared files (one per node).
+        fingerprint: names the model whose frozen prefix produces the entries
+            (:func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files of another one are never read.
 
     Raises:
         CacheError: invalid configuration, including random augmentation without an explicit policy.
@@ -88,6 +90,7 @@ class ActivationCache:
         on_random_augmentation: str = "error",
         views: int = 1,
         leader: bool = True,
+        fingerprint: str = "",
     ) -> None:
         config = CacheConfig(
             num_samples=num_samples,
@@ -102,6 +105,7 @@ class ActivationCache:
             on_random_augmentation=parse_choice(OnRandomAugmentation, on_random_augmentation, "on_random_augmentation"),
             views=views,
             leader=leader,
+            fingerprint=fingerprint,
         )
         self._setup(config)
 
@@ -129,6 +133,7 @@ class ActivationCache:
                     self._num_keys,
                     checksum=False,
                     leader=config.leader,
+                    fingerprint=config.fingerprint,
                 )
             )
         if config.disk_budget > 0:
@@ -142,6 +147,7 @@ class ActivationCache:
                     self._num_keys,
                     checksum=True,
                     leader=config.leader,
+                    fingerprint=config.fingerprint,
                 )
             )
         self._tiers = tiers
@@ -451,7 +457,17 @@ class ActivationCache:
                 segment = tier.segment(b)
                 entries += 0 if segment is None else segment.entries()
             tiers.append(TierStats(tier.name, tier.budget, tier.used_bytes(), entries, self._tier_hits[tier.name]))
-        return CacheStats(self._hits, self._misses, self._stored, self._rejected, self._corrupt, tuple(tiers))
+        files = [t for t in self._tiers if isinstance(t, FileTier)]
+        return CacheStats(
+            self._hits,
+            self._misses,
+            self._stored,
+            self._rejected,
+            self._corrupt,
+            tuple(tiers),
+            corrupt_files=sum(t.corrupt_segments for t in files),
+            stale_files=sum(t.stale_segments for t in files),
+        )
 
     def reset_stats(self) -> None:
         """Zero the counters (occupancy is not touched)."""

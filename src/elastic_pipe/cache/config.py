@@ -17,6 +17,8 @@ from elastic_pipe.cache.errors import CacheError
 __all__ = ["Augmentation", "CacheConfig", "OnRandomAugmentation", "default_host_dir", "default_name", "parse_choice"]
 
 _SHM = Path("/dev/shm")
+#: Longest fingerprint: it is stored in the segment header (4096 bytes with the entry description).
+MAX_FINGERPRINT = 256
 _E = TypeVar("_E", bound=StrEnum)
 
 
@@ -77,6 +79,9 @@ class CacheConfig:
         on_random_augmentation: ``"error"``, ``"bypass"`` or ``"views"`` (see :class:`OnRandomAugmentation`).
         views: number of per-epoch views kept per sample when ``on_random_augmentation == "views"``.
         leader: whether this process deletes and renames the shared segment files (one process per node).
+        fingerprint: names the model whose frozen prefix produces the entries (see
+            :func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files carrying another one are
+            deleted unread. ``""``: no fingerprint (files of a reused name are then trusted).
     """
 
     num_samples: int
@@ -91,6 +96,7 @@ class CacheConfig:
     on_random_augmentation: OnRandomAugmentation = OnRandomAugmentation.ERROR
     views: int = 1
     leader: bool = True
+    fingerprint: str = ""
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -102,6 +108,10 @@ class CacheConfig:
             raise CacheError(f"disk_budget={self.disk_budget} needs a disk_dir; got disk_dir=None")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise CacheError(f"cache name must be a plain file-name prefix, got {self.name!r}")
+        if len(self.fingerprint) > MAX_FINGERPRINT or not self.fingerprint.isprintable():
+            raise CacheError(
+                f"fingerprint must be at most {MAX_FINGERPRINT} printable characters, got {self.fingerprint!r:.80}"
+            )
         if self.views < 1:
             raise CacheError(f"views must be >= 1, got {self.views}")
         object.__setattr__(self, "augmentation", parse_choice(Augmentation, self.augmentation, "augmentation"))

@@ -17,7 +17,7 @@ from typing import TypeAlias
 import torch
 
 from elastic_pipe.cache.layout import SegmentLayout
-from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment
+from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
 __all__ = ["DeviceTier", "FileTier", "Tier"]
 
@@ -79,7 +79,9 @@ class FileTier:
     """Segment files ``<directory>/<prefix>.b<boundary>.slab`` within ``budget`` bytes of files.
 
     Every process of the node opens the same files. Only the ``leader`` deletes or renames them (on
-    :meth:`drop` and :meth:`rename`); the others just let go of their handles.
+    :meth:`drop` and :meth:`rename`); the others just let go of their handles. Every file carries the cache's
+    ``fingerprint``; one that carries another (a stale or foreign cache under the same name) or whose header fails
+    its checksum is deleted, counted, and its entries recomputed: it is never read.
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class FileTier:
         *,
         checksum: bool,
         leader: bool,
+        fingerprint: str = "",
     ) -> None:
         self.name = name
         self.directory = directory
@@ -100,7 +103,11 @@ class FileTier:
         self.num_keys = num_keys
         self.checksum = checksum
         self.leader = leader
+        self.fingerprint = fingerprint
+        #: Files deleted because their header or index region was unreadable.
         self.corrupt_segments = 0
+        #: Files deleted because they carried another fingerprint.
+        self.stale_segments = 0
         self._open: dict[int, FileSegment] = {}
 
     def path(self, boundary: int) -> Path:
@@ -124,10 +131,9 @@ class FileTier:
             del self._open[boundary]
         path = self.path(boundary)
         try:
-            handle = FileSegment.attach(path)
-        except CorruptSegmentError:
-            self.corrupt_segments += 1
-            path.unlink(missing_ok=True)
+            handle = FileSegment.attach(path, self.fingerprint)
+        except CorruptSegmentError as exc:
+            self._discard(path, exc)
             return None
         if handle is not None:
             self._open[boundary] = handle
@@ -136,18 +142,26 @@ class FileTier:
     def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
         """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files."""
         others = self.used_bytes(excluding=self.path(boundary))
-        layout = SegmentLayout.fitting(self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum)
+        layout = SegmentLayout.fitting(
+            self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum, fingerprint=self.fingerprint
+        )
         if layout.capacity == 0:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             handle = FileSegment.create_or_attach(self.path(boundary), layout)
-        except CorruptSegmentError:
-            self.corrupt_segments += 1
-            self.path(boundary).unlink(missing_ok=True)
+        except CorruptSegmentError as exc:
+            self._discard(self.path(boundary), exc)
             handle = FileSegment.create_or_attach(self.path(boundary), layout)
         self._open[boundary] = handle
         return handle
+
+    def _discard(self, path: Path, exc: CorruptSegmentError) -> None:
+        if isinstance(exc, StaleSegmentError):
+            self.stale_segments += 1
+        else:
+            self.corrupt_segments += 1
+        path.unlink(missing_ok=True)
 
     def drop(self, boundary: int) -> int:
         """Let go of ``boundary``'s file; the leader also deletes it. Returns the bytes freed (leader) or 0."""
