@@ -26,6 +26,8 @@ import torch
 from elastic_pipe.cache.config import (
     Augmentation,
     CacheConfig,
+    CacheTiers,
+    HostKind,
     OnRandomAugmentation,
     default_host_dir,
     default_name,
@@ -34,7 +36,7 @@ from elastic_pipe.cache.config import (
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.segments import Segment, ShapeChangedError, index_on
-from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier
+from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier, check_writable
 
 __all__ = ["ActivationCache"]
 
@@ -62,8 +64,11 @@ class ActivationCache:
         leader: whether this process deletes and renames shared files (one per node).
         fingerprint: names the model whose frozen prefix produces the entries
             (:func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files of another one are never read.
+        host_kind: ``"shared"`` (files under ``host_dir``, shared by the node) or ``"pinned"`` (page-locked memory
+            private to the process).
 
     Raises:
+        CacheDirError: the host (shared) or disk directory of an enabled tier cannot be created or written.
         CacheError: invalid configuration, including random augmentation without an explicit policy.
 
     Example:
@@ -91,6 +96,7 @@ class ActivationCache:
         views: int = 1,
         leader: bool = True,
         fingerprint: str = "",
+        host_kind: str = "shared",
     ) -> None:
         config = CacheConfig(
             num_samples=num_samples,
@@ -106,15 +112,75 @@ class ActivationCache:
             views=views,
             leader=leader,
             fingerprint=fingerprint,
+            host_kind=parse_choice(HostKind, host_kind, "host_kind"),
         )
         self._setup(config)
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> ActivationCache:
-        """Build a cache from a validated :class:`CacheConfig`."""
+        """Build a cache from a validated :class:`CacheConfig`.
+
+        Raises:
+            CacheDirError: the host (shared) or disk directory of an enabled tier cannot be created or written.
+        """
         cache = cls.__new__(cls)
         cache._setup(config)
         return cache
+
+    @classmethod
+    def from_tiers(
+        cls,
+        num_samples: int,
+        tiers: CacheTiers,
+        *,
+        device: str | torch.device = "cpu",
+        name: str | None = None,
+        fingerprint: str = "",
+        leader: bool = True,
+        augmentation: str = "none",
+        on_random_augmentation: str = "error",
+        views: int = 1,
+    ) -> ActivationCache:
+        """Build a cache from a run's :class:`CacheTiers`.
+
+        Args:
+            num_samples: dataset size; sample ids are ``0..num_samples-1``.
+            tiers: the tier budgets and directories.
+            device: compute device; reads return tensors there.
+            name: segment-file prefix; the node's processes that share the host tier pass the same one.
+            fingerprint: names the model whose prefix produces the entries
+                (:func:`~elastic_pipe.cache.prefix_fingerprint`).
+            leader: whether this process deletes and renames the shared files (one per node, e.g. local rank 0).
+            augmentation: as for the constructor.
+            on_random_augmentation: as for the constructor.
+            views: as for the constructor.
+
+        Raises:
+            CacheDirError: the disk (or shared host) directory cannot be created or written.
+            CacheError: invalid configuration.
+
+        Example:
+            >>> tiers = CacheTiers.parse("256MiB", host="1GiB", host_kind="pinned")
+            >>> ActivationCache.from_tiers(100, tiers).stats.tiers[1].name
+            'host'
+        """
+        config = CacheConfig(
+            num_samples=num_samples,
+            device_budget=tiers.device_bytes,
+            host_budget=tiers.host_bytes,
+            disk_budget=tiers.disk_bytes,
+            device=torch.device(device),
+            name=default_name() if name is None else name,
+            host_dir=Path(tiers.host_dir) if tiers.host_dir else default_host_dir(),
+            disk_dir=Path(tiers.disk_dir) if tiers.disk_dir else None,
+            augmentation=parse_choice(Augmentation, augmentation, "augmentation"),
+            on_random_augmentation=parse_choice(OnRandomAugmentation, on_random_augmentation, "on_random_augmentation"),
+            views=views,
+            leader=leader,
+            fingerprint=fingerprint,
+            host_kind=tiers.host_kind,
+        )
+        return cls.from_config(config)
 
     def _setup(self, config: CacheConfig) -> None:
         self.config = config
@@ -123,7 +189,12 @@ class ActivationCache:
         tiers: list[Tier] = []
         if config.device_budget > 0:
             tiers.append(DeviceTier(config.device_budget, config.device, self._num_keys))
-        if config.host_budget > 0:
+        if config.host_budget > 0 and config.host_kind is HostKind.PINNED:
+            # page-locked memory only helps copies to a GPU (and needs one): plain memory otherwise
+            pin = config.device.type == "cuda" and torch.cuda.is_available()
+            tiers.append(DeviceTier(config.host_budget, torch.device("cpu"), self._num_keys, name="host", pin=pin))
+        elif config.host_budget > 0:
+            check_writable("host", config.host_dir)
             tiers.append(
                 FileTier(
                     "host",
@@ -138,6 +209,7 @@ class ActivationCache:
             )
         if config.disk_budget > 0:
             assert config.disk_dir is not None  # checked by CacheConfig
+            check_writable("disk", config.disk_dir)
             tiers.append(
                 FileTier(
                     "disk",

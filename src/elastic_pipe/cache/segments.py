@@ -206,10 +206,11 @@ class DeviceSegment:
     """A slab tensor on the compute device with a CPU index; private to one process (methods as in
     :class:`Segment`)."""
 
-    def __init__(self, layout: SegmentLayout, device: torch.device) -> None:
+    def __init__(self, layout: SegmentLayout, device: torch.device, *, pin: bool = False) -> None:
         self.layout = layout
         self.device = device
-        self._data = torch.empty((layout.capacity, *layout.shape), dtype=layout.dtype, device=device)
+        shape = (layout.capacity, *layout.shape)
+        self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
 

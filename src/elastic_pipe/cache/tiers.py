@@ -1,6 +1,7 @@
 """Tiers: a byte budget and the segments (one per frozen boundary) that live within it.
 
-* :class:`DeviceTier`: tensors on the compute device, private to the process;
+* :class:`DeviceTier`: tensors on the compute device, private to the process (also the pinned host tier:
+  page-locked CPU tensors);
 * :class:`FileTier`: segment files in one directory. In ``/dev/shm`` it is the host tier, shared by every process of
   the node that uses the same cache name; in a disk directory (with checksums) it is the disk tier.
 
@@ -11,24 +12,45 @@ key). For a file tier the remaining budget counts every segment file of the cach
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TypeAlias
 
 import torch
 
+from elastic_pipe.cache.errors import CacheDirError
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
-__all__ = ["DeviceTier", "FileTier", "Tier"]
+__all__ = ["DeviceTier", "FileTier", "Tier", "check_writable"]
+
+
+def check_writable(tier: str, directory: Path) -> None:
+    """Create ``directory`` if needed and write (then delete) a probe file in it.
+
+    Raises:
+        CacheDirError: the directory cannot be created or written (names the tier and the path).
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".elastic_pipe-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CacheDirError(tier, str(directory), exc.strerror or str(exc)) from None
 
 
 class DeviceTier:
-    """Segments as tensors on ``device``, within ``budget`` bytes of entry data."""
+    """Segments as tensors on ``device``, within ``budget`` bytes of entry data; with ``pin``, page-locked CPU
+    tensors (the pinned host tier)."""
 
-    def __init__(self, budget: int, device: torch.device, num_keys: int) -> None:
-        self.name = "device"
+    def __init__(
+        self, budget: int, device: torch.device, num_keys: int, *, name: str = "device", pin: bool = False
+    ) -> None:
+        self.name = name
         self.budget = budget
         self.device = device
+        self.pin = pin
         self.num_keys = num_keys
         self._segments: dict[int, DeviceSegment] = {}
 
@@ -42,7 +64,7 @@ class DeviceTier:
         capacity = min(self.num_keys, max(0, self.budget - self.used_bytes()) // entry)
         if capacity == 0:
             return None
-        segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device)
+        segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device, pin=self.pin)
         self._segments[boundary] = segment
         return segment
 
