@@ -411,3 +411,30 @@ def test_any_sequence_of_puts_gets_drops_matches_a_model(
         assert sum(t.entries for t in stats.tiers) == sum(len(s) for s in cached.values())
         assert all(t.used_bytes <= t.budget_bytes for t in stats.tiers)
         cache.unlink()
+
+
+def test_extend_only_some_ids_keeps_the_others_slots_for_their_put(dirs: tuple[Path, Path]) -> None:
+    ids = torch.arange(10)
+    # device holds 6 entries exactly, the disk segment the other 4: no room anywhere for a second boundary
+    cache = make(dirs, 10, device_budget=6 * ENTRY, disk_budget=file_budget(4, 10, checksum=True))
+    cache.put(ids, 1, rows(ids))
+    mine = torch.tensor([0, 2, 7, 9])
+    assert cache.extend(1, 2, lambda v: v + 1, only=mine) == 4
+    assert cache.boundaries() == [2]
+    lookup = cache.get(ids, 2)
+    assert lookup.hit.tolist() == [i in (0, 2, 7, 9) for i in range(10)]
+    assert torch.equal(lookup.values, rows(mine) + 1)
+    others = ids[~lookup.hit]
+    assert cache.put(others, 2, rows(others) + 1) == 6  # into the reserved slots: nothing rejected
+    assert cache.stats.rejected == 0
+    assert torch.equal(cache.get(ids, 2).values, rows(ids) + 1)
+    assert [t.used_bytes for t in cache.stats.tiers] == [6 * ENTRY, file_budget(4, 10, checksum=True)]
+
+
+def test_extend_only_with_a_new_shape_drops_both_boundaries(dirs: tuple[Path, Path]) -> None:
+    ids = torch.arange(10)
+    cache = make(dirs, 10, device_budget=10 * ENTRY)
+    cache.put(ids, 1, rows(ids))
+    assert cache.extend(1, 2, lambda v: v[:, :2], only=ids[:5]) == 0
+    assert cache.boundaries() == []
+    assert cache.put(ids, 2, rows(ids)[:, :2]) == 10  # the whole budget is free for the new boundary

@@ -195,3 +195,48 @@ def test_overlapped_and_sequential_fills_store_the_same_entries(world: int) -> N
         assert result["True"] == result["False"]  # the same chunks through the same layers: bit for bit
         # against one pass over the whole split, only the batch size of the matrix products differs
         torch.testing.assert_close(torch.tensor(result["True"], dtype=torch.float64), expected, rtol=1e-12, atol=1e-12)
+
+
+BIG = 1000  # samples of the budget test
+BIG_CHUNK = 50
+ENTRY_BYTES = 6 * 8  # one float64 row of width 6
+
+
+def _shared_fill_in_a_tight_budget(ctx: RankContext, world: int) -> dict[str, int]:
+    """A device budget of 1.2x one boundary's entries: the shared fill must reuse the old boundary's memory."""
+    layers = _layers()
+    gen = torch.Generator().manual_seed(2)
+    data = Split(torch.randn(BIG, 6, dtype=torch.float64, generator=gen), torch.zeros(BIG), torch.randperm(BIG))
+    run = _run_layers(layers)
+    cache = ActivationCache(BIG, device_budget=BIG * ENTRY_BYTES * 6 // 5)
+    group = dist.new_group(list(range(world)))
+    peers = FillPeers(group, dist.get_rank(group), world)
+    for old, new in ((0, 1), (1, 3)):
+        prefix_cache.prepare_cache(
+            cache,
+            data,
+            mode="on",
+            old_frozen=old,
+            frozen=new,
+            per_replica=8,
+            chunk=BIG_CHUNK,
+            device=torch.device("cpu"),
+            run=run,
+            peers=peers,
+        )
+    with cache.uncounted():
+        lookup = cache.get(data.sample_ids, 3)
+    expected = run(data.inputs, 0, 3)[lookup.hit]
+    stats = cache.stats
+    return {
+        "cached": lookup.num_hits,
+        "exact": int(torch.allclose(lookup.values, expected, rtol=1e-12, atol=1e-12)),
+        "used": stats.tiers[0].used_bytes,
+        "boundaries": len(cache.boundaries()),
+    }
+
+
+def test_the_shared_fill_reuses_the_old_boundarys_budget() -> None:
+    # the defect: the new boundary was sized to what the old one left (0.2x), 200 of 1000 samples
+    for r in run_distributed(_shared_fill_in_a_tight_budget, 2, 2, timeout=120.0):
+        assert r == {"cached": BIG, "exact": 1, "used": BIG * ENTRY_BYTES, "boundaries": 1}

@@ -7,25 +7,32 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 from __future__ import annotations
 
 from elastic_pipe.cache.cache import ActivationCache
-from elastic_pipe.cache.config import Augmentation, CacheConfig, OnRandomAugmentation
+from elastic_pipe.cache.config import Augmentation, CacheConfig, CacheTiers, HostKind, OnRandomAugmentation
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
-from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.errors import CacheDirError, CacheError
+from elastic_pipe.cache.fingerprint import prefix_fingerprint
 from elastic_pipe.cache.payoff import measure_payoff
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
+from elastic_pipe.cache.sizes import parse_bytes
 
 __all__ = [
     "ActivationCache",
     "Augmentation",
     "CacheConfig",
     "CacheDecision",
+    "CacheDirError",
     "CacheError",
     "CacheLookup",
     "CacheStats",
+    "CacheTiers",
+    "HostKind",
     "OnRandomAugmentation",
     "PendingLookup",
     "TierStats",
     "decide",
     "measure_payoff",
+    "parse_bytes",
     "payoff_threshold",
+    "prefix_fingerprint",
     "time_call",
 ]

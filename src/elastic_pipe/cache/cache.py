@@ -26,6 +26,8 @@ import torch
 from elastic_pipe.cache.config import (
     Augmentation,
     CacheConfig,
+    CacheTiers,
+    HostKind,
     OnRandomAugmentation,
     default_host_dir,
     default_name,
@@ -34,7 +36,7 @@ from elastic_pipe.cache.config import (
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.segments import Segment, ShapeChangedError, index_on
-from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier
+from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier, check_writable
 
 __all__ = ["ActivationCache"]
 
@@ -60,8 +62,13 @@ class ActivationCache:
         on_random_augmentation: ``"error"`` (default), ``"bypass"`` or ``"views"``.
         views: per-epoch views per sample kept under ``"views"``.
         leader: whether this process deletes and renames shared files (one per node).
+        fingerprint: names the model whose frozen prefix produces the entries
+            (:func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files of another one are never read.
+        host_kind: ``"shared"`` (files under ``host_dir``, shared by the node) or ``"pinned"`` (page-locked memory
+            private to the process).
 
     Raises:
+        CacheDirError: the host (shared) or disk directory of an enabled tier cannot be created or written.
         CacheError: invalid configuration, including random augmentation without an explicit policy.
 
     Example:
@@ -88,6 +95,8 @@ class ActivationCache:
         on_random_augmentation: str = "error",
         views: int = 1,
         leader: bool = True,
+        fingerprint: str = "",
+        host_kind: str = "shared",
     ) -> None:
         config = CacheConfig(
             num_samples=num_samples,
@@ -102,15 +111,76 @@ class ActivationCache:
             on_random_augmentation=parse_choice(OnRandomAugmentation, on_random_augmentation, "on_random_augmentation"),
             views=views,
             leader=leader,
+            fingerprint=fingerprint,
+            host_kind=parse_choice(HostKind, host_kind, "host_kind"),
         )
         self._setup(config)
 
     @classmethod
     def from_config(cls, config: CacheConfig) -> ActivationCache:
-        """Build a cache from a validated :class:`CacheConfig`."""
+        """Build a cache from a validated :class:`CacheConfig`.
+
+        Raises:
+            CacheDirError: the host (shared) or disk directory of an enabled tier cannot be created or written.
+        """
         cache = cls.__new__(cls)
         cache._setup(config)
         return cache
+
+    @classmethod
+    def from_tiers(
+        cls,
+        num_samples: int,
+        tiers: CacheTiers,
+        *,
+        device: str | torch.device = "cpu",
+        name: str | None = None,
+        fingerprint: str = "",
+        leader: bool = True,
+        augmentation: str = "none",
+        on_random_augmentation: str = "error",
+        views: int = 1,
+    ) -> ActivationCache:
+        """Build a cache from a run's :class:`CacheTiers`.
+
+        Args:
+            num_samples: dataset size; sample ids are ``0..num_samples-1``.
+            tiers: the tier budgets and directories.
+            device: compute device; reads return tensors there.
+            name: segment-file prefix; the node's processes that share the host tier pass the same one.
+            fingerprint: names the model whose prefix produces the entries
+                (:func:`~elastic_pipe.cache.prefix_fingerprint`).
+            leader: whether this process deletes and renames the shared files (one per node, e.g. local rank 0).
+            augmentation: as for the constructor.
+            on_random_augmentation: as for the constructor.
+            views: as for the constructor.
+
+        Raises:
+            CacheDirError: the disk (or shared host) directory cannot be created or written.
+            CacheError: invalid configuration.
+
+        Example:
+            >>> tiers = CacheTiers.parse("256MiB", host="1GiB", host_kind="pinned")
+            >>> ActivationCache.from_tiers(100, tiers).stats.tiers[1].name
+            'host'
+        """
+        config = CacheConfig(
+            num_samples=num_samples,
+            device_budget=tiers.device_bytes,
+            host_budget=tiers.host_bytes,
+            disk_budget=tiers.disk_bytes,
+            device=torch.device(device),
+            name=default_name() if name is None else name,
+            host_dir=Path(tiers.host_dir) if tiers.host_dir else default_host_dir(),
+            disk_dir=Path(tiers.disk_dir) if tiers.disk_dir else None,
+            augmentation=parse_choice(Augmentation, augmentation, "augmentation"),
+            on_random_augmentation=parse_choice(OnRandomAugmentation, on_random_augmentation, "on_random_augmentation"),
+            views=views,
+            leader=leader,
+            fingerprint=fingerprint,
+            host_kind=tiers.host_kind,
+        )
+        return cls.from_config(config)
 
     def _setup(self, config: CacheConfig) -> None:
         self.config = config
@@ -119,7 +189,12 @@ class ActivationCache:
         tiers: list[Tier] = []
         if config.device_budget > 0:
             tiers.append(DeviceTier(config.device_budget, config.device, self._num_keys))
-        if config.host_budget > 0:
+        if config.host_budget > 0 and config.host_kind is HostKind.PINNED:
+            # page-locked memory only helps copies to a GPU (and needs one): plain memory otherwise
+            pin = config.device.type == "cuda" and torch.cuda.is_available()
+            tiers.append(DeviceTier(config.host_budget, torch.device("cpu"), self._num_keys, name="host", pin=pin))
+        elif config.host_budget > 0:
+            check_writable("host", config.host_dir)
             tiers.append(
                 FileTier(
                     "host",
@@ -129,10 +204,12 @@ class ActivationCache:
                     self._num_keys,
                     checksum=False,
                     leader=config.leader,
+                    fingerprint=config.fingerprint,
                 )
             )
         if config.disk_budget > 0:
             assert config.disk_dir is not None  # checked by CacheConfig
+            check_writable("disk", config.disk_dir)
             tiers.append(
                 FileTier(
                     "disk",
@@ -142,6 +219,7 @@ class ActivationCache:
                     self._num_keys,
                     checksum=True,
                     leader=config.leader,
+                    fingerprint=config.fingerprint,
                 )
             )
         self._tiers = tiers
@@ -342,7 +420,13 @@ class ActivationCache:
 
     # ------------------------------------------------------------------------------------------------ boundaries
     def extend(
-        self, old_boundary: int, new_boundary: int, fn: Transform, *, batch_size: int = DEFAULT_EXTEND_BATCH
+        self,
+        old_boundary: int,
+        new_boundary: int,
+        fn: Transform,
+        *,
+        batch_size: int = DEFAULT_EXTEND_BATCH,
+        only: torch.Tensor | None = None,
     ) -> int:
         """Move entries from ``old_boundary`` to ``new_boundary`` by running ``fn`` (layers ``old..new-1``) on them.
 
@@ -352,17 +436,25 @@ class ActivationCache:
         no entries and its memory is returned. On a node-shared cache, call it on every process between two
         barriers: the leader rewrites the shared files.
 
+        With ``only``, just those samples' entries are extended; the others' slots stay reserved (as empty
+        entries of ``new_boundary``) for a later :meth:`put` of the same ids, so the new boundary gets all of the
+        old one's memory. This is how peers that each compute a share of the entries fill the new boundary inside
+        the old one's budget. If ``fn`` changes the entry shape, nothing is carried under ``only``: both
+        boundaries are dropped first, so the new one gets the whole budget, and every entry is recomputed.
+
         Args:
             old_boundary: the cached boundary ``b``.
             new_boundary: the new boundary ``b' > b``.
             fn: maps a chunk of ``b`` outputs to ``b'`` outputs (``fn`` sees tensors on :attr:`device`).
             batch_size: entries per chunk.
+            only: sample ids (1-D, on the CPU) whose entries are extended; ``None``: every entry.
 
         Returns:
             Entries this process extended.
 
         Raises:
-            CacheError: ``new_boundary <= old_boundary``, a negative boundary, or ``batch_size < 1``.
+            CacheError: ``new_boundary <= old_boundary``, a negative boundary, ``batch_size < 1``, or ``only``
+                holding ids outside ``[0, num_samples)``.
         """
         self._check_boundary(old_boundary)
         self._check_boundary(new_boundary)
@@ -373,6 +465,10 @@ class ActivationCache:
             )
         if batch_size < 1:
             raise CacheError(f"batch_size must be >= 1, got {batch_size}")
+        keep = None
+        if only is not None:
+            keep = torch.zeros(self._num_keys, dtype=torch.bool)
+            keep[self._keys(only)] = True
         done = 0
         with torch.no_grad():
             try:
@@ -380,9 +476,13 @@ class ActivationCache:
                     mine = isinstance(tier, DeviceTier) or tier.leader
                     segment = tier.segment(old_boundary) if mine else None
                     if segment is not None:
-                        done += segment.transform(fn, batch_size, self.device)
+                        done += segment.transform(fn, batch_size, self.device, keep)
                     tier.rename(old_boundary, new_boundary)
             except ShapeChangedError:
+                if keep is not None:
+                    self.drop(new_boundary)
+                    self.drop(old_boundary)
+                    return 0
                 done = self._extend_reshaped(old_boundary, new_boundary, fn, batch_size)
         return done
 
@@ -429,7 +529,17 @@ class ActivationCache:
                 segment = tier.segment(b)
                 entries += 0 if segment is None else segment.entries()
             tiers.append(TierStats(tier.name, tier.budget, tier.used_bytes(), entries, self._tier_hits[tier.name]))
-        return CacheStats(self._hits, self._misses, self._stored, self._rejected, self._corrupt, tuple(tiers))
+        files = [t for t in self._tiers if isinstance(t, FileTier)]
+        return CacheStats(
+            self._hits,
+            self._misses,
+            self._stored,
+            self._rejected,
+            self._corrupt,
+            tuple(tiers),
+            corrupt_files=sum(t.corrupt_segments for t in files),
+            stale_files=sum(t.stale_segments for t in files),
+        )
 
     def reset_stats(self) -> None:
         """Zero the counters (occupancy is not touched)."""

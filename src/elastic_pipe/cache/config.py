@@ -1,4 +1,5 @@
-"""The cache's configuration: tier budgets and places, and what to do about random augmentation."""
+"""The cache's configuration: tier budgets and places (:class:`CacheTiers`, from plain numbers or strings like
+``"20GiB"``), and what to do about random augmentation."""
 
 from __future__ import annotations
 
@@ -13,10 +14,22 @@ from typing import TypeVar
 import torch
 
 from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.sizes import parse_bytes
 
-__all__ = ["Augmentation", "CacheConfig", "OnRandomAugmentation", "default_host_dir", "default_name", "parse_choice"]
+__all__ = [
+    "Augmentation",
+    "CacheConfig",
+    "CacheTiers",
+    "HostKind",
+    "OnRandomAugmentation",
+    "default_host_dir",
+    "default_name",
+    "parse_choice",
+]
 
 _SHM = Path("/dev/shm")
+#: Longest fingerprint: it is stored in the segment header (4096 bytes with the entry description).
+MAX_FINGERPRINT = 256
 _E = TypeVar("_E", bound=StrEnum)
 
 
@@ -38,6 +51,15 @@ class OnRandomAugmentation(StrEnum):
     BYPASS = "bypass"
     #: Opt in: cache ``views`` augmented views per sample; epoch ``e`` reads and writes view ``e % views``.
     VIEWS = "views"
+
+
+class HostKind(StrEnum):
+    """What the host tier is made of."""
+
+    #: Segment files in ``/dev/shm``, mapped by every process of the node that uses the same cache name.
+    SHARED = "shared"
+    #: Page-locked (pinned) memory private to the process: no sharing, but asynchronous copies to the GPU.
+    PINNED = "pinned"
 
 
 def default_host_dir() -> Path:
@@ -77,6 +99,10 @@ class CacheConfig:
         on_random_augmentation: ``"error"``, ``"bypass"`` or ``"views"`` (see :class:`OnRandomAugmentation`).
         views: number of per-epoch views kept per sample when ``on_random_augmentation == "views"``.
         leader: whether this process deletes and renames the shared segment files (one process per node).
+        host_kind: ``"shared"`` (files under ``host_dir``) or ``"pinned"`` (private page-locked memory).
+        fingerprint: names the model whose frozen prefix produces the entries (see
+            :func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files carrying another one are
+            deleted unread. ``""``: no fingerprint (files of a reused name are then trusted).
     """
 
     num_samples: int
@@ -91,6 +117,8 @@ class CacheConfig:
     on_random_augmentation: OnRandomAugmentation = OnRandomAugmentation.ERROR
     views: int = 1
     leader: bool = True
+    fingerprint: str = ""
+    host_kind: HostKind = HostKind.SHARED
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -102,6 +130,10 @@ class CacheConfig:
             raise CacheError(f"disk_budget={self.disk_budget} needs a disk_dir; got disk_dir=None")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise CacheError(f"cache name must be a plain file-name prefix, got {self.name!r}")
+        if len(self.fingerprint) > MAX_FINGERPRINT or not self.fingerprint.isprintable():
+            raise CacheError(
+                f"fingerprint must be at most {MAX_FINGERPRINT} printable characters, got {self.fingerprint!r:.80}"
+            )
         if self.views < 1:
             raise CacheError(f"views must be >= 1, got {self.views}")
         object.__setattr__(self, "augmentation", parse_choice(Augmentation, self.augmentation, "augmentation"))
@@ -110,6 +142,7 @@ class CacheConfig:
             "on_random_augmentation",
             parse_choice(OnRandomAugmentation, self.on_random_augmentation, "on_random_augmentation"),
         )
+        object.__setattr__(self, "host_kind", parse_choice(HostKind, self.host_kind, "host_kind"))
         object.__setattr__(self, "device", torch.device(self.device))
         object.__setattr__(self, "host_dir", Path(self.host_dir))
         if self.disk_dir is not None:
@@ -137,3 +170,78 @@ class CacheConfig:
             self.augmentation is Augmentation.RANDOM and self.on_random_augmentation is OnRandomAugmentation.VIEWS
         )
         return self.views if views_on else 1
+
+
+def _check_bytes(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CacheError(f"{name} must be an int >= 0 (bytes), got {value!r}; parse strings with CacheTiers.parse")
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTiers:
+    """The tiers of a training run's cache as plain numbers: what a run configuration holds.
+
+    Build a cache from it with :meth:`ActivationCache.from_tiers
+    <elastic_pipe.cache.ActivationCache.from_tiers>`, which also checks that the directories are writable.
+
+    Attributes:
+        device_bytes: bytes of entries on the compute device (0: no device tier).
+        host_bytes: bytes of host memory (0: no host tier).
+        disk_dir: directory of the disk tier (``""``: none; required when ``disk_bytes > 0``).
+        disk_bytes: bytes of checksummed files under ``disk_dir``.
+        host_kind: ``"shared"`` (``/dev/shm`` files shared by the node's ranks) or ``"pinned"`` (private).
+        host_dir: directory of a shared host tier (``""``: ``/dev/shm``).
+
+    Example:
+        >>> CacheTiers.parse("20GiB", host="64GiB", disk_dir="/scratch/cache", disk="1TB").disk_bytes
+        1000000000000
+    """
+
+    device_bytes: int
+    host_bytes: int = 0
+    disk_dir: str = ""
+    disk_bytes: int = 0
+    host_kind: HostKind = HostKind.SHARED
+    host_dir: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("device_bytes", "host_bytes", "disk_bytes"):
+            _check_bytes(name, getattr(self, name))
+        if self.disk_bytes > 0 and not self.disk_dir:
+            raise CacheError(f"disk_bytes={self.disk_bytes} needs a disk_dir; got disk_dir=''")
+        if self.disk_dir and self.disk_bytes == 0:
+            raise CacheError(f"disk_dir={self.disk_dir!r} is given but disk_bytes is 0; set both or neither")
+        object.__setattr__(self, "host_kind", parse_choice(HostKind, self.host_kind, "host_kind"))
+        if self.host_dir and self.host_kind is HostKind.PINNED:
+            raise CacheError(f"host_dir={self.host_dir!r} is for host_kind='shared'; a pinned host tier has no files")
+
+    @classmethod
+    def parse(
+        cls,
+        device: str | int,
+        *,
+        host: str | int = 0,
+        disk_dir: str = "",
+        disk: str | int = 0,
+        host_kind: str = "shared",
+        host_dir: str = "",
+    ) -> CacheTiers:
+        """Tiers from sizes written as ``"20GiB"``, ``"512MB"`` or plain byte counts (see
+        :func:`~elastic_pipe.cache.sizes.parse_bytes`).
+
+        Raises:
+            CacheError: a malformed size, or tiers that do not validate.
+        """
+        return cls(
+            device_bytes=parse_bytes(device),
+            host_bytes=parse_bytes(host),
+            disk_dir=disk_dir,
+            disk_bytes=parse_bytes(disk),
+            host_kind=parse_choice(HostKind, host_kind, "host_kind"),
+            host_dir=host_dir,
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        """All tiers' budgets together."""
+        return self.device_bytes + self.host_bytes + self.disk_bytes

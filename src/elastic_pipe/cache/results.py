@@ -88,8 +88,10 @@ class CacheStats:
         misses: ids found in no tier (or bypassed).
         stored: entries newly written.
         rejected: ids a put could place in no tier (all budgets full).
-        corrupt: entries that failed verification and were reported as misses.
+        corrupt: entries that failed verification and were reported as misses (then recomputed).
         tiers: per-tier state, device first.
+        corrupt_files: segment files deleted unread because their header (or index region) was damaged.
+        stale_files: segment files deleted unread because they carried another fingerprint.
     """
 
     hits: int
@@ -98,6 +100,8 @@ class CacheStats:
     rejected: int
     corrupt: int
     tiers: tuple[TierStats, ...]
+    corrupt_files: int = 0
+    stale_files: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -113,6 +117,8 @@ class CacheStats:
             "stored": self.stored,
             "rejected": self.rejected,
             "corrupt": self.corrupt,
+            "corrupt_files": self.corrupt_files,
+            "stale_files": self.stale_files,
             "hit_rate": self.hit_rate,
             "tiers": [
                 {"name": t.name, "budget_bytes": t.budget_bytes, "used_bytes": t.used_bytes, "entries": t.entries}

@@ -7,8 +7,9 @@ Two kinds share one interface (:class:`Segment`):
 * :class:`FileSegment`: a memory-mapped file, either in ``/dev/shm`` (host memory shared by the processes of a
   node) or in a directory on disk. Writers take an exclusive ``flock`` on the file and readers a shared one, so a
   reader never sees an index entry whose data is not fully written (``flock`` is a full barrier), and two processes
-  that miss the same sample store it once. Disk segments keep a crc32 per entry and verify it on every read: a
-  corrupted or truncated entry is reported as a miss (and recomputed by the caller), never returned.
+  that miss the same sample store it once. Disk segments keep a crc32 per entry (over the fingerprint, the key
+  and the data) and verify it on every read: a corrupted or truncated entry, or an index value that points at
+  another key's slot, is reported as a miss (and recomputed by the caller), never returned.
 
 Every read is one gather (``index_select``) and every write one scatter (``index_copy_``) per segment, whatever the
 batch size; only the crc32 check walks the batch's rows, in C.
@@ -32,7 +33,14 @@ import numpy as np
 import torch
 
 from elastic_pipe.cache.errors import CacheError
-from elastic_pipe.cache.layout import ABSENT, HEADER_BYTES, SegmentLayout, decode_invalid, encode_invalid
+from elastic_pipe.cache.layout import (
+    ABSENT,
+    HEADER_BYTES,
+    SegmentLayout,
+    decode_invalid,
+    encode_invalid,
+    entry_seed,
+)
 
 __all__ = [
     "CorruptSegmentError",
@@ -41,6 +49,7 @@ __all__ = [
     "ReadResult",
     "Segment",
     "ShapeChangedError",
+    "StaleSegmentError",
     "crc32_rows",
     "index_on",
 ]
@@ -50,6 +59,11 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 class CorruptSegmentError(CacheError):
     """A segment file whose header or index region is unreadable (bad magic, malformed header, truncated)."""
+
+
+class StaleSegmentError(CorruptSegmentError):
+    """A readable segment file whose fingerprint is not the cache's: another model's (or an older prefix's)
+    entries under a reused cache name."""
 
 
 class ShapeChangedError(CacheError):
@@ -97,8 +111,12 @@ class Segment(Protocol):
         """Keys with an entry, in slot order."""
         ...
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
-        """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count."""
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
+        """Replace every entry ``v`` by ``fn(v)`` in place, ``batch_size`` entries at a time; returns the count.
+
+        ``keep``, a bool mask over the key space, limits the transform to its keys: the other entries are
+        invalidated, their slots reserved for a later write of the same key (which reuses the memory).
+        """
         ...
 
     def entries(self) -> int:
@@ -114,31 +132,55 @@ class Segment(Protocol):
         ...
 
 
-def crc32_rows(values: torch.Tensor) -> torch.Tensor:
-    """crc32 of each row's bytes (``values`` on CPU, first dim = rows), as int32 (the same 32 bits)."""
+def crc32_rows(values: torch.Tensor, keys: torch.Tensor | None = None, seed: int = 0) -> torch.Tensor:
+    """crc32 of each row's bytes (``values`` on CPU, first dim = rows), as int32 (the same 32 bits).
+
+    With ``keys`` (one int64 per row), row ``i``'s checksum starts from ``seed`` and covers ``keys[i]``'s eight
+    bytes before the row's: an entry checked against another key fails.
+    """
     rows = values.contiguous().reshape(values.shape[0], -1)
     raw = rows.view(torch.uint8).numpy()
-    sums = np.fromiter((zlib.crc32(row) for row in raw), dtype=np.uint32, count=raw.shape[0])
+    if keys is None:
+        sums = np.fromiter((zlib.crc32(row, seed) for row in raw), dtype=np.uint32, count=raw.shape[0])
+    else:
+        key_bytes = keys.to("cpu", torch.int64).numpy().astype("<i8").tobytes()
+        starts = (zlib.crc32(key_bytes[8 * i : 8 * i + 8], seed) for i in range(raw.shape[0]))
+        pairs = zip(raw, starts, strict=True)
+        sums = np.fromiter((zlib.crc32(row, start) for row, start in pairs), np.uint32, raw.shape[0])
     return torch.from_numpy(sums.view(np.int32))
 
 
-def _assign_slots(current: torch.Tensor, used: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _assign_slots(
+    current: torch.Tensor, used: int, capacity: int, spare: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Pick slots for keys whose index values are ``current``.
 
     Present keys (``>= 0``) keep theirs and are not rewritten; invalidated keys (``<= -2``) get their reserved slot
-    back; absent keys (``-1``) take fresh slots while ``capacity`` lasts (no eviction: each epoch reads every
-    sample once, so replacing one entry by another never raises the hit rate).
+    back; absent keys (``-1``) take the ``spare`` slots (unclaimed slots below ``used``), then fresh ones while
+    ``capacity`` lasts (no eviction: each epoch reads every sample once, so replacing one entry by another never
+    raises the hit rate). A reserved slot outside the slab (a damaged file's index) counts as absent.
 
     Returns:
         (slots per key, -1 where none; mask of keys to write; new ``used`` count).
     """
     slots = torch.full_like(current, ABSENT)
-    reuse = current <= ABSENT - 1
-    slots[reuse] = decode_invalid(current[reuse])
-    fresh = (current == ABSENT).nonzero().flatten()[: max(0, capacity - used)]
-    slots[fresh] = torch.arange(used, used + fresh.numel(), dtype=slots.dtype)
+    reserved = decode_invalid(current)
+    reuse = (current <= ABSENT - 1) & (reserved < capacity)
+    slots[reuse] = reserved[reuse]
+    absent = ((current == ABSENT) | ((current <= ABSENT - 1) & ~reuse)).nonzero().flatten()
+    spare = torch.empty(0, dtype=current.dtype) if spare is None else spare
+    taken = spare[: absent.numel()]
+    fresh = min(absent.numel() - taken.numel(), max(0, capacity - used))
+    free = torch.cat([taken, torch.arange(used, used + fresh, dtype=current.dtype)])
+    slots[absent[: free.numel()]] = free
     write = (current < 0) & (slots >= 0)
-    return slots, write, used + fresh.numel()
+    return slots, write, used + fresh
+
+
+def _claims(index: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The slot each key of a file index holds or has reserved, ``-1`` for none (or a value outside the slab)."""
+    claimed = torch.where(index <= ABSENT - 1, decode_invalid(index), index)
+    return torch.where((claimed >= 0) & (claimed < capacity), claimed, ABSENT)
 
 
 def index_on(index: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -164,10 +206,11 @@ class DeviceSegment:
     """A slab tensor on the compute device with a CPU index; private to one process (methods as in
     :class:`Segment`)."""
 
-    def __init__(self, layout: SegmentLayout, device: torch.device) -> None:
+    def __init__(self, layout: SegmentLayout, device: torch.device, *, pin: bool = False) -> None:
         self.layout = layout
         self.device = device
-        self._data = torch.empty((layout.capacity, *layout.shape), dtype=layout.dtype, device=device)
+        shape = (layout.capacity, *layout.shape)
+        self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
 
@@ -196,8 +239,11 @@ class DeviceSegment:
         keys = (self._index >= 0).nonzero().flatten()
         return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
         keys = self.valid_keys()
+        others = torch.empty(0, dtype=torch.int64)
+        if keep is not None:
+            keys, others = keys[keep[keys]], keys[~keep[keys]]
         slots = self._index[keys]
         for start in range(0, slots.numel(), batch_size):
             chunk = slots[start : start + batch_size].to(self.device)
@@ -205,6 +251,7 @@ class DeviceSegment:
             new = fn(old.to(device))
             _check_same(old, new)
             self._data.index_copy_(0, chunk, new.to(self.device))
+        self._index[others] = encode_invalid(self._index[others])
         return int(slots.numel())
 
     def entries(self) -> int:
@@ -236,14 +283,20 @@ class FileSegment:
         self._fd = fd
         self._size = -1
         self._mm: mmap.mmap | None = None
+        self._seed = entry_seed(layout.fingerprint)
         self._remap()
 
     # ----------------------------------------------------------------------------------------- open / create
     @classmethod
-    def attach(cls, path: Path) -> FileSegment | None:
+    def attach(cls, path: Path, fingerprint: str | None = None) -> FileSegment | None:
         """Open an existing segment file, or return ``None`` if there is none.
 
+        Args:
+            path: the segment file.
+            fingerprint: the fingerprint the file must carry (``None``: any).
+
         Raises:
+            StaleSegmentError: the file carries another fingerprint.
             CorruptSegmentError: the header or index region is unreadable.
         """
         try:
@@ -252,6 +305,15 @@ class FileSegment:
             return None
         try:
             layout = SegmentLayout.parse(os.pread(fd, HEADER_BYTES, 0))
+        except CacheError as exc:
+            os.close(fd)
+            raise CorruptSegmentError(f"{path}: {exc}") from None
+        if fingerprint is not None and layout.fingerprint != fingerprint:
+            os.close(fd)
+            raise StaleSegmentError(
+                f"{path} holds entries of fingerprint {layout.fingerprint!r}, not this cache's {fingerprint!r}"
+            )
+        try:
             return cls(path, fd, layout)
         except CacheError as exc:
             os.close(fd)
@@ -266,9 +328,10 @@ class FileSegment:
 
         Raises:
             CacheError: an existing file has a different entry shape, dtype, key space or checksum setting.
+            StaleSegmentError: an existing file carries another fingerprint.
             CorruptSegmentError: an existing file is unreadable.
         """
-        existing = cls.attach(path)
+        existing = cls.attach(path, layout.fingerprint)
         if existing is None:
             tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -281,7 +344,7 @@ class FileSegment:
                     os.link(tmp, path)
                 except FileExistsError:
                     os.close(fd)
-                    existing = cls.attach(path)
+                    existing = cls.attach(path, layout.fingerprint)
                 else:
                     return cls(path, fd, layout)
             except BaseException:
@@ -368,7 +431,7 @@ class FileSegment:
             values = _gather(self._data, slots[readable], torch.device("cpu") if self.layout.checksum else device)
             good = torch.ones(values.shape[0], dtype=torch.bool)
             if self.layout.checksum and values.shape[0]:
-                good = crc32_rows(values) == self._crc[slots[readable]]
+                good = crc32_rows(values, keys[readable], self._seed) == self._crc[slots[readable]]
         bad = found.clone()
         bad[readable.nonzero().flatten()[good]] = False
         corrupt = int(bad.sum())
@@ -383,7 +446,28 @@ class FileSegment:
         """Mark entries unusable (keep their slots for a rewrite), unless another process rewrote them already."""
         with self._locked(exclusive=True):
             still = self._index[keys] == slots
-            self._index[keys[still]] = encode_invalid(slots[still])
+            self._reserve(keys[still], slots[still])
+
+    def _reserve(self, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Invalidate ``keys`` (under the exclusive lock), each keeping its slot for a rewrite only if no other key
+        claims that slot: an entry that failed verification may have been reached through a damaged index value,
+        and rewriting another key's slot would make the two evict each other forever. Those keys become absent;
+        the slot their entry really had is unclaimed now and :meth:`write` hands it out again."""
+        if keys.numel() == 0:
+            return
+        capacity = self.layout.capacity
+        claims = _claims(self._index, capacity)
+        claims[keys] = ABSENT
+        taken = torch.bincount(claims[claims >= 0], minlength=capacity) > 0
+        inside = (slots >= 0) & (slots < capacity)
+        mine = inside.clone()
+        mine[inside] = ~taken[slots[inside]]
+        _, first = np.unique(slots.numpy(), return_index=True)  # two damaged keys on one slot: the first keeps it
+        unique = torch.zeros_like(mine)
+        unique[torch.from_numpy(first)] = True
+        mine &= unique
+        self._index[keys[mine]] = encode_invalid(slots[mine])
+        self._index[keys[~mine]] = ABSENT
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         with self._locked(exclusive=True):
@@ -391,39 +475,58 @@ class FileSegment:
                 os.ftruncate(self._fd, self.layout.file_bytes)
                 self._remap()
             current = self._index[keys].clone()
-            slots, write, used = _assign_slots(current, int(self._used_view[0]), self.layout.capacity)
+            used, spare = min(max(int(self._used_view[0]), 0), self.layout.capacity), None
+            if self.layout.checksum and bool(((current < 0) & (_claims(current, self.layout.capacity) < 0)).any()):
+                used, spare = self._free_slots(used)  # disk: verified against the index
+            slots, write, used = _assign_slots(current, used, self.layout.capacity, spare)
             if bool(write.any()):
                 target = slots[write]
                 rows = values[write.to(values.device)].to("cpu").contiguous()
                 self._data.index_copy_(0, target, rows)
                 if self.layout.checksum:
-                    self._crc[target] = crc32_rows(rows)
+                    self._crc[target] = crc32_rows(rows, keys[write], self._seed)
                 # the data is written before the index entry that publishes it
                 self._index[keys[write]] = target
                 self._used_view[0] = used
             return (current >= 0) | write, int(write.sum())
+
+    def _free_slots(self, used: int) -> tuple[int, torch.Tensor]:
+        """The slot counter checked against the index, and the unclaimed slots below it (under the lock).
+
+        The counter and the index live in one file that may be damaged: a counter below a claimed slot would hand
+        that slot out again, and an entry whose index value was lost leaves its slot unclaimed for good. One pass
+        over the index settles both; disk segments (the checked ones) pay it on writes of new keys.
+        """
+        capacity = self.layout.capacity
+        claims = _claims(self._index, capacity)
+        used = min(max(used, int(claims.max()) + 1 if claims.numel() else 0), capacity)
+        taken = torch.bincount(claims[claims >= 0], minlength=capacity)[:used] > 0
+        return used, (~taken).nonzero().flatten()
 
     def valid_keys(self) -> torch.Tensor:
         with self._locked(exclusive=False):
             keys = (self._index >= 0).nonzero().flatten()
             return keys[torch.argsort(self._index[keys])]
 
-    def transform(self, fn: Transform, batch_size: int, device: torch.device) -> int:
+    def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
         done = 0
         with self._locked(exclusive=True):
             keys = (self._index >= 0).nonzero().flatten()
             keys = keys[torch.argsort(self._index[keys])]
+            others = torch.empty(0, dtype=torch.int64)
+            if keep is not None:
+                keys, others = keys[keep[keys]], keys[~keep[keys]]
             slots = self._index[keys].clone()
             lost = slots >= self._data.shape[0]  # past the end of a truncated file
-            self._index[keys[lost]] = encode_invalid(slots[lost])
+            self._reserve(keys[lost], slots[lost])
             keys, slots = keys[~lost], slots[~lost]
             for start in range(0, slots.numel(), batch_size):
                 chunk, chunk_keys = slots[start : start + batch_size], keys[start : start + batch_size]
                 old = self._data.index_select(0, chunk)
                 if self.layout.checksum:
-                    good = crc32_rows(old) == self._crc[chunk]
-                    self._index[chunk_keys[~good]] = encode_invalid(chunk[~good])
-                    chunk, old = chunk[good], old[good]
+                    good = crc32_rows(old, chunk_keys, self._seed) == self._crc[chunk]
+                    self._reserve(chunk_keys[~good], chunk[~good])
+                    chunk, chunk_keys, old = chunk[good], chunk_keys[good], old[good]
                     if chunk.numel() == 0:
                         continue
                 new = fn(old.to(device))
@@ -431,8 +534,9 @@ class FileSegment:
                 rows = new.to("cpu").contiguous()
                 self._data.index_copy_(0, chunk, rows)
                 if self.layout.checksum:
-                    self._crc[chunk] = crc32_rows(rows)
+                    self._crc[chunk] = crc32_rows(rows, chunk_keys, self._seed)
                 done += int(chunk.numel())
+            self._index[others] = encode_invalid(self._index[others])
         return done
 
     def entries(self) -> int:

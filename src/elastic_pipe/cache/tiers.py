@@ -1,6 +1,7 @@
 """Tiers: a byte budget and the segments (one per frozen boundary) that live within it.
 
-* :class:`DeviceTier`: tensors on the compute device, private to the process;
+* :class:`DeviceTier`: tensors on the compute device, private to the process (also the pinned host tier:
+  page-locked CPU tensors);
 * :class:`FileTier`: segment files in one directory. In ``/dev/shm`` it is the host tier, shared by every process of
   the node that uses the same cache name; in a disk directory (with checksums) it is the disk tier.
 
@@ -11,24 +12,45 @@ key). For a file tier the remaining budget counts every segment file of the cach
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import TypeAlias
 
 import torch
 
+from elastic_pipe.cache.errors import CacheDirError
 from elastic_pipe.cache.layout import SegmentLayout
-from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment
+from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
-__all__ = ["DeviceTier", "FileTier", "Tier"]
+__all__ = ["DeviceTier", "FileTier", "Tier", "check_writable"]
+
+
+def check_writable(tier: str, directory: Path) -> None:
+    """Create ``directory`` if needed and write (then delete) a probe file in it.
+
+    Raises:
+        CacheDirError: the directory cannot be created or written (names the tier and the path).
+    """
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".elastic_pipe-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise CacheDirError(tier, str(directory), exc.strerror or str(exc)) from None
 
 
 class DeviceTier:
-    """Segments as tensors on ``device``, within ``budget`` bytes of entry data."""
+    """Segments as tensors on ``device``, within ``budget`` bytes of entry data; with ``pin``, page-locked CPU
+    tensors (the pinned host tier)."""
 
-    def __init__(self, budget: int, device: torch.device, num_keys: int) -> None:
-        self.name = "device"
+    def __init__(
+        self, budget: int, device: torch.device, num_keys: int, *, name: str = "device", pin: bool = False
+    ) -> None:
+        self.name = name
         self.budget = budget
         self.device = device
+        self.pin = pin
         self.num_keys = num_keys
         self._segments: dict[int, DeviceSegment] = {}
 
@@ -42,7 +64,7 @@ class DeviceTier:
         capacity = min(self.num_keys, max(0, self.budget - self.used_bytes()) // entry)
         if capacity == 0:
             return None
-        segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device)
+        segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device, pin=self.pin)
         self._segments[boundary] = segment
         return segment
 
@@ -79,7 +101,9 @@ class FileTier:
     """Segment files ``<directory>/<prefix>.b<boundary>.slab`` within ``budget`` bytes of files.
 
     Every process of the node opens the same files. Only the ``leader`` deletes or renames them (on
-    :meth:`drop` and :meth:`rename`); the others just let go of their handles.
+    :meth:`drop` and :meth:`rename`); the others just let go of their handles. Every file carries the cache's
+    ``fingerprint``; one that carries another (a stale or foreign cache under the same name) or whose header fails
+    its checksum is deleted, counted, and its entries recomputed: it is never read.
     """
 
     def __init__(
@@ -92,6 +116,7 @@ class FileTier:
         *,
         checksum: bool,
         leader: bool,
+        fingerprint: str = "",
     ) -> None:
         self.name = name
         self.directory = directory
@@ -100,7 +125,11 @@ class FileTier:
         self.num_keys = num_keys
         self.checksum = checksum
         self.leader = leader
+        self.fingerprint = fingerprint
+        #: Files deleted because their header or index region was unreadable.
         self.corrupt_segments = 0
+        #: Files deleted because they carried another fingerprint.
+        self.stale_segments = 0
         self._open: dict[int, FileSegment] = {}
 
     def path(self, boundary: int) -> Path:
@@ -124,10 +153,9 @@ class FileTier:
             del self._open[boundary]
         path = self.path(boundary)
         try:
-            handle = FileSegment.attach(path)
-        except CorruptSegmentError:
-            self.corrupt_segments += 1
-            path.unlink(missing_ok=True)
+            handle = FileSegment.attach(path, self.fingerprint)
+        except CorruptSegmentError as exc:
+            self._discard(path, exc)
             return None
         if handle is not None:
             self._open[boundary] = handle
@@ -136,18 +164,26 @@ class FileTier:
     def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
         """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files."""
         others = self.used_bytes(excluding=self.path(boundary))
-        layout = SegmentLayout.fitting(self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum)
+        layout = SegmentLayout.fitting(
+            self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum, fingerprint=self.fingerprint
+        )
         if layout.capacity == 0:
             return None
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             handle = FileSegment.create_or_attach(self.path(boundary), layout)
-        except CorruptSegmentError:
-            self.corrupt_segments += 1
-            self.path(boundary).unlink(missing_ok=True)
+        except CorruptSegmentError as exc:
+            self._discard(self.path(boundary), exc)
             handle = FileSegment.create_or_attach(self.path(boundary), layout)
         self._open[boundary] = handle
         return handle
+
+    def _discard(self, path: Path, exc: CorruptSegmentError) -> None:
+        if isinstance(exc, StaleSegmentError):
+            self.stale_segments += 1
+        else:
+            self.corrupt_segments += 1
+        path.unlink(missing_ok=True)
 
     def drop(self, boundary: int) -> int:
         """Let go of ``boundary``'s file; the leader also deletes it. Returns the bytes freed (leader) or 0."""

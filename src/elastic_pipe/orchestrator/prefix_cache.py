@@ -69,8 +69,8 @@ def prepare_cache(
         device: where the inputs go.
         run: runs a range of sub-layers.
         peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
-            split the carrying and filling between them and all-gather the results; the old and the new
-            boundary are both held until the pass ends. ``None``: this rank does it all alone.
+            split the carrying and filling between them and all-gather the results; the new boundary takes over
+            the old one's memory. ``None``: this rank does it all alone.
         example: the prefix's output at ``frozen`` for one sample, if the caller has it (the shared fill needs
             the entry's shape and dtype, and otherwise runs the whole prefix once to learn them).
 
@@ -145,10 +145,13 @@ def fill_shared(
 ) -> None:
     """Cache the prefix output at ``frozen`` for the whole training split, the work split between ``peers``.
 
-    The split's chunks are dealt round-robin: in each round every peer computes one chunk (from its entries
-    at ``old_frozen`` where it holds them, running only sub-layers ``old_frozen:frozen``; from the inputs
-    otherwise), then one all-gather gives every peer all of the round's rows. ``old_frozen``'s entries are
-    dropped at the end. ``example``, the output at ``frozen`` for one sample, gives the entries' shape and dtype
+    The split's chunks are dealt round-robin: in each round every peer computes one chunk, then one all-gather
+    gives every peer all of the round's rows. Before the rounds, each peer carries its own chunks' entries at
+    ``old_frozen`` to ``frozen`` in place (running only sub-layers ``old_frozen:frozen``,
+    :meth:`~elastic_pipe.cache.ActivationCache.extend` with ``only``); the other entries' slots stay reserved for
+    the rows the all-gather brings, so the new boundary reuses the old one's memory instead of fitting into
+    what the old one leaves of the budget. Samples not cached at ``old_frozen`` run the whole prefix from their
+    inputs. ``example``, the output at ``frozen`` for one sample, gives the entries' shape and dtype
     (``None``: the prefix runs on one sample to learn them). ``overlap``: each round's all-gather runs while the
     next round computes (``False``: one after the other). A collective: every peer calls it with the same
     arguments.
@@ -160,7 +163,14 @@ def fill_shared(
         return
     starts = list(range(0, n, chunk))
     probe = example if example is not None else run(data.inputs[:1].to(device), 0, frozen)  # shape and dtype
-    carried = old_frozen if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries() else 0
+    if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries():
+        mine_ids = torch.cat(
+            [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
+        )
+        # extend is node-wide for node-shared tiers: every peer lets go of the old files before the leader renames
+        dist.barrier(group=peers.group)
+        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=mine_ids)
+        dist.barrier(group=peers.group)
     rejected = cache.stats.rejected
     shape = (chunk, *probe.shape[1:])
     # Two sets of buffers, used in turn: round r's all-gather runs while round r+1 computes, and is waited for
@@ -180,13 +190,7 @@ def fill_shared(
         if first + peers.index < len(starts):
             lo = starts[first + peers.index]
             rows = _prefix_rows(
-                cache,
-                ids_all[lo : lo + chunk],
-                data.inputs[lo : lo + chunk],
-                carried=carried,
-                frozen=frozen,
-                run=run,
-                device=device,
+                cache, ids_all[lo : lo + chunk], data.inputs[lo : lo + chunk], frozen=frozen, run=run, device=device
             )
             mine[buf][: rows.shape[0]] = rows
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
@@ -200,8 +204,6 @@ def fill_shared(
             in_flight = None
     if in_flight is not None:
         store(in_flight)
-    if carried:
-        cache.drop(carried)
     if cache.stats.rejected > rejected:
         log.warning(
             "activation cache full: %d of %d samples not cached at boundary %d; raise cache_mb to cache them all",
@@ -216,28 +218,20 @@ def _prefix_rows(
     ids: torch.Tensor,
     inputs: torch.Tensor,
     *,
-    carried: int,
     frozen: int,
     run: RunSublayers,
     device: torch.device,
 ) -> torch.Tensor:
-    """Prefix outputs at ``frozen`` for one chunk: from the entries at ``carried`` where present, else from inputs."""
-    if not carried:
-        return run(inputs.to(device), 0, frozen)
+    """Prefix outputs at ``frozen`` for one chunk: the cached entries where present (carried there by ``extend``),
+    the whole prefix on the inputs for the rest."""
     with cache.uncounted():
-        lookup = cache.get(ids, carried)
+        lookup = cache.get(ids, frozen)
+    if lookup.num_hits == ids.shape[0]:  # the usual case after a carry: no compute, no scatter
+        return lookup.values
+    computed = run(inputs[(~lookup.hit).to(inputs.device)].to(device), 0, frozen)
     if lookup.num_hits == 0:
-        return run(inputs.to(device), 0, frozen)
-    if lookup.num_hits == ids.shape[0]:  # the usual case: no scatter (and no mask on the device)
-        return run(lookup.values, carried, frozen)
-    miss = ~lookup.hit
-    computed = run(inputs[miss.to(inputs.device)].to(device), 0, frozen) if bool(miss.any()) else None
-    moved = run(lookup.values, carried, frozen)
-    out = torch.empty((ids.shape[0], *moved.shape[1:]), dtype=moved.dtype, device=moved.device)
-    out[lookup.hit.to(out.device)] = moved
-    if computed is not None:
-        out[miss.to(out.device)] = computed.to(out.dtype)
-    return out
+        return computed
+    return lookup.merge(computed.to(lookup.values.dtype))
 
 
 def fill_cache(
