@@ -5,10 +5,14 @@ it has shown (gradients grow while a layer starts learning and shrink as it conv
 FreezePolicy members works; no base class is needed.
 
 Run:  python examples/custom_freeze_policy.py
+      python examples/custom_freeze_policy.py --policy converged --epochs 20 \
+          --options '{"threshold": 0.25, "patience": 2, "tolerance": null}'    (a built-in on the same model)
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 from typing import Any
 
 import torch
@@ -50,13 +54,18 @@ class PlateauFreeze:
 
 
 # --- plugging it in -------------------------------------------------------------------------------------------------
-NUM_LAYERS, WIDTH, EPOCHS, STEPS_PER_EPOCH = 6, 16, 12, 25
+NUM_LAYERS, WIDTH, STEPS_PER_EPOCH = 6, 16, 25
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policy", default="plateau", help="a registered policy name (default: the one above)")
+    parser.add_argument("--options", default="{}", help="the policy's keyword options as a JSON object")
+    parser.add_argument("--epochs", type=int, default=12)
+    args = parser.parse_args()
     torch.manual_seed(0)
     register_policy("plateau", PlateauFreeze, replace=True)
-    policy = make_policy("plateau", NUM_LAYERS, ratio=0.5)
+    policy = make_policy(args.policy, NUM_LAYERS, **json.loads(args.options))
     layers = nn.ModuleList(nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh()) for _ in range(NUM_LAYERS))
     head = nn.Linear(WIDTH, 1)
     optimizer = torch.optim.AdamW([*layers.parameters(), *head.parameters()], lr=3e-3)
@@ -66,7 +75,7 @@ def main() -> None:
     x_eval = torch.randn(256, WIDTH)  # held out: drawn after the training data, so that stays the same
     y_eval = (x_eval[:, :4].sum(dim=1, keepdim=True) > 0).float()
     frozen = 0
-    for epoch in range(EPOCHS):
+    for epoch in range(args.epochs):
         new = decide(policy, epoch, epoch * STEPS_PER_EPOCH, frozen)
         removed = freeze_modules(list(layers[frozen:new]), optimizer)
         frozen = new

@@ -4,7 +4,7 @@ and apply a decision to a model and its optimizer without disturbing the state o
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 
 * :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
-  :class:`PaperRule`, :class:`AutoFreeze`, :class:`FreezeOut`, :class:`ManualSchedule`,
+  :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`FreezeOut`, :class:`ManualSchedule`,
   :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from elastic_pipe.freeze.alpha import AlphaSchedule, alpha_frozen
 from elastic_pipe.freeze.apply import freeze_modules
 from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
+from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
@@ -31,6 +32,7 @@ __all__ = [
     "POLICIES",
     "AlphaSchedule",
     "AutoFreeze",
+    "Converged",
     "FreezeError",
     "FreezeOut",
     "FreezePolicy",

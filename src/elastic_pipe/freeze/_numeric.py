@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["SLACK", "ceil_tolerant", "percentile", "reached"]
+__all__ = ["SLACK", "ceil_tolerant", "floor_tolerant", "percentile", "reached"]
 
 #: Absolute tolerance for "is this float an integer / has this time been reached". Float noise in the formulas is
 #: ~1e-15 relative; 1e-9 leaves six orders of magnitude of headroom for layer counts up to ~1e5.
@@ -22,6 +22,11 @@ SLACK = 1e-9
 def ceil_tolerant(x: float) -> int:
     """``ceil(x)``, except that values within :data:`SLACK` above an integer round to that integer."""
     return math.ceil(x - SLACK)
+
+
+def floor_tolerant(x: float) -> int:
+    """``floor(x)``, except that values within :data:`SLACK` below an integer round to that integer."""
+    return math.floor(x + SLACK)
 
 
 def reached(now: float, deadline: float) -> bool:

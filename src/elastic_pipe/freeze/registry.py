@@ -8,6 +8,7 @@ from typing import Any, TypeAlias
 
 from elastic_pipe.freeze.alpha import AlphaSchedule
 from elastic_pipe.freeze.autofreeze import AutoFreeze
+from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
@@ -24,6 +25,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "alpha": AlphaSchedule,
     "paper": PaperRule,
     "autofreeze": AutoFreeze,
+    "converged": Converged,
     "freezeout": FreezeOut,
     "manual": ManualSchedule,
     "never": Never,
