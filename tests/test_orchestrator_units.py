@@ -26,8 +26,8 @@ from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
 from elastic_pipe.orchestrator.step_loop import _timed_step
-from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
+from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
 
@@ -174,13 +174,24 @@ def test_initial_layout_and_halving() -> None:
     assert layout == Layout(0, 4, 1, (0, 2, 4, 6, 8), 4)
     assert budget == 8.0
     # freeze 2 units (5 sub-layers): 1 block + head = 9 > 8 on one stage, 4 + 5 fit on two
-    two = next_layout(layout, 5, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4)
+    two = next_layout(
+        layout, 5, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4
+    )
     assert (two.pipe_len, two.replicas, two.boundaries) == (2, 2, (5, 6, 8))
-    one = next_layout(two, 7, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4)
+    one = next_layout(
+        two, 7, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=4
+    )
     assert (one.pipe_len, one.replicas, one.boundaries) == (1, 4, (7, 8))
-    fixed = next_layout(layout, 3, COSTS, compression=COMPRESSION_RULES["none"], solver="optimal", budget=budget, world_size=4)
+    fixed = next_layout(
+        layout, 3, COSTS, compression=COMPRESSION_RULES["none"], solver="optimal", budget=budget, world_size=4
+    )
     assert (fixed.pipe_len, fixed.replicas, fixed.boundaries) == (4, 1, (3, 4, 5, 6, 8))
-    assert next_layout(layout, 0, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=8.0, world_size=4) is layout
+    assert (
+        next_layout(
+            layout, 0, COSTS, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=8.0, world_size=4
+        )
+        is layout
+    )
 
 
 def test_max_frozen_units() -> None:

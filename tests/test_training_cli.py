@@ -9,6 +9,7 @@ import pytest
 
 from elastic_pipe.cli import main
 from elastic_pipe.cli.demo import render, summarize
+from elastic_pipe.orchestrator.checkpoint import FORMAT
 
 GOOD = """
 [model]
@@ -67,7 +68,7 @@ def test_missing_config_and_foreign_checkpoint(tmp_path: Path, capsys: pytest.Ca
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "latest.json").write_text(
-        json.dumps({"format": 1, "file": "epoch-0001.pt", "fingerprint": {"names": ["w"], "shapes": [[1]]}})
+        json.dumps({"format": FORMAT, "file": "epoch-0001.pt", "fingerprint": {"names": ["w"], "shapes": [[1]]}})
     )
     err = _fails(["train", "--config", _write(tmp_path), "--checkpoint-dir", str(ckpt)], capsys)
     assert "checkpoint is from another model" in err

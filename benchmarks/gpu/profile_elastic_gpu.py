@@ -111,7 +111,7 @@ def main() -> int:
         # ElasticTrainer.fit, one region per epoch (its evaluation included) and per transition
         while trainer.state.epoch < epochs:
             e = trainer.state.epoch
-            region(f"epoch{e}", e in epochs_p, lambda: trainer._train_epoch(None))
+            region(f"epoch{e}", e in epochs_p, trainer.train_epoch)
             if trainer.state.epoch < epochs:
                 region(f"transition{trainer.state.epoch}", trainer.state.epoch in trans_p, trainer.transition)
     if dist.get_rank() == 0:

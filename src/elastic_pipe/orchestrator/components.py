@@ -161,10 +161,10 @@ def make_policy(config: TrainConfig, num_units: int) -> freeze.FreezePolicy:
     factory = resolve(spec, freeze.POLICIES, "freeze policy")
     try:
         if spec in freeze.POLICIES:
-            return freeze.make_policy(spec, num_units, **config.freeze.options)
-        policy = factory(num_units, **config.freeze.options)
+            return freeze.make_policy(spec, num_units, **config.freeze.policy_options)
+        policy = factory(num_units, **config.freeze.policy_options)
     except (ElasticPipeError, TypeError) as exc:
-        raise ConfigError(f"freeze policy {spec!r} with options {dict(config.freeze.options)}: {exc}") from None
+        raise ConfigError(f"freeze policy {spec!r} with options {dict(config.freeze.policy_options)}: {exc}") from None
     if not isinstance(policy, freeze.FreezePolicy):
         raise ConfigError(f"freeze policy {spec!r} built {policy!r}, which lacks the FreezePolicy members")
     return policy

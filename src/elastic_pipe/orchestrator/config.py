@@ -222,10 +222,14 @@ class FreezeSection:
         _string("freeze.policy", self.policy)
         if not self.policy:
             raise ConfigError("freeze.policy must name a policy (e.g. 'alpha') or 'module:attr'")
-        options = _table("freeze.options", self.options)
-        if self.policy == "alpha" and not options:
-            options = {"alpha": DEFAULT_ALPHA}
-        object.__setattr__(self, "options", options)
+        object.__setattr__(self, "options", _table("freeze.options", self.options))
+
+    @property
+    def policy_options(self) -> dict[str, Any]:
+        """The options the policy is built with: ``options``, or for ``alpha`` without any, the published 1/3."""
+        if self.policy == "alpha" and not self.options:
+            return {"alpha": DEFAULT_ALPHA}
+        return dict(self.options)
 
 
 @dataclass(frozen=True)

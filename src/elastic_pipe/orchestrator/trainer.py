@@ -288,7 +288,7 @@ class ElasticTrainer:
                 checkpointer.maybe_save_step(self, done)
 
         while self.state.epoch < c.train.epochs:
-            self._train_epoch(on_step)
+            self.train_epoch(on_step)
             if self.state.epoch < c.train.epochs:
                 self.transition()
             if checkpointer is not None:
@@ -298,7 +298,8 @@ class ElasticTrainer:
         self.result.seconds = time.perf_counter() - t0
         return self.result
 
-    def _train_epoch(self, on_step: StepHook | None) -> None:
+    def train_epoch(self, on_step: StepHook | None = None) -> None:
+        """Run the current epoch (the rest of it, after a mid-epoch resume) and evaluate (a collective)."""
         ctx, c = self.ctx, self.config
         first = self.sampler.consumed // c.train.global_batch
         state, losses, phases, seconds = run_epoch(
