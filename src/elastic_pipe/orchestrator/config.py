@@ -37,7 +37,6 @@ Structural checks (positive counts, divisibility, known enum values) happen here
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +44,26 @@ from pathlib import Path
 from typing import Any
 
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.sections import (
+    AUTOCAST,
+    BACKENDS,
+    CACHE_MODES,
+    COMPRESSIONS,
+    COST_METRICS,
+    DEFAULT_ALPHA,
+    DTYPES,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    SECTIONS,
+    CheckpointSection,
+    DataSection,
+    FreezeSection,
+    LaunchSection,
+    LogSection,
+    ModelSection,
+    PipelineSection,
+    TrainSection,
+)
 
 __all__ = [
     "AUTOCAST",
@@ -68,309 +87,6 @@ __all__ = [
     "config_from_tables",
     "load_config",
 ]
-
-OPTIMIZERS = ("sgd", "adamw")
-LR_SCHEDULES = ("constant", "cosine")
-DTYPES = ("float32", "float64")
-AUTOCAST = ("none", "bf16")
-COMPRESSIONS = ("halving", "memory", "none")
-COST_METRICS = ("params", "time")
-CACHE_MODES = ("auto", "on", "off")
-BACKENDS = ("auto", "gloo", "nccl")
-#: The alpha policy's default: 1/3, the published trade-off (2.83x at 90.78% on CIFAR-100).
-DEFAULT_ALPHA = 1 / 3
-
-
-def _positive_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _nonnegative_int(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def _positive_float(name: str, value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _nonnegative_float(name: str, value: object) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise ConfigError(f"{name} must be a finite number >= 0, got {value!r}")
-
-
-def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _string(name: str, value: object) -> None:
-    if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
-
-
-def _table(name: str, value: object) -> dict[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{name} must be a table of options, got {value!r}")
-    return dict(value)
-
-
-@dataclass(frozen=True)
-class ModelSection:
-    """``[model]``: what is trained.
-
-    Attributes:
-        name: a builder of :mod:`elastic_pipe.models` ("vit", "bert", "gpt", ...) or an import path
-            ``"module:attr"`` of a function returning a :class:`~elastic_pipe.models.SubLayerModel`.
-        options: keyword arguments for the builder (``preset`` is the built-ins' first positional argument).
-    """
-
-    name: str = ""
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _string("model.name", self.name)
-        if not self.name:
-            raise ConfigError("[model] name must name a model builder (e.g. 'vit') or 'module:function'")
-        object.__setattr__(self, "options", _table("model.options", self.options))
-
-
-@dataclass(frozen=True)
-class DataSection:
-    """``[data]``: what it is trained on.
-
-    Attributes:
-        dataset: "digits", "mnist5k", or an import path ``"module:attr"`` of a function (called with
-            ``options``) returning the samples: an object with ``inputs``, ``labels`` and ``sample_ids`` tensors,
-            or a map-style dataset of ``(input, label)`` pairs.
-        options: keyword arguments for an imported dataset function.
-        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
-    """
-
-    dataset: str = "digits"
-    options: Mapping[str, Any] = field(default_factory=dict)
-    eval_fraction: float = 0.2
-
-    def __post_init__(self) -> None:
-        _string("data.dataset", self.dataset)
-        object.__setattr__(self, "options", _table("data.options", self.options))
-        if not isinstance(self.eval_fraction, int | float) or not 0.0 < self.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
-
-
-@dataclass(frozen=True)
-class TrainSection:
-    """``[train]``: the optimisation.
-
-    Attributes:
-        epochs: number of epochs.
-        global_batch: samples per optimizer step over all replicas; each replica gets ``global_batch / replicas``,
-            so the batch and the learning-rate schedule do not change when the replica count does.
-        lr: peak learning rate.
-        optimizer: "sgd" (with ``momentum``) or "adamw" (the trainer also takes any optimizer factory object).
-        momentum: SGD momentum.
-        weight_decay: decoupled (AdamW) or L2 (SGD) weight decay.
-        lr_schedule: "constant" or "cosine" (over all steps of the run, after ``warmup_steps`` of linear warm-up).
-        warmup_steps: linear warm-up steps.
-        seed: seeds the model initialisation, the data split and the sampler.
-        dtype: parameter dtype, "float32" or "float64" (the equivalence tests use float64).
-        autocast: "none" or "bf16" (autocast on the device for the forward passes).
-    """
-
-    epochs: int = 6
-    global_batch: int = 64
-    lr: float = 0.05
-    optimizer: str = "sgd"
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    seed: int = 0
-    dtype: str = "float32"
-    autocast: str = "none"
-
-    def __post_init__(self) -> None:
-        _positive_int("train.epochs", self.epochs)
-        _positive_int("train.global_batch", self.global_batch)
-        _nonnegative_int("train.warmup_steps", self.warmup_steps)
-        _nonnegative_int("train.seed", self.seed)
-        _positive_float("train.lr", self.lr)
-        _nonnegative_float("train.momentum", self.momentum)
-        _nonnegative_float("train.weight_decay", self.weight_decay)
-        _one_of("train.optimizer", self.optimizer, OPTIMIZERS)
-        _one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _one_of("train.dtype", self.dtype, DTYPES)
-        _one_of("train.autocast", self.autocast, AUTOCAST)
-
-
-@dataclass(frozen=True)
-class FreezeSection:
-    """``[freeze]``: the freeze policy.
-
-    Attributes:
-        policy: a name of :data:`elastic_pipe.freeze.POLICIES` or an import path ``"module:attr"`` of a policy
-            factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory).
-        options: keyword arguments for the policy (the alpha policy defaults to ``alpha = 1/3``).
-    """
-
-    policy: str = "alpha"
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _string("freeze.policy", self.policy)
-        if not self.policy:
-            raise ConfigError("freeze.policy must name a policy (e.g. 'alpha') or 'module:attr'")
-        object.__setattr__(self, "options", _table("freeze.options", self.options))
-
-    @property
-    def policy_options(self) -> dict[str, Any]:
-        """The options the policy is built with: ``options``, or for ``alpha`` without any, the published 1/3."""
-        if self.policy == "alpha" and not self.options:
-            return {"alpha": DEFAULT_ALPHA}
-        return dict(self.options)
-
-
-@dataclass(frozen=True)
-class PipelineSection:
-    """``[pipeline]``: the initial layout and how it changes.
-
-    Attributes:
-        pipe_len: initial pipeline length K; must divide the world size.
-        solver: partition solver name in :data:`elastic_pipe.partition.SOLVERS`, or ``"module:attr"``.
-        cost: per-sub-layer cost the partition balances: "params" (the published proxy) or "time" (profiled).
-        compression: "halving" (the published rule), "memory", "none" (freeze only; length and replicas fixed), or
-            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule` object.
-        schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
-        microbatches: micro-batches per step and replica while the pipeline has more than one stage.
-        microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
-            (the published system profiled one M per K). A length not listed uses ``microbatches``, except
-            length 1, which uses 1: a one-stage pipeline has no bubble to fill, so more micro-batches only add
-            host overhead per step (list ``1`` here to accumulate gradients over several micro-batches anyway).
-        cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
-        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
-    """
-
-    pipe_len: int = 1
-    solver: str = "greedy"
-    cost: str = "params"
-    compression: str = "halving"
-    schedule: str = "gpipe"
-    microbatches: int = 4
-    microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
-    cache: str = "auto"
-    cache_mb: int = 256
-
-    def __post_init__(self) -> None:
-        for name in ("pipe_len", "microbatches", "cache_mb"):
-            _positive_int(f"pipeline.{name}", getattr(self, name))
-        for name in ("solver", "schedule"):
-            _string(f"pipeline.{name}", getattr(self, name))
-        _one_of("pipeline.cost", self.cost, COST_METRICS)
-        if ":" not in self.compression:
-            _one_of("pipeline.compression", self.compression, COMPRESSIONS)
-        _one_of("pipeline.cache", self.cache, CACHE_MODES)
-        table: dict[int, int] = {}
-        for key, value in _table("pipeline.microbatches_by_pipe_len", self.microbatches_by_pipe_len).items():
-            try:
-                length = int(key)  # TOML and JSON keys are strings
-            except (TypeError, ValueError):
-                raise ConfigError(f"microbatches_by_pipe_len keys must be pipeline lengths, got {key!r}") from None
-            _positive_int(f"microbatches_by_pipe_len[{length}]", value)
-            table[length] = value
-        object.__setattr__(self, "microbatches_by_pipe_len", table)
-
-
-@dataclass(frozen=True)
-class LaunchSection:
-    """``[launch]``: the processes.
-
-    Attributes:
-        nproc_per_node: processes (devices) per node.
-        nnodes: number of nodes.
-        backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
-        timeout: seconds every collective may take before the job fails instead of hanging.
-        max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
-        rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
-    """
-
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    backend: str = "auto"
-    timeout: float = 120.0
-    max_restarts: int = 0
-    rdzv_endpoint: str = ""
-
-    def __post_init__(self) -> None:
-        _positive_int("launch.nproc_per_node", self.nproc_per_node)
-        _positive_int("launch.nnodes", self.nnodes)
-        _nonnegative_int("launch.max_restarts", self.max_restarts)
-        _one_of("launch.backend", self.backend, BACKENDS)
-        _positive_float("launch.timeout", self.timeout)
-        _string("launch.rdzv_endpoint", self.rdzv_endpoint)
-
-
-@dataclass(frozen=True)
-class CheckpointSection:
-    """``[checkpoint]``: saving and resuming.
-
-    Attributes:
-        dir: directory for checkpoints ("" disables checkpoints).
-        every: save a checkpoint every this many epochs.
-        steps: also save one every this many steps inside an epoch (0: only at epoch ends).
-        resume: "auto" (resume from ``dir`` when it holds a checkpoint) or "never".
-    """
-
-    dir: str = ""
-    every: int = 1
-    steps: int = 0
-    resume: str = "auto"
-
-    def __post_init__(self) -> None:
-        _string("checkpoint.dir", self.dir)
-        _positive_int("checkpoint.every", self.every)
-        _nonnegative_int("checkpoint.steps", self.steps)
-        _one_of("checkpoint.resume", self.resume, ("auto", "never"))
-
-
-@dataclass(frozen=True)
-class LogSection:
-    """``[log]``: what the run reports.
-
-    Attributes:
-        dir: directory for ``events.jsonl`` ("" disables the file).
-        progress: draw a progress bar per epoch on stderr.
-        timing_interval: on a GPU, every this many steps (the ``interval``-th, ``2 * interval``-th, ...; the last
-            one when an epoch is shorter; never an epoch's first, which carries a new layout's warm-up) one
-            synchronises the device at each phase edge to split its time into phases (data, forward, backward,
-            gradient sync, optimizer); the other steps run without a host-device synchronisation, so that the
-            host queues work ahead of the GPU. 1 times every step (exact breakdowns, slower steps). On a CPU
-            every step is timed (there is nothing to synchronise).
-    """
-
-    dir: str = ""
-    progress: bool = True
-    timing_interval: int = 10
-
-    def __post_init__(self) -> None:
-        _string("log.dir", self.dir)
-        if not isinstance(self.progress, bool):
-            raise ConfigError(f"log.progress must be true or false, got {self.progress!r}")
-        _positive_int("log.timing_interval", self.timing_interval)
-
-
-#: TOML table name -> its section class, in the file's order.
-SECTIONS: dict[str, type] = {
-    "model": ModelSection,
-    "data": DataSection,
-    "train": TrainSection,
-    "freeze": FreezeSection,
-    "pipeline": PipelineSection,
-    "launch": LaunchSection,
-    "checkpoint": CheckpointSection,
-    "log": LogSection,
-}
 
 
 @dataclass(frozen=True)

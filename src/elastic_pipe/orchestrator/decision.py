@@ -10,13 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.protocol import TransitionMessage, decode, encode
+from elastic_pipe.protocol import AbortMessage, TransitionMessage, decode_any, encode
 from elastic_pipe.types import ElasticPipeError, Layout
 
-__all__ = ["ERROR_PREFIX", "announce", "layout_from_message", "message_for"]
-
-#: Marks a control-group payload that carries rank 0's error instead of a message.
-ERROR_PREFIX = b"ELASTIC_PIPE_ERROR "
+__all__ = ["announce", "layout_from_message", "message_for"]
 
 
 def message_for(
@@ -52,8 +49,8 @@ def announce(
 ) -> TransitionMessage:
     """Rank 0 runs ``make`` and broadcasts the encoded message; every rank returns the decoded message.
 
-    If rank 0's decision fails, the error travels instead of a message, so every rank stops with the same
-    one-line reason at once rather than waiting in a broadcast until the timeout.
+    If rank 0's decision fails, an :class:`~elastic_pipe.protocol.AbortMessage` travels instead, so every rank
+    stops with the same one-line reason at once rather than waiting in a broadcast until the timeout.
 
     Args:
         make: builds the message (called on rank 0 only).
@@ -68,8 +65,10 @@ def announce(
         try:
             payload = encode(make())
         except ElasticPipeError as exc:
-            payload = ERROR_PREFIX + " ".join(str(exc).split()).encode()
-    data = broadcast_bytes(payload, 0)
-    if data.startswith(ERROR_PREFIX):
-        raise OrchestratorError(f"rank 0 could not decide: {data[len(ERROR_PREFIX) :].decode()}")
-    return decode(data)
+            payload = encode(AbortMessage.from_text(rank, str(exc)))
+    message = decode_any(broadcast_bytes(payload, 0))
+    if isinstance(message, AbortMessage):
+        raise OrchestratorError(f"rank {message.rank} could not decide: {message.reason}")
+    if not isinstance(message, TransitionMessage):
+        raise OrchestratorError(f"rank 0 sent a {type(message).__name__} where a transition message was due")
+    return message

@@ -24,12 +24,13 @@ from elastic_pipe import freeze, protocol
 from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.transition import apply_moves, changed_ranks, drop_foreign_state, plan_moves
 
-__all__ = ["TRANSITION_PHASES", "Applied", "apply", "decide", "gather_stats", "timed_decision"]
+__all__ = ["TRANSITION_PHASES", "Applied", "apply", "decide", "event_for", "gather_stats", "timed_decision"]
 
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
 TRANSITION_PHASES = ("moves", "rebuild", "cache")
@@ -170,3 +171,23 @@ def timed_decision(
     if applied is not None and ctx.device.type == "cuda":
         torch.cuda.synchronize()
     return msg, applied, decide_s, time.perf_counter() - t0
+
+
+def event_for(msg: protocol.TransitionMessage, applied: Applied, *, decide_s: float, seconds: float) -> TransitionEvent:
+    """The record of an applied transition."""
+    state, layout = applied.state, applied.state.layout
+    return TransitionEvent(
+        epoch=state.epoch,
+        step=state.step,
+        frozen_units=state.frozen_units,
+        frozen=layout.frozen,
+        pipe_len=layout.pipe_len,
+        replicas=layout.replicas,
+        microbatches=layout.microbatches,
+        boundaries=tuple(layout.boundaries),
+        changed_ranks=tuple(msg.changed_ranks),
+        bytes_moved=applied.bytes_moved,
+        cache=applied.stage.cache_on,
+        seconds=seconds,
+        phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
+    )

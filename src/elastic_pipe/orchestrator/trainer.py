@@ -24,8 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,29 +44,21 @@ from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
-from elastic_pipe.orchestrator.metrics import EventLog, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
-from elastic_pipe.orchestrator.process_group import device_for, join_process_group, training_backend, warm_up
+from elastic_pipe.orchestrator.process_group import join_process_group
+from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, epoch_metrics, run_epoch
 from elastic_pipe.orchestrator.transition import drop_foreign_state
-from elastic_pipe.orchestrator.workload import Loss, Samples, split_samples
+from elastic_pipe.orchestrator.workload import Loss, Samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
+
 #: Bytes per MiB (cache budgets are configured in MiB).
 MIB = 1 << 20
-
-
-def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
-    """Every pipeline length the job may reach: divisors of the world size up to the initial length."""
-    return tuple(k for k in range(config.pipeline.pipe_len, 0, -1) if config.world_size % k == 0)
-
-
-def sublayer_costs(model: nn.Module) -> list[float]:
-    """Parameters per sub-layer (the published partition proxy)."""
-    return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
 
 
 class ElasticTrainer:
@@ -139,58 +129,19 @@ class ElasticTrainer:
             return
         c = self.config
         self._owns_group = join_process_group(c)
-        rank, world = dist.get_rank(), dist.get_world_size()
-        if world != c.world_size:
-            raise OrchestratorError(f"the job has {world} processes but the config describes {c.world_size}")
-        device = device_for(c)
-        dtype = getattr(torch, c.train.dtype)
-        train_set, eval_set = split_samples(self.parts.data, c.data.eval_fraction, c.train.seed, dtype)
-        if len(train_set) < c.train.global_batch:
-            raise OrchestratorError(
-                f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples"
-            )
-        groups = GroupManager(
-            world,
-            rank,
-            candidate_pipe_lens(c),
-            backend=training_backend(c),
-            gpus_per_node=c.launch.nproc_per_node if c.launch.nnodes > 1 else None,
-            timeout=c.launch.timeout,
-        )
-        groups.build()
-        self._groups = groups
-        warm_up(groups, device)
-        path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
-        log = EventLog(path, None if self.quiet or rank != 0 else sys.stderr)
-        model = self.parts.model.to(device)
-        costs = sublayer_costs(model)
-        self._ctx = RunContext(c, self.parts, rank, world, device, groups, train_set, eval_set, log, costs)
-        if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
-            self._ctx.costs = self._profiled_costs()
+        ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
+        self._groups = ctx.groups
+        model = ctx.model
         make = self.parts.optimizer
         assert make is not None  # components_from_config fills it
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
         total = c.train.epochs * self.steps_per_epoch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
-        self.sampler = edata.ElasticSampler(len(train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
+        self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
         if c.pipeline.cache != "off":
             self.cache = acache.ActivationCache(
-                int(self._ctx.host_ids.max()) + 1, device_budget=c.pipeline.cache_mb * MIB, device=device
+                int(ctx.host_ids.max()) + 1, device_budget=c.pipeline.cache_mb * MIB, device=ctx.device
             )
-
-    def _profiled_costs(self) -> list[float]:
-        """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
-        ctx = self.ctx
-        c = self.config
-        mb = max(1, c.train.global_batch // c.world_size // c.pipeline.microbatches)
-        names = getattr(ctx.model, "layer_names", [str(i) for i in range(len(ctx.sublayers))])
-        example = ctx.train_set.inputs[:mb].to(ctx.device)
-        costs = partition.weights_from_costs(
-            partition.profile_layers(list(zip(names, ctx.sublayers, strict=True)), example), metric="time"
-        )
-        for p in ctx.model.parameters():
-            p.grad = None
-        return costs
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
@@ -342,22 +293,7 @@ class ElasticTrainer:
             return None
         self._state, self._stage = applied.state, applied.stage
         self.sampler.reshard(applied.state.layout.replicas, applied.stage.replica)
-        layout = applied.state.layout
-        event = TransitionEvent(
-            epoch=applied.state.epoch,
-            step=applied.state.step,
-            frozen_units=applied.state.frozen_units,
-            frozen=layout.frozen,
-            pipe_len=layout.pipe_len,
-            replicas=layout.replicas,
-            microbatches=layout.microbatches,
-            boundaries=tuple(layout.boundaries),
-            changed_ranks=tuple(msg.changed_ranks),
-            bytes_moved=applied.bytes_moved,
-            cache=applied.stage.cache_on,
-            seconds=seconds,
-            phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
-        )
+        event = executor.event_for(msg, applied, decide_s=decide_s, seconds=seconds)
         self.result.transitions.append(event.to_dict())
         ctx.log.record(event.to_dict(), event.human())
         return event

@@ -16,7 +16,6 @@ the gloo control group. Nothing goes through files and nothing is pickled.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastic_pipe import protocol
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.types import Layout
 
@@ -161,19 +161,22 @@ def _broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: dist.Pr
     return sent
 
 
-def _state_meta(state: dict[str, Any]) -> list[list[Any]]:
-    meta: list[list[Any]] = []
+def _state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
+    """One parameter's optimizer state described for :class:`~elastic_pipe.protocol.OptimizerStateHeader`."""
+    entries = []
     for key in sorted(state):
         value = state[key]
         if isinstance(value, torch.Tensor):
-            meta.append([key, "tensor", list(value.shape), str(value.dtype).removeprefix("torch."), value.device.type])
-        elif value is None:
-            meta.append([key, "none"])
-        elif isinstance(value, bool | int | float):
-            meta.append([key, "number", value])
+            dtype = str(value.dtype).removeprefix("torch.")
+            entries.append(protocol.StateEntry.tensor(key, dtype, tuple(value.shape), value.device.type))
         else:
-            raise OrchestratorError(f"optimizer state {key!r} holds a {type(value).__name__}; only tensors travel")
-    return meta
+            try:
+                entries.append(protocol.StateEntry.scalar(key, value))
+            except protocol.ProtocolError:
+                raise OrchestratorError(
+                    f"optimizer state {key!r} holds a {type(value).__name__}; only tensors and numbers travel"
+                ) from None
+    return tuple(entries)
 
 
 def _broadcast_optimizer_state(
@@ -189,30 +192,29 @@ def _broadcast_optimizer_state(
 ) -> int:
     payload = None
     if rank == src:
-        payload = json.dumps([_state_meta(optimizer.state.get(p, {})) for p in params]).encode()
-    metas: list[list[list[Any]]] = json.loads(broadcast_bytes(payload, src).decode())
-    if len(metas) != len(params):
-        raise OrchestratorError(f"rank {src} sent optimizer state for {len(metas)} parameters, expected {len(params)}")
+        try:
+            header = protocol.OptimizerStateHeader(tuple(_state_entries(optimizer.state.get(p, {})) for p in params))
+            payload = protocol.encode(header)
+        except (OrchestratorError, protocol.ProtocolError) as exc:  # the receivers stop too, instead of waiting
+            payload = protocol.encode(protocol.AbortMessage.from_text(rank, str(exc)))
+    message = protocol.decode_any(broadcast_bytes(payload, src))
+    if isinstance(message, protocol.AbortMessage):
+        raise OrchestratorError(f"rank {message.rank} could not send its optimizer state: {message.reason}")
+    if not isinstance(message, protocol.OptimizerStateHeader) or len(message.params) != len(params):
+        raise OrchestratorError(f"rank {src} sent no optimizer state header for the {len(params)} parameters")
     buffers: list[torch.Tensor] = []
     slots: list[tuple[int, str, str]] = []
-    for i, (p, meta) in enumerate(zip(params, metas, strict=True)):
-        for entry in meta:
-            if entry[1] != "tensor":
-                continue
-            key, _, shape, dtype_name, where = entry
-            if rank == src:
-                buffers.append(optimizer.state[p][key].detach().to(device).clone())
-            else:
-                buffers.append(torch.empty(shape, dtype=getattr(torch, dtype_name), device=device))
-            slots.append((i, key, where))
+    for i, e in message.tensors():
+        assert e.shape is not None and e.dtype is not None and e.device is not None  # tensor entries carry them
+        if rank == src:
+            buffers.append(optimizer.state[params[i]][e.key].detach().to(device).clone())
+        else:
+            buffers.append(torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device))
+        slots.append((i, e.key, e.device))
     sent = _broadcast_tensors(buffers, src, group) if buffers else 0
-    received: list[dict[str, Any]] = [{} for _ in params]
-    for i, meta in enumerate(metas):
-        for entry in meta:
-            if entry[1] == "none":
-                received[i][entry[0]] = None
-            elif entry[1] == "number":
-                received[i][entry[0]] = entry[2]
+    received: list[dict[str, Any]] = [
+        {e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params
+    ]
     for (i, key, where), value in zip(slots, buffers, strict=True):
         received[i][key] = value if where == device.type else value.to(where)
     if rank != src:

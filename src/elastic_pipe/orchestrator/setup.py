@@ -1,0 +1,83 @@
+"""Building one rank's :class:`RunContext`: groups, device, data splits, sub-layer costs, the event log.
+
+The process group must exist already (:func:`elastic_pipe.orchestrator.process_group.join_process_group`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import partition
+from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator.components import Components
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.metrics import EventLog
+from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
+from elastic_pipe.orchestrator.workload import Split, split_samples
+
+__all__ = ["build_context", "candidate_pipe_lens", "profiled_costs", "sublayer_costs"]
+
+
+def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
+    """Every pipeline length the job may reach: divisors of the world size up to the initial length."""
+    return tuple(k for k in range(config.pipeline.pipe_len, 0, -1) if config.world_size % k == 0)
+
+
+def sublayer_costs(model: nn.Module) -> list[float]:
+    """Parameters per sub-layer (the published partition proxy)."""
+    return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
+
+
+def profiled_costs(model: nn.Module, train_set: Split, config: TrainConfig, device: torch.device) -> list[float]:
+    """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
+    mb = max(1, config.train.global_batch // config.world_size // config.pipeline.microbatches)
+    sublayers = list(model.children())
+    names = getattr(model, "layer_names", [str(i) for i in range(len(sublayers))])
+    example = train_set.inputs[:mb].to(device)
+    costs = partition.weights_from_costs(
+        partition.profile_layers(list(zip(names, sublayers, strict=True)), example), metric="time"
+    )
+    for p in model.parameters():
+        p.grad = None
+    return costs
+
+
+def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False) -> RunContext:
+    """This rank's fixed facts (a collective: builds and warms up every reachable group).
+
+    Raises:
+        OrchestratorError: the job's size differs from the config's, or the batch exceeds the training split.
+    """
+    c = config
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != c.world_size:
+        raise OrchestratorError(f"the job has {world} processes but the config describes {c.world_size}")
+    device = device_for(c)
+    dtype = getattr(torch, c.train.dtype)
+    train_set, eval_set = split_samples(parts.data, c.data.eval_fraction, c.train.seed, dtype)
+    if len(train_set) < c.train.global_batch:
+        raise OrchestratorError(f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples")
+    groups = GroupManager(
+        world,
+        rank,
+        candidate_pipe_lens(c),
+        backend=training_backend(c),
+        gpus_per_node=c.launch.nproc_per_node if c.launch.nnodes > 1 else None,
+        timeout=c.launch.timeout,
+    )
+    groups.build()
+    warm_up(groups, device)
+    path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
+    log = EventLog(path, None if quiet or rank != 0 else sys.stderr)
+    model = parts.model.to(device)
+    costs = sublayer_costs(model)
+    if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
+        costs = profiled_costs(model, train_set, c, device)
+    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs)
