@@ -3,7 +3,7 @@
     python examples/train_digits.py            # about 1-2 minutes on a laptop
 
 The same as ``elastic-pipe train --config examples/vit_digits.toml``, written out: build a validated
-``TrainConfig``, check it against the registries and the model (``preflight``), start the processes with
+``TrainConfig`` from the TOML's tables, check it against the registries and the model (``preflight``), start the processes with
 torchrun's elastic agent (``launch``) and print what rank 0 reports.
 """
 
@@ -11,23 +11,24 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from elastic_pipe.orchestrator import TrainConfig, launch, preflight
+    from elastic_pipe.orchestrator import config_from_tables, launch, preflight
     from elastic_pipe.orchestrator.worker import entry
 
-    config = TrainConfig(
-        model="vit",
-        model_options={"preset": "vit-tiny", "patch_size": 4},
-        epochs=6,
-        global_batch=64,
-        optimizer="adamw",
-        lr=0.006,
-        lr_schedule="cosine",
-        warmup_steps=10,
-        policy="alpha",
-        policy_options={"alpha": 1 / 3},
-        pipe_len=4,
-        nproc_per_node=4,
-        backend="gloo",
+    config = config_from_tables(
+        {
+            "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4}},
+            "train": {
+                "epochs": 6,
+                "global_batch": 64,
+                "optimizer": "adamw",
+                "lr": 0.006,
+                "lr_schedule": "cosine",
+                "warmup_steps": 10,
+            },
+            "freeze": {"policy": "alpha", "options": {"alpha": 1 / 3}},
+            "pipeline": {"pipe_len": 4},
+            "launch": {"nproc_per_node": 4, "backend": "gloo"},
+        }
     )
     facts = preflight(config)  # a bad configuration fails here, before any process starts
     print(f"model: {facts['sublayers']} sub-layers, {facts['units']} freezable blocks, {facts['params']} parameters")
