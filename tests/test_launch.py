@@ -142,6 +142,7 @@ def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
         info = handler.next_rendezvous()
         assert (info.rank, info.world_size) == (0, 1)
         workers = info.bootstrap_store_info
+        assert workers is not None
         assert workers.master_addr == LOOPBACK
         assert _listening(workers.master_port) == {LOOPBACK}  # the store the workers share
         assert _listening(info.store.underlying_store.port) == {LOOPBACK}  # type: ignore[attr-defined]  # rendezvous
