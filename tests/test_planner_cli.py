@@ -80,9 +80,13 @@ def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str, capsys: pyte
 
 def test_argparse_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["plan", "--model", "vit-b16"])  # --gpus is required
+        main(["plan", "--model", "vit-b16", "--gpus", "two"])  # argparse's own type check
     assert exc.value.code == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # --gpus is optional for argparse (plan --config needs none) but required with --model: one line, exit 2
+    assert main(["plan", "--model", "vit-b16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need --gpus W" in err
 
 
 def test_cache_filled_in_the_transition(capsys: pytest.CaptureFixture[str]) -> None:

@@ -208,7 +208,9 @@ def build(args: argparse.Namespace) -> Plan:
     defaults = _gpu_defaults()
     if (args.model is None) == (args.costs is None):
         raise CliInputError("give exactly one of --model NAME or --costs FILE")
-    if args.gpus is None or args.gpus < 1:
+    if args.gpus is None:
+        raise CliInputError("--model and --costs need --gpus W (the GPU count)")
+    if args.gpus < 1:
         raise CliInputError(f"--gpus must be >= 1, got {args.gpus}")
     check_limit("--gpus", args.gpus, MAX_GPUS, LIMIT_REASON)
     check_limit("--epochs", args.epochs, MAX_EPOCHS, LIMIT_REASON)

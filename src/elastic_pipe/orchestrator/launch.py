@@ -2,65 +2,281 @@
 
 One agent per node starts ``nproc_per_node`` workers, joins the other nodes' agents through a c10d rendezvous and
 restarts the whole group (up to ``max_restarts`` times) when a worker fails; the workers then resume from the last
-checkpoint. A single-node run uses a standalone rendezvous on a free loopback port.
+checkpoint.
+
+What this module adds to a plain ``elastic_launch``, each decided by a pure function the tests check:
+
+* the run id (:func:`resolve_run_id`): a fresh random one per single-node job; a multi-node job must be given the
+  same secret id on every node, since anyone who knows it and reaches the endpoint can join the job;
+* loopback only for a single node (:func:`rendezvous_options`): the rendezvous store and the workers' store listen
+  on 127.0.0.1 (torch's c10d stores listen on every interface, so the stores are built on sockets bound here);
+* one OpenMP thread per worker when several share the node and the user set none (:func:`worker_environment`),
+  as torchrun does: N workers with all cores each only contend;
+* a first line on stderr saying what starts (:func:`startup_line`), before the seconds the workers take to import.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import sys
 import uuid
-from collections.abc import Callable
-from typing import Any
-
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 
-__all__ = ["launch"]
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+
+__all__ = [
+    "LOOPBACK",
+    "LOOPBACK_BACKEND",
+    "RUN_ID_ENV",
+    "RendezvousOptions",
+    "launch",
+    "loopback_store",
+    "rendezvous_options",
+    "resolve_run_id",
+    "startup_line",
+    "worker_environ",
+    "worker_environment",
+]
 
 #: Seconds the agents wait for each other at the rendezvous.
 RDZV_TIMEOUT_S = 120
+#: The environment variable that may carry the job's shared run id (``--run-id`` and ``[launch] run_id`` win).
+RUN_ID_ENV = "ELASTIC_PIPE_RUN_ID"
+#: A single-node job's stores listen here only: no other machine can join or read it.
+LOOPBACK = "127.0.0.1"
+#: The rendezvous backend registered for single-node jobs: c10d on stores bound to :data:`LOOPBACK`.
+LOOPBACK_BACKEND = "elastic-pipe-loopback"
+#: Pending connections a store's socket queues (torch's own TCPStore backlog is larger; a node has few agents).
+_LISTEN_BACKLOG = 128
+
+
+def resolve_run_id(nnodes: int, run_id: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The job's run id: the one given (argument, then :data:`RUN_ID_ENV`), else a fresh random one for one node.
+
+    Args:
+        nnodes: number of nodes of the job.
+        run_id: the id the user gave (``--run-id`` or ``[launch] run_id``), if any.
+        environ: the environment to read :data:`RUN_ID_ENV` from (default ``os.environ``).
+
+    Returns:
+        The id every agent of the job uses; a fresh ``uuid4().hex`` for a single node without one.
+
+    Raises:
+        ConfigError: a multi-node job without a given id (each node would draw its own and never meet the others),
+            or an empty or blank id.
+    """
+    env = os.environ if environ is None else environ
+    given = run_id if run_id is not None else env.get(RUN_ID_ENV)
+    if given is not None:
+        if not given.strip():
+            raise ConfigError(f"the run id must not be empty, got {given!r}")
+        return given
+    if nnodes > 1:
+        raise ConfigError(
+            f"a multi-node run ({nnodes} nodes) needs the same secret run id on every node: pass --run-id ID, set "
+            f"[launch] run_id or the environment variable {RUN_ID_ENV} (e.g. from `python -c 'import uuid; "
+            "print(uuid.uuid4().hex)'`)"
+        )
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousOptions:
+    """How this node's agent meets the others (the rendezvous part of torch's ``LaunchConfig``).
+
+    Attributes:
+        backend: the rendezvous backend's registered name.
+        endpoint: ``host:port`` of the rendezvous store.
+        configs: extra backend options (``timeout``, ``is_host``).
+        local_addr: the address this node's workers are told to reach the workers' store at (``None``: its fqdn).
+    """
+
+    backend: str
+    endpoint: str
+    configs: dict[str, Any] = field(default_factory=dict)
+    local_addr: str | None = None
+
+
+def rendezvous_options(nnodes: int, rdzv_endpoint: str) -> RendezvousOptions:
+    """The rendezvous of a job: loopback only for one node, the given shared endpoint for several.
+
+    Raises:
+        ConfigError: a multi-node job without an endpoint.
+    """
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise ConfigError(
+                f"a multi-node run ({nnodes} nodes) needs launch.rdzv_endpoint = 'host:port' (the same on every "
+                "node), or --rdzv-endpoint"
+            )
+        return RendezvousOptions("c10d", rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S})
+    if rdzv_endpoint:  # one node at a user-chosen endpoint: c10d as asked, it hosts the store itself
+        return RendezvousOptions("c10d", rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S, "is_host": True})
+    return RendezvousOptions(
+        LOOPBACK_BACKEND, f"{LOOPBACK}:0", {"timeout": RDZV_TIMEOUT_S, "is_host": True}, local_addr=LOOPBACK
+    )
+
+
+def worker_environment(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables to add to the environment the workers inherit (torchrun's rule for threads).
+
+    ``OMP_NUM_THREADS=1`` when several workers share the node and the user did not set it: torch sizes its
+    intra-op thread pool from it at import, so each worker gets one thread instead of one per core.
+    """
+    env = os.environ if environ is None else environ
+    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+        return {"OMP_NUM_THREADS": "1"}
+    return {}
+
+
+@contextlib.contextmanager
+def worker_environ(updates: Mapping[str, str]) -> Iterator[None]:
+    """Set ``updates`` in ``os.environ`` (which spawned workers inherit) and restore the previous values after."""
+    saved = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def startup_line(config: TrainConfig, options: RendezvousOptions) -> str:
+    """The first line a launch prints on stderr (before the workers spend seconds importing torch)."""
+    n, nnodes, world = config.launch.nproc_per_node, config.launch.nnodes, config.world_size
+    where = (
+        f"rendezvous on {LOOPBACK} only"
+        if options.backend == LOOPBACK_BACKEND
+        else f"rendezvous at {options.endpoint} with {nnodes - 1} other node{'s' if nnodes > 2 else ''}"
+        if nnodes > 1
+        else f"rendezvous at {options.endpoint}"
+    )
+    return f"elastic-pipe: starting {n} worker{'s' if n != 1 else ''} on this node (world size {world}), {where} ..."
+
+
+def loopback_store(timeout_s: float = RDZV_TIMEOUT_S) -> Store:
+    """A c10d TCPStore server that listens on :data:`LOOPBACK` only, on a free port.
+
+    torch's TCPStore binds every interface; handed a socket bound here instead, it listens on that one.
+    """
+    import torch.distributed as dist  # noqa: PLC0415 (torch loads only when a launch starts)
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, 0))
+        sock.listen(_LISTEN_BACKLOG)
+        port = int(sock.getsockname()[1])
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()  # the store owns the socket from here on
+    store: Store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
+        LOOPBACK,
+        port,
+        is_master=True,
+        multi_tenant=True,
+        timeout=timedelta(seconds=timeout_s),
+        master_listen_fd=fd,
+    )
+    return store
+
+
+def _create_loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """The rendezvous handler of :data:`LOOPBACK_BACKEND`: torch's c10d handler, both of its stores on loopback."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415 (see loopback_store)
+        C10dRendezvousBackend,
+    )
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: PLC0415
+
+    class LoopbackBackend(C10dRendezvousBackend):
+        @property
+        def name(self) -> str:  # torch checks that the handler's backend has the name it was asked for
+            return LOOPBACK_BACKEND
+
+    timeout = float(params.get_as_int("timeout", RDZV_TIMEOUT_S) or RDZV_TIMEOUT_S)
+    store = loopback_store(timeout)
+    handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
+    # The handler starts a second store for the workers (torch >= 2.4 shares it with them) on every interface;
+    # build that one on loopback too. The test suite checks that both stores listen on loopback only.
+    handler._create_tcp_store_server = lambda _addr, _port: loopback_store(timeout)  # type: ignore[method-assign,assignment]
+    return handler
+
+
+def _register_loopback_backend() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry  # noqa: PLC0415
+
+    rendezvous_handler_registry.register(LOOPBACK_BACKEND, _create_loopback_handler)  # same creator: a no-op
 
 
 def launch(
-    config: TrainConfig, entrypoint: Callable[..., Any], *args: Any, run_id: str | None = None
+    config: TrainConfig,
+    entrypoint: Callable[..., Any],
+    *args: Any,
+    run_id: str | None = None,
+    quiet: bool = False,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` on this node's ``nproc_per_node`` ranks under the elastic agent.
 
     Args:
-        config: gives ``nnodes``, ``nproc_per_node``, ``max_restarts`` and ``rdzv_endpoint``.
+        config: its ``[launch]`` section gives ``nnodes``, ``nproc_per_node``, ``max_restarts`` and
+            ``rdzv_endpoint`` (and ``run_id``, once the section carries one).
         entrypoint: a module-level function (workers import it by name).
         *args: picklable arguments.
-        run_id: the job id shared by every node's agent (default: a fresh one, fine for one node).
+        run_id: the job id shared by every node's agent (see :func:`resolve_run_id`; required for several nodes,
+            through this argument, ``config.launch.run_id`` where the config has one, or :data:`RUN_ID_ENV`).
+        quiet: leave out the first line on stderr.
 
     Returns:
         Each local rank's return value.
 
     Raises:
+        ConfigError: a multi-node job without an endpoint or a run id (before anything starts).
         OrchestratorError: a worker failed after all restarts (the first failure's message included).
     """
-    endpoint = config.launch.rdzv_endpoint or "localhost:0"
-    if config.launch.nnodes > 1 and not config.launch.rdzv_endpoint:
-        raise OrchestratorError("a multi-node run needs launch.rdzv_endpoint = 'host:port' (the same on every node)")
-    if config.launch.nnodes > 1 and run_id is None:
-        run_id = "elastic-pipe"
+    section = config.launch
+    configured = getattr(section, "run_id", "") or None  # `[launch] run_id`, once LaunchSection carries it
+    job_id = resolve_run_id(section.nnodes, run_id if run_id is not None else configured)
+    options = rendezvous_options(section.nnodes, section.rdzv_endpoint)
+    if not quiet:
+        sys.stderr.write(startup_line(config, options) + "\n")
+        sys.stderr.flush()
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: PLC0415
+
+    if options.backend == LOOPBACK_BACKEND:
+        _register_loopback_backend()
     launch_config = LaunchConfig(
-        min_nodes=config.launch.nnodes,
-        max_nodes=config.launch.nnodes,
-        nproc_per_node=config.launch.nproc_per_node,
-        run_id=run_id or str(uuid.uuid4()),
-        rdzv_endpoint=endpoint,
-        rdzv_backend="c10d",
-        rdzv_configs={"timeout": RDZV_TIMEOUT_S},
-        max_restarts=config.launch.max_restarts,
+        min_nodes=section.nnodes,
+        max_nodes=section.nnodes,
+        nproc_per_node=section.nproc_per_node,
+        run_id=job_id,
+        rdzv_endpoint=options.endpoint,
+        rdzv_backend=options.backend,
+        rdzv_configs=dict(options.configs),
+        max_restarts=section.max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        local_addr=options.local_addr,
     )
     try:
-        result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
+        with worker_environ(worker_environment(section.nproc_per_node)):
+            result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
     except ChildFailedError as exc:
         first = next(iter(exc.failures.values()), None)
         detail = first.message if first is not None else str(exc)
-        raise OrchestratorError(f"training failed after {config.launch.max_restarts} restart(s): {detail}") from exc
+        raise OrchestratorError(f"training failed after {section.max_restarts} restart(s): {detail}") from exc
     return result
