@@ -232,11 +232,11 @@ def launch(
 
     Args:
         config: its ``[launch]`` section gives ``nnodes``, ``nproc_per_node``, ``max_restarts`` and
-            ``rdzv_endpoint`` (and ``run_id``, once the section carries one).
+            ``rdzv_endpoint`` and ``run_id``.
         entrypoint: a module-level function (workers import it by name).
         *args: picklable arguments.
         run_id: the job id shared by every node's agent (see :func:`resolve_run_id`; required for several nodes,
-            through this argument, ``config.launch.run_id`` where the config has one, or :data:`RUN_ID_ENV`).
+            through this argument, ``config.launch.run_id``, or :data:`RUN_ID_ENV`).
         quiet: leave out the first line on stderr.
 
     Returns:
@@ -247,7 +247,7 @@ def launch(
         OrchestratorError: a worker failed after all restarts (the first failure's message included).
     """
     section = config.launch
-    configured = getattr(section, "run_id", "") or None  # `[launch] run_id`, once LaunchSection carries it
+    configured = section.run_id or None
     job_id = resolve_run_id(section.nnodes, run_id if run_id is not None else configured)
     options = rendezvous_options(section.nnodes, section.rdzv_endpoint)
     if not quiet:

@@ -257,6 +257,8 @@ class LaunchSection:
         timeout: seconds every collective may take before the job fails instead of hanging.
         max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
+        run_id: the job's id, shared by every node's agent: a secret, since anyone who knows it and reaches the
+            rendezvous can join the job ("" gives a single-node job a fresh random one; several nodes must set it).
     """
 
     nproc_per_node: int = 1
@@ -265,6 +267,7 @@ class LaunchSection:
     timeout: float = 120.0
     max_restarts: int = 0
     rdzv_endpoint: str = ""
+    run_id: str = ""
 
     def __post_init__(self) -> None:
         _positive_int("launch.nproc_per_node", self.nproc_per_node)
@@ -273,6 +276,7 @@ class LaunchSection:
         _one_of("launch.backend", self.backend, BACKENDS)
         _positive_float("launch.timeout", self.timeout)
         _string("launch.rdzv_endpoint", self.rdzv_endpoint)
+        _string("launch.run_id", self.run_id)
 
 
 @dataclass(frozen=True)
