@@ -47,6 +47,8 @@ class EpochMetrics:
         optimizer_s: seconds per step in the optimizer and learning-rate scheduler.
         grad_sync_ops: all-reduce operations the rank issued for gradient averaging in the epoch.
         grad_sync_ops_per_s: ``grad_sync_ops / seconds``.
+        first_step_s: seconds of the epoch's first step (slowest rank), which carries a new layout's warm-up and,
+            with ``[train] compile``, any compilation.
         pipe_len: pipeline length K during the epoch.
         replicas: data-parallel replicas during the epoch.
         frozen_units: frozen units (blocks) during the epoch.
@@ -71,6 +73,7 @@ class EpochMetrics:
     optimizer_s: float
     grad_sync_ops: int
     grad_sync_ops_per_s: float
+    first_step_s: float
     pipe_len: int
     replicas: int
     frozen_units: int

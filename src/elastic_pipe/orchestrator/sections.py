@@ -16,6 +16,7 @@ __all__ = [
     "AUTOCAST",
     "BACKENDS",
     "CACHE_MODES",
+    "COMPILE_MODES",
     "COMPRESSIONS",
     "COST_METRICS",
     "DEFAULT_ALPHA",
@@ -41,6 +42,7 @@ COMPRESSIONS = ("halving", "memory", "none")
 COST_METRICS = ("params", "time")
 CACHE_MODES = ("auto", "on", "off")
 BACKENDS = ("auto", "gloo", "nccl")
+COMPILE_MODES = ("auto", "on", "off")
 #: The alpha policy's default: 1/3, the published trade-off (2.83x at 90.78% on CIFAR-100).
 DEFAULT_ALPHA = 1 / 3
 
@@ -141,6 +143,9 @@ class TrainSection:
         seed: seeds the model initialisation, the data split and the sampler.
         dtype: parameter dtype, "float32" or "float64" (the equivalence tests use float64).
         autocast: "none" or "bf16" (autocast on the device for the forward passes).
+        compile: "auto" (on with CUDA, off on the CPU), "on" or "off": ``torch.compile`` each sub-layer once
+            (regional compilation), so identical blocks share compiled code and a transition, which only regroups
+            sub-layers into new stages, compiles nothing new for the training path.
     """
 
     epochs: int = 6
@@ -154,6 +159,7 @@ class TrainSection:
     seed: int = 0
     dtype: str = "float32"
     autocast: str = "none"
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         _positive_int("train.epochs", self.epochs)
@@ -167,6 +173,7 @@ class TrainSection:
         _one_of("train.lr_schedule", self.lr_schedule, LR_SCHEDULES)
         _one_of("train.dtype", self.dtype, DTYPES)
         _one_of("train.autocast", self.autocast, AUTOCAST)
+        _one_of("train.compile", self.compile, COMPILE_MODES)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,14 @@ from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.workload import Split, split_samples
 
-__all__ = ["build_context", "candidate_pipe_lens", "profiled_costs", "sublayer_costs"]
+__all__ = [
+    "build_context",
+    "candidate_pipe_lens",
+    "compile_enabled",
+    "compile_sublayers",
+    "profiled_costs",
+    "sublayer_costs",
+]
 
 
 def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
@@ -47,6 +54,24 @@ def profiled_costs(model: nn.Module, train_set: Split, config: TrainConfig, devi
     for p in model.parameters():
         p.grad = None
     return costs
+
+
+def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
+    """Whether ``[train] compile`` turns compilation on here ("auto": on CUDA devices only)."""
+    mode = config.train.compile
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def compile_sublayers(model: nn.Module) -> None:
+    """Regional compilation: each sub-layer's forward is compiled in place (``nn.Module.compile``).
+
+    One compiled region per sub-layer class serves every block of that class and every layout: a stage is only a
+    new grouping of the same compiled sub-layers, so a transition compiles nothing new for training (the frozen
+    prefix's ``no_grad`` forward is compiled once more, at the first boundary that runs it). Shapes that vary
+    (the last evaluation chunk) are marked dynamic after their first recompile, by torch's default.
+    """
+    for sub in model.children():
+        sub.compile()
 
 
 def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False) -> RunContext:
@@ -77,6 +102,8 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
     log = EventLog(path, None if quiet or rank != 0 else sys.stderr)
     model = parts.model.to(device)
+    if compile_enabled(c, device):
+        compile_sublayers(model)
     costs = sublayer_costs(model)
     if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
         costs = profiled_costs(model, train_set, c, device)

@@ -99,6 +99,7 @@ def run_epoch(
     # restarts at epoch granularity, and independent between ranks.
     torch.manual_seed(epoch_seed(c.train.seed, state.epoch, ctx.rank))
     first = sampler.consumed // batch
+    first_step_s = 0.0
     clock = PhaseClock(device)
     sync_ops = 0
     losses.local = []
@@ -145,6 +146,9 @@ def run_epoch(
         state = state.replace(step=state.step + 1)
         clock.lap("optimizer")
         losses.local.append(torch.stack([t.detach().double() for t in step_losses]).mean() if step_losses else no_loss)
+        if i == first:  # the layout's warm-up (and, compiled, its compilation) lands in the first step
+            _sync(device)
+            first_step_s = time.perf_counter() - t_epoch
         progress.update(i + 1)
         if on_step is not None and i + 1 < steps_per_epoch:
             on_step(state, i + 1)
@@ -155,13 +159,14 @@ def run_epoch(
     epoch_losses = losses.global_losses(stage, device)
     losses.partial, losses.local = [], []
     # Timings are reduced with MAX: the slowest rank sets the pace.
-    times = torch.tensor([clock.totals[p] for p in PHASES] + [seconds, float(sync_ops)], dtype=torch.float64)
-    times = times.to(device)
+    measured = [clock.totals[p] for p in PHASES] + [seconds, float(sync_ops), first_step_s]
+    times = torch.tensor(measured, dtype=torch.float64).to(device)
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     t = times.tolist()
     phase_steps = max(1, clock.timed_steps)
     phases = {p: t[j] / phase_steps for j, p in enumerate(PHASES)}
     phases["grad_sync_ops"] = t[len(PHASES) + 1]
+    phases["first_step"] = t[len(PHASES) + 2]
     return state, epoch_losses, phases, t[len(PHASES)]
 
 
@@ -197,6 +202,7 @@ def epoch_metrics(
         optimizer_s=phases["optimizer"],
         grad_sync_ops=ops,
         grad_sync_ops_per_s=ops / seconds if seconds > 0 else 0.0,
+        first_step_s=phases["first_step"],
         pipe_len=layout.pipe_len,
         replicas=layout.replicas,
         frozen_units=state.frozen_units,
