@@ -163,13 +163,16 @@ def fill_shared(
         return
     starts = list(range(0, n, chunk))
     probe = example if example is not None else run(data.inputs[:1].to(device), 0, frozen)  # shape and dtype
-    if old_frozen and old_frozen != frozen and old_frozen in cache.boundaries():
-        mine_ids = torch.cat(
-            [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
-        )
-        # extend is node-wide for node-shared tiers: every peer lets go of the old files before the leader renames
+    if old_frozen and old_frozen != frozen:
+        # extend is node-wide for node-shared tiers: every peer lets go of the old files before the leader renames.
+        # Every peer meets both barriers, also one that holds nothing at the old boundary (it was not stage 0 in
+        # the old layout), which then fills its chunks from the inputs.
         dist.barrier(group=peers.group)
-        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=mine_ids)
+        if old_frozen in cache.boundaries():
+            mine_ids = torch.cat(
+                [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
+            )
+            cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=mine_ids)
         dist.barrier(group=peers.group)
     rejected = cache.stats.rejected
     shape = (chunk, *probe.shape[1:])

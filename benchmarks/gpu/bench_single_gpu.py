@@ -1,0 +1,208 @@
+"""One GPU, one job: elastic_pipe against a plain PyTorch loop, eager and compiled, on ViT-B/16 at 224 px.
+
+    torchrun --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30 --out $OUT
+    torchrun --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --tiny   # CPU smoke run
+
+Arms, all from the same initial weights, data (synthetic, resident on the device), global batch, optimizer
+(AdamW, fused on GPUs), bf16 autocast and epochs:
+
+* ``plain_eager`` / ``plain_compiled``: the loop a careful user writes (``torch.compile(model)`` for the second);
+* ``static_eager`` / ``static_compiled``: elastic_pipe without freezing (``policy = "never"``);
+* ``elastic_eager`` / ``elastic_compiled``: elastic_pipe with the published alpha = 1/3 and the activation cache.
+
+Each arm's ``total_s`` is the wall time of its whole training call (every epoch, elastic_pipe's evaluations and
+transitions, and compilation); ``compile_s`` estimates the compilation inside it as the first steps' time beyond
+a steady step. The plain loops run no evaluation, which favours them. The report also gives the ideal speedup
+from measured per-sub-layer costs (``bench_elastic_gpu.ideal_speedup``) and the fraction of it reached.
+Results: ``gpu_1xh200_single.json`` (in ``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
+from elastic_pipe.orchestrator import config_from_tables, run_rank
+from elastic_pipe.orchestrator.workload import Split, cross_entropy
+
+ARMS = ("plain_eager", "plain_compiled", "static_eager", "static_compiled", "elastic_eager", "elastic_compiled")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def plain_loop(
+    model: torch.nn.Module, samples: Split, *, batch: int, steps: int, device: torch.device, compiled: bool
+) -> dict[str, Any]:
+    """The plain loop: shuffled batches from device-resident tensors, bf16 autocast, fused AdamW."""
+    model = model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = device.type == "cuda"
+    optimizer = torch.optim.AdamW(params, lr=1e-4, fused=fused or None)
+    step_fn: Callable[..., Any] = torch.compile(model) if compiled else model
+    epoch_s, step_times = [], []
+    _sync(device)
+    t0 = time.perf_counter()
+    for epoch in range(EPOCHS):
+        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(epoch)).to(device)
+        te = time.perf_counter()
+        for i in range(steps):
+            idx = order[i * batch : (i + 1) * batch]
+            ts = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = cross_entropy(step_fn(samples.inputs[idx]), samples.labels[idx])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if epoch == 0 and i < 3:
+                _sync(device)
+                step_times.append(time.perf_counter() - ts)
+        _sync(device)
+        epoch_s.append(time.perf_counter() - te)
+    total = time.perf_counter() - t0
+    steady = (epoch_s[-1]) / steps
+    return {
+        "total_s": total,
+        "compile_s": max(0.0, step_times[0] - steady) if compiled else 0.0,
+        "epoch_seconds": epoch_s,
+        "final_loss": float(loss),
+    }
+
+
+def elastic_arm(
+    model: torch.nn.Module, samples: Split, *, batch: int, freeze: bool, compiled: bool, cache_mb: int
+) -> dict[str, Any]:
+    """elastic_pipe on this one process: freezing (alpha = 1/3) with the cache, or no freezing."""
+    policy = {"policy": "alpha", "options": {"alpha": ALPHA}} if freeze else {"policy": "never"}
+    config = config_from_tables(
+        {
+            "model": {"name": "vit"},  # labels the run; the model itself is passed in
+            "data": {"eval_fraction": 0.05},
+            "train": {
+                "epochs": EPOCHS,
+                "global_batch": batch,
+                "optimizer": "adamw",
+                "lr": 1e-4,
+                "autocast": "bf16",
+                "compile": "on" if compiled else "off",
+            },
+            "freeze": policy,
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "on" if freeze else "off", "cache_mb": cache_mb},
+            "log": {"progress": False},
+        }
+    )
+    result = run_rank(config, model=model, samples=samples, quiet=True).to_dict()
+    epochs = result["epochs"]
+    steady = epochs[-1]["seconds"] / epochs[-1]["steps"]
+    # every epoch's first step carries its layout's warm-up; compiled, also its (re)compilation
+    compile_s = sum(max(0.0, e["first_step_s"] - steady) for e in epochs) if compiled else 0.0
+    return {
+        "total_s": result["seconds"],
+        "compile_s": compile_s,
+        "epoch_seconds": [e["seconds"] for e in epochs],
+        "first_step_seconds": [e["first_step_s"] for e in epochs],
+        "frozen_units": [e["frozen_units"] for e in epochs],
+        "cache": [e["cache"] for e in epochs],
+        "transition_seconds": [t["seconds"] for t in result["transitions"]],
+        "final_loss": result["losses"][-1],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", default="30", help="steps per epoch, comma-separated (e.g. 10,30)")
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
+    ap.add_argument("--tiny", action="store_true", help="a tiny ViT on the CPU: checks the script runs")
+    ap.add_argument("--cache-mb", type=int, default=16384, help="device cache budget (the whole split fits)")
+    ap.add_argument("--out", default="benchmarks/results", help="folder of gpu_1xh200_single.json")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "epochs": EPOCHS,
+        "steps_per_epoch": {},
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for steps in [int(s) for s in args.steps.split(",")]:
+        w = workload("vit", args.tiny, device, 1)
+        batch = w["global_batch"]
+        n = int(batch * steps / 0.95) + 1
+        x = torch.randn((n, *w["samples"].inputs.shape[1:]), generator=torch.Generator().manual_seed(0))
+        y = torch.randint(0, 10 if args.tiny else 1000, (n,), generator=torch.Generator().manual_seed(1))
+        samples = Split(x.to(device), y.to(device), torch.arange(n, device=device))
+        train = Split(
+            samples.inputs[: batch * steps], samples.labels[: batch * steps], samples.sample_ids[: batch * steps]
+        )
+        arms: dict[str, Any] = {}
+        for arm in args.arms.split(","):
+            model = w["build"]()
+            torch.manual_seed(0)
+            t0 = time.perf_counter()
+            if arm.startswith("plain"):
+                arms[arm] = plain_loop(
+                    model, train, batch=batch, steps=steps, device=device, compiled="compiled" in arm
+                )
+            else:
+                arms[arm] = elastic_arm(
+                    model,
+                    samples,
+                    batch=batch,
+                    freeze=arm.startswith("elastic"),
+                    compiled="compiled" in arm,
+                    cache_mb=args.cache_mb,
+                )
+            print(
+                f"[{steps} steps] {arm}: {arms[arm]['total_s']:.2f} s ({time.perf_counter() - t0:.1f} s wall)",
+                flush=True,
+            )
+            report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch}  # partial, in case
+            (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
+            del model
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        entry: dict[str, Any] = {"arms": arms, "global_batch": batch}
+        if "plain_compiled" in arms and "elastic_compiled" in arms:
+            entry["speedup_elastic_over_plain_compiled"] = (
+                arms["plain_compiled"]["total_s"] / arms["elastic_compiled"]["total_s"]
+            )
+        if "plain_eager" in arms and "elastic_eager" in arms:
+            entry["speedup_elastic_over_plain_eager"] = (
+                arms["plain_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
+            )
+        ideal = ideal_speedup(w["build"], samples.inputs[:batch], device, autocast=True)
+        entry["ideal"] = {k: ideal[k] for k in ("ideal_speedup", "ideal_speedup_with_cache_fill", "relative_step_cost")}
+        if "static_eager" in arms and "elastic_eager" in arms:
+            measured = arms["static_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
+            entry["elastic_over_static_eager"] = measured
+            entry["fraction_of_ideal"] = measured / ideal["ideal_speedup"]
+        report["steps_per_epoch"][str(steps)] = entry
+        (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
+    for steps, entry in report["steps_per_epoch"].items():
+        print(f"--- {steps} steps/epoch x {EPOCHS} epochs, batch {entry['global_batch']}")
+        for arm, r in entry["arms"].items():
+            print(f"{arm:>17}: total {r['total_s']:8.2f} s  compile {r['compile_s']:6.2f} s")
+        for key in ("speedup_elastic_over_plain_compiled", "speedup_elastic_over_plain_eager", "fraction_of_ideal"):
+            if key in entry:
+                print(f"{key}: {entry[key]:.3f}")
+        print(f"ideal (eager per-block costs): {entry['ideal']['ideal_speedup']:.3f}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
