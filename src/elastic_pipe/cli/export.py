@@ -103,9 +103,10 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Export the weights and say what was written."""
     doc = export_weights(checkpoint_file(args.checkpoint), Path(args.out))
+    when = "" if doc["epoch"] is None else f" (after {doc['epoch']} epochs, {doc['step']} steps)"
     text = (
         f"wrote {doc['tensors']} tensors ({doc['parameters']:,} values, {doc['bytes'] / 1e6:.2f} MB) to {doc['out']} "
-        f"from {doc['checkpoint']} (after epoch {doc['epoch']}, step {doc['step']})"
+        f"from {doc['checkpoint']}{when}"
     )
     emit(args, doc, text)
     return 0
