@@ -93,10 +93,12 @@ def test_export_handles_tied_tensors_and_refuses_bad_input(tmp_path: Path, capsy
     loaded = load_file(out)
     assert torch.equal(loaded["head.weight"], shared) and torch.equal(loaded["bias"], shared[0])
 
+    (tmp_path / "garbage.pt").write_text("not a checkpoint")
     for argv, message in [
         (["--checkpoint", str(tmp_path / "nope")], "no such file or directory"),
         (["--checkpoint", str(tmp_path)], "no checkpoint there (no latest.json)"),
-        (["--checkpoint", str(out)], "cannot read checkpoint"),
+        (["--checkpoint", str(tmp_path / "garbage.pt")], "cannot read checkpoint"),
+        (["--checkpoint", str(out)], "holds no model weights"),
     ]:
         assert main(["export", *argv, "--out", str(tmp_path / "x.safetensors")]) == 2
         err = capsys.readouterr().err
