@@ -2,9 +2,10 @@
 
 The configuration is checked first (model, policy, solver, schedule, pipeline length, world size, any checkpoint
 to resume from): a bad one ends with one line on stderr and exit code 2 before any process starts. Then this node's
-``nproc_per_node`` workers start; rank 0 draws a progress bar per epoch and prints a summary line per epoch and a
-line per transition on stderr. At the end stdout gets a table of the epochs (or, with ``--json``, one JSON
-document with the epochs, transitions, per-step losses and final accuracy).
+``nproc_per_node`` workers start; rank 0 shows each epoch's progress on stderr (a bar on a terminal, a plain line
+every tenth of the epoch otherwise) and prints a summary line per epoch and a line per transition. At the end
+stdout gets a table of the epochs (or, with ``--json``, one JSON document with the epochs, transitions, per-step
+losses and final accuracy).
 
 Any key of the file can be changed for one run with ``--set section.key=value`` (repeatable; the value is read
 as TOML, so ``0.01``, ``true``, ``"adamw"`` and ``{ alpha = 0.2 }`` work, and a bare word is a string), or one
