@@ -25,7 +25,7 @@ def test_compile_is_on_by_default_only_on_gpus(mode: str, device: str, on: bool)
 
 
 def test_an_unknown_compile_mode_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match="train.compile must be one of auto, on, off"):
+    with pytest.raises(ConfigError, match=r"train\.compile must be one of auto, on, off"):
         _config("sometimes")
 
 

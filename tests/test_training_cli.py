@@ -167,3 +167,90 @@ def test_demo_says_when_processes_share_cores(monkeypatch: pytest.MonkeyPatch) -
     doc = summarize(RESULTS)
     assert doc["note"].startswith("4 processes share 2 CPU cores")
     assert render(doc).splitlines()[-1] == f"note: {doc['note']}"
+
+
+def _overrides(argv: list[str], path: str) -> dict[str, object]:
+    from elastic_pipe.cli import build_parser
+    from elastic_pipe.cli.train import overrides_from
+    from elastic_pipe.orchestrator import load_config
+
+    args = build_parser(["train"]).parse_args(["train", "--config", path, *argv])
+    return overrides_from(args, load_config(path))
+
+
+def test_set_and_launch_flags_become_overrides(tmp_path: Path) -> None:
+    from elastic_pipe.orchestrator import load_config
+
+    path = _write(tmp_path)
+    changes = _overrides(
+        [
+            "--set", "train.lr=0.01",
+            "--set", "freeze.options={alpha=0.2}",
+            "--set", "train.optimizer=adamw",  # a bare word is a string
+            "--set", "model.options.depth=2",  # one entry of a table, the others kept
+            "--set", "log.progress=false",
+            "--nproc-per-node", "4", "--nnodes", "1", "--max-restarts", "3", "--rdzv-endpoint", "h:1",
+            "--epochs", "5",
+        ],
+        path,
+    )  # fmt: skip
+    assert changes == {
+        "train.lr": 0.01,
+        "freeze.options": {"alpha": 0.2},
+        "train.optimizer": "adamw",
+        "model.options": {"preset": "vit-tiny", "depth": 2},
+        "log.progress": False,
+        "train.epochs": 5,
+        "launch.nproc_per_node": 4,
+        "launch.nnodes": 1,
+        "launch.max_restarts": 3,
+        "launch.rdzv_endpoint": "h:1",
+    }
+    config = load_config(path).override(changes)
+    assert (config.train.lr, config.freeze.policy_options, config.launch.max_restarts) == (0.01, {"alpha": 0.2}, 3)
+    assert _overrides(["--resume", "never"], path) == {"checkpoint.resume": "never"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("train.lrr=0.1", "unknown key 'lrr' in [train]"),
+        ("trian.lr=0.1", "expected 'section.key' with a section of model"),
+        ("train.lr", "expected SECTION.KEY=VALUE"),
+        ("train.lr=-1", "train.lr must be a finite number > 0"),
+        ("train.max_grad_norm=-1", "train.max_grad_norm must be a finite number >= 0"),
+        ("log.eval_every=0", "log.eval_every must be an integer >= 1"),
+        ("pipeline.pipe_len.x=1", "pipeline.pipe_len is not a table"),
+    ],
+)
+def test_bad_set_is_one_line_exit_2(
+    setting: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in _fails(["train", "--config", _write(tmp_path), "--set", setting], capsys)
+
+
+def test_resume_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no checkpoint there" in _fails(["train", "--config", path, "--resume", str(empty)], capsys)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest.json").write_text("{}")
+    assert _overrides(["--resume", str(ckpt)], path) == {"checkpoint.dir": str(ckpt), "checkpoint.resume": "auto"}
+    err = _fails(["train", "--config", path, "--resume", str(ckpt), "--checkpoint-dir", str(empty)], capsys)
+    assert "conflicts with --checkpoint-dir" in err
+
+
+def test_table_without_evaluation() -> None:
+    from elastic_pipe.cli.train import render
+
+    epoch = {
+        "epoch": 0, "steps": 10, "frozen_units": 0, "pipe_len": 1, "replicas": 1, "cache": False, "loss": 1.25,
+        "eval_loss": None, "eval_accuracy": None, "samples_per_s": 100.0, "seconds": 2.0, "grad_sync_ops_per_s": 0.0,
+    }  # fmt: skip
+    result = {"epochs": [epoch], "transitions": [], "final_accuracy": None, "final_eval_loss": 1.0, "seconds": 2.0}
+    assert (
+        render(result).splitlines()[1]
+        == "    1       0  1  1    off  1.2500       -      -      100.0    200.0         0.0"
+    )

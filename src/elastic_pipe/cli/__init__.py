@@ -50,6 +50,7 @@ COMMANDS: dict[str, str] = {
     "ranks": "ranks",
     "plan": "plan",
     "train": "train",
+    "export": "export",
     "demo": "demo",
 }
 

@@ -35,7 +35,7 @@ class EpochMetrics:
         seconds: wall time of the epoch's training steps (evaluation and transitions excluded).
         samples_per_s: ``samples / seconds``.
         loss: mean training loss over the epoch's steps (mean over replicas and micro-batches).
-        eval_loss: mean loss on the held-out split after the epoch.
+        eval_loss: mean loss on the held-out split after the epoch (``None`` when ``[log] eval_every`` skipped it).
         eval_accuracy: accuracy on the held-out split after the epoch (classification only; else ``None``).
         data_s: seconds per step spent assembling the batch (indexing, copy to the device), slowest rank. On a
             GPU the five phase times are means over the steps timed (every ``timing_interval``-th step), whose
@@ -64,7 +64,7 @@ class EpochMetrics:
     seconds: float
     samples_per_s: float
     loss: float
-    eval_loss: float
+    eval_loss: float | None
     eval_accuracy: float | None
     data_s: float
     forward_s: float
@@ -89,10 +89,11 @@ class EpochMetrics:
     def human(self, epochs: int) -> str:
         """One line for people: ``epoch 3/8 loss ... acc ... | K=2 R=2 frozen 3 | 812 samples/s | step ...``."""
         acc = "" if self.eval_accuracy is None else f" acc {self.eval_accuracy:.3f}"
+        evl = "-" if self.eval_loss is None else f"{self.eval_loss:.4f}"
         ms = self.seconds / max(self.steps, 1) * 1e3
         split = " ".join(f"{p} {getattr(self, p + '_s') * 1e3:.1f}" for p in PHASES)
         return (
-            f"epoch {self.epoch + 1}/{epochs} loss {self.loss:.4f} eval {self.eval_loss:.4f}{acc} | "
+            f"epoch {self.epoch + 1}/{epochs} loss {self.loss:.4f} eval {evl}{acc} | "
             f"K={self.pipe_len} R={self.replicas} frozen {self.frozen_units} | {self.samples_per_s:.0f} samples/s | "
             f"step {ms:.1f} ms ({split} ms) | sync {self.grad_sync_ops_per_s:.1f} ops/s"
         )
@@ -162,6 +163,11 @@ class EventLog:
         self._stream = stream
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def stream(self) -> TextIO | None:
+        """Where human lines go (``None``: nowhere, on ranks but 0 and in quiet runs)."""
+        return self._stream
 
     @classmethod
     def to_stderr(cls, path: str | Path | None = None) -> EventLog:

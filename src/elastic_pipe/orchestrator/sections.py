@@ -146,6 +146,10 @@ class TrainSection:
         compile: "auto" (on with CUDA, off on the CPU), "on" or "off": ``torch.compile`` each sub-layer once
             (regional compilation), so identical blocks share compiled code and a transition, which only regroups
             sub-layers into new stages, compiles nothing new for the training path.
+        max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (the norm over every
+            trainable parameter of the whole model, whatever the layout; 0: no clipping).
+        max_steps: stop after this many optimizer steps in the whole run, with an evaluation (0: no limit; the
+            run also ends after ``epochs``).
     """
 
     epochs: int = 6
@@ -160,9 +164,13 @@ class TrainSection:
     dtype: str = "float32"
     autocast: str = "none"
     compile: str = "auto"
+    max_grad_norm: float = 0.0
+    max_steps: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("train.epochs", self.epochs)
+        _nonnegative_float("train.max_grad_norm", self.max_grad_norm)
+        _nonnegative_int("train.max_steps", self.max_steps)
         _positive_int("train.global_batch", self.global_batch)
         _nonnegative_int("train.warmup_steps", self.warmup_steps)
         _nonnegative_int("train.seed", self.seed)
@@ -315,7 +323,9 @@ class LogSection:
 
     Attributes:
         dir: directory for ``events.jsonl`` ("" disables the file).
-        progress: draw a progress bar per epoch on stderr.
+        progress: show progress per epoch on stderr: a bar with steps/s and ETA on a terminal, a plain line
+            every 10% of the epoch (or 30 s) otherwise.
+        eval_every: evaluate on the held-out split every this many epochs (and always after the last one).
         timing_interval: on a GPU, every this many steps (the ``interval``-th, ``2 * interval``-th, ...; the last
             one when an epoch is shorter; never an epoch's first, which carries a new layout's warm-up) one
             synchronises the device at each phase edge to split its time into phases (data, forward, backward,
@@ -327,9 +337,11 @@ class LogSection:
     dir: str = ""
     progress: bool = True
     timing_interval: int = 10
+    eval_every: int = 1
 
     def __post_init__(self) -> None:
         _string("log.dir", self.dir)
+        _positive_int("log.eval_every", self.eval_every)
         if not isinstance(self.progress, bool):
             raise ConfigError(f"log.progress must be true or false, got {self.progress!r}")
         _positive_int("log.timing_interval", self.timing_interval)

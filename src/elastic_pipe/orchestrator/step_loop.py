@@ -24,7 +24,7 @@ from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
-__all__ = ["EpochLosses", "StepHook", "epoch_seed", "run_epoch"]
+__all__ = ["EpochLosses", "StepHook", "clip_global_grad_norm", "epoch_seed", "run_epoch"]
 
 #: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
 _SEED_STRIDE = 1 << 20
@@ -68,6 +68,31 @@ class EpochLosses:
         return self.partial + (mine / stage.layout.replicas).tolist()
 
 
+@torch.no_grad()
+def clip_global_grad_norm(stage: StageRuntime, max_norm: float, device: torch.device) -> float:
+    """Scale this rank's gradients so that the whole model's gradient has L2 norm at most ``max_norm`` (a collective).
+
+    The norm is global: each rank of replica 0 sums the squares of the gradients of the sub-layers it owns (after
+    the replica average every replica holds the same ones, so the others add nothing), one all-reduce over the
+    world adds the stages up, and every rank scales by the same factor, as ``torch.nn.utils.clip_grad_norm_``
+    would on the whole model in one process.
+
+    Returns:
+        The global norm before clipping.
+    """
+    grads = [p.grad for j in stage.owned for p in stage.ctx.sublayers[j].parameters() if p.grad is not None]
+    square = torch.zeros((), dtype=torch.float64, device=device)
+    if grads and stage.replica == 0:
+        square = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]).square().sum()
+    dist.all_reduce(square)
+    norm = float(square.sqrt())
+    # torch's clip_grad_norm_ rule: the 1e-6 keeps the factor finite at a zero norm
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    if factor < 1.0 and grads:
+        torch._foreach_mul_(grads, factor)
+    return norm
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -109,8 +134,14 @@ def run_epoch(
     _sync(device)
     t_epoch = time.perf_counter()
     label = f"epoch {state.epoch + 1}/{c.train.epochs}"
-    progress = Progress(steps_per_epoch, label, enabled=ctx.rank == 0 and c.log.progress)
+    stream = ctx.log.stream
+    progress = Progress(
+        steps_per_epoch, label, enabled=stream is not None and c.log.progress, start=first, stream=stream
+    )
+    max_steps = c.train.max_steps
     for i in range(first, steps_per_epoch):
+        if max_steps and state.step >= max_steps:
+            break
         maybe_fail("step", ctx.rank, state.epoch, i)
         timed = device.type != "cuda" or _timed_step(i - first, steps_per_epoch - first, c.log.timing_interval)
         timer.active = timed
@@ -139,6 +170,8 @@ def run_epoch(
         sync_ops += stage.grad_sync()
         clock.lap("grad_sync")
         stage.tracker.accumulate()  # holds no layers when the policy does not read their statistics
+        if c.train.max_grad_norm:  # after the statistics: a freeze policy judges the gradients as they are
+            clip_global_grad_norm(stage, c.train.max_grad_norm, device)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -150,7 +183,7 @@ def run_epoch(
             _sync(device)
             first_step_s = time.perf_counter() - t_epoch
         progress.update(i + 1)
-        if on_step is not None and i + 1 < steps_per_epoch:
+        if on_step is not None and i + 1 < steps_per_epoch and not (max_steps and state.step >= max_steps):
             on_step(state, i + 1)
     _sync(device)
     seconds = time.perf_counter() - t_epoch
@@ -180,7 +213,7 @@ def epoch_metrics(
     losses: list[float],
     phases: dict[str, float],
     seconds: float,
-    scores: tuple[float, float | None],
+    scores: tuple[float | None, float | None],
     lr: float,
 ) -> EpochMetrics:
     """The record of an epoch from what :func:`run_epoch` measured and the evaluation's scores."""

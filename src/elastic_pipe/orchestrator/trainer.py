@@ -37,12 +37,12 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import decision, executor, layout_rule, snapshot
-from elastic_pipe.orchestrator.checkpoint import Checkpointer
+from elastic_pipe.orchestrator.checkpoint import Checkpointer, read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.evaluation import evaluate
+from elastic_pipe.orchestrator.evaluation import evaluate, sync_weights
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
@@ -114,6 +114,9 @@ class ElasticTrainer:
         self._groups: GroupManager | None = None
         self.cache: acache.ActivationCache | None = None
         self.losses = EpochLosses()
+        #: Whether the decision point before the current epoch is still to come: true after an epoch ends until
+        #: :meth:`transition` runs, so a run resumed after its last epoch with more epochs decides first.
+        self.decision_due = False
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> ElasticTrainer:
@@ -136,6 +139,8 @@ class ElasticTrainer:
         assert make is not None  # components_from_config fills it
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
         total = c.train.epochs * self.steps_per_epoch
+        if c.train.max_steps:
+            total = min(total, c.train.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
         if c.pipeline.cache != "off":
@@ -216,11 +221,19 @@ class ElasticTrainer:
         """Optimizer steps per epoch."""
         return len(self.ctx.train_set) // self.config.train.global_batch
 
+    def step_limit_reached(self) -> bool:
+        """Whether the run has taken ``[train] max_steps`` optimizer steps (never when it is 0)."""
+        limit = self.config.train.max_steps
+        return bool(limit) and self.state.step >= limit
+
     # -------------------------------------------------------------------------------------------------- train
     def fit(self, *, on_epoch_end: Callable[[ElasticTrainer], object] | None = None) -> RunResult:
         """Train to ``train.epochs`` (a collective), with a decision point after every epoch but the last.
 
-        Checkpoints are written and resumed as ``[checkpoint]`` says.
+        Checkpoints are written and resumed as ``[checkpoint]`` says. A run resumed from its last epoch's
+        checkpoint with more ``epochs`` makes the decision it skipped there first, so it reshapes as a run of that
+        length would have. With ``[train] max_steps`` the run stops after that many steps (inside an epoch, too)
+        with an evaluation and, when checkpoints are on, a checkpoint.
 
         Args:
             on_epoch_end: called on every rank after each epoch's transition.
@@ -229,7 +242,7 @@ class ElasticTrainer:
         self.setup()
         c = self.config
         checkpointer = Checkpointer(c) if c.checkpoint.dir else None
-        if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and checkpointer.resume(self)):
+        if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self._resume(checkpointer)):
             self.start()
         on_step: StepHook | None = None
         if checkpointer is not None:
@@ -238,8 +251,15 @@ class ElasticTrainer:
                 self._state = state  # the record of the step just finished, which a checkpoint saves
                 checkpointer.maybe_save_step(self, done)
 
-        while self.state.epoch < c.train.epochs:
+        while self.state.epoch < c.train.epochs and not self.step_limit_reached():
+            if self.decision_due and self.state.epoch > 0:  # resumed after an epoch whose decision was not made
+                self.transition()
             self.train_epoch(on_step)
+            if self.step_limit_reached():
+                if checkpointer is not None:
+                    steps_done = self.sampler.consumed // c.train.global_batch
+                    checkpointer.save(self, steps_done=None if self.decision_due else steps_done)
+                break
             if self.state.epoch < c.train.epochs:
                 self.transition()
             if checkpointer is not None:
@@ -249,10 +269,26 @@ class ElasticTrainer:
         self.result.seconds = time.perf_counter() - t0
         return self.result
 
+    def _resume(self, checkpointer: Checkpointer) -> bool:
+        """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
+        if not checkpointer.resume(self):
+            return False
+        if self.ctx.log.stream is not None:
+            meta = read_latest(checkpointer.directory) or {}
+            where = checkpointer.directory / str(meta.get("file", ""))
+            self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
+        return True
+
     def train_epoch(self, on_step: StepHook | None = None) -> None:
-        """Run the current epoch (the rest of it, after a mid-epoch resume) and evaluate (a collective)."""
+        """Run the current epoch (the rest of it, after a mid-epoch resume) and evaluate (a collective).
+
+        The epoch stops early at ``[train] max_steps``; it is evaluated every ``[log] eval_every`` epochs, after
+        the run's last one and at such a stop (the record's ``eval_loss`` is ``None`` otherwise).
+        """
         ctx, c = self.ctx, self.config
-        first = self.sampler.consumed // c.train.global_batch
+        # steps already done in this epoch (a mid-epoch resume); the sampler still counts the previous epoch's
+        # steps until run_epoch starts this one
+        first = self.sampler.consumed // c.train.global_batch if self.sampler.epoch == self.state.epoch else 0
         state, losses, phases, seconds = run_epoch(
             ctx,
             self.state,
@@ -263,12 +299,18 @@ class ElasticTrainer:
             losses=self.losses,
             on_step=on_step,
         )
-        scores = evaluate(ctx, state.layout)
+        done = self.sampler.consumed // c.train.global_batch
+        complete = done >= self.steps_per_epoch
+        stopped = bool(c.train.max_steps) and state.step >= c.train.max_steps
+        last = stopped or state.epoch + 1 >= c.train.epochs
+        scores: tuple[float | None, float | None] = (None, None)
+        if last or (state.epoch + 1) % c.log.eval_every == 0:
+            scores = evaluate(ctx, state.layout)
         metrics = epoch_metrics(
             state,
             self.stage,
-            steps=self.steps_per_epoch,
-            steps_run=self.steps_per_epoch - first,
+            steps=done,
+            steps_run=done - first,
             global_batch=c.train.global_batch,
             losses=losses,
             phases=phases,
@@ -278,9 +320,15 @@ class ElasticTrainer:
         )
         self.result.losses.extend(losses)
         self.result.epochs.append(metrics.to_dict())
-        self.result.final_accuracy, self.result.final_eval_loss = scores[1], scores[0]
+        if scores[0] is not None:
+            self.result.final_accuracy, self.result.final_eval_loss = scores[1], scores[0]
         ctx.log.record(metrics.to_dict(), metrics.human(c.train.epochs))
+        if not complete:  # stopped at max_steps: the epoch continues on a resume with a larger limit
+            self.losses.partial = losses
+            self._state = state
+            return
         self._state = state.replace(epoch=state.epoch + 1)
+        self.decision_due = True
 
     def transition(self) -> TransitionEvent | None:
         """Decide and apply at the decision point before the current epoch; returns the event when it changed."""
@@ -289,6 +337,7 @@ class ElasticTrainer:
         msg, applied, decide_s, seconds = executor.timed_decision(
             ctx, self.state, self.stage, optimizer=self.optimizer, cache=self.cache, eval_loss=eval_loss
         )
+        self.decision_due = False
         if applied is None:
             return None
         self._state, self._stage = applied.state, applied.stage
@@ -316,8 +365,23 @@ class ElasticTrainer:
                 "sampler": self.sampler.state_dict(),
                 "history": self.result.history(),
                 "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
+                "decision_due": self.decision_due,
             },
         )
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole trained model's weights (a collective: every stage sends its sub-layers' weights).
+
+        Returns:
+            On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
+            separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks. Load it into the model
+            the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
+        """
+        ctx = self.ctx
+        sync_weights(ctx, self.state.layout)
+        if ctx.rank != 0:
+            return {}
+        return {name: t.detach().to("cpu", copy=True) for name, t in ctx.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (every rank passes the same dict; after :meth:`setup`)."""
@@ -328,5 +392,7 @@ class ElasticTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.result.load_history(state["history"])
         self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
+        # checkpoints written before this flag existed: the decision after their epoch was made unless it was the last
+        self.decision_due = bool(state.get("decision_due", False))
         ctx.forget_prefix()  # the loaded weights are not those it was taken with
         self._enter(run_state, 0)

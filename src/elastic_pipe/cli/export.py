@@ -1,0 +1,112 @@
+"""Write a trained model's weights from a checkpoint as one safetensors file.
+
+Reads the newest checkpoint of a ``[checkpoint] dir`` (the one its ``latest.json`` names), or a checkpoint file
+given directly, with ``torch.load(weights_only=True)``, and writes the model's state dict - weights and buffers,
+by the names of the model the config builds - with ``safetensors.torch.save_file``. Tensors that share memory in
+the model (tied embeddings) are written as separate copies, since safetensors refuses shared storage; loading the
+file with ``load_state_dict`` ties nothing back, which gives the same outputs.
+
+Load it into the model the same config builds::
+
+    from safetensors.torch import load_file
+    from elastic_pipe.orchestrator import load_config
+    from elastic_pipe.orchestrator.components import build_model
+
+    model = build_model(load_config("run.toml"))
+    model.load_state_dict(load_file("model.safetensors"))
+
+Examples::
+
+    elastic-pipe export --checkpoint runs/a/ckpt --out model.safetensors
+    elastic-pipe export --checkpoint runs/a/ckpt/epoch-0003.pt --out model.safetensors --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
+
+HELP = "Write a trained model's weights from a checkpoint as a safetensors file."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the subcommand's options."""
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="DIR|FILE.pt", help="a checkpoint directory (its newest) or file"
+    )
+    parser.add_argument("--out", required=True, metavar="FILE.safetensors", help="where the weights go")
+    add_json_flag(parser)
+
+
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint file ``path`` names: itself, or for a directory the one its ``latest.json`` points at.
+
+    Raises:
+        CliInputError: nothing there, or a directory without a readable ``latest.json``.
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_dir():
+        raise CliInputError(f"--checkpoint {p}: no such file or directory")
+    index = p / "latest.json"
+    try:
+        meta = json.loads(index.read_text(encoding="utf-8"))
+        name = meta["file"]
+    except FileNotFoundError:
+        raise CliInputError(f"--checkpoint {p}: no checkpoint there (no latest.json)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CliInputError(f"--checkpoint {p}: cannot read {index}: {exc}") from None
+    target = p / str(name)
+    if not target.is_file():
+        raise CliInputError(f"--checkpoint {p}: latest.json names {name!r}, which is missing")
+    return target
+
+
+def export_weights(source: Path, out: Path) -> dict[str, Any]:
+    """Write the model weights of checkpoint ``source`` to ``out``; returns what was written.
+
+    Raises:
+        CliInputError: ``source`` is not a checkpoint of this package (or cannot be read safely).
+    """
+    import torch  # noqa: PLC0415 - torch loads only when the command runs
+    from safetensors.torch import save_file  # noqa: PLC0415
+
+    try:
+        state = torch.load(source, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here
+        raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+    weights = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise CliInputError(f"{source} holds no model weights (expected a checkpoint written by elastic-pipe train)")
+    # safetensors refuses tensors that share storage (tied weights) or are views: write one compact copy each
+    tensors = {name: t.detach().contiguous().clone() for name, t in weights.items()}
+    run = state.get("run", {})
+    epoch, step = run.get("epoch"), run.get("step")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out), metadata={"source": "elastic-pipe", "epoch": str(epoch), "step": str(step)})
+    return {
+        "checkpoint": str(source),
+        "out": str(out),
+        "tensors": len(tensors),
+        "parameters": sum(t.numel() for t in tensors.values()),
+        "bytes": out.stat().st_size,
+        "epoch": epoch,
+        "step": step,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export the weights and say what was written."""
+    doc = export_weights(checkpoint_file(args.checkpoint), Path(args.out))
+    when = "" if doc["epoch"] is None else f" (after {doc['epoch']} epochs, {doc['step']} steps)"
+    text = (
+        f"wrote {doc['tensors']} tensors ({doc['parameters']:,} values, {doc['bytes'] / 1e6:.2f} MB) to {doc['out']} "
+        f"from {doc['checkpoint']}{when}"
+    )
+    emit(args, doc, text)
+    return 0
