@@ -171,6 +171,20 @@ def _kill_a_worker_when(path: Path, killed: list[int], stop: threading.Event) ->
         time.sleep(0.005)
 
 
+#: The same dropout job on one GPU: one process, NCCL, the device's random generator draws the masks.
+CUDA = {**DROPOUT, "launch.nproc_per_node": 1, "pipeline.pipe_len": 1, "launch.backend": "nccl"}
+
+
+@pytest.fixture(scope="module")
+def cuda_dropout_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    tmp = tmp_path_factory.mktemp("cuda-dropout")
+    config = _config(tmp, "clean", CUDA)
+    result = _launch(config)
+    return tmp, result, _final_weights(config)
+
+
 @pytest.mark.distributed
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")
 @pytest.mark.parametrize("how", ["sigkill", "fault-hook"])
@@ -179,14 +193,36 @@ def test_resume_with_dropout_from_a_step_checkpoint_is_exact(
     dropout_reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tmp, clean, expected = dropout_reference
-    config = _config(tmp, how, DROPOUT)
+    _kill_and_compare(how, dropout_reference, DROPOUT, "step:1:1:3", monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("how", ["sigkill", "fault-hook"])
+def test_resume_with_dropout_on_cuda_is_exact(
+    how: str,
+    cuda_dropout_reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _kill_and_compare(how, cuda_dropout_reference, CUDA, "step:0:1:3", monkeypatch)
+
+
+def _kill_and_compare(
+    how: str,
+    reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    overrides: dict[str, Any],
+    fault: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tmp, clean, expected = reference
+    config = _config(tmp, how, overrides)
     step_ckpt = Path(config.checkpoint.dir) / "epoch-0001-step-000002.pt"
     killed: list[int] = []
     stop = threading.Event()
     watcher = threading.Thread(target=_kill_a_worker_when, args=(step_ckpt, killed, stop), daemon=True)
-    if how == "fault-hook":  # rank 1 exits in step 3 of epoch 1: the restart resumes after step 2
-        monkeypatch.setenv(FAULT_ENV, "step:1:1:3")
+    if how == "fault-hook":  # a rank exits in step 3 of epoch 1: the restart resumes after step 2
+        monkeypatch.setenv(FAULT_ENV, fault)
     else:  # a worker is killed from outside just after the checkpoint after step 2 of epoch 1 appears
         watcher.start()
     try:
