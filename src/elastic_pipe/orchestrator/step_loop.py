@@ -128,8 +128,9 @@ def run_epoch(
             raise OrchestratorError(
                 f"the sampler ran dry at step {i} of epoch {state.epoch}: got {idx.numel()} of {per_replica} indices"
             )
-        x = ctx.train_set.inputs[idx].to(device, non_blocking=True) if stage.is_first else None
-        y = ctx.train_set.labels[idx].to(device, non_blocking=True) if stage.is_last else None
+        # the split lives on the host (split_samples), so it is indexed there, then copied
+        x = ctx.train_set.inputs[host_idx].to(device, non_blocking=True) if stage.is_first else None
+        y = ctx.train_set.labels[host_idx].to(device, non_blocking=True) if stage.is_last else None
         clock.lap("data")
         if x is not None:
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
