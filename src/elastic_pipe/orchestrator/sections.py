@@ -144,7 +144,7 @@ class TrainSection:
     """``[train]``: the optimisation.
 
     Attributes:
-        epochs: number of epochs.
+        epochs: number of epochs (at most :data:`MAX_EPOCHS`).
         global_batch: samples per optimizer step over all replicas; each replica gets ``global_batch / replicas``,
             so the batch and the learning-rate schedule do not change when the replica count does.
         lr: peak learning rate.
@@ -153,7 +153,8 @@ class TrainSection:
         weight_decay: decoupled (AdamW) or L2 (SGD) weight decay.
         lr_schedule: "constant" or "cosine" (over all steps of the run, after ``warmup_steps`` of linear warm-up).
         warmup_steps: linear warm-up steps.
-        seed: seeds the model initialisation, the data split and the sampler.
+        seed: seeds the model initialisation, the data split, the sampler and the per-step dropout generators
+            (below :data:`SEED_LIMIT`).
         dtype: parameter dtype, "float32" or "float64" (the equivalence tests use float64).
         autocast: "none" or "bf16" (autocast on the device for the forward passes).
     """
@@ -271,8 +272,10 @@ class LaunchSection:
     Attributes:
         nproc_per_node: processes (devices) per node.
         nnodes: number of nodes.
-        backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
-        timeout: seconds every collective may take before the job fails instead of hanging.
+        backend: training-group backend: "auto" (NCCL when every local rank has a CUDA device of its own, else
+            gloo), "gloo" or "nccl".
+        timeout: seconds every collective may take before the job fails instead of hanging (at most
+            :data:`MAX_TIMEOUT_S`).
         max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
         run_id: the job's id, shared by every node's agent: a secret, since anyone who knows it and reaches the
