@@ -158,6 +158,89 @@ def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None
     assert facts["sublayers"] == 14 and facts["units"] == 6
 
 
+@pytest.mark.parametrize(
+    ("requested", "devices", "ranks", "backend", "reason"),
+    [
+        ("auto", 0, 1, "gloo", "no CUDA device"),
+        ("auto", 1, 1, "nccl", "1 CUDA devices for 1 local ranks"),
+        ("auto", 2, 4, "gloo", "4 local ranks but 2 CUDA devices"),
+        ("auto", 8, 4, "nccl", "8 CUDA devices for 4 local ranks"),
+        ("gloo", 8, 4, "gloo", "as configured"),
+        ("nccl", 4, 4, "nccl", "as configured"),
+    ],
+)
+def test_choose_backend(requested: str, devices: int, ranks: int, backend: str, reason: str) -> None:
+    from elastic_pipe.orchestrator.process_group import choose_backend
+
+    chosen, why = choose_backend(requested, devices, ranks)
+    assert chosen == backend and reason in why
+
+
+def test_nccl_without_a_device_per_rank_is_refused_by_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.orchestrator.process_group import choose_backend
+
+    with pytest.raises(ConfigError, match="4 ranks, 2 CUDA devices"):
+        choose_backend("nccl", 2, 4)
+    four = {"launch.nproc_per_node": 4, "launch.backend": "nccl"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="backend 'nccl' needs a CUDA device per local rank: 4 ranks, 3 CUDA"):
+        preflight(_tiny(four))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert preflight(_tiny(four))["sublayers"] == 14
+
+
+@pytest.mark.parametrize("section", ["checkpoint", "log"])
+def test_preflight_needs_writable_directories(section: str, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    bad = blocker / "sub"  # cannot be created: its parent is a file
+    with pytest.raises(ConfigError, match=f"\\[{section}\\] dir '{bad}' is not a writable directory"):
+        preflight(_tiny({f"{section}.dir": str(bad)}))
+    good = tmp_path / "new" / section
+    preflight(_tiny({f"{section}.dir": str(good)}))
+    assert good.is_dir() and list(good.iterdir()) == []  # created, the probe removed
+
+
+def test_preflight_probes_by_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.orchestrator.preflight import check_writable
+
+    def refuse(self: Path, data: bytes) -> int:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "write_bytes", refuse)
+    with pytest.raises(ConfigError, match=f"\\[log\\] dir '{tmp_path}' is not a writable directory: Permission denied"):
+        check_writable(tmp_path, "[log] dir")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"train.seed": 2**31}, "train.seed must be < SEED_LIMIT = 2**31"),
+        ({"launch.timeout": 86_401}, "launch.timeout must be <= MAX_TIMEOUT_S = 86400"),
+        ({"train.epochs": 100_001}, "train.epochs must be <= MAX_EPOCHS = 100000"),
+    ],
+)
+def test_numbers_above_their_limits_are_refused(overrides: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("*", "\\*")):
+        _tiny(overrides)
+
+
+def test_numbers_at_their_limits_are_accepted() -> None:
+    c = _tiny({"train.seed": 2**31 - 1, "launch.timeout": 86_400, "train.epochs": 100_000})
+    assert (c.train.seed, c.launch.timeout, c.train.epochs) == (2**31 - 1, 86_400, 100_000)
+
+
+def test_step_seeds_are_distinct_and_fit_a_torch_generator() -> None:
+    from elastic_pipe.orchestrator.step_loop import step_seed
+
+    coords = [(s, e, i, r) for s in (0, 1, 2**31 - 1) for e in (0, 1, 99_999) for i in (0, 1, 7) for r in (0, 1, 3)]
+    seeds = [step_seed(*c) for c in coords]
+    assert len(set(seeds)) == len(coords) and all(0 <= x < 2**64 for x in seeds)
+    assert step_seed(0, 1, 2, 3) == step_seed(0, 1, 2, 3)
+    torch.Generator().manual_seed(max(seeds))  # the largest is a valid seed
+
+
 def test_candidate_pipe_lens() -> None:
     four = {"pipeline.pipe_len": 4, "launch.nproc_per_node": 4, "train.global_batch": 64}
     six = {"pipeline.pipe_len": 3, "launch.nproc_per_node": 6, "train.global_batch": 96}

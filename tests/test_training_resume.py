@@ -3,14 +3,20 @@
 Each faulty job runs with ``max_restarts = 1``; the fault hook (``ELASTIC_PIPE_FAULT``) kills one rank hard on the
 first attempt only. The agent restarts the workers, they resume from the newest checkpoint (taken at an epoch end,
 or inside an epoch with ``checkpoint_steps``), and the job must end with exactly the weights of an uninterrupted run
-(CPU, float64, deterministic: the cache is off so no timing-based choice can change a floating-point sum). A last
-test resumes a 2-process checkpoint on 1 process.
+(CPU, float64, deterministic: the cache is off so no timing-based choice can change a floating-point sum). With
+dropout, a job killed by an external SIGKILL (or the fault hook) after a checkpoint inside an epoch must also end
+bit-identical to an uninterrupted run: the random generators are seeded per step, so the resumed steps draw the
+same masks. A last test resumes a 2-process checkpoint on 1 process.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +25,21 @@ import torch
 
 from elastic_pipe.orchestrator.faults import FAULT_ENV
 
+MODEL = {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4}
+#: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (5 steps an
+#: epoch), and only the newest 3 checkpoints kept.
+DROPOUT = {
+    "model.options": {**MODEL, "dropout": 0.2, "attention_dropout": 0.1},
+    "checkpoint.steps": 2,
+    "checkpoint.keep_last": 3,
+}
+
 
 def _config(tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> Any:
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
-        "model": {
-            "name": "vit",
-            "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4},
-        },
+        "model": {"name": "vit", "options": MODEL},
         "data": {"eval_fraction": 0.8},  # 360 training samples: 5 steps per epoch keep the four jobs short
         "train": {"epochs": 3, "dtype": "float64", "global_batch": 64, "optimizer": "adamw", "lr": 0.005},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
@@ -110,6 +122,7 @@ def test_resume_into_a_different_world_size(reference: tuple[Path, dict[str, Any
     moved.mkdir(parents=True)
     # Start from the checkpoint written after epoch 2 (layout: 1 stage x 2 replicas) and finish on 1 process.
     shutil.copy(clean_dir / "epoch-0002.pt", moved / "epoch-0002.pt")
+    shutil.copy(clean_dir / "epoch-0002.manifest.json", moved / "epoch-0002.manifest.json")
     meta = json.loads((clean_dir / "latest.json").read_text())
     meta.update(file="epoch-0002.pt", epoch=2)
     (moved / "latest.json").write_text(json.dumps(meta))
@@ -120,3 +133,108 @@ def test_resume_into_a_different_world_size(reference: tuple[Path, dict[str, Any
     # One replica instead of two sums the same gradients in another order: equal up to rounding (float64).
     for k, v in expected.items():
         torch.testing.assert_close(weights[k], v, rtol=1e-9, atol=1e-11)
+
+
+@pytest.fixture(scope="module")
+def dropout_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    tmp = tmp_path_factory.mktemp("dropout")
+    config = _config(tmp, "clean", DROPOUT)
+    result = _launch(config)
+    return tmp, result, _final_weights(config)
+
+
+def _workers() -> list[int]:
+    """Process ids of this test's torchrun workers: children of this process started by multiprocessing spawn."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == os.getpid() and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _kill_a_worker_when(path: Path, killed: list[int], stop: threading.Event) -> None:
+    """Once ``path`` exists, SIGKILL one worker from outside (the first attempt's; the restart is left alone)."""
+    while not stop.is_set():
+        if path.exists():
+            workers = _workers()
+            if workers:
+                os.kill(workers[-1], signal.SIGKILL)
+                killed.append(workers[-1])
+                return
+        time.sleep(0.005)
+
+
+#: The same dropout job on one GPU: one process, NCCL, the device's random generator draws the masks.
+CUDA = {**DROPOUT, "launch.nproc_per_node": 1, "pipeline.pipe_len": 1, "launch.backend": "nccl"}
+
+
+@pytest.fixture(scope="module")
+def cuda_dropout_reference(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    tmp = tmp_path_factory.mktemp("cuda-dropout")
+    config = _config(tmp, "clean", CUDA)
+    result = _launch(config)
+    return tmp, result, _final_weights(config)
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")
+@pytest.mark.parametrize("how", ["sigkill", "fault-hook"])
+def test_resume_with_dropout_from_a_step_checkpoint_is_exact(
+    how: str,
+    dropout_reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _kill_and_compare(how, dropout_reference, DROPOUT, "step:1:1:3", monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.distributed
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("how", ["sigkill", "fault-hook"])
+def test_resume_with_dropout_on_cuda_is_exact(
+    how: str,
+    cuda_dropout_reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _kill_and_compare(how, cuda_dropout_reference, CUDA, "step:0:1:3", monkeypatch)
+
+
+def _kill_and_compare(
+    how: str,
+    reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    overrides: dict[str, Any],
+    fault: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tmp, clean, expected = reference
+    config = _config(tmp, how, overrides)
+    step_ckpt = Path(config.checkpoint.dir) / "epoch-0001-step-000002.pt"
+    killed: list[int] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_kill_a_worker_when, args=(step_ckpt, killed, stop), daemon=True)
+    if how == "fault-hook":  # a rank exits in step 3 of epoch 1: the restart resumes after step 2
+        monkeypatch.setenv(FAULT_ENV, fault)
+    else:  # a worker is killed from outside just after the checkpoint after step 2 of epoch 1 appears
+        watcher.start()
+    try:
+        result = _launch(config)
+    finally:
+        stop.set()
+    if how == "sigkill":
+        watcher.join()
+        assert len(killed) == 1, "the watcher killed no worker"
+    _assert_same(_final_weights(config), expected)
+    assert result["losses"] == clean["losses"]
+    # keep_last = 3: the three newest checkpoints of the run (after step 2 and 4 of epoch 2, and the end) are left
+    names = sorted(p.name for p in Path(config.checkpoint.dir).glob("*.pt"))
+    assert names == ["epoch-0002-step-000002.pt", "epoch-0002-step-000004.pt", "epoch-0003.pt"]
+    assert not list(Path(config.checkpoint.dir).glob("*.tmp"))

@@ -1,21 +1,45 @@
-"""Checks that need the registries or the model, run before any process or group exists.
+"""Checks that need the registries, the model, the file system or the node's devices, run before any process or
+group exists.
 
-:class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs; here every
-component the config names is built once on the CPU (:func:`components_from_config`: an unknown policy, solver,
-schedule, model or dataset, or an import path that does not import, is a one-line error), the initial pipeline is
-checked against the model, and a checkpoint to resume from is checked against the model.
+:class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs and numbers
+above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``) must be
+creatable and writable, ``nccl`` needs a CUDA device per local rank, every component the config names is built
+once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, or an
+import path that does not import, is a one-line error), the initial pipeline is checked against the model, and a
+checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from elastic_pipe.orchestrator.checkpoint import check_compatible, read_latest
 from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
 
-__all__ = ["preflight"]
+__all__ = ["check_writable", "preflight"]
+
+
+def check_writable(directory: str | Path, what: str) -> None:
+    """Create ``directory`` if needed, then create and remove a probe file in it.
+
+    Raises:
+        ConfigError: naming ``what``, the path and the operating system's reason.
+    """
+    path = Path(directory)
+    probe = path / f".elastic_pipe_probe_{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not a writable directory: {exc.strerror or exc}") from None
 
 
 def preflight(config: TrainConfig) -> dict[str, Any]:
@@ -27,6 +51,10 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     Raises:
         ConfigError: naming the bad value and the valid choices.
     """
+    for section, directory in (("checkpoint", config.checkpoint.dir), ("log", config.log.dir)):
+        if directory:
+            check_writable(directory, f"[{section}] dir")
+    choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))
     p = config.pipeline
     if p.compression == "halving" and p.pipe_len & (p.pipe_len - 1):
         raise ConfigError(f"compression 'halving' needs a power-of-two pipe_len, got {p.pipe_len}")

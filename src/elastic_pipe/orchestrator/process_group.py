@@ -7,6 +7,7 @@ Used by :class:`~elastic_pipe.orchestrator.trainer.ElasticTrainer`; a program th
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 
 import torch
@@ -14,15 +15,54 @@ import torch.distributed as dist
 
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = ["device_for", "join_process_group", "training_backend", "warm_up"]
+__all__ = ["choose_backend", "device_for", "join_process_group", "local_ranks", "training_backend", "warm_up"]
+
+log = logging.getLogger(__name__)
+
+
+def choose_backend(requested: str, cuda_devices: int, local_ranks: int) -> tuple[str, str]:
+    """The training backend for ``requested`` ("auto", "gloo" or "nccl") on a node, and the reason for it.
+
+    NCCL needs a device of its own for every local rank (two ranks on one GPU fail inside NCCL, or serialise), so
+    "auto" picks it only when the node has at least as many CUDA devices as local ranks, and gloo on the CPU
+    otherwise.
+
+    Args:
+        requested: ``[launch] backend``.
+        cuda_devices: CUDA devices this node sees (``torch.cuda.device_count()``).
+        local_ranks: processes on this node (``LOCAL_WORLD_SIZE``, ``[launch] nproc_per_node``).
+
+    Returns:
+        ``(backend, reason)``.
+
+    Raises:
+        ConfigError: "nccl" with fewer CUDA devices than local ranks.
+    """
+    enough = cuda_devices >= local_ranks
+    if requested == "nccl" and not enough:
+        raise ConfigError(
+            f"backend 'nccl' needs a CUDA device per local rank: {local_ranks} ranks, {cuda_devices} CUDA "
+            "devices; use backend = 'gloo' or 'auto', or fewer processes per node"
+        )
+    if requested != "auto":
+        return requested, f"backend {requested!r} as configured"
+    if enough and cuda_devices:
+        return "nccl", f"{cuda_devices} CUDA devices for {local_ranks} local ranks"
+    if not cuda_devices:
+        return "gloo", "no CUDA device: gloo on the CPU"
+    return "gloo", f"{local_ranks} local ranks but {cuda_devices} CUDA devices: gloo on the CPU"
+
+
+def local_ranks(config: TrainConfig) -> int:
+    """Processes on this node: torchrun's ``LOCAL_WORLD_SIZE``, else ``[launch] nproc_per_node``."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", config.launch.nproc_per_node))
 
 
 def training_backend(config: TrainConfig) -> str:
-    """The backend of the training groups: NCCL when asked for or when CUDA is there under "auto", else gloo."""
-    if config.launch.backend == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    return config.launch.backend
+    """The backend of the training groups (:func:`choose_backend` with this node's devices and ranks)."""
+    return choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))[0]
 
 
 def device_for(config: TrainConfig) -> torch.device:
@@ -38,7 +78,11 @@ def join_process_group(config: TrainConfig) -> bool:
     """Join the default group from the torchrun environment unless a caller did; returns whether we did."""
     if dist.is_initialized():
         return False
-    backend = training_backend(config)
+    backend, reason = choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))
+    if config.launch.backend == "auto" and backend == "gloo" and torch.cuda.device_count():
+        log.warning("backend 'auto' chose gloo: %s", reason)
+    else:
+        log.info("training backend %s: %s", backend, reason)
     # CPU tensors (statistics, byte payloads) may meet the default group too, so NCCL jobs pair it with gloo.
     spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
     timeout = datetime.timedelta(seconds=config.launch.timeout)

@@ -22,8 +22,11 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DTYPES",
     "LR_SCHEDULES",
+    "MAX_EPOCHS",
+    "MAX_TIMEOUT_S",
     "OPTIMIZERS",
     "SECTIONS",
+    "SEED_LIMIT",
     "CheckpointSection",
     "DataSection",
     "FreezeSection",
@@ -43,6 +46,13 @@ COST_METRICS = ("params", "time")
 CACHE_MODES = ("auto", "on", "off")
 BACKENDS = ("auto", "gloo", "nccl")
 COMPILE_MODES = ("auto", "on", "off")
+#: Seeds stay below 2**31 so that they fit a signed 32-bit integer, which every consumer of a seed accepts (numpy's
+#: legacy ``RandomState``, a C ``int``, a torch generator, JSON readers in other languages).
+SEED_LIMIT = 2**31
+#: Longest collective timeout, one day: a larger one only turns a dead peer into a hang nobody notices.
+MAX_TIMEOUT_S = 86_400.0
+#: Most epochs a run may ask for: far above any real run, low enough to catch a typo (an extra digit or three).
+MAX_EPOCHS = 100_000
 #: The alpha policy's default: 1/3, the published trade-off (2.83x at 90.78% on CIFAR-100).
 DEFAULT_ALPHA = 1 / 3
 
@@ -55,6 +65,11 @@ def _positive_int(name: str, value: object) -> None:
 def _nonnegative_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _at_most(name: str, value: float, limit: float, limit_name: str, why: str) -> None:
+    if value > limit:
+        raise ConfigError(f"{name} must be <= {limit_name} = {limit:g} ({why}), got {value!r}")
 
 
 def _positive_float(name: str, value: object) -> None:
@@ -131,7 +146,7 @@ class TrainSection:
     """``[train]``: the optimisation.
 
     Attributes:
-        epochs: number of epochs.
+        epochs: number of epochs (at most :data:`MAX_EPOCHS`).
         global_batch: samples per optimizer step over all replicas; each replica gets ``global_batch / replicas``,
             so the batch and the learning-rate schedule do not change when the replica count does.
         lr: peak learning rate.
@@ -140,7 +155,8 @@ class TrainSection:
         weight_decay: decoupled (AdamW) or L2 (SGD) weight decay.
         lr_schedule: "constant" or "cosine" (over all steps of the run, after ``warmup_steps`` of linear warm-up).
         warmup_steps: linear warm-up steps.
-        seed: seeds the model initialisation, the data split and the sampler.
+        seed: seeds the model initialisation, the data split, the sampler and the per-step dropout generators
+            (below :data:`SEED_LIMIT`).
         dtype: parameter dtype, "float32" or "float64" (the equivalence tests use float64).
         autocast: "none" or "bf16" (autocast on the device for the forward passes).
         compile: "auto" (on with CUDA, off on the CPU), "on" or "off": ``torch.compile`` each sub-layer once
@@ -174,6 +190,9 @@ class TrainSection:
         _positive_int("train.global_batch", self.global_batch)
         _nonnegative_int("train.warmup_steps", self.warmup_steps)
         _nonnegative_int("train.seed", self.seed)
+        if self.seed >= SEED_LIMIT:
+            raise ConfigError(f"train.seed must be < SEED_LIMIT = 2**31 (a signed 32-bit integer), got {self.seed!r}")
+        _at_most("train.epochs", self.epochs, MAX_EPOCHS, "MAX_EPOCHS", "a larger count is a typo")
         _positive_float("train.lr", self.lr)
         _nonnegative_float("train.momentum", self.momentum)
         _nonnegative_float("train.weight_decay", self.weight_decay)
@@ -268,8 +287,10 @@ class LaunchSection:
     Attributes:
         nproc_per_node: processes (devices) per node.
         nnodes: number of nodes.
-        backend: training-group backend: "auto" (NCCL when CUDA is available, else gloo), "gloo" or "nccl".
-        timeout: seconds every collective may take before the job fails instead of hanging.
+        backend: training-group backend: "auto" (NCCL when every local rank has a CUDA device of its own, else
+            gloo), "gloo" or "nccl".
+        timeout: seconds every collective may take before the job fails instead of hanging (at most
+            :data:`MAX_TIMEOUT_S`).
         max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
         run_id: the job's id, shared by every node's agent: a secret, since anyone who knows it and reaches the
@@ -290,6 +311,7 @@ class LaunchSection:
         _nonnegative_int("launch.max_restarts", self.max_restarts)
         _one_of("launch.backend", self.backend, BACKENDS)
         _positive_float("launch.timeout", self.timeout)
+        _at_most("launch.timeout", self.timeout, MAX_TIMEOUT_S, "MAX_TIMEOUT_S", "one day, in seconds")
         _string("launch.rdzv_endpoint", self.rdzv_endpoint)
         _string("launch.run_id", self.run_id)
 
@@ -303,18 +325,26 @@ class CheckpointSection:
         every: save a checkpoint every this many epochs.
         steps: also save one every this many steps inside an epoch (0: only at epoch ends).
         resume: "auto" (resume from ``dir`` when it holds a checkpoint) or "never".
+        keep_last: keep only this many newest checkpoints, deleting older ones after each save (0 keeps all).
+        allow_nonfinite: load a checkpoint whose floating-point tensors hold NaN, infinity or magnitudes above
+            :data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (refused as corrupt by default).
     """
 
     dir: str = ""
     every: int = 1
     steps: int = 0
     resume: str = "auto"
+    keep_last: int = 0
+    allow_nonfinite: bool = False
 
     def __post_init__(self) -> None:
         _string("checkpoint.dir", self.dir)
         _positive_int("checkpoint.every", self.every)
         _nonnegative_int("checkpoint.steps", self.steps)
         _one_of("checkpoint.resume", self.resume, ("auto", "never"))
+        _nonnegative_int("checkpoint.keep_last", self.keep_last)
+        if not isinstance(self.allow_nonfinite, bool):
+            raise ConfigError(f"checkpoint.allow_nonfinite must be true or false, got {self.allow_nonfinite!r}")
 
 
 @dataclass(frozen=True)

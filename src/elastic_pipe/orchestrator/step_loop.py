@@ -8,6 +8,7 @@ is unaffected too.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,18 +25,22 @@ from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
-__all__ = ["EpochLosses", "StepHook", "clip_global_grad_norm", "epoch_seed", "run_epoch"]
+__all__ = ["EpochLosses", "StepHook", "clip_global_grad_norm", "run_epoch", "step_seed"]
 
-#: Spacing of (seed, epoch, rank) in :func:`epoch_seed`; larger than any epoch count or world size.
-_SEED_STRIDE = 1 << 20
 
 #: Called after each step but an epoch's last, with the state after the step and the steps done in the epoch.
 StepHook = Callable[[RunState, int], object]
 
 
-def epoch_seed(seed: int, epoch: int, rank: int) -> int:
-    """The seed of a rank's random generators (CPU and CUDA) for one epoch: distinct for every (epoch, rank)."""
-    return (seed * _SEED_STRIDE + epoch) * _SEED_STRIDE + rank
+def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The seed of a rank's random generators (CPU and CUDA) for one step of an epoch (``step`` counts from 0).
+
+    A function of the step's coordinates alone, so a run resumed at any step draws that step's dropout masks
+    exactly as the uninterrupted run did, whatever it drew before; distinct for every (seed, epoch, step, rank)
+    up to the 2**-64 chance of a hash collision, with no bound on any coordinate. 64 bits of BLAKE2b.
+    """
+    digest = hashlib.blake2b(f"{seed}:{epoch}:{step}:{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def _timed_step(done: int, steps: int, interval: int) -> bool:
@@ -120,9 +125,6 @@ def run_epoch(
     steps_per_epoch = len(ctx.train_set) // batch
     per_replica = batch // layout.replicas
     sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
-    # Random ops in training (dropout) draw from generators seeded by (seed, epoch, rank): reproducible across
-    # restarts at epoch granularity, and independent between ranks.
-    torch.manual_seed(epoch_seed(c.train.seed, state.epoch, ctx.rank))
     first = sampler.consumed // batch
     first_step_s = 0.0
     clock = PhaseClock(device)
@@ -143,6 +145,10 @@ def run_epoch(
         if max_steps and state.step >= max_steps:
             break
         maybe_fail("step", ctx.rank, state.epoch, i)
+        # Random ops in training (dropout) draw from generators reseeded at every step from (seed, epoch, step,
+        # rank): a resume from any step checkpoint reproduces the masks, and ranks draw independently.
+        # torch.manual_seed seeds the CPU generator and every CUDA device's.
+        torch.manual_seed(step_seed(c.train.seed, state.epoch, i, ctx.rank))
         timed = device.type != "cuda" or _timed_step(i - first, steps_per_epoch - first, c.log.timing_interval)
         timer.active = timed
         clock.start(timed=timed)
@@ -154,8 +160,9 @@ def run_epoch(
             raise OrchestratorError(
                 f"the sampler ran dry at step {i} of epoch {state.epoch}: got {idx.numel()} of {per_replica} indices"
             )
-        x = ctx.train_set.inputs[idx].to(device, non_blocking=True) if stage.is_first else None
-        y = ctx.train_set.labels[idx].to(device, non_blocking=True) if stage.is_last else None
+        # the split lives on the host (split_samples), so it is indexed there, then copied
+        x = ctx.train_set.inputs[host_idx].to(device, non_blocking=True) if stage.is_first else None
+        y = ctx.train_set.labels[host_idx].to(device, non_blocking=True) if stage.is_last else None
         clock.lap("data")
         if x is not None:
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])

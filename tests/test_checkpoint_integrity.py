@@ -1,0 +1,252 @@
+"""Checkpoint files: manifests, checksums, value checks, fallback to an intact checkpoint, atomic writes, pruning.
+
+Each corruption is made on disk the way it happens (a flipped byte, a truncated file, a file swapped under its
+manifest, a pointer leading out of the directory) or, for the value checks, saved with consistent checksums so
+that only the value check can catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elastic_pipe.orchestrator import ConfigError
+from elastic_pipe.orchestrator.checkpoint import (
+    FORMAT,
+    LATEST,
+    CorruptCheckpoint,
+    checkpoint_files,
+    load_latest,
+    load_verified,
+    manifest_path,
+    prune,
+    read_latest,
+    write_checkpoint,
+)
+from elastic_pipe.orchestrator.integrity import MAX_ABS, tensor_checksums, value_problems
+
+
+def _state(scale: float = 1.0) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "model": {"w": torch.randn(4, 3, generator=g) * scale, "b": torch.zeros(3, dtype=torch.float64)},
+        "optimizer": {"state": {"w": {"exp_avg": torch.ones(4, 3), "step": torch.tensor(5.0)}}, "param_groups": []},
+        "rng": torch.get_rng_state(),
+        "run": {"epoch": 1, "layout": [1, 2]},
+    }
+
+
+def _save(directory: Path, name: str, state: dict[str, Any]) -> Path:
+    return write_checkpoint(directory, name, state, {"epoch": 1, "step": 2, "fingerprint": {}})
+
+
+def _two(directory: Path) -> tuple[Path, Path]:
+    """An older intact checkpoint and a newer one that latest.json points at."""
+    old = _save(directory, "epoch-0001.pt", _state(1.0))
+    new = _save(directory, "epoch-0001-step-000002.pt", _state(2.0))
+    return old, new
+
+
+def _loaded_file(directory: Path, **kwargs: Any) -> str:
+    found = load_latest(directory, **kwargs)
+    assert found is not None
+    return str(found[1]["file"])
+
+
+def test_a_checkpoint_round_trips_with_its_manifest(tmp_path: Path) -> None:
+    state = _state()
+    path = _save(tmp_path, "epoch-0001.pt", state)
+    manifest = json.loads(manifest_path(path).read_text())
+    assert manifest["file"] == "epoch-0001.pt" and manifest["format"] == FORMAT and len(manifest["sha256"]) == 64
+    assert set(manifest["tensors"]) == {
+        "model/w",
+        "model/b",
+        "optimizer/state/w/exp_avg",
+        "optimizer/state/w/step",
+        "rng",
+    }
+    assert json.loads((tmp_path / LATEST).read_text()) == {
+        "format": FORMAT,
+        "file": "epoch-0001.pt",
+        "epoch": 1,
+        "step": 2,
+        "fingerprint": {},
+    }
+    found = load_latest(tmp_path)
+    assert found is not None
+    loaded, _ = found
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"]) and loaded["run"] == state["run"]
+
+
+@pytest.mark.parametrize("damage", ["flip-byte", "truncate", "empty", "missing-manifest", "swapped-file"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(
+    damage: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old, new = _two(tmp_path)
+    raw = new.read_bytes()
+    if damage == "flip-byte":
+        new.write_bytes(raw[: len(raw) // 2] + bytes([raw[len(raw) // 2] ^ 0x01]) + raw[len(raw) // 2 + 1 :])
+    elif damage == "truncate":
+        new.write_bytes(raw[: len(raw) - 100])
+    elif damage == "empty":
+        new.write_bytes(b"")
+    elif damage == "missing-manifest":
+        manifest_path(new).unlink()
+    else:  # an intact file of another save under this manifest, its SHA-256 updated: the tensors' CRCs differ
+        new.write_bytes(old.read_bytes())
+        manifest = json.loads(manifest_path(new).read_text())
+        manifest["sha256"] = json.loads(manifest_path(old).read_text())["sha256"]
+        manifest_path(new).write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.checkpoint"):
+        assert _loaded_file(tmp_path) == "epoch-0001.pt"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and str(new) in warnings[0]
+    with pytest.raises(CorruptCheckpoint, match=str(new)):
+        load_verified(new)
+
+
+def test_no_intact_checkpoint_is_an_error_naming_every_file(tmp_path: Path) -> None:
+    old, new = _two(tmp_path)
+    for p in (old, new):
+        p.write_bytes(p.read_bytes()[:-1])
+    with pytest.raises(ConfigError, match="no intact checkpoint") as exc:
+        load_latest(tmp_path, warn=False)
+    assert str(old) in str(exc.value) and str(new) in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("poison", "message"),
+    [
+        (float("nan"), "non-finite"),
+        (float("inf"), "non-finite"),
+        (-2.99e36, "magnitude"),  # what one flipped exponent bit makes of a float32 weight
+    ],
+)
+@pytest.mark.parametrize("where", ["model", "optimizer"])
+def test_non_finite_or_huge_values_are_refused_even_with_consistent_checksums(
+    poison: float, message: str, where: str, tmp_path: Path
+) -> None:
+    bad = _state()
+    if where == "model":
+        bad["model"]["w"][1, 2] = poison
+    else:
+        bad["optimizer"]["state"]["w"]["exp_avg"][0, 0] = poison
+    path = _save(tmp_path, "epoch-0002.pt", bad)  # checksums computed over the poisoned state: they all match
+    with pytest.raises(CorruptCheckpoint, match=message):
+        load_verified(path)
+    with pytest.raises(ConfigError, match="no intact checkpoint"):
+        load_latest(tmp_path, warn=False)
+    loaded, _ = load_verified(path, allow_nonfinite=True)  # the documented opt-out
+    torch.testing.assert_close(loaded["model"]["w"], bad["model"]["w"], rtol=0, atol=0, equal_nan=True)
+    # with an intact older one, the poisoned latest is skipped
+    _save(tmp_path, "epoch-0001.pt", _state())
+    (tmp_path / LATEST).write_text(json.dumps({"format": FORMAT, "file": "epoch-0002.pt"}))
+    assert _loaded_file(tmp_path, warn=False) == "epoch-0001.pt"
+
+
+def test_a_real_exponent_bit_flip_is_caught_by_the_value_check() -> None:
+    w = torch.tensor([0.0123, -0.7], dtype=torch.float32)
+    (bits,) = struct.unpack("<I", struct.pack("<f", float(w[1])))
+    (flipped,) = struct.unpack("<f", struct.pack("<I", bits ^ (1 << 30)))  # the exponent's top bit
+    w[1] = flipped
+    assert abs(flipped) > MAX_ABS
+    assert value_problems({"w": w}) == [f"tensor 'w' holds a value of magnitude {abs(flipped):.3g} > {MAX_ABS:g}"]
+    assert value_problems({"w": torch.tensor([1e29]), "i": torch.tensor([2**40]), "e": torch.zeros(0)}) == []
+
+
+def test_tensor_checksums_see_every_byte() -> None:
+    a = {"x": torch.arange(6, dtype=torch.float64).reshape(2, 3), "n": [torch.tensor(True)]}
+    b = {"x": a["x"].clone(), "n": [torch.tensor(True)]}
+    assert tensor_checksums(a) == tensor_checksums(b)
+    b["x"][1, 1] = torch.nextafter(b["x"][1, 1], torch.tensor(10.0, dtype=torch.float64))
+    assert tensor_checksums(a)["x"] != tensor_checksums(b)["x"] and set(tensor_checksums(a)) == {"x", "n/0"}
+    assert tensor_checksums({"t": a["x"].t()}) == tensor_checksums({"t": a["x"].t().contiguous()})
+
+
+@pytest.mark.parametrize("name", ["../epoch-0001.pt", "/etc/passwd", "sub/epoch-0001.pt", "..", "", 3, None])
+def test_latest_json_may_only_point_inside_the_directory(name: object, tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    _save(tmp_path, "epoch-0001.pt", _state())  # a valid checkpoint one level up, where "../" would lead
+    (directory / "sub").mkdir(parents=True)
+    _save(directory / "sub", "epoch-0001.pt", _state())
+    (directory / LATEST).write_text(json.dumps({"format": FORMAT, "file": name}))
+    with pytest.raises(ConfigError, match="must name a file inside"):
+        read_latest(directory)
+    with pytest.raises(ConfigError, match="must name a file inside"):
+        load_latest(directory)
+
+
+def test_latest_json_may_not_be_a_link_out_of_the_directory(tmp_path: Path) -> None:
+    outside = _save(tmp_path / "elsewhere", "epoch-0001.pt", _state())
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "epoch-0001.pt").symlink_to(outside)
+    (directory / LATEST).write_text(json.dumps({"format": FORMAT, "file": "epoch-0001.pt"}))
+    with pytest.raises(ConfigError, match="must name a file inside"):
+        read_latest(directory)
+
+
+def test_a_save_removes_leftover_tmp_files_and_leaves_others(tmp_path: Path) -> None:
+    for name in ("epoch-0003.pt.tmp", "epoch-0003.manifest.json.tmp", "latest.json.tmp"):
+        (tmp_path / name).write_bytes(b"half a checkpoint")
+    (tmp_path / "notes.tmp").write_text("not ours")
+    _save(tmp_path, "epoch-0001.pt", _state())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "epoch-0001.manifest.json",
+        "epoch-0001.pt",
+        "latest.json",
+        "notes.tmp",
+    ]
+
+
+def test_every_file_is_fsynced_before_its_rename_and_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        events.append(f"rename {Path(dst).name}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    _save(tmp_path, "epoch-0001.pt", _state())
+    names = ["epoch-0001.pt", "epoch-0001.manifest.json", LATEST]
+    assert events == [e for n in names for e in ("fsync-file", f"rename {n}", "fsync-dir")]
+
+
+NAMES = ["epoch-0001.pt", "epoch-0001-step-000002.pt", "epoch-0001-step-000004.pt", "epoch-0002.pt", "epoch-0010.pt"]
+
+
+@pytest.mark.parametrize(
+    ("keep", "kept"),
+    [
+        (0, NAMES),
+        (1, ["epoch-0002.pt", "epoch-0010.pt"]),
+        (2, ["epoch-0001-step-000004.pt", "epoch-0002.pt", "epoch-0010.pt"]),
+        (9, NAMES),
+    ],
+)
+def test_keep_last_prunes_the_oldest_checkpoints(keep: int, kept: list[str], tmp_path: Path) -> None:
+    for name in NAMES:
+        _save(tmp_path, name, _state())
+    assert [p.name for p in checkpoint_files(tmp_path)] == NAMES  # numeric order: step checkpoints inside epochs
+    # The newest save is epoch-0002; epoch-0010 comes after it (left by an attempt that failed later) and is kept.
+    deleted = prune(tmp_path, keep, tmp_path / "epoch-0002.pt")
+    assert [p.name for p in checkpoint_files(tmp_path)] == kept
+    assert sorted(p.name for p in deleted) == sorted(set(NAMES) - set(kept))
+    assert all(not manifest_path(p).exists() for p in deleted)
+    assert all(manifest_path(tmp_path / n).exists() for n in kept)
