@@ -21,11 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# Every compiled arm pays its own compilation: no on-disk cache carries one arm's kernels to the next, and
+# torch._dynamo.reset() before each arm drops the in-process one.
+os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
 import torch
 import torch.distributed as dist
@@ -152,6 +158,7 @@ def main() -> int:
         for arm in args.arms.split(","):
             model = w["build"]()
             torch.manual_seed(0)
+            torch._dynamo.reset()
             t0 = time.perf_counter()
             if arm.startswith("plain"):
                 arms[arm] = plain_loop(

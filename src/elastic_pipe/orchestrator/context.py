@@ -39,6 +39,8 @@ class RunContext:
         eval_set: the evaluation split.
         log: where rank 0 writes records and human lines.
         costs: per-sub-layer cost the partition balances.
+        compiled: compiled wrappers of the sub-layers (``[train] compile``), from which stages are built; ``None``
+            runs stages eagerly.
     """
 
     config: TrainConfig
@@ -51,6 +53,7 @@ class RunContext:
     eval_set: Split
     log: EventLog
     costs: list[float]
+    compiled: list[nn.Module] | None = None
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
     #: synchronise the host with the device at every cached step.
     host_ids: torch.Tensor = field(init=False)
@@ -68,6 +71,10 @@ class RunContext:
     def sublayers(self) -> list[nn.Module]:
         """The model's sub-layers, in order."""
         return list(self.parts.model.children())
+
+    def stage_sublayers(self, lo: int, hi: int) -> list[nn.Module]:
+        """Sub-layers ``lo:hi`` as a stage runs them: compiled wrappers when compilation is on."""
+        return (self.compiled or self.sublayers)[lo:hi]
 
     @property
     def unit_ends(self) -> tuple[int, ...]:

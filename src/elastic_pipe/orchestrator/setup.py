@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -62,16 +63,16 @@ def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
     return mode == "on" or (mode == "auto" and device.type == "cuda")
 
 
-def compile_sublayers(model: nn.Module) -> None:
-    """Regional compilation: each sub-layer's forward is compiled in place (``nn.Module.compile``).
+def compile_sublayers(model: nn.Module) -> list[nn.Module]:
+    """Regional compilation: a compiled wrapper of each sub-layer (``torch.compile``), sharing its parameters.
 
-    One compiled region per sub-layer class serves every block of that class and every layout: a stage is only a
-    new grouping of the same compiled sub-layers, so a transition compiles nothing new for training (the frozen
-    prefix's ``no_grad`` forward is compiled once more, at the first boundary that runs it). Shapes that vary
-    (the last evaluation chunk) are marked dynamic after their first recompile, by torch's default.
+    Stages are built from the wrappers, so one compiled region per sub-layer class serves every block of that
+    class and every layout: a transition only regroups compiled sub-layers, and compiles again only where a
+    stage's first sub-layer stops receiving a gradient-carrying input. The model itself stays eager: the frozen
+    prefix (run once per transition to fill the cache, or per step without it) and the evaluation run it, which
+    measured faster on short runs than compiling their ``no_grad`` variants (docs/benchmarks.md).
     """
-    for sub in model.children():
-        sub.compile()
+    return [cast(nn.Module, torch.compile(sub)) for sub in model.children()]
 
 
 def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False) -> RunContext:
@@ -102,9 +103,8 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
     log = EventLog(path, None if quiet or rank != 0 else sys.stderr)
     model = parts.model.to(device)
-    if compile_enabled(c, device):
-        compile_sublayers(model)
+    compiled = compile_sublayers(model) if compile_enabled(c, device) else None
     costs = sublayer_costs(model)
     if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
         costs = profiled_costs(model, train_set, c, device)
-    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs)
+    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs, compiled)

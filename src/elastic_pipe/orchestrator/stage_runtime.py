@@ -46,7 +46,7 @@ class StageRuntime:
         k, s = layout.pipe_len, self.stage
         lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
         sublayers = ctx.sublayers
-        self.module = nn.Sequential(*sublayers[lo:hi])
+        self.module = nn.Sequential(*ctx.stage_sublayers(lo, hi))
         self.module.train()
         self.runner: Any = build_runner(
             self.module,

@@ -127,6 +127,7 @@ def run_epoch(
     sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
     first = sampler.consumed // batch
     first_step_s = 0.0
+    data_device = ctx.train_set.inputs.device
     clock = PhaseClock(device)
     sync_ops = 0
     losses.local = []
@@ -153,16 +154,18 @@ def run_epoch(
         timer.active = timed
         clock.start(timed=timed)
         host_idx = torch.tensor(sampler.step_indices(batch), dtype=torch.long)
-        idx = host_idx
-        if device.type == "cuda":  # a pinned index copies without waiting for the queued work
-            idx = idx.pin_memory().to(device, non_blocking=True)
-        if idx.numel() != per_replica:
+        if host_idx.numel() != per_replica:
             raise OrchestratorError(
-                f"the sampler ran dry at step {i} of epoch {state.epoch}: got {idx.numel()} of {per_replica} indices"
+                f"the sampler ran dry at step {i} of epoch {state.epoch}: got {host_idx.numel()} of {per_replica} "
+                "indices"
             )
-        # the split lives on the host (split_samples), so it is indexed there, then copied
-        x = ctx.train_set.inputs[host_idx].to(device, non_blocking=True) if stage.is_first else None
-        y = ctx.train_set.labels[host_idx].to(device, non_blocking=True) if stage.is_last else None
+        # The split is indexed where it lives: on the host (then copied), or on the device when the caller put it
+        # there (a pinned index copies without waiting for the queued work).
+        idx = host_idx
+        if data_device.type == "cuda":
+            idx = host_idx.pin_memory().to(data_device, non_blocking=True)
+        x = ctx.train_set.inputs[idx].to(device, non_blocking=True) if stage.is_first else None
+        y = ctx.train_set.labels[idx].to(device, non_blocking=True) if stage.is_last else None
         clock.lap("data")
         if x is not None:
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
