@@ -3,8 +3,8 @@
     python examples/train_digits.py            # about 1-2 minutes on a laptop
 
 The same as ``elastic-pipe train --config examples/vit_digits.toml``, written out: build a validated
-``TrainConfig`` from the TOML's tables, check it against the registries and the model (``preflight``), start the processes with
-torchrun's elastic agent (``launch``) and print what rank 0 reports.
+``TrainConfig`` from the TOML's tables, check it against the registries and the model (``preflight``), start
+the processes with torchrun's elastic agent (``launch``) and print what rank 0 reports.
 """
 
 from __future__ import annotations

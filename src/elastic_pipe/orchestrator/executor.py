@@ -30,10 +30,38 @@ from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.transition import apply_moves, changed_ranks, drop_foreign_state, plan_moves
 
-__all__ = ["TRANSITION_PHASES", "Applied", "apply", "decide", "event_for", "gather_stats", "timed_decision"]
+__all__ = [
+    "TRANSITION_PHASES",
+    "Applied",
+    "apply",
+    "decide",
+    "event_for",
+    "gather_stats",
+    "initial_state",
+    "timed_decision",
+]
 
 #: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
 TRANSITION_PHASES = ("moves", "rebuild", "cache")
+
+
+def initial_state(ctx: RunContext) -> RunState:
+    """The run's start (a collective): rank 0 partitions the sub-layers over the initial length and broadcasts
+    the layout; its bottleneck becomes the budget compression respects."""
+    c = ctx.config
+
+    def initial() -> protocol.TransitionMessage:
+        layout, budget = layout_rule.initial_layout(
+            ctx.costs,
+            c.pipeline.pipe_len,
+            ctx.world_size,
+            solver=ctx.parts.partitioner,
+            microbatches=c.microbatches_for(c.pipeline.pipe_len),
+        )
+        return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=(), grad_norms=None)
+
+    msg = decision.announce(initial, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
+    return RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start)
 
 
 def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | None:

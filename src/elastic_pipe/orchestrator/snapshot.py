@@ -17,8 +17,9 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import sync_weights
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import drop_foreign_state
+from elastic_pipe.types import Layout
 
-__all__ = ["gather", "restore"]
+__all__ = ["full_model", "gather", "restore"]
 
 
 def _param_names(ctx: RunContext) -> dict[int, str]:
@@ -90,3 +91,16 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
         group.update({k: v for k, v in kept.items() if k not in ("fused", "foreach")})
     torch.set_rng_state(saved["rng"])
     return state
+
+
+def full_model(ctx: RunContext, layout: Layout) -> dict[str, torch.Tensor]:
+    """The whole trained model's weights (a collective: every stage sends its sub-layers' weights).
+
+    Returns:
+        On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
+        separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks.
+    """
+    sync_weights(ctx, layout)
+    if ctx.rank != 0:
+        return {}
+    return {name: t.detach().to("cpu", copy=True) for name, t in ctx.model.state_dict().items()}

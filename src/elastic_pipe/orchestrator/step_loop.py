@@ -19,13 +19,22 @@ import torch.distributed as dist
 from elastic_pipe import data as edata
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
-__all__ = ["EpochLosses", "StepHook", "clip_global_grad_norm", "run_epoch", "step_seed"]
+__all__ = [
+    "EpochLosses",
+    "StepHook",
+    "clip_global_grad_norm",
+    "epoch_metrics",
+    "finish_epoch",
+    "run_epoch",
+    "step_seed",
+]
 
 
 #: Called after each step but an epoch's last, with the state after the step and the steps done in the epoch.
@@ -254,3 +263,42 @@ def epoch_metrics(
         cache=stage.cache_on,
         lr=lr,
     )
+
+
+def finish_epoch(
+    ctx: RunContext,
+    state: RunState,
+    stage: StageRuntime,
+    *,
+    done: int,
+    first: int,
+    losses: list[float],
+    phases: dict[str, float],
+    seconds: float,
+    lr: float,
+) -> tuple[EpochMetrics, tuple[float | None, float | None]]:
+    """Evaluate when due (every ``[log] eval_every`` epochs, the run's last one and a ``max_steps`` stop; a
+    collective) and build the epoch's record from what :func:`run_epoch` measured.
+
+    Args:
+        done: steps of the epoch done so far; ``first``: those done before this attempt (a mid-epoch resume).
+    """
+    c = ctx.config
+    stopped = bool(c.train.max_steps) and state.step >= c.train.max_steps
+    last = stopped or state.epoch + 1 >= c.train.epochs
+    scores: tuple[float | None, float | None] = (None, None)
+    if last or (state.epoch + 1) % c.log.eval_every == 0:
+        scores = evaluate(ctx, state.layout)
+    metrics = epoch_metrics(
+        state,
+        stage,
+        steps=done,
+        steps_run=done - first,
+        global_batch=c.train.global_batch,
+        losses=losses,
+        phases=phases,
+        seconds=seconds,
+        scores=scores,
+        lr=lr,
+    )
+    return metrics, scores

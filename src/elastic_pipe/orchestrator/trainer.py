@@ -6,14 +6,10 @@ replicas; rank ``r`` runs stage ``r % K`` of replica ``r // K`` (:func:`elastic_
 ``torch.distributed.pipelining.PipelineStage`` under the schedule the schedule package generates; gradients are
 averaged over the stage's replica group, so replicas stay bit-identical.
 
-The trainer only composes::
-
-    components (model, data, policy, solver, compression rule, schedule, optimizer, loss)   <- yours, or
-        |                                                                                   components_from_config
-    RunContext (rank, device, groups, splits, costs)      RunState (layout, budget, frozen, epoch, step)
-        |                                                      |  replaced at every transition
-    StageRuntime(layout) --- step_loop.run_epoch ---> executor.decide -> executor.apply -> StageRuntime(new)
-                                        \\-> evaluation.evaluate        \\-> Checkpointer (state_dict / load)
+The trainer only composes (docs/training.md, "How the trainer is put together", draws it): components
+(:mod:`.components`), the rank's fixed facts (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`),
+one layout's stage (:mod:`.stage_runtime`), the epoch (:mod:`.step_loop`), decision points (:mod:`.executor`,
+:mod:`.layout_rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
 Example::
 
@@ -36,13 +32,12 @@ from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator import decision, executor, layout_rule, snapshot
+from elastic_pipe.orchestrator import executor, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer, read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.evaluation import evaluate, sync_weights
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
@@ -50,7 +45,7 @@ from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, epoch_metrics, run_epoch
+from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, finish_epoch, run_epoch
 from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
@@ -151,20 +146,7 @@ class ElasticTrainer:
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
         self.setup()
-        ctx, c = self.ctx, self.config
-
-        def initial() -> Any:
-            layout, budget = layout_rule.initial_layout(
-                ctx.costs,
-                c.pipeline.pipe_len,
-                ctx.world_size,
-                solver=self.parts.partitioner,
-                microbatches=c.microbatches_for(c.pipeline.pipe_len),
-            )
-            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=(), grad_norms=None)
-
-        msg = decision.announce(initial, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
-        self._enter(RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start), 0)
+        self._enter(executor.initial_state(self.ctx), 0)
 
     def _enter(self, state: RunState, old_frozen: int) -> None:
         """Make ``state`` current: drop foreign optimizer state, build the stage, carry the cache."""
@@ -301,21 +283,15 @@ class ElasticTrainer:
         )
         done = self.sampler.consumed // c.train.global_batch
         complete = done >= self.steps_per_epoch
-        stopped = bool(c.train.max_steps) and state.step >= c.train.max_steps
-        last = stopped or state.epoch + 1 >= c.train.epochs
-        scores: tuple[float | None, float | None] = (None, None)
-        if last or (state.epoch + 1) % c.log.eval_every == 0:
-            scores = evaluate(ctx, state.layout)
-        metrics = epoch_metrics(
+        metrics, scores = finish_epoch(
+            ctx,
             state,
             self.stage,
-            steps=done,
-            steps_run=done - first,
-            global_batch=c.train.global_batch,
+            done=done,
+            first=first,
             losses=losses,
             phases=phases,
             seconds=seconds,
-            scores=scores,
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
         self.result.losses.extend(losses)
@@ -377,11 +353,7 @@ class ElasticTrainer:
             separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks. Load it into the model
             the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
         """
-        ctx = self.ctx
-        sync_weights(ctx, self.state.layout)
-        if ctx.rank != 0:
-            return {}
-        return {name: t.detach().to("cpu", copy=True) for name, t in ctx.model.state_dict().items()}
+        return snapshot.full_model(self.ctx, self.state.layout)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`state_dict` (every rank passes the same dict; after :meth:`setup`)."""

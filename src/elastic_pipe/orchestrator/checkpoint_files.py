@@ -1,0 +1,233 @@
+"""Checkpoint files on disk: atomic, fsynced writes, manifests with checksums, verified loads with fallback.
+
+A checkpoint is ``epoch-EEEE[-step-SSSSSS].pt`` (``torch.save`` of tensors and plain data, loaded with
+``weights_only=True``) with ``epoch-...manifest.json`` beside it (the file's SHA-256 and a CRC per tensor);
+``latest.json`` names the newest. :class:`~elastic_pipe.orchestrator.checkpoint.Checkpointer` decides when to
+save and what; this module only writes and reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.integrity import file_sha256, tensor_checksums, value_problems, verify_tensors
+
+__all__ = [
+    "FORMAT",
+    "LATEST",
+    "MANIFEST_SUFFIX",
+    "CorruptCheckpoint",
+    "checkpoint_files",
+    "load_latest",
+    "load_verified",
+    "manifest_path",
+    "prune",
+    "read_latest",
+    "remove_leftovers",
+    "write_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+#: Version of the checkpoint layout; bumped on any incompatible change (3: manifests with checksums).
+FORMAT = 3
+#: Name of the side file that points at the newest checkpoint.
+LATEST = "latest.json"
+#: What replaces ``.pt`` in the name of a checkpoint's manifest.
+MANIFEST_SUFFIX = ".manifest.json"
+#: Suffix of a file being written; renamed over the real name once complete.
+TMP_SUFFIX = ".tmp"
+#: Names of the checkpoint files: at an epoch's end, or after some steps inside it.
+_NAME = re.compile(r"epoch-(\d+)(?:-step-(\d+))?\.pt")
+
+
+class CorruptCheckpoint(ConfigError):
+    """A checkpoint file that fails its manifest's checks or holds non-finite values."""
+
+
+def read_latest(directory: str | Path) -> dict[str, Any] | None:
+    """The side file of the newest checkpoint in ``directory``, or ``None`` when there is none.
+
+    Raises:
+        ConfigError: the side file cannot be read, or it names a file outside ``directory``.
+    """
+    path = Path(directory) / LATEST
+    if not path.exists():
+        return None
+    try:
+        meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot read checkpoint index {path}: {exc}") from exc
+    name = meta.get("file") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not _inside(Path(directory), name):
+        raise ConfigError(f"{path}: 'file' must name a file inside {directory}, got {name!r}")
+    return meta
+
+
+def _inside(directory: Path, name: str) -> bool:
+    """Whether ``name`` is a plain file name that stays inside ``directory`` (no separator, no '..', no link out)."""
+    if not name or name in (".", "..") or Path(name).name != name or os.sep in name or "/" in name:
+        return False
+    return (directory / name).resolve().parent == directory.resolve()
+
+
+def manifest_path(checkpoint: Path) -> Path:
+    """The manifest beside a checkpoint file: ``epoch-0002.pt`` -> ``epoch-0002.manifest.json``."""
+    return checkpoint.with_name(checkpoint.name.removesuffix(".pt") + MANIFEST_SUFFIX)
+
+
+def _order(name: str) -> tuple[int, int] | None:
+    """Where a checkpoint file sits in the run: (epoch, steps into it), or ``None`` for a name not ours."""
+    m = _NAME.fullmatch(name)
+    return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
+
+
+def _key(path: Path) -> tuple[int, int]:
+    key = _order(path.name)
+    assert key is not None  # checkpoint_files lists only names that parse
+    return key
+
+
+def checkpoint_files(directory: Path) -> list[Path]:
+    """The checkpoint files in ``directory``, oldest first."""
+    found = [(key, p) for p in directory.glob("epoch-*.pt") if (key := _order(p.name)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` through ``NAME.tmp``: fsync the file before the rename and the directory after it."""
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    _write_atomic(path, lambda f: f.write(json.dumps(data).encode("utf-8")))
+
+
+def remove_leftovers(directory: Path) -> list[Path]:
+    """Delete the ``.tmp`` files a crashed save left in ``directory``; returns them."""
+    left = [p for p in directory.glob("*" + TMP_SUFFIX) if p.name.startswith("epoch-") or p.name == LATEST + TMP_SUFFIX]
+    for p in left:
+        p.unlink(missing_ok=True)
+    return left
+
+
+def prune(directory: Path, keep_last: int, newest: Path) -> list[Path]:
+    """Delete all but the ``keep_last`` newest checkpoints up to ``newest`` (0 keeps all); returns those deleted.
+
+    Files after ``newest`` in the run's order (left by an attempt that failed after writing them) are not touched:
+    the run overwrites them when it gets there.
+    """
+    if not keep_last:
+        return []
+    last = _order(newest.name)
+    older = [p for p in checkpoint_files(directory) if last is None or _key(p) <= last]
+    doomed = older[:-keep_last]
+    for p in doomed:
+        manifest_path(p).unlink(missing_ok=True)
+        p.unlink(missing_ok=True)
+    return doomed
+
+
+def write_checkpoint(directory: Path, name: str, state: dict[str, Any], meta: dict[str, Any]) -> Path:
+    """Write ``state`` as ``directory/name`` with its manifest and point ``latest.json`` at it (no collective).
+
+    Args:
+        directory: the checkpoint directory (created if missing).
+        name: the file name (``epoch-NNNN.pt`` or ``epoch-NNNN-step-SSSSSS.pt``).
+        state: tensors and plain data; ``format`` is added.
+        meta: what ``latest.json`` says besides ``format`` and ``file`` (epoch, step, fingerprint).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(directory)
+    path = directory / name
+    state["format"] = FORMAT
+    checksums = tensor_checksums(state)  # of the state in memory, before serialisation
+    _write_atomic(path, lambda f: torch.save(state, f))
+    latest = {"format": FORMAT, "file": name, **meta}
+    manifest = {**latest, "sha256": file_sha256(path), "bytes": path.stat().st_size, "tensors": checksums}
+    _write_json(manifest_path(path), manifest)
+    _write_json(directory / LATEST, latest)
+    return path
+
+
+def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load one checkpoint file after checking it against its manifest.
+
+    Returns:
+        The state and the manifest.
+
+    Raises:
+        CorruptCheckpoint: naming the file and what is wrong with it.
+    """
+    mpath = manifest_path(path)
+    try:
+        manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CorruptCheckpoint(f"{path}: no readable manifest {mpath.name} ({exc})") from exc
+    if not path.exists():
+        raise CorruptCheckpoint(f"{path}: the file is missing")
+    digest = file_sha256(path)
+    if digest != manifest.get("sha256"):
+        raise CorruptCheckpoint(f"{path}: SHA-256 {digest[:12]}... differs from the manifest's")
+    try:
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # any unpickling or zip error means the same: this file cannot be used
+        raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    problems = verify_tensors(state, manifest.get("tensors", {}))
+    if not allow_nonfinite:
+        problems += value_problems(state)
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CorruptCheckpoint(f"{path}: {'; '.join(problems[:3])}{more}")
+    return state, manifest
+
+
+def load_latest(
+    directory: Path, *, allow_nonfinite: bool = False, warn: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The newest intact checkpoint in ``directory`` and its manifest, or ``None`` when there is none.
+
+    The file ``latest.json`` names comes first; when it fails a check, the older checkpoints are tried newest
+    first, each failure logged (``warn``) with the file's name and the reason.
+
+    Raises:
+        ConfigError: ``latest.json`` is unreadable or points outside the directory, or no checkpoint is intact.
+    """
+    meta = read_latest(directory)
+    if meta is None:
+        return None
+    latest = directory / meta["file"]
+    last = _order(latest.name)
+    older = [p for p in reversed(checkpoint_files(directory)) if p != latest and (last is None or _key(p) < last)]
+    failures = []
+    for path in [latest, *older]:
+        try:
+            return load_verified(path, allow_nonfinite=allow_nonfinite)
+        except CorruptCheckpoint as exc:
+            failures.append(str(exc))
+            if warn:
+                log.warning("skipping checkpoint %s: %s", path, exc)
+    raise ConfigError(f"no intact checkpoint in {directory}: " + " | ".join(failures))
