@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError
-from elastic_pipe.orchestrator.checkpoint import (
+from elastic_pipe.orchestrator.checkpoint_files import (
     FORMAT,
     LATEST,
     CorruptCheckpoint,

@@ -146,7 +146,8 @@ def test_preflight_refuses_before_any_process(overrides: dict[str, object], mess
 
 
 def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
-    from elastic_pipe.orchestrator.checkpoint import FORMAT, LATEST, fingerprint
+    from elastic_pipe.orchestrator.checkpoint import fingerprint
+    from elastic_pipe.orchestrator.checkpoint_files import FORMAT, LATEST
     from elastic_pipe.orchestrator.components import build_model
 
     other = build_model(_tiny({"model.options": {"preset": "vit-tiny", "depth": 2}}))

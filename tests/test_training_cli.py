@@ -9,7 +9,7 @@ import pytest
 
 from elastic_pipe.cli import main
 from elastic_pipe.cli.demo import render, summarize
-from elastic_pipe.orchestrator.checkpoint import FORMAT
+from elastic_pipe.orchestrator.checkpoint_files import FORMAT
 
 GOOD = """
 [model]

@@ -37,43 +37,14 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.checkpoint_files import (
-    FORMAT,
-    LATEST,
-    MANIFEST_SUFFIX,
-    CorruptCheckpoint,
-    checkpoint_files,
-    load_latest,
-    load_verified,
-    manifest_path,
-    prune,
-    read_latest,
-    remove_leftovers,
-    write_checkpoint,
-)
+from elastic_pipe.orchestrator.checkpoint_files import FORMAT, load_latest, prune, write_checkpoint
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.trainer import ElasticTrainer
 
-__all__ = [
-    "FORMAT",
-    "LATEST",
-    "MANIFEST_SUFFIX",
-    "Checkpointer",
-    "CorruptCheckpoint",
-    "check_compatible",
-    "checkpoint_files",
-    "fingerprint",
-    "load_latest",
-    "load_verified",
-    "manifest_path",
-    "prune",
-    "read_latest",
-    "remove_leftovers",
-    "write_checkpoint",
-]
+__all__ = ["Checkpointer", "check_compatible", "fingerprint"]
 
 log = logging.getLogger(__name__)
 

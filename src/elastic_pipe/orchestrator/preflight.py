@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from elastic_pipe.orchestrator.checkpoint import check_compatible, read_latest
+from elastic_pipe.orchestrator.checkpoint import check_compatible
+from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError

@@ -33,7 +33,8 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator import executor, snapshot
-from elastic_pipe.orchestrator.checkpoint import Checkpointer, read_latest
+from elastic_pipe.orchestrator.checkpoint import Checkpointer
+from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
