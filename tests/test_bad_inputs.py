@@ -1,4 +1,7 @@
-"""Bad command-line input, table-driven: every case exits 2 with one stderr line naming the bad value.
+"""Bad input, table-driven: every case exits 2 with one stderr line naming the bad value.
+
+Two tables: the data subcommands' flags and input files (``CASES``), and ``elastic-pipe train``'s configuration
+files and checkpoint indexes (``TRAIN_CASES``, ``CHECKPOINT_CASES``, counted per category in ``COUNTS``).
 
 The CLI runs in-process (``main([...])``): argparse usage errors raise ``SystemExit(2)``, everything else returns
 2; either way stdout stays empty (the ``--json`` document is all or nothing) and no traceback is printed.
@@ -153,3 +156,126 @@ def test_every_data_subcommand_has_cases() -> None:
     counts = {command: sum(1 for c in CASES if c[0] == command) for command, *_ in CASES}
     assert set(counts) == {"partition", "compress", "schedule", "freeze-plan", "decode", "ranks", "plan"}
     assert min(counts.values()) >= 5
+
+
+# --- elastic-pipe train: configuration files and checkpoints -----------------------------------------------------
+
+#: A small valid configuration; each case below changes one thing of it.
+TRAIN_BASE = """
+[model]
+name = "vit"
+options = { preset = "vit-tiny", depth = 2, dim = 16, heads = 2, mlp_dim = 32, patch_size = 4 }
+[pipeline]
+pipe_len = 2
+[launch]
+nproc_per_node = 2
+"""
+
+#: (category, TOML appended to TRAIN_BASE, text the error line must hold). A case starting with "!" replaces the
+#: file instead (TOML refuses a repeated table, so an appended case only adds tables TRAIN_BASE lacks).
+TRAIN_CASES: list[tuple[str, str, str]] = [
+    ("unknown table or key", "[modle]\nname = 'vit'\n", "[modle]"),
+    ("unknown table or key", "[train]\nepoch = 3\n", "'epoch'"),
+    ("unknown table or key", "[freeze]\npolicy = 'alpha'\nalfa = 0.5\n", "'alfa'"),
+    ("unknown table or key", "!model = 'vit'\n", "[model]"),
+    ("unknown table or key", "!\n", "[model] name is required"),
+    ("unknown table or key", "![model\nname = 'vit'\n", "not valid TOML"),
+    ("wrong type", "[train]\nepochs = 'three'\n", "'three'"),
+    ("wrong type", "[train]\nlr = 'fast'\n", "'fast'"),
+    ("wrong type", "[train]\nglobal_batch = 6.5\n", "got 6.5"),
+    ("wrong type", "!\n[model]\nname = 'vit'\noptions = 3\n", "got 3"),
+    ("wrong type", "[data]\ndataset = 7\n", "got 7"),
+    ("wrong type", "[log]\nprogress = 'sometimes'\n", "'sometimes'"),
+    ("out of range", "[train]\nepochs = 0\n", "got 0"),
+    ("out of range", "[train]\nlr = -1.0\n", "got -1.0"),
+    ("out of range", "[train]\nglobal_batch = 30\n", "global_batch=30"),
+    ("out of range", "[train]\nepochs = 1000000000000\n", "1000000000000"),
+    ("out of range", "[train]\ndtype = 'float7'\n", "'float7'"),
+    ("out of range", "[data]\neval_fraction = 1.5\n", "got 1.5"),
+    ("out of range", "[checkpoint]\nresume = 'sometimes'\n", "'sometimes'"),
+    ("out of range", "[checkpoint]\nkeep_last = -2\n", "got -2"),
+    ("bad import path", "[freeze]\npolicy = 'no_such_module_xyz:Plateau'\n", "no_such_module_xyz"),
+    ("bad import path", "[freeze]\npolicy = 'os.path:NoSuchPolicy'\n", "NoSuchPolicy"),
+    ("bad import path", "[data]\ndataset = 'no_such_module_xyz:train_set'\n", "no_such_module_xyz"),
+    ("bad import path", "[data]\ndataset = 'os:no_such_loader'\n", "no_such_loader"),
+    ("bad import path", "!\n[model]\nname = 'no_such_module_xyz:build'\n", "no_such_module_xyz"),
+    ("bad import path", "!\n[model]\nname = 'os.path:join'\n", "'os.path:join'"),
+]
+
+#: (category, latest.json content, text the error line must hold); the checkpoint dir is CKPT.
+CHECKPOINT_CASES: list[tuple[str, str, str]] = [
+    ("checkpoint", "{not json", "cannot read checkpoint index"),
+    ("checkpoint", '{"file": "../../outside.pt"}', "'../../outside.pt'"),
+    ("checkpoint", '{"file": "/etc/passwd"}', "'/etc/passwd'"),
+    ("checkpoint", "[1, 2, 3]", "must name a file inside"),
+    ("checkpoint", '{"file": 7}', "got 7"),
+    ("checkpoint", '{"format": 999, "file": "epoch-0001.pt", "fingerprint": {}}', "999"),
+]
+
+#: Tried and handled (exit 2, one line naming the value, no traceback) per category; the last test prints it.
+#: Disk-cache files: no CLI or API entry reads one (the activation cache lives in memory for one run), so there
+#: is no category for them.
+COUNTS: dict[str, list[int]] = {}
+
+
+def _count(category: str, handled: bool) -> None:
+    tried_handled = COUNTS.setdefault(category, [0, 0])
+    tried_handled[0] += 1
+    tried_handled[1] += int(handled)
+
+
+def _train_fails_with_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> tuple[bool, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code  # type: ignore[assignment]
+    captured = capsys.readouterr()
+    err = captured.err
+    handled = (
+        code == 2
+        and captured.out == ""
+        and err.count("\n") == 1
+        and err.startswith("elastic-pipe train: error: ")
+        and needle in err
+        and "Traceback" not in err
+    )
+    return handled, f"exit {code}: {err!r}"
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES, ids=[f"{c[0]}:{c[1][:40]}" for c in TRAIN_CASES])
+def test_bad_train_config_exits_2_with_one_line(
+    case: tuple[str, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    category, toml, needle = case
+    path = tmp_path / "run.toml"
+    path.write_text(toml[1:] if toml.startswith("!") else TRAIN_BASE + toml, encoding="utf-8")
+    handled, detail = _train_fails_with_one_line(["train", "--config", str(path)], needle, capsys)
+    _count(category, handled)
+    assert handled, detail
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_CASES, ids=[f"{c[0]}:{c[1][:40]}" for c in CHECKPOINT_CASES])
+def test_bad_checkpoint_exits_2_with_one_line(
+    case: tuple[str, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    category, latest, needle = case
+    path = tmp_path / "run.toml"
+    path.write_text(TRAIN_BASE, encoding="utf-8")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "latest.json").write_text(latest, encoding="utf-8")
+    handled, detail = _train_fails_with_one_line(
+        ["train", "--config", str(path), "--checkpoint-dir", str(ckpt)], needle, capsys
+    )
+    _count(category, handled)
+    assert handled, detail
+
+
+def test_zz_counts_per_category(capsys: pytest.CaptureFixture[str]) -> None:
+    """Print tried/handled per category (runs last in this module; complete when the whole module ran)."""
+    expected = {c[0] for c in TRAIN_CASES + CHECKPOINT_CASES}
+    with capsys.disabled():
+        for category, (tried, handled) in sorted(COUNTS.items()):
+            print(f"\n{category}: {handled}/{tried} handled")
+    assert set(COUNTS) <= expected
+    assert all(tried == handled for tried, handled in COUNTS.values())

@@ -154,9 +154,10 @@ def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
 
 
 def test_one_thread_per_worker_when_several_share_the_node() -> None:
-    assert worker_environment(4, environ={}) == {"OMP_NUM_THREADS": "1"}
-    assert worker_environment(1, environ={}) == {}  # one worker may use every core
-    assert worker_environment(4, environ={"OMP_NUM_THREADS": "3"}) == {}  # the user's choice stands
+    nccl = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}  # always added unless set (test_launch_failures.py)
+    assert worker_environment(4, environ={}) == {"OMP_NUM_THREADS": "1", **nccl}
+    assert worker_environment(1, environ={}) == nccl  # one worker may use every core
+    assert worker_environment(4, environ={"OMP_NUM_THREADS": "3"}) == nccl  # the user's choice stands
 
 
 def test_worker_environ_restores_the_parent(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,6 +68,7 @@ def _by_object(ctx: RankContext) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # > 20 s on 2 shared cores
 def test_a_user_policy_object_drives_the_trainer() -> None:
     results = run_distributed(_by_object, 2, timeout=180)
     assert [r["frozen"] for r in results] == [[0, 1, 2]] * 2
@@ -92,6 +93,7 @@ def _cli(args: list[str], tmp_path: Path) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # > 20 s on 2 shared cores
 def test_a_policy_by_import_path_trains_under_the_cli_and_plan_predicts_the_layouts(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_text(CONFIG.format(policy="plug_policy:OneUnitPerEpoch"), encoding="utf-8")

@@ -65,6 +65,7 @@ def _shapes(result: dict[str, Any]) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # > 20 s on 2 shared cores
 def test_resume_with_more_epochs_makes_the_skipped_decision(tmp_path: Path) -> None:
     ckpt = {"dir": str(tmp_path / "ckpt")}
     fresh, short, grown = run_distributed(
@@ -89,6 +90,7 @@ def test_resume_with_more_epochs_makes_the_skipped_decision(tmp_path: Path) -> N
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # > 20 s on 2 shared cores
 def test_clipping_is_global_and_max_steps_eval_every() -> None:
     common: dict[str, Any] = {"train": {"epochs": 1, "max_steps": 3, "momentum": 0.0, "lr": 0.5, "max_grad_norm": 0.05}}
     runs = [

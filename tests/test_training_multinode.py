@@ -58,6 +58,7 @@ def test_pipelines_stay_inside_a_node() -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # > 20 s on 2 shared cores
 def test_two_nodes_run_a_transition(tmp_path: Path) -> None:
     path = tmp_path / "two_nodes.toml"
     path.write_text(CONFIG.format(port=_free_port()))

@@ -14,7 +14,8 @@ Conventions shared by all of them (see :mod:`elastic_pipe.cli._common`): ``--jso
 one complete JSON document or nothing; logs and progress go to stderr. Exit codes: 0 success; 2 bad input (a
 usage error, or a ``ValueError``, ``OSError`` or :class:`~elastic_pipe.types.ElasticPipeError` such as a
 ``ConfigError``); 1 a failure at run time (a ``RuntimeError`` such as ``OrchestratorError``, or anything
-unexpected); 130 interrupted. Every failure is one line on stderr, never a traceback.
+unexpected); 130 interrupted. Every failure is one line on stderr, never a traceback; a training worker's
+traceback goes to ``[log] dir``/error-rank<N>.txt, and with ``ELASTIC_PIPE_DEBUG=1`` to stderr too.
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         code = exit_code(exc)
         if code == EXIT_USAGE or isinstance(exc, ElasticPipeError):
+            worker_traceback = getattr(exc, "traceback", None)  # a failed training worker's (WorkerFailedError)
+            if os.environ.get("ELASTIC_PIPE_DEBUG") and isinstance(worker_traceback, str):
+                sys.stderr.write(worker_traceback if worker_traceback.endswith("\n") else worker_traceback + "\n")
             return fail(prog, str(exc) or type(exc).__name__, code)
         if os.environ.get("ELASTIC_PIPE_DEBUG"):
             raise

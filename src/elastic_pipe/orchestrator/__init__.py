@@ -25,7 +25,7 @@ from elastic_pipe.orchestrator.config import (
     config_from_tables,
     load_config,
 )
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.layout_rule import (
     COMPRESSION_RULES,
@@ -68,6 +68,7 @@ __all__ = [
     "TrainConfig",
     "TrainSection",
     "TransitionEvent",
+    "WorkerFailedError",
     "candidate_pipe_lens",
     "components_from_config",
     "config_from_tables",

@@ -13,6 +13,7 @@ activation cache to the new boundary.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
+from elastic_pipe.groups import GroupManager, GroupsError
 from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
@@ -38,6 +41,8 @@ __all__ = [
     "event_for",
     "gather_stats",
     "initial_state",
+    "meet",
+    "silent_ranks",
     "timed_decision",
 ]
 
@@ -64,6 +69,46 @@ def initial_state(ctx: RunContext) -> RunState:
     return RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start)
 
 
+#: gloo's monitored barrier names the ranks that did not arrive: "Ranks 1, 3 failed to pass monitoredBarrier ...".
+_SILENT = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def silent_ranks(message: str) -> tuple[int, ...]:
+    """The ranks a monitored barrier's error names as not arrived (empty when it names none)."""
+    found = _SILENT.search(message)
+    return () if found is None else tuple(int(r) for r in found.group(1).replace(",", " ").split())
+
+
+def meet(groups: GroupManager, where: str, rank: int) -> None:
+    """Wait until every rank reaches ``where``: one monitored barrier on the gloo control group (a collective).
+
+    Every collective already has the configured timeout, but a timed-out gather or broadcast cannot say who is
+    missing; the barrier can, so a dead, hung or slow peer is named within the timeout instead.
+
+    Args:
+        groups: the run's :class:`~elastic_pipe.groups.GroupManager`.
+        where: the point, for the message ("the decision point before epoch 3").
+        rank: this rank.
+
+    Raises:
+        OrchestratorError: some rank did not arrive within the timeout; rank 0 names it, the others say that
+            rank 0 did not release them.
+    """
+    try:
+        groups.barrier()
+    except GroupsError as exc:
+        silent = silent_ranks(str(exc))
+        who = (
+            f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
+            if silent
+            else "a peer (rank 0 names it)"
+        )
+        raise OrchestratorError(
+            f"rank {rank}: {who} did not reach {where} within {groups.timeout:g} s (dead, hung or too slow; "
+            "[launch] timeout sets the limit)"
+        ) from exc
+
+
 def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | None:
     """Per-unit gradient statistics of the interval, merged on rank 0 (a collective on the control group).
 
@@ -87,7 +132,13 @@ def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | No
 def decide(
     ctx: RunContext, state: RunState, stage: StageRuntime, *, eval_loss: float | None = None
 ) -> protocol.TransitionMessage:
-    """The decision point before ``state.epoch`` (a collective); every rank returns the same message."""
+    """The decision point before ``state.epoch`` (a collective); every rank returns the same message.
+
+    Raises:
+        OrchestratorError: a rank did not reach the decision point within the timeout (named), or rank 0 could
+            not decide.
+    """
+    meet(ctx.groups, f"the decision point before epoch {state.epoch + 1}", ctx.rank)
     stats = gather_stats(ctx, stage)
     current = state.layout
     policy, rule = ctx.parts.policy, ctx.parts.compression

@@ -10,14 +10,18 @@ What this module adds to a plain ``elastic_launch``, each decided by a pure func
   same secret id on every node, since anyone who knows it and reaches the endpoint can join the job;
 * loopback only for a single node (:func:`rendezvous_options`): the rendezvous store and the workers' store listen
   on 127.0.0.1 (torch's c10d stores listen on every interface, so the stores are built on sockets bound here);
-* one OpenMP thread per worker when several share the node and the user set none (:func:`worker_environment`),
-  as torchrun does: N workers with all cores each only contend;
+* one OpenMP thread per worker when several share the node and the user set none, and NCCL's asynchronous error
+  handling on (:func:`worker_environment`), as torchrun does: N workers with all cores each only contend, and a
+  collective that fails or times out on one GPU tears its process down instead of leaving the others hanging;
+* a failed worker as one line (:func:`describe_failure`): its rank and its exception, the full traceback in
+  ``[log] dir``/error-rank<N>.txt, and torch's own multi-line failure report kept off stderr;
 * a first line on stderr saying what starts (:func:`startup_line`), before the seconds the workers take to import.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -28,7 +32,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.errors import ConfigError, WorkerFailedError
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
@@ -37,15 +41,19 @@ if TYPE_CHECKING:
 __all__ = [
     "LOOPBACK",
     "LOOPBACK_BACKEND",
+    "NCCL_ERROR_HANDLING_ENV",
     "RUN_ID_ENV",
     "RendezvousOptions",
+    "describe_failure",
     "launch",
     "loopback_store",
+    "nccl_error_handling",
     "rendezvous_options",
     "resolve_run_id",
     "startup_line",
     "worker_environ",
     "worker_environment",
+    "write_failure_report",
 ]
 
 #: Seconds the agents wait for each other at the rendezvous.
@@ -56,6 +64,17 @@ RUN_ID_ENV = "ELASTIC_PIPE_RUN_ID"
 LOOPBACK = "127.0.0.1"
 #: The rendezvous backend registered for single-node jobs: c10d on stores bound to :data:`LOOPBACK`.
 LOOPBACK_BACKEND = "elastic-pipe-loopback"
+#: How ProcessGroupNCCL's watchdog reacts to a failed or timed-out collective. torch's values: 0 nothing, 1 abort the
+#: communicator and tear the process down, 2 abort the communicator only, 3 tear the process down without aborting
+#: it (torch's own default). torchrun's agent sets 1 for its workers; so do we, for every worker and every process
+#: that joins the group itself.
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+#: Abort the NCCL communicator, then tear the process down (see :data:`NCCL_ERROR_HANDLING_ENV`).
+NCCL_TEAR_DOWN = "1"
+#: Set to anything non-empty: a failed run prints its full traceback on stderr too (the CLI's convention).
+DEBUG_ENV = "ELASTIC_PIPE_DEBUG"
+#: torch's loggers that print a failed worker's traceback (and the sibling it stops) on the agent's stderr.
+_FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
 #: Pending connections a store's socket queues (torch's own TCPStore backlog is larger; a node has few agents).
 _LISTEN_BACKLOG = 128
 
@@ -127,16 +146,80 @@ def rendezvous_options(nnodes: int, rdzv_endpoint: str) -> RendezvousOptions:
     )
 
 
-def worker_environment(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables to add to the environment the workers inherit (torchrun's rule for threads).
+def nccl_error_handling(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{TORCH_NCCL_ASYNC_ERROR_HANDLING: "1"}`` unless the user set it (see :data:`NCCL_ERROR_HANDLING_ENV`).
 
-    ``OMP_NUM_THREADS=1`` when several workers share the node and the user did not set it: torch sizes its
-    intra-op thread pool from it at import, so each worker gets one thread instead of one per core.
+    ProcessGroupNCCL reads it when a group is created, so it must be in the environment before
+    ``init_process_group``.
     """
     env = os.environ if environ is None else environ
+    return {} if NCCL_ERROR_HANDLING_ENV in env else {NCCL_ERROR_HANDLING_ENV: NCCL_TEAR_DOWN}
+
+
+def worker_environment(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables to add to the environment the workers inherit (torchrun's rules).
+
+    ``OMP_NUM_THREADS=1`` when several workers share the node and the user did not set it: torch sizes its
+    intra-op thread pool from it at import, so each worker gets one thread instead of one per core. NCCL's
+    asynchronous error handling on unless the user chose (:func:`nccl_error_handling`).
+    """
+    env = os.environ if environ is None else environ
+    updates = nccl_error_handling(env)
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
-        return {"OMP_NUM_THREADS": "1"}
-    return {}
+        updates["OMP_NUM_THREADS"] = "1"
+    return updates
+
+
+def describe_failure(failure: Any) -> tuple[str, str | None]:
+    """A failed worker (torch's ``ProcessFailure``) as ``(one-line error, traceback or None)``.
+
+    A worker that raised leaves an error report: its ``message`` is then a dict whose ``"message"`` is
+    ``"Type: text"`` and whose ``"extraInfo"`` holds the traceback (``"py_callstack"``). A worker that died
+    without one (``os._exit``, a signal) has a string message; the exit code or signal says what happened.
+    """
+    message = failure.message
+    traceback: str | None = None
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        if isinstance(extra, dict) and isinstance(extra.get("py_callstack"), str):
+            traceback = extra["py_callstack"]
+        message = message.get("message", "")
+    text = " ".join(str(message).split())
+    exitcode = int(getattr(failure, "exitcode", 0))
+    if traceback is None and exitcode < 0:
+        name = failure.signal_name() if hasattr(failure, "signal_name") else "?"
+        text = f"killed by signal {-exitcode} ({name})"
+    elif traceback is None and (not text or text.startswith("To enable traceback")):
+        text = f"exited with code {exitcode} without an error report"
+    return text, traceback
+
+
+def write_failure_report(log_dir: str, rank: int, error: str, traceback: str | None) -> str | None:
+    """Write a failed rank's traceback to ``log_dir``/error-rank<rank>.txt; returns the path (None: not written)."""
+    if not log_dir:
+        return None
+    path = os.path.join(log_dir, f"error-rank{rank}.txt")
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(traceback if traceback is not None else error + "\n")
+    except OSError:
+        return None  # the one-line error still says what failed
+    return path
+
+
+@contextlib.contextmanager
+def _quiet_failure_logs(enabled: bool) -> Iterator[None]:
+    """Keep torch's multi-line failure report off stderr while ``enabled`` (our one line replaces it)."""
+    loggers = [logging.getLogger(name) for name in _FAILURE_LOGGERS] if enabled else []
+    saved = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, saved, strict=True):
+            logger.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -244,7 +327,8 @@ def launch(
 
     Raises:
         ConfigError: a multi-node job without an endpoint or a run id (before anything starts).
-        OrchestratorError: a worker failed after all restarts (the first failure's message included).
+        WorkerFailedError: a worker failed after all restarts: one line naming the first failed rank and its
+            exception; its traceback is on the error and in ``[log] dir``/error-rank<N>.txt.
     """
     section = config.launch
     configured = section.run_id or None
@@ -273,10 +357,19 @@ def launch(
         local_addr=options.local_addr,
     )
     try:
-        with worker_environ(worker_environment(section.nproc_per_node)):
+        with (
+            worker_environ(worker_environment(section.nproc_per_node)),
+            _quiet_failure_logs(not os.environ.get(DEBUG_ENV)),
+        ):
             result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
     except ChildFailedError as exc:
-        first = next(iter(exc.failures.values()), None)
-        detail = first.message if first is not None else str(exc)
-        raise OrchestratorError(f"training failed after {section.max_restarts} restart(s): {detail}") from exc
+        failures = exc.failures
+        if not failures:
+            raise WorkerFailedError(-1, str(exc), traceback=None, restarts=section.max_restarts) from exc
+        # the earliest failure; among simultaneous ones, one that left a report (the others were stopped by it)
+        rank = min(failures, key=lambda r: (failures[r].timestamp, isinstance(failures[r].message, str), r))
+        error, traceback = describe_failure(failures[rank])
+        report = write_failure_report(config.log.dir, rank, error, traceback)
+        restarts = section.max_restarts
+        raise WorkerFailedError(rank, error, traceback=traceback, restarts=restarts, report=report) from None
     return result

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.launch import nccl_error_handling
 
 __all__ = ["choose_backend", "device_for", "join_process_group", "local_ranks", "training_backend", "warm_up"]
 
@@ -75,7 +76,12 @@ def device_for(config: TrainConfig) -> torch.device:
 
 
 def join_process_group(config: TrainConfig) -> bool:
-    """Join the default group from the torchrun environment unless a caller did; returns whether we did."""
+    """Join the default group from the torchrun environment unless a caller did; returns whether we did.
+
+    With NCCL, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` is set first unless the user set it
+    (:func:`~elastic_pipe.orchestrator.launch.nccl_error_handling`), so a process started without torchrun's
+    agent handles NCCL errors as one started by it.
+    """
     if dist.is_initialized():
         return False
     backend, reason = choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))
@@ -85,6 +91,8 @@ def join_process_group(config: TrainConfig) -> bool:
         log.info("training backend %s: %s", backend, reason)
     # CPU tensors (statistics, byte payloads) may meet the default group too, so NCCL jobs pair it with gloo.
     spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
+    if backend == "nccl":  # a failed or timed-out collective tears this process down, as under torchrun
+        os.environ.update(nccl_error_handling())
     timeout = datetime.timedelta(seconds=config.launch.timeout)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # Under the elastic agent every restart attempt shares the agent's store. Without a per-attempt prefix a

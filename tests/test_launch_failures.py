@@ -1,0 +1,194 @@
+"""How a failed run reads: a worker's failure as one line naming its rank, a silent peer named within the timeout.
+
+The pure parts (turning torch's ``ProcessFailure`` into a line, the NCCL error-handling variable, reading the ranks
+out of a monitored barrier's error) are checked directly; then a launch whose rank 1 raises, through ``launch()``
+and through ``elastic-pipe train``, and two gloo ranks of which one is silent at the decision point.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_pipe.cli import main
+from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError
+from elastic_pipe.orchestrator.executor import meet, silent_ranks
+from elastic_pipe.orchestrator.launch import (
+    NCCL_ERROR_HANDLING_ENV,
+    describe_failure,
+    nccl_error_handling,
+    worker_environment,
+    write_failure_report,
+)
+from elastic_pipe.testing import RankContext, run_distributed
+
+PLUGINS = Path(__file__).parent / "plugins"
+TINY = {"depth": 2, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4}
+
+
+class _Failure:
+    """The fields of torch's ProcessFailure that describe_failure reads."""
+
+    def __init__(self, message: Any, exitcode: int = 1) -> None:
+        self.message = message
+        self.exitcode = exitcode
+
+    def signal_name(self) -> str:
+        return "SIGKILL"
+
+
+# --- pure parts ---------------------------------------------------------------------------------------------------
+
+
+def test_a_reported_failure_is_its_exception_on_one_line() -> None:
+    tb = 'Traceback (most recent call last):\n  File "x.py", line 1\nOrchestratorError: peers\ndisagree\n'
+    report = {"message": "OrchestratorError: peers\ndisagree", "extraInfo": {"py_callstack": tb, "timestamp": "1"}}
+    assert describe_failure(_Failure(report)) == ("OrchestratorError: peers disagree", tb)
+
+
+def test_a_failure_without_a_report_says_how_the_worker_died() -> None:
+    docs = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+    assert describe_failure(_Failure(docs, exitcode=1)) == ("exited with code 1 without an error report", None)
+    assert describe_failure(_Failure("Signal 9 (SIGKILL) received by PID 7", exitcode=-9)) == (
+        "killed by signal 9 (SIGKILL)",
+        None,
+    )
+
+
+def test_worker_failed_error_is_one_line_naming_rank_and_report() -> None:
+    err = WorkerFailedError(1, "OrchestratorError: no", traceback="tb", restarts=2, report="/logs/error-rank1.txt")
+    assert str(err) == "rank 1 failed: OrchestratorError: no (after 2 restarts); traceback in /logs/error-rank1.txt"
+    assert isinstance(err, OrchestratorError) and err.rank == 1 and err.traceback == "tb"
+    assert str(WorkerFailedError(0, "exited with code 1 without an error report", traceback=None, restarts=0)) == (
+        "rank 0 failed: exited with code 1 without an error report"
+    )
+
+
+def test_failure_report_goes_to_the_log_dir(tmp_path: Path) -> None:
+    path = write_failure_report(str(tmp_path / "log"), 3, "E: x", "Traceback ...\nE: x\n")
+    assert path == str(tmp_path / "log" / "error-rank3.txt")
+    assert Path(path).read_text(encoding="utf-8") == "Traceback ...\nE: x\n"
+    assert write_failure_report("", 3, "E: x", None) is None
+
+
+def test_nccl_async_error_handling_is_on_unless_the_user_chose() -> None:
+    assert nccl_error_handling({}) == {NCCL_ERROR_HANDLING_ENV: "1"}  # abort the communicator, tear down
+    assert nccl_error_handling({NCCL_ERROR_HANDLING_ENV: "3"}) == {}
+    assert worker_environment(1, environ={}) == {NCCL_ERROR_HANDLING_ENV: "1"}
+    assert worker_environment(2, environ={NCCL_ERROR_HANDLING_ENV: "0", "OMP_NUM_THREADS": "4"}) == {}
+
+
+def test_join_process_group_sets_nccl_error_handling_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    from elastic_pipe.orchestrator import process_group
+    from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
+
+    seen: dict[str, str | None] = {}
+    monkeypatch.delenv(NCCL_ERROR_HANDLING_ENV, raising=False)
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(process_group.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        dist,
+        "init_process_group",
+        lambda *a, **k: seen.update(value=process_group.os.environ.get(NCCL_ERROR_HANDLING_ENV)),
+    )
+    config = TrainConfig(model=ModelSection(name="vit"), launch=LaunchSection(nproc_per_node=1, backend="nccl"))
+    assert process_group.join_process_group(config) is True
+    assert seen == {"value": "1"}
+
+
+def test_silent_ranks_are_read_from_the_barrier_error() -> None:
+    assert silent_ranks("Ranks 1, 3 failed to pass monitoredBarrier in 2000 ms") == (1, 3)
+    assert silent_ranks("Rank 2 failed to pass monitoredBarrier in 2000 ms") == (2,)
+    assert silent_ranks("connection reset by peer") == ()
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+
+def _silent_at_decision(ctx: RankContext) -> str:
+    manager = GroupManager(ctx.world_size, ctx.rank, [1], backend="gloo", timeout=2.0)
+    manager.build()
+    try:
+        if ctx.rank == 1:
+            time.sleep(5.0)  # past the timeout: the peer that hangs before the decision point
+        try:
+            meet(manager, "the decision point before epoch 2", ctx.rank)
+        except OrchestratorError as exc:
+            return str(exc)
+        return ""
+    finally:
+        manager.destroy()
+
+
+@pytest.mark.distributed
+def test_a_silent_peer_is_named_at_the_decision_point() -> None:
+    started = time.monotonic()
+    messages = run_distributed(_silent_at_decision, 2, timeout=60.0)
+    assert messages[0].startswith("rank 0: rank 1 did not reach the decision point before epoch 2 within 2 s")
+    assert "\n" not in messages[0]
+    assert time.monotonic() - started < 40
+
+
+def _launch_config(tmp_path: Path) -> Any:
+    from elastic_pipe.orchestrator.config import config_from_tables
+
+    return config_from_tables(
+        {"model": {"name": "vit"}, "launch": {"nproc_per_node": 2}, "log": {"dir": str(tmp_path / "log")}}
+    )
+
+
+@pytest.mark.distributed
+def test_launch_names_the_failed_rank_and_keeps_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from elastic_pipe.orchestrator.launch import launch
+
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.delenv("ELASTIC_PIPE_DEBUG", raising=False)
+    from plug_failing import fail_on_rank_one
+
+    with pytest.raises(WorkerFailedError) as caught:
+        launch(_launch_config(tmp_path), fail_on_rank_one, 7)
+    report = tmp_path / "log" / "error-rank1.txt"
+    assert str(caught.value) == f"rank 1 failed: OrchestratorError: rank 1 cannot handle 7; traceback in {report}"
+    assert "Traceback (most recent call last)" in report.read_text(encoding="utf-8")
+    assert "py_callstack" not in capfd.readouterr().err  # torch's own report stays off stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("debug", [False, True])
+def test_train_cli_failure_is_one_line_exit_1(
+    debug: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    monkeypatch.setenv("PYTHONPATH", f"{PLUGINS}:{':'.join(sys.path)}")
+    if debug:
+        monkeypatch.setenv("ELASTIC_PIPE_DEBUG", "1")
+    else:
+        monkeypatch.delenv("ELASTIC_PIPE_DEBUG", raising=False)
+    config = tmp_path / "run.toml"
+    options = ", ".join(f"{k} = {v}" for k, v in TINY.items())
+    config.write_text(
+        f'[model]\nname = "plug_failing:rank_one_fails"\noptions = {{ {options} }}\n'
+        f'[launch]\nnproc_per_node = 2\n[log]\ndir = "{tmp_path / "log"}"\nprogress = false\n',
+        encoding="utf-8",
+    )
+    assert main(["train", "--config", str(config)]) == 1
+    err = capfd.readouterr().err
+    report = tmp_path / "log" / "error-rank1.txt"
+    summary = [line for line in err.splitlines() if line.startswith("elastic-pipe train:")]
+    assert len(summary) == 1, err
+    # the builder's error reaches the worker wrapped as a ConfigError naming the model
+    assert summary[0].startswith("elastic-pipe train: error: rank 1 failed: ConfigError: model 'plug_failing:")
+    assert summary[0].endswith(f"rank one refuses to build its model; traceback in {report}")
+    assert "Traceback (most recent call last)" in report.read_text(encoding="utf-8")
+    assert ("Traceback (most recent call last)" in err) is debug
+    assert "py_callstack" not in err
