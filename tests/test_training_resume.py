@@ -26,7 +26,7 @@ import torch
 from elastic_pipe.orchestrator.faults import FAULT_ENV
 
 MODEL = {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4}
-#: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (5 steps an
+#: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (6 steps an
 #: epoch), and only the newest 3 checkpoints kept.
 DROPOUT = {
     "model.options": {**MODEL, "dropout": 0.2, "attention_dropout": 0.1},
@@ -40,7 +40,7 @@ def _config(tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> An
 
     tables: dict[str, Any] = {
         "model": {"name": "vit", "options": MODEL},
-        "data": {"eval_fraction": 0.8},  # 360 training samples: 5 steps per epoch keep the four jobs short
+        "data": {"eval_fraction": 0.8},  # 359 training samples: 5 steps of 64 and one of 38 keep the jobs short
         "train": {"epochs": 3, "dtype": "float64", "global_batch": 64, "optimizer": "adamw", "lr": 0.005},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "cache": "off"},

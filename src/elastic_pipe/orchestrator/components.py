@@ -27,7 +27,7 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
-from elastic_pipe.orchestrator.workload import Loss, Samples, as_samples, cross_entropy
+from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
@@ -87,8 +87,8 @@ class Components:
 
     Attributes:
         model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``), seeded identically on every rank.
-        data: the samples: ``inputs``, ``labels``, ``sample_ids`` tensors (a map-style dataset of
-            ``(input, label)`` pairs is stacked into them by :func:`~elastic_pipe.orchestrator.workload.as_samples`).
+        data: samples held in memory (``inputs``, ``labels``, ``sample_ids`` tensors), or a map-style dataset of
+            ``(input, label)`` pairs, kept as it is (each rank reads it through a ``DataLoader``).
         policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
@@ -99,7 +99,7 @@ class Components:
     """
 
     model: nn.Module
-    data: Samples
+    data: Samples | Any
     policy: freeze.FreezePolicy
     partitioner: str | partition.Solver = "greedy"
     compression: CompressionRule = field(default_factory=lambda: COMPRESSION_RULES["halving"])
@@ -136,17 +136,18 @@ def build_model(config: TrainConfig) -> nn.Module:
     return model.to(dtype)
 
 
-def load_samples(config: TrainConfig) -> Samples:
-    """Load the config's dataset: a built-in one by name, or the result of ``factory(**options)`` by import path.
+def load_samples(config: TrainConfig) -> Samples | Any:
+    """Load the config's dataset: a built-in one by name, or the result of ``factory(**options)`` by import path
+    (samples held in memory, or a map-style dataset, which is not read here).
 
     Raises:
-        ConfigError: an unknown dataset name, or a dataset that cannot be read as samples.
+        ConfigError: an unknown dataset name, or something that is neither samples nor a dataset.
     """
     spec = config.data.dataset
     loader = resolve(spec, DATASETS, "dataset")
     try:
         loaded = loader(**config.data.options) if spec not in DATASETS else loader()
-        return as_samples(loaded)
+        return as_data(loaded)
     except (ElasticPipeError, TypeError) as exc:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None
 
@@ -191,7 +192,7 @@ def components_from_config(
     """
     p = config.pipeline
     model = model if model is not None else build_model(config)
-    samples = as_samples(data) if data is not None else load_samples(config)
+    samples = as_data(data) if data is not None else load_samples(config)
     if partitioner is None:
         partitioner = p.solver
         if ":" in p.solver:

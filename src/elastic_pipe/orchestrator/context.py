@@ -17,8 +17,8 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.metrics import EventLog
+from elastic_pipe.orchestrator.step_data import EpochPlan, StepData
 from elastic_pipe.orchestrator.transition import owned_sublayers
-from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]
@@ -35,10 +35,11 @@ class RunContext:
         world_size: the number of ranks.
         device: this rank's device.
         groups: the process groups of every reachable pipeline length.
-        train_set: the training split (the same on every rank).
+        train_set: the training split (the same on every rank): tensors in memory or a dataset's index subset.
         eval_set: the evaluation split.
         log: where rank 0 writes records and human lines.
         costs: per-sub-layer cost the partition balances.
+        epoch: how an epoch of the training split is cut into steps (the same in every layout).
         compiled: compiled wrappers of the sub-layers (``[train] compile``), from which stages are built; ``None``
             runs stages eagerly.
     """
@@ -49,10 +50,11 @@ class RunContext:
     world_size: int
     device: torch.device
     groups: GroupManager
-    train_set: Split
-    eval_set: Split
+    train_set: StepData
+    eval_set: StepData
     log: EventLog
     costs: list[float]
+    epoch: EpochPlan
     compiled: list[nn.Module] | None = None
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
     #: synchronise the host with the device at every cached step.
@@ -117,7 +119,7 @@ class RunContext:
         """
         memo = self._prefix_memo
         if memo is None or memo[0] > frozen:
-            memo = (0, self.train_set.inputs[:1].to(self.device))
+            memo = (0, self.train_set.input_rows(0, 1).to(self.device))
         if memo[0] < frozen:
             memo = (frozen, self.run_sublayers(memo[1], memo[0], frozen))
         self._prefix_memo = memo

@@ -13,8 +13,10 @@ from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import layout_sequence
+from elastic_pipe.orchestrator.setup import candidate_pipe_lens
+from elastic_pipe.orchestrator.step_data import epoch_plan, split_unit
 from elastic_pipe.orchestrator.trainer import sublayer_costs
-from elastic_pipe.orchestrator.workload import eval_count
+from elastic_pipe.orchestrator.workload import eval_count, num_samples
 
 __all__ = ["planned_epochs"]
 
@@ -34,8 +36,12 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
         )
     if config.pipeline.cost == "time":
         raise ConfigError("[pipeline] cost = 'time' is profiled on the run's device; plan with cost = 'params'")
-    n = len(parts.data.inputs)
-    steps = (n - eval_count(n, config.data.eval_fraction)) // config.train.global_batch
+    n = num_samples(parts.data)
+    unit = split_unit(config.world_size, candidate_pipe_lens(config), config.microbatches_for)
+    plan = epoch_plan(
+        n - eval_count(n, config.data.eval_fraction), config.train.global_batch, unit, drop_last=config.data.drop_last
+    )
+    steps = plan.steps
     sequence = layout_sequence(
         sublayer_costs(parts.model),
         tuple(parts.model.unit_ends),  # type: ignore[arg-type]

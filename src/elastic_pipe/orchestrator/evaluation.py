@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import apply_moves, plan_gather
-from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ EVAL_BATCH = 256
 @torch.no_grad()
 def evaluate_split(
     model: nn.Module,
-    data: Split,
+    data: StepData,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     *,
     rank: int,
@@ -52,9 +52,9 @@ def evaluate_split(
     mine = torch.arange(rank, len(data), world_size)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     classify = True
-    for chunk in torch.split(mine, EVAL_BATCH):
-        x = data.inputs[chunk].to(device)
-        y = data.labels[chunk].to(device)
+    chunks = [chunk.tolist() for chunk in torch.split(mine, EVAL_BATCH)]
+    for chunk, x, y in data.batches(chunks, inputs=True, labels=True, device=device):
+        assert x is not None and y is not None
         with autocast():
             out = model(x)
         totals[0] += float(loss_fn(out, y)) * len(chunk)

@@ -31,7 +31,9 @@ class EpochMetrics:
     Attributes:
         epoch: epoch index (0-based).
         steps: optimizer steps in the epoch.
-        samples: training samples processed (``steps * global_batch``).
+        samples: training samples processed (``steps * global_batch``, less for a short last step).
+        dropped: training samples the epoch left out (``[data] drop_last``, or the fewer than
+            ``replicas x microbatches`` that a short last step cannot split evenly; 0 for an unfinished epoch).
         seconds: wall time of the epoch's training steps (evaluation and transitions excluded).
         samples_per_s: ``samples / seconds``.
         loss: mean training loss over the epoch's steps (mean over replicas and micro-batches).
@@ -61,6 +63,7 @@ class EpochMetrics:
     epoch: int
     steps: int
     samples: int
+    dropped: int
     seconds: float
     samples_per_s: float
     loss: float

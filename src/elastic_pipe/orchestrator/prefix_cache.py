@@ -1,7 +1,14 @@
-"""The frozen prefix's activation cache on a stage-0 rank: carried to a new boundary, judged, filled."""
+"""The frozen prefix's activation cache on a stage-0 rank: carried to a new boundary, judged, filled.
+
+The training split is read by position ranges (``data.input_rows(start, stop)``): a slice of tensors in memory, or
+items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.step_data.DatasetSplit`); the entries
+are keyed by ``data.sample_ids``. A dataset's transforms run once per fill, so a random one would be frozen into
+the cache: such a dataset needs ``[pipeline] cache = "off"``.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.orchestrator.step_data import StepData
 
 __all__ = ["FillPeers", "fill_cache", "fill_shared", "prepare_cache"]
 
@@ -44,7 +51,7 @@ class FillPeers:
 
 def prepare_cache(
     cache: acache.ActivationCache,
-    data: Split,
+    data: StepData,
     *,
     mode: str,
     old_frozen: int,
@@ -103,7 +110,7 @@ def prepare_cache(
 
 def _decide(
     cache: acache.ActivationCache,
-    data: Split,
+    data: StepData,
     *,
     mode: str,
     frozen: int,
@@ -117,7 +124,7 @@ def _decide(
         cache,
         data.sample_ids[:per_replica],
         frozen,
-        data.inputs[:per_replica].to(device),
+        data.input_rows(0, per_replica).to(device),
         lambda v: run(v, 0, frozen),
     )
     return decision.enabled, decision.reason
@@ -132,7 +139,7 @@ def _agree(enabled: bool, peers: FillPeers, device: torch.device) -> bool:
 
 def fill_shared(
     cache: acache.ActivationCache,
-    data: Split,
+    data: StepData,
     old_frozen: int,
     frozen: int,
     *,
@@ -162,7 +169,7 @@ def fill_shared(
     if n == 0:
         return
     starts = list(range(0, n, chunk))
-    probe = example if example is not None else run(data.inputs[:1].to(device), 0, frozen)  # shape and dtype
+    probe = example if example is not None else run(data.input_rows(0, 1).to(device), 0, frozen)  # shape and dtype
     if old_frozen and old_frozen != frozen:
         # extend is node-wide for node-shared tiers: every peer lets go of the old files before the leader renames.
         # Every peer meets both barriers, also one that holds nothing at the old boundary (it was not stage 0 in
@@ -193,7 +200,12 @@ def fill_shared(
         if first + peers.index < len(starts):
             lo = starts[first + peers.index]
             rows = _prefix_rows(
-                cache, ids_all[lo : lo + chunk], data.inputs[lo : lo + chunk], frozen=frozen, run=run, device=device
+                cache,
+                ids_all[lo : lo + chunk],
+                functools.partial(data.input_rows, lo, lo + chunk),
+                frozen=frozen,
+                run=run,
+                device=device,
             )
             mine[buf][: rows.shape[0]] = rows
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
@@ -219,18 +231,19 @@ def fill_shared(
 def _prefix_rows(
     cache: acache.ActivationCache,
     ids: torch.Tensor,
-    inputs: torch.Tensor,
+    read: Callable[[], torch.Tensor],
     *,
     frozen: int,
     run: RunSublayers,
     device: torch.device,
 ) -> torch.Tensor:
     """Prefix outputs at ``frozen`` for one chunk: the cached entries where present (carried there by ``extend``),
-    the whole prefix on the inputs for the rest."""
+    the whole prefix on the inputs (``read()``, read only then) for the rest."""
     with cache.uncounted():
         lookup = cache.get(ids, frozen)
-    if lookup.num_hits == ids.shape[0]:  # the usual case after a carry: no compute, no scatter
+    if lookup.num_hits == ids.shape[0]:  # the usual case after a carry: no compute, no scatter, no read
         return lookup.values
+    inputs = read()
     computed = run(inputs[(~lookup.hit).to(inputs.device)].to(device), 0, frozen)
     if lookup.num_hits == 0:
         return computed
@@ -239,7 +252,7 @@ def _prefix_rows(
 
 def fill_cache(
     cache: acache.ActivationCache,
-    data: Split,
+    data: StepData,
     frozen: int,
     *,
     chunk: int,
@@ -267,7 +280,7 @@ def fill_cache(
     rejected = cache.stats.rejected
     for start in range(0, int(ids_all.shape[0]), chunk):
         ids = ids_all[start : start + chunk]
-        inputs = data.inputs[start : start + chunk].to(device)
+        inputs = data.input_rows(start, start + chunk).to(device)
         cache.get_or_compute(ids, frozen, inputs, run_prefix)
         if cache.stats.rejected > rejected:
             log.warning(

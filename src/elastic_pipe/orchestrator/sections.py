@@ -124,21 +124,36 @@ class DataSection:
 
     Attributes:
         dataset: "digits", "mnist5k", or an import path ``"module:attr"`` of a function (called with
-            ``options``) returning the samples: an object with ``inputs``, ``labels`` and ``sample_ids`` tensors,
-            or a map-style dataset of ``(input, label)`` pairs.
+            ``options``) returning the samples: an object with ``inputs``, ``labels`` and ``sample_ids`` tensors
+            (held in memory, standardised), or a map-style dataset of ``(input, label)`` pairs (read through a
+            ``DataLoader``, never stacked; its transforms normalise).
         options: keyword arguments for an imported dataset function.
         eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
+        workers: ``DataLoader`` worker processes per rank reading a map-style dataset (0: the training process
+            reads).
+        drop_last: drop the ``N mod global_batch`` samples left after the full steps of an epoch instead of
+            training on them in one short last step (which drops only what cannot split evenly).
+        check: read every item of a map-style dataset once at the start (each rank a share) to check shapes,
+            dtypes and label range, so that a bad item fails every rank before the first step; false checks each
+            batch only as it is read.
     """
 
     dataset: str = "digits"
     options: Mapping[str, Any] = field(default_factory=dict)
     eval_fraction: float = 0.2
+    workers: int = 0
+    drop_last: bool = False
+    check: bool = True
 
     def __post_init__(self) -> None:
         _string("data.dataset", self.dataset)
         object.__setattr__(self, "options", _table("data.options", self.options))
         if not isinstance(self.eval_fraction, int | float) or not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
+        _nonnegative_int("data.workers", self.workers)
+        for name in ("drop_last", "check"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"data.{name} must be true or false, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,12 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.data_check import local_failure, num_classes, raise_first_failure
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
-from elastic_pipe.orchestrator.workload import Split, split_samples
+from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, split_unit
+from elastic_pipe.orchestrator.workload import cross_entropy, split_data
 
 __all__ = [
     "build_context",
@@ -43,12 +45,12 @@ def sublayer_costs(model: nn.Module) -> list[float]:
     return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
 
 
-def profiled_costs(model: nn.Module, train_set: Split, config: TrainConfig, device: torch.device) -> list[float]:
+def profiled_costs(model: nn.Module, train_set: StepData, config: TrainConfig, device: torch.device) -> list[float]:
     """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
     mb = max(1, config.train.global_batch // config.world_size // config.pipeline.microbatches)
     sublayers = list(model.children())
     names = getattr(model, "layer_names", [str(i) for i in range(len(sublayers))])
-    example = train_set.inputs[:mb].to(device)
+    example = train_set.input_rows(0, mb).to(device)
     costs = partition.weights_from_costs(
         partition.profile_layers(list(zip(names, sublayers, strict=True)), example), metric="time"
     )
@@ -80,6 +82,9 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
 
     Raises:
         OrchestratorError: the job's size differs from the config's, or the batch exceeds the training split.
+        ConfigError: a dataset item differs from item 0 or has a class label the model's output cannot score
+            (naming the first such sample, on every rank), or a dataset that declares random transforms with the
+            activation cache on.
     """
     c = config
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -87,9 +92,14 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
         raise OrchestratorError(f"the job has {world} processes but the config describes {c.world_size}")
     device = device_for(c)
     dtype = getattr(torch, c.train.dtype)
-    train_set, eval_set = split_samples(parts.data, c.data.eval_fraction, c.train.seed, dtype)
+    train_set, eval_set = split_data(parts.data, c.data.eval_fraction, c.train.seed, dtype, workers=c.data.workers)
     if len(train_set) < c.train.global_batch:
         raise OrchestratorError(f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples")
+    if isinstance(train_set, DatasetSplit) and train_set.random_augmentation and c.pipeline.cache != "off":
+        raise ConfigError(
+            "the dataset declares random_augmentation = True: a cached frozen-prefix output would freeze one draw "
+            "of its transforms, so set [pipeline] cache = 'off'"
+        )
     groups = GroupManager(
         world,
         rank,
@@ -103,8 +113,16 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
     log = EventLog(path, None if quiet or rank != 0 else sys.stderr)
     model = parts.model.to(device)
+    # Class labels are checked against the model's output (cross-entropy only: a user loss may take anything).
+    classes = num_classes(model, train_set.input_rows(0, 1).to(device)) if parts.loss is cross_entropy else None
+    if isinstance(train_set, DatasetSplit) and isinstance(eval_set, DatasetSplit):
+        train_set, eval_set = train_set.with_classes(classes), eval_set.with_classes(classes)
+    mine = local_failure([train_set, eval_set], classes, rank, world, scan=c.data.check)
+    raise_first_failure(mine, rank, world, groups.broadcast_bytes)
     compiled = compile_sublayers(model) if compile_enabled(c, device) else None
     costs = sublayer_costs(model)
     if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
         costs = profiled_costs(model, train_set, c, device)
-    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs, compiled)
+    unit = split_unit(world, candidate_pipe_lens(c), c.microbatches_for)
+    epoch = epoch_plan(len(train_set), c.train.global_batch, unit, drop_last=c.data.drop_last)
+    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs, epoch, compiled)

@@ -43,22 +43,16 @@ class StageRuntime:
         self.stage = int(plan.stage_of(ctx.rank))
         self.replica = int(plan.replica_of(ctx.rank))
         self.owned = ctx.owned(layout)
-        k, s = layout.pipe_len, self.stage
+        s = self.stage
         lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
         sublayers = ctx.sublayers
         self.module = nn.Sequential(*ctx.stage_sublayers(lo, hi))
         self.module.train()
-        self.runner: Any = build_runner(
-            self.module,
-            stage=s,
-            pipe_len=k,
-            microbatches=layout.microbatches,
-            schedule=ctx.parts.schedule,
-            device=ctx.device,
-            group=ctx.groups.pipeline_group(k),
-            examples=lambda: self._example_io(lo, hi),
-            loss_fn=ctx.parts.loss,
-        )
+        self._bounds = (lo, hi)
+        #: The micro-batch size of a full step; a short last step has a runner of its own (declared shapes).
+        self.rows = ctx.config.train.global_batch // layout.replicas // layout.microbatches
+        self._runners: dict[int, Any] = {}
+        self.runner: Any = self.runner_for(self.rows)
         self.forward_timer = ForwardTimer(self.module, ctx.device)
         tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
         self.tracker = freeze.GradNormTracker(tracked)
@@ -85,10 +79,29 @@ class StageRuntime:
         group: dist.ProcessGroup = self.ctx.groups.dp_group(self.layout.pipe_len)
         return group
 
-    def _example_io(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Example micro-batch tensors at the stage's input and output, run in eval mode (no dropout)."""
+    def runner_for(self, rows: int) -> Any:
+        """The schedule runner of micro-batches of ``rows`` samples (built at first use; a collective then, in the
+        replica's pipeline, when torch infers the shapes)."""
+        runner = self._runners.get(rows)
+        if runner is None:
+            ctx, layout = self.ctx, self.layout
+            lo, hi = self._bounds
+            runner = self._runners[rows] = build_runner(
+                self.module,
+                stage=self.stage,
+                pipe_len=layout.pipe_len,
+                microbatches=layout.microbatches,
+                schedule=ctx.parts.schedule,
+                device=ctx.device,
+                group=ctx.groups.pipeline_group(layout.pipe_len),
+                examples=lambda: self._example_io(lo, hi, rows),
+                loss_fn=ctx.parts.loss,
+            )
+        return runner
+
+    def _example_io(self, lo: int, hi: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Example micro-batch tensors of ``mb`` rows at the stage's input and output, run in eval mode."""
         ctx, layout = self.ctx, self.layout
-        mb = ctx.config.train.global_batch // layout.replicas // layout.microbatches
         start = min(lo, layout.frozen)
         x = ctx.prefix_example(start)
         was = ctx.model.training
@@ -137,17 +150,24 @@ class StageRuntime:
             return self.cache.get_or_compute(ids, frozen, x, lambda v: self.ctx.run_sublayers(v, 0, frozen))
         return self.ctx.run_sublayers(x, 0, frozen)
 
-    def run(self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor]) -> None:
-        """One pipelined forward and backward of this stage (a collective in the replica's pipeline)."""
+    def run(
+        self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor], *, rows: int | None = None
+    ) -> None:
+        """One pipelined forward and backward of this stage (a collective in the replica's pipeline).
+
+        Args:
+            rows: samples per micro-batch (a short last step has fewer); ``None``: a full step's.
+        """
+        runner = self.runner if rows is None or rows == self.rows else self.runner_for(rows)
         with self.ctx.autocast():
             if self.layout.pipe_len == 1:
-                self.runner.step(x, target=y, losses=losses)
+                runner.step(x, target=y, losses=losses)
             elif self.is_first:
-                self.runner.step(x)
+                runner.step(x)
             elif self.is_last:
-                self.runner.step(target=y, losses=losses)
+                runner.step(target=y, losses=losses)
             else:
-                self.runner.step()
+                runner.step()
 
     def grad_sync(self) -> int:
         """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
@@ -167,3 +187,4 @@ class StageRuntime:
             self.averager = None
         self.forward_timer.remove()
         self.runner = None
+        self._runners.clear()

@@ -24,6 +24,7 @@ from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.step_data import Batch, ElasticBatchSampler
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 __all__ = [
@@ -107,6 +108,10 @@ def clip_global_grad_norm(stage: StageRuntime, max_norm: float, device: torch.de
     return norm
 
 
+#: What an exhausted batch iterator gives: no indices (the loop then reports the sampler ran dry).
+_NO_BATCH = Batch(torch.zeros(0, dtype=torch.long), None, None)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -130,13 +135,16 @@ def run_epoch(
         rank; means over the timed steps) with ``grad_sync_ops``, and the epoch's seconds.
     """
     c, device, layout = ctx.config, ctx.device, stage.layout
-    batch = c.train.global_batch
-    steps_per_epoch = len(ctx.train_set) // batch
-    per_replica = batch // layout.replicas
+    plan = ctx.epoch
+    steps_per_epoch = plan.steps
     sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
-    first = sampler.consumed // batch
+    first = plan.steps_done(sampler.consumed)
     first_step_s = 0.0
-    data_device = ctx.train_set.inputs.device
+    # The rest of the epoch's batches, read from the sampler's position in this layout (a data loader's workers
+    # read ahead); only stage 0 needs inputs, only the last stage labels.
+    batches = ctx.train_set.batches(
+        ElasticBatchSampler(sampler, plan.sizes(first)), inputs=stage.is_first, labels=stage.is_last, device=device
+    )
     clock = PhaseClock(device)
     sync_ops = 0
     losses.local = []
@@ -162,25 +170,19 @@ def run_epoch(
         timed = device.type != "cuda" or _timed_step(i - first, steps_per_epoch - first, c.log.timing_interval)
         timer.active = timed
         clock.start(timed=timed)
-        host_idx = torch.tensor(sampler.step_indices(batch), dtype=torch.long)
-        if host_idx.numel() != per_replica:
+        size = plan.size(i)
+        host_idx, x, y = next(batches, _NO_BATCH)
+        if host_idx.numel() != size // layout.replicas:
             raise OrchestratorError(
-                f"the sampler ran dry at step {i} of epoch {state.epoch}: got {host_idx.numel()} of {per_replica} "
-                "indices"
+                f"the sampler ran dry at step {i} of epoch {state.epoch}: got {host_idx.numel()} of "
+                f"{size // layout.replicas} indices"
             )
-        # The split is indexed where it lives: on the host (then copied), or on the device when the caller put it
-        # there (a pinned index copies without waiting for the queued work).
-        idx = host_idx
-        if data_device.type == "cuda":
-            idx = host_idx.pin_memory().to(data_device, non_blocking=True)
-        x = ctx.train_set.inputs[idx].to(device, non_blocking=True) if stage.is_first else None
-        y = ctx.train_set.labels[idx].to(device, non_blocking=True) if stage.is_last else None
         clock.lap("data")
         if x is not None:
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
         clock.lap("forward")
         step_losses: list[torch.Tensor] = []
-        stage.run(x, y, step_losses)
+        stage.run(x, y, step_losses, rows=size // layout.replicas // layout.microbatches)
         step_s = clock.lap("backward")
         if timed:
             fwd = min(timer.collect(), step_s)
@@ -194,7 +196,7 @@ def run_epoch(
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        sampler.advance(batch)
+        sampler.advance(size)
         state = state.replace(step=state.step + 1)
         clock.lap("optimizer")
         losses.local.append(torch.stack([t.detach().double() for t in step_losses]).mean() if step_losses else no_loss)
@@ -204,6 +206,9 @@ def run_epoch(
         progress.update(i + 1)
         if on_step is not None and i + 1 < steps_per_epoch and not (max_steps and state.step >= max_steps):
             on_step(state, i + 1)
+    close = getattr(batches, "close", None)
+    if close is not None:  # a stop at max_steps: let a loader's workers go now
+        close()
     _sync(device)
     seconds = time.perf_counter() - t_epoch
     timer.active = True
@@ -227,8 +232,9 @@ def epoch_metrics(
     stage: StageRuntime,
     *,
     steps: int,
-    steps_run: int,
-    global_batch: int,
+    samples: int,
+    samples_run: int,
+    dropped: int,
     losses: list[float],
     phases: dict[str, float],
     seconds: float,
@@ -241,9 +247,10 @@ def epoch_metrics(
     return EpochMetrics(
         epoch=state.epoch,
         steps=steps,
-        samples=steps * global_batch,
+        samples=samples,
+        dropped=dropped,
         seconds=seconds,
-        samples_per_s=max(1, steps_run) * global_batch / seconds if seconds > 0 else 0.0,
+        samples_per_s=samples_run / seconds if seconds > 0 else 0.0,
         loss=float(sum(losses) / steps),
         eval_loss=scores[0],
         eval_accuracy=scores[1],
@@ -283,7 +290,7 @@ def finish_epoch(
     Args:
         done: steps of the epoch done so far; ``first``: those done before this attempt (a mid-epoch resume).
     """
-    c = ctx.config
+    c, plan = ctx.config, ctx.epoch
     stopped = bool(c.train.max_steps) and state.step >= c.train.max_steps
     last = stopped or state.epoch + 1 >= c.train.epochs
     scores: tuple[float | None, float | None] = (None, None)
@@ -293,8 +300,9 @@ def finish_epoch(
         state,
         stage,
         steps=done,
-        steps_run=done - first,
-        global_batch=c.train.global_batch,
+        samples=sum(plan.size(j) for j in range(done)),
+        samples_run=sum(plan.size(j) for j in range(first, max(done, first + 1))),
+        dropped=plan.dropped if done >= plan.steps else 0,
         losses=losses,
         phases=phases,
         seconds=seconds,

@@ -65,7 +65,9 @@ class ElasticTrainer:
     Args:
         config: the run's numbers (epochs, batch, layout, launch, checkpoint, log).
         model: a :class:`~elastic_pipe.models.SubLayerModel`, seeded identically on every rank.
-        data: samples (``inputs``, ``labels``, ``sample_ids``) or a map-style dataset of ``(input, label)``.
+        data: samples held in memory (``inputs``, ``labels``, ``sample_ids``), or any map-style dataset of
+            ``(input, label)`` (a ``torch.utils.data.Dataset``), read through a ``DataLoader`` with ``[data] workers``
+            workers and never stacked into memory.
         policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
         partitioner: a partition solver name or function (``partition.optimal``).
         compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
@@ -201,8 +203,8 @@ class ElasticTrainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch."""
-        return len(self.ctx.train_set) // self.config.train.global_batch
+        """Optimizer steps per epoch, a short last step included (:func:`.step_data.epoch_plan`)."""
+        return self.ctx.epoch.steps
 
     def step_limit_reached(self) -> bool:
         """Whether the run has taken ``[train] max_steps`` optimizer steps (never when it is 0)."""
@@ -240,7 +242,7 @@ class ElasticTrainer:
             self.train_epoch(on_step)
             if self.step_limit_reached():
                 if checkpointer is not None:
-                    steps_done = self.sampler.consumed // c.train.global_batch
+                    steps_done = self.ctx.epoch.steps_done(self.sampler.consumed)
                     checkpointer.save(self, steps_done=None if self.decision_due else steps_done)
                 break
             if self.state.epoch < c.train.epochs:
@@ -271,7 +273,7 @@ class ElasticTrainer:
         ctx, c = self.ctx, self.config
         # steps already done in this epoch (a mid-epoch resume); the sampler still counts the previous epoch's
         # steps until run_epoch starts this one
-        first = self.sampler.consumed // c.train.global_batch if self.sampler.epoch == self.state.epoch else 0
+        first = ctx.epoch.steps_done(self.sampler.consumed) if self.sampler.epoch == self.state.epoch else 0
         state, losses, phases, seconds = run_epoch(
             ctx,
             self.state,
@@ -282,7 +284,7 @@ class ElasticTrainer:
             losses=self.losses,
             on_step=on_step,
         )
-        done = self.sampler.consumed // c.train.global_batch
+        done = ctx.epoch.steps_done(self.sampler.consumed)
         complete = done >= self.steps_per_epoch
         metrics, scores = finish_epoch(
             ctx,

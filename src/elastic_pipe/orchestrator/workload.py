@@ -1,11 +1,12 @@
-"""What is trained on: samples held in memory, their train/eval split, and the default loss.
+"""What is trained on: samples held in memory or a map-style dataset, their train/eval split, and the default loss.
 
-Built-in models and datasets are looked up by name in :mod:`elastic_pipe.orchestrator.components`.
+Built-in models and datasets are looked up by name in :mod:`elastic_pipe.orchestrator.components`; how a rank
+reads the parts is :mod:`elastic_pipe.orchestrator.step_data`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -13,8 +14,22 @@ import torch
 import torch.nn.functional as F
 
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit, StepData, item_spec
 
-__all__ = ["Loss", "Samples", "Split", "as_samples", "cross_entropy", "eval_count", "split_samples"]
+__all__ = [
+    "Loss",
+    "Samples",
+    "Split",
+    "as_data",
+    "as_samples",
+    "cross_entropy",
+    "eval_count",
+    "is_samples",
+    "num_samples",
+    "split_data",
+    "split_dataset",
+    "split_samples",
+]
 
 #: ``loss(output, target)``: a mean over the micro-batch.
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -52,9 +67,53 @@ class Split:
     def __len__(self) -> int:
         return int(self.inputs.shape[0])
 
+    def input_rows(self, start: int, stop: int) -> torch.Tensor:
+        """Inputs ``start:stop`` (a view, where the split lives)."""
+        return self.inputs[start:stop]
+
+    def batches(
+        self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
+    ) -> Iterator[Batch]:
+        """One batch per list of positions, indexed where the split lives: on the host (then copied), or on the
+        device when the caller put it there (a pinned index copies without waiting for the queued work)."""
+        data_device = self.inputs.device
+        for positions in index_lists:
+            host_idx = torch.tensor(positions, dtype=torch.long)
+            idx = host_idx
+            if data_device.type == "cuda":
+                idx = host_idx.pin_memory().to(data_device, non_blocking=True)
+            x = self.inputs[idx].to(device, non_blocking=True) if inputs else None
+            y = self.labels[idx].to(device, non_blocking=True) if labels else None
+            yield Batch(host_idx, x, y)
+
 
 #: Floor of the standard deviation used to standardise inputs (a constant image would divide by zero).
 _MIN_STD = 1e-8
+
+
+def is_samples(data: Any) -> bool:
+    """Whether ``data`` is held in memory as tensors (``inputs``, ``labels``, ``sample_ids``)."""
+    return all(hasattr(data, name) for name in ("inputs", "labels", "sample_ids"))
+
+
+def num_samples(data: Any) -> int:
+    """How many samples ``data`` (samples held in memory, or a dataset) holds."""
+    return int(data.inputs.shape[0]) if is_samples(data) else len(data)
+
+
+def as_data(data: Any) -> Any:
+    """``data`` as the trainer takes it: samples held in memory as they are, or a map-style dataset, not read.
+
+    Raises:
+        ConfigError: neither samples nor a non-empty object with ``__len__`` and ``__getitem__``.
+    """
+    if is_samples(data):
+        return data
+    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        raise ConfigError(f"{type(data).__name__} is neither samples (inputs, labels, sample_ids) nor a dataset")
+    if len(data) == 0:
+        raise ConfigError("the dataset is empty")
+    return data
 
 
 def as_samples(data: Any) -> Samples:
@@ -118,6 +177,50 @@ def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torc
         return Split(inputs[idx], samples.labels[idx], samples.sample_ids[idx])
 
     return part(order[n_eval:]), part(order[:n_eval])
+
+
+def split_dataset(
+    dataset: Any,
+    eval_fraction: float,
+    seed: int,
+    dtype: torch.dtype,
+    *,
+    workers: int = 0,
+    num_classes: int | None = None,
+) -> tuple[DatasetSplit, DatasetSplit]:
+    """Split a map-style dataset into index subsets with the permutation :func:`split_samples` draws.
+
+    Nothing is read but item 0 (the shapes and dtypes every item must have) and nothing is standardised: the
+    dataset's own transforms normalise.
+
+    Raises:
+        OrchestratorError: item 0 is not an ``(input, label)`` pair.
+    """
+    n = len(dataset)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_eval = eval_count(n, eval_fraction)
+    spec = item_spec(dataset, num_classes)
+
+    def part(idx: torch.Tensor) -> DatasetSplit:
+        return DatasetSplit(dataset, idx.sort().values, spec, dtype, workers)
+
+    return part(order[n_eval:]), part(order[:n_eval])
+
+
+def split_data(
+    data: Any,
+    eval_fraction: float,
+    seed: int,
+    dtype: torch.dtype,
+    *,
+    workers: int = 0,
+    num_classes: int | None = None,
+) -> tuple[StepData, StepData]:
+    """The training and evaluation parts: :func:`split_samples` for samples in memory (standardised as before),
+    :func:`split_dataset` for a map-style dataset."""
+    if is_samples(data):
+        return split_samples(data, eval_fraction, seed, dtype)
+    return split_dataset(data, eval_fraction, seed, dtype, workers=workers, num_classes=num_classes)
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""Checking the data before the first step: every item fits item 0, every class label fits the model's output.
+
+A bad item found only when a step reads it would fail one rank in the middle of a collective, and the others would
+wait for the timeout. So at setup each rank checks a share of the items (a dataset: ``[data] check``; tensors in
+memory: their labels, at once), the ranks exchange what they found on the control group, and every rank raises the
+same :class:`~elastic_pipe.orchestrator.errors.ConfigError`, naming the first bad sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
+from elastic_pipe.orchestrator.workload import Split
+
+__all__ = ["first_bad_label", "local_failure", "num_classes", "raise_first_failure"]
+
+
+@torch.no_grad()
+def num_classes(model: nn.Module, example: torch.Tensor) -> int:
+    """The size of the model's last output dimension on one sample (classes, or the vocabulary), in eval mode."""
+    was = model.training
+    model.eval()
+    out = model(example)
+    model.train(was)
+    return int(out.shape[-1])
+
+
+def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:
+    """The first sample of ``split`` (by id) with an integer label outside ``[0, classes)``, and why."""
+    labels = split.labels
+    if labels.is_floating_point() or labels.numel() == 0:
+        return None
+    rows = labels.reshape(labels.shape[0], -1)
+    bad = ((rows < 0) | (rows >= classes)).any(dim=1)
+    if not bool(bad.any()):
+        return None
+    ids = split.sample_ids[bad.to(split.sample_ids.device)]
+    first = int(ids.min())
+    row = rows[(split.sample_ids == first).nonzero()[0, 0].to(rows.device)]
+    value = int(row[(row < 0) | (row >= classes)][0])
+    return first, f"dataset item {first}: label {value} is out of range [0, {classes})"
+
+
+def local_failure(parts: Sequence[StepData], classes: int | None, rank: int, world_size: int, scan: bool) -> str:
+    """This rank's share of the check: the first failure as ``"index:reason"``, or ``""``."""
+    found: list[tuple[int, str]] = []
+    for part in parts:
+        failure: tuple[int, str] | None = None
+        if isinstance(part, DatasetSplit):
+            if scan:
+                failure = part.first_bad_item(rank, world_size)
+        elif isinstance(part, Split) and classes is not None and rank == 0:
+            failure = first_bad_label(part, classes)
+        if failure is not None:
+            found.append(failure)
+    if not found:
+        return ""
+    index, reason = min(found)
+    return f"{index}:{reason}"
+
+
+def raise_first_failure(mine: str, rank: int, world_size: int, broadcast: Callable[[bytes | None, int], bytes]) -> None:
+    """Exchange every rank's failure (a collective on the control group) and raise the first, on every rank.
+
+    Raises:
+        ConfigError: the failure with the smallest sample index any rank found.
+    """
+    failures = []
+    for src in range(world_size):
+        text = broadcast(mine.encode() if rank == src else None, src).decode()
+        if text:
+            index, _, reason = text.partition(":")
+            failures.append((int(index), reason))
+    if failures:
+        raise ConfigError(min(failures)[1])

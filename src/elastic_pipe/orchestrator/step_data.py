@@ -1,0 +1,372 @@
+"""What a rank reads: the training and evaluation parts of the data, the steps of an epoch, the check of the items.
+
+Two kinds of data, one interface (:class:`StepData`):
+
+* :class:`~elastic_pipe.orchestrator.workload.Split`: tensors held in memory, indexed directly (the fast path of the
+  built-in datasets);
+* :class:`DatasetSplit`: an index subset of any map-style dataset (``__len__`` and ``__getitem__`` returning
+  ``(input, label)``, e.g. a ``torch.utils.data.Dataset``), read through a ``torch.utils.data.DataLoader`` with
+  ``[data] workers`` worker processes; nothing is stacked into memory.
+
+Either way a step's indices come from the :class:`~elastic_pipe.data.ElasticSampler` through
+:class:`ElasticBatchSampler`, which walks a snapshot of the sampler (the loader's workers read ahead of the
+training loop; the sampler itself advances only when a step is done). A new layout builds a new batch sampler from
+the sampler's position, so the position survives a re-shard.
+
+Epoch length (:func:`epoch_plan`). Every step but the last takes ``global_batch`` samples. The ``N mod B`` left
+over form one short last step of the largest multiple of the *split unit* that fits (the unit: the least common
+multiple of ``replicas x microbatches`` over every layout the job can reach, so that the short step splits into
+equal micro-batches on every replica, whatever the layout, and the number of steps per epoch never depends on the
+layout); the fewer than ``unit`` samples left after it are dropped this epoch and counted (``dropped`` in the
+epoch record; a different random tail every epoch). ``[data] drop_last = true`` keeps whole steps only and drops
+the ``N mod B`` rest instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+import torch
+import torch.utils.data
+
+from elastic_pipe import data as edata
+from elastic_pipe.orchestrator.errors import ConfigError
+
+__all__ = [
+    "Batch",
+    "DatasetSplit",
+    "ElasticBatchSampler",
+    "EpochPlan",
+    "ItemSpec",
+    "StepData",
+    "epoch_plan",
+    "item_spec",
+    "split_unit",
+]
+
+
+class Batch(NamedTuple):
+    """One batch as a rank reads it.
+
+    Attributes:
+        positions: the samples' positions in the part (host, int64); the part's ``sample_ids[positions]`` are
+            their ids.
+        inputs: the inputs on the device, or ``None`` when not asked for.
+        labels: the labels on the device, or ``None`` when not asked for.
+    """
+
+    positions: torch.Tensor
+    inputs: torch.Tensor | None
+    labels: torch.Tensor | None
+
+
+class StepData(Protocol):
+    """A training or evaluation part of the data, as the step loop, the evaluation and the cache read it."""
+
+    @property
+    def sample_ids(self) -> torch.Tensor:
+        """A stable id per position (what the activation cache keys on)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    def input_rows(self, start: int, stop: int) -> torch.Tensor:
+        """The inputs of positions ``start:stop`` (where the part keeps them)."""
+        ...
+
+    def batches(
+        self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
+    ) -> Iterator[Batch]:
+        """One :class:`Batch` per list of positions, in order."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------- the epoch's steps
+def split_unit(world_size: int, pipe_lens: Sequence[int], microbatches_for: Callable[[int], int]) -> int:
+    """The least common multiple of ``replicas x microbatches`` over the reachable pipeline lengths.
+
+    A step of a multiple of it splits into equal micro-batches on every replica of every reachable layout.
+    """
+    return math.lcm(*(world_size // k * microbatches_for(k) for k in pipe_lens))
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """How one epoch of ``samples`` training samples is cut into steps.
+
+    Attributes:
+        samples: training samples.
+        batch: the global batch of a full step.
+        last: samples of the short last step (0: none).
+        dropped: samples left out every epoch (the last of the epoch's order).
+    """
+
+    samples: int
+    batch: int
+    last: int
+    dropped: int
+
+    @property
+    def full_steps(self) -> int:
+        """Steps of ``batch`` samples."""
+        return self.samples // self.batch
+
+    @property
+    def steps(self) -> int:
+        """Steps per epoch, the short one included."""
+        return self.full_steps + (1 if self.last else 0)
+
+    @property
+    def used(self) -> int:
+        """Samples each epoch trains on."""
+        return self.samples - self.dropped
+
+    def size(self, step: int) -> int:
+        """Samples (over all replicas) of step ``step`` (0-based) of the epoch."""
+        return self.batch if step < self.full_steps else self.last
+
+    def sizes(self, first: int = 0) -> list[int]:
+        """The sizes of steps ``first, first + 1, ...`` to the epoch's end."""
+        return [self.size(i) for i in range(first, self.steps)]
+
+    def steps_done(self, consumed: int) -> int:
+        """Steps done when the sampler has used ``consumed`` positions of the epoch."""
+        return -(-consumed // self.batch)
+
+
+def epoch_plan(samples: int, batch: int, unit: int, *, drop_last: bool = False) -> EpochPlan:
+    """Cut ``samples`` into steps of ``batch``, then (unless ``drop_last``) one short step of a multiple of ``unit``.
+
+    Args:
+        samples: training samples.
+        batch: the global batch, a multiple of ``unit``.
+        unit: the split unit (:func:`split_unit`).
+        drop_last: no short step: the ``samples mod batch`` rest is dropped.
+    """
+    assert batch % unit == 0, (batch, unit)
+    rest = samples % batch
+    last = 0 if drop_last else rest - rest % unit
+    return EpochPlan(samples, batch, last, rest - last)
+
+
+class ElasticBatchSampler:
+    """A batch sampler over the rest of an epoch: per step, this replica's indices from the elastic sampler.
+
+    It walks a copy of ``sampler`` (``step_indices`` then ``advance``), so iterating it never moves the sampler the
+    training loop advances; build a new one after a re-shard.
+
+    Args:
+        sampler: the job's sampler, at its current position and sharding.
+        sizes: the global size of each remaining step.
+    """
+
+    def __init__(self, sampler: edata.ElasticSampler, sizes: Sequence[int]) -> None:
+        self.sampler = sampler
+        self.sizes = list(sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        walker = copy.copy(self.sampler)
+        for size in self.sizes:
+            yield walker.step_indices(size)
+            walker.advance(size)
+
+
+# --------------------------------------------------------------------------------------------- the items
+@dataclass(frozen=True)
+class ItemSpec:
+    """What every item of a dataset must look like (item 0's shapes and dtypes).
+
+    Attributes:
+        input_shape, input_dtype: the input's.
+        label_shape, label_dtype: the label's.
+        num_classes: labels must lie in ``[0, num_classes)`` (integer labels; ``None``: not checked).
+    """
+
+    input_shape: tuple[int, ...]
+    input_dtype: torch.dtype
+    label_shape: tuple[int, ...]
+    label_dtype: torch.dtype
+    num_classes: int | None = None
+
+    def check(self, index: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
+        """Why item ``index`` (``(x, y)``) does not fit, or ``None``."""
+        if tuple(x.shape) != self.input_shape or x.dtype != self.input_dtype:
+            return (
+                f"dataset item {index}: input {tuple(x.shape)} {x.dtype} differs from item 0's "
+                f"{self.input_shape} {self.input_dtype}"
+            )
+        if tuple(y.shape) != self.label_shape or y.dtype != self.label_dtype:
+            return (
+                f"dataset item {index}: label {tuple(y.shape)} {y.dtype} differs from item 0's "
+                f"{self.label_shape} {self.label_dtype}"
+            )
+        if self.num_classes is not None and not y.is_floating_point() and y.numel():
+            lo, hi = int(y.min()), int(y.max())
+            if lo < 0 or hi >= self.num_classes:
+                bad = lo if lo < 0 else hi
+                return f"dataset item {index}: label {bad} is out of range [0, {self.num_classes})"
+        return None
+
+    def with_classes(self, num_classes: int | None) -> ItemSpec:
+        """This spec, checking labels against ``num_classes``."""
+        return dataclasses.replace(self, num_classes=num_classes)
+
+
+def _as_pair(index: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(item, tuple | list) and len(item) == 2):
+        raise ConfigError(f"dataset item {index} is {type(item).__name__}, expected an (input, label) pair")
+    try:
+        x, y = (torch.as_tensor(v) for v in item)
+    except (TypeError, RuntimeError, ValueError) as exc:
+        raise ConfigError(
+            f"dataset item {index}: {exc} (the dataset's transform must return tensors or arrays)"
+        ) from None
+    return x, y
+
+
+def item_spec(dataset: Any, num_classes: int | None = None) -> ItemSpec:
+    """The :class:`ItemSpec` of ``dataset``'s item 0."""
+    x, y = _as_pair(0, dataset[0])
+    return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes)
+
+
+class _Items(torch.utils.data.Dataset[tuple[int, Any]]):
+    """Position ``p`` of a split -> ``(dataset index, raw item)``: what the loader's workers fetch."""
+
+    def __init__(self, dataset: Any, indices: torch.Tensor) -> None:
+        self.dataset = dataset
+        self.indices = indices.tolist()
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, position: int) -> tuple[int, Any]:
+        index = self.indices[position]
+        return index, self.dataset[index]
+
+
+@dataclass(frozen=True)
+class _Collate:
+    """Checks and stacks a batch of raw items (in the loader's workers): ``(dataset indices, inputs, labels)``.
+
+    ``scan``: return the first failure ``(index, reason)`` instead of raising (the up-front check).
+    """
+
+    spec: ItemSpec
+    dtype: torch.dtype
+    inputs: bool
+    labels: bool
+    scan: bool = False
+
+    def __call__(self, items: list[tuple[int, Any]]) -> Any:
+        xs, ys = [], []
+        for index, item in items:
+            try:
+                x, y = _as_pair(index, item)
+            except ConfigError as exc:
+                if self.scan:
+                    return index, str(exc)
+                raise
+            reason = self.spec.check(index, x, y)
+            if reason is not None:
+                if self.scan:
+                    return index, reason
+                raise ConfigError(reason)
+            xs.append(x)
+            ys.append(y)
+        if self.scan:
+            return None
+        x_all = torch.stack(xs) if self.inputs else None
+        if x_all is not None and x_all.is_floating_point():
+            x_all = x_all.to(self.dtype)
+        return x_all, torch.stack(ys) if self.labels else None
+
+
+@dataclass(frozen=True)
+class DatasetSplit:
+    """An index subset of a map-style dataset (train or eval part), read through a ``DataLoader``.
+
+    The inputs are taken as the dataset returns them (its transforms do their own normalisation); floating inputs
+    are only cast to ``dtype``, the parameters' dtype.
+
+    Attributes:
+        dataset: ``dataset[i]`` is ``(input, label)``.
+        indices: the dataset indices of this part, in position order (also its sample ids).
+        spec: what every item must look like.
+        dtype: floating inputs are cast to it.
+        workers: the loader's worker processes (0: read in the training process).
+    """
+
+    dataset: Any
+    indices: torch.Tensor
+    spec: ItemSpec
+    dtype: torch.dtype = torch.float32
+    workers: int = 0
+
+    @property
+    def sample_ids(self) -> torch.Tensor:
+        """The dataset indices (what the cache keys on)."""
+        return self.indices
+
+    @property
+    def random_augmentation(self) -> bool:
+        """Whether the dataset declares its transforms random (``random_augmentation = True``)."""
+        return bool(getattr(self.dataset, "random_augmentation", False))
+
+    def with_classes(self, num_classes: int | None) -> DatasetSplit:
+        """This part, checking labels against ``num_classes``."""
+        return dataclasses.replace(self, spec=self.spec.with_classes(num_classes))
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    def _loader(self, batch_sampler: Iterable[Sequence[int]], collate: _Collate, pin: bool) -> Any:
+        return torch.utils.data.DataLoader(
+            _Items(self.dataset, self.indices),
+            batch_sampler=batch_sampler,  # type: ignore[arg-type]  # any iterable of index lists works
+            num_workers=self.workers,
+            collate_fn=collate,
+            pin_memory=pin,
+        )
+
+    def batches(
+        self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
+    ) -> Iterator[Batch]:
+        """One batch per list of positions, read by the loader (its workers read ahead)."""
+        lists = index_lists if isinstance(index_lists, ElasticBatchSampler) else [list(i) for i in index_lists]
+        if not (inputs or labels):  # a middle stage: nothing to read
+            for positions in lists:
+                yield Batch(torch.tensor(positions, dtype=torch.long), None, None)
+            return
+        collate = _Collate(self.spec, self.dtype, inputs, labels)
+        loader = self._loader(lists, collate, pin=device.type == "cuda")
+        for positions, (x, y) in zip(lists, loader, strict=True):
+            yield Batch(
+                torch.tensor(positions, dtype=torch.long),
+                None if x is None else x.to(device, non_blocking=True),
+                None if y is None else y.to(device, non_blocking=True),
+            )
+
+    def input_rows(self, start: int, stop: int) -> torch.Tensor:
+        """The inputs of positions ``start:stop``, read in this process (the cache fill's chunks)."""
+        items = [(int(i), self.dataset[int(i)]) for i in self.indices[start:stop]]
+        x, _ = _Collate(self.spec, self.dtype, inputs=True, labels=False)(items)
+        assert x is not None
+        return x  # type: ignore[no-any-return]
+
+    def first_bad_item(self, rank: int, world_size: int, chunk: int = 256) -> tuple[int, str] | None:
+        """Read positions ``rank, rank + world_size, ...`` and return the first that fails :attr:`spec`."""
+        mine = list(range(rank, len(self), world_size))
+        lists = [mine[i : i + chunk] for i in range(0, len(mine), chunk)]
+        for failure in self._loader(lists, _Collate(self.spec, self.dtype, True, True, scan=True), pin=False):
+            if failure is not None:
+                return int(failure[0]), str(failure[1])
+        return None

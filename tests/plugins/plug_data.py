@@ -1,0 +1,52 @@
+"""Map-style datasets that live outside elastic_pipe, for the tests that train on a user's ``Dataset``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.utils.data
+
+from elastic_pipe.data import load_digits
+
+#: The digits' pixel statistics (a user's transform normalises; the trainer does not).
+MEAN, STD = 0.3, 0.4
+
+
+class Digits(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """The first ``samples`` digits as ``(image, label)``, normalised by the transform; ``flip``: a random
+    horizontal flip per read, declared as random (``random_augmentation``)."""
+
+    def __init__(self, samples: int = 320, flip: bool = False) -> None:
+        d = load_digits()
+        self.images, self.labels = d.inputs[:samples], d.labels[:samples]
+        self.flip = flip
+        self.random_augmentation = flip
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        x = (self.images[index] - MEAN) / STD
+        if self.flip and bool(torch.rand(()) < 0.5):
+            x = x.flip(-1)
+        return x, int(self.labels[index])
+
+
+def flipped_digits(samples: int = 320) -> Digits:
+    """What ``[data] dataset = "plug_data:flipped_digits"`` builds (called with ``[data] options``)."""
+    return Digits(samples, flip=True)
+
+
+class Broken(Digits):
+    """Digits with one bad item: ``kind`` "shape" (a cropped image) or "label" (label 10 of 10 classes)."""
+
+    def __init__(self, bad: int, kind: str, samples: int = 320) -> None:
+        super().__init__(samples)
+        self.bad, self.kind = bad, kind
+
+    def __getitem__(self, index: int) -> Any:
+        x, y = super().__getitem__(index)
+        if index == self.bad:
+            return (x[..., :7], y) if self.kind == "shape" else (x, 10)
+        return x, y
