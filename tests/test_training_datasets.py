@@ -141,6 +141,7 @@ def _config(**sections: dict[str, Any]) -> Any:
         "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "compression": "halving"},
         "launch": {"nproc_per_node": 2},
         "log": {"progress": False},
+        "data": {"drop_last": False},  # the short last step: every training sample once per epoch
     }
     for name, body in sections.items():
         tables[name] = {**tables.get(name, {}), **body}
@@ -234,6 +235,7 @@ options = { preset = "vit-tiny", depth = 3, dim = 16, heads = 2, mlp_dim = 32 }
 dataset = "plug_data:flipped_digits"
 options = { samples = 300 }
 workers = 1
+drop_last = false
 [train]
 epochs = 2
 global_batch = 32

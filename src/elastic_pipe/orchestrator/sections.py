@@ -131,8 +131,11 @@ class DataSection:
         eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
         workers: ``DataLoader`` worker processes per rank reading a map-style dataset (0: the training process
             reads).
-        drop_last: drop the ``N mod global_batch`` samples left after the full steps of an epoch instead of
-            training on them in one short last step (which drops only what cannot split evenly).
+        drop_last: drop the ``N mod global_batch`` samples left after the full steps of an epoch (the default:
+            every step has the global batch, so a run resumed into another world size continues exactly; each
+            epoch record reports the count as ``dropped``), or, false, train on them in one short last step, which
+            drops only what cannot split evenly over every layout the job can reach - a number that depends on the
+            world size.
         check: read every item of a map-style dataset once at the start (each rank a share) to check shapes,
             dtypes and label range, so that a bad item fails every rank before the first step; false checks each
             batch only as it is read.
@@ -142,7 +145,7 @@ class DataSection:
     options: Mapping[str, Any] = field(default_factory=dict)
     eval_fraction: float = 0.2
     workers: int = 0
-    drop_last: bool = False
+    drop_last: bool = True
     check: bool = True
 
     def __post_init__(self) -> None:
