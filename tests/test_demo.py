@@ -67,6 +67,7 @@ def test_document_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
     }
     assert doc["speedup"] == pytest.approx(19.0 / 15.5)
     assert doc["accuracy_change"] == pytest.approx(-0.01)
+    assert doc["same_work"] == {"epochs": 1, "seconds": 10.0, "baseline_seconds": 10.0}
     assert "note" not in doc  # 2 processes on 2 cores
     doc["plot"] = "/tmp/demo.png"
     assert render(doc).splitlines() == [
@@ -77,9 +78,20 @@ def test_document_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
         "with freezing: final accuracy 0.750, training 15.5 s",
         "without freezing: final accuracy 0.760, training 19.0 s",
         "-> freezing is 1.23x as fast, accuracy -1.0 points",
+        "epoch 1 did the same work in both runs: 10.0 s and 10.0 s",
         "plot: /tmp/demo.png",
     ]
     json.dumps(doc)  # the --json document is plain data
+
+
+def test_says_when_the_load_changed_between_runs() -> None:
+    slow = {**RESULTS["baseline"], "epochs": [_epoch(0, 0, 12.0, 0.5), _epoch(1, 0, 9.0, 0.76)]}
+    doc = summarize({**RESULTS, "baseline": slow})
+    assert doc["same_work"] == {"epochs": 1, "seconds": 10.0, "baseline_seconds": 12.0}
+    assert render(doc).splitlines()[-1] == (
+        "epoch 1 did the same work in both runs: 10.0 s and 12.0 s "
+        "(the machine's load changed between the runs, so the speedup is only approximate)"
+    )
 
 
 def test_without_reference_and_on_fewer_cores(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,9 @@ Progress goes to stderr (a bar and a summary line per epoch, one line per transi
 a table, or with ``--json`` one JSON document with ``transitions`` (``epoch``, ``frozen``, ``pipe_len``,
 ``replicas``, ``seconds``), ``final_accuracy``, ``train_seconds``, ``epochs``, the no-freezing reference under
 ``baseline`` (``final_accuracy``, ``train_seconds``, ``frozen_per_epoch``, ``epochs``), ``speedup``,
-``accuracy_change`` (elastic minus reference) and ``plot`` (the PNG written, or null).
+``accuracy_change`` (elastic minus reference), ``same_work`` (the leading epochs before the first freeze, the same
+computation in both runs: ``epochs``, ``seconds``, ``baseline_seconds``; their times differ only by the machine's
+load, which says how far the speedup can be trusted) and ``plot`` (the PNG written, or null).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ HELP = "Run the embedded demo: a ViT on real digits, 2 CPU processes, with freez
 
 #: The PNG's name when ``--plot`` is not given: in ``--log-dir`` if there is one, else in the working directory.
 DEFAULT_PLOT = "elastic-pipe-demo.png"
+
+#: Runs doing the same work that differ in time by more than this share were timed on a machine whose load changed.
+DRIFT = 0.10
 
 #: Per-epoch fields the document keeps for each run.
 EPOCH_KEYS = ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_units", "samples_per_s", "seconds")
@@ -46,6 +51,18 @@ def _train_seconds(result: dict[str, Any]) -> float:
 
 def _epochs(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: e.get(k) for k in EPOCH_KEYS} for e in result["epochs"]]
+
+
+def _same_work(elastic: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
+    """The leading epochs before the first freeze: the same computation in both runs, so equal times but for load."""
+    n = 0
+    while n < min(len(elastic), len(baseline)) and elastic[n]["frozen_units"] == baseline[n]["frozen_units"] == 0:
+        n += 1
+    return {
+        "epochs": n,
+        "seconds": float(sum(e["seconds"] for e in elastic[:n])),
+        "baseline_seconds": float(sum(e["seconds"] for e in baseline[:n])),
+    }
 
 
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +94,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         doc["speedup"] = doc["baseline"]["train_seconds"] / doc["train_seconds"] if doc["train_seconds"] else None
         accuracies = (doc["final_accuracy"], base["final_accuracy"])
         doc["accuracy_change"] = None if None in accuracies else accuracies[0] - accuracies[1]
+        doc["same_work"] = _same_work(elastic["epochs"], base["epochs"])
     cores = os.cpu_count() or 1
     # Both runs use the same processes; the elastic run's layouts say how many.
     processes = max((e["pipe_len"] * e["replicas"] for e in doc["epochs"]), default=1)
@@ -119,6 +137,14 @@ def render(doc: dict[str, Any]) -> str:
         points = "" if change is None else f", accuracy {100 * change:+.1f} points"
         speedup = "-" if doc["speedup"] is None else f"{doc['speedup']:.2f}x"
         lines.append(f"-> freezing is {speedup} as fast{points}")
+        same = doc["same_work"]
+        if same["epochs"]:
+            a, b = same["seconds"], same["baseline_seconds"]
+            span = "epoch 1" if same["epochs"] == 1 else f"epochs 1-{same['epochs']}"
+            line = f"{span} did the same work in both runs: {a:.1f} s and {b:.1f} s"
+            if b and abs(a / b - 1.0) > DRIFT:
+                line += " (the machine's load changed between the runs, so the speedup is only approximate)"
+            lines.append(line)
     if doc.get("plot"):
         lines.append(f"plot: {doc['plot']}")
     if "note" in doc:
@@ -155,6 +181,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
             ha="center",
             fontsize=7,
         )
+    speed.margins(y=0.2)  # room for the layout labels above the points
     speed.set_ylabel("training samples/s")
     speed.set_title("elastic-pipe demo: throughput and layout per epoch")
     speed.legend(loc="upper left")
