@@ -12,16 +12,20 @@ Why this setting, on a machine of 2 CPU cores:
   and every gradient all-reduce would wait for the process descheduled last. One stage, because the model fits
   one process and a 2-stage pipeline on 2 cores only adds a bubble; what the speedup measures is then compute
   that freezing skips, not a layout the reference was denied.
-* **A model big enough for compute to dominate**: width 256 with 4x4 patches (5 tokens per 8x8 digit), 6
-  blocks. A step costs about 100 ms of matrix work per process; the per-step host cost (Python, the optimizer
-  loop over the sub-layers, the all-reduce) is a few ms. With the preset's width 64 the host cost was most of a
-  step, so skipping a block's arithmetic saved little.
+* **A model big enough for compute to dominate**: width 256 with 4x4 patches (5 tokens per 8x8 digit), 6 blocks,
+  3.2M parameters. Measured per step and process on this machine: forward ~23 ms, backward ~45-50 ms, the
+  gradient all-reduce ~30-40 ms and AdamW ~20 ms; data and Python glue take under 1 ms. All four large parts
+  scale with the active layers, so a frozen, cached block takes its share out of each of them.
 * **FreezeOut with ``t0 = 0.5``**: no block freezes before half the run, block ``i`` at the fraction
-  ``0.5 + 0.5 * i / 6`` of it, so the blocks that stop have had half the run to converge. Measured here, it ended
-  within 1 point of the reference's accuracy (the published ``alpha = 1/3`` schedule lost several points, and the
-  statistics-driven ``converged`` policy, with its patience of 3 intervals, froze nothing in 6 epochs). It skips
-  about a quarter of the block-epochs, so the speedup is modest (~1.2x) and honest: it is what the schedule saves,
-  minus the cache fills.
+  ``0.5 + 0.5 * i / 6`` of it, so each block that stops has had at least half the run to converge; frozen blocks
+  by epoch are 0, 0, 0, 1, 3, 5. Measured here: 0.947 held-out accuracy against the reference's 0.955 (the runs
+  are deterministic, so this does not vary between runs; a batch of 64, with half the updates, left a 2-3 point
+  gap). The statistics-driven ``converged`` policy, with its patience of 3 intervals, froze nothing in 6 epochs.
+  The schedule skips a quarter of the block-epochs (9 of 36), so the speedup is modest (at most 1.33x, 6 / 4.5
+  epochs of work): what the schedule saves, minus the cache fills.
+
+On a busy machine the timings drift with its load; the demo reports the epochs before the first freeze, which do
+the same work in both runs, so that the drift is visible next to the speedup.
 """
 
 from __future__ import annotations
