@@ -1,4 +1,4 @@
-"""``elastic-pipe train`` and ``elastic-pipe demo``: bad input fails fast (one line, exit 2), output renders exactly."""
+"""``elastic-pipe train``: bad input fails fast (one line, exit 2), output renders exactly (the demo: test_demo.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from elastic_pipe.cli import main
-from elastic_pipe.cli.demo import render, summarize
 from elastic_pipe.orchestrator.checkpoint_files import FORMAT
 
 GOOD = """
@@ -74,57 +73,6 @@ def test_missing_config_and_foreign_checkpoint(tmp_path: Path, capsys: pytest.Ca
     assert "checkpoint is from another model" in err
 
 
-RESULTS = {
-    "elastic": {
-        "epochs": [
-            {
-                "epoch": 0,
-                "loss": 1.5,
-                "eval_accuracy": 0.5,
-                "pipe_len": 4,
-                "replicas": 1,
-                "frozen_units": 0,
-                "seconds": 10.0,
-            },
-            {
-                "epoch": 1,
-                "loss": 0.5,
-                "eval_accuracy": 0.75,
-                "pipe_len": 2,
-                "replicas": 2,
-                "frozen_units": 2,
-                "seconds": 5.0,
-            },
-        ],
-        "transitions": [{"epoch": 1, "frozen_units": 2, "pipe_len": 2, "replicas": 2, "seconds": 0.5}],
-        "final_accuracy": 0.75,
-    },
-    "baseline": {
-        "epochs": [{"seconds": 10.0, "frozen_units": 0}, {"seconds": 8.5, "frozen_units": 2}],
-        "transitions": [{"seconds": 0.5}],
-        "final_accuracy": 0.7,
-    },
-}
-
-
-def test_demo_document_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    doc = summarize(RESULTS)
-    assert doc["transitions"] == [{"epoch": 1, "frozen": 2, "pipe_len": 2, "replicas": 2, "seconds": 0.5}]
-    assert doc["final_accuracy"] == 0.75
-    assert doc["train_seconds"] == 15.5
-    assert doc["baseline"] == {"final_accuracy": 0.7, "train_seconds": 19.0, "frozen_per_epoch": [0, 2]}
-    assert doc["speedup"] == pytest.approx(19.0 / 15.5)
-    assert render(doc).splitlines() == [
-        "epoch  frozen  K  R  loss    accuracy  seconds",
-        "    1       0  4  1  1.5000     0.500    10.00",
-        "    2       2  2  2  0.5000     0.750     5.00",
-        "transition before epoch 2: frozen 2, pipeline 2, replicas 2, 0.500 s",
-        "final accuracy 0.750, training 15.5 s",
-        "without reshaping: final accuracy 0.700, training 19.0 s -> elastic is 1.23x as fast",
-    ]
-
-
 def test_train_table_and_plot(tmp_path: Path) -> None:
     from elastic_pipe.cli.train import plot, render
 
@@ -160,13 +108,6 @@ def test_train_table_and_plot(tmp_path: Path) -> None:
     ]
     plot(result, str(tmp_path / "run.png"))
     assert (tmp_path / "run.png").stat().st_size > 1000
-
-
-def test_demo_says_when_processes_share_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    doc = summarize(RESULTS)
-    assert doc["note"].startswith("4 processes share 2 CPU cores")
-    assert render(doc).splitlines()[-1] == f"note: {doc['note']}"
 
 
 def _overrides(argv: list[str], path: str) -> dict[str, object]:

@@ -1,27 +1,47 @@
-"""Run the embedded demo: a small ViT on real digits, 4 CPU processes, the pipeline going 4 -> 2 -> 1 as layers
-freeze while replicas go 1 -> 2 -> 4, then the same run without reshaping for comparison.
+"""Run the embedded demo: a ViT on real digits in 2 CPU processes, trained with freezing and the activation cache,
+then the same run without freezing for reference (:mod:`elastic_pipe.orchestrator.demo` says why this setting).
 
 Progress goes to stderr (a bar and a summary line per epoch, one line per transition); stdout gets the result:
 a table, or with ``--json`` one JSON document with ``transitions`` (``epoch``, ``frozen``, ``pipe_len``,
-``replicas``, ``seconds``), ``final_accuracy`` and the comparison.
+``replicas``, ``seconds``), ``final_accuracy``, ``train_seconds``, ``epochs``, the no-freezing reference under
+``baseline`` (``final_accuracy``, ``train_seconds``, ``frozen_per_epoch``, ``epochs``), ``speedup``,
+``accuracy_change`` (elastic minus reference), ``same_work`` (the leading epochs before the first freeze, the same
+computation in both runs: ``epochs``, ``seconds``, ``baseline_seconds``; their times differ only by the machine's
+load, which says how far the speedup can be trusted) and ``plot`` (the PNG written, or null).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 from elastic_pipe.cli._common import add_json_flag, emit
 
-HELP = "Run the embedded demo: a small ViT on real digits, 4 CPU processes, pipeline 4 -> 2 -> 1."
+HELP = "Run the embedded demo: a ViT on real digits, 2 CPU processes, with freezing vs without."
+
+#: The PNG's name when ``--plot`` is not given: in ``--log-dir`` if there is one, else in the working directory.
+DEFAULT_PLOT = "elastic-pipe-demo.png"
+
+#: Runs doing the same work that differ in time by more than this share were timed on a machine whose load changed.
+DRIFT = 0.10
+
+#: Per-epoch fields the document keeps for each run.
+EPOCH_KEYS = ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_units", "samples_per_s", "seconds")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 6)")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the comparison run without reshaping")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the reference run without freezing")
     parser.add_argument("--log-dir", default="", help="write events.jsonl (transitions and epoch metrics) here")
+    parser.add_argument(
+        "--plot", default=None, metavar="PATH", help=f"write the PNG here (default: {DEFAULT_PLOT} in --log-dir or .)"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="write no PNG")
     add_json_flag(parser)
 
 
@@ -29,8 +49,24 @@ def _train_seconds(result: dict[str, Any]) -> float:
     return float(sum(e["seconds"] for e in result["epochs"]) + sum(t["seconds"] for t in result["transitions"]))
 
 
+def _epochs(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: e.get(k) for k in EPOCH_KEYS} for e in result["epochs"]]
+
+
+def _same_work(elastic: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> dict[str, Any]:
+    """The leading epochs before the first freeze: the same computation in both runs, so equal times but for load."""
+    n = 0
+    while n < min(len(elastic), len(baseline)) and elastic[n]["frozen_units"] == baseline[n]["frozen_units"] == 0:
+        n += 1
+    return {
+        "epochs": n,
+        "seconds": float(sum(e["seconds"] for e in elastic[:n])),
+        "baseline_seconds": float(sum(e["seconds"] for e in baseline[:n])),
+    }
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """The demo's JSON document from the runs' results."""
+    """The demo's JSON document from the runs' results (``{"elastic": ..., "baseline": ...}``)."""
     elastic = results["elastic"]
     doc: dict[str, Any] = {
         "transitions": [
@@ -45,10 +81,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         ],
         "final_accuracy": elastic["final_accuracy"],
         "train_seconds": _train_seconds(elastic),
-        "epochs": [
-            {k: e[k] for k in ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_units", "seconds")}
-            for e in elastic["epochs"]
-        ],
+        "epochs": _epochs(elastic),
     }
     if "baseline" in results:
         base = results["baseline"]
@@ -56,44 +89,117 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "final_accuracy": base["final_accuracy"],
             "train_seconds": _train_seconds(base),
             "frozen_per_epoch": [e["frozen_units"] for e in base["epochs"]],
+            "epochs": _epochs(base),
         }
         doc["speedup"] = doc["baseline"]["train_seconds"] / doc["train_seconds"] if doc["train_seconds"] else None
+        accuracies = (doc["final_accuracy"], base["final_accuracy"])
+        doc["accuracy_change"] = None if None in accuracies else accuracies[0] - accuracies[1]
+        doc["same_work"] = _same_work(elastic["epochs"], base["epochs"])
     cores = os.cpu_count() or 1
+    # Both runs use the same processes; the elastic run's layouts say how many.
     processes = max((e["pipe_len"] * e["replicas"] for e in doc["epochs"]), default=1)
     if cores < processes:
-        # Replicas only pay where each process has its own device; here they time-share the cores, and every
-        # gradient all-reduce waits for the process that was descheduled last.
+        # Replicas only pay where each process has its own core or device; here they time-share the cores, and
+        # every gradient all-reduce waits for the process that was descheduled last.
         doc["note"] = (
-            f"{processes} processes share {cores} CPU cores here, so more replicas cannot run faster than one "
-            "pipeline: the demo shows the mechanics and the accuracy; docs/benchmarks.md has the speed on GPUs"
+            f"{processes} processes share {cores} CPU cores here, so the timings mostly measure the time-sharing: "
+            "docs/benchmarks.md has the speed on GPUs"
         )
+    doc["plot"] = None
     return doc
+
+
+def _accuracy(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def render(doc: dict[str, Any]) -> str:
     """The demo's result as text."""
     lines = ["epoch  frozen  K  R  loss    accuracy  seconds"]
     for e in doc["epochs"]:
-        acc = "-" if e["eval_accuracy"] is None else f"{e['eval_accuracy']:.3f}"
         lines.append(
             f"{e['epoch'] + 1:>5}  {e['frozen_units']:>6}  {e['pipe_len']}  {e['replicas']}  "
-            f"{e['loss']:.4f}  {acc:>8}  {e['seconds']:7.2f}"
+            f"{e['loss']:.4f}  {_accuracy(e['eval_accuracy']):>8}  {e['seconds']:7.2f}"
         )
     for t in doc["transitions"]:
         lines.append(
             f"transition before epoch {t['epoch'] + 1}: frozen {t['frozen']}, pipeline {t['pipe_len']}, "
             f"replicas {t['replicas']}, {t['seconds']:.3f} s"
         )
-    lines.append(f"final accuracy {doc['final_accuracy']:.3f}, training {doc['train_seconds']:.1f} s")
+    accuracy, seconds = _accuracy(doc["final_accuracy"]), doc["train_seconds"]
+    lines.append(f"with freezing: final accuracy {accuracy}, training {seconds:.1f} s")
     if "baseline" in doc:
         b = doc["baseline"]
         lines.append(
-            f"without reshaping: final accuracy {b['final_accuracy']:.3f}, training {b['train_seconds']:.1f} s "
-            f"-> elastic is {doc['speedup']:.2f}x as fast"
+            f"without freezing: final accuracy {_accuracy(b['final_accuracy'])}, training {b['train_seconds']:.1f} s"
         )
+        change = doc.get("accuracy_change")
+        points = "" if change is None else f", accuracy {100 * change:+.1f} points"
+        speedup = "-" if doc["speedup"] is None else f"{doc['speedup']:.2f}x"
+        lines.append(f"-> freezing is {speedup} as fast{points}")
+        same = doc["same_work"]
+        if same["epochs"]:
+            a, b = same["seconds"], same["baseline_seconds"]
+            span = "epoch 1" if same["epochs"] == 1 else f"epochs 1-{same['epochs']}"
+            line = f"{span} did the same work in both runs: {a:.1f} s and {b:.1f} s"
+            if b and abs(a / b - 1.0) > DRIFT:
+                line += " (the machine's load changed between the runs, so the speedup is only approximate)"
+            lines.append(line)
+    if doc.get("plot"):
+        lines.append(f"plot: {doc['plot']}")
     if "note" in doc:
         lines.append(f"note: {doc['note']}")
     return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: str) -> None:
+    """Throughput and layout per epoch, and both runs' held-out accuracy, in one PNG.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    import matplotlib  # noqa: PLC0415 - optional extra
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415 - optional extra
+
+    runs = [("with freezing", doc["epochs"])]
+    if "baseline" in doc:
+        runs.append(("without freezing", doc["baseline"]["epochs"]))
+    fig, (speed, acc) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    for label, epochs in runs:
+        x = [e["epoch"] + 1 for e in epochs]
+        speed.plot(x, [e["samples_per_s"] or math.nan for e in epochs], marker="o", label=label)
+        accuracy = [math.nan if e["eval_accuracy"] is None else e["eval_accuracy"] for e in epochs]
+        acc.plot(x, accuracy, marker="o", label=label)
+    for e in doc["epochs"]:  # the elastic run's layout, written at its points
+        speed.annotate(
+            f"{e['frozen_units']} frozen\nK={e['pipe_len']} R={e['replicas']}",
+            (e["epoch"] + 1, e["samples_per_s"] or 0.0),
+            textcoords="offset points",
+            xytext=(0, 6),
+            ha="center",
+            fontsize=7,
+        )
+    speed.margins(y=0.2)  # room for the layout labels above the points
+    speed.set_ylabel("training samples/s")
+    speed.set_title("elastic-pipe demo: throughput and layout per epoch")
+    speed.legend(loc="upper left")
+    acc.set_ylabel("held-out accuracy")
+    acc.set_xlabel("epoch")
+    acc.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_path(args: argparse.Namespace) -> str | None:
+    """Where the PNG goes: ``--plot``, else :data:`DEFAULT_PLOT` in ``--log-dir`` or the working directory."""
+    if args.no_plot:
+        return None
+    if args.plot:
+        return str(args.plot)
+    return str(Path(args.log_dir or ".") / DEFAULT_PLOT)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,5 +214,13 @@ def run(args: argparse.Namespace) -> int:
     config = demo_config(overrides)
     preflight(config)
     doc = summarize(run_demo(config, baseline=not args.no_baseline))
+    path = plot_path(args)
+    if path is not None:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            plot(doc, path)
+            doc["plot"] = str(Path(path).resolve())
+        except ImportError:
+            sys.stderr.write("no plot written: it needs matplotlib (pip install 'elastic-pipe[plots]')\n")
     emit(args, doc, render(doc))
     return 0

@@ -1,14 +1,37 @@
-"""The embedded demo: a small ViT on real digits, 4 CPU processes, the pipeline going 4 -> 2 -> 1 as layers freeze.
+"""The embedded demo: a ViT on real digits in 2 CPU processes, trained twice - with freezing and without.
 
-Two runs in the same 4 processes: the elastic run (freeze, compress the pipeline, add replicas) and the same run
-without reshaping (freeze only: the pipeline keeps 4 stages and 1 replica). Both use the same seed, data order,
-global batch and learning-rate schedule; the freeze policy is the same, except that the fixed 4-stage pipeline
-needs 4 active sub-layers, which caps how many blocks it may freeze.
+The elastic run freezes blocks on FreezeOut's schedule (``t0 = 0.5``) and, from the first freeze on, reads the
+frozen prefix's output from the activation cache, so a frozen block costs neither its backward pass nor its
+forward pass. The reference run is the same job without freezing (policy ``never``, no cache). Both use the same
+seed, data order, global batch, learning-rate schedule and layout; the elastic run goes first, so any one-time
+cost of the processes (allocator growth, the first collectives) is charged to it, not to the reference.
+
+Why this setting, on a machine of 2 CPU cores:
+
+* **2 processes, 1 stage x 2 replicas** (data parallel). One process per core: more would time-share the cores,
+  and every gradient all-reduce would wait for the process descheduled last. One stage, because the model fits
+  one process and a 2-stage pipeline on 2 cores only adds a bubble; what the speedup measures is then compute
+  that freezing skips, not a layout the reference was denied.
+* **A model big enough for compute to dominate**: width 256 with 4x4 patches (5 tokens per 8x8 digit), 6 blocks,
+  3.2M parameters. Measured per step and process on this machine: forward ~23 ms, backward ~45-50 ms, the
+  gradient all-reduce ~30-40 ms and AdamW ~20 ms; data and Python glue take under 1 ms. All four large parts
+  scale with the active layers, so a frozen, cached block takes its share out of each of them.
+* **FreezeOut with ``t0 = 0.5``**: no block freezes before half the run, block ``i`` at the fraction
+  ``0.5 + 0.5 * i / 6`` of it, so each block that stops has had at least half the run to converge; frozen blocks
+  by epoch are 0, 0, 0, 1, 3, 5. Measured here: 0.947 held-out accuracy against the reference's 0.955 (the runs
+  are deterministic, so this does not vary between runs; a batch of 64, with half the updates, left a 2-3 point
+  gap). The statistics-driven ``converged`` policy, with its patience of 3 intervals, froze nothing in 6 epochs.
+  The schedule skips a quarter of the block-epochs (9 of 36), so the speedup is modest (at most 1.33x, 6 / 4.5
+  epochs of work): what the schedule saves, minus the cache fills.
+
+On a busy machine the timings drift with its load; the demo reports the epochs before the first freeze, which do
+the same work in both runs, so that the drift is visible next to the speedup.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import torch.distributed as dist
@@ -17,51 +40,76 @@ from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.worker import run_rank
+from elastic_pipe.orchestrator.workload import eval_count
 
-__all__ = ["DEMO", "demo_config", "run_demo"]
+__all__ = ["DEMO", "DIGITS_SAMPLES", "REFERENCE", "demo_config", "run_demo", "steps_per_epoch"]
 
-#: The demo's configuration, in the TOML's shape: ViT-tiny (6 blocks, 14 sub-layers) on the 8x8 digits, alpha = 1/3.
+#: scikit-learn's digits: 1,797 real 8x8 images (the demo's dataset).
+DIGITS_SAMPLES = 1797
+
+#: The demo's configuration, in the TOML's shape (``freeze.options.total_steps`` is filled in by
+#: :func:`demo_config` from the epochs and the batch).
 DEMO: dict[str, dict[str, Any]] = {
-    # 4x4 patches: 5 tokens per 8x8 digit, which learns faster and runs ~6x cheaper than the preset's 2x2.
-    "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4}},
+    # 4x4 patches: 5 tokens per 8x8 digit; width 256 so that a step's arithmetic outweighs its host cost.
+    "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4, "dim": 256, "mlp_dim": 512}},
     "data": {"dataset": "digits"},
     "train": {
         "epochs": 6,
-        "global_batch": 64,
+        # 32 samples a step: 44 steps an epoch, enough updates for the reference to pass 95% in 6 epochs.
+        "global_batch": 32,
         "optimizer": "adamw",
-        "lr": 0.006,
+        "lr": 0.001,
         "warmup_steps": 10,
         "lr_schedule": "cosine",
     },
-    "freeze": {"policy": "alpha", "options": {"alpha": 1 / 3}},
-    # 2 micro-batches per step: on CPU the host cost of each pipeline action dominates, not the bubble.
-    "pipeline": {"pipe_len": 4, "solver": "greedy", "compression": "halving", "microbatches": 2},
-    "launch": {"nproc_per_node": 4, "backend": "gloo"},
+    "freeze": {"policy": "freezeout", "options": {"t0": 0.5}},
+    "pipeline": {"pipe_len": 1, "solver": "greedy", "compression": "halving", "microbatches": 1, "cache": "on"},
+    "launch": {"nproc_per_node": 2, "backend": "gloo"},
     "log": {"progress": True},
 }
 
-
-def demo_config(overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """The demo's :class:`TrainConfig` with ``{"section.key": value}`` overrides applied."""
-    return config_from_tables(DEMO, source="demo").override(overrides or {})
+#: The reference run: the same job without freezing (so without a frozen prefix to cache).
+REFERENCE: dict[str, Any] = {"freeze.policy": "never", "freeze.options": {}, "pipeline.cache": "off"}
 
 
-def _demo_entry(tables: dict[str, Any], baseline: bool) -> dict[str, Any]:
+def steps_per_epoch(config: TrainConfig, samples: int = DIGITS_SAMPLES) -> int:
+    """Optimizer steps per epoch of ``config`` on a dataset of ``samples`` (the trainer's own rule)."""
+    return (samples - eval_count(samples, config.data.eval_fraction)) // config.train.global_batch
+
+
+def demo_config(overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+    """The demo's :class:`TrainConfig` with ``{"section.key": value}`` overrides applied.
+
+    FreezeOut's ``total_steps`` is set from the resulting epochs and batch unless the overrides give it.
+    """
+    config = config_from_tables(DEMO, source="demo").override(dict(overrides or {}))
+    options = dict(config.freeze.options)
+    if config.freeze.policy == "freezeout" and "total_steps" not in options:
+        options["total_steps"] = steps_per_epoch(config) * config.train.epochs
+        config = config.override({"freeze.options": options})
+    return config
+
+
+def _demo_entry(tables: dict[str, Any], reference: bool) -> dict[str, Any]:
     config = config_from_tables(tables)
     join_process_group(config)
     try:
         out: dict[str, Any] = {"elastic": run_rank(config).to_dict()}
-        if baseline:
+        if reference:
             if dist.get_rank() == 0:
-                sys.stderr.write("--- the same run without reshaping (freeze only, 4 stages, 1 replica) ---\n")
-            fixed = config.override({"pipeline.compression": "none", "pipeline.cache": "off"})
-            out["baseline"] = run_rank(fixed).to_dict()
+                sys.stderr.write("--- the reference: the same run without freezing ---\n")
+            out["baseline"] = run_rank(config.override(REFERENCE)).to_dict()
         return out
     finally:
         dist.destroy_process_group()
 
 
 def run_demo(config: TrainConfig, *, baseline: bool = True) -> dict[str, Any]:
-    """Launch the demo's processes and return rank 0's results (``{"elastic": ..., "baseline": ...}``)."""
+    """Launch the demo's processes and return rank 0's results (``{"elastic": ..., "baseline": ...}``).
+
+    Args:
+        config: the elastic run (see :func:`demo_config`).
+        baseline: also train the no-freezing reference (:data:`REFERENCE`) in the same processes.
+    """
     results = launch(config, _demo_entry, config.to_dict(), baseline)
     return dict(results[0])

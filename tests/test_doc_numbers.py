@@ -1,0 +1,261 @@
+"""Every headline number that README.md and docs/benchmarks.md quote from a result file agrees with that file.
+
+Each row of :data:`ROWS` is ``(doc file, quoted text, result file, JSON path, format)``: the quoted text holds one
+``{}`` where the number goes; the test reads the number at the path (dot-separated keys and list indices, or
+``min`` / ``max`` of a list), formats it and requires the text with it in the doc (line breaks and indentation
+count as single spaces). A number that drifts from its file, or a doc reworded around it, fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+VIT = "gpu_2xh200_vit.json"
+GPT = "gpu_2xh200_gpt.json"
+SINGLE = "gpu_1xh200_single.json"
+POLICIES = "gpu_2xh200_accuracy_policies.json"
+W_VIT = "workloads.vit."
+W_GPT = "workloads.gpt."
+S30 = "steps_per_epoch.30."
+S10 = "steps_per_epoch.10."
+
+#: (doc, quoted text with "{}" for the number, result file, path in it, format spec).
+ROWS: list[tuple[str, str, str, str, str]] = [
+    # README: 2x H200, ViT-B/16
+    (
+        "README.md",
+        "finished **{}x faster than the best static configuration**",
+        VIT,
+        W_VIT + "speedup_elastic_cache",
+        ".2f",
+    ),
+    (
+        "README.md",
+        "the best 2-stage pipeline + DDP was {}x of it",
+        VIT,
+        W_VIT + "speedup_over_baseline.static_pipe2_gpipe_m8",
+        ".2f",
+    ),
+    ("README.md", "{} of the\n  3.80x", VIT, W_VIT + "fraction_of_ideal.elastic_cache", ".0%"),
+    ("README.md", "of the\n  {}x the schedule allows", VIT, W_VIT + "ideal_speedup", ".2f"),
+    ("README.md", "({} of the 3.44x bound", VIT, W_VIT + "fraction_of_ideal_with_cache_fill.elastic_cache", ".0%"),
+    ("README.md", "of the {}x bound that pays", VIT, W_VIT + "ideal_speedup_with_cache_fill", ".2f"),
+    ("README.md", "transitions of {}-0.13 s", VIT, W_VIT + "transition_seconds.min", ".2f"),
+    ("README.md", "transitions of 0.03-{} s. (An earlier", VIT, W_VIT + "transition_seconds.max", ".2f"),
+    (
+        "README.md",
+        "`gpu_2xh200_vit_session2.json`,\n  measured {}x",
+        "gpu_2xh200_vit_session2.json",
+        W_VIT + "speedup_elastic_cache",
+        ".2f",
+    ),
+    # README: 2x H200, GPT-2 XL
+    (
+        "README.md",
+        "finished **{}x faster than the best static\n  pipeline that fits**",
+        GPT,
+        W_GPT + "speedup_elastic_cache",
+        ".2f",
+    ),
+    ("README.md", "- {} of the 2.65x this schedule allows", GPT, W_GPT + "fraction_of_ideal.elastic_cache", ".0%"),
+    ("README.md", "of the {}x this schedule allows", GPT, W_GPT + "ideal_speedup", ".2f"),
+    ("README.md", "transitions of {}-0.48 s", GPT, W_GPT + "transition_seconds.min", ".2f"),
+    ("README.md", "transitions of 0.03-{} s. (The earlier", GPT, W_GPT + "transition_seconds.max", ".2f"),
+    (
+        "README.md",
+        "`gpu_2xh200_gpt_session2.json` measured {}x",
+        "gpu_2xh200_gpt_session2.json",
+        W_GPT + "speedup_elastic_cache",
+        ".2f",
+    ),
+    # README: 1 H200
+    ("README.md", "elastic eager {} s against plain eager", SINGLE, S30 + "arms.elastic_eager.total_s", ".2f"),
+    ("README.md", "against plain eager {} s", SINGLE, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("README.md", "plain `torch.compile` {} s", SINGLE, S30 + "arms.plain_compiled.total_s", ".2f"),
+    ("README.md", "({} s of it compiling)", SINGLE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    ("README.md", "**{}x over plain eager**", SINGLE, S30 + "speedup_elastic_over_plain_eager", ".2f"),
+    # README: accuracy
+    (
+        "README.md",
+        "ended at {} against DDP's",
+        POLICIES,
+        "accuracy.fine_tuned.elastic_cache[freezeout=0.5].final_accuracy",
+        ".1%",
+    ),
+    (
+        "README.md",
+        "against DDP's {} on the same GPUs",
+        POLICIES,
+        "accuracy.fine_tuned.static_ddp.final_accuracy",
+        ".1%",
+    ),
+    # docs/benchmarks.md: the 2x H200 ViT-B/16 table and targets
+    (
+        "docs/benchmarks.md",
+        "| static DDP (orchestrator, fixed layout; **best static**) | {} |",
+        VIT,
+        W_VIT + "run_seconds.static_ddp",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "| **elastic + cache** | **{}** |", VIT, W_VIT + "run_seconds.elastic_cache", ".2f"),
+    ("docs/benchmarks.md", "| **{}x** | **0.85 / 0.94** |", VIT, W_VIT + "speedup_elastic_cache", ".2f"),
+    ("docs/benchmarks.md", "fraction of ideal ({}x / 3.44x with fill)", VIT, W_VIT + "ideal_speedup", ".2f"),
+    ("docs/benchmarks.md", "**met: {}x** (3.20-3.23x in all three jobs)", VIT, W_VIT + "speedup_elastic_cache", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "**met in the final job, {}, at the edge**",
+        VIT,
+        W_VIT + "fraction_of_ideal.elastic_cache",
+        ".1%",
+    ),
+    (
+        "docs/benchmarks.md",
+        "| freezing only (no reshaping, no cache) | {} |",
+        VIT,
+        W_VIT + "run_seconds.freeze_only",
+        ".2f",
+    ),
+    # docs/benchmarks.md: GPT-2 XL
+    (
+        "docs/benchmarks.md",
+        "| static 2-stage 1F1B M=4 (**best static that fits**) | {} |",
+        GPT,
+        W_GPT + "run_seconds.static_pipe2_1f1b_m4",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "| **{}** | 1.26 | **2.63x**", GPT, W_GPT + "run_seconds.elastic_cache", ".2f"),
+    ("docs/benchmarks.md", "| **{}x** | **0.99 / 1.05** |", GPT, W_GPT + "speedup_elastic_cache", ".2f"),
+    ("docs/benchmarks.md", "fraction of ideal ({}x / 2.50x with fill)", GPT, W_GPT + "ideal_speedup", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "measured {}x and 2.40x",
+        "gpu_2xh200_gpt_session2.json",
+        W_GPT + "speedup_elastic_cache",
+        ".2f",
+    ),
+    # docs/benchmarks.md: 1 H200
+    ("docs/benchmarks.md", "| plain eager | {} | 0.00 |", SINGLE, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | {} |", SINGLE, S30 + "arms.plain_compiled.total_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | 69.62 | {} |", SINGLE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "| static eager (elastic_pipe, no freezing) | {} |",
+        SINGLE,
+        S30 + "arms.static_eager.total_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "| static compiled | {} |", SINGLE, S30 + "arms.static_compiled.total_s", ".2f"),
+    ("docs/benchmarks.md", "| **elastic eager** | **{}** |", SINGLE, S30 + "arms.elastic_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "| elastic compiled | {} |", SINGLE, S30 + "arms.elastic_compiled.total_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "| elastic compiled | 23.08 | 8.53 | {} |",
+        SINGLE,
+        S10 + "arms.elastic_compiled.total_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "| plain eager | 56.40 | 0.00 | {} |", SINGLE, S10 + "arms.plain_eager.total_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "| **elastic eager** | **18.05** | 0.00 | **{}** |",
+        SINGLE,
+        S10 + "arms.elastic_eager.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "**Elastic eager over plain eager: {}x at 30",
+        SINGLE,
+        S30 + "speedup_elastic_over_plain_eager",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "steps per epoch, {}x at 10**", SINGLE, S10 + "speedup_elastic_over_plain_eager", ".2f"),
+    ("docs/benchmarks.md", "compiled {}x and 3.47x", SINGLE, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    ("docs/benchmarks.md", "compiled 3.02x and {}x", SINGLE, S10 + "speedup_elastic_over_plain_compiled", ".2f"),
+    ("docs/benchmarks.md", "It reaches {} of the", SINGLE, S30 + "fraction_of_ideal", ".0%"),
+    ("docs/benchmarks.md", "of the\n  {}x ideal at 30 steps", SINGLE, S30 + "ideal.ideal_speedup", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "{} s at the start, 1.43 s",
+        SINGLE,
+        S30 + "arms.elastic_compiled.first_step_seconds.0",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "{} s at the\n  first freeze",
+        SINGLE,
+        S30 + "arms.elastic_compiled.first_step_seconds.1",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "{} s at the head-only layout (epoch 8)",
+        SINGLE,
+        S30 + "arms.elastic_compiled.first_step_seconds.7",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "FreezeOut, t0 = 0.5** | 90.8% | **{}**",
+        POLICIES,
+        "accuracy.fine_tuned.elastic_cache[freezeout=0.5].final_accuracy",
+        ".1%",
+    ),
+]
+
+
+@cache
+def _text(doc: str) -> str:
+    return _squash((ROOT / doc).read_text(encoding="utf-8"))
+
+
+@cache
+def _result(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _squash(text: str) -> str:
+    """Line breaks and the indentation after them as single spaces, so that re-wrapping a line is not a change."""
+    return re.sub(r"\s*\n\s*", " ", text)
+
+
+def lookup(data: Any, path: str) -> float:
+    """The number at ``path``: keys and list indices separated by dots; ``min`` / ``max`` reduce a list.
+
+    Keys may hold dots inside brackets (``elastic_cache[freezeout=0.5]``).
+    """
+    value = data
+    for key in re.split(r"\.(?![^\[]*\])", path):  # dots inside brackets belong to the key
+        if isinstance(value, list):
+            value = min(value) if key == "min" else max(value) if key == "max" else value[int(key)]
+        else:
+            value = value[key]
+    assert isinstance(value, int | float) and not isinstance(value, bool), f"{path} is not a number: {value!r}"
+    return float(value)
+
+
+def test_lookup_reads_keys_indices_and_reductions() -> None:
+    data = {"a": {"b[x=0.5]": [3.0, 1.0, 2.0]}}
+    assert [lookup(data, f"a.b[x=0.5].{k}") for k in ("0", "2", "min", "max")] == [3.0, 2.0, 1.0, 3.0]
+
+
+def test_rows_are_distinct_and_cover_both_docs() -> None:
+    assert len({(doc, text) for doc, text, *_ in ROWS}) == len(ROWS)
+    assert {doc for doc, *_ in ROWS} == {"README.md", "docs/benchmarks.md"}
+
+
+@pytest.mark.parametrize(("doc", "text", "result", "path", "spec"), ROWS, ids=[f"{r[0]}:{r[1][:40]}" for r in ROWS])
+def test_doc_number_matches_result_file(doc: str, text: str, result: str, path: str, spec: str) -> None:
+    assert text.count("{}") == 1, "a row quotes exactly one number"
+    expected = _squash(text.replace("{}", format(lookup(_result(result), path), spec)))
+    assert expected in _text(doc), f"{doc} should say {expected!r} ({result}: {path})"
