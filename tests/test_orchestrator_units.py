@@ -409,7 +409,7 @@ def test_a_failed_decision_reaches_every_rank() -> None:
         raise PartitionError("no pipeline length fits budget=1")
 
     layout = Layout(0, 2, 1, (0, 4, 8), 2)
-    ok = message_for(layout, epoch=1, step=5, budget=4.0, changed=(1,), grad_norms=None)
+    ok = message_for(layout, epoch=1, step=5, budget=4.0, changed=(1,))
     assert announce(lambda: ok, rank=0, broadcast_bytes=broadcast) == ok
     assert announce(lambda: ok, rank=1, broadcast_bytes=broadcast) == ok  # rank 1 reads what rank 0 sent
     for rank in (0, 1):

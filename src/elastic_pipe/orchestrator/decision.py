@@ -16,10 +16,13 @@ from elastic_pipe.types import ElasticPipeError, Layout
 __all__ = ["announce", "layout_from_message", "message_for"]
 
 
-def message_for(
-    layout: Layout, *, epoch: int, step: int, budget: float, changed: Sequence[int], grad_norms: Sequence[float] | None
-) -> TransitionMessage:
-    """The :class:`TransitionMessage` announcing ``layout``."""
+def message_for(layout: Layout, *, epoch: int, step: int, budget: float, changed: Sequence[int]) -> TransitionMessage:
+    """The :class:`TransitionMessage` announcing ``layout``.
+
+    It carries what its receivers read: the layout, the position, the budget (read once, at the start) and the
+    changed ranks (the transition event). The optional per-layer gradient norms of the published message are left
+    out: no rank reads them (rank 0, which decides, has them already).
+    """
     return TransitionMessage(
         epoch=epoch,
         step=step,
@@ -29,7 +32,6 @@ def message_for(
         microbatches=layout.microbatches,
         max_cost_at_start=float(budget),
         changed_ranks=tuple(changed),
-        grad_norms=None if grad_norms is None else tuple(float(g) for g in grad_norms),
     )
 
 

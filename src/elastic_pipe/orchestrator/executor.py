@@ -63,7 +63,7 @@ def initial_state(ctx: RunContext) -> RunState:
             solver=ctx.parts.partitioner,
             microbatches=c.microbatches_for(c.pipeline.pipe_len),
         )
-        return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=(), grad_norms=None)
+        return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
 
     msg = decision.announce(initial, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
     return RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start)
@@ -168,7 +168,6 @@ def decide(
             step=state.step,
             budget=state.budget,
             changed=changed,
-            grad_norms=None if stats is None else stats.mean_l2(),
         )
 
     return decision.announce(next_message, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
