@@ -60,9 +60,12 @@ class RunContext:
     #: synchronise the host with the device at every cached step.
     host_ids: torch.Tensor = field(init=False)
     _prefix_memo: tuple[int, torch.Tensor] | None = field(default=None, init=False)
+    _sublayers: list[nn.Module] = field(init=False)
 
     def __post_init__(self) -> None:
         self.host_ids = self.train_set.sample_ids.to("cpu", torch.int64)
+        # the model's sub-layers never change during a run; the step loop reads them on every step
+        self._sublayers = list(self.parts.model.children())
 
     @property
     def model(self) -> nn.Module:
@@ -72,7 +75,7 @@ class RunContext:
     @property
     def sublayers(self) -> list[nn.Module]:
         """The model's sub-layers, in order."""
-        return list(self.parts.model.children())
+        return self._sublayers
 
     def stage_sublayers(self, lo: int, hi: int) -> list[nn.Module]:
         """Sub-layers ``lo:hi`` as a stage runs them: compiled wrappers when compilation is on."""
