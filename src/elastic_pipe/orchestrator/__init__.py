@@ -35,9 +35,10 @@ from elastic_pipe.orchestrator.layout_rule import (
     MemoryFit,
     layout_sequence,
 )
-from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, RecordSink, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.trainer import ElasticTrainer, candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import Move, plan_gather, plan_moves
 from elastic_pipe.orchestrator.worker import run_rank
@@ -63,8 +64,10 @@ __all__ = [
     "Move",
     "OrchestratorError",
     "PipelineSection",
+    "RecordSink",
     "RunResult",
     "RunState",
+    "TensorBoardSink",
     "TrainConfig",
     "TrainSection",
     "TransitionEvent",

@@ -14,11 +14,12 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
-__all__ = ["PHASES", "EpochMetrics", "EventLog", "RunResult", "TransitionEvent"]
+__all__ = ["PHASES", "EpochMetrics", "EventLog", "RecordSink", "RunResult", "TransitionEvent"]
 
 #: The phases a training step is split into, in order (seconds per step, slowest rank).
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
@@ -155,15 +156,25 @@ class TransitionEvent:
         )
 
 
-class EventLog:
-    """Writes records as JSON lines to ``path`` (if any) and human lines to ``stream`` (if any).
+class RecordSink(Protocol):
+    """Anything else a record goes to besides the JSON lines (e.g. TensorBoard scalars)."""
 
-    Only rank 0 writes; other ranks hold a log with neither.
+    def write(self, payload: dict[str, Any]) -> None:
+        """Take one record (the plain data of :meth:`EpochMetrics.to_dict` or :meth:`TransitionEvent.to_dict`)."""
+
+
+class EventLog:
+    """Writes records as JSON lines to ``path`` (if any), to each of ``sinks`` and human lines to ``stream`` (if any).
+
+    Only rank 0 writes; other ranks hold a log with none of them.
     """
 
-    def __init__(self, path: str | Path | None = None, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, path: str | Path | None = None, stream: TextIO | None = None, sinks: Sequence[RecordSink] = ()
+    ) -> None:
         self._path = Path(path) if path else None
         self._stream = stream
+        self._sinks = tuple(sinks)
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -178,10 +189,12 @@ class EventLog:
         return cls(path, sys.stderr)
 
     def record(self, payload: dict[str, Any], line: str | None = None) -> None:
-        """Append ``payload`` as one JSON line and print ``line``."""
+        """Append ``payload`` as one JSON line, hand it to every sink and print ``line``."""
         if self._path is not None:
             with self._path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(payload, allow_nan=False) + "\n")
+        for sink in self._sinks:
+            sink.write(payload)
         self.say(line)
 
     def say(self, line: str | None) -> None:

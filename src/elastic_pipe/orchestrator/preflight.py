@@ -3,10 +3,10 @@ group exists.
 
 :class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs and numbers
 above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``) must be
-creatable and writable, ``nccl`` needs a CUDA device per local rank, every component the config names is built
-once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, or an
-import path that does not import, is a one-line error), the initial pipeline is checked against the model, and a
-checkpoint to resume from is checked against the model.
+creatable and writable, ``[log] tensorboard`` needs the ``tensorboard`` package, ``nccl`` needs a CUDA device per
+local rank, every component the config names is built once on the CPU (:func:`components_from_config`: an unknown
+policy, solver, schedule, model or dataset, or an import path that does not import, is a one-line error), the
+initial pipeline is checked against the model, and a checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
+from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
 __all__ = ["check_writable", "preflight"]
 
@@ -55,6 +56,8 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     for section, directory in (("checkpoint", config.checkpoint.dir), ("log", config.log.dir)):
         if directory:
             check_writable(directory, f"[{section}] dir")
+    if config.log.tensorboard and (missing := tensorboard_missing()) is not None:
+        raise ConfigError(missing)
     choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))
     p = config.pipeline
     if p.compression == "halving" and p.pipe_len & (p.pipe_len - 1):

@@ -380,12 +380,15 @@ class LogSection:
             gradient sync, optimizer); the other steps run without a host-device synchronisation, so that the
             host queues work ahead of the GPU. 1 times every step (exact breakdowns, slower steps). On a CPU
             every step is timed (there is nothing to synchronise).
+        tensorboard: rank 0 also writes each epoch's and transition's scalars with TensorBoard's
+            ``SummaryWriter`` into ``<dir>/tensorboard`` (needs ``dir`` and the ``tensorboard`` extra).
     """
 
     dir: str = ""
     progress: bool = True
     timing_interval: int = 10
     eval_every: int = 1
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         _string("log.dir", self.dir)
@@ -393,6 +396,10 @@ class LogSection:
         if not isinstance(self.progress, bool):
             raise ConfigError(f"log.progress must be true or false, got {self.progress!r}")
         _positive_int("log.timing_interval", self.timing_interval)
+        if not isinstance(self.tensorboard, bool):
+            raise ConfigError(f"log.tensorboard must be true or false, got {self.tensorboard!r}")
+        if self.tensorboard and not self.dir:
+            raise ConfigError("log.tensorboard = true needs log.dir: the scalars go to <dir>/tensorboard")
 
 
 #: TOML table name -> its section class, in the file's order.

@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, split_unit
+from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.workload import cross_entropy, split_data
 
 __all__ = [
@@ -111,7 +112,8 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     groups.build()
     warm_up(groups, device)
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
-    log = EventLog(path, None if quiet or rank != 0 else sys.stderr)
+    sinks = [TensorBoardSink(os.path.join(c.log.dir, "tensorboard"))] if c.log.tensorboard and rank == 0 else []
+    log = EventLog(path, None if quiet or rank != 0 else sys.stderr, sinks)
     model = parts.model.to(device)
     # Class labels are checked against the model's output (cross-entropy only: a user loss may take anything).
     classes = num_classes(model, train_set.input_rows(0, 1).to(device)) if parts.loss is cross_entropy else None
