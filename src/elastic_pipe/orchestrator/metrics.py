@@ -162,6 +162,9 @@ class RecordSink(Protocol):
     def write(self, payload: dict[str, Any]) -> None:
         """Take one record (the plain data of :meth:`EpochMetrics.to_dict` or :meth:`TransitionEvent.to_dict`)."""
 
+    def close(self) -> None:
+        """Release the sink's files (the run has ended)."""
+
 
 class EventLog:
     """Writes records as JSON lines to ``path`` (if any), to each of ``sinks`` and human lines to ``stream`` (if any).
@@ -196,6 +199,12 @@ class EventLog:
         for sink in self._sinks:
             sink.write(payload)
         self.say(line)
+
+    def close(self) -> None:
+        """Close every sink (the JSON lines are appended and closed record by record). Idempotent."""
+        sinks, self._sinks = self._sinks, ()
+        for sink in sinks:
+            sink.close()
 
     def say(self, line: str | None) -> None:
         """Print a human line (no JSON record)."""

@@ -172,6 +172,8 @@ class ElasticTrainer:
         if self.cache is not None:
             self.cache.close()
             self.cache = None
+        if self._ctx is not None:
+            self._ctx.log.close()
         if self._groups is not None:
             self._groups.destroy()
             self._groups = None
