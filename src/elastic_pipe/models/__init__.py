@@ -16,6 +16,7 @@ from elastic_pipe.models.costs import SubLayerProfile, analyze, attention_flops,
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.gpt import GPT_PRESETS, GPTConfig, gpt_config, gpt_decoder
 from elastic_pipe.models.hf import from_hf, from_hf_checkpoint, from_hf_state
+from elastic_pipe.models.hf_export import to_hf
 from elastic_pipe.models.layers import (
     ACTIVATIONS,
     AttentionSubLayer,
@@ -106,6 +107,7 @@ __all__ = [
     "resident_sublayers",
     "shared_parameters",
     "sublayer_costs",
+    "to_hf",
     "vit",
     "vit_config",
 ]

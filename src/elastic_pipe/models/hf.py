@@ -12,6 +12,10 @@ Supported: ``BertModel`` / ``BertForSequenceClassification`` (post-LN encoder), 
 ``LlamaForCausalLM`` (grouped-query attention, rotary positions, SwiGLU; a tied head stays tied, see
 :mod:`elastic_pipe.models.llama`).
 
+BERT and GPT-2 weights are read through the name tables of :mod:`elastic_pipe.models.hf_export` (Llama's through
+:func:`elastic_pipe.models.llama.llama_weight_map`), whose :func:`~elastic_pipe.models.hf_export.to_hf` inverts
+them to export a trained model back to transformers.
+
 transformers itself is not imported here: the adapter only needs ``model.config``, ``model.state_dict()`` and
 ``model.base_model``, so it works with any installed version that keeps those names.
 """
@@ -31,6 +35,7 @@ from elastic_pipe.models._build import build_loaded
 from elastic_pipe.models.bert import BertConfig, bert_layers
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.gpt import GPTConfig, gpt_layers
+from elastic_pipe.models.hf_export import bert_hf_map, gather_hf, gpt2_hf_map
 from elastic_pipe.models.layers import ClassifierHead, LMHead, Pooling
 from elastic_pipe.models.llama import LLAMA_HF_DEFAULTS, llama_config_from_hf, llama_from_state
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
@@ -99,11 +104,6 @@ def _pair(sd: StateDict, prefix: str) -> WeightBias:
 def _pick_pair(sd: StateDict, *prefixes: str) -> WeightBias:
     """The weight and the bias under the first of ``prefixes`` that has each (see :func:`_pick`)."""
     return _pick(sd, *(p + ".weight" for p in prefixes)), _pick(sd, *(p + ".bias" for p in prefixes))
-
-
-def _conv1d_pair(sd: StateDict, prefix: str) -> WeightBias:
-    """A GPT-2 ``Conv1D``'s weight and bias; it stores the weight as (in, out), the transpose of nn.Linear's."""
-    return sd[f"{prefix}.weight"].t(), sd[f"{prefix}.bias"]
 
 
 def _norm(target: dict[str, torch.Tensor], name: str, sd: StateDict, *prefixes: str) -> None:
@@ -209,27 +209,11 @@ def _from_bert(
         pooler=use_pooler,
         normalize=normalize,
     )
-    t: dict[str, torch.Tensor] = {
-        "embed.tokens.weight": base["embeddings.word_embeddings.weight"],
-        "embed.positions.weight": base["embeddings.position_embeddings.weight"],
-    }
-    if config.type_vocab_size > 0:
-        t["embed.segments.weight"] = base["embeddings.token_type_embeddings.weight"]
-    _norm(t, "embed.norm", base, "embeddings.LayerNorm")
-    for i in range(config.depth):
-        p = f"encoder.layer.{i}."
-        qkv = [f"{p}attention.self.{n}" for n in ("query", "key", "value")]
-        _block(
-            t,
-            i,
-            qkv=(torch.cat([base[q + ".weight"] for q in qkv]), torch.cat([base[q + ".bias"] for q in qkv])),
-            proj=_pair(base, f"{p}attention.output.dense"),
-            attn_norm=_pick_pair(base, f"{p}attention.output.LayerNorm"),
-            fc1=_pair(base, f"{p}intermediate.dense"),
-            fc2=_pair(base, f"{p}output.dense"),
-            mlp_norm=_pick_pair(base, f"{p}output.LayerNorm"),
-        )
-    _encoder_head(t, base, top, use_pooler, copy_classifier)
+    # The classifier sits outside the base model; every other name is relative to it.
+    table = bert_hf_map(
+        config.depth, segments=config.type_vocab_size > 0, pooler=use_pooler, classifier=copy_classifier
+    )
+    t = gather_hf(table, {**base, **{k: v for k, v in top.items() if k.startswith("classifier.")}})
     return _finish(lambda: bert_layers(config), config.depth, t, dtype, seed)
 
 
@@ -349,25 +333,9 @@ def _from_gpt2(
         head = LMHead(config.dim, config.vocab_size if has_lm_head else None, eps=config.eps)
         return [*gpt_layers(config)[:-1], ("head", head)]
 
-    t: dict[str, torch.Tensor] = {
-        "embed.tokens.weight": base["wte.weight"],
-        "embed.positions.weight": base["wpe.weight"],
-    }
-    for i in range(config.depth):
-        p = f"h.{i}."
-        _block(
-            t,
-            i,
-            qkv=_conv1d_pair(base, f"{p}attn.c_attn"),
-            proj=_conv1d_pair(base, f"{p}attn.c_proj"),
-            attn_norm=_pick_pair(base, f"{p}ln_1"),
-            fc1=_conv1d_pair(base, f"{p}mlp.c_fc"),
-            fc2=_conv1d_pair(base, f"{p}mlp.c_proj"),
-            mlp_norm=_pick_pair(base, f"{p}ln_2"),
-        )
-    _norm(t, "head.norm", base, "ln_f")
-    if has_lm_head:
-        t["head.proj.weight"] = top.get("lm_head.weight", base["wte.weight"])
+    tied = "lm_head.weight" not in top
+    table = gpt2_hf_map(config.depth, lm_head=has_lm_head, tied=tied)
+    t = gather_hf(table, base if tied else {**base, "lm_head.weight": top["lm_head.weight"]})
     return _finish(make_layers, config.depth, t, dtype, seed)
 
 
