@@ -21,7 +21,6 @@ __all__ = [
     "Samples",
     "Split",
     "as_data",
-    "as_samples",
     "cross_entropy",
     "eval_count",
     "is_samples",
@@ -114,41 +113,6 @@ def as_data(data: Any) -> Any:
     if len(data) == 0:
         raise ConfigError("the dataset is empty")
     return data
-
-
-def as_samples(data: Any) -> Samples:
-    """``data`` as samples held in memory.
-
-    An object with ``inputs``, ``labels`` and ``sample_ids`` tensors is returned as it is. A map-style dataset
-    (``__len__`` and ``__getitem__`` returning ``(input, label)``, e.g. a ``torch.utils.data.Dataset``) is stacked
-    into tensors, its indices becoming the sample ids.
-
-    Raises:
-        ConfigError: an empty dataset, items that are not ``(input, label)`` pairs, or items whose shapes or
-            dtypes differ (naming the first bad index).
-    """
-    if all(hasattr(data, name) for name in ("inputs", "labels", "sample_ids")):
-        return data  # type: ignore[no-any-return]
-    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
-        raise ConfigError(f"{type(data).__name__} is neither samples (inputs, labels, sample_ids) nor a dataset")
-    n = len(data)
-    if n == 0:
-        raise ConfigError("the dataset is empty")
-    inputs: list[torch.Tensor] = []
-    labels: list[torch.Tensor] = []
-    for i in range(n):
-        item = data[i]
-        if not (isinstance(item, tuple | list) and len(item) == 2):
-            raise ConfigError(f"dataset item {i} is {type(item).__name__}, expected an (input, label) pair")
-        x, y = (torch.as_tensor(v) for v in item)
-        if inputs and (x.shape != inputs[0].shape or x.dtype != inputs[0].dtype):
-            raise ConfigError(
-                f"dataset item {i}: input {tuple(x.shape)} {x.dtype} differs from item 0's "
-                f"{tuple(inputs[0].shape)} {inputs[0].dtype}"
-            )
-        inputs.append(x)
-        labels.append(y)
-    return Split(torch.stack(inputs), torch.stack(labels), torch.arange(n))
 
 
 def eval_count(n: int, eval_fraction: float) -> int:
