@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.groups import GroupManager, GroupsError, plan_spmd
+from elastic_pipe.groups import BarrierTimeoutError, GroupManager, GroupsError, plan_spmd
 from elastic_pipe.protocol import TransitionMessage, decode, encode
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -83,8 +83,9 @@ def _silent_peers(ctx: RankContext) -> dict[str, Any]:
             start = time.monotonic()
             try:
                 manager.barrier()
-            except GroupsError as exc:
+            except BarrierTimeoutError as exc:
                 out["barrier"] = (str(exc), time.monotonic() - start)
+                out["silent"] = exc.silent
     finally:
         manager.destroy()
     # 2. Rank 0 is to send a message but never does: every receiver fails within the timeout.
@@ -117,6 +118,7 @@ def test_four_ranks_every_pipe_len_then_silent_peers_are_errors_not_hangs() -> N
     assert "barrier" not in results[3] and "broadcast" not in results[0]
     message, waited = results[0]["barrier"]
     assert "Ranks 3 failed to pass monitoredBarrier" in message
+    assert results[0]["silent"] == (3,) and results[1]["silent"] == ()
     assert waited < 30.0
     for rank in (1, 2):
         assert f"rank {rank}: barrier on the control group did not complete within 2 s" in results[rank]["barrier"][0]

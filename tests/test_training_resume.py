@@ -238,3 +238,49 @@ def _kill_and_compare(
     names = sorted(p.name for p in Path(config.checkpoint.dir).glob("*.pt"))
     assert names == ["epoch-0002-step-000002.pt", "epoch-0002-step-000004.pt", "epoch-0003.pt"]
     assert not list(Path(config.checkpoint.dir).glob("*.tmp"))
+
+
+#: Four processes with the cache on and dropout: 4 stages at first, 2 x 2 after the first freeze, 1 x 4 after the
+#: second, so each transition moves sub-layers between ranks and the cache is filled again after a restart.
+CACHED = {
+    **DROPOUT,
+    "launch.nproc_per_node": 4,
+    "pipeline.pipe_len": 4,
+    "pipeline.cache": "on",
+    "pipeline.solver": "greedy",
+}
+
+
+@pytest.fixture(scope="module")
+def cached_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], dict[str, torch.Tensor]]:
+    tmp = tmp_path_factory.mktemp("cached")
+    config = _config(tmp, "clean", CACHED)
+    result = _launch(config)
+    return tmp, result, _final_weights(config)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the workers through /proc")
+@pytest.mark.parametrize("how", ["moved", "sigkill"])
+def test_resume_with_the_cache_on_four_processes_is_exact(
+    how: str,
+    cached_reference: tuple[Path, dict[str, Any], dict[str, torch.Tensor]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tmp, clean, expected = cached_reference
+    transitions = [(t["epoch"], t["pipe_len"], t["replicas"], t["cache"]) for t in clean["transitions"]]
+    assert transitions == [(1, 2, 2, True), (2, 1, 4, True)]
+    assert all(t["bytes_moved"] > 0 for t in clean["transitions"])
+    if how == "moved":
+        # Rank 2 exits after the moves of the transition into epoch 2 (sub-layers already sent and received,
+        # nothing frozen or rebuilt yet): the restart redoes epoch 1 from the checkpoint written before it.
+        monkeypatch.setenv(FAULT_ENV, "moved:2:2")
+        config = _config(tmp, how, CACHED)
+        result = _launch(config)
+        _assert_same(_final_weights(config), expected)
+        assert result["losses"] == clean["losses"]
+        records = [json.loads(line) for line in (Path(config.log.dir) / "events.jsonl").read_text().splitlines()]
+        assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [0, 1, 1, 2]
+    else:  # a worker killed from outside after the checkpoint after step 2 of epoch 1, with the cache filled
+        _kill_and_compare(how, cached_reference, CACHED, "", monkeypatch)

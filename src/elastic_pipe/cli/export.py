@@ -67,6 +67,13 @@ def checkpoint_file(path: str | Path) -> Path:
     return target
 
 
+def _is_safetensors(path: Path) -> bool:
+    """Whether ``path`` starts like a safetensors file: an 8-byte little-endian header length, then JSON."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 2**32
+
+
 def export_weights(source: Path, out: Path) -> dict[str, Any]:
     """Write the model weights of checkpoint ``source`` to ``out``; returns what was written.
 
@@ -76,6 +83,8 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     import torch  # noqa: PLC0415 - torch loads only when the command runs
     from safetensors.torch import save_file  # noqa: PLC0415
 
+    if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
+        raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
     try:
         state = torch.load(source, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here

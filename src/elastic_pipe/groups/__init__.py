@@ -12,14 +12,15 @@ Example::
 
 from __future__ import annotations
 
-from elastic_pipe.groups.errors import GroupsError
-from elastic_pipe.groups.manager import CONTROL_BACKEND, MAX_BROADCAST_BYTES, GroupManager
+from elastic_pipe.groups.errors import BarrierTimeoutError, GroupsError
+from elastic_pipe.groups.manager import CONTROL_BACKEND, MAX_BROADCAST_BYTES, GroupManager, silent_ranks
 from elastic_pipe.groups.pipetransformer import PipeTransformerPlan, active_ranks, plan_pipetransformer
 from elastic_pipe.groups.spmd import RankPlan, plan_spmd
 
 __all__ = [
     "CONTROL_BACKEND",
     "MAX_BROADCAST_BYTES",
+    "BarrierTimeoutError",
     "GroupManager",
     "GroupsError",
     "PipeTransformerPlan",
@@ -27,4 +28,5 @@ __all__ = [
     "active_ranks",
     "plan_pipetransformer",
     "plan_spmd",
+    "silent_ranks",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["GroupsError"]
+__all__ = ["BarrierTimeoutError", "GroupsError"]
 
 
 class GroupsError(ElasticPipeError, ValueError):
@@ -13,3 +13,16 @@ class GroupsError(ElasticPipeError, ValueError):
     Bad input (a pipeline length that does not divide the world size, a rank out of range) and distributed
     failures (a peer that never answers within the timeout) both raise this, with the values involved.
     """
+
+
+class BarrierTimeoutError(GroupsError):
+    """Some rank did not reach a barrier within the timeout.
+
+    Attributes:
+        silent: the ranks that did not arrive, as gloo's monitored barrier names them on rank 0 (empty on the other
+            ranks, which learn only that rank 0 did not release them).
+    """
+
+    def __init__(self, message: str, silent: tuple[int, ...]) -> None:
+        super().__init__(message)
+        self.silent = silent

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
@@ -24,10 +25,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.groups.errors import GroupsError
+from elastic_pipe.groups.errors import BarrierTimeoutError, GroupsError
 from elastic_pipe.groups.spmd import RankPlan, plan_spmd
 
-__all__ = ["CONTROL_BACKEND", "MAX_BROADCAST_BYTES", "GroupManager"]
+__all__ = ["CONTROL_BACKEND", "MAX_BROADCAST_BYTES", "GroupManager", "silent_ranks"]
+
+#: gloo's monitored barrier names the ranks that did not arrive: "Ranks 1, 3 failed to pass monitoredBarrier ...".
+_SILENT = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
+
+
+def silent_ranks(message: str) -> tuple[int, ...]:
+    """The ranks a monitored barrier's error names as not arrived (empty when it names none)."""
+    found = _SILENT.search(message)
+    return () if found is None else tuple(int(r) for r in found.group(1).replace(",", " ").split())
+
 
 log = logging.getLogger(__name__)
 
@@ -244,19 +255,23 @@ class GroupManager:
     def barrier(self) -> None:
         """Wait until every rank reaches this point, over the control group (collective).
 
-        Uses gloo's monitored barrier, so the failure names the ranks that did not arrive.
+        Uses gloo's monitored barrier, so the failure on rank 0 names the ranks that did not arrive.
 
         Raises:
-            GroupsError: some rank did not arrive within the timeout.
+            BarrierTimeoutError: some rank did not arrive within the timeout (``silent`` names it, on rank 0).
         """
         self._require_built()
-        self._collective(
-            "barrier on the control group",
-            dist.monitored_barrier,
-            group=self._control,
-            timeout=self._timedelta(),
-            wait_all_ranks=True,
-        )
+        try:
+            self._collective(
+                "barrier on the control group",
+                dist.monitored_barrier,
+                group=self._control,
+                timeout=self._timedelta(),
+                wait_all_ranks=True,
+            )
+        except GroupsError as exc:
+            cause = exc.__cause__
+            raise BarrierTimeoutError(str(exc), silent_ranks(str(cause) if cause else str(exc))) from cause
 
     def destroy(self) -> None:
         """Destroy every group this rank created (safe to call twice, and after a failed build)."""

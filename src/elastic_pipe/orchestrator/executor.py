@@ -13,7 +13,6 @@ activation cache to the new boundary.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
-from elastic_pipe.groups import GroupManager, GroupsError
+from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
@@ -42,7 +41,6 @@ __all__ = [
     "gather_stats",
     "initial_state",
     "meet",
-    "silent_ranks",
     "timed_decision",
 ]
 
@@ -69,16 +67,6 @@ def initial_state(ctx: RunContext) -> RunState:
     return RunState(decision.layout_from_message(msg, ctx.world_size), msg.max_cost_at_start)
 
 
-#: gloo's monitored barrier names the ranks that did not arrive: "Ranks 1, 3 failed to pass monitoredBarrier ...".
-_SILENT = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
-
-
-def silent_ranks(message: str) -> tuple[int, ...]:
-    """The ranks a monitored barrier's error names as not arrived (empty when it names none)."""
-    found = _SILENT.search(message)
-    return () if found is None else tuple(int(r) for r in found.group(1).replace(",", " ").split())
-
-
 def meet(groups: GroupManager, where: str, rank: int) -> None:
     """Wait until every rank reaches ``where``: one monitored barrier on the gloo control group (a collective).
 
@@ -96,8 +84,8 @@ def meet(groups: GroupManager, where: str, rank: int) -> None:
     """
     try:
         groups.barrier()
-    except GroupsError as exc:
-        silent = silent_ranks(str(exc))
+    except BarrierTimeoutError as exc:
+        silent = exc.silent
         who = (
             f"rank{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}"
             if silent
@@ -219,6 +207,7 @@ def apply(
         broadcast_bytes=ctx.broadcast_bytes,
     )
     clock.lap("moves")
+    maybe_fail("moved", ctx.rank, msg.epoch, None)  # after the moves, before the freeze and the rebuild
     if new.frozen > old.frozen:
         freeze.freeze_modules(sublayers[old.frozen : new.frozen], optimizer)
     ctx.restore_modes(new, True)

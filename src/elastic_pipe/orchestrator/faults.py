@@ -10,8 +10,9 @@ __all__ = ["FAULT_ENV", "maybe_fail"]
 
 log = logging.getLogger(__name__)
 
-#: Fault injection for the resume tests: ``"<where>:<rank>:<epoch>[:<step>]"`` with where in "step" or
-#: "transition"; the rank exits hard there, on the first attempt of a torchrun job only.
+#: Fault injection for the resume tests: ``"<where>:<rank>:<epoch>[:<step>]"`` with where in "step",
+#: "transition" (before a transition's first move) or "moved" (after its moves, before the rest of it); the rank
+#: exits hard there, on the first attempt of a torchrun job only.
 FAULT_ENV = "ELASTIC_PIPE_FAULT"
 
 

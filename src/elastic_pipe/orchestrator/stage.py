@@ -109,7 +109,7 @@ def build_runner(
         device: this rank's device.
         group: the pipeline group of this rank's replica.
         examples: returns example micro-batches at the stage's input and output (:func:`example_io`); called only
-            when a :class:`~torch.distributed.pipelining.PipelineStage` is built.
+            when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
 
     Returns:
@@ -119,12 +119,10 @@ def build_runner(
     s, k = stage, pipe_len
     if k == 1 and microbatches == 1:
         return LocalStep(module, loss_fn)
-    # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
-    # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
-    # backward without its output gradient.
+    example_in, example_out = examples()
+    # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
     shapes: dict[str, Any] = {}
     if _STAGE_TAKES_GRADS:
-        example_in, example_out = examples()
         shapes = {
             "input_args": example_in,
             "output_args": example_out,
@@ -132,8 +130,25 @@ def build_runner(
             "output_grads": example_out if s < k - 1 else None,
         }
     pipe_stage = PipelineStage(module, s, k, device, group=group, **shapes)
+    if not _STAGE_TAKES_GRADS:
+        _declare_shapes_before_2_12(pipe_stage, example_in, example_out)
     plan = sched.generate(schedule, k, microbatches)
     return sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)
+
+
+def _declare_shapes_before_2_12(pipe_stage: PipelineStage, example_in: torch.Tensor, example_out: torch.Tensor) -> None:
+    """Set what torch < 2.12 would infer at the first step, from the examples we already have.
+
+    Declaring only the activations through the constructor there leaves the backward without its output gradient,
+    and the inference torch runs instead is a real forward of zeros inside the first step (its dropout draws move
+    the step's random stream, so a run resumed mid-epoch would draw other masks than the uninterrupted one) whose
+    shapes travel pickled (``send_object_list``). Its result is two attributes, set here directly.
+    """
+    configure = getattr(pipe_stage, "_configure_outputs_meta", None)
+    if configure is None:  # not the internals of torch 2.11: leave the inference to torch
+        return
+    setattr(pipe_stage, "inputs_meta", (example_in.to("meta"),))  # noqa: B010 - absent from newer torch's stubs
+    configure((example_out.to("meta"),))
 
 
 def unit_of(unit_ends: Sequence[int], j: int) -> int | None:
