@@ -169,8 +169,9 @@ configs = st.fixed_dictionaries(
         "max_fraction": st.sampled_from([0.5, 0.85, 1.0]),
         "max_step": st.integers(1, 3),
         "tolerance": st.sampled_from([None, 0.0, 0.05]),
+        "plateau": st.sampled_from([None, 0.03]),
     }
-)
+).filter(lambda c: c["tolerance"] is not None or c["plateau"] is None)  # a plateau needs the guard on
 losses = st.lists(st.floats(min_value=0.0, max_value=10.0, allow_nan=False), min_size=12, max_size=12)
 
 
@@ -239,3 +240,22 @@ def test_resumes_from_a_json_snapshot_with_the_same_decisions(
     second = Settled(n, **config)
     second.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
     assert before + play(second, cut, frozen, skip_observe=between) == whole
+
+
+def test_plateau_guard_waits_for_the_held_out_loss_to_flatten() -> None:
+    guard = HeldOutGuard(0.01, plateau=0.05)
+    # first loss: no plateau yet; 0.8 improves by 20%: still learning; 0.78 by 2.5%: flat; 0.9: worse than the best
+    for loss, held in [(1.0, True), (0.8, True), (0.78, False), (0.9, True), (0.785, False)]:
+        guard.observe(loss)
+        assert guard.held is held, loss
+    with pytest.raises(FreezeError, match="needs the guard on"):
+        HeldOutGuard(None, plateau=0.05)
+    policy = Settled(2, patience=1, max_fraction=1.0, plateau=0.05)
+    policy.observe(_stats([10, 10]))
+    policy.observe(_stats([1, 1]))
+    policy.observe_eval(1.0)
+    assert policy.propose(1, 1, 0) == 0  # settled, but the held-out loss has not flattened yet
+    policy.observe(_stats([1, 1]))
+    policy.observe_eval(0.99)
+    assert policy.propose(2, 2, 0) == 1
+    assert policy.state_dict()["plateau"] == 0.05

@@ -105,6 +105,8 @@ class Settled:
         max_step: at most this many new layers per decision (>= 1).
         tolerance: the held-out guard holds while the loss exceeds ``best + tolerance * |best|`` (>= 0); None turns
             it off.
+        plateau: the guard also holds while the held-out loss still improves by more than this share of the best
+            (and until the first loss arrives): freezing waits for the held-out loss to flatten. None: no wait.
 
     Raises:
         FreezeError: an option outside its range.
@@ -122,6 +124,7 @@ class Settled:
         max_fraction: float = DEFAULT_MAX_FRACTION,
         max_step: int = DEFAULT_MAX_STEP,
         tolerance: float | None = DEFAULT_TOLERANCE,
+        plateau: float | None = None,
     ) -> None:
         check_num_layers("Settled", num_layers)
         if not (math.isfinite(decay) and 0.0 < decay < 1.0):
@@ -135,7 +138,7 @@ class Settled:
         self.patience = patience
         self.max_fraction = float(max_fraction)
         self.max_step = max_step
-        self.guard = HeldOutGuard(tolerance, "Settled")
+        self.guard = HeldOutGuard(tolerance, "Settled", plateau=plateau)
         self._peaks: tuple[float, ...] | None = None
         self._streaks: tuple[int, ...] = (0,) * num_layers
         self._fresh = False  # an observation arrived since the last decision
@@ -148,7 +151,8 @@ class Settled:
     def __repr__(self) -> str:
         return (
             f"Settled(num_layers={self.num_layers}, decay={self.decay}, patience={self.patience}, "
-            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance})"
+            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance}, "
+            f"plateau={self.guard.plateau})"
         )
 
     def observe(self, stats: LayerStats) -> None:
@@ -185,6 +189,7 @@ class Settled:
             "max_fraction": self.max_fraction,
             "max_step": self.max_step,
             "tolerance": self.tolerance,
+            "plateau": self.guard.plateau,
         }
 
     def state_dict(self) -> dict[str, Any]:
