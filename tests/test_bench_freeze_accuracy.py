@@ -47,7 +47,8 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
         assert arms["none"]["compute_saved"] == 0.0 and arms["none"]["compute_saved_no_cache"] == 0.0
         assert arms["alpha=1/3"]["compute_saved"] > 0.0  # alpha freezes after the first epoch
         assert arms["alpha=1/3"]["frozen_timeline_by_seed"]["0"], "alpha froze nothing"
-        assert arms["alpha=1/3"]["compute_saved"] > arms["alpha=1/3"]["compute_saved_no_cache"] > 0.0
+        # 2 epochs: the cache fills during the epoch after the freeze, so it saves no forward pass yet
+        assert arms["alpha=1/3"]["compute_saved"] >= arms["alpha=1/3"]["compute_saved_no_cache"] > 0.0
 
 
 def test_compute_saved_counts_skipped_work_exactly() -> None:
