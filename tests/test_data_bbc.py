@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+from typing import Any
 
 import pytest
 import torch
@@ -51,3 +52,33 @@ def test_tokenised_dataset_is_registered_with_the_minilm_model() -> None:
         bbcnews(split="val")
     with pytest.raises(ConfigError, match="max_tokens must be an integer in"):
         bbcnews(max_tokens=1000)
+
+
+def test_the_example_config_builds_the_minilm_model_and_the_dataset() -> None:
+    from pathlib import Path
+
+    from elastic_pipe.orchestrator.components import build_model, load_samples
+    from elastic_pipe.orchestrator.config import load_config
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "minilm_bbc.toml")
+    assert (config.model.name, config.data.dataset, config.launch.nproc_per_node) == ("minilm", "bbcnews", 4)
+    data = load_samples(config)
+    assert len(data) == 2225 and data[0][0].shape == (64,)  # data.options.max_tokens reaches the dataset
+    model = build_model(config)
+    assert model.num_units == 6
+    assert model(data.ids[:2]).shape == (2, 5)
+
+
+def test_minilm_files_from_a_directory_or_the_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.models import minilm_dir
+    from elastic_pipe.models.errors import ModelError
+    from elastic_pipe.models.minilm import MINILM_DIR_ENV
+
+    bundled = minilm_dir()
+    assert minilm_dir(tmp_path) == tmp_path
+    monkeypatch.setenv(MINILM_DIR_ENV, str(tmp_path))
+    assert minilm_dir() == tmp_path
+    monkeypatch.setenv(MINILM_DIR_ENV, "")
+    assert minilm_dir() == bundled  # an empty variable is no override
+    with pytest.raises(ModelError, match="does not exist"):
+        minilm_dir(tmp_path / "missing")
