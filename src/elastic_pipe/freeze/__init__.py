@@ -6,6 +6,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 * :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
   :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`Settled`, :class:`FreezeOut`,
   :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+* :class:`HeldOutGuard` - the held-out-loss guard of the statistics-driven policies (optionally: wait for a plateau).
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
