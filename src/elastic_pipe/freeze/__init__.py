@@ -4,8 +4,9 @@ and apply a decision to a model and its optimizer without disturbing the state o
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 
 * :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
-  :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`FreezeOut`, :class:`ManualSchedule`,
-  :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+  :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`Settled`, :class:`FreezeOut`,
+  :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+* :class:`HeldOutGuard` - the held-out-loss guard of the statistics-driven policies (optionally: wait for a plateau).
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
@@ -20,11 +21,13 @@ from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
+from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
 from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.plan import frozen_by_epoch
 from elastic_pipe.freeze.policy import FreezePolicy, decide
 from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy
+from elastic_pipe.freeze.settled import Settled
 from elastic_pipe.freeze.stats import LayerStats, merge_stats
 from elastic_pipe.freeze.tracker import GradNormTracker
 
@@ -37,11 +40,13 @@ __all__ = [
     "FreezeOut",
     "FreezePolicy",
     "GradNormTracker",
+    "HeldOutGuard",
     "LayerStats",
     "ManualSchedule",
     "Never",
     "PaperRule",
     "PolicyFactory",
+    "Settled",
     "alpha_frozen",
     "change_ratios",
     "decide",

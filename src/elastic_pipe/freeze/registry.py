@@ -14,6 +14,7 @@ from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
 from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.policy import FreezePolicy, check_policy
+from elastic_pipe.freeze.settled import Settled
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy"]
 
@@ -26,6 +27,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "paper": PaperRule,
     "autofreeze": AutoFreeze,
     "converged": Converged,
+    "settled": Settled,
     "freezeout": FreezeOut,
     "manual": ManualSchedule,
     "never": Never,

