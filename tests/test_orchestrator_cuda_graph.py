@@ -1,0 +1,154 @@
+"""``[train] cuda_graphs``: the decision rule and the config path anywhere; graph and eager steps agree on a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from elastic_pipe.orchestrator import ConfigError, config_from_tables
+from elastic_pipe.orchestrator.cuda_graph import WARMUP_STEPS, GraphChoice, GraphedStep, decide_graph, step_record
+from elastic_pipe.orchestrator.stage import LocalStep
+from elastic_pipe.testing import RankContext, run_distributed
+
+_FULL: dict[str, Any] = {"device_type": "cuda", "pipe_len": 1, "microbatches": 1, "replicas": 1, "rows": 64}
+
+
+def _decide(mode: str = "auto", **changes: Any) -> GraphChoice:
+    return decide_graph(mode, **{**_FULL, "full_rows": 64, **changes})
+
+
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_a_full_one_stage_step_on_cuda_is_graphed(mode: str) -> None:
+    assert _decide(mode) == GraphChoice(True)
+
+
+@pytest.mark.parametrize(
+    ("mode", "changes", "reason"),
+    [
+        ("off", {}, "off ([train] cuda_graphs)"),
+        ("auto", {"device_type": "cpu"}, "CUDA graphs need a CUDA device, not cpu"),
+        ("on", {"device_type": "cpu"}, "CUDA graphs need a CUDA device, not cpu"),
+        ("auto", {"pipe_len": 2}, "a pipelined schedule (pipe_len=2, microbatches=1) runs host logic per step"),
+        ("auto", {"microbatches": 4}, "a pipelined schedule (pipe_len=1, microbatches=4) runs host logic per step"),
+        ("auto", {"replicas": 2}, "2 replicas average gradients in backward hooks"),
+        ("auto", {"rows": 40}, "a short step of 40 rows (full steps have 64) has other shapes"),
+        # the first rule that applies names the reason
+        ("auto", {"device_type": "cpu", "replicas": 2}, "CUDA graphs need a CUDA device, not cpu"),
+    ],
+)
+def test_unsafe_captures_fall_back_with_a_reason(mode: str, changes: dict[str, Any], reason: str) -> None:
+    assert _decide(mode, **changes) == GraphChoice(False, reason)
+
+
+def test_a_choice_has_a_reason_exactly_when_it_is_no() -> None:
+    with pytest.raises(ValueError, match="reason exactly when use is False"):
+        GraphChoice(False)
+    with pytest.raises(ValueError, match="reason exactly when use is False"):
+        GraphChoice(True, "why")
+
+
+def test_the_config_defaults_to_auto_and_names_the_choices() -> None:
+    assert config_from_tables({"model": {"name": "vit"}}).train.cuda_graphs == "auto"
+    assert config_from_tables({"model": {"name": "vit"}, "train": {"cuda_graphs": "off"}}).train.cuda_graphs == "off"
+    with pytest.raises(ConfigError, match=r"train\.cuda_graphs must be one of auto, on, off.*'always'"):
+        config_from_tables({"model": {"name": "vit"}, "train": {"cuda_graphs": "always"}})
+
+
+def test_an_eager_step_record_takes_the_compile_seconds_once() -> None:
+    step = LocalStep(nn.Linear(2, 2), nn.functional.mse_loss)
+    step.compile_s = 1.5
+    first = step_record(step, GraphChoice(False, "CUDA graphs need a CUDA device, not cpu"))
+    assert first == {
+        "cuda_graph": False,
+        "graph_reason": "CUDA graphs need a CUDA device, not cpu",
+        "capture_s": 0.0,
+        "compile_s": 1.5,
+    }
+    assert step_record(step, None)["compile_s"] == 0.0
+
+
+def _records(ctx: RankContext, graphs: str, dtype: str, autocast: str) -> tuple[list[float], list[dict[str, Any]]]:
+    from elastic_pipe import models
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import run_rank
+    from elastic_pipe.orchestrator.workload import Split
+
+    d = load_digits()
+    config = config_from_tables(
+        {
+            "model": {"name": "vit"},
+            "train": {
+                "epochs": 3,
+                "global_batch": 32,
+                "dtype": dtype,
+                "autocast": autocast,
+                "compile": "off",
+                "cuda_graphs": graphs,
+                "optimizer": "adamw",
+                "lr": 1e-3,
+            },
+            "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
+            "pipeline": {"cache": "on"},
+            "log": {"progress": False},
+        }
+    )
+    torch.manual_seed(0)
+    model = models.vit(config="vit-tiny", depth=3, dim=32, heads=2, mlp_dim=64)
+    samples = Split(d.inputs[:160], d.labels[:160], d.sample_ids[:160])
+    result = run_rank(config, model=model, samples=samples, quiet=True)
+    return result.losses, [dict(e) for e in result.epochs]
+
+
+def test_the_epoch_record_says_why_a_cpu_run_has_no_graph() -> None:
+    losses, epochs = run_distributed(_records, 1, "auto", "float32", "none", timeout=240)[0]
+    assert len(losses) == sum(e["steps"] for e in epochs) > 0
+    assert [e["cuda_graph"] for e in epochs] == [False, False, False]
+    assert {e["graph_reason"] for e in epochs} == {"CUDA graphs need a CUDA device, not cpu"}
+    assert [e["capture_s"] for e in epochs] == [0.0, 0.0, 0.0]
+
+
+_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@_GPU
+def test_graphed_steps_give_the_eager_losses_and_weights_in_float32() -> None:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5)).to(device)
+    twin = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5)).to(device)
+    twin.load_state_dict(net.state_dict())
+    eager = LocalStep(net, nn.functional.cross_entropy)
+    graphed = GraphedStep(LocalStep(twin, nn.functional.cross_entropy))
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, twin)]
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    eager_losses: list[torch.Tensor] = []
+    graph_losses: list[torch.Tensor] = []
+    for _ in range(WARMUP_STEPS + 6):
+        x = torch.randn(8, 16, generator=gen).to(device)
+        y = torch.randint(0, 5, (8,), generator=gen).to(device)
+        eager.step(x, target=y, losses=eager_losses)
+        graphed.step(x, target=y, losses=graph_losses)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert graphed.captured and not graphed.failure and graphed.capture_s > 0
+    torch.testing.assert_close(torch.stack(graph_losses), torch.stack(eager_losses), rtol=1e-6, atol=1e-6)
+    for a, b in zip(net.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@_GPU
+def test_graphed_and_eager_training_agree_on_a_gpu() -> None:
+    eager, eager_epochs = run_distributed(_records, 1, "off", "float32", "bf16", timeout=240)[0]
+    graphed, graph_epochs = run_distributed(_records, 1, "on", "float32", "bf16", timeout=240)[0]
+    assert [e["cuda_graph"] for e in eager_epochs] == [False, False, False]
+    assert [e["cuda_graph"] for e in graph_epochs] == [True, True, True], graph_epochs
+    assert all(e["capture_s"] > 0 for e in graph_epochs)  # each epoch starts a new layout, captured anew
+    assert len(graphed) == len(eager) == sum(e["steps"] for e in eager_epochs) > 0
+    # bf16 autocast: the same kernels, replayed, so agreement is far inside bf16 tolerance
+    assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)
