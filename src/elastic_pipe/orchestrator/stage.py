@@ -78,12 +78,13 @@ class LocalStep:
     Args:
         module: the stage.
         loss_fn: ``loss_fn(output, target)``.
-        compiled: the stage is built from compiled sub-layers. Its input then always carries a gradient (a
-            detached copy that requires one): dynamo guards on ``requires_grad``, so without this the first
-            sub-layer of every stage that starts after the frozen prefix would compile a second variant of code
-            its class already has (about 1.4 s for a ViT block and 2.6 s for its head on one H200, against
-            a few milliseconds for the input gradient it computes and drops). The seconds spent compiling inside
-            steps accumulate in :attr:`compile_s`.
+        compiled: the stage is built from compiled sub-layers: the seconds spent compiling inside steps
+            accumulate in :attr:`compile_s`.
+        grad_input: the input always carries a gradient (a detached copy that requires one). Set for a compiled
+            stage that does not start at the model's input: dynamo guards on ``requires_grad``, so without this
+            the first sub-layer of every stage behind the frozen prefix would compile a second variant of code its
+            class already has (1.4 s for a ViT-B block and 2.6 s for its head on one H200, measured), against the
+            input gradient it computes and drops (one matrix product of the block's first layer).
     """
 
     def __init__(
@@ -92,21 +93,22 @@ class LocalStep:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         *,
         compiled: bool = False,
+        grad_input: bool = False,
     ) -> None:
         self.module = module
         self.loss_fn = loss_fn
-        self.grad_input = compiled
+        self.compiled = compiled
+        self.grad_input = grad_input
         self.compile_s = 0.0
 
     def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
         """One training step's forward and backward (gradients accumulate into ``.grad``)."""
-        if self.grad_input:
-            before = compile_seconds()
-            if not x.requires_grad and x.is_floating_point():
-                x = x.detach().requires_grad_(True)
+        before = compile_seconds() if self.compiled else 0.0
+        if self.grad_input and not x.requires_grad and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
         loss = self.loss_fn(self.module(x), target)
         loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-        if self.grad_input:
+        if self.compiled:
             self.compile_s += compile_seconds() - before
         if losses is not None:
             losses.append(loss.detach())
@@ -124,6 +126,7 @@ def build_runner(
     examples: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     compiled: bool = False,
+    grad_input: bool = False,
     graph: bool = False,
 ) -> Any:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
@@ -140,6 +143,7 @@ def build_runner(
             when a :class:`~torch.distributed.pipelining.PipelineStage` is built.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
         compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
+        grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
         graph: replay the one-stage step as a CUDA graph
             (:func:`~elastic_pipe.orchestrator.cuda_graph.decide_graph` says when that is safe).
 
@@ -150,7 +154,7 @@ def build_runner(
     """
     s, k = stage, pipe_len
     if k == 1 and microbatches == 1:
-        local = LocalStep(module, loss_fn, compiled=compiled)
+        local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
         return GraphedStep(local) if graph else local
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
     # none and infers every shape from the first micro-batch: declaring only the activations there leaves the

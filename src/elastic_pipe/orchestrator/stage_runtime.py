@@ -109,6 +109,8 @@ class StageRuntime:
                 examples=lambda: self._example_io(lo, hi, rows),
                 loss_fn=ctx.parts.loss,
                 compiled=ctx.compiled is not None,
+                # a stage at the model's input never receives a gradient-carrying one, in any layout
+                grad_input=ctx.compiled is not None and lo > 0,
                 graph=choice.use,
             )
         return runner
