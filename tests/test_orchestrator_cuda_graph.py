@@ -9,7 +9,14 @@ import torch
 from torch import nn
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.cuda_graph import WARMUP_STEPS, GraphChoice, GraphedStep, decide_graph, step_record
+from elastic_pipe.orchestrator.cuda_graph import (
+    WARMUP_STEPS,
+    GraphChoice,
+    GraphedStep,
+    decide_graph,
+    graph_pays,
+    step_record,
+)
 from elastic_pipe.orchestrator.stage import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -41,6 +48,20 @@ def test_a_full_one_stage_step_on_cuda_is_graphed(mode: str) -> None:
 )
 def test_unsafe_captures_fall_back_with_a_reason(mode: str, changes: dict[str, Any], reason: str) -> None:
     assert _decide(mode, **changes) == GraphChoice(False, reason)
+
+
+@pytest.mark.parametrize(
+    ("host_s", "wall_s", "use"),
+    [(0.0033, 0.0035, True), (0.002, 0.004, True), (0.0019, 0.004, False), (0.005, 0.180, False), (0.0, 0.0, False)],
+)
+def test_auto_captures_only_host_bound_steps(host_s: float, wall_s: float, use: bool) -> None:
+    assert graph_pays(host_s, wall_s).use is use
+
+
+def test_a_gpu_bound_step_says_where_its_time_went() -> None:
+    assert graph_pays(0.005, 0.180) == GraphChoice(
+        False, "GPU-bound: 5.0 ms of host work in a 180.0 ms step (auto needs half)"
+    )
 
 
 def test_a_choice_has_a_reason_exactly_when_it_is_no() -> None:
@@ -122,7 +143,7 @@ def test_graphed_steps_give_the_eager_losses_and_weights_in_float32() -> None:
     twin = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5)).to(device)
     twin.load_state_dict(net.state_dict())
     eager = LocalStep(net, nn.functional.cross_entropy)
-    graphed = GraphedStep(LocalStep(twin, nn.functional.cross_entropy))
+    graphed = GraphedStep(LocalStep(twin, nn.functional.cross_entropy), always=True)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (net, twin)]
     gen = torch.Generator(device="cpu").manual_seed(1)
     eager_losses: list[torch.Tensor] = []

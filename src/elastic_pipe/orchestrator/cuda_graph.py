@@ -16,14 +16,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-__all__ = ["WARMUP_STEPS", "EagerStep", "GraphChoice", "GraphedStep", "decide_graph", "step_record"]
+__all__ = [
+    "HOST_BOUND_FRACTION",
+    "WARMUP_STEPS",
+    "EagerStep",
+    "GraphChoice",
+    "GraphedStep",
+    "decide_graph",
+    "graph_pays",
+    "step_record",
+]
 
 #: Eager steps a layout runs before its capture: the first one carries lazy initialisation (cuBLAS workspaces,
 #: the autograd engine's device threads, the optimizer's state) and, compiled, the compilation; the second
@@ -71,7 +80,8 @@ def decide_graph(
     * a full step: a short last step has other shapes (it runs eagerly, as before).
 
     Args:
-        mode: ``"auto"``, ``"on"`` or ``"off"`` (both "auto" and "on" apply these rules; "off" never captures).
+        mode: ``"auto"``, ``"on"`` or ``"off"`` (both "auto" and "on" apply these rules, and "auto" then also
+            asks :func:`graph_pays` after the warm-up; "off" never captures).
         device_type: the rank's device type (``"cuda"``, ``"cpu"``, ...).
         pipe_len: the layout's pipeline length.
         microbatches: micro-batches per step.
@@ -97,11 +107,30 @@ def decide_graph(
     return GraphChoice(True)
 
 
+#: ``"auto"`` captures a layout only if its measured warm-up step is host-bound: the host's enqueueing took at least
+#: this fraction of the step's wall time, so the GPU waited on Python and launches for part of it. Below it the
+#: GPU sets the pace and a replay would save no time, only hold a second copy of the step's activations (on one
+#: H200, ViT-B/16 steps with a block or more to train measured 0.05 to 0.4 of their wall time in host work; the
+#: head-only step 0.9, see docs/benchmarks.md).
+HOST_BOUND_FRACTION = 0.5
+
+
+def graph_pays(host_s: float, wall_s: float) -> GraphChoice:
+    """Whether a capture pays for a step that took ``wall_s`` seconds (device synchronised) of which the host
+    spent ``host_s`` enqueueing it (``"auto"``; see :data:`HOST_BOUND_FRACTION`)."""
+    if wall_s > 0 and host_s >= HOST_BOUND_FRACTION * wall_s:
+        return GraphChoice(True)
+    return GraphChoice(
+        False, f"GPU-bound: {host_s * 1e3:.1f} ms of host work in a {wall_s * 1e3:.1f} ms step (auto needs half)"
+    )
+
+
 class EagerStep(Protocol):
     """What :class:`GraphedStep` wraps: an eager one-stage step (a ``LocalStep``)."""
 
     module: nn.Module
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    compiled: bool
     grad_input: bool
     compile_s: float
 
@@ -123,22 +152,35 @@ def _forward_hooks_off(module: nn.Module) -> Iterator[None]:
         module._forward_hooks.update(post)
 
 
+def _no_recompile(compiled: bool) -> AbstractContextManager[Any]:
+    """For a compiled stage: fail fast instead of compiling inside the capture (a compile's own device work and
+    synchronisation would invalidate it); the warm-up compiled everything a steady step runs."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("fail_on_recompile") if compiled and stance is not None else nullcontext()
+
+
 class GraphedStep:
     """A one-stage step that runs ``eager`` for :data:`WARMUP_STEPS` steps, then captures and replays a CUDA graph.
 
     The step's gradients are the graph's static tensors, handed to the parameters after each replay (added where a
     parameter already holds one), so the step loop's ``zero_grad(set_to_none=True)`` and optimizer work as on
-    an eager step. The loss is copied out of the graph, since the next replay overwrites it. If the capture
-    fails, the layout runs eagerly from then on and :attr:`failure` says why.
+    an eager step. The loss is copied out of the graph, since the next replay overwrites it. With ``always``
+    unset ("auto"), the last warm-up step is timed and the layout is captured only if it is host-bound
+    (:func:`graph_pays`). If the capture is skipped or fails, the layout runs eagerly from then on and
+    :attr:`failure` says why.
 
     Args:
         eager: the step to warm up with (and to fall back on).
-        warmup: eager steps before the capture.
+        always: capture without timing the warm-up (``[train] cuda_graphs = "on"``).
+        warmup: eager steps before the capture (at least 1).
     """
 
-    def __init__(self, eager: EagerStep, *, warmup: int = WARMUP_STEPS) -> None:
+    def __init__(self, eager: EagerStep, *, always: bool = False, warmup: int = WARMUP_STEPS) -> None:
+        if warmup < 1:
+            raise ValueError(f"GraphedStep: warmup must be at least 1, got {warmup}")
         self.eager = eager
         self.module = eager.module
+        self.always = always
         self._warmup = warmup
         self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch stub
         self._graph: torch.cuda.CUDAGraph | None = None
@@ -172,7 +214,10 @@ class GraphedStep:
                 return
             if self._warmup > 0:
                 self._warmup -= 1
-                self._side_stream_step(x, target, losses)
+                if self._warmup == 0 and not self.always:
+                    self._timed_warmup(x, target, losses)
+                else:
+                    self._side_stream_step(x, target, losses)
                 return
             self._capture(x, target)
             if self._graph is None:  # the capture failed: this step runs eagerly
@@ -187,6 +232,17 @@ class GraphedStep:
             self.eager.step(x, target=target, losses=losses)
         main.wait_stream(self._stream)
 
+    def _timed_warmup(self, x: torch.Tensor, target: torch.Tensor, losses: list[torch.Tensor] | None) -> None:
+        """The last warm-up step, on an idle device: host enqueueing time against wall time decides the capture."""
+        torch.cuda.synchronize(x.device)
+        t0 = time.perf_counter()
+        self._side_stream_step(x, target, losses)
+        host = time.perf_counter() - t0
+        torch.cuda.synchronize(x.device)
+        choice = graph_pays(host, time.perf_counter() - t0)
+        if not choice.use:
+            self.failure = choice.reason
+
     def _params(self) -> list[nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
@@ -196,39 +252,44 @@ class GraphedStep:
         held = [p.grad for p in params]
         for p in params:
             p.grad = None  # the captured backward then assigns (rather than accumulates into) the gradients
-        device = x.device
-        # The autocast the step runs under, without its weight-cast cache: a cast cached by the warm-up would be
-        # read by the capture instead of re-done, and the replays would use the warm-up's weights forever.
-        autocast = torch.autocast(
-            device.type,
-            dtype=torch.get_autocast_dtype(device.type),
-            enabled=torch.is_autocast_enabled(device.type),
-            cache_enabled=False,
-        )
+        # Casts cached by an earlier step would be read by the capture instead of re-done, and the replays would
+        # use that step's weights forever; each step's autocast region starts empty, but be sure.
+        torch.clear_autocast_cache()
         static_x = x.detach().clone()
         if self.eager.grad_input and static_x.is_floating_point():
             static_x.requires_grad_(True)
         static_y = target.detach().clone()
         graph = torch.cuda.CUDAGraph()
-        try:
-            # thread_local: a data loader's pinning thread may touch CUDA while this thread captures
-            with (
-                _forward_hooks_off(self.module),
-                autocast,
-                torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"),
-            ):
+        main = torch.cuda.current_stream()
+        self._stream.wait_stream(main)
+        error: BaseException | None = None
+        loss: torch.Tensor | None = None
+        # torch.cuda.graph() would also collect garbage and empty the allocator's cache first, which costs more
+        # than a short layout's capture saves; capturing directly skips that. thread_local: a data loader's
+        # pinning thread may touch CUDA while this thread captures.
+        with _forward_hooks_off(self.module), _no_recompile(self.eager.compiled), torch.cuda.stream(self._stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
                 loss = self.eager.loss_fn(self.module(static_x), static_y)
                 loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-        except RuntimeError as e:
-            self.failure = f"capture failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-            for p, g in zip(params, held, strict=True):
-                p.grad = g
-            return
-        self._grads = [(p, p.grad) for p in params if p.grad is not None]
+            except Exception as e:  # any failure inside a capture means: run this layout eagerly
+                error = e
+            finally:
+                try:
+                    graph.capture_end()
+                except RuntimeError as e:
+                    error = error or e
+        main.wait_stream(self._stream)
+        grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in zip(params, held, strict=True):
             p.grad = g
+        if error is not None or loss is None:
+            text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
+            self.failure = f"capture failed: {text}"
+            return
+        self._grads = grads
         self._graph, self._x, self._y, self._loss = graph, static_x, static_y, loss.detach()
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(x.device)
         self.capture_s += time.perf_counter() - t0
 
     def _replay(self, x: torch.Tensor, target: torch.Tensor, losses: list[torch.Tensor] | None) -> None:
@@ -259,7 +320,7 @@ def step_record(runner: Any, choice: GraphChoice | None) -> dict[str, Any]:
     """
     graphed = isinstance(runner, GraphedStep)
     reason = "" if choice is None else choice.reason
-    if graphed and runner.failure:
+    if graphed and runner.failure:  # skipped by "auto" (GPU-bound) or a failed capture
         reason = runner.failure
     elif graphed and not runner.captured:
         reason = f"warming up ({WARMUP_STEPS} eager steps before the capture)"

@@ -128,6 +128,7 @@ def build_runner(
     compiled: bool = False,
     grad_input: bool = False,
     graph: bool = False,
+    graph_always: bool = False,
 ) -> Any:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
 
@@ -146,6 +147,7 @@ def build_runner(
         grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
         graph: replay the one-stage step as a CUDA graph
             (:func:`~elastic_pipe.orchestrator.cuda_graph.decide_graph` says when that is safe).
+        graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
 
     Returns:
         An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
@@ -155,7 +157,7 @@ def build_runner(
     s, k = stage, pipe_len
     if k == 1 and microbatches == 1:
         local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
-        return GraphedStep(local) if graph else local
+        return GraphedStep(local, always=graph_always) if graph else local
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+). Older torch (2.11) gets
     # none and infers every shape from the first micro-batch: declaring only the activations there leaves the
     # backward without its output gradient.

@@ -112,6 +112,7 @@ class StageRuntime:
                 # a stage at the model's input never receives a gradient-carrying one, in any layout
                 grad_input=ctx.compiled is not None and lo > 0,
                 graph=choice.use,
+                graph_always=ctx.config.train.cuda_graphs == "on",
             )
         return runner
 
