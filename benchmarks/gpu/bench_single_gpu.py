@@ -239,6 +239,11 @@ def main() -> int:
         train = Split(
             samples.inputs[: batch * steps], samples.labels[: batch * steps], samples.sample_ids[: batch * steps]
         )
+        try:
+            gpu_ms = head_only_gpu_ms(w["build"], samples.inputs[:batch], device)
+        except RuntimeError as e:  # keep the arms' numbers whatever happens here
+            print(f"head-only GPU time not measured: {e}", flush=True)
+            gpu_ms = None
         arms: dict[str, Any] = {}
         for arm in args.arms.split(","):
             model = w["build"]()
@@ -263,7 +268,8 @@ def main() -> int:
                 f"[{steps} steps] {arm}: {arms[arm]['total_s']:.2f} s ({time.perf_counter() - t0:.1f} s wall)",
                 flush=True,
             )
-            report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch}  # partial, in case
+            # partial, in case
+            report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch, "head_only_gpu_ms": gpu_ms}
             (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
             del model
             if device.type == "cuda":
@@ -299,11 +305,6 @@ def main() -> int:
                     "of_ideal": over / ideal["ideal_speedup"],
                     "of_ideal_with_cache_fill": over / ideal["ideal_speedup_with_cache_fill"],
                 }
-        try:
-            gpu_ms = head_only_gpu_ms(w["build"], samples.inputs[:batch], device)
-        except RuntimeError as e:  # keep the arms' numbers whatever happens here
-            print(f"head-only GPU time not measured: {e}", flush=True)
-            gpu_ms = None
         entry["head_only"] = {
             "gpu_ms": gpu_ms,
             "step_ms": {a: arms[a]["head_only_step_ms"] for a in elastic},
