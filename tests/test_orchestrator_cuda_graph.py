@@ -173,3 +173,140 @@ def test_graphed_and_eager_training_agree_on_a_gpu() -> None:
     assert len(graphed) == len(eager) == sum(e["steps"] for e in eager_epochs) > 0
     # bf16 autocast: the same kernels, replayed, so agreement is far inside bf16 tolerance
     assert graphed == pytest.approx(eager, rel=2e-2, abs=2e-2)
+
+
+class _FakeStream:
+    def wait_stream(self, other: object) -> None:
+        pass
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: the ops between capture_begin and capture_end run once for
+    real, and a replay does nothing, so the static tensors keep what the capture computed (the tests feed the same
+    batch every step and never change the weights, so that is what a replay would compute)."""
+
+    fail_at_end = False
+    replays = 0
+
+    def capture_begin(self, capture_error_mode: str = "global") -> None:
+        assert capture_error_mode == "thread_local"
+
+    def capture_end(self) -> None:
+        if _FakeGraph.fail_at_end:
+            raise RuntimeError("boom\nmore detail")
+
+    def replay(self) -> None:
+        _FakeGraph.replays += 1
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Just enough of torch.cuda for GraphedStep's bookkeeping to run on the CPU."""
+    from contextlib import nullcontext
+
+    monkeypatch.setattr(torch.cuda, "Stream", _FakeStream)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(_FakeGraph, "fail_at_end", False)
+    monkeypatch.setattr(_FakeGraph, "replays", 0)
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(2)
+    return torch.randn(5, 4, generator=gen), torch.randint(0, 3, (5,), generator=gen)
+
+
+def _eager_grads() -> tuple[list[torch.Tensor], torch.Tensor]:
+    net = _net()
+    x, y = _batch()
+    losses: list[torch.Tensor] = []
+    LocalStep(net, nn.functional.cross_entropy).step(x, target=y, losses=losses)
+    return [p.grad.clone() for p in net.parameters() if p.grad is not None], losses[0]
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_graphed_step_hands_the_replayed_gradients_to_the_parameters() -> None:
+    expected, expected_loss = _eager_grads()
+    net = _net()
+    graphed = GraphedStep(LocalStep(net, nn.functional.cross_entropy), always=True)
+    x, y = _batch()
+    losses: list[torch.Tensor] = []
+    for i in range(WARMUP_STEPS + 3):
+        graphed.step(x, target=y, losses=losses)
+        assert graphed.captured is (i >= WARMUP_STEPS)
+        for p, g in zip(net.parameters(), expected, strict=True):
+            torch.testing.assert_close(p.grad, g)
+        for p in net.parameters():
+            p.grad = None  # the step loop's zero_grad(set_to_none=True)
+    assert _FakeGraph.replays == 3
+    assert len(losses) == WARMUP_STEPS + 3 and len({id(t) for t in losses}) == len(losses)  # copies, not the buffer
+    torch.testing.assert_close(torch.stack(losses), expected_loss.expand(len(losses)))
+    record = step_record(graphed, GraphChoice(True))
+    assert record["cuda_graph"] is True and record["graph_reason"] == "" and record["capture_s"] > 0
+    assert step_record(graphed, GraphChoice(True))["capture_s"] == 0.0  # taken once
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_replay_adds_to_a_gradient_already_there() -> None:
+    expected, _ = _eager_grads()
+    net = _net()
+    graphed = GraphedStep(LocalStep(net, nn.functional.cross_entropy), always=True, warmup=1)
+    x, y = _batch()
+    graphed.step(x, target=y)
+    for p in net.parameters():
+        p.grad = torch.ones_like(p)
+    graphed.step(x, target=y)  # capture, then replay
+    assert graphed.captured
+    for p, g in zip(net.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, g + 1)
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_a_failed_capture_leaves_the_layout_eager_and_says_why() -> None:
+    expected, _ = _eager_grads()
+    _FakeGraph.fail_at_end = True
+    net = _net()
+    graphed = GraphedStep(LocalStep(net, nn.functional.cross_entropy), always=True, warmup=1)
+    x, y = _batch()
+    for _ in range(3):
+        graphed.step(x, target=y)
+        for p, g in zip(net.parameters(), expected, strict=True):
+            torch.testing.assert_close(p.grad, g)  # not the capture's gradients added to the eager ones
+        for p in net.parameters():
+            p.grad = None
+    assert not graphed.captured and _FakeGraph.replays == 0
+    assert step_record(graphed, GraphChoice(True))["graph_reason"] == "capture failed: boom"
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_auto_leaves_a_gpu_bound_layout_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.orchestrator import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "graph_pays", lambda host, wall: graph_pays(host, 1e3 * wall + 1.0))
+    graphed = GraphedStep(LocalStep(_net(), nn.functional.cross_entropy))
+    x, y = _batch()
+    for _ in range(WARMUP_STEPS + 2):
+        graphed.step(x, target=y)
+    assert not graphed.captured and _FakeGraph.replays == 0
+    assert step_record(graphed, GraphChoice(True))["graph_reason"].startswith("GPU-bound: ")
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_auto_captures_a_host_bound_layout() -> None:
+    graphed = GraphedStep(LocalStep(_net(), nn.functional.cross_entropy))  # on the CPU host time is all of it
+    x, y = _batch()
+    for _ in range(WARMUP_STEPS + 1):
+        graphed.step(x, target=y)
+    assert graphed.captured and _FakeGraph.replays == 1
+
+
+def test_a_graphed_step_needs_a_warm_up() -> None:
+    with pytest.raises(ValueError, match="warmup must be at least 1, got 0"):
+        GraphedStep(LocalStep(_net(), nn.functional.cross_entropy), warmup=0)
