@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.setup import compile_enabled
+from elastic_pipe.orchestrator.setup import compile_enabled, compile_seconds
+from elastic_pipe.orchestrator.stage import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
 
@@ -27,6 +28,46 @@ def test_compile_is_on_by_default_only_on_gpus(mode: str, device: str, on: bool)
 def test_an_unknown_compile_mode_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"train\.compile must be one of auto, on, off"):
         _config("sometimes")
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(self.norm(x))
+
+
+def _new_graphs_for_a_later_stage(grad_input: bool) -> int:
+    """Graphs compiled when a stage that starts at a block (behind a frozen prefix) first runs, after a stage
+    that started before it (the block then received a gradient-carrying input) ran once."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    embed = torch.nn.Linear(4, 8)
+    blocks = [_Block(), _Block()]
+    compiled = [torch.compile(b) for b in blocks]
+    head = torch.nn.Linear(8, 3)
+    loss = torch.nn.functional.cross_entropy
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    LocalStep(torch.nn.Sequential(embed, *compiled, head), loss, compiled=True).step(x, target=y)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    later = LocalStep(torch.nn.Sequential(compiled[1], head), loss, compiled=True, grad_input=grad_input)
+    later.step(embed(x).detach(), target=y)  # the frozen prefix's output: no gradient
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"] - before)
+
+
+@pytest.mark.slow
+# torch's own warnings while it compiles on the CPU (inductor imports torch.jit; dynamo probes .grad of non-leaves)
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_a_compiled_stage_behind_the_frozen_prefix_compiles_nothing_new() -> None:
+    t0 = compile_seconds()
+    assert _new_graphs_for_a_later_stage(grad_input=True) == 0
+    assert compile_seconds() > t0  # the first stage's compilation was measured
+    # without the gradient-carrying input the block's code is compiled a second time (the guard the trick avoids)
+    assert _new_graphs_for_a_later_stage(grad_input=False) >= 1
 
 
 def _losses(ctx: RankContext, mode: str) -> list[float]:

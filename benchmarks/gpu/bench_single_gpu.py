@@ -7,13 +7,22 @@ Arms, all from the same initial weights, data (synthetic, resident on the device
 (AdamW, fused on GPUs), bf16 autocast and epochs:
 
 * ``plain_eager`` / ``plain_compiled``: the loop a careful user writes (``torch.compile(model)`` for the second);
-* ``static_eager`` / ``static_compiled``: elastic_pipe without freezing (``policy = "never"``);
-* ``elastic_eager`` / ``elastic_compiled``: elastic_pipe with the published alpha = 1/3 and the activation cache.
+* ``static_eager`` / ``static_compiled``: elastic_pipe without freezing (``policy = "never"``), compiled the
+  orchestrator's way (one ``torch.compile`` region per sub-layer);
+* ``elastic_eager`` / ``elastic_compiled``: elastic_pipe with the published alpha = 1/3 and the activation cache;
+* ``elastic_eager_graphs`` / ``elastic_compiled_graphs``: the same with ``[train] cuda_graphs = "auto"`` (a
+  layout whose timed warm-up step is host-bound replays a CUDA graph after two eager steps; the epoch records
+  say which did and why not). Every other arm runs with graphs off. The static
+  arms get no graph arm: their steps are GPU-bound (about 180 ms of kernels against a few ms of host work), so
+  a graph could only hide host time that is already hidden.
 
 Each arm's ``total_s`` is the wall time of its whole training call (every epoch, elastic_pipe's evaluations and
-transitions, and compilation); ``compile_s`` estimates the compilation inside it as the first steps' time beyond
-a steady step. The plain loops run no evaluation, which favours them. The report also gives the ideal speedup
-from measured per-sub-layer costs (``bench_elastic_gpu.ideal_speedup``) and the fraction of it reached.
+transitions, and compilation); ``compile_s`` is the compilation inside it as torch measured it (dynamo's frame
+compiles and the lazy backward compiles, ``setup.compile_seconds``), ``total_without_compile_s`` the rest, and
+``compile_s_first_steps`` the older estimate (first steps' time beyond a steady step). The plain loops run no
+evaluation, which favours them. The report also gives the ideal speedup from measured per-sub-layer costs
+(``bench_elastic_gpu.ideal_speedup``), the fraction of it each elastic arm reaches against its static arm, and
+the head-only steps' wall time against their GPU time (kernel time under ``torch.profiler``).
 Results: ``gpu_1xh200_single.json`` (in ``--out``).
 """
 
@@ -39,9 +48,21 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
 from elastic_pipe.orchestrator import config_from_tables, run_rank
+from elastic_pipe.orchestrator.setup import compile_seconds
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
 
-ARMS = ("plain_eager", "plain_compiled", "static_eager", "static_compiled", "elastic_eager", "elastic_compiled")
+ARMS = (
+    "plain_eager",
+    "plain_compiled",
+    "static_eager",
+    "static_compiled",
+    "elastic_eager",
+    "elastic_compiled",
+    "elastic_eager_graphs",
+    "elastic_compiled_graphs",
+)
+#: The elastic arm the issue's speedup target is read from: the fastest compiled one.
+TARGET_ARM = "elastic_compiled_graphs"
 
 
 def _sync(device: torch.device) -> None:
@@ -60,6 +81,7 @@ def plain_loop(
     step_fn: Callable[..., Any] = torch.compile(model) if compiled else model
     epoch_s, step_times = [], []
     _sync(device)
+    c0 = compile_seconds()
     t0 = time.perf_counter()
     for epoch in range(EPOCHS):
         order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(epoch)).to(device)
@@ -79,16 +101,19 @@ def plain_loop(
         epoch_s.append(time.perf_counter() - te)
     total = time.perf_counter() - t0
     steady = (epoch_s[-1]) / steps
+    compile_s = compile_seconds() - c0
     return {
         "total_s": total,
-        "compile_s": max(0.0, step_times[0] - steady) if compiled else 0.0,
+        "compile_s": compile_s,
+        "total_without_compile_s": total - compile_s,
+        "compile_s_first_steps": max(0.0, step_times[0] - steady) if compiled else 0.0,
         "epoch_seconds": epoch_s,
         "final_loss": float(loss),
     }
 
 
 def elastic_arm(
-    model: torch.nn.Module, samples: Split, *, batch: int, freeze: bool, compiled: bool, cache_mb: int
+    model: torch.nn.Module, samples: Split, *, batch: int, freeze: bool, compiled: bool, graphs: bool, cache_mb: int
 ) -> dict[str, Any]:
     """elastic_pipe on this one process: freezing (alpha = 1/3) with the cache, or no freezing."""
     policy = {"policy": "alpha", "options": {"alpha": ALPHA}} if freeze else {"policy": "never"}
@@ -103,6 +128,7 @@ def elastic_arm(
                 "lr": 1e-4,
                 "autocast": "bf16",
                 "compile": "on" if compiled else "off",
+                "cuda_graphs": "auto" if graphs else "off",
             },
             "freeze": policy,
             "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "on" if freeze else "off", "cache_mb": cache_mb},
@@ -113,17 +139,76 @@ def elastic_arm(
     epochs = result["epochs"]
     steady = epochs[-1]["seconds"] / epochs[-1]["steps"]
     # every epoch's first step carries its layout's warm-up; compiled, also its (re)compilation
-    compile_s = sum(max(0.0, e["first_step_s"] - steady) for e in epochs) if compiled else 0.0
+    first_steps = sum(max(0.0, e["first_step_s"] - steady) for e in epochs) if compiled else 0.0
+    compile_s = sum(e["compile_s"] for e in epochs)
     return {
         "total_s": result["seconds"],
         "compile_s": compile_s,
+        "total_without_compile_s": result["seconds"] - compile_s,
+        "compile_s_first_steps": first_steps,
         "epoch_seconds": [e["seconds"] for e in epochs],
+        "steps": [e["steps"] for e in epochs],
         "first_step_seconds": [e["first_step_s"] for e in epochs],
+        "compile_seconds": [e["compile_s"] for e in epochs],
+        "cuda_graph": [e["cuda_graph"] for e in epochs],
+        "graph_reason": [e["graph_reason"] for e in epochs],
+        "capture_seconds": [e["capture_s"] for e in epochs],
+        "head_only_step_ms": head_only_step_ms(epochs),
         "frozen_units": [e["frozen_units"] for e in epochs],
         "cache": [e["cache"] for e in epochs],
         "transition_seconds": [t["seconds"] for t in result["transitions"]],
         "final_loss": result["losses"][-1],
     }
+
+
+def head_only_step_ms(epochs: list[dict[str, Any]]) -> float | None:
+    """Median per-step milliseconds of the head-only epochs after the layout's first (which carries its warm-up,
+    compilation and capture); ``None`` when the run has fewer than two such epochs."""
+    top = max(e["frozen_units"] for e in epochs)
+    steady = [e["seconds"] / e["steps"] * 1e3 for e in epochs if e["frozen_units"] == top][1:]
+    return sorted(steady)[len(steady) // 2] if top > 0 and steady else None
+
+
+def head_only_gpu_ms(build: Callable[[], torch.nn.Module], inputs: torch.Tensor, device: torch.device) -> float | None:
+    """GPU milliseconds of one head-only step (a cached-activation gather, the head's forward, loss and backward,
+    fused AdamW): the sum of its kernels' device time under ``torch.profiler``, a mean over 20 steps."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    model = build().to(device)
+    subs = list(model.children())
+    rows = inputs.shape[0]
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        x = inputs
+        for m in subs[:-1]:
+            x = m(x)
+    cached = torch.cat([x, x]).contiguous()  # the cache: more rows than a batch, read by index
+    head = subs[-1]
+    labels = torch.randint(0, 1000, (rows,), device=device)
+    opt = torch.optim.AdamW([p for p in head.parameters()], lr=1e-4, fused=True)
+
+    def step() -> None:
+        idx = torch.randperm(2 * rows, device=device)[:rows]
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = cross_entropy(head(cached[idx]), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(5):
+        step()
+    _sync(device)
+    steps = 20
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    us = 0.0
+    for evt in prof.key_averages():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            us += float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0))
+    return us / steps / 1e3
 
 
 def main() -> int:
@@ -154,6 +239,11 @@ def main() -> int:
         train = Split(
             samples.inputs[: batch * steps], samples.labels[: batch * steps], samples.sample_ids[: batch * steps]
         )
+        try:
+            gpu_ms = head_only_gpu_ms(w["build"], samples.inputs[:batch], device)
+        except RuntimeError as e:  # keep the arms' numbers whatever happens here
+            print(f"head-only GPU time not measured: {e}", flush=True)
+            gpu_ms = None
         arms: dict[str, Any] = {}
         for arm in args.arms.split(","):
             model = w["build"]()
@@ -171,22 +261,29 @@ def main() -> int:
                     batch=batch,
                     freeze=arm.startswith("elastic"),
                     compiled="compiled" in arm,
+                    graphs=arm.endswith("graphs"),
                     cache_mb=args.cache_mb,
                 )
             print(
                 f"[{steps} steps] {arm}: {arms[arm]['total_s']:.2f} s ({time.perf_counter() - t0:.1f} s wall)",
                 flush=True,
             )
-            report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch}  # partial, in case
+            # partial, in case
+            report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch, "head_only_gpu_ms": gpu_ms}
             (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         entry: dict[str, Any] = {"arms": arms, "global_batch": batch}
-        if "plain_compiled" in arms and "elastic_compiled" in arms:
-            entry["speedup_elastic_over_plain_compiled"] = (
-                arms["plain_compiled"]["total_s"] / arms["elastic_compiled"]["total_s"]
-            )
+        elastic = [a for a in arms if a.startswith("elastic")]
+        if "plain_compiled" in arms:
+            entry["speedups_over_plain_compiled"] = {
+                a: arms["plain_compiled"]["total_s"] / arms[a]["total_s"] for a in elastic
+            }
+            target = TARGET_ARM if TARGET_ARM in arms else "elastic_compiled"
+            if target in arms:
+                entry["speedup_arm"] = target
+                entry["speedup_elastic_over_plain_compiled"] = entry["speedups_over_plain_compiled"][target]
         if "plain_eager" in arms and "elastic_eager" in arms:
             entry["speedup_elastic_over_plain_eager"] = (
                 arms["plain_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
@@ -197,15 +294,41 @@ def main() -> int:
             measured = arms["static_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
             entry["elastic_over_static_eager"] = measured
             entry["fraction_of_ideal"] = measured / ideal["ideal_speedup"]
+        # each elastic arm against the static arm that runs its steps the same way (eager or compiled)
+        entry["fraction_of_ideal_by_arm"] = {}
+        for a in elastic:
+            static = "static_compiled" if "compiled" in a else "static_eager"
+            if static in arms:
+                over = arms[static]["total_s"] / arms[a]["total_s"]
+                entry["fraction_of_ideal_by_arm"][a] = {
+                    "over_static": over,
+                    "of_ideal": over / ideal["ideal_speedup"],
+                    "of_ideal_with_cache_fill": over / ideal["ideal_speedup_with_cache_fill"],
+                }
+        entry["head_only"] = {
+            "gpu_ms": gpu_ms,
+            "step_ms": {a: arms[a]["head_only_step_ms"] for a in elastic},
+            "step_over_gpu": {
+                a: arms[a]["head_only_step_ms"] / gpu_ms
+                for a in elastic
+                if gpu_ms and arms[a]["head_only_step_ms"] is not None
+            },
+        }
         report["steps_per_epoch"][str(steps)] = entry
         (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
     for steps, entry in report["steps_per_epoch"].items():
         print(f"--- {steps} steps/epoch x {EPOCHS} epochs, batch {entry['global_batch']}")
         for arm, r in entry["arms"].items():
-            print(f"{arm:>17}: total {r['total_s']:8.2f} s  compile {r['compile_s']:6.2f} s")
+            print(
+                f"{arm:>24}: total {r['total_s']:8.2f} s  compile {r['compile_s']:6.2f} s  "
+                f"without {r['total_without_compile_s']:8.2f} s"
+            )
         for key in ("speedup_elastic_over_plain_compiled", "speedup_elastic_over_plain_eager", "fraction_of_ideal"):
             if key in entry:
                 print(f"{key}: {entry[key]:.3f}")
+        for a, f in entry["fraction_of_ideal_by_arm"].items():
+            print(f"{a}: {f['over_static']:.3f}x over static, {f['of_ideal']:.3f} of ideal")
+        print(f"head-only: {entry['head_only']}")
         print(f"ideal (eager per-block costs): {entry['ideal']['ideal_speedup']:.3f}")
     dist.destroy_process_group()
     return 0

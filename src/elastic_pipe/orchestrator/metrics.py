@@ -59,6 +59,11 @@ class EpochMetrics:
         microbatches: micro-batches per step and replica.
         cache: whether stage 0 read the frozen prefix's output from the activation cache.
         lr: learning rate at the end of the epoch.
+        cuda_graph: whether the epoch's full steps replayed a CUDA graph (``[train] cuda_graphs``).
+        graph_reason: why they did not (empty when they did).
+        capture_s: seconds spent capturing the layout's graph during the epoch (its first epoch only).
+        compile_s: seconds ``torch.compile`` spent compiling inside the epoch's steps, as torch measured them
+            (``[train] compile``; a new layout's first epoch carries any recompilation).
     """
 
     epoch: int
@@ -85,6 +90,10 @@ class EpochMetrics:
     microbatches: int
     cache: bool
     lr: float
+    cuda_graph: bool = False
+    graph_reason: str = ""
+    capture_s: float = 0.0
+    compile_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "epoch"``)."""

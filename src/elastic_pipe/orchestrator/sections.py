@@ -19,6 +19,7 @@ __all__ = [
     "COMPILE_MODES",
     "COMPRESSIONS",
     "COST_METRICS",
+    "CUDA_GRAPH_MODES",
     "DEFAULT_ALPHA",
     "DTYPES",
     "LR_SCHEDULES",
@@ -46,6 +47,7 @@ COST_METRICS = ("params", "time")
 CACHE_MODES = ("auto", "on", "off")
 BACKENDS = ("auto", "gloo", "nccl")
 COMPILE_MODES = ("auto", "on", "off")
+CUDA_GRAPH_MODES = ("auto", "on", "off")
 #: Seeds stay below 2**31 so that they fit a signed 32-bit integer, which every consumer of a seed accepts (numpy's
 #: legacy ``RandomState``, a C ``int``, a torch generator, JSON readers in other languages).
 SEED_LIMIT = 2**31
@@ -179,7 +181,14 @@ class TrainSection:
         autocast: "none" or "bf16" (autocast on the device for the forward passes).
         compile: "auto" (on with CUDA, off on the CPU), "on" or "off": ``torch.compile`` each sub-layer once
             (regional compilation), so identical blocks share compiled code and a transition, which only regroups
-            sub-layers into new stages, compiles nothing new for the training path.
+            sub-layers into new stages, compiles nothing new for the training path (a compiled stage's input always
+            carries a gradient, so a stage that starts later in the model reuses the same compiled code).
+        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or "on": replay each layout's forward, loss and
+            backward as a CUDA graph once it has run eagerly (``orchestrator/cuda_graph.py``), where that is safe:
+            one stage, one micro-batch, one replica and a full step. "auto" captures a layout only if its timed
+            warm-up step was host-bound (the host's enqueueing took at least half the step), "on" every safe one.
+            Elsewhere, and for a short last step, the step runs as before and the epoch record says why
+            (``graph_reason``).
         max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (the norm over every
             trainable parameter of the whole model, whatever the layout; 0: no clipping).
         max_steps: stop after this many optimizer steps in the whole run, with an evaluation (0: no limit; the
@@ -198,6 +207,7 @@ class TrainSection:
     dtype: str = "float32"
     autocast: str = "none"
     compile: str = "auto"
+    cuda_graphs: str = "off"
     max_grad_norm: float = 0.0
     max_steps: int = 0
 
@@ -219,6 +229,7 @@ class TrainSection:
         _one_of("train.dtype", self.dtype, DTYPES)
         _one_of("train.autocast", self.autocast, AUTOCAST)
         _one_of("train.compile", self.compile, COMPILE_MODES)
+        _one_of("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPH_MODES)
 
 
 @dataclass(frozen=True)

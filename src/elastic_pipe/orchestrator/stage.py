@@ -12,6 +12,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.cuda_graph import GraphedStep
+from elastic_pipe.orchestrator.setup import compile_seconds
 
 __all__ = ["LocalStep", "build_runner", "example_io", "unit_modules", "unit_of"]
 
@@ -72,16 +74,42 @@ class LocalStep:
     With one stage there is nothing to send and with one micro-batch nothing to schedule, so this is what torch's
     one-stage schedules compute (the same loss and gradients: ``tests/test_orchestrator_units.py`` compares them),
     without their per-step bookkeeping, which dominates a step whose layers are nearly all frozen.
+
+    Args:
+        module: the stage.
+        loss_fn: ``loss_fn(output, target)``.
+        compiled: the stage is built from compiled sub-layers: the seconds spent compiling inside steps
+            accumulate in :attr:`compile_s`.
+        grad_input: the input always carries a gradient (a detached copy that requires one). Set for a compiled
+            stage that does not start at the model's input: dynamo guards on ``requires_grad``, so without this
+            the first sub-layer of every stage behind the frozen prefix would compile a second variant of code its
+            class already has (1.4 s for a ViT-B block and 2.6 s for its head on one H200, measured), against the
+            input gradient it computes and drops (one matrix product of the block's first layer).
     """
 
-    def __init__(self, module: nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        *,
+        compiled: bool = False,
+        grad_input: bool = False,
+    ) -> None:
         self.module = module
         self.loss_fn = loss_fn
+        self.compiled = compiled
+        self.grad_input = grad_input
+        self.compile_s = 0.0
 
     def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
         """One training step's forward and backward (gradients accumulate into ``.grad``)."""
+        before = compile_seconds() if self.compiled else 0.0
+        if self.grad_input and not x.requires_grad and x.is_floating_point():
+            x = x.detach().requires_grad_(True)
         loss = self.loss_fn(self.module(x), target)
         loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+        if self.compiled:
+            self.compile_s += compile_seconds() - before
         if losses is not None:
             losses.append(loss.detach())
 
@@ -97,6 +125,10 @@ def build_runner(
     group: dist.ProcessGroup,
     examples: Callable[[], tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    compiled: bool = False,
+    grad_input: bool = False,
+    graph: bool = False,
+    graph_always: bool = False,
 ) -> Any:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
 
@@ -111,14 +143,21 @@ def build_runner(
         examples: returns example micro-batches at the stage's input and output (:func:`example_io`); called only
             when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
+        compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
+        grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
+        graph: replay the one-stage step as a CUDA graph
+            (:func:`~elastic_pipe.orchestrator.cuda_graph.decide_graph` says when that is safe).
+        graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
 
     Returns:
-        An object whose ``step`` runs one training step: a torch schedule, or :class:`LocalStep` for one stage and
-        one micro-batch.
+        An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
+        a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.cuda_graph.GraphedStep` with
+        ``graph``).
     """
     s, k = stage, pipe_len
     if k == 1 and microbatches == 1:
-        return LocalStep(module, loss_fn)
+        local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
+        return GraphedStep(local, always=graph_always) if graph else local
     example_in, example_out = examples()
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
     shapes: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from torch import nn
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
 from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
 from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
@@ -52,6 +53,8 @@ class StageRuntime:
         #: The micro-batch size of a full step; a short last step has a runner of its own (declared shapes).
         self.rows = ctx.config.train.global_batch // layout.replicas // layout.microbatches
         self._runners: dict[int, Any] = {}
+        #: Whether each step size's runner replays a CUDA graph, and why not (``[train] cuda_graphs``).
+        self.graph_choices: dict[int, GraphChoice] = {}
         self.runner: Any = self.runner_for(self.rows)
         self.forward_timer = ForwardTimer(self.module, ctx.device)
         tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
@@ -86,6 +89,15 @@ class StageRuntime:
         if runner is None:
             ctx, layout = self.ctx, self.layout
             lo, hi = self._bounds
+            choice = self.graph_choices[rows] = decide_graph(
+                ctx.config.train.cuda_graphs,
+                device_type=ctx.device.type,
+                pipe_len=layout.pipe_len,
+                microbatches=layout.microbatches,
+                replicas=layout.replicas,
+                rows=rows,
+                full_rows=self.rows,
+            )
             runner = self._runners[rows] = build_runner(
                 self.module,
                 stage=self.stage,
@@ -96,6 +108,11 @@ class StageRuntime:
                 group=ctx.groups.pipeline_group(layout.pipe_len),
                 examples=lambda: self._example_io(lo, hi, rows),
                 loss_fn=ctx.parts.loss,
+                compiled=ctx.compiled is not None,
+                # a stage at the model's input never receives a gradient-carrying one, in any layout
+                grad_input=ctx.compiled is not None and lo > 0,
+                graph=choice.use,
+                graph_always=ctx.config.train.cuda_graphs == "on",
             )
         return runner
 

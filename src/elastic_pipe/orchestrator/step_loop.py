@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from elastic_pipe import data as edata
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.cuda_graph import step_record
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.faults import maybe_fail
@@ -269,6 +270,7 @@ def epoch_metrics(
         microbatches=layout.microbatches,
         cache=stage.cache_on,
         lr=lr,
+        **step_record(stage.runner, stage.graph_choices.get(stage.rows)),
     )
 
 
