@@ -315,6 +315,9 @@ class ElasticTrainer:
             seconds=seconds,
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
+        # one loss per step of the run: a run resumed after a max_steps stop inside this epoch already holds the
+        # losses of its first steps, which ``losses`` repeats
+        del self.result.losses[state.step - len(losses) :]
         self.result.losses.extend(losses)
         self.result.epochs.append(metrics.to_dict())
         if scores[0] is not None:
