@@ -328,6 +328,7 @@ options = { t0 = 0.5, total_steps = 10 }
 [pipeline]
 pipe_len = 2
 microbatches = 2
+solver = "optimal"
 cache = "off"
 [launch]
 nproc_per_node = 2
