@@ -9,6 +9,10 @@ on the gloo control group (:func:`.decision.announce`; rank 0's error travels in
 Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
 prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and carry the
 activation cache to the new boundary.
+
+A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
+step of the run, inside an epoch too (the trainer's step loop hands over to it there; ``epoch_step`` says how many
+of the epoch's steps came before it).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, finish_epoch, run_epoch
+from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
 from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
@@ -328,7 +328,7 @@ class ElasticTrainer:
             self._state = state
             return
         every = c.freeze.decide_every
-        self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or state.step % every == 0)
+        self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or decision_point(state.step, every))
 
     @property
     def decision_due(self) -> bool:
