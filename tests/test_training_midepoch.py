@@ -282,18 +282,39 @@ def _final_weights(config: Any) -> dict[str, torch.Tensor]:
     return weights
 
 
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("midepoch")
+    config = _launch_config(tmp, "clean")
+    return tmp, config, _launch(config)
+
+
 @pytest.mark.distributed
-@pytest.mark.slow  # two torchrun jobs, one with a restart
-def test_a_rank_killed_after_a_mid_epoch_decision_checkpoint_costs_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.slow  # torchrun jobs with a restart
+@pytest.mark.parametrize(
+    ("fault", "resumed_at"),
+    [
+        # rank 1 dies as step 4 of epoch 1 starts: after the transition at the decision point and the checkpoint
+        # after it, which the restart resumes from (epoch 2 counted from 1, after step 9 of the run)
+        ("step:1:1:4", "resuming from epoch 2 step 9 "),
+        # rank 1 dies inside that transition: the restart resumes from the checkpoint two steps before and redoes
+        # the steps and the transition
+        ("transition:1:1:4", "resuming from epoch 2 step 7 "),
+    ],
+)
+def test_a_rank_killed_at_a_mid_epoch_decision_point_costs_nothing(
+    fault: str,
+    resumed_at: str,
+    clean_run: tuple[Path, Any, dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
-    clean_config = _launch_config(tmp_path, "clean")
-    clean = _launch(clean_config)
+    tmp, clean_config, clean = clean_run
     assert [(t["epoch"], t["epoch_step"], t["frozen_units"]) for t in clean["transitions"]] == [(1, 4, 1), (2, 2, 2)]
-    # rank 1 dies as step 4 of epoch 1 starts: after the transition at the decision point and the checkpoint after it
-    monkeypatch.setenv(FAULT_ENV, "step:1:1:4")
-    config = _launch_config(tmp_path, "killed")
+    monkeypatch.setenv(FAULT_ENV, fault)
+    config = _launch_config(tmp, fault.replace(":", "-"))
     result = _launch(config)
+    assert resumed_at in capfd.readouterr().err  # the fault struck and the restart resumed where expected
     checkpoint = torch.load(
         Path(config.checkpoint.dir) / "epoch-0001-step-000004.pt", map_location="cpu", weights_only=True
     )
