@@ -72,3 +72,52 @@ def test_equivalence_of_elastic_and_fixed_runs() -> None:
     assert results[1]["elastic"]["losses"] == elastic["losses"]
     # and training did something: the loss moved
     assert elastic["losses"][-1] != pytest.approx(elastic["losses"][0], rel=1e-3)
+
+
+def _midepoch_config(**pipeline: Any) -> Any:
+    """Decisions every 3 steps (8 steps an epoch: none at an epoch's end); FreezeOut over 30 steps freezes unit 0 at
+    step 13.5 and unit 1 at step 19, so the transitions happen after step 15 (epoch 1) and step 21 (epoch 2)."""
+    return _config(**pipeline).override(
+        {"freeze.policy": "freezeout", "freeze.options": {"t0": 0.5, "total_steps": 30}, "freeze.decide_every": 3}
+    )
+
+
+def _both_midepoch_runs(ctx: RankContext) -> dict[str, Any]:
+    from elastic_pipe.orchestrator import run_rank
+
+    samples = _samples()
+    elastic = run_rank(_midepoch_config(cache="on"), samples=samples, quiet=True).to_dict()
+    fixed = run_rank(_midepoch_config(compression="none", cache="off"), samples=samples, quiet=True).to_dict()
+    return {"elastic": elastic, "fixed": fixed}
+
+
+@pytest.mark.distributed
+def test_equivalence_with_transitions_inside_epochs() -> None:
+    results = run_distributed(_both_midepoch_runs, 2, timeout=180)
+    elastic, fixed = results[0]["elastic"], results[0]["fixed"]
+    # both transitions happened inside an epoch: freezing 1 unit after step 7 of epoch 1, then 2 units (and the
+    # reshaping 2 stages x 1 replica -> 1 stage x 2 replicas, the sampler re-sharded) after step 5 of epoch 2
+    where = [(t["epoch"], t["epoch_step"], t["step"], t["frozen_units"], t["pipe_len"]) for t in elastic["transitions"]]
+    assert where == [(1, 7, 15, 1, 2), (2, 5, 21, 2, 1)]
+    assert [(t["epoch"], t["epoch_step"], t["frozen_units"]) for t in fixed["transitions"]] == [(1, 7, 1), (2, 5, 2)]
+    # epoch records describe the layout of the epoch's last step
+    assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in elastic["epochs"]] == [
+        (0, 2, 1),
+        (1, 2, 1),
+        (2, 1, 2),
+    ]
+    assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in fixed["epochs"]] == [
+        (0, 2, 1),
+        (1, 2, 1),
+        (2, 2, 1),
+    ]
+    assert [e["cache"] for e in elastic["epochs"]] == [False, True, True]
+    assert [e["steps"] for e in elastic["epochs"]] == [8, 8, 8]
+    assert len(elastic["losses"]) == len(fixed["losses"]) == 24
+    assert elastic["losses"] == pytest.approx(fixed["losses"], rel=1e-10, abs=1e-12)
+    assert elastic["final_eval_loss"] == pytest.approx(fixed["final_eval_loss"], rel=1e-10)
+    assert results[1]["elastic"]["losses"] == elastic["losses"]
+    # the epoch losses are the means of their steps' losses, whatever layout each step ran in
+    for e, epoch in enumerate(elastic["epochs"]):
+        assert epoch["loss"] == pytest.approx(sum(elastic["losses"][8 * e : 8 * e + 8]) / 8, rel=1e-12)
+    assert elastic["losses"][-1] != pytest.approx(elastic["losses"][0], rel=1e-3)

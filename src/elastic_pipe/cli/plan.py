@@ -296,15 +296,33 @@ def render_layouts(epochs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def render_decisions(decisions: list[dict[str, Any]]) -> str:
+    """The table of a config's decision points (``[freeze] decide_every``): where each falls and what it chose."""
+    lines = ["step  epoch  after step  frozen units  K  R  M  boundaries"]
+    for d in decisions:
+        mark = "" if d["changed"] else "  (unchanged)"
+        lines.append(
+            f"{d['step']:>4}  {d['epoch'] + 1:>5}  {d['epoch_step']:>10}  {d['frozen_units']:>12}  {d['pipe_len']}  "
+            f"{d['replicas']}  {d['microbatches']}  {d['boundaries']}{mark}"
+        )
+    return "\n".join(lines)
+
+
 def run_config(args: argparse.Namespace) -> int:
     """``plan --config``: the layouts the training config leads to, decided by the trainer's own rule."""
     from elastic_pipe.orchestrator import load_config  # noqa: PLC0415
-    from elastic_pipe.orchestrator.dry_run import planned_epochs  # noqa: PLC0415
+    from elastic_pipe.orchestrator.dry_run import planned_decisions, planned_epochs  # noqa: PLC0415
 
     if args.model is not None or args.costs is not None:
         raise CliInputError("give exactly one of --config FILE, --model NAME or --costs FILE")
-    epochs = planned_epochs(load_config(args.config))
-    emit(args, {"config": args.config, "epochs": epochs}, render_layouts(epochs))
+    config = load_config(args.config)
+    epochs = planned_epochs(config)
+    doc: dict[str, Any] = {"config": args.config, "epochs": epochs}
+    text = render_layouts(epochs)
+    if config.freeze.decide_every:  # decision points inside epochs: list them too
+        doc["decisions"] = decisions = planned_decisions(config)
+        text += "\n\n" + render_decisions(decisions)
+    emit(args, doc, text)
     return 0
 
 

@@ -159,8 +159,10 @@ def render(result: dict[str, Any]) -> str:
             f"{e['samples_per_s']:>9.1f}  {step_ms:>7.1f}  {e['grad_sync_ops_per_s']:>10.1f}"
         )
     for t in result["transitions"]:
+        inside = t.get("epoch_step", 0)  # a transition inside an epoch ([freeze] decide_every)
+        where = f"in epoch {t['epoch'] + 1} after step {inside}" if inside else f"before epoch {t['epoch'] + 1}"
         lines.append(
-            f"transition before epoch {t['epoch'] + 1}: frozen {t['frozen_units']} units, K={t['pipe_len']} "
+            f"transition {where}: frozen {t['frozen_units']} units, K={t['pipe_len']} "
             f"R={t['replicas']}, {t['bytes_moved'] / 1e6:.2f} MB moved, {t['seconds']:.3f} s"
         )
     acc = result["final_accuracy"]

@@ -1,33 +1,48 @@
-"""What a run will do, without running it: the per-epoch layouts a config leads to.
+"""What a run will do, without running it: the per-epoch layouts a config leads to, and its decision points.
 
 ``elastic-pipe plan --config run.toml`` prints this; ``elastic-pipe train --config run.toml`` then performs the
 same sequence, because both build the components with :func:`components_from_config`, price the sub-layers the
-same way and call the one layout rule (:func:`elastic_pipe.orchestrator.layout_rule.layout_sequence`).
+same way and call the one layout rule (:func:`elastic_pipe.orchestrator.layout_rule.layout_sequence` for a decision
+point after every epoch; :func:`~elastic_pipe.orchestrator.layout_rule.decide_units` and
+:func:`~elastic_pipe.orchestrator.layout_rule.next_layout` at every ``[freeze] decide_every`` steps otherwise).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from elastic_pipe.orchestrator.components import components_from_config
+from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import layout_sequence
+from elastic_pipe.orchestrator.layout_rule import (
+    decide_units,
+    frozen_sublayers,
+    initial_layout,
+    layout_sequence,
+    next_layout,
+)
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens
 from elastic_pipe.orchestrator.step_data import epoch_plan, split_unit
 from elastic_pipe.orchestrator.trainer import sublayer_costs
 from elastic_pipe.orchestrator.workload import eval_count, num_samples
+from elastic_pipe.types import Layout
 
-__all__ = ["planned_epochs"]
+__all__ = ["planned_decisions", "planned_epochs"]
 
 
-def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
-    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}``.
+def _row(units: int, layout: Layout) -> dict[str, Any]:
+    return {
+        "frozen_units": units,
+        "frozen": layout.frozen,
+        "pipe_len": layout.pipe_len,
+        "replicas": layout.replicas,
+        "boundaries": list(layout.boundaries),
+        "microbatches": layout.microbatches,
+    }
 
-    Raises:
-        ConfigError: the policy decides from measured statistics (its decisions exist only once training runs),
-            or the config prices sub-layers by profiled time (measured on the run's own device).
-    """
+
+def _plannable(config: TrainConfig) -> tuple[Components, int]:
+    """The built components and the steps per epoch, or why the run cannot be planned."""
     parts = components_from_config(config)
     if parts.policy.needs_stats:
         raise ConfigError(
@@ -41,28 +56,97 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
     plan = epoch_plan(
         n - eval_count(n, config.data.eval_fraction), config.train.global_batch, unit, drop_last=config.data.drop_last
     )
-    steps = plan.steps
-    sequence = layout_sequence(
-        sublayer_costs(parts.model),
-        tuple(parts.model.unit_ends),  # type: ignore[arg-type]
-        parts.policy,
-        epochs=config.train.epochs,
-        steps_per_epoch=steps,
-        pipe_len=config.pipeline.pipe_len,
-        world_size=config.world_size,
-        compression=parts.compression,
-        solver=parts.partitioner,
-        microbatches_for=config.microbatches_for,
+    return parts, plan.steps
+
+
+def _every_n_steps(
+    config: TrainConfig, parts: Components, steps: int
+) -> tuple[list[dict[str, Any]], list[tuple[int, Layout]]]:
+    """The decision points of ``[freeze] decide_every`` and ``(frozen units, layout)`` of each epoch's last step."""
+    every = config.freeze.decide_every
+    costs = sublayer_costs(parts.model)
+    unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
+    pipe_len = config.pipeline.pipe_len
+    layout, budget = initial_layout(
+        costs, pipe_len, config.world_size, solver=parts.partitioner, microbatches=config.microbatches_for(pipe_len)
     )
-    return [
-        {
-            "epoch": epoch,
-            "frozen_units": frozen_units,
-            "frozen": layout.frozen,
-            "pipe_len": layout.pipe_len,
-            "replicas": layout.replicas,
-            "boundaries": list(layout.boundaries),
-            "microbatches": layout.microbatches,
-        }
-        for epoch, (frozen_units, layout) in enumerate(sequence)
-    ]
+    total = config.train.epochs * steps
+    if config.train.max_steps:
+        total = min(total, config.train.max_steps)
+    units = 0
+    points: list[dict[str, Any]] = []
+    ends = [(units, layout)]
+    for step in range(every, total, every):  # none after the run's last step
+        epoch, inside = divmod(step, steps)
+        while len(ends) <= epoch:  # epochs ended before this decision point keep the layout they ended with
+            ends.append((units, layout))
+        units = decide_units(
+            parts.policy,
+            epoch=epoch,
+            step=step,
+            current=units,
+            unit_ends=unit_ends,
+            num_sublayers=len(costs),
+            pipe_len=layout.pipe_len,
+            compression=parts.compression,
+        )
+        new = next_layout(
+            layout,
+            frozen_sublayers(unit_ends, units),
+            costs,
+            compression=parts.compression,
+            solver=parts.partitioner,
+            budget=budget,
+            world_size=config.world_size,
+            microbatches_for=config.microbatches_for,
+        )
+        points.append(
+            {"step": step, "epoch": epoch, "epoch_step": inside, "changed": new != layout, **_row(units, new)}
+        )
+        layout = new
+        ends[epoch] = (units, layout)
+    while len(ends) < config.train.epochs:
+        ends.append((units, layout))
+    return points, ends
+
+
+def planned_decisions(config: TrainConfig) -> list[dict[str, Any]]:
+    """Per decision point of ``[freeze] decide_every = N`` (empty when it is 0): ``{"step", "epoch", "epoch_step",
+    "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}`` - the run's step
+    count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and the layout
+    after the decision.
+
+    Raises:
+        ConfigError: as :func:`planned_epochs`.
+    """
+    if not config.freeze.decide_every:
+        return []
+    parts, steps = _plannable(config)
+    return _every_n_steps(config, parts, steps)[0]
+
+
+def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
+    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}``, the
+    layout of the epoch's last step (with a decision point after every epoch, the layout of the whole epoch).
+
+    Raises:
+        ConfigError: the policy decides from measured statistics (its decisions exist only once training runs),
+            or the config prices sub-layers by profiled time (measured on the run's own device).
+    """
+    parts, steps = _plannable(config)
+    if config.freeze.decide_every:
+        sequence = _every_n_steps(config, parts, steps)[1]
+    else:
+        sequence = layout_sequence(
+            sublayer_costs(parts.model),
+            tuple(parts.model.unit_ends),  # type: ignore[arg-type]
+            parts.policy,
+            epochs=config.train.epochs,
+            steps_per_epoch=steps,
+            pipe_len=config.pipeline.pipe_len,
+            world_size=config.world_size,
+            compression=parts.compression,
+            solver=parts.partitioner,
+            microbatches_for=config.microbatches_for,
+        )
+    return [{"epoch": epoch, **_row(units, layout)} for epoch, (units, layout) in enumerate(sequence)]

@@ -9,6 +9,10 @@ on the gloo control group (:func:`.decision.announce`; rank 0's error travels in
 Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
 prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and carry the
 activation cache to the new boundary.
+
+A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
+step of the run, inside an epoch too (the trainer's step loop hands over to it there; ``epoch_step`` says how many
+of the epoch's steps came before it).
 """
 
 from __future__ import annotations
@@ -118,15 +122,24 @@ def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | No
 
 
 def decide(
-    ctx: RunContext, state: RunState, stage: StageRuntime, *, eval_loss: float | None = None
+    ctx: RunContext, state: RunState, stage: StageRuntime, *, eval_loss: float | None = None, epoch_step: int = 0
 ) -> protocol.TransitionMessage:
-    """The decision point before ``state.epoch`` (a collective); every rank returns the same message.
+    """The decision point before ``state.epoch``, or inside it after ``epoch_step`` of its steps (a collective);
+    every rank returns the same message.
+
+    The policy is asked with ``state.epoch`` (the epoch the next step belongs to) and ``state.step`` (optimizer
+    steps of the run so far), after it observed the statistics gathered since the previous decision point.
 
     Raises:
         OrchestratorError: a rank did not reach the decision point within the timeout (named), or rank 0 could
             not decide.
     """
-    meet(ctx.groups, f"the decision point before epoch {state.epoch + 1}", ctx.rank)
+    where = (
+        f"the decision point after step {epoch_step} of epoch {state.epoch + 1}"
+        if epoch_step
+        else f"the decision point before epoch {state.epoch + 1}"
+    )
+    meet(ctx.groups, where, ctx.rank)
     stats = gather_stats(ctx, stage)
     current = state.layout
     policy, rule = ctx.parts.policy, ctx.parts.compression
@@ -186,13 +199,18 @@ def apply(
     *,
     optimizer: torch.optim.Optimizer,
     cache: acache.ActivationCache | None,
+    epoch_step: int = 0,
 ) -> Applied | None:
-    """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is."""
+    """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is.
+
+    Args:
+        epoch_step: steps of the epoch done before the decision point (for the fault hook).
+    """
     old = state.layout
     new = decision.layout_from_message(msg, ctx.world_size)
     if new == old:
         return None
-    maybe_fail("transition", ctx.rank, msg.epoch, None)
+    maybe_fail("transition", ctx.rank, msg.epoch, epoch_step)
     clock = PhaseClock(ctx.device, TRANSITION_PHASES)
     clock.start()
     sublayers = ctx.sublayers
@@ -229,19 +247,26 @@ def timed_decision(
     optimizer: torch.optim.Optimizer,
     cache: acache.ActivationCache | None,
     eval_loss: float | None = None,
+    epoch_step: int = 0,
 ) -> tuple[protocol.TransitionMessage, Applied | None, float, float]:
-    """:func:`decide` then :func:`apply`; returns the message, what changed, the decide seconds and the total."""
+    """:func:`decide` then :func:`apply`; returns the message, what changed, the decide seconds and the total.
+
+    Args:
+        epoch_step: steps of ``state.epoch`` done before the decision point (0: at the epoch's start).
+    """
     t0 = time.perf_counter()
-    msg = decide(ctx, state, stage, eval_loss=eval_loss)
+    msg = decide(ctx, state, stage, eval_loss=eval_loss, epoch_step=epoch_step)
     decide_s = time.perf_counter() - t0
-    applied = apply(ctx, state, stage, msg, optimizer=optimizer, cache=cache)
+    applied = apply(ctx, state, stage, msg, optimizer=optimizer, cache=cache, epoch_step=epoch_step)
     if applied is not None and ctx.device.type == "cuda":
         torch.cuda.synchronize()
     return msg, applied, decide_s, time.perf_counter() - t0
 
 
-def event_for(msg: protocol.TransitionMessage, applied: Applied, *, decide_s: float, seconds: float) -> TransitionEvent:
-    """The record of an applied transition."""
+def event_for(
+    msg: protocol.TransitionMessage, applied: Applied, *, decide_s: float, seconds: float, epoch_step: int = 0
+) -> TransitionEvent:
+    """The record of an applied transition (``epoch_step``: steps of its epoch done before it)."""
     state, layout = applied.state, applied.state.layout
     return TransitionEvent(
         epoch=state.epoch,
@@ -257,4 +282,5 @@ def event_for(msg: protocol.TransitionMessage, applied: Applied, *, decide_s: fl
         cache=applied.stage.cache_on,
         seconds=seconds,
         phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
+        epoch_step=epoch_step,
     )

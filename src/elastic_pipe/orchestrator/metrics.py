@@ -117,7 +117,7 @@ class TransitionEvent:
     """One change of layout.
 
     Attributes:
-        epoch: the epoch that starts with the new layout.
+        epoch: the epoch that starts with the new layout, or (``epoch_step > 0``) the epoch it happened in.
         step: global optimizer steps completed before it.
         frozen_units: frozen units after it.
         frozen: frozen leading sub-layers after it.
@@ -133,6 +133,8 @@ class TransitionEvent:
         phases: ``seconds`` split: ``decide`` (statistics, policy, compression, message broadcast), ``moves``
             (weights and optimizer state to new owners), ``rebuild`` (freezing, pipeline stage and schedule,
             data re-shard), ``cache`` (extending cached activations, timing the cache against recomputation).
+        epoch_step: steps of ``epoch`` completed before it: 0 at an epoch's start, more for a transition inside the
+            epoch (``[freeze] decide_every``).
     """
 
     epoch: int
@@ -148,6 +150,7 @@ class TransitionEvent:
     cache: bool
     seconds: float
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    epoch_step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "transition"``)."""
@@ -158,8 +161,13 @@ class TransitionEvent:
 
     def human(self) -> str:
         """One line for people."""
+        where = (
+            f"in epoch {self.epoch + 1} after step {self.epoch_step} (step {self.step} of the run)"
+            if self.epoch_step
+            else f"before epoch {self.epoch + 1}"
+        )
         return (
-            f"transition before epoch {self.epoch + 1}: frozen {self.frozen_units} units, K={self.pipe_len} "
+            f"transition {where}: frozen {self.frozen_units} units, K={self.pipe_len} "
             f"R={self.replicas}, boundaries {list(self.boundaries)}, {self.bytes_moved / 1e6:.2f} MB moved, "
             f"cache {'on' if self.cache else 'off'}, {self.seconds:.3f} s"
         )

@@ -240,16 +240,21 @@ class FreezeSection:
         policy: a name of :data:`elastic_pipe.freeze.POLICIES` or an import path ``"module:attr"`` of a policy
             factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory).
         options: keyword arguments for the policy (the alpha policy defaults to ``alpha = 1/3``).
+        decide_every: a decision point after every ``decide_every`` optimizer steps of the run (counted over the
+            whole run, across epoch boundaries), the transition applied inside the epoch when one falls there;
+            0, the default, keeps the published rhythm: one decision point after every epoch.
     """
 
     policy: str = "alpha"
     options: Mapping[str, Any] = field(default_factory=dict)
+    decide_every: int = 0
 
     def __post_init__(self) -> None:
         _string("freeze.policy", self.policy)
         if not self.policy:
             raise ConfigError("freeze.policy must name a policy (e.g. 'alpha') or 'module:attr'")
         object.__setattr__(self, "options", _table("freeze.options", self.options))
+        _nonnegative_int("freeze.decide_every", self.decide_every)
 
     @property
     def policy_options(self) -> dict[str, Any]:

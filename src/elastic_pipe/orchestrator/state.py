@@ -21,6 +21,9 @@ class RunState:
         frozen_units: freezable units frozen now.
         epoch: the epoch about to run or running (0-based).
         step: optimizer steps completed in the whole run.
+        decision_due: a decision point was reached and its decision not made yet: after an epoch's end until the
+            transition runs, and at a decision point where ``[train] max_steps`` stopped the run; a run resumed
+            from such a state decides first.
     """
 
     layout: Layout
@@ -28,6 +31,7 @@ class RunState:
     frozen_units: int = 0
     epoch: int = 0
     step: int = 0
+    decision_due: bool = False
 
     def replace(self, **changes: Any) -> RunState:
         """A copy with ``changes``."""
@@ -41,6 +45,7 @@ class RunState:
             "frozen_units": self.frozen_units,
             "epoch": self.epoch,
             "step": self.step,
+            "decision_due": self.decision_due,
         }
 
     @classmethod
@@ -52,6 +57,7 @@ class RunState:
             frozen_units=int(d["frozen_units"]),
             epoch=int(d["epoch"]),
             step=int(d["step"]),
+            decision_due=bool(d.get("decision_due", False)),
         )
 
 

@@ -4,13 +4,19 @@ Semantics. The global batch is fixed: each replica takes ``global_batch / R`` sa
 sampler and the gradient is the mean over the global batch whatever ``R`` is, so the loss curve does not depend on
 the layout (the equivalence test checks this in float64). The learning-rate schedule counts optimizer steps and
 is unaffected too.
+
+Decision points inside an epoch (``[freeze] decide_every = N``): after every step that brings the run's step count
+to a multiple of ``N`` (but an epoch's last, which the trainer decides after the epoch's evaluation), the loop hands
+over to a :data:`DecisionHook`, which decides and applies the transition, and continues the epoch in the layout it
+returns: the losses of the steps so far are reduced in the old layout, the batches are read anew from the sampler's
+position (re-sharded by the transition), and the transition's time is left out of the epoch's seconds.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -29,9 +35,11 @@ from elastic_pipe.orchestrator.step_data import Batch, ElasticBatchSampler
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 __all__ = [
+    "DecisionHook",
     "EpochLosses",
     "StepHook",
     "clip_global_grad_norm",
+    "decision_point",
     "epoch_metrics",
     "finish_epoch",
     "run_epoch",
@@ -41,6 +49,16 @@ __all__ = [
 
 #: Called after each step but an epoch's last, with the state after the step and the steps done in the epoch.
 StepHook = Callable[[RunState, int], object]
+
+#: Called at a decision point inside an epoch with the state after the step and the steps done in the epoch; makes
+#: the decision (a collective) and returns the state and the stage the epoch continues with.
+DecisionHook = Callable[[RunState, int], tuple[RunState, StageRuntime]]
+
+
+def decision_point(step: int, every: int) -> bool:
+    """Whether a decision point follows the run's ``step``-th optimizer step with ``[freeze] decide_every = every``
+    (0: only epoch ends are decision points, which the trainer handles)."""
+    return every > 0 and step > 0 and step % every == 0
 
 
 def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
@@ -83,6 +101,11 @@ class EpochLosses:
         dist.all_reduce(mine)
         return self.partial + (mine / stage.layout.replicas).tolist()
 
+    def fold(self, stage: StageRuntime, device: torch.device) -> None:
+        """Reduce the losses on the device into :attr:`partial` while ``stage``'s layout is current (a collective):
+        before a transition inside the epoch, whose new layout puts the losses on other ranks."""
+        self.partial, self.local = self.global_losses(stage, device), []
+
 
 @torch.no_grad()
 def clip_global_grad_norm(stage: StageRuntime, max_norm: float, device: torch.device) -> float:
@@ -113,6 +136,13 @@ def clip_global_grad_norm(stage: StageRuntime, max_norm: float, device: torch.de
 _NO_BATCH = Batch(torch.zeros(0, dtype=torch.long), None, None)
 
 
+def _close(batches: Iterator[Batch]) -> None:
+    """Let a data loader's workers go (a batch iterator left before its end)."""
+    close = getattr(batches, "close", None)
+    if close is not None:
+        close()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -128,8 +158,14 @@ def run_epoch(
     sampler: edata.ElasticSampler,
     losses: EpochLosses,
     on_step: StepHook | None = None,
+    on_decision: DecisionHook | None = None,
 ) -> tuple[RunState, list[float], dict[str, float], float]:
-    """Run the rest of ``state.epoch`` in ``stage``'s layout (a collective).
+    """Run the rest of ``state.epoch``, starting in ``stage``'s layout (a collective).
+
+    Args:
+        on_step: called after each step but the epoch's last (after the step's decision point, if any).
+        on_decision: makes the decision at each decision point inside the epoch (``[freeze] decide_every``);
+            ``None``: none is made. A ``max_steps`` stop at a decision point marks the state ``decision_due``.
 
     Returns:
         The state after the epoch's last step, the epoch's global losses, the per-step phase seconds (slowest
@@ -137,17 +173,23 @@ def run_epoch(
     """
     c, device, layout = ctx.config, ctx.device, stage.layout
     plan = ctx.epoch
+    every = c.freeze.decide_every
     steps_per_epoch = plan.steps
     sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
     first = plan.steps_done(sampler.consumed)
     first_step_s = 0.0
+
     # The rest of the epoch's batches, read from the sampler's position in this layout (a data loader's workers
     # read ahead); only stage 0 needs inputs, only the last stage labels.
-    batches = ctx.train_set.batches(
-        ElasticBatchSampler(sampler, plan.sizes(first)), inputs=stage.is_first, labels=stage.is_last, device=device
-    )
+    def read_from(step: int, stage: StageRuntime) -> Iterator[Batch]:
+        return ctx.train_set.batches(
+            ElasticBatchSampler(sampler, plan.sizes(step)), inputs=stage.is_first, labels=stage.is_last, device=device
+        )
+
+    batches = read_from(first, stage)
     clock = PhaseClock(device)
     sync_ops = 0
+    paused = 0.0  # seconds spent in transitions inside the epoch
     losses.local = []
     no_loss = torch.zeros((), dtype=torch.float64, device=device)
     timer = stage.forward_timer
@@ -205,13 +247,29 @@ def run_epoch(
             _sync(device)
             first_step_s = time.perf_counter() - t_epoch
         progress.update(i + 1)
-        if on_step is not None and i + 1 < steps_per_epoch and not (max_steps and state.step >= max_steps):
+        inside = i + 1 < steps_per_epoch
+        stopped = bool(max_steps) and state.step >= max_steps
+        if inside and on_decision is not None and decision_point(state.step, every):
+            if stopped:  # the decision is made first when the run continues
+                state = state.replace(decision_due=True)
+            else:
+                t_pause = time.perf_counter()
+                _close(batches)
+                losses.fold(stage, device)
+                progress.close()
+                state, stage = on_decision(state, i + 1)
+                layout, timer = stage.layout, stage.forward_timer
+                timer.collect()
+                batches = read_from(i + 1, stage)  # the sampler's position, re-sharded for the new layout
+                _sync(device)
+                pause = time.perf_counter() - t_pause
+                paused += pause
+                progress.t0 += pause  # the rate counts training time only
+        if on_step is not None and inside and not stopped:
             on_step(state, i + 1)
-    close = getattr(batches, "close", None)
-    if close is not None:  # a stop at max_steps: let a loader's workers go now
-        close()
+    _close(batches)  # a stop at max_steps: let a loader's workers go now
     _sync(device)
-    seconds = time.perf_counter() - t_epoch
+    seconds = time.perf_counter() - t_epoch - paused
     timer.active = True
     progress.close()
     epoch_losses = losses.global_losses(stage, device)

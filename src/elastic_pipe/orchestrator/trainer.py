@@ -46,7 +46,7 @@ from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, finish_epoch, run_epoch
+from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
 from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
@@ -112,9 +112,6 @@ class ElasticTrainer:
         self._groups: GroupManager | None = None
         self.cache: acache.ActivationCache | None = None
         self.losses = EpochLosses()
-        #: Whether the decision point before the current epoch is still to come: true after an epoch ends until
-        #: :meth:`transition` runs, so a run resumed after its last epoch with more epochs decides first.
-        self.decision_due = False
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> ElasticTrainer:
@@ -215,12 +212,14 @@ class ElasticTrainer:
 
     # -------------------------------------------------------------------------------------------------- train
     def fit(self, *, on_epoch_end: Callable[[ElasticTrainer], object] | None = None) -> RunResult:
-        """Train to ``train.epochs`` (a collective), with a decision point after every epoch but the last.
+        """Train to ``train.epochs`` (a collective), with a decision point after every epoch but the last, or, with
+        ``[freeze] decide_every = N``, after every N-th optimizer step of the run but its last (inside an epoch, too).
 
         Checkpoints are written and resumed as ``[checkpoint]`` says. A run resumed from its last epoch's
         checkpoint with more ``epochs`` makes the decision it skipped there first, so it reshapes as a run of that
         length would have. With ``[train] max_steps`` the run stops after that many steps (inside an epoch, too)
-        with an evaluation and, when checkpoints are on, a checkpoint.
+        with an evaluation and, when checkpoints are on, a checkpoint; a decision point there is decided first
+        when the run continues.
 
         Args:
             on_epoch_end: called on every rank after each epoch's transition.
@@ -239,15 +238,14 @@ class ElasticTrainer:
                 checkpointer.maybe_save_step(self, done)
 
         while self.state.epoch < c.train.epochs and not self.step_limit_reached():
-            if self.decision_due and self.state.epoch > 0:  # resumed after an epoch whose decision was not made
-                self.transition()
+            if self.state.decision_due:  # resumed at a decision point whose decision was not made
+                self.transition(epoch_step=self._epoch_step() or 0)
             self.train_epoch(on_step)
             if self.step_limit_reached():
                 if checkpointer is not None:
-                    steps_done = self.ctx.epoch.steps_done(self.sampler.consumed)
-                    checkpointer.save(self, steps_done=None if self.decision_due else steps_done)
+                    checkpointer.save(self, steps_done=self._epoch_step())
                 break
-            if self.state.epoch < c.train.epochs:
+            if self.state.epoch < c.train.epochs and self.state.decision_due:
                 self.transition()
             if checkpointer is not None:
                 checkpointer.maybe_save(self)
@@ -255,6 +253,23 @@ class ElasticTrainer:
                 on_epoch_end(self)
         self.result.seconds = time.perf_counter() - t0
         return self.result
+
+    def _epoch_step(self) -> int | None:
+        """Steps of the current epoch done (a mid-epoch position), or ``None`` at an epoch's end (the sampler still
+        counts the finished epoch until the next one starts)."""
+        if self.sampler.epoch != self.state.epoch:
+            return None
+        return self.ctx.epoch.steps_done(self.sampler.consumed)
+
+    def _decide_inside(self, state: RunState, done: int) -> tuple[RunState, StageRuntime]:
+        """The decision point after step ``done`` of the current epoch (``[freeze] decide_every``; a collective)."""
+        self._state = state
+        self.transition(epoch_step=done)
+        return self.state, self.stage
+
+    def _latest_eval_loss(self) -> float | None:
+        """The held-out loss of the run's latest evaluation (``None`` before the first)."""
+        return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
 
     def _resume(self, checkpointer: Checkpointer) -> bool:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
@@ -275,7 +290,7 @@ class ElasticTrainer:
         ctx, c = self.ctx, self.config
         # steps already done in this epoch (a mid-epoch resume); the sampler still counts the previous epoch's
         # steps until run_epoch starts this one
-        first = ctx.epoch.steps_done(self.sampler.consumed) if self.sampler.epoch == self.state.epoch else 0
+        first = self._epoch_step() or 0
         state, losses, phases, seconds = run_epoch(
             ctx,
             self.state,
@@ -285,6 +300,7 @@ class ElasticTrainer:
             sampler=self.sampler,
             losses=self.losses,
             on_step=on_step,
+            on_decision=self._decide_inside,
         )
         done = ctx.epoch.steps_done(self.sampler.consumed)
         complete = done >= self.steps_per_epoch
@@ -299,6 +315,9 @@ class ElasticTrainer:
             seconds=seconds,
             lr=float(self.optimizer.param_groups[0]["lr"]),
         )
+        # one loss per step of the run: a run resumed after a max_steps stop inside this epoch already holds the
+        # losses of its first steps, which ``losses`` repeats
+        del self.result.losses[state.step - len(losses) :]
         self.result.losses.extend(losses)
         self.result.epochs.append(metrics.to_dict())
         if scores[0] is not None:
@@ -308,22 +327,37 @@ class ElasticTrainer:
             self.losses.partial = losses
             self._state = state
             return
-        self._state = state.replace(epoch=state.epoch + 1)
-        self.decision_due = True
+        every = c.freeze.decide_every
+        self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or decision_point(state.step, every))
 
-    def transition(self) -> TransitionEvent | None:
-        """Decide and apply at the decision point before the current epoch; returns the event when it changed."""
+    @property
+    def decision_due(self) -> bool:
+        """Whether a decision point was reached and not decided yet (:attr:`RunState.decision_due`)."""
+        return self.state.decision_due
+
+    def transition(self, *, epoch_step: int = 0) -> TransitionEvent | None:
+        """Decide and apply at the decision point before the current epoch, or inside it after ``epoch_step`` of its
+        steps; returns the event when the layout changed.
+
+        The policy observes the gradient statistics gathered since the previous decision point and the held-out
+        loss of the latest evaluation (evaluations run at epoch ends only).
+        """
         ctx = self.ctx
-        eval_loss = self.result.final_eval_loss if self.result.epochs else None
+        self._state = self.state.replace(decision_due=False)
         msg, applied, decide_s, seconds = executor.timed_decision(
-            ctx, self.state, self.stage, optimizer=self.optimizer, cache=self.cache, eval_loss=eval_loss
+            ctx,
+            self.state,
+            self.stage,
+            optimizer=self.optimizer,
+            cache=self.cache,
+            eval_loss=self._latest_eval_loss(),
+            epoch_step=epoch_step,
         )
-        self.decision_due = False
         if applied is None:
             return None
         self._state, self._stage = applied.state, applied.stage
         self.sampler.reshard(applied.state.layout.replicas, applied.stage.replica)
-        event = executor.event_for(msg, applied, decide_s=decide_s, seconds=seconds)
+        event = executor.event_for(msg, applied, decide_s=decide_s, seconds=seconds, epoch_step=epoch_step)
         self.result.transitions.append(event.to_dict())
         ctx.log.record(event.to_dict(), event.human())
         return event
@@ -346,7 +380,6 @@ class ElasticTrainer:
                 "sampler": self.sampler.state_dict(),
                 "history": self.result.history(),
                 "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
-                "decision_due": self.decision_due,
             },
         )
 
@@ -369,7 +402,7 @@ class ElasticTrainer:
         self.sampler.load_state_dict(state["sampler"])
         self.result.load_history(state["history"])
         self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
-        # checkpoints written before this flag existed: the decision after their epoch was made unless it was the last
-        self.decision_due = bool(state.get("decision_due", False))
+        if "decision_due" not in state["run"]:  # checkpoints that kept the flag beside the run's position
+            run_state = run_state.replace(decision_due=bool(state.get("decision_due", False)))
         ctx.forget_prefix()  # the loaded weights are not those it was taken with
         self._enter(run_state, 0)
