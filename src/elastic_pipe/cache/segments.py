@@ -18,6 +18,7 @@ batch size; only the crc32 check walks the batch's rows, in C.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -273,6 +274,17 @@ def _check_same(old: torch.Tensor, new: torch.Tensor) -> None:
         )
 
 
+def _reserve_space(fd: int, size: int) -> None:
+    """Allocate the file's blocks now, so that a full file system fails here with an ``OSError`` (``ENOSPC``)
+    instead of killing the process with ``SIGBUS`` at the first write through the mapping."""
+    if size > 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: sparse
+                raise
+
+
 class FileSegment:
     """A segment in one memory-mapped file, shared by every process that opens the same path (methods as in
     :class:`Segment`)."""
@@ -337,6 +349,7 @@ class FileSegment:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.ftruncate(fd, layout.file_bytes)
+                _reserve_space(fd, layout.file_bytes)
                 os.pwrite(fd, layout.header(), 0)
                 # int64 -1 is all 0xff bytes: every key starts ABSENT.
                 os.pwrite(fd, b"\xff" * (8 * layout.num_keys), layout.index_offset)

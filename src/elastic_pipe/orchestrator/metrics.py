@@ -59,6 +59,10 @@ class EpochMetrics:
         microbatches: micro-batches per step and replica.
         cache: whether stage 0 read the frozen prefix's output from the activation cache.
         lr: learning rate at the end of the epoch.
+        cache_hits: samples whose prefix output stage 0 read from the cache (summed over stage-0 ranks).
+        cache_misses: samples whose prefix output stage 0 looked up and recomputed (not cached, or failed).
+        cache_corrupt: disk-tier entries that failed their crc32 check: recomputed, never used (also misses).
+        cache_view: the cached augmented view the epoch read (``[pipeline] cache_policy = "views"``); -1 otherwise.
     """
 
     epoch: int
@@ -85,6 +89,10 @@ class EpochMetrics:
     microbatches: int
     cache: bool
     lr: float
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0
+    cache_view: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "epoch"``)."""

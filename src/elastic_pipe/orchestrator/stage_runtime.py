@@ -10,6 +10,7 @@ This keeps every rank busy (no rank is set aside to serve the prefix) and costs 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,8 +21,17 @@ from elastic_pipe import cache as acache
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
+from elastic_pipe.orchestrator.prefix_cache import (
+    BYPASS_REASON,
+    FillPeers,
+    PrefetchedBatches,
+    counters,
+    epoch_counts,
+    prepare_cache,
+    read_prefix,
+)
 from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
+from elastic_pipe.orchestrator.step_data import Batch
 from elastic_pipe.orchestrator.timing import ForwardTimer
 from elastic_pipe.types import Layout
 
@@ -64,6 +74,8 @@ class StageRuntime:
         self.cache: acache.ActivationCache | None = None
         self.cache_on = False
         self.cache_reason = "off"
+        self._ahead: PrefetchedBatches | None = None
+        self._counted = (0, 0, 0)
 
     @property
     def is_first(self) -> bool:
@@ -119,6 +131,9 @@ class StageRuntime:
         if cache is None or layout.frozen == 0 or not self.is_first:
             self.cache_reason = "off" if cache is None else "nothing to cache here"
             return
+        if not cache.enabled:  # random transforms, bypassed: the prefix runs on each step's augmented input
+            self.cache_reason = BYPASS_REASON
+            return
         per_replica = ctx.config.train.global_batch // layout.replicas
         peers = None
         if layout.replicas > 1:
@@ -140,14 +155,43 @@ class StageRuntime:
             example=ctx.prefix_example(layout.frozen),
         )
 
+    # ------------------------------------------------------------------------------------------------ an epoch
+    def begin_epoch(self, epoch: int) -> None:
+        """Select the epoch's cached view (``epoch % views``) and start the epoch's cache counters."""
+        if self.cache is not None:
+            self.cache.set_epoch(epoch)
+        self._counted = counters(self.cache if self.cache_on else None)
+
+    def read_ahead(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """The epoch's batches, each step's cache lookup started one step ahead when stage 0 reads the cache."""
+        self._ahead = None
+        if self.cache_on and self.cache is not None:
+            self._ahead = PrefetchedBatches(batches, self.cache, self.layout.frozen, self.ctx.host_ids)
+            return self._ahead
+        return batches
+
+    def cache_view(self, epoch: int) -> int:
+        """The augmented view epoch ``epoch`` reads when the cache keeps several (-1: no views read)."""
+        views = self.cache.config.views_per_sample if self.cache is not None else 1
+        return epoch % views if self.cache_on and views > 1 else -1
+
+    def end_epoch(self) -> dict[str, int]:
+        """The epoch's cache counters summed over the ranks (a collective; see ``prefix_cache.epoch_counts``)."""
+        self._ahead = None
+        return epoch_counts(self._counted, self.cache if self.cache_on else None, self.ctx.device)
+
     # ------------------------------------------------------------------------------------------------- a step
     def frozen_prefix(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The frozen prefix's output on ``x`` (from the cache when it is on)."""
+        """The frozen prefix's output on ``x`` (from the cache when it is on, through the lookup started a step
+        ahead when there is one)."""
         frozen = self.layout.frozen
         if frozen == 0:
             return x
         if self.cache_on and self.cache is not None:
-            return self.cache.get_or_compute(ids, frozen, x, lambda v: self.ctx.run_sublayers(v, 0, frozen))
+            lookup = self._ahead.take(ids) if self._ahead is not None else None
+            return read_prefix(
+                self.cache, lookup, ids, x, frozen=frozen, run_prefix=lambda v: self.ctx.run_sublayers(v, 0, frozen)
+            )
         return self.ctx.run_sublayers(x, 0, frozen)
 
     def run(

@@ -145,6 +145,8 @@ def run_epoch(
     batches = ctx.train_set.batches(
         ElasticBatchSampler(sampler, plan.sizes(first)), inputs=stage.is_first, labels=stage.is_last, device=device
     )
+    stage.begin_epoch(state.epoch)
+    batches = stage.read_ahead(batches)  # with the cache on: each step's lookup starts a step ahead
     clock = PhaseClock(device)
     sync_ops = 0
     losses.local = []
@@ -224,6 +226,7 @@ def run_epoch(
     phases = {p: t[j] / phase_steps for j, p in enumerate(PHASES)}
     phases["grad_sync_ops"] = t[len(PHASES) + 1]
     phases["first_step"] = t[len(PHASES) + 2]
+    phases.update(stage.end_epoch())  # the cache's hits, misses and crc failures, summed over the ranks
     return state, epoch_losses, phases, t[len(PHASES)]
 
 
@@ -269,6 +272,10 @@ def epoch_metrics(
         microbatches=layout.microbatches,
         cache=stage.cache_on,
         lr=lr,
+        cache_hits=int(phases.get("cache_hits", 0)),
+        cache_misses=int(phases.get("cache_misses", 0)),
+        cache_corrupt=int(phases.get("cache_corrupt", 0)),
+        cache_view=stage.cache_view(state.epoch),
     )
 
 
