@@ -171,6 +171,7 @@ def _tiered_runs(ctx: RankContext, root: str) -> dict[str, Any]:
             cache = trainer.cache
             out[name + "_tiers"] = [] if cache is None else [(t.name, t.entries) for t in cache.stats.tiers]
             out[name + "_flipped"] = flipped
+            out[name + "_complete"] = trainer.stage.cache_complete  # steps loaded labels only
         out[name + "_left"] = sorted(p.name for p in Path(root).rglob("*.slab"))
     return out
 
@@ -186,6 +187,7 @@ def test_tiers_spread_the_entries_and_a_corrupt_disk_entry_is_recomputed(tmp_pat
         assert r0[name + "_left"] == []  # the run's files are deleted when it closes
     # 240 entries: 40 on the device of each stage-0 rank, 100 in the node's shared memory, 100 on disk
     assert dict(r0["tiers_tiers"]) == {"device": 40, "host": 100, "disk": 100}
+    assert r0["tiers_complete"] and r0["disk_complete"] and not r0["off_complete"]
     tiers = r0["tiers"]["epochs"]
     assert [e["cache"] for e in tiers] == [False, True, True]
     assert [(e["cache_hits"], e["cache_misses"], e["cache_corrupt"]) for e in tiers] == [(0, 0, 0)] + [(240, 0, 0)] * 2

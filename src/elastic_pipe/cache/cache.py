@@ -317,6 +317,24 @@ class ActivationCache:
             values[rank[positions].to(self.device)] = rows
         return CacheLookup(ids, hit, values)
 
+    def cached(self, sample_ids: torch.Tensor, boundary: int) -> torch.Tensor:
+        """Which ids have an entry at ``boundary`` in some tier (the index only: no value is read or verified, and
+        nothing is counted). A disk entry that fails its crc32 later is still a miss when it is read.
+
+        Raises:
+            CacheError: as for :meth:`get`.
+        """
+        self._check_boundary(boundary)
+        keys = self._keys(sample_ids)
+        found = torch.zeros(keys.numel(), dtype=torch.bool)
+        if not self.enabled:
+            return found
+        for tier in self._tiers:
+            segment = tier.segment(boundary)
+            if segment is not None:
+                found |= segment.contains(keys)
+        return found
+
     def prefetch(self, sample_ids: torch.Tensor, boundary: int) -> PendingLookup:
         """Start a lookup now, use it later: on a GPU the host-to-device copies run on a side stream and overlap
         the current step (the host-side gather into a pinned buffer still happens here).

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.sections import PipelineSection
-from elastic_pipe.orchestrator.step_data import Batch, StepData
+from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit, StepData
 
 __all__ = [
     "BYPASS_REASON",
@@ -38,6 +38,7 @@ __all__ = [
     "PrefetchedBatches",
     "build_cache",
     "cache_tiers",
+    "complete",
     "counters",
     "epoch_counts",
     "fill_cache",
@@ -469,20 +470,50 @@ def read_prefix(
     cache: acache.ActivationCache,
     lookup: acache.CacheLookup | None,
     ids: torch.Tensor,
-    x: torch.Tensor,
+    x: torch.Tensor | None,
     *,
     frozen: int,
     run_prefix: Callable[[torch.Tensor], torch.Tensor],
+    read_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """A batch's prefix output from its (prefetched) lookup; only the misses run the prefix, and are stored."""
+    """A batch's prefix output from its (prefetched) lookup; only the misses run the prefix, and are stored.
+
+    Args:
+        x: the batch's inputs on the device, or ``None`` when the step did not load them (a complete cache):
+            ``read_inputs(missing_ids)`` then reads the inputs of the misses alone (an entry that failed its
+            crc32, say).
+    """
     if lookup is None:
-        return cache.get_or_compute(ids, frozen, x, run_prefix)
+        lookup = cache.get(ids, frozen)
     if lookup.num_hits == ids.numel():
         return lookup.values
+    if x is None:
+        assert read_inputs is not None, "a step without inputs needs read_inputs"
+        device = lookup.values.device if lookup.num_hits else cache.device
+        misses = read_inputs(lookup.missing_ids).to(device)
+    else:
+        misses = x[(~lookup.hit).to(x.device)]
     with torch.no_grad():
-        computed = run_prefix(x[(~lookup.hit).to(x.device)])
+        computed = run_prefix(misses)
     cache.put(lookup.missing_ids, frozen, computed)
     return lookup.merge(computed)
+
+
+def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
+    """Whether every training sample (every view of it) has an entry at ``frozen``: then a step need not load
+    its inputs, only the labels (a dataset's items are read only for what a lookup misses)."""
+    if not (cache.enabled and isinstance(data, DatasetSplit)):
+        return False
+    ids = data.sample_ids.to("cpu", torch.int64)
+    views = cache.config.views_per_sample
+    try:
+        for view in range(views):
+            cache.set_epoch(view)
+            if not bool(cache.cached(ids, frozen).all()):
+                return False
+    finally:
+        cache.set_epoch(0)
+    return True
 
 
 #: The counters an epoch record reports for the cache, summed over the stage-0 ranks.

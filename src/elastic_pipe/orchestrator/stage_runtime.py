@@ -25,13 +25,14 @@ from elastic_pipe.orchestrator.prefix_cache import (
     BYPASS_REASON,
     FillPeers,
     PrefetchedBatches,
+    complete,
     counters,
     epoch_counts,
     prepare_cache,
     read_prefix,
 )
 from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
-from elastic_pipe.orchestrator.step_data import Batch
+from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.timing import ForwardTimer
 from elastic_pipe.types import Layout
 
@@ -75,6 +76,8 @@ class StageRuntime:
         self.cache_on = False
         self.cache_reason = "off"
         self._ahead: PrefetchedBatches | None = None
+        #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
+        self.cache_complete = False
         self._counted = (0, 0, 0)
 
     @property
@@ -127,7 +130,7 @@ class StageRuntime:
         """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays."""
         ctx, layout = self.ctx, self.layout
         self.cache = cache
-        self.cache_on = False
+        self.cache_on = self.cache_complete = False
         if cache is None or layout.frozen == 0 or not self.is_first:
             self.cache_reason = "off" if cache is None else "nothing to cache here"
             return
@@ -154,6 +157,12 @@ class StageRuntime:
             peers=peers,
             example=ctx.prefix_example(layout.frozen),
         )
+        self.cache_complete = self.cache_on and complete(cache, ctx.train_set, layout.frozen)
+
+    @property
+    def needs_inputs(self) -> bool:
+        """Whether a step loads its inputs: stage 0 does, unless the cache holds every sample's prefix output."""
+        return self.is_first and not self.cache_complete
 
     # ------------------------------------------------------------------------------------------------ an epoch
     def begin_epoch(self, epoch: int) -> None:
@@ -181,18 +190,30 @@ class StageRuntime:
         return epoch_counts(self._counted, self.cache if self.cache_on else None, self.ctx.device)
 
     # ------------------------------------------------------------------------------------------------- a step
-    def frozen_prefix(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def frozen_prefix(self, x: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
         """The frozen prefix's output on ``x`` (from the cache when it is on, through the lookup started a step
-        ahead when there is one)."""
+        ahead when there is one). ``x`` is ``None`` when the step loaded no inputs (:attr:`needs_inputs`)."""
         frozen = self.layout.frozen
-        if frozen == 0:
+        if frozen == 0 or (x is None and not self.cache_complete):
             return x
         if self.cache_on and self.cache is not None:
             lookup = self._ahead.take(ids) if self._ahead is not None else None
             return read_prefix(
-                self.cache, lookup, ids, x, frozen=frozen, run_prefix=lambda v: self.ctx.run_sublayers(v, 0, frozen)
+                self.cache,
+                lookup,
+                ids,
+                x,
+                frozen=frozen,
+                run_prefix=lambda v: self.ctx.run_sublayers(v, 0, frozen),
+                read_inputs=self._read_inputs,
             )
+        assert x is not None
         return self.ctx.run_sublayers(x, 0, frozen)
+
+    def _read_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        data = self.ctx.train_set
+        assert isinstance(data, DatasetSplit)  # only a dataset's steps skip their inputs (prefix_cache.complete)
+        return data.inputs_of(ids.tolist())
 
     def run(
         self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor], *, rows: int | None = None

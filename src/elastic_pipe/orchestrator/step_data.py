@@ -379,6 +379,14 @@ class DatasetSplit:
         assert x is not None
         return x  # type: ignore[no-any-return]
 
+    def inputs_of(self, indices: Sequence[int]) -> torch.Tensor:
+        """The inputs of the dataset items ``indices`` (dataset indices, i.e. sample ids), read in this process:
+        what a step whose inputs were not loaded reads for the samples its cache lookup missed."""
+        items = [(int(i), _read_item(self.dataset, int(i))) for i in indices]
+        x, _ = _Collate(self.spec, self.dtype, inputs=True, labels=False)(items)
+        assert x is not None
+        return x  # type: ignore[no-any-return]
+
     def first_bad_item(self, rank: int, world_size: int, chunk: int = 256) -> tuple[int, str] | None:
         """Read positions ``rank, rank + world_size, ...`` and return the first that fails :attr:`spec`."""
         mine = list(range(rank, len(self), world_size))

@@ -143,7 +143,7 @@ def run_epoch(
     # The rest of the epoch's batches, read from the sampler's position in this layout (a data loader's workers
     # read ahead); only stage 0 needs inputs, only the last stage labels.
     batches = ctx.train_set.batches(
-        ElasticBatchSampler(sampler, plan.sizes(first)), inputs=stage.is_first, labels=stage.is_last, device=device
+        ElasticBatchSampler(sampler, plan.sizes(first)), inputs=stage.needs_inputs, labels=stage.is_last, device=device
     )
     stage.begin_epoch(state.epoch)
     batches = stage.read_ahead(batches)  # with the cache on: each step's lookup starts a step ahead
@@ -180,7 +180,7 @@ def run_epoch(
                 f"{size // layout.replicas} indices"
             )
         clock.lap("data")
-        if x is not None:
+        if stage.is_first:  # no inputs loaded when the cache holds them all (stage.needs_inputs)
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
         clock.lap("forward")
         step_losses: list[torch.Tensor] = []
