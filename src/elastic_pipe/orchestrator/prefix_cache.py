@@ -313,9 +313,10 @@ def fill_cache(
     The sampler reshuffles and re-shards every epoch, so a rank sees a different part of the data each
     epoch: a cache filled only by the samples a rank happened to train on would hit about 1/replicas of the
     time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
-    prefix over the training set (only the misses run; entries carried over by ``extend`` are reused) makes
-    every later read a hit, for the price of about one epoch of frozen-prefix forwards. It stops early,
-    with a warning, when the cache's budgets are full.
+    prefix over the training set makes every later read a hit, for the price of about one epoch of
+    frozen-prefix forwards. Only the samples without an entry are read and run (entries carried over by
+    ``extend`` are reused), in chunks read through ``data.batches``: a dataset's ``DataLoader`` workers decode
+    them while the prefix runs. It stops early, with a warning, when the cache's budgets are full.
 
     Args:
         cache: the rank's activation cache.
@@ -325,20 +326,26 @@ def fill_cache(
         device: where the inputs go.
         run_prefix: runs the frozen prefix on a batch of inputs.
     """
-    ids_all = data.sample_ids
+    ids_all = data.sample_ids.to("cpu", torch.int64)
+    todo = (~cache.cached(ids_all, frozen)).nonzero().flatten().tolist()
+    lists = [todo[start : start + chunk] for start in range(0, len(todo), chunk)]
     rejected = cache.stats.rejected
-    for start in range(0, int(ids_all.shape[0]), chunk):
-        ids = ids_all[start : start + chunk]
-        inputs = data.input_rows(start, start + chunk).to(device)
-        cache.get_or_compute(ids, frozen, inputs, run_prefix)
+    batches = data.batches(lists, inputs=True, labels=False, device=device)
+    for done, (positions, inputs, _) in enumerate(batches):
+        assert inputs is not None
+        with torch.no_grad():
+            cache.put(ids_all[positions], frozen, run_prefix(inputs))
         if cache.stats.rejected > rejected:
             log.warning(
                 "activation cache full after %d of %d samples at boundary %d; raise the budgets to cache all",
-                start,
+                int(ids_all.shape[0]) - len(todo) + done * chunk,
                 int(ids_all.shape[0]),
                 frozen,
             )
             break
+    close = getattr(batches, "close", None)
+    if close is not None:  # a loader stopped early: let its workers go
+        close()
 
 
 # --------------------------------------------------------------------------------------------- the run's cache
