@@ -273,6 +273,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     dataset = DiskImages(Path(args.data), args.images)
     torch.manual_seed(0)
     if device.type == "cuda":
+        torch.zeros(1, device=device)  # CUDA initialised: torch 2.11 refuses to reset the stats before
         torch.cuda.reset_peak_memory_stats(device)
     with PeakRSS() as rss:
         out = plain_arm(dataset, args, device) if arm == "plain" else elastic_arm(arm, dataset, args, device)
