@@ -107,6 +107,21 @@ def test_a_file_system_that_refuses_the_space_leaves_entries_uncached(
     assert list(tmp_path.iterdir()) == []  # no half-made segment file left behind
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_pinned_host_tier_is_carried_on_the_gpu_through_pinned_staging() -> None:
+    cuda = torch.device("cuda")
+    cache = acache.ActivationCache(600, device_budget=100 * 64 * 4, host_budget=1 << 20, host_kind="pinned", device=cuda)
+    ids = torch.randperm(600, generator=torch.Generator().manual_seed(0))
+    values = torch.randn(600, 64, generator=torch.Generator().manual_seed(1))
+    cache.put(ids, 2, values.to(cuda))
+    assert [t.entries for t in cache.stats.tiers] == [100, 500]
+    # more entries than one chunk of extend (256), so the pinned staging is reused across chunks
+    assert cache.extend(2, 3, lambda v: v * 2 + 1) == 600
+    lookup = cache.get(ids, 3)
+    assert lookup.num_hits == 600 and torch.equal(lookup.values.cpu(), values * 2 + 1)
+
+
 # ------------------------------------------------------------------------------------------------- training
 def _config(**pipeline: Any) -> Any:
     return config_from_tables(

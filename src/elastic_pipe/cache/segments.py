@@ -246,8 +246,21 @@ class DeviceSegment:
         if keep is not None:
             keys, others = keys[keep[keys]], keys[~keep[keys]]
         slots = self._index[keys]
+        # A pinned host slab carried on a GPU: gather into page-locked staging, copy without a pageable bounce
+        # (fresh pageable chunks also pay a page fault per 4 KiB), and copy the result back the same way.
+        staged = self.device.type == "cpu" and device.type == "cuda" and self._data.is_pinned()
         for start in range(0, slots.numel(), batch_size):
             chunk = slots[start : start + batch_size].to(self.device)
+            if staged:
+                old = torch.empty((chunk.numel(), *self.layout.shape), dtype=self.layout.dtype, pin_memory=True)
+                torch.index_select(self._data, 0, chunk, out=old)
+                new = fn(old.to(device, non_blocking=True))
+                _check_same(old, new)
+                back = torch.empty(old.shape, dtype=old.dtype, pin_memory=True)
+                back.copy_(new, non_blocking=True)
+                torch.cuda.current_stream(device).synchronize()  # ``back`` is read on the host next
+                self._data.index_copy_(0, chunk, back)
+                continue
             old = self._data.index_select(0, chunk)
             new = fn(old.to(device))
             _check_same(old, new)
