@@ -111,7 +111,9 @@ def test_a_file_system_that_refuses_the_space_leaves_entries_uncached(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_pinned_host_tier_is_carried_on_the_gpu_through_pinned_staging() -> None:
     cuda = torch.device("cuda")
-    cache = acache.ActivationCache(600, device_budget=100 * 64 * 4, host_budget=1 << 20, host_kind="pinned", device=cuda)
+    cache = acache.ActivationCache(
+        600, device_budget=100 * 64 * 4, host_budget=1 << 20, host_kind="pinned", device=cuda
+    )
     ids = torch.randperm(600, generator=torch.Generator().manual_seed(0))
     values = torch.randn(600, 64, generator=torch.Generator().manual_seed(1))
     cache.put(ids, 2, values.to(cuda))
