@@ -53,10 +53,6 @@ from elastic_pipe.orchestrator.workload import Loss, Samples
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
 
-#: Bytes per MiB (cache budgets are configured in MiB).
-MIB = 1 << 20
-
-
 class ElasticTrainer:
     """One rank's elastic training run, composed from built parts.
 
