@@ -160,6 +160,15 @@ def test_every_data_subcommand_has_cases() -> None:
 
 # --- elastic-pipe train: configuration files and checkpoints -----------------------------------------------------
 
+#: TRAIN_BASE without its [pipeline] table, for the cases that write their own (``"!" + TRAIN_HEAD + ...``).
+TRAIN_HEAD = """
+[model]
+name = "vit"
+options = { preset = "vit-tiny", depth = 2, dim = 16, heads = 2, mlp_dim = 32, patch_size = 4 }
+[launch]
+nproc_per_node = 1
+"""
+
 #: A small valid configuration; each case below changes one thing of it.
 TRAIN_BASE = """
 [model]
@@ -200,6 +209,13 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
     ("bad import path", "[data]\ndataset = 'os:no_such_loader'\n", "no_such_loader"),
     ("bad import path", "!\n[model]\nname = 'no_such_module_xyz:build'\n", "no_such_module_xyz"),
     ("bad import path", "!\n[model]\nname = 'os.path:join'\n", "'os.path:join'"),
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ device = '20 gigs' }}\n", "'20 gigs'"),
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ hots = '1GiB' }}\n", "'hots'"),
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_policy = 'sometimes'\n", "'sometimes'"),
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\nviews = 3\n", "views = 3"),
+    # a cache directory that cannot be written: refused in preflight, before any worker starts
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ disk = '/etc/hostname/c' }}\n", "'/etc/hostname/c'"),
+    ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ host_dir = '/proc/ep-c' }}\n", "'/proc/ep-c'"),
 ]
 
 #: (category, latest.json content, text the error line must hold); the checkpoint dir is CKPT.
@@ -213,8 +229,9 @@ CHECKPOINT_CASES: list[tuple[str, str, str]] = [
 ]
 
 #: Tried and handled (exit 2, one line naming the value, no traceback) per category; the last test prints it.
-#: Disk-cache files: no CLI or API entry reads one (the activation cache lives in memory for one run), so there
-#: is no category for them.
+#: Disk-cache files: no CLI or API entry reads one from an earlier run (a run's cache files carry a fresh name and
+#: are deleted when it ends; a damaged entry met during the run is recomputed and counted, see
+#: tests/test_training_cache_tiers.py), so only the cache's directories and keys have a category.
 COUNTS: dict[str, list[int]] = {}
 
 

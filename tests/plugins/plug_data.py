@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 import torch
@@ -39,13 +40,16 @@ def flipped_digits(samples: int = 320) -> Digits:
 
 
 class Broken(Digits):
-    """Digits with one bad item: ``kind`` "shape" (a cropped image) or "label" (label 10 of 10 classes)."""
+    """Digits with one bad item: ``kind`` "shape" (a cropped image), "label" (label 10 of 10 classes) or
+    "unreadable" (its file cannot be opened: ``FileNotFoundError``)."""
 
     def __init__(self, bad: int, kind: str, samples: int = 320) -> None:
         super().__init__(samples)
         self.bad, self.kind = bad, kind
 
     def __getitem__(self, index: int) -> Any:
+        if index == self.bad and self.kind == "unreadable":
+            raise FileNotFoundError(errno.ENOENT, "No such file", f"/data/{index}.png")
         x, y = super().__getitem__(index)
         if index == self.bad:
             return (x[..., :7], y) if self.kind == "shape" else (x, 10)

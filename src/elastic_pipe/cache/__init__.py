@@ -11,7 +11,7 @@ from elastic_pipe.cache.config import Augmentation, CacheConfig, CacheTiers, Hos
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
 from elastic_pipe.cache.errors import CacheDirError, CacheError
 from elastic_pipe.cache.fingerprint import prefix_fingerprint
-from elastic_pipe.cache.payoff import measure_payoff
+from elastic_pipe.cache.payoff import expected_read_seconds, measure_payoff, measure_tiered_payoff
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.sizes import parse_bytes
 
@@ -30,7 +30,9 @@ __all__ = [
     "PendingLookup",
     "TierStats",
     "decide",
+    "expected_read_seconds",
     "measure_payoff",
+    "measure_tiered_payoff",
     "parse_bytes",
     "payoff_threshold",
     "prefix_fingerprint",

@@ -16,6 +16,8 @@ and deletes the shared files, the others only let go of their handles.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +35,9 @@ from elastic_pipe.cache.config import (
     default_name,
     parse_choice,
 )
+from elastic_pipe.cache.decision import time_call
 from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.segments import Segment, ShapeChangedError, index_on
 from elastic_pipe.cache.tiers import DeviceTier, FileTier, Tier, check_writable
@@ -313,6 +317,24 @@ class ActivationCache:
             values[rank[positions].to(self.device)] = rows
         return CacheLookup(ids, hit, values)
 
+    def cached(self, sample_ids: torch.Tensor, boundary: int) -> torch.Tensor:
+        """Which ids have an entry at ``boundary`` in some tier (the index only: no value is read or verified, and
+        nothing is counted). A disk entry that fails its crc32 later is still a miss when it is read.
+
+        Raises:
+            CacheError: as for :meth:`get`.
+        """
+        self._check_boundary(boundary)
+        keys = self._keys(sample_ids)
+        found = torch.zeros(keys.numel(), dtype=torch.bool)
+        if not self.enabled:
+            return found
+        for tier in self._tiers:
+            segment = tier.segment(boundary)
+            if segment is not None:
+                found |= segment.contains(keys)
+        return found
+
     def prefetch(self, sample_ids: torch.Tensor, boundary: int) -> PendingLookup:
         """Start a lookup now, use it later: on a GPU the host-to-device copies run on a side stream and overlap
         the current step (the host-side gather into a pinned buffer still happens here).
@@ -518,6 +540,59 @@ class ActivationCache:
         """Boundaries with entries in some tier."""
         return sorted({b for tier in self._tiers for b in tier.boundaries()})
 
+    # ------------------------------------------------------------------------------------------------ planning
+    def placement(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, samples: int) -> dict[str, int]:
+        """Where a fill of ``samples`` samples' entries (every view of each) at ``boundary`` would land.
+
+        Writes fill the tiers in order while their budgets last (:meth:`put`), so this is arithmetic over the
+        budgets left now; nothing is allocated.
+
+        Returns:
+            Entries per tier name, in fill order, and under ``"none"`` those that fit nowhere (recomputed).
+        """
+        self._check_boundary(boundary)
+        left = samples * self.config.views_per_sample if self.enabled else 0
+        spread: dict[str, int] = {}
+        for tier in self._tiers:
+            spread[tier.name] = taken = min(left, tier.capacity_for(boundary, shape, dtype))
+            left -= taken
+        spread["none"] = left if self.enabled else samples
+        return spread
+
+    def time_reads(self, rows: torch.Tensor, *, repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+        """Seconds to read a batch like ``rows`` from each tier, through a scratch segment outside the budgets.
+
+        Each tier's scratch segment holds ``rows`` (device: on the device; host: pinned memory or a ``/dev/shm``
+        file; disk: a checksummed file, warm in the page cache) and is read back with the gather a step does.
+
+        Returns:
+            Seconds per batch read (the minimum over ``repeats``), per tier name; ``inf`` for a tier whose
+            directory refuses the space.
+
+        Raises:
+            CacheError: ``rows`` is empty.
+        """
+        n = int(rows.shape[0])
+        if n == 0:
+            raise CacheError("time_reads needs at least one row")
+        layout = SegmentLayout(tuple(rows.shape[1:]), rows.dtype, n, n)
+        keys = torch.arange(n)
+        seconds: dict[str, float] = {}
+        for tier in self._tiers:
+            try:
+                segment = tier.scratch(layout)
+            except OSError:
+                seconds[tier.name] = math.inf
+                continue
+            try:
+                segment.write(keys, rows.detach())
+                seconds[tier.name] = time_call(
+                    functools.partial(segment.read, keys, self.device), repeats=repeats, warmup=warmup, statistic="min"
+                )
+            finally:
+                segment.close()
+        return seconds
+
     # ------------------------------------------------------------------------------------------------ state
     @property
     def stats(self) -> CacheStats:
@@ -539,6 +614,7 @@ class ActivationCache:
             tuple(tiers),
             corrupt_files=sum(t.corrupt_segments for t in files),
             stale_files=sum(t.stale_segments for t in files),
+            full_files=sum(t.full_segments for t in files),
         )
 
     def reset_stats(self) -> None:

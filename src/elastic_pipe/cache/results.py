@@ -92,6 +92,8 @@ class CacheStats:
         tiers: per-tier state, device first.
         corrupt_files: segment files deleted unread because their header (or index region) was damaged.
         stale_files: segment files deleted unread because they carried another fingerprint.
+        full_files: host or disk segments not created because the file system refused the space (full or over
+            quota); their entries spilled to the next tier or were recomputed.
     """
 
     hits: int
@@ -102,6 +104,7 @@ class CacheStats:
     tiers: tuple[TierStats, ...]
     corrupt_files: int = 0
     stale_files: int = 0
+    full_files: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -119,6 +122,7 @@ class CacheStats:
             "corrupt": self.corrupt,
             "corrupt_files": self.corrupt_files,
             "stale_files": self.stale_files,
+            "full_files": self.full_files,
             "hit_rate": self.hit_rate,
             "tiers": [
                 {"name": t.name, "budget_bytes": t.budget_bytes, "used_bytes": t.used_bytes, "entries": t.entries}

@@ -18,6 +18,7 @@ batch size; only the crc32 check walks the batch's rows, in C.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -245,8 +246,21 @@ class DeviceSegment:
         if keep is not None:
             keys, others = keys[keep[keys]], keys[~keep[keys]]
         slots = self._index[keys]
+        # A pinned host slab carried on a GPU: gather into page-locked staging, copy without a pageable bounce
+        # (fresh pageable chunks also pay a page fault per 4 KiB), and copy the result back the same way.
+        staged = self.device.type == "cpu" and device.type == "cuda" and self._data.is_pinned()
         for start in range(0, slots.numel(), batch_size):
             chunk = slots[start : start + batch_size].to(self.device)
+            if staged:
+                old = torch.empty((chunk.numel(), *self.layout.shape), dtype=self.layout.dtype, pin_memory=True)
+                torch.index_select(self._data, 0, chunk, out=old)
+                new = fn(old.to(device, non_blocking=True))
+                _check_same(old, new)
+                back = torch.empty(old.shape, dtype=old.dtype, pin_memory=True)
+                back.copy_(new, non_blocking=True)
+                torch.cuda.current_stream(device).synchronize()  # ``back`` is read on the host next
+                self._data.index_copy_(0, chunk, back)
+                continue
             old = self._data.index_select(0, chunk)
             new = fn(old.to(device))
             _check_same(old, new)
@@ -271,6 +285,17 @@ def _check_same(old: torch.Tensor, new: torch.Tensor) -> None:
         raise ShapeChangedError(
             f"transform changed entries from {tuple(old.shape)} {old.dtype} to {tuple(new.shape)} {new.dtype}"
         )
+
+
+def _reserve_space(fd: int, size: int) -> None:
+    """Allocate the file's blocks now, so that a full file system fails here with an ``OSError`` (``ENOSPC``)
+    instead of killing the process with ``SIGBUS`` at the first write through the mapping."""
+    if size > 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate: sparse
+                raise
 
 
 class FileSegment:
@@ -337,6 +362,7 @@ class FileSegment:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 os.ftruncate(fd, layout.file_bytes)
+                _reserve_space(fd, layout.file_bytes)
                 os.pwrite(fd, layout.header(), 0)
                 # int64 -1 is all 0xff bytes: every key starts ABSENT.
                 os.pwrite(fd, b"\xff" * (8 * layout.num_keys), layout.index_offset)

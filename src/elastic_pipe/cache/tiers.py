@@ -11,8 +11,10 @@ key). For a file tier the remaining budget counts every segment file of the cach
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import TypeAlias
 
@@ -23,6 +25,8 @@ from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
 __all__ = ["DeviceTier", "FileTier", "Tier", "check_writable"]
+
+log = logging.getLogger(__name__)
 
 
 def check_writable(tier: str, directory: Path) -> None:
@@ -67,6 +71,19 @@ class DeviceTier:
         segment = DeviceSegment(SegmentLayout(shape, dtype, capacity, self.num_keys), self.device, pin=self.pin)
         self._segments[boundary] = segment
         return segment
+
+    def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Entries of ``shape``/``dtype`` a segment of ``boundary`` holds here: an existing one's slots, else what
+        :meth:`create` would give now."""
+        existing = self._segments.get(boundary)
+        if existing is not None:
+            return existing.layout.capacity
+        entry = SegmentLayout(shape, dtype, 0, self.num_keys).entry_bytes
+        return min(self.num_keys, max(0, self.budget - self.used_bytes()) // max(entry, 1))
+
+    def scratch(self, layout: SegmentLayout) -> Segment:
+        """A segment outside the budget and the boundaries, of this tier's kind (for timing reads)."""
+        return DeviceSegment(layout, self.device, pin=self.pin)
 
     def drop(self, boundary: int) -> int:
         """Free the segment of ``boundary``; returns the bytes returned to the budget."""
@@ -130,6 +147,8 @@ class FileTier:
         self.corrupt_segments = 0
         #: Files deleted because they carried another fingerprint.
         self.stale_segments = 0
+        #: Segments that could not be created because the file system refused the space (full, quota).
+        self.full_segments = 0
         self._open: dict[int, FileSegment] = {}
 
     def path(self, boundary: int) -> Path:
@@ -169,14 +188,49 @@ class FileTier:
         )
         if layout.capacity == 0:
             return None
-        self.directory.mkdir(parents=True, exist_ok=True)
         try:
-            handle = FileSegment.create_or_attach(self.path(boundary), layout)
-        except CorruptSegmentError as exc:
-            self._discard(self.path(boundary), exc)
-            handle = FileSegment.create_or_attach(self.path(boundary), layout)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                handle = FileSegment.create_or_attach(self.path(boundary), layout)
+            except CorruptSegmentError as exc:
+                self._discard(self.path(boundary), exc)
+                handle = FileSegment.create_or_attach(self.path(boundary), layout)
+        except OSError as exc:
+            # A full (or failing) file system: no segment here, so the entries spill to the next tier or are
+            # recomputed when a step needs them. Training goes on; the count and the warning say why it slowed.
+            self.full_segments += 1
+            log.warning(
+                "activation cache: cannot create a %d-byte %s segment in %s (%s); its entries are not cached here "
+                "and are recomputed when needed",
+                layout.file_bytes,
+                self.name,
+                self.directory,
+                exc.strerror or exc,
+            )
+            return None
         self._open[boundary] = handle
         return handle
+
+    def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        """Entries of ``shape``/``dtype`` a segment file of ``boundary`` holds here: what :meth:`create` would
+        size it to now, within the budget the other segment files leave."""
+        others = self.used_bytes(excluding=self.path(boundary))
+        layout = SegmentLayout.fitting(
+            self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum, fingerprint=self.fingerprint
+        )
+        return layout.capacity
+
+    def scratch(self, layout: SegmentLayout) -> Segment:
+        """A private segment file of this tier's kind (checksummed on disk), outside the budget, deleted when
+        closed (for timing reads)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f".{self.prefix}.scratch-{os.getpid()}-{uuid.uuid4().hex[:8]}.slab"
+        checked = SegmentLayout(
+            layout.shape, layout.dtype, layout.capacity, layout.num_keys, self.checksum, self.fingerprint
+        )
+        segment = FileSegment.create_or_attach(path, checked)
+        path.unlink()  # the mapping stays valid; nothing is left behind if the process dies
+        return segment
 
     def _discard(self, path: Path, exc: CorruptSegmentError) -> None:
         if isinstance(exc, StaleSegmentError):

@@ -64,6 +64,10 @@ class EpochMetrics:
         capture_s: seconds spent capturing the layout's graph during the epoch (its first epoch only).
         compile_s: seconds ``torch.compile`` spent compiling inside the epoch's steps, as torch measured them
             (``[train] compile``; a new layout's first epoch carries any recompilation).
+        cache_hits: samples whose prefix output stage 0 read from the cache (summed over stage-0 ranks).
+        cache_misses: samples whose prefix output stage 0 looked up and recomputed (not cached, or failed).
+        cache_corrupt: disk-tier entries that failed their crc32 check: recomputed, never used (also misses).
+        cache_view: the cached augmented view the epoch read (``[pipeline] cache_policy = "views"``); -1 otherwise.
     """
 
     epoch: int
@@ -94,6 +98,10 @@ class EpochMetrics:
     graph_reason: str = ""
     capture_s: float = 0.0
     compile_s: float = 0.0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_corrupt: int = 0
+    cache_view: int = -1
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "epoch"``)."""

@@ -1,16 +1,25 @@
-"""The frozen prefix's activation cache on a stage-0 rank: carried to a new boundary, judged, filled.
+"""The frozen prefix's activation cache on a stage-0 rank: built from ``[pipeline]``, carried to a new boundary,
+judged, filled, read ahead of each step, and counted per epoch.
+
+The tiers (``[pipeline] cache_tiers``): device memory per rank, then host memory per node (``/dev/shm`` files that
+the node's stage-0 ranks share, or pinned memory per rank), then a disk directory per node; every rank of a node
+uses one cache name (broadcast from rank 0) and local rank 0 is the leader that deletes the node's files.
 
 The training split is read by position ranges (``data.input_rows(start, stop)``): a slice of tensors in memory, or
 items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.step_data.DatasetSplit`); the entries
-are keyed by ``data.sample_ids``. A dataset's transforms run once per fill, so a random one would be frozen into
-the cache: such a dataset needs ``[pipeline] cache = "off"``.
+are keyed by ``data.sample_ids``. A dataset that declares random transforms (``random_augmentation = True``) is
+served by ``[pipeline] cache_policy``: ``bypass`` builds the cache disabled (the prefix is recomputed from each
+step's augmented input), ``views`` fills ``views`` draws of the transforms per sample and epoch ``e`` reads draw
+``e % views``.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +27,34 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.step_data import StepData
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.sections import PipelineSection
+from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit, StepData
 
-__all__ = ["FillPeers", "fill_cache", "fill_shared", "prepare_cache"]
+__all__ = [
+    "BYPASS_REASON",
+    "EPOCH_COUNTERS",
+    "FillPeers",
+    "PrefetchedBatches",
+    "build_cache",
+    "cache_tiers",
+    "complete",
+    "counters",
+    "epoch_counts",
+    "fill_cache",
+    "fill_shared",
+    "prepare_cache",
+    "read_prefix",
+    "release_cache",
+]
+
+#: Bytes per MiB (``[pipeline] cache_mb``).
+MIB = 1 << 20
+#: The budget of a disk tier given without ``disk_size``: more than any cache needs, so its segments are sized to
+#: their entries and only the file system's free space limits them.
+UNBOUNDED_DISK = 1 << 62
+#: Why stage 0 does not read a cache that bypasses itself.
+BYPASS_REASON = "bypass: the dataset's transforms are random ([pipeline] cache_policy = 'bypass')"
 
 log = logging.getLogger(__name__)
 
@@ -83,16 +117,25 @@ def prepare_cache(
 
     Returns:
         Whether stage 0 reads the cache, and why (the same answer on every peer).
+
+    A cache that bypasses itself (random transforms, ``cache_policy = "bypass"``) is never read or filled. With
+    per-epoch views every view is filled (each a fresh read of the dataset, so a fresh draw of its transforms).
     """
+    if not cache.enabled:
+        return False, BYPASS_REASON
+    views = cache.config.views_per_sample
     if peers is not None and peers.count > 1:
         enabled, reason = _decide(
-            cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run
+            cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run, old=old_frozen
         )
         agreed = _agree(enabled, peers, device)
         if agreed:
-            fill_shared(
-                cache, data, old_frozen, frozen, chunk=chunk, device=device, run=run, peers=peers, example=example
-            )
+            for view in range(views):
+                cache.set_epoch(view)
+                carried = old_frozen if view == 0 else frozen  # the first pass carries every view's entries
+                fill_shared(
+                    cache, data, carried, frozen, chunk=chunk, device=device, run=run, peers=peers, example=example
+                )
             return True, reason
         if old_frozen and old_frozen != frozen:
             cache.drop(old_frozen)
@@ -104,7 +147,9 @@ def prepare_cache(
     enabled, reason = _decide(cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run)
     if enabled:
         # Every rank may be handed any sample in a later epoch, so the whole training split is cached.
-        fill_cache(cache, data, frozen, chunk=chunk, device=device, run_prefix=lambda v: run(v, 0, frozen))
+        for view in range(views):
+            cache.set_epoch(view)
+            fill_cache(cache, data, frozen, chunk=chunk, device=device, run_prefix=lambda v: run(v, 0, frozen))
     return enabled, reason
 
 
@@ -117,15 +162,19 @@ def _decide(
     per_replica: int,
     device: torch.device,
     run: RunSublayers,
+    old: int = 0,
 ) -> tuple[bool, str]:
+    """``"on"``, or the measured answer for the whole fill, each tier weighed by the entries it would hold
+    (:func:`elastic_pipe.cache.measure_tiered_payoff`); ``old``: a boundary whose space the fill will reuse."""
     if mode == "on":
         return True, "cache = 'on'"
-    decision = acache.measure_payoff(
+    reused = old if old and old != frozen and old in cache.boundaries() else frozen
+    decision = acache.measure_tiered_payoff(
         cache,
-        data.sample_ids[:per_replica],
-        frozen,
         data.input_rows(0, per_replica).to(device),
+        reused,
         lambda v: run(v, 0, frozen),
+        samples=len(data),
     )
     return decision.enabled, decision.reason
 
@@ -221,7 +270,7 @@ def fill_shared(
         store(in_flight)
     if cache.stats.rejected > rejected:
         log.warning(
-            "activation cache full: %d of %d samples not cached at boundary %d; raise cache_mb to cache them all",
+            "activation cache full: %d of %d samples not cached at boundary %d; raise the budgets to cache all",
             cache.stats.rejected - rejected,
             n,
             frozen,
@@ -264,9 +313,10 @@ def fill_cache(
     The sampler reshuffles and re-shards every epoch, so a rank sees a different part of the data each
     epoch: a cache filled only by the samples a rank happened to train on would hit about 1/replicas of the
     time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
-    prefix over the training set (only the misses run; entries carried over by ``extend`` are reused) makes
-    every later read a hit, for the price of about one epoch of frozen-prefix forwards. It stops early,
-    with a warning, when the cache's budgets are full.
+    prefix over the training set makes every later read a hit, for the price of about one epoch of
+    frozen-prefix forwards. Only the samples without an entry are read and run (entries carried over by
+    ``extend`` are reused), in chunks read through ``data.batches``: a dataset's ``DataLoader`` workers decode
+    them while the prefix runs. It stops early, with a warning, when the cache's budgets are full.
 
     Args:
         cache: the rank's activation cache.
@@ -276,17 +326,221 @@ def fill_cache(
         device: where the inputs go.
         run_prefix: runs the frozen prefix on a batch of inputs.
     """
-    ids_all = data.sample_ids
+    ids_all = data.sample_ids.to("cpu", torch.int64)
+    todo = (~cache.cached(ids_all, frozen)).nonzero().flatten().tolist()
+    lists = [todo[start : start + chunk] for start in range(0, len(todo), chunk)]
     rejected = cache.stats.rejected
-    for start in range(0, int(ids_all.shape[0]), chunk):
-        ids = ids_all[start : start + chunk]
-        inputs = data.input_rows(start, start + chunk).to(device)
-        cache.get_or_compute(ids, frozen, inputs, run_prefix)
+    batches = data.batches(lists, inputs=True, labels=False, device=device)
+    for done, (positions, inputs, _) in enumerate(batches):
+        assert inputs is not None
+        with torch.no_grad():
+            cache.put(ids_all[positions], frozen, run_prefix(inputs))
         if cache.stats.rejected > rejected:
             log.warning(
-                "activation cache full after %d of %d samples at boundary %d; raise cache_mb to cache them all",
-                start,
+                "activation cache full after %d of %d samples at boundary %d; raise the budgets to cache all",
+                int(ids_all.shape[0]) - len(todo) + done * chunk,
                 int(ids_all.shape[0]),
                 frozen,
             )
             break
+    close = getattr(batches, "close", None)
+    if close is not None:  # a loader stopped early: let its workers go
+        close()
+
+
+# --------------------------------------------------------------------------------------------- the run's cache
+def cache_tiers(pipeline: PipelineSection) -> acache.CacheTiers:
+    """The tiers ``[pipeline]`` describes: ``cache_tiers`` (already validated, sizes in bytes), the device tier
+    from ``cache_mb`` unless ``cache_tiers.device`` is given; a disk tier without ``disk_size`` may grow to what
+    the cache needs (a full file system then leaves the rest uncached)."""
+    t = pipeline.cache_tiers
+    disk = str(t.get("disk", ""))
+    return acache.CacheTiers(
+        device_bytes=int(t.get("device", pipeline.cache_mb * MIB)),
+        host_bytes=int(t.get("host", 0)),
+        disk_dir=disk,
+        disk_bytes=int(t.get("disk_size", 0)) or (UNBOUNDED_DISK if disk else 0),
+        host_kind=acache.HostKind(t.get("host_kind", "shared")),
+        host_dir=str(t.get("host_dir", "")),
+    )
+
+
+def build_cache(
+    config: TrainConfig,
+    *,
+    rank: int,
+    device: torch.device,
+    num_samples: int,
+    random_transforms: bool,
+    broadcast: Callable[[bytes | None, int], bytes],
+) -> acache.ActivationCache | None:
+    """Every rank's cache for the run, ``None`` with ``[pipeline] cache = "off"`` (a collective on the control
+    group: rank 0 names the cache).
+
+    The ranks of a node share one name, so a ``/dev/shm`` host tier and the disk tier hold each entry once per
+    node; local rank 0 is the node's leader (it deletes the node's files). The name carries the node's index, so
+    nodes that share a disk directory do not share files.
+
+    Raises:
+        CacheDirError: the disk (or shared host) directory cannot be created or written.
+    """
+    p = config.pipeline
+    if p.cache == "off":
+        return None
+    token = broadcast(uuid.uuid4().hex[:12].encode() if rank == 0 else None, 0).decode()
+    local, node = rank % config.launch.nproc_per_node, rank // config.launch.nproc_per_node
+    policy = p.cache_policy if random_transforms else "error"
+    return acache.ActivationCache.from_tiers(
+        num_samples,
+        cache_tiers(p),
+        device=device,
+        name=f"elastic_pipe-{token}-n{node}",
+        leader=local == 0,
+        augmentation="random" if random_transforms else "none",
+        on_random_augmentation=policy,
+        views=p.views if random_transforms and policy == "views" else 1,
+    )
+
+
+def release_cache(cache: acache.ActivationCache) -> None:
+    """At the run's end: the leader deletes the node's shared files (nobody can reuse a run's random name), the
+    others let go of their handles."""
+    if cache.config.leader:
+        cache.unlink()
+    else:
+        cache.close()
+
+
+# --------------------------------------------------------------------------------------------- during an epoch
+class PrefetchedBatches:
+    """A step's batches with the next step's cache lookup already under way.
+
+    Iterating yields the batches unchanged; when batch ``i`` is handed over, batch ``i + 1`` has been read and its
+    lookup started (:meth:`~elastic_pipe.cache.ActivationCache.prefetch`: on a GPU, the gathers and copies run on
+    a side stream while step ``i`` computes), and :meth:`take` hands a step its lookup. A step's own writes (the
+    misses it recomputes) belong to other samples than the next step's, so an early lookup misses nothing.
+
+    Args:
+        batches: the loader's batches (``Batch``: positions, inputs, labels).
+        cache: the cache to read.
+        frozen: the boundary read.
+        host_ids: the training split's sample ids on the host, by position.
+    """
+
+    def __init__(
+        self, batches: Iterator[Batch], cache: acache.ActivationCache, frozen: int, host_ids: torch.Tensor
+    ) -> None:
+        self._batches = batches
+        self._cache = cache
+        self._frozen = frozen
+        self._host_ids = host_ids
+        self._pending: collections.deque[tuple[torch.Tensor, acache.PendingLookup]] = collections.deque()
+        self._iter = self._generate()
+
+    def __iter__(self) -> PrefetchedBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        return next(self._iter)
+
+    def _generate(self) -> Iterator[Batch]:
+        ahead = next(self._batches, None)
+        if ahead is not None:
+            self._start(ahead)
+        while ahead is not None:
+            current, ahead = ahead, next(self._batches, None)
+            if ahead is not None:
+                self._start(ahead)
+            yield current
+
+    def _start(self, batch: Batch) -> None:
+        ids = self._host_ids[batch.positions]
+        self._pending.append((ids, self._cache.prefetch(ids, self._frozen)))
+
+    def take(self, ids: torch.Tensor) -> acache.CacheLookup | None:
+        """The lookup started for ``ids`` (the batch being run), or ``None`` when none was."""
+        while self._pending:
+            started, pending = self._pending.popleft()
+            if started.shape == ids.shape and torch.equal(started, ids):
+                return pending.result()
+        return None
+
+    def close(self) -> None:
+        """Let the loader's workers go (a stop at ``max_steps``)."""
+        self._pending.clear()
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()
+
+
+def read_prefix(
+    cache: acache.ActivationCache,
+    lookup: acache.CacheLookup | None,
+    ids: torch.Tensor,
+    x: torch.Tensor | None,
+    *,
+    frozen: int,
+    run_prefix: Callable[[torch.Tensor], torch.Tensor],
+    read_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """A batch's prefix output from its (prefetched) lookup; only the misses run the prefix, and are stored.
+
+    Args:
+        x: the batch's inputs on the device, or ``None`` when the step did not load them (a complete cache):
+            ``read_inputs(missing_ids)`` then reads the inputs of the misses alone (an entry that failed its
+            crc32, say).
+    """
+    if lookup is None:
+        lookup = cache.get(ids, frozen)
+    if lookup.num_hits == ids.numel():
+        return lookup.values
+    if x is None:
+        assert read_inputs is not None, "a step without inputs needs read_inputs"
+        device = lookup.values.device if lookup.num_hits else cache.device
+        misses = read_inputs(lookup.missing_ids).to(device)
+    else:
+        misses = x[(~lookup.hit).to(x.device)]
+    with torch.no_grad():
+        computed = run_prefix(misses)
+    cache.put(lookup.missing_ids, frozen, computed)
+    return lookup.merge(computed)
+
+
+def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
+    """Whether every training sample (every view of it) has an entry at ``frozen``: then a step need not load
+    its inputs, only the labels (a dataset's items are read only for what a lookup misses)."""
+    if not (cache.enabled and isinstance(data, DatasetSplit)):
+        return False
+    ids = data.sample_ids.to("cpu", torch.int64)
+    views = cache.config.views_per_sample
+    try:
+        for view in range(views):
+            cache.set_epoch(view)
+            if not bool(cache.cached(ids, frozen).all()):
+                return False
+    finally:
+        cache.set_epoch(0)
+    return True
+
+
+#: The counters an epoch record reports for the cache, summed over the stage-0 ranks.
+EPOCH_COUNTERS = ("cache_hits", "cache_misses", "cache_corrupt")
+
+
+def counters(cache: acache.ActivationCache | None) -> tuple[int, int, int]:
+    """This rank's running totals of :data:`EPOCH_COUNTERS`."""
+    if cache is None:
+        return 0, 0, 0
+    stats = cache.stats
+    return stats.hits, stats.misses, stats.corrupt
+
+
+def epoch_counts(
+    before: tuple[int, int, int], cache: acache.ActivationCache | None, device: torch.device
+) -> dict[str, int]:
+    """The epoch's cache counters summed over every rank (a collective): lookups served from a tier, missed (and
+    recomputed), and entries that failed their crc32 and were recomputed instead of used."""
+    now = counters(cache)
+    mine = torch.tensor([a - b for a, b in zip(now, before, strict=True)], dtype=torch.float64, device=device)
+    dist.all_reduce(mine)
+    return {name: int(v) for name, v in zip(EPOCH_COUNTERS, mine.tolist(), strict=True)}

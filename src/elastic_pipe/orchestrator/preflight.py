@@ -2,11 +2,12 @@
 group exists.
 
 :class:`~elastic_pipe.orchestrator.config.TrainConfig` already refuses structurally impossible runs and numbers
-above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``) must be
-creatable and writable, ``[log] tensorboard`` needs the ``tensorboard`` package, ``nccl`` needs a CUDA device per
-local rank, every component the config names is built once on the CPU (:func:`components_from_config`: an unknown
-policy, solver, schedule, model or dataset, or an import path that does not import, is a one-line error), the
-initial pipeline is checked against the model, and a checkpoint to resume from is checked against the model.
+above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``, the activation
+cache's ``[pipeline] cache_tiers`` directories) must be creatable and writable, ``[log] tensorboard`` needs the
+``tensorboard`` package, ``nccl`` needs a CUDA device per local rank, every component the config names is built
+once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, or an
+import path that does not import, is a one-line error), the initial pipeline is checked against the model, and a
+checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     for section, directory in (("checkpoint", config.checkpoint.dir), ("log", config.log.dir)):
         if directory:
             check_writable(directory, f"[{section}] dir")
+    if config.pipeline.cache != "off":  # the activation cache's directories, before any worker maps a file there
+        for key in ("disk", "host_dir"):
+            if directory := config.pipeline.cache_tiers.get(key, ""):
+                check_writable(directory, f"[pipeline] cache_tiers.{key}")
     if config.log.tensorboard and (missing := tensorboard_missing()) is not None:
         raise ConfigError(missing)
     choose_backend(config.launch.backend, torch.cuda.device_count(), local_ranks(config))

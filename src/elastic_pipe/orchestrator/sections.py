@@ -10,12 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.sizes import parse_bytes
 from elastic_pipe.orchestrator.errors import ConfigError
 
 __all__ = [
     "AUTOCAST",
     "BACKENDS",
     "CACHE_MODES",
+    "CACHE_POLICIES",
+    "CACHE_TIER_KEYS",
     "COMPILE_MODES",
     "COMPRESSIONS",
     "COST_METRICS",
@@ -45,6 +49,11 @@ AUTOCAST = ("none", "bf16")
 COMPRESSIONS = ("halving", "memory", "none")
 COST_METRICS = ("params", "time")
 CACHE_MODES = ("auto", "on", "off")
+#: What the activation cache does for a dataset that declares random transforms.
+CACHE_POLICIES = ("bypass", "views")
+#: Keys of ``[pipeline] cache_tiers``.
+CACHE_TIER_KEYS = ("device", "host", "disk", "disk_size", "host_kind", "host_dir")
+HOST_KINDS = ("shared", "pinned")
 BACKENDS = ("auto", "gloo", "nccl")
 COMPILE_MODES = ("auto", "on", "off")
 CUDA_GRAPH_MODES = ("auto", "on", "off")
@@ -183,8 +192,8 @@ class TrainSection:
             (regional compilation), so identical blocks share compiled code and a transition, which only regroups
             sub-layers into new stages, compiles nothing new for the training path (a compiled stage's input always
             carries a gradient, so a stage that starts later in the model reuses the same compiled code).
-        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or "on": replay each layout's forward, loss and
-            backward as a CUDA graph once it has run eagerly (``orchestrator/cuda_graph.py``), where that is safe:
+        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or
+            "on": replay each layout's forward, loss and backward as a CUDA graph once it has run eagerly (``orchestrator/cuda_graph.py``), where that is safe:
             one stage, one micro-batch, one replica and a full step. "auto" captures a layout only if its timed
             warm-up step was host-bound (the host's enqueueing took at least half the step), "on" every safe one.
             Elsewhere, and for a short last step, the step runs as before and the epoch record says why
@@ -264,6 +273,33 @@ class FreezeSection:
         return dict(self.options)
 
 
+def _cache_tiers(value: object) -> dict[str, Any]:
+    """``[pipeline] cache_tiers`` checked, sizes as byte counts (so the table round-trips through ``to_dict``)."""
+    table = _table("pipeline.cache_tiers", value)
+    unknown = sorted(set(table) - set(CACHE_TIER_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"pipeline.cache_tiers: unknown key {unknown[0]!r}; expected one of {', '.join(CACHE_TIER_KEYS)}"
+        )
+    out: dict[str, Any] = {}
+    for key, raw in table.items():
+        if key in ("device", "host", "disk_size"):
+            try:
+                out[key] = parse_bytes(raw)
+            except CacheError as exc:
+                raise ConfigError(f"pipeline.cache_tiers.{key}: {exc}") from None
+        else:
+            _string(f"pipeline.cache_tiers.{key}", raw)
+            out[key] = raw
+    if "host_kind" in out:
+        _one_of("pipeline.cache_tiers.host_kind", out["host_kind"], HOST_KINDS)
+    if out.get("disk_size") and not out.get("disk"):
+        raise ConfigError(f"pipeline.cache_tiers.disk_size = {out['disk_size']} needs a disk directory (disk = ...)")
+    if out.get("host_dir") and out.get("host_kind") == "pinned":
+        raise ConfigError("pipeline.cache_tiers.host_dir is for host_kind = 'shared'; a pinned host tier has no files")
+    return out
+
+
 @dataclass(frozen=True)
 class PipelineSection:
     """``[pipeline]``: the initial layout and how it changes.
@@ -280,8 +316,21 @@ class PipelineSection:
             (the published system profiled one M per K). A length not listed uses ``microbatches``, except
             length 1, which uses 1: a one-stage pipeline has no bubble to fill, so more micro-batches only add
             host overhead per step (list ``1`` here to accumulate gradients over several micro-batches anyway).
-        cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
-        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
+        cache: frozen-prefix activation cache: "auto" (when it pays, judged at the read speed of the tiers the
+            entries land in), "on" or "off".
+        cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB (``cache_tiers.device``
+            replaces it when given).
+        cache_tiers: the cache's tiers, e.g. ``{ device = "20GiB", host = "200GiB", disk = "/nvme/ep-cache" }``:
+            ``device`` (bytes of device memory per stage-0 rank), ``host`` (host memory per node: ``/dev/shm``
+            files shared by the node's ranks, or with ``host_kind = "pinned"`` page-locked memory per rank),
+            ``disk`` (a directory; checksummed files per node) with ``disk_size`` (its budget; default: as much
+            as the cache needs, a full file system then leaves the rest uncached), ``host_dir`` (instead of
+            ``/dev/shm``). Sizes are byte counts or strings like ``"512MiB"`` (:func:`elastic_pipe.cache.parse_bytes`).
+        cache_policy: what the cache does for a dataset that declares random transforms (``random_augmentation =
+            True``): "bypass" (the default: the frozen prefix is recomputed every step, nothing is cached) or
+            "views" (``views`` augmented views per sample are cached, epoch ``e`` reads view ``e % views``).
+            A dataset without random transforms is cached exactly, whatever this says.
+        views: augmented views cached per sample under ``cache_policy = "views"``.
     """
 
     pipe_len: int = 1
@@ -293,9 +342,12 @@ class PipelineSection:
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
     cache_mb: int = 256
+    cache_tiers: Mapping[str, Any] = field(default_factory=dict)
+    cache_policy: str = "bypass"
+    views: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("pipe_len", "microbatches", "cache_mb"):
+        for name in ("pipe_len", "microbatches", "cache_mb", "views"):
             _positive_int(f"pipeline.{name}", getattr(self, name))
         for name in ("solver", "schedule"):
             _string(f"pipeline.{name}", getattr(self, name))
@@ -303,6 +355,10 @@ class PipelineSection:
         if ":" not in self.compression:
             _one_of("pipeline.compression", self.compression, COMPRESSIONS)
         _one_of("pipeline.cache", self.cache, CACHE_MODES)
+        _one_of("pipeline.cache_policy", self.cache_policy, CACHE_POLICIES)
+        if self.views > 1 and self.cache_policy != "views":
+            raise ConfigError(f"pipeline.views = {self.views} needs cache_policy = 'views', got {self.cache_policy!r}")
+        object.__setattr__(self, "cache_tiers", _cache_tiers(self.cache_tiers))
         table: dict[int, int] = {}
         for key, value in _table("pipeline.microbatches_by_pipe_len", self.microbatches_by_pipe_len).items():
             try:

@@ -19,7 +19,7 @@ from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data_check import local_failure, num_classes, raise_first_failure
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, split_unit
@@ -103,8 +103,7 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     Raises:
         OrchestratorError: the job's size differs from the config's, or the batch exceeds the training split.
         ConfigError: a dataset item differs from item 0 or has a class label the model's output cannot score
-            (naming the first such sample, on every rank), or a dataset that declares random transforms with the
-            activation cache on.
+            (naming the first such sample, on every rank).
     """
     c = config
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -115,11 +114,6 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     train_set, eval_set = split_data(parts.data, c.data.eval_fraction, c.train.seed, dtype, workers=c.data.workers)
     if len(train_set) < c.train.global_batch:
         raise OrchestratorError(f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples")
-    if isinstance(train_set, DatasetSplit) and train_set.random_augmentation and c.pipeline.cache != "off":
-        raise ConfigError(
-            "the dataset declares random_augmentation = True: a cached frozen-prefix output would freeze one draw "
-            "of its transforms, so set [pipeline] cache = 'off'"
-        )
     groups = GroupManager(
         world,
         rank,

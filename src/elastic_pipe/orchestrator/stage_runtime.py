@@ -10,6 +10,7 @@ This keeps every rank busy (no rank is set aside to serve the prefix) and costs 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -21,8 +22,18 @@ from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, prepare_cache
+from elastic_pipe.orchestrator.prefix_cache import (
+    BYPASS_REASON,
+    FillPeers,
+    PrefetchedBatches,
+    complete,
+    counters,
+    epoch_counts,
+    prepare_cache,
+    read_prefix,
+)
 from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
+from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.timing import ForwardTimer
 from elastic_pipe.types import Layout
 
@@ -67,6 +78,10 @@ class StageRuntime:
         self.cache: acache.ActivationCache | None = None
         self.cache_on = False
         self.cache_reason = "off"
+        self._ahead: PrefetchedBatches | None = None
+        #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
+        self.cache_complete = False
+        self._counted = (0, 0, 0)
 
     @property
     def is_first(self) -> bool:
@@ -132,9 +147,12 @@ class StageRuntime:
         """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays."""
         ctx, layout = self.ctx, self.layout
         self.cache = cache
-        self.cache_on = False
+        self.cache_on = self.cache_complete = False
         if cache is None or layout.frozen == 0 or not self.is_first:
             self.cache_reason = "off" if cache is None else "nothing to cache here"
+            return
+        if not cache.enabled:  # random transforms, bypassed: the prefix runs on each step's augmented input
+            self.cache_reason = BYPASS_REASON
             return
         per_replica = ctx.config.train.global_batch // layout.replicas
         peers = None
@@ -156,16 +174,67 @@ class StageRuntime:
             peers=peers,
             example=ctx.prefix_example(layout.frozen),
         )
+        self.cache_complete = self.cache_on and complete(cache, ctx.train_set, layout.frozen)
+
+    @property
+    def needs_inputs(self) -> bool:
+        """Whether a step loads its inputs: stage 0 does, unless the cache holds every sample's prefix output."""
+        return self.is_first and not self.cache_complete
+
+    # ------------------------------------------------------------------------------------------------ an epoch
+    def begin_epoch(self, epoch: int, *, since: StageRuntime | None = None) -> None:
+        """Select the epoch's cached view (``epoch % views``) and start the epoch's cache counters, or, for a stage
+        that replaces ``since`` inside the epoch (a mid-epoch transition), go on from where it counted."""
+        if self.cache is not None:
+            self.cache.set_epoch(epoch)
+        if since is not None and since.cache_on and self.cache_on:
+            self._counted = since._counted
+        else:
+            self._counted = counters(self.cache if self.cache_on else None)
+
+    def read_ahead(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """The epoch's batches, each step's cache lookup started one step ahead when stage 0 reads the cache."""
+        self._ahead = None
+        if self.cache_on and self.cache is not None:
+            self._ahead = PrefetchedBatches(batches, self.cache, self.layout.frozen, self.ctx.host_ids)
+            return self._ahead
+        return batches
+
+    def cache_view(self, epoch: int) -> int:
+        """The augmented view epoch ``epoch`` reads when the cache keeps several (-1: no views read)."""
+        views = self.cache.config.views_per_sample if self.cache is not None else 1
+        return epoch % views if self.cache_on and views > 1 else -1
+
+    def end_epoch(self) -> dict[str, int]:
+        """The epoch's cache counters summed over the ranks (a collective; see ``prefix_cache.epoch_counts``)."""
+        self._ahead = None
+        return epoch_counts(self._counted, self.cache if self.cache_on else None, self.ctx.device)
 
     # ------------------------------------------------------------------------------------------------- a step
-    def frozen_prefix(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The frozen prefix's output on ``x`` (from the cache when it is on)."""
+    def frozen_prefix(self, x: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
+        """The frozen prefix's output on ``x`` (from the cache when it is on, through the lookup started a step
+        ahead when there is one). ``x`` is ``None`` when the step loaded no inputs (:attr:`needs_inputs`)."""
         frozen = self.layout.frozen
-        if frozen == 0:
+        if frozen == 0 or (x is None and not self.cache_complete):
             return x
         if self.cache_on and self.cache is not None:
-            return self.cache.get_or_compute(ids, frozen, x, lambda v: self.ctx.run_sublayers(v, 0, frozen))
+            lookup = self._ahead.take(ids) if self._ahead is not None else None
+            return read_prefix(
+                self.cache,
+                lookup,
+                ids,
+                x,
+                frozen=frozen,
+                run_prefix=lambda v: self.ctx.run_sublayers(v, 0, frozen),
+                read_inputs=self._read_inputs,
+            )
+        assert x is not None
         return self.ctx.run_sublayers(x, 0, frozen)
+
+    def _read_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        data = self.ctx.train_set
+        assert isinstance(data, DatasetSplit)  # only a dataset's steps skip their inputs (prefix_cache.complete)
+        return data.inputs_of(ids.tolist())
 
     def run(
         self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor], *, rows: int | None = None

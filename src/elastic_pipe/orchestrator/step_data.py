@@ -220,7 +220,24 @@ class ItemSpec:
         return dataclasses.replace(self, num_classes=num_classes)
 
 
+@dataclass(frozen=True)
+class _Unreadable:
+    """What reading an item raised (an ``OSError``: a missing or unreadable file), carried to the collate step,
+    which names the item (and the path the error names)."""
+
+    reason: str
+
+
+def _read_item(dataset: Any, index: int) -> Any:
+    try:
+        return dataset[index]
+    except OSError as exc:
+        return _Unreadable(f"{type(exc).__name__}: {exc}")
+
+
 def _as_pair(index: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(item, _Unreadable):
+        raise ConfigError(f"dataset item {index} cannot be read: {item.reason}")
     if not (isinstance(item, tuple | list) and len(item) == 2):
         raise ConfigError(f"dataset item {index} is {type(item).__name__}, expected an (input, label) pair")
     try:
@@ -234,7 +251,7 @@ def _as_pair(index: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 def item_spec(dataset: Any, num_classes: int | None = None) -> ItemSpec:
     """The :class:`ItemSpec` of ``dataset``'s item 0."""
-    x, y = _as_pair(0, dataset[0])
+    x, y = _as_pair(0, _read_item(dataset, 0))
     return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes)
 
 
@@ -250,7 +267,7 @@ class _Items(torch.utils.data.Dataset[tuple[int, Any]]):
 
     def __getitem__(self, position: int) -> tuple[int, Any]:
         index = self.indices[position]
-        return index, self.dataset[index]
+        return index, _read_item(self.dataset, index)
 
 
 @dataclass(frozen=True)
@@ -357,7 +374,15 @@ class DatasetSplit:
 
     def input_rows(self, start: int, stop: int) -> torch.Tensor:
         """The inputs of positions ``start:stop``, read in this process (the cache fill's chunks)."""
-        items = [(int(i), self.dataset[int(i)]) for i in self.indices[start:stop]]
+        items = [(int(i), _read_item(self.dataset, int(i))) for i in self.indices[start:stop]]
+        x, _ = _Collate(self.spec, self.dtype, inputs=True, labels=False)(items)
+        assert x is not None
+        return x  # type: ignore[no-any-return]
+
+    def inputs_of(self, indices: Sequence[int]) -> torch.Tensor:
+        """The inputs of the dataset items ``indices`` (dataset indices, i.e. sample ids), read in this process:
+        what a step whose inputs were not loaded reads for the samples its cache lookup missed."""
+        items = [(int(i), _read_item(self.dataset, int(i))) for i in indices]
         x, _ = _Collate(self.spec, self.dtype, inputs=True, labels=False)(items)
         assert x is not None
         return x  # type: ignore[no-any-return]

@@ -182,10 +182,17 @@ def run_epoch(
     # The rest of the epoch's batches, read from the sampler's position in this layout (a data loader's workers
     # read ahead); only stage 0 needs inputs, only the last stage labels.
     def read_from(step: int, stage: StageRuntime) -> Iterator[Batch]:
-        return ctx.train_set.batches(
-            ElasticBatchSampler(sampler, plan.sizes(step)), inputs=stage.is_first, labels=stage.is_last, device=device
+        # with the cache on, each step's lookup starts a step ahead
+        return stage.read_ahead(
+            ctx.train_set.batches(
+                ElasticBatchSampler(sampler, plan.sizes(step)),
+                inputs=stage.needs_inputs,
+                labels=stage.is_last,
+                device=device,
+            )
         )
 
+    stage.begin_epoch(state.epoch)
     batches = read_from(first, stage)
     clock = PhaseClock(device)
     sync_ops = 0
@@ -221,7 +228,7 @@ def run_epoch(
                 f"{size // layout.replicas} indices"
             )
         clock.lap("data")
-        if x is not None:
+        if stage.is_first:  # no inputs loaded when the cache holds them all (stage.needs_inputs)
             x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
         clock.lap("forward")
         step_losses: list[torch.Tensor] = []
@@ -257,7 +264,9 @@ def run_epoch(
                 _close(batches)
                 losses.fold(stage, device)
                 progress.close()
+                old_stage = stage
                 state, stage = on_decision(state, i + 1)
+                stage.begin_epoch(state.epoch, since=old_stage)  # the epoch's cache counters go on
                 layout, timer = stage.layout, stage.forward_timer
                 timer.collect()
                 batches = read_from(i + 1, stage)  # the sampler's position, re-sharded for the new layout
@@ -283,6 +292,7 @@ def run_epoch(
     phases = {p: t[j] / phase_steps for j, p in enumerate(PHASES)}
     phases["grad_sync_ops"] = t[len(PHASES) + 1]
     phases["first_step"] = t[len(PHASES) + 2]
+    phases.update(stage.end_epoch())  # the cache's hits, misses and crc failures, summed over the ranks
     return state, epoch_losses, phases, t[len(PHASES)]
 
 
@@ -329,6 +339,10 @@ def epoch_metrics(
         cache=stage.cache_on,
         lr=lr,
         **step_record(stage.runner, stage.graph_choices.get(stage.rows)),
+        cache_hits=int(phases.get("cache_hits", 0)),
+        cache_misses=int(phases.get("cache_misses", 0)),
+        cache_corrupt=int(phases.get("cache_corrupt", 0)),
+        cache_view=stage.cache_view(state.epoch),
     )
 
 

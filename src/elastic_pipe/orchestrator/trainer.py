@@ -32,7 +32,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator import executor, snapshot
+from elastic_pipe.orchestrator import executor, prefix_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
@@ -51,10 +51,6 @@ from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
-
-
-#: Bytes per MiB (cache budgets are configured in MiB).
-MIB = 1 << 20
 
 
 class ElasticTrainer:
@@ -138,10 +134,14 @@ class ElasticTrainer:
             total = min(total, c.train.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
-        if c.pipeline.cache != "off":
-            self.cache = acache.ActivationCache(
-                int(ctx.host_ids.max()) + 1, device_budget=c.pipeline.cache_mb * MIB, device=ctx.device
-            )
+        self.cache = prefix_cache.build_cache(
+            c,
+            rank=ctx.rank,
+            device=ctx.device,
+            num_samples=int(ctx.host_ids.max()) + 1,
+            random_transforms=bool(getattr(ctx.train_set, "random_augmentation", False)),
+            broadcast=ctx.broadcast_bytes,
+        )
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
@@ -167,7 +167,7 @@ class ElasticTrainer:
             self._stage.close()
             self._stage = None
         if self.cache is not None:
-            self.cache.close()
+            prefix_cache.release_cache(self.cache)
             self.cache = None
         if self._ctx is not None:
             self._ctx.log.close()

@@ -1,0 +1,374 @@
+"""One GPU, images on disk: the activation cache in host memory against the cache on the device and a plain loop.
+
+    python benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --out $OUT            # ViT-B/16, 224 px, one GPU
+    python benchmarks/gpu/bench_disk_data_gpu.py --tiny --out /tmp/disk-bench          # CPU smoke run (64 x 32 px)
+
+The images are synthetic uint8 pixels in one ``np.memmap`` file (``N x 3 x 224 x 224``, 7.5 GB for 50,000; written
+here, vectorised, in chunks) with random labels; a map-style dataset decodes one (uint8 -> float32, normalised
+with fixed per-channel statistics) per ``__getitem__``, in the ``DataLoader``'s worker processes. Arms, each in a
+fresh process (so that each one's peak host memory is its own), from the same initial weights, with the same
+global batch (512), optimizer (AdamW, fused on a GPU), bf16 autocast, 10 epochs, eager:
+
+* ``host_cache``: elastic_pipe on the dataset read from the file by ``--workers`` loader workers, alpha = 1/3,
+  ``cache = "auto"`` with ``cache_tiers = { device = <a quarter of the cache>, host = <the rest>, host_kind =
+  "pinned" }``: three quarters of the frozen prefix's outputs live in page-locked host memory;
+* ``device_cache``: the same training with the images decoded once into device memory (samples held in memory)
+  and the whole cache in device memory: the fastest the cache can be;
+* ``host_cache_on``: ``host_cache`` with ``cache = "on"`` (read the cache from the first frozen epoch, whatever the
+  measured pay-off says): what reading the host tier costs where ``auto`` would recompute;
+* ``plain``: a plain PyTorch ``DataLoader`` (shuffled, ``--workers`` workers, pinned memory, persistent workers,
+  prefetch) over the same file, and the eager training loop of the whole model (no freezing).
+
+Targets: ``host_cache`` within 15% of ``device_cache``, and 2.5x or more faster than ``plain``. Each arm reports
+its wall time (model on the device to the last step; elastic_pipe's evaluations and transitions included, the plain
+loop evaluates nothing), per-epoch seconds, peak host memory (the main process's peak RSS, and the sampled peak of
+the main process plus its loader workers, in which file pages a worker touched count once per worker), and peak
+device memory (``torch.cuda.max_memory_allocated``/``reserved``). Results: ``gpu_1xh200_disk_data.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+ARMS = ("plain", "device_cache", "host_cache", "host_cache_on")
+ALPHA = 1 / 3
+#: Per-channel statistics the dataset's transform normalises with (those of uniform uint8 pixels / 255).
+MEAN, STD = 0.5, 0.2887
+#: Share held out for evaluation by elastic_pipe (the plain loop trains on the same number of images).
+EVAL_FRACTION = 0.05
+#: Images written per chunk when the file is generated (bounds the generator's memory).
+WRITE_CHUNK = 2048
+
+
+# --------------------------------------------------------------------------------------------------- the data
+def write_images(path: Path, n: int, size: int, classes: int) -> None:
+    """``n`` random uint8 images ``3 x size x size`` into ``path`` (a memmap) and their labels beside it."""
+    if path.exists() and np.load(path, mmap_mode="r").shape == (n, 3, size, size):
+        return
+    images = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, 3, size, size))
+    rng = np.random.default_rng(0)
+    for start in range(0, n, WRITE_CHUNK):
+        stop = min(n, start + WRITE_CHUNK)
+        images[start:stop] = rng.integers(0, 256, size=(stop - start, 3, size, size), dtype=np.uint8)
+    images.flush()
+    del images
+    np.save(path.with_suffix(".labels.npy"), rng.integers(0, classes, size=n, dtype=np.int64))
+
+
+class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """The images of :func:`write_images`, decoded and normalised one at a time (the file is opened lazily, in
+    each loader worker)."""
+
+    def __init__(self, path: Path, n: int | None = None) -> None:
+        self.path = path
+        self.labels = np.load(path.with_suffix(".labels.npy"))
+        self.n = len(self.labels) if n is None else n
+        self._images: np.ndarray[Any, Any] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def images(self) -> np.ndarray[Any, Any]:
+        if self._images is None:
+            self._images = np.load(self.path, mmap_mode="r")
+        return self._images
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        pixels = torch.from_numpy(np.array(self.images()[index]))  # one copy out of the file
+        return (pixels.float() / 255.0 - MEAN) / STD, int(self.labels[index])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_images": None}  # each worker maps the file itself
+
+
+def decoded_on(dataset: DiskImages, device: torch.device) -> Any:
+    """Every image decoded the dataset's way, held in ``device`` memory (samples: inputs, labels, sample_ids)."""
+    from elastic_pipe.orchestrator.workload import Split
+
+    n = len(dataset)
+    images = dataset.images()
+    first = torch.from_numpy(np.array(images[:1]))
+    inputs = torch.empty((n, *first.shape[1:]), dtype=torch.float32, device=device)
+    for start in range(0, n, WRITE_CHUNK):
+        chunk = torch.from_numpy(np.array(images[start : start + WRITE_CHUNK])).to(device)
+        inputs[start : start + chunk.shape[0]] = (chunk.float() / 255.0 - MEAN) / STD
+    labels = torch.from_numpy(dataset.labels[:n].copy()).to(device)
+    return Split(inputs, labels, torch.arange(n, device=device))
+
+
+# --------------------------------------------------------------------------------------------------- memory
+class PeakRSS:
+    """Samples the resident memory of this process and its children (the loader workers) until stopped."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.peak_tree = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _rss(pid: int) -> int:
+        try:
+            with open(f"/proc/{pid}/statm", encoding="ascii") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _children(self, pid: int) -> list[int]:
+        found = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return found
+
+    def _run(self) -> None:
+        me = os.getpid()
+        while not self._stop.is_set():
+            self.peak_tree = max(self.peak_tree, sum(self._rss(p) for p in [me, *self._children(me)]))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------------- the arms
+def build_model(tiny: bool) -> torch.nn.Module:
+    from elastic_pipe import models
+
+    if tiny:
+        return models.vit("vit-tiny", image_size=32, patch_size=8, in_channels=3, num_classes=10, depth=3)
+    return models.vit("vit-b16")
+
+
+def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """A plain ``DataLoader`` over the file and the eager loop of the whole model."""
+    from elastic_pipe.orchestrator.workload import cross_entropy
+
+    n_train = len(dataset) - max(1, round(len(dataset) * EVAL_FRACTION))
+    train = torch.utils.data.Subset(dataset, range(n_train))
+    workers = args.workers
+    loader = torch.utils.data.DataLoader(
+        train,
+        batch_size=args.batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0,
+        prefetch_factor=2 if workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
+    model = build_model(args.tiny).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    epoch_s: list[float] = []
+    _sync(device)
+    t0 = time.perf_counter()
+    loss = torch.zeros(())
+    for _ in range(args.epochs):
+        te = time.perf_counter()
+        for images, labels in loader:
+            x, y = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            with autocast:
+                loss = cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        epoch_s.append(time.perf_counter() - te)
+    return {"total_s": time.perf_counter() - t0, "epoch_seconds": epoch_s, "final_loss": float(loss)}
+
+
+def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """elastic_pipe with alpha = 1/3 and the cache: on the dataset from disk (host tier), or in device memory."""
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    host = arm.startswith("host_cache")
+    model = build_model(args.tiny)
+    example = torch.zeros((1, 3, args.size, args.size))
+    with torch.no_grad():  # one entry: the prefix output's size is the same at every boundary of a ViT
+        entry = model.children().__next__()(example).numel() * 4  # float32 under bf16 autocast (the residual)
+    n_train = len(dataset) - max(1, round(len(dataset) * EVAL_FRACTION))
+    cache_bytes = entry * n_train
+    tiers: dict[str, Any] = {"device": 2 * cache_bytes}
+    if host:
+        tiers = {"device": cache_bytes // 4, "host": cache_bytes, "host_kind": "pinned"}
+    config = config_from_tables(
+        {
+            "model": {"name": "vit"},  # labels the run; the model itself is passed in
+            "data": {"eval_fraction": EVAL_FRACTION, "workers": args.workers if host else 0, "check": False},
+            "train": {
+                "epochs": args.epochs,
+                "global_batch": args.batch,
+                "optimizer": "adamw",
+                "lr": 1e-4,
+                "autocast": "bf16" if device.type == "cuda" else "none",
+                "compile": "off",
+            },
+            "freeze": {"policy": "alpha", "options": {"alpha": ALPHA}},
+            "pipeline": {
+                "pipe_len": 1,
+                "microbatches": 1,
+                "cache": "on" if arm == "host_cache_on" else "auto",
+                "cache_tiers": tiers,
+            },
+            "log": {"progress": False},
+        }
+    )
+    data = dataset if host else decoded_on(dataset, device)
+    reasons: list[str] = []
+    with ElasticTrainer(config, model=model, data=data, quiet=True) as trainer:
+        result = trainer.fit(on_epoch_end=lambda t: reasons.append(t.stage.cache_reason)).to_dict()
+        stats = trainer.cache.stats.to_dict() if trainer.cache is not None else {}
+    epochs = result["epochs"]
+    return {
+        "total_s": result["seconds"],
+        "epoch_seconds": [e["seconds"] for e in epochs],
+        "frozen_units": [e["frozen_units"] for e in epochs],
+        "cache": [e["cache"] for e in epochs],
+        "cache_hits": [e["cache_hits"] for e in epochs],
+        "cache_misses": [e["cache_misses"] for e in epochs],
+        "transition_seconds": [t["seconds"] for t in result["transitions"]],
+        "cache_tiers": tiers,
+        "cache_entry_bytes": entry,
+        "cache_stats": stats,
+        "cache_reasons": reasons,
+        "final_loss": result["losses"][-1],
+    }
+
+
+def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One arm in this process (a one-rank gloo group for elastic_pipe)."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if arm != "plain":
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    dataset = DiskImages(Path(args.data), args.images)
+    torch.manual_seed(0)
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # CUDA initialised: torch 2.11 refuses to reset the stats before
+        torch.cuda.reset_peak_memory_stats(device)
+    with PeakRSS() as rss:
+        out = plain_arm(dataset, args, device) if arm == "plain" else elastic_arm(arm, dataset, args, device)
+    out["peak_rss_main_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out["peak_rss_tree_bytes"] = rss.peak_tree
+    if device.type == "cuda":
+        out["peak_device_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["peak_device_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=50_000)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
+    ap.add_argument("--tiny", action="store_true", help="64 images of 32 px, a 3-block ViT, batch 16, 2 epochs")
+    ap.add_argument("--arm", default="", help=argparse.SUPPRESS)  # internal: run one arm, print its JSON
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    if args.tiny:
+        args.images, args.size, args.batch, args.epochs, args.workers = 64, 32, 16, 2, 1
+    out = Path(args.out)
+    if args.arm:
+        print("RESULT " + json.dumps(run_arm(args.arm, args)), flush=True)
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data) if args.data else out / "images.npy"
+    t0 = time.perf_counter()
+    write_images(data, args.images, args.size, 10 if args.tiny else 1000)
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "images": args.images,
+        "image_size": args.size,
+        "file_bytes": data.stat().st_size,
+        "write_s": time.perf_counter() - t0,
+        "epochs": args.epochs,
+        "global_batch": args.batch,
+        "workers": args.workers,
+        "alpha": ALPHA,
+        "note": "the file is written in the same job, so its pages start warm in the OS page cache",
+        "arms": {},
+    }
+    name = "gpu_1xh200_disk_data.json" if torch.cuda.is_available() and not args.tiny else "disk_data_cpu.json"
+    for arm in args.arms.split(","):
+        port = _free_port()
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
+        cmd += [f"--{k}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
+        cmd += ["--tiny"] if args.tiny else []
+        t_arm = time.perf_counter()
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode or not lines:
+            report["arms"][arm] = {"error": done.stderr[-3000:]}
+            print(f"{arm}: FAILED\n{done.stderr[-3000:]}", flush=True)
+        else:
+            report["arms"][arm] = json.loads(lines[-1][len("RESULT ") :])
+            r = report["arms"][arm]
+            print(
+                f"{arm}: {r['total_s']:.1f} s (process {time.perf_counter() - t_arm:.1f} s), epochs "
+                f"{[round(s, 2) for s in r['epoch_seconds']]}, peak RSS {r['peak_rss_main_bytes'] / 2**30:.2f} GiB "
+                f"(tree {r['peak_rss_tree_bytes'] / 2**30:.2f}), device "
+                f"{r.get('peak_device_allocated_bytes', 0) / 2**30:.2f} GiB",
+                flush=True,
+            )
+        _summarise(report)
+        (out / name).write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k.startswith("host_cache_")}), flush=True)
+    return 0
+
+
+def _summarise(report: dict[str, Any]) -> None:
+    arms = report["arms"]
+    ok = {k: v["total_s"] for k, v in arms.items() if "total_s" in v}
+    if "host_cache" in ok and "device_cache" in ok:
+        report["host_cache_over_device_cache"] = ok["host_cache"] / ok["device_cache"]
+        report["host_cache_within_15pct"] = ok["host_cache"] <= 1.15 * ok["device_cache"]
+    if "host_cache" in ok and "plain" in ok:
+        report["host_cache_speedup_over_plain"] = ok["plain"] / ok["host_cache"]
+        report["host_cache_at_least_2_5x"] = ok["plain"] >= 2.5 * ok["host_cache"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
