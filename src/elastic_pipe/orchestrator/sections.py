@@ -192,12 +192,12 @@ class TrainSection:
             (regional compilation), so identical blocks share compiled code and a transition, which only regroups
             sub-layers into new stages, compiles nothing new for the training path (a compiled stage's input always
             carries a gradient, so a stage that starts later in the model reuses the same compiled code).
-        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or
-            "on": replay each layout's forward, loss and backward as a CUDA graph once it has run eagerly
-            (``orchestrator/cuda_graph.py``), where that is safe: one stage, one micro-batch, one replica and a full step. "auto" captures a layout only if its timed
-            warm-up step was host-bound (the host's enqueueing took at least half the step), "on" every safe one.
-            Elsewhere, and for a short last step, the step runs as before and the epoch record says why
-            (``graph_reason``).
+        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or "on":
+            replay each layout's forward, loss and backward as a CUDA graph once it has run eagerly
+            (``orchestrator/cuda_graph.py``), where that is safe: one stage, one micro-batch, one replica and a full
+            step. "auto" captures a layout only if its timed warm-up step was host-bound (the host's enqueueing took at
+            least half the step), "on" every safe one. Elsewhere, and for a short last step, the step runs as before and
+            the epoch record says why (``graph_reason``).
         max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (the norm over every
             trainable parameter of the whole model, whatever the layout; 0: no clipping).
         max_steps: stop after this many optimizer steps in the whole run, with an evaluation (0: no limit; the
