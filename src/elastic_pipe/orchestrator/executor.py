@@ -27,11 +27,12 @@ from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
-from elastic_pipe.orchestrator.transition import apply_moves, changed_ranks, drop_foreign_state, plan_moves
+from elastic_pipe.orchestrator.transition import changed_ranks, drop_foreign_state
 
 __all__ = [
     "TRANSITION_PHASES",
@@ -180,7 +181,7 @@ class Applied:
     Attributes:
         state: the state in the new layout.
         stage: the new stage (the old one is closed).
-        bytes_moved: bytes this rank received.
+        bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
         phases: seconds per part of :data:`TRANSITION_PHASES`.
     """
 
@@ -209,15 +210,7 @@ def apply(
     clock.start()
     sublayers = ctx.sublayers
     new_owned = ctx.owned(new)
-    moved = apply_moves(
-        plan_moves(old, new, ctx.plan(old), ctx.plan(new)),
-        sublayers,
-        optimizer,
-        rank=ctx.rank,
-        device=ctx.device,
-        keep_state=lambda j: j in new_owned,
-        broadcast_bytes=ctx.broadcast_bytes,
-    )
+    _, moved = transfer(ctx, old, new, optimizer)  # the bytes every rank received, summed over the job
     clock.lap("moves")
     if new.frozen > old.frozen:
         freeze.freeze_modules(sublayers[old.frozen : new.frozen], optimizer)
