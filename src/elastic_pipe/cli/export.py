@@ -84,6 +84,7 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     from elastic_pipe.orchestrator.checkpoint_files import load_weights  # noqa: PLC0415
 
+    weights: Any
     if manifest_path_of(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
         try:
             weights, state = load_weights(source)

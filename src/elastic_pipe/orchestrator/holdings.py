@@ -93,8 +93,8 @@ def point_optimizer(ctx: RunContext, optimizer: torch.optim.Optimizer, layout: L
         groups[g].append(p)
     for group, params in zip(optimizer.param_groups, groups, strict=True):
         group["params"] = params
-    for p in [p for p in optimizer.state if id(p) not in seen]:
-        del optimizer.state[p]
+    for stale in [t for t in optimizer.state if id(t) not in seen]:
+        del optimizer.state[stale]
 
 
 def hold(ctx: RunContext, layout: Layout) -> tuple[int, ...]:
