@@ -21,6 +21,7 @@ from torch import nn
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.step_data import EpochPlan, StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
@@ -69,6 +70,8 @@ class RunContext:
     examples: list[torch.Tensor] = field(default_factory=list)
     sublayer_keys: list[list[str]] = field(default_factory=list)
     param_bytes: list[int] = field(default_factory=list)
+    #: The per-rank memory budget every layout must fit (``[pipeline] memory_budget``), or ``None``.
+    memory: MemoryBudget | None = None
     #: The optimizer group of each parameter (by name), as the optimizer was built over the whole model.
     param_group_of: dict[str, int] = field(default_factory=dict)
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would

@@ -57,6 +57,16 @@ def initial_state(ctx: RunContext) -> RunState:
     c = ctx.config
 
     def initial() -> protocol.TransitionMessage:
+        if ctx.memory is not None:  # the shortest pipeline whose every rank fits [pipeline] memory_budget
+            layout, budget = layout_rule.initial_layout_within(
+                ctx.costs,
+                ctx.groups.pipe_lens,
+                ctx.world_size,
+                ctx.memory,
+                solver=ctx.parts.partitioner,
+                microbatches_for=c.microbatches_for,
+            )
+            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
         layout, budget = layout_rule.initial_layout(
             ctx.costs,
             c.pipeline.pipe_len,
@@ -161,6 +171,7 @@ def decide(
             budget=state.budget,
             world_size=ctx.world_size,
             microbatches_for=ctx.config.microbatches_for,
+            memory=ctx.memory,
         )
         changed = changed_ranks(ctx.plan(current), ctx.plan(layout), ctx.world_size)
         return decision.message_for(

@@ -57,6 +57,44 @@ MAX_EPOCHS = 100_000
 DEFAULT_ALPHA = 1 / 3
 
 
+#: Byte units ``memory_budget`` accepts, as multiples of a byte (binary and decimal prefixes).
+BYTE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+
+
+def parse_bytes(value: object, name: str = "pipeline.memory_budget") -> int:
+    """A byte count from ``"40GiB"``, ``"512 MiB"``, ``"2.5GB"`` or a positive integer.
+
+    Raises:
+        ConfigError: naming ``name`` and the value, and the units accepted.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(digits) :] or "b"
+        try:
+            number = float(digits)
+        except ValueError:
+            number = -1.0
+        if unit in BYTE_UNITS and math.isfinite(number) and number > 0 and number * BYTE_UNITS[unit] >= 1:
+            return int(number * BYTE_UNITS[unit])
+    raise ConfigError(
+        f"{name} must be a positive size like '40GiB', '512MiB' or '2.5GB' (units {', '.join(BYTE_UNITS)}), "
+        f"got {value!r}"
+    )
+
+
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -266,6 +304,10 @@ class PipelineSection:
             host overhead per step (list ``1`` here to accumulate gradients over several micro-batches anyway).
         cache: frozen-prefix activation cache: "auto" (when it pays), "on" or "off".
         cache_mb: device-tier budget of the activation cache per stage-0 rank, in MiB.
+        memory_budget: the most bytes of training state one rank may hold ("40GiB", "512MiB", "2.5GB", a byte
+            count; "" for no limit): an active sub-layer costs its weights, gradients and optimizer state, a frozen
+            one (on stage 0) its weights. The initial pipeline is the shortest that fits, compression never picks
+            one that does not, and a job none fits is refused before any process group forms.
     """
 
     pipe_len: int = 1
@@ -277,8 +319,16 @@ class PipelineSection:
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
     cache_mb: int = 256
+    memory_budget: str | int = ""
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """:attr:`memory_budget` in bytes, or ``None`` for no limit."""
+        return parse_bytes(self.memory_budget) if self.memory_budget != "" else None
 
     def __post_init__(self) -> None:
+        if self.memory_budget != "":
+            parse_bytes(self.memory_budget, "pipeline.memory_budget")
         for name in ("pipe_len", "microbatches", "cache_mb"):
             _positive_int(f"pipeline.{name}", getattr(self, name))
         for name in ("solver", "schedule"):

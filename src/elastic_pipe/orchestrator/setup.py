@@ -20,6 +20,7 @@ from torch import nn
 
 from elastic_pipe import partition
 from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -36,8 +37,10 @@ __all__ = [
     "boundary_examples",
     "build_context",
     "candidate_pipe_lens",
+    "check_memory_budget",
     "compile_enabled",
     "compile_sublayers",
+    "memory_budget",
     "profiled_costs",
     "sublayer_costs",
 ]
@@ -98,6 +101,41 @@ def boundary_examples(model: nn.Module, x: torch.Tensor, device: torch.device, a
 def param_bytes(model: nn.Module) -> list[int]:
     """Parameter bytes per sub-layer."""
     return [sum(p.numel() * p.element_size() for p in m.parameters()) for m in model.children()]
+
+
+def optimizer_slots(config: TrainConfig) -> int:
+    """Parameter-sized tensors the optimizer keeps per parameter: AdamW 2, SGD 1 with momentum (else 0)."""
+    if config.train.optimizer == "sgd":
+        return 1 if config.train.momentum else 0
+    return 2
+
+
+def memory_budget(config: TrainConfig, model: nn.Module) -> layout_rule.MemoryBudget | None:
+    """The per-rank budget ``[pipeline] memory_budget`` sets for ``model``, or ``None`` when it sets none."""
+    limit = config.pipeline.memory_budget_bytes
+    if limit is None:
+        return None
+    return layout_rule.MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
+
+
+def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
+    """Refuse a job none of whose pipeline lengths fits ``[pipeline] memory_budget`` (no collective: called before
+    the process group forms, with the parameter-count partition every length starts from).
+
+    Raises:
+        ConfigError: no reachable pipeline length fits, naming the bytes needed and the limit.
+    """
+    memory = memory_budget(config, model)
+    if memory is None:
+        return
+    layout_rule.initial_layout_within(
+        sublayer_costs(model),
+        candidate_pipe_lens(config),
+        config.world_size,
+        memory,
+        solver=config.pipeline.solver,
+        microbatches_for=config.microbatches_for,
+    )
 
 
 def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
@@ -186,4 +224,5 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
         examples=examples,
         sublayer_keys=sublayer_keys(model),
         param_bytes=param_bytes(model),
+        memory=memory_budget(c, model),
     )

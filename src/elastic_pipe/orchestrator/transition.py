@@ -111,8 +111,8 @@ def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: Ran
     """What must travel, and between whom, for the job to go from ``old`` to ``new``.
 
     Every rank that holds a sub-layer under ``new`` and did not under ``old`` receives it from one old holder:
-    the old holder in its own new replica's pipeline when there is one (spreading the sending over the old
-    replicas), else the lowest-ranked old holder.
+    the one in its own old replica's pipeline when there is one (so the old replicas share the sending), else the
+    lowest-ranked old holder.
 
     Args:
         old: the layout being left.
@@ -137,8 +137,8 @@ def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: Ran
         for dst in has[j]:
             if dst in had[j]:
                 continue
-            near = set(new_plan.pipeline_groups[new_plan.replica_of(dst)])
-            src = min((r for r in had[j] if r in near), default=had[j][0])
+            mates = set(old_plan.pipeline_groups[old_plan.replica_of(dst)])
+            src = min((r for r in had[j] if r in mates), default=had[j][0])
             pairs.setdefault((src, dst, j >= new.frozen), []).append(j)
     return tuple(
         Transfer(src, dst, tuple(sublayers), optimizer_state=active)
