@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "assemble",
+    "fuse_on_device",
     "held_bytes",
     "hold",
     "param_groups_by_name",
@@ -95,6 +96,28 @@ def point_optimizer(ctx: RunContext, optimizer: torch.optim.Optimizer, layout: L
         group["params"] = params
     for stale in [t for t in optimizer.state if id(t) not in seen]:
         del optimizer.state[stale]
+
+
+def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Let an AdamW that was built over CPU parameters run fused once every parameter it covers is on a GPU.
+
+    The config's AdamW runs fused on a GPU (:func:`~elastic_pipe.orchestrator.optim.optimizer_factory`), but the
+    trainer builds it over the CPU-built model, before the rank's sub-layers reach the device; this turns fusion on
+    when they have, before the first step creates any state. Returns whether it did.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if (
+        not isinstance(optimizer, torch.optim.AdamW)
+        or optimizer.defaults.get("fused") is not None
+        or optimizer.state
+        or not params
+        or not all(p.is_cuda and p.is_floating_point() for p in params)
+    ):
+        return False
+    optimizer.defaults["fused"] = True
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, None
+    return True
 
 
 def hold(ctx: RunContext, layout: Layout) -> tuple[int, ...]:

@@ -103,6 +103,8 @@ class ElasticTrainer:
             loss=loss,
         )
         self.quiet = quiet
+        #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
+        self._config_optimizer = optimizer is None
         self.result = RunResult()
         self._ctx: RunContext | None = None
         self._state: RunState | None = None
@@ -163,6 +165,8 @@ class ElasticTrainer:
         holdings.hold(ctx, state.layout)
         ctx.restore_modes(state.layout, True)
         holdings.point_optimizer(ctx, self.optimizer, state.layout)
+        if self._config_optimizer:
+            holdings.fuse_on_device(self.optimizer)
         self._state = state
         self._stage = StageRuntime(ctx, state.layout)
         self._stage.setup_cache(self.cache, old_frozen)
