@@ -8,18 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from elastic_pipe.groups import plan_spmd
 from elastic_pipe.orchestrator import (
     ConfigError,
-    Move,
     TrainConfig,
     config_from_tables,
     load_config,
-    plan_gather,
-    plan_moves,
     preflight,
 )
 from elastic_pipe.orchestrator.grad_sync import grad_buckets
@@ -286,58 +281,9 @@ def test_max_frozen_units() -> None:
 
 
 # ------------------------------------------------------------------------------------------- transition planning
-def test_plan_moves_for_4_to_2() -> None:
-    old = Layout(0, 4, 1, (0, 2, 4, 6, 8), 4)
-    new = Layout(3, 2, 2, (3, 5, 8), 4)
-    moves = plan_moves(old, new, plan_spmd(4, 4), plan_spmd(4, 2))
-    # old stage s lives on rank s. New stage 0 = ranks {0, 2}, stage 1 = ranks {1, 3}.
-    assert moves == (
-        Move(0, (0, 1), optimizer_state=False),
-        Move(1, (2,), optimizer_state=False),
-        Move(1, (3,), optimizer_state=True),
-        Move(2, (4, 5), optimizer_state=True),
-        Move(3, (6, 7), optimizer_state=True),
-    )
+def test_changed_ranks_for_4_to_2() -> None:
+    # transfer plans live in tests/test_training_residency.py
     assert changed_ranks(plan_spmd(4, 4), plan_spmd(4, 2), 4) == (2, 3)
-    assert plan_gather(new, plan_spmd(4, 2)) == (Move(0, (3, 4), True), Move(1, (5, 6, 7), True))
-
-
-@settings(max_examples=40, deadline=None)
-@given(
-    cuts=st.lists(st.integers(1, 11), min_size=3, max_size=3, unique=True),
-    frozen=st.integers(0, 8),
-    new_k=st.sampled_from([1, 2, 4]),
-)
-def test_every_new_owner_gets_every_sublayer_it_lacks(cuts: list[int], frozen: int, new_k: int) -> None:
-    n = 12
-    old = Layout(0, 4, 1, (0, *sorted(cuts), n), 4)
-    step = (n - frozen) / new_k
-    bounds = (*(frozen + round(i * step) for i in range(new_k)), n)
-    if len(set(bounds)) != len(bounds):
-        return
-    new = Layout(frozen, new_k, 4 // new_k, bounds, 4)
-    old_plan, new_plan = plan_spmd(4, 4), plan_spmd(4, new_k)
-    moves = plan_moves(old, new, old_plan, new_plan)
-    sent = {j: m for m in moves for j in m.sublayers}
-    for rank in range(4):
-        old_stage = old_plan.stage_of(rank)
-        had = set(range(old.boundaries[old_stage], old.boundaries[old_stage + 1]))
-        s = new_plan.stage_of(rank)
-        needs = set(range(new.boundaries[s], new.boundaries[s + 1])) | set(range(frozen))
-        for j in needs - had:
-            assert j in sent, (rank, j)
-            assert sent[j].optimizer_state == (j >= frozen)
-    # a source always holds what it sends
-    for m in moves:
-        st_ = old_plan.stage_of(m.src)
-        assert set(m.sublayers) <= set(range(old.boundaries[st_], old.boundaries[st_ + 1]))
-
-
-def test_plan_moves_refuses_to_thaw() -> None:
-    from elastic_pipe.orchestrator import OrchestratorError
-
-    with pytest.raises(OrchestratorError, match="unfreeze"):
-        plan_moves(Layout(2, 1, 2, (2, 8), 1), Layout(0, 1, 2, (0, 8), 1), plan_spmd(2, 1), plan_spmd(2, 1))
 
 
 def test_buckets_respect_cap_and_dtype() -> None:

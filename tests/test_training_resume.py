@@ -60,10 +60,12 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
+    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
-    state = torch.load(Path(config.checkpoint.dir) / meta["file"], map_location="cpu", weights_only=True)
+    # the checkpoint is sharded by stage: the main file and every stage's shard, assembled here
+    weights, state = load_weights(Path(config.checkpoint.dir) / meta["file"])
     assert state["run"]["epoch"] == config.train.epochs
-    weights: dict[str, torch.Tensor] = state["model"]
     return weights
 
 
@@ -121,8 +123,8 @@ def test_resume_into_a_different_world_size(reference: tuple[Path, dict[str, Any
     moved = tmp / "one-process" / "ckpt"
     moved.mkdir(parents=True)
     # Start from the checkpoint written after epoch 2 (layout: 1 stage x 2 replicas) and finish on 1 process.
-    shutil.copy(clean_dir / "epoch-0002.pt", moved / "epoch-0002.pt")
-    shutil.copy(clean_dir / "epoch-0002.manifest.json", moved / "epoch-0002.manifest.json")
+    for part in clean_dir.glob("epoch-0002.*"):  # the main file, its stages' shards and their manifests
+        shutil.copy(part, moved / part.name)
     meta = json.loads((clean_dir / "latest.json").read_text())
     meta.update(file="epoch-0002.pt", epoch=2)
     (moved / "latest.json").write_text(json.dumps(meta))

@@ -1,7 +1,8 @@
 """Write a trained model's weights from a checkpoint as one safetensors file.
 
 Reads the newest checkpoint of a ``[checkpoint] dir`` (the one its ``latest.json`` names), or a checkpoint file
-given directly, with ``torch.load(weights_only=True)``, and writes the model's state dict - weights and buffers,
+given directly, with ``torch.load(weights_only=True)`` - a sharded checkpoint's weights from its stages' shards,
+each checked against its manifest - and writes the model's state dict - weights and buffers,
 by the names of the model the config builds - with ``safetensors.torch.save_file``. Tensors that share memory in
 the model (tied embeddings) are written as separate copies, since safetensors refuses shared storage; loading the
 file with ``load_state_dict`` ties nothing back, which gives the same outputs.
@@ -74,6 +75,11 @@ def _is_safetensors(path: Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 2**32
 
 
+def manifest_path_of(checkpoint: Path) -> Path:
+    """The manifest a checkpoint written by a run has beside it."""
+    return checkpoint.with_name(checkpoint.name.removesuffix(".pt") + ".manifest.json")
+
+
 def export_weights(source: Path, out: Path) -> dict[str, Any]:
     """Write the model weights of checkpoint ``source`` to ``out``; returns what was written.
 
@@ -85,12 +91,21 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
-    try:
-        state = torch.load(source, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here
-        raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
-    weights = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+    from elastic_pipe.orchestrator.checkpoint_files import load_weights  # noqa: PLC0415
+
+    weights: Any
+    if manifest_path_of(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
+        try:
+            weights, state = load_weights(source)
+        except Exception as exc:  # a corrupt file or shard: one line, like any unreadable checkpoint
+            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+    else:
+        try:
+            state = torch.load(source, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here
+            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+        weights = state.get("model") if isinstance(state, dict) else None
+    if not weights or not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
         raise CliInputError(f"{source} holds no model weights (expected a checkpoint written by elastic-pipe train)")
     # safetensors refuses tensors that share storage (tied weights) or are views: write one compact copy each
     tensors = {name: t.detach().contiguous().clone() for name, t in weights.items()}

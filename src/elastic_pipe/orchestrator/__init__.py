@@ -40,7 +40,7 @@ from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.trainer import ElasticTrainer, candidate_pipe_lens
-from elastic_pipe.orchestrator.transition import Move, plan_gather, plan_moves
+from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
 from elastic_pipe.orchestrator.worker import run_rank
 
 __all__ = [
@@ -61,7 +61,6 @@ __all__ = [
     "LogSection",
     "MemoryFit",
     "ModelSection",
-    "Move",
     "OrchestratorError",
     "PipelineSection",
     "RecordSink",
@@ -70,17 +69,18 @@ __all__ = [
     "TensorBoardSink",
     "TrainConfig",
     "TrainSection",
+    "Transfer",
     "TransitionEvent",
     "WorkerFailedError",
     "candidate_pipe_lens",
     "components_from_config",
     "config_from_tables",
     "fingerprint",
+    "held_sublayers",
     "launch",
     "layout_sequence",
     "load_config",
-    "plan_gather",
-    "plan_moves",
+    "plan_transfers",
     "preflight",
     "resolve",
     "run_rank",

@@ -1,31 +1,37 @@
-"""Checkpoints: everything a run needs to continue, in one file of tensors and plain data, with a manifest.
+"""Checkpoints: everything a run needs to continue, one shard per pipeline stage plus a main file, with manifests.
 
-What is saved is :meth:`ElasticTrainer.state_dict` (rank 0 writes, after the optimizer state of every stage has
-been sent to it): the model's weights, the optimizer's state by parameter name and its hyper-parameters, the
-learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the run's position
-(:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step) and the history so far.
+What is saved is :meth:`ElasticTrainer.state_dict`, each rank's share: the rank running stage ``s`` of replica 0
+writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - and the
+optimizer state of the parameters it owns, by name); rank 0 then writes the main file: the optimizer's
+hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the
+run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the history so
+far and the shard table. No rank receives another stage's weights or optimizer state.
 
-Files in ``[checkpoint] dir``::
+Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
-    epoch-0002.pt                   the state (torch.save)
-    epoch-0002.manifest.json        its SHA-256, a CRC-32 per tensor, epoch, step, model fingerprint
-    latest.json                     names the newest checkpoint (a plain file name inside the directory)
+    epoch-0002.stage-0000.pt              stage 0's shard (torch.save), and its manifest:
+    epoch-0002.stage-0000.manifest.json   its SHA-256, a CRC-32 per tensor
+    epoch-0002.pt                         the main file: the run's state and the shard table
+    epoch-0002.manifest.json              its SHA-256, a CRC-32 per tensor, epoch, step, model fingerprint
+    latest.json                           names the newest checkpoint's main file
 
 Every file is written to ``NAME.tmp``, flushed and fsynced, renamed over ``NAME``, and the directory is fsynced,
-so a crash leaves either the old file or the new one; the checkpoint, then its manifest, then ``latest.json``.
-A save first deletes ``.tmp`` files a crashed save left, and with ``keep_last = N`` deletes all but the newest N
-checkpoints afterwards.
+so a crash leaves either the old file or the new one; the shards first (then a barrier), then the main file, its
+manifest and ``latest.json``, so ``latest.json`` never names a checkpoint with a shard missing. A save first
+deletes ``.tmp`` files a crashed save left, and with ``keep_last = N`` deletes all but the newest N checkpoints
+(shards included) afterwards.
 
 Loading uses ``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only; no object is
-ever unpickled. Before that the file's SHA-256 must match its manifest; after it, every tensor's CRC-32 must, and
-every floating-point value must be finite and within :data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (unless
-``allow_nonfinite``). A checkpoint failing any check is skipped with a warning naming it, and the newest older one
-that passes is loaded instead. ``latest.json`` fingerprints the model (names and shapes of its parameters), so a
-checkpoint from another model is refused before any process starts.
+ever unpickled. Before that the main file's and every shard's SHA-256 must match their manifests; after it, every
+tensor's CRC-32 must, and every floating-point value must be finite and within
+:data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (unless ``allow_nonfinite``). A checkpoint failing any check
+is skipped with a warning naming it, and the newest older one that passes is loaded instead. ``latest.json``
+fingerprints the model (names and shapes of its parameters), so a checkpoint from another model is refused before
+any process starts.
 
-A run resumes into the same world size or a different one: the layout's pipeline length must divide the new world
-size; the replica count follows, the sampler re-shards from its saved position, and each rank keeps the optimizer
-state of the parameters it owns.
+A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
+divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
+reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns.
 """
 
 from __future__ import annotations
@@ -37,9 +43,18 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.checkpoint_files import FORMAT, load_latest, prune, write_checkpoint
+from elastic_pipe.orchestrator.checkpoint_files import (
+    FORMATS,
+    load_latest,
+    prune,
+    remove_leftovers,
+    shard_name,
+    write_checkpoint,
+    write_shard,
+)
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.transition import held_sublayers
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.trainer import ElasticTrainer
@@ -61,8 +76,8 @@ def check_compatible(meta: dict[str, Any], model: nn.Module, source: str) -> Non
     Raises:
         ConfigError: if the format or the model fingerprint differs.
     """
-    if meta.get("format") != FORMAT:
-        raise ConfigError(f"{source}: checkpoint format {meta.get('format')!r}, expected {FORMAT}")
+    if meta.get("format") not in FORMATS:
+        raise ConfigError(f"{source}: checkpoint format {meta.get('format')!r}, expected one of {list(FORMATS)}")
     mine = fingerprint(model)
     theirs = meta.get("fingerprint", {})
     if theirs != mine:
@@ -112,25 +127,50 @@ class Checkpointer:
         return True
 
     def save(self, trainer: ElasticTrainer, *, steps_done: int | None = None) -> Path:
-        """Write a checkpoint of ``trainer`` (a collective: every rank sends its stage's state to rank 0).
+        """Write a checkpoint of ``trainer`` (a collective: replica 0 of each stage writes its shard, rank 0 the main
+        file).
 
         Args:
             trainer: the run, at an epoch's end (after its transition) or after ``steps_done`` steps of its epoch.
             steps_done: steps of the current epoch already done, for a checkpoint inside an epoch.
         """
+        ctx = trainer.ctx
         state = trainer.state_dict()
         epoch = trainer.state.epoch
         name = f"epoch-{epoch:04d}.pt" if steps_done is None else f"epoch-{epoch:04d}-step-{steps_done:06d}.pt"
         path = self.directory / name
-        if trainer.ctx.rank == 0:
-            meta = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(trainer.ctx.model)}
-            write_checkpoint(self.directory, name, state, meta)
+        layout = trainer.state.layout
+        plan = ctx.plan(layout)
+        writers = plan.pipeline_groups[0]  # replica 0's ranks, stage by stage: replicas hold the same bits
+        if ctx.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            remove_leftovers(self.directory)
+        dist.barrier(group=ctx.groups.control_group)
+        if ctx.rank in writers:
+            shard = {"model": state["model"], "optimizer": {"state": state["optimizer"]["state"]}}
+            write_shard(self.directory, shard_name(name, writers.index(ctx.rank)), shard)
+        dist.barrier(group=ctx.groups.control_group)
+        if ctx.rank == 0:
+            files = [shard_name(name, s) for s in range(layout.pipe_len)]
+            index = {
+                k: files[s]
+                for s, rank in enumerate(writers)
+                for j in held_sublayers(layout, plan, rank)
+                for k in ctx.sublayer_keys[j]
+            }
+            main = {k: v for k, v in state.items() if k != "model"}
+            main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
+            main["shards"] = {"files": files, "index": index}
+            main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
+            meta = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
+            write_checkpoint(self.directory, name, main, meta)
             prune(self.directory, self.config.checkpoint.keep_last, path)
-        dist.barrier(group=trainer.ctx.groups.control_group)
+        dist.barrier(group=ctx.groups.control_group)
         return path
 
     def resume(self, trainer: ElasticTrainer) -> bool:
-        """Load the newest checkpoint into ``trainer`` if there is one (every rank reads the file).
+        """Load the newest checkpoint into ``trainer`` if there is one (every rank reads the main file and, of the
+        shards, only the tensors it needs).
 
         Returns:
             Whether a checkpoint was loaded.

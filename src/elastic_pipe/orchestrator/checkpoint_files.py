@@ -4,6 +4,13 @@ A checkpoint is ``epoch-EEEE[-step-SSSSSS].pt`` (``torch.save`` of tensors and p
 ``weights_only=True``) with ``epoch-...manifest.json`` beside it (the file's SHA-256 and a CRC per tensor);
 ``latest.json`` names the newest. :class:`~elastic_pipe.orchestrator.checkpoint.Checkpointer` decides when to
 save and what; this module only writes and reads.
+
+A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSSS].stage-NNNN.pt`` (the stage's
+weights and optimizer state, written by the rank that runs it) with its own manifest; the main file then holds
+everything else and a ``shards`` table (the shard files and which shard holds each model key). Loading checks every
+shard's SHA-256 against its manifest before anything is used, and wraps the shards in a
+:class:`ShardedCheckpoint`, which reads a tensor only when asked for it (the files are memory-mapped), checking its
+CRC-32 and its values then.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,27 +30,37 @@ from elastic_pipe.orchestrator.integrity import file_sha256, tensor_checksums, v
 
 __all__ = [
     "FORMAT",
+    "FORMATS",
     "LATEST",
     "MANIFEST_SUFFIX",
     "CorruptCheckpoint",
+    "ShardedCheckpoint",
     "checkpoint_files",
     "load_latest",
     "load_verified",
+    "load_weights",
     "manifest_path",
     "prune",
     "read_latest",
     "remove_leftovers",
+    "shard_name",
     "write_checkpoint",
+    "write_shard",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Version of the checkpoint layout; bumped on any incompatible change (3: manifests with checksums).
-FORMAT = 3
+#: Version of the checkpoint layout; bumped on any incompatible change (3: manifests with checksums; 4: one shard
+#: per stage beside the main file).
+FORMAT = 4
+#: Versions this package still reads (a format-3 checkpoint is one whole state in one file).
+FORMATS = (3, 4)
 #: Name of the side file that points at the newest checkpoint.
 LATEST = "latest.json"
 #: What replaces ``.pt`` in the name of a checkpoint's manifest.
 MANIFEST_SUFFIX = ".manifest.json"
+#: Suffix of a stage's shard of a checkpoint.
+SHARD_SUFFIX = ".shard"
 #: Suffix of a file being written; renamed over the real name once complete.
 TMP_SUFFIX = ".tmp"
 #: Names of the checkpoint files: at an epoch's end, or after some steps inside it.
@@ -80,9 +97,22 @@ def _inside(directory: Path, name: str) -> bool:
     return (directory / name).resolve().parent == directory.resolve()
 
 
+def shard_name(name: str, stage: int) -> str:
+    """The shard of ``stage`` beside checkpoint ``name``: ``epoch-0002.pt`` -> ``epoch-0002.stage-0001.shard``.
+
+    Not ``.pt``: a directory's ``*.pt`` files stay its checkpoints, one per save.
+    """
+    return f"{name.removesuffix('.pt')}.stage-{stage:04d}{SHARD_SUFFIX}"
+
+
+def _shards_of(checkpoint: Path) -> list[Path]:
+    """The shard files (and their manifests) beside a checkpoint file."""
+    return sorted(checkpoint.parent.glob(checkpoint.name.removesuffix(".pt") + ".stage-*"))
+
+
 def manifest_path(checkpoint: Path) -> Path:
-    """The manifest beside a checkpoint file: ``epoch-0002.pt`` -> ``epoch-0002.manifest.json``."""
-    return checkpoint.with_name(checkpoint.name.removesuffix(".pt") + MANIFEST_SUFFIX)
+    """The manifest beside a checkpoint file or shard: ``epoch-0002.pt`` -> ``epoch-0002.manifest.json``."""
+    return checkpoint.with_name(checkpoint.name.removesuffix(".pt").removesuffix(SHARD_SUFFIX) + MANIFEST_SUFFIX)
 
 
 def _order(name: str) -> tuple[int, int] | None:
@@ -146,6 +176,8 @@ def prune(directory: Path, keep_last: int, newest: Path) -> list[Path]:
     older = [p for p in checkpoint_files(directory) if last is None or _key(p) <= last]
     doomed = older[:-keep_last]
     for p in doomed:
+        for shard in _shards_of(p):
+            shard.unlink(missing_ok=True)
         manifest_path(p).unlink(missing_ok=True)
         p.unlink(missing_ok=True)
     return doomed
@@ -173,15 +205,18 @@ def write_checkpoint(directory: Path, name: str, state: dict[str, Any], meta: di
     return path
 
 
-def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load one checkpoint file after checking it against its manifest.
+def write_shard(directory: Path, name: str, state: dict[str, Any]) -> Path:
+    """Write one stage's shard ``directory/name`` and its manifest (no collective; no ``latest.json``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    checksums = tensor_checksums(state)
+    _write_atomic(path, lambda f: torch.save(state, f))
+    manifest = {"format": FORMAT, "file": name, "sha256": file_sha256(path), "bytes": path.stat().st_size}
+    _write_json(manifest_path(path), {**manifest, "tensors": checksums})
+    return path
 
-    Returns:
-        The state and the manifest.
 
-    Raises:
-        CorruptCheckpoint: naming the file and what is wrong with it.
-    """
+def _read_manifest(path: Path) -> dict[str, Any]:
     mpath = manifest_path(path)
     try:
         manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
@@ -192,6 +227,122 @@ def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[st
     digest = file_sha256(path)
     if digest != manifest.get("sha256"):
         raise CorruptCheckpoint(f"{path}: SHA-256 {digest[:12]}... differs from the manifest's")
+    return manifest
+
+
+class ShardedCheckpoint:
+    """The shards of one checkpoint, read tensor by tensor (memory-mapped; nothing is read until asked for).
+
+    ``model`` and ``optimizer_state`` are mappings by model key and parameter name, the shape
+    :func:`elastic_pipe.orchestrator.snapshot.restore` reads; every tensor handed out has passed its CRC-32 and
+    (unless ``allow_nonfinite``) the value checks.
+
+    Args:
+        directory: where the shards are.
+        index: ``{model key: shard file name}``.
+        manifests: each shard's manifest, by file name (already checked against the file's SHA-256).
+        allow_nonfinite: accept NaN, infinite and huge values.
+    """
+
+    def __init__(
+        self, directory: Path, index: dict[str, str], manifests: dict[str, dict[str, Any]], *, allow_nonfinite: bool
+    ) -> None:
+        self.directory = directory
+        self.index = index
+        self.manifests = manifests
+        self.allow_nonfinite = allow_nonfinite
+        self._open: dict[str, dict[str, Any]] = {}
+        self.model = _ShardView(self, "model")
+        self.optimizer_state = _ShardView(self, "optimizer")
+
+    def shard(self, name: str) -> dict[str, Any]:
+        """The contents of shard ``name``, memory-mapped (``weights_only``)."""
+        if name not in self._open:
+            path = self.directory / name
+            try:
+                self._open[name] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:  # any unpickling or zip error means the same: this file cannot be used
+                raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
+        return self._open[name]
+
+    def checked(self, shard: str, path: str, value: Any) -> Any:
+        """``value`` (a tensor or a dict of them) at ``path`` of ``shard`` after its CRC-32 and value checks.
+
+        Raises:
+            CorruptCheckpoint: naming the shard and the tensor.
+        """
+        expected = self.manifests[shard].get("tensors", {})
+        actual = tensor_checksums(value, path)
+        problems = [f"tensor {p!r} fails its CRC-32" for p, crc in actual.items() if expected.get(p) != crc]
+        if not self.allow_nonfinite:
+            problems += value_problems({path: value} if isinstance(value, torch.Tensor) else value)
+        if problems:
+            raise CorruptCheckpoint(f"{self.directory / shard}: {'; '.join(problems[:3])}")
+        return value
+
+
+class _ShardView(Mapping[str, Any]):
+    """One part of a sharded checkpoint (``model`` tensors or ``optimizer`` states) as a mapping."""
+
+    def __init__(self, owner: ShardedCheckpoint, part: str) -> None:
+        self.owner = owner
+        self.part = part
+
+    def _find(self, key: str) -> tuple[str, Any] | None:
+        shard = self.owner.index.get(key)
+        if shard is None:
+            return None
+        table = self.owner.shard(shard).get("model" if self.part == "model" else "optimizer", {})
+        if self.part != "model":
+            table = table.get("state", {})
+        return (shard, table[key]) if key in table else None
+
+    def __getitem__(self, key: str) -> Any:
+        found = self._find(key)
+        if found is None:
+            raise KeyError(key)
+        shard, value = found
+        prefix = "model" if self.part == "model" else "optimizer/state"
+        return self.owner.checked(shard, f"{prefix}/{key}", value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._find(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in self.owner.index if k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+def _attach_shards(path: Path, state: dict[str, Any], *, allow_nonfinite: bool) -> None:
+    """Check the shards ``state`` names and put lazy views of them in its ``model`` and optimizer ``state``."""
+    table = state.get("shards")
+    if not isinstance(table, dict):
+        raise CorruptCheckpoint(f"{path}: 'shards' must be a table of files and an index")
+    files, index = table.get("files", []), table.get("index", {})
+    bad = [f for f in files if not isinstance(f, str) or not _inside(path.parent, f)]
+    if bad or not isinstance(index, dict) or not set(index.values()) <= set(files):
+        raise CorruptCheckpoint(f"{path}: its shard table names files outside the directory or unknown shards")
+    manifests = {f: _read_manifest(path.parent / f) for f in files}
+    shards = ShardedCheckpoint(path.parent, index, manifests, allow_nonfinite=allow_nonfinite)
+    state["model"] = shards.model
+    state.setdefault("optimizer", {})["state"] = shards.optimizer_state
+
+
+def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load one checkpoint file after checking it against its manifest.
+
+    A sharded checkpoint's shards are checked too (each against its manifest's SHA-256), and its ``model`` and
+    optimizer ``state`` become lazy views of them (:class:`ShardedCheckpoint`).
+
+    Returns:
+        The state and the manifest.
+
+    Raises:
+        CorruptCheckpoint: naming the file and what is wrong with it.
+    """
+    manifest = _read_manifest(path)
     try:
         state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling or zip error means the same: this file cannot be used
@@ -202,7 +353,25 @@ def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[st
     if problems:
         more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
         raise CorruptCheckpoint(f"{path}: {'; '.join(problems[:3])}{more}")
+    if "shards" in state:
+        _attach_shards(path, state, allow_nonfinite=allow_nonfinite)
     return state, manifest
+
+
+def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every model weight of checkpoint file ``path`` (whole or sharded), and the main file's state.
+
+    The whole model is assembled here, on the CPU: for export and inspection, never for training.
+
+    Raises:
+        CorruptCheckpoint: the file or one of its shards fails its checks.
+    """
+    state, _ = load_verified(path, allow_nonfinite=True)
+    weights = state.get("model")
+    if isinstance(weights, Mapping):
+        order = state.get("keys") or list(weights)
+        return {k: weights[k] for k in order}, state
+    return {}, state
 
 
 def load_latest(

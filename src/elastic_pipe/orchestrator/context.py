@@ -3,6 +3,11 @@
 A :class:`RunContext` is built once by the trainer and handed to the parts that change with the layout
 (:class:`~elastic_pipe.orchestrator.stage_runtime.StageRuntime`, the step loop, the transition executor,
 evaluation). It holds no layout: everything layout-dependent takes a :class:`~elastic_pipe.types.Layout`.
+
+The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
+(:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
+not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, while the model
+is whole.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from torch import nn
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.step_data import EpochPlan, StepData
-from elastic_pipe.orchestrator.transition import owned_sublayers
+from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]
@@ -42,6 +48,11 @@ class RunContext:
         epoch: how an epoch of the training split is cut into steps (the same in every layout).
         compiled: compiled wrappers of the sub-layers (``[train] compile``), from which stages are built; ``None``
             runs stages eagerly.
+        examples: one sample's activation at every sub-layer boundary (``examples[j]`` enters sub-layer ``j``,
+            ``examples[-1]`` is the model's output), on the device, taken at setup in eval mode: the shapes and
+            dtypes a stage declares, whatever it holds.
+        sublayer_keys: the state-dict keys of each sub-layer.
+        param_bytes: parameter bytes of each sub-layer.
     """
 
     config: TrainConfig
@@ -56,10 +67,16 @@ class RunContext:
     costs: list[float]
     epoch: EpochPlan
     compiled: list[nn.Module] | None = None
+    examples: list[torch.Tensor] = field(default_factory=list)
+    sublayer_keys: list[list[str]] = field(default_factory=list)
+    param_bytes: list[int] = field(default_factory=list)
+    #: The per-rank memory budget every layout must fit (``[pipeline] memory_budget``), or ``None``.
+    memory: MemoryBudget | None = None
+    #: The optimizer group of each parameter (by name), as the optimizer was built over the whole model.
+    param_group_of: dict[str, int] = field(default_factory=dict)
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
     #: synchronise the host with the device at every cached step.
     host_ids: torch.Tensor = field(init=False)
-    _prefix_memo: tuple[int, torch.Tensor] | None = field(default=None, init=False)
     _sublayers: list[nn.Module] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,8 +113,12 @@ class RunContext:
         return self.groups.plan(layout.pipe_len)
 
     def owned(self, layout: Layout) -> range:
-        """The sub-layers this rank's stage holds in ``layout``."""
+        """The sub-layers this rank's stage trains in ``layout``."""
         return owned_sublayers(layout, self.plan(layout), self.rank)
+
+    def held(self, layout: Layout) -> tuple[int, ...]:
+        """The sub-layers this rank keeps in memory in ``layout`` (its stage's, and the frozen prefix on stage 0)."""
+        return held_sublayers(layout, self.plan(layout), self.rank)
 
     def broadcast_bytes(self, payload: bytes | None, src: int) -> bytes:
         """Broadcast bytes from ``src`` over the gloo control group (a collective)."""
@@ -105,7 +126,13 @@ class RunContext:
 
     def autocast(self) -> Any:
         """The autocast context the forward passes run in."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.train.autocast == "bf16")
+        return self.autocast_for(self.config, self.device)()
+
+    @staticmethod
+    def autocast_for(config: TrainConfig, device: torch.device) -> Any:
+        """A function returning the autocast context ``config`` asks for on ``device``."""
+        enabled = config.train.autocast == "bf16"
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def run_sublayers(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """Sub-layers ``lo:hi`` on ``x`` without gradients (the frozen prefix's forward)."""
@@ -116,21 +143,11 @@ class RunContext:
         return x
 
     def prefix_example(self, frozen: int) -> torch.Tensor:
-        """The output of the frozen sub-layers ``0:frozen`` on one training sample (eval mode).
-
-        Memoised: frozen weights never change, so a later, larger boundary runs only the sub-layers frozen since.
-        """
-        memo = self._prefix_memo
-        if memo is None or memo[0] > frozen:
-            memo = (0, self.train_set.input_rows(0, 1).to(self.device))
-        if memo[0] < frozen:
-            memo = (frozen, self.run_sublayers(memo[1], memo[0], frozen))
-        self._prefix_memo = memo
-        return memo[1]
+        """An example output of the frozen sub-layers ``0:frozen`` for one sample (its shape and dtype count)."""
+        return self.examples[frozen]
 
     def forget_prefix(self) -> None:
-        """Drop the memoised prefix output (after loading weights it was not computed with)."""
-        self._prefix_memo = None
+        """Nothing to forget: the examples carry shapes, not current values (kept for callers)."""
 
     def restore_modes(self, layout: Layout | None, training: bool) -> None:
         """Back to ``training`` mode, except the frozen prefix, which always runs in eval mode (no dropout)."""

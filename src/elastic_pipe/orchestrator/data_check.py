@@ -10,24 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import torch
-from torch import nn
-
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
 from elastic_pipe.orchestrator.workload import Split
 
-__all__ = ["first_bad_label", "local_failure", "num_classes", "raise_first_failure"]
-
-
-@torch.no_grad()
-def num_classes(model: nn.Module, example: torch.Tensor) -> int:
-    """The size of the model's last output dimension on one sample (classes, or the vocabulary), in eval mode."""
-    was = model.training
-    model.eval()
-    out = model(example)
-    model.train(was)
-    return int(out.shape[-1])
+__all__ = ["first_bad_label", "local_failure", "raise_first_failure"]
 
 
 def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:

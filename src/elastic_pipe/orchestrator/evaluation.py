@@ -1,114 +1,103 @@
-"""Scoring the whole model on the evaluation split, each rank a 1/W share, summed with one all-reduce."""
+"""Scoring the model on the evaluation split through the trained layout itself: no rank needs the whole model.
+
+Replica ``r`` of ``R`` scores samples ``r, r + R, ...`` in batches of :data:`EVAL_BATCH`. Each batch runs down its
+replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its own sub-layers, every stage sends
+its output to the next one (point to point, a small header with the shape and dtype first), and the last stage
+scores the batch. One all-reduce sums the loss, the correct answers and the counts over the world.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from elastic_pipe.orchestrator.step_data import StepData
-from elastic_pipe.orchestrator.transition import apply_moves, plan_gather
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
 
-__all__ = ["EVAL_BATCH", "evaluate", "evaluate_split", "sync_weights"]
+__all__ = ["EVAL_BATCH", "evaluate", "recv_activation", "send_activation"]
 
-#: Evaluation batch size per rank.
+#: Evaluation batch size per replica.
 EVAL_BATCH = 256
+#: Most dimensions of an activation sent between stages (the header has room for this many sizes).
+MAX_NDIM = 8
+#: The dtypes an activation may have, by their code in the header.
+_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.bool,
+    torch.uint8,
+)
 
 
-@torch.no_grad()
-def evaluate_split(
-    model: nn.Module,
-    data: StepData,
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    *,
-    rank: int,
-    world_size: int,
-    device: torch.device,
-    autocast: Callable[[], Any],
-) -> tuple[float, float | None]:
-    """Loss and accuracy of ``model`` on ``data`` (a collective); rank ``r`` scores samples ``r, r + W, ...``.
-
-    The caller sets the model's modes (eval) and makes its weights current on every rank first.
-
-    Args:
-        model: the whole model, the same weights on every rank.
-        data: the evaluation split (the same on every rank).
-        loss_fn: ``loss_fn(output, target)``, a mean over the batch.
-        rank: this rank.
-        world_size: the number of ranks sharing the work.
-        device: where the batches run.
-        autocast: returns the autocast context the forward runs in.
-
-    Returns:
-        The mean loss and the accuracy (``None`` when the output is not per-sample class scores).
-    """
-    mine = torch.arange(rank, len(data), world_size)
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
-    classify = True
-    chunks = [chunk.tolist() for chunk in torch.split(mine, EVAL_BATCH)]
-    for chunk, x, y in data.batches(chunks, inputs=True, labels=True, device=device):
-        assert x is not None and y is not None
-        with autocast():
-            out = model(x)
-        totals[0] += float(loss_fn(out, y)) * len(chunk)
-        if out.dim() == 2:
-            totals[1] += float((out.argmax(-1) == y).sum())
-        else:
-            classify = False
-        totals[2] += len(chunk)
-    dist.all_reduce(totals)
-    count = float(totals[2])
-    return float(totals[0]) / count, (float(totals[1]) / count if classify else None)
+def send_activation(x: torch.Tensor, dst: int, group: object = None) -> None:
+    """Send ``x`` to rank ``dst``: a header (dtype code, dimensions, sizes), then the tensor."""
+    if x.dim() > MAX_NDIM or x.dtype not in _DTYPES:
+        raise ValueError(f"cannot send an activation of dtype {x.dtype} with {x.dim()} dimensions")
+    header = torch.zeros(2 + MAX_NDIM, dtype=torch.int64, device=x.device)
+    header[0], header[1] = _DTYPES.index(x.dtype), x.dim()
+    header[2 : 2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+    dist.send(header, dst, group=group)  # type: ignore[arg-type]
+    dist.send(x.contiguous(), dst, group=group)  # type: ignore[arg-type]
 
 
-def sync_weights(
-    ctx: RunContext,
-    layout: Layout,
-    optimizer: torch.optim.Optimizer | None = None,
-    *,
-    keep_all_on: int | None = None,
-) -> int:
-    """Make every rank's copy of every active sub-layer current (a collective); returns the bytes received.
-
-    Args:
-        ctx: the rank's fixed facts.
-        layout: the current layout.
-        optimizer: also send its state (for a checkpoint).
-        keep_all_on: the rank that keeps every received optimizer state (the others keep their own only).
-    """
-    owned = ctx.owned(layout)
-    return apply_moves(
-        plan_gather(layout, ctx.plan(layout)),
-        ctx.sublayers,
-        optimizer,
-        rank=ctx.rank,
-        device=ctx.device,
-        keep_state=lambda j: ctx.rank == keep_all_on or j in owned,
-        broadcast_bytes=ctx.broadcast_bytes,
-    )
+def recv_activation(src: int, device: torch.device, group: object = None) -> torch.Tensor:
+    """Receive what :func:`send_activation` sends from rank ``src``."""
+    header = torch.zeros(2 + MAX_NDIM, dtype=torch.int64, device=device)
+    dist.recv(header, src, group=group)  # type: ignore[arg-type]
+    code, ndim, *sizes = header.tolist()
+    x = torch.empty(sizes[:ndim], dtype=_DTYPES[code], device=device)
+    dist.recv(x, src, group=group)  # type: ignore[arg-type]
+    return x
 
 
 @torch.no_grad()
 def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
-    """Loss and accuracy of the whole model on the evaluation split; each rank scores a 1/W share."""
-    sync_weights(ctx, layout)
+    """Loss and accuracy of the model on the evaluation split, pipelined through ``layout`` (a collective).
+
+    Returns:
+        The mean loss and the accuracy (``None`` when the output is not per-sample class scores).
+    """
+    plan = ctx.plan(layout)
+    stage, replica = int(plan.stage_of(ctx.rank)), int(plan.replica_of(ctx.rank))
+    last = stage == layout.pipe_len - 1
+    pipeline = plan.pipeline_groups[replica]
+    group = ctx.groups.pipeline_group(layout.pipe_len)
+    lo, hi = layout.boundaries[stage], layout.boundaries[stage + 1]
+    start = 0 if stage == 0 else lo  # stage 0 runs the frozen prefix too
     was = ctx.model.training
     ctx.model.eval()
-    scores = evaluate_split(
-        ctx.model,
-        ctx.eval_set,
-        ctx.parts.loss,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        device=ctx.device,
-        autocast=ctx.autocast,
-    )
+    data = ctx.eval_set
+    mine = torch.arange(replica, len(data), layout.replicas)
+    chunks = [chunk.tolist() for chunk in torch.split(mine, EVAL_BATCH)]
+    totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count, not-classified
+    sublayers = ctx.sublayers
+    for batch in data.batches(chunks, inputs=stage == 0, labels=last, device=ctx.device):
+        x = batch.inputs if stage == 0 else recv_activation(pipeline[stage - 1], ctx.device, group)
+        assert x is not None  # stage 0 reads inputs
+        with ctx.autocast():
+            for j in range(start, hi):
+                x = sublayers[j](x)
+        if not last:
+            send_activation(x, pipeline[stage + 1], group)
+            continue
+        y = batch.labels
+        assert y is not None  # the last stage reads labels
+        rows = len(batch.positions)
+        totals[0] += float(ctx.parts.loss(x, y)) * rows
+        if x.dim() == 2:
+            totals[1] += float((x.argmax(-1) == y).sum())
+        else:
+            totals[3] += 1
+        totals[2] += rows
+    dist.all_reduce(totals)
     ctx.restore_modes(layout, was)
-    return scores
+    count = float(totals[2])
+    return float(totals[0]) / count, (float(totals[1]) / count if float(totals[3]) == 0 else None)

@@ -30,11 +30,12 @@ from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
-from elastic_pipe.orchestrator.transition import apply_moves, changed_ranks, drop_foreign_state, plan_moves
+from elastic_pipe.orchestrator.transition import changed_ranks, drop_foreign_state
 
 __all__ = [
     "TRANSITION_PHASES",
@@ -58,6 +59,16 @@ def initial_state(ctx: RunContext) -> RunState:
     c = ctx.config
 
     def initial() -> protocol.TransitionMessage:
+        if ctx.memory is not None:  # the shortest pipeline whose every rank fits [pipeline] memory_budget
+            layout, budget = layout_rule.initial_layout_within(
+                ctx.costs,
+                ctx.groups.pipe_lens,
+                ctx.world_size,
+                ctx.memory,
+                solver=ctx.parts.partitioner,
+                microbatches_for=c.microbatches_for,
+            )
+            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
         layout, budget = layout_rule.initial_layout(
             ctx.costs,
             c.pipeline.pipe_len,
@@ -161,6 +172,7 @@ def decide(
             budget=state.budget,
             world_size=ctx.world_size,
             microbatches_for=ctx.config.microbatches_for,
+            memory=ctx.memory,
         )
         changed = changed_ranks(ctx.plan(current), ctx.plan(layout), ctx.world_size)
         return decision.message_for(
@@ -181,7 +193,7 @@ class Applied:
     Attributes:
         state: the state in the new layout.
         stage: the new stage (the old one is closed).
-        bytes_moved: bytes this rank received.
+        bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
         phases: seconds per part of :data:`TRANSITION_PHASES`.
     """
 
@@ -215,15 +227,7 @@ def apply(
     clock.start()
     sublayers = ctx.sublayers
     new_owned = ctx.owned(new)
-    moved = apply_moves(
-        plan_moves(old, new, ctx.plan(old), ctx.plan(new)),
-        sublayers,
-        optimizer,
-        rank=ctx.rank,
-        device=ctx.device,
-        keep_state=lambda j: j in new_owned,
-        broadcast_bytes=ctx.broadcast_bytes,
-    )
+    _, moved = transfer(ctx, old, new, optimizer)  # the bytes every rank received, summed over the job
     clock.lap("moves")
     maybe_fail("moved", ctx.rank, msg.epoch, None)  # after the moves, before the freeze and the rebuild
     if new.frozen > old.frozen:

@@ -47,9 +47,9 @@ def _crc32(t: torch.Tensor) -> int:
     return zlib.crc32(raw.numpy().tobytes())
 
 
-def tensor_checksums(state: Any) -> dict[str, int]:
-    """CRC-32 of every tensor's bytes, by path."""
-    return {path: _crc32(t) for path, t in tensors(state)}
+def tensor_checksums(state: Any, prefix: str = "") -> dict[str, int]:
+    """CRC-32 of every tensor's bytes, by path (under ``prefix``)."""
+    return {path: _crc32(t) for path, t in tensors(state, prefix)}
 
 
 def file_sha256(path: str | Path) -> str:

@@ -12,6 +12,10 @@ initial partition) and the world size, and returns the new length with its parti
 * ``none`` - keep the length (freeze only; the pipeline needs one active sub-layer per stage).
 
 Any object with ``name``, ``keeps_length`` and this ``__call__`` is a rule.
+
+A per-rank memory budget (:class:`MemoryBudget`, from ``[pipeline] memory_budget``) bounds every layout on top of
+that: the initial length is the shortest that fits it (:func:`initial_layout_within`), and when a rule's choice
+does not fit, :func:`next_layout` takes the shortest longer length, up to the current one, that does.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from elastic_pipe import freeze
 from elastic_pipe import partition as part
-from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.types import Layout
 
 __all__ = [
@@ -30,10 +34,12 @@ __all__ = [
     "CompressionRule",
     "Halving",
     "KeepLength",
+    "MemoryBudget",
     "MemoryFit",
     "decide_units",
     "frozen_sublayers",
     "initial_layout",
+    "initial_layout_within",
     "layout_sequence",
     "max_frozen_units",
     "next_layout",
@@ -111,6 +117,42 @@ class KeepLength:
 COMPRESSION_RULES: dict[str, CompressionRule] = {"halving": Halving(), "memory": MemoryFit(), "none": KeepLength()}
 
 
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The most bytes one rank may hold, and what each sub-layer costs where it is held.
+
+    Attributes:
+        limit: bytes per rank.
+        active: bytes of each sub-layer while it trains: weights, gradients and optimizer state.
+        frozen: bytes of each sub-layer once frozen (only stage 0 holds it): its weights.
+    """
+
+    limit: int
+    active: tuple[int, ...]
+    frozen: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.limit < 1 or len(self.active) != len(self.frozen):
+            raise ConfigError(f"a memory budget needs a positive limit and one size per sub-layer, got {self!r}")
+
+    @classmethod
+    def for_parameters(cls, limit: int, param_bytes: Sequence[int], optimizer_slots: int) -> MemoryBudget:
+        """A budget for sub-layers of ``param_bytes`` with ``optimizer_slots`` parameter-sized optimizer tensors
+        each (AdamW 2, SGD with momentum 1)."""
+        return cls(limit, tuple(b * (2 + optimizer_slots) for b in param_bytes), tuple(param_bytes))
+
+    def stage_bytes(self, layout: Layout) -> list[int]:
+        """Bytes each stage's ranks hold under ``layout`` (stage 0 with the frozen prefix)."""
+        b = layout.boundaries
+        out = [sum(self.active[b[s] : b[s + 1]]) for s in range(layout.pipe_len)]
+        out[0] += sum(self.frozen[: layout.frozen])
+        return out
+
+    def fits(self, layout: Layout) -> bool:
+        """Whether every rank of ``layout`` stays within the limit."""
+        return max(self.stage_bytes(layout)) <= self.limit
+
+
 def initial_layout(
     costs: Sequence[float], pipe_len: int, world_size: int, *, solver: Solver, microbatches: int
 ) -> tuple[Layout, float]:
@@ -118,6 +160,35 @@ def initial_layout(
     p = part.solve(list(costs), pipe_len, solver)
     layout = Layout(0, pipe_len, world_size // pipe_len, tuple(p.boundaries), microbatches)
     return layout, float(p.bottleneck)
+
+
+def initial_layout_within(
+    costs: Sequence[float],
+    pipe_lens: Sequence[int],
+    world_size: int,
+    memory: MemoryBudget,
+    *,
+    solver: Solver,
+    microbatches_for: Callable[[int], int],
+) -> tuple[Layout, float]:
+    """The start layout of the shortest pipeline among ``pipe_lens`` whose every rank fits ``memory``.
+
+    Raises:
+        ConfigError: no length fits; the message gives the bytes the best one needs per rank and the limit.
+    """
+    best: tuple[int, int] | None = None
+    for k in sorted(pipe_lens):
+        layout, bottleneck = initial_layout(costs, k, world_size, solver=solver, microbatches=microbatches_for(k))
+        need = max(memory.stage_bytes(layout))
+        if need <= memory.limit:
+            return layout, bottleneck
+        best = (k, need) if best is None or need < best[1] else best
+    assert best is not None  # pipe_lens is never empty
+    raise ConfigError(
+        f"[pipeline] memory_budget = {memory.limit:,} bytes per rank: no pipeline length fits on {world_size} "
+        f"process(es) (the best, {best[0]} stage(s), needs {best[1]:,} bytes on one rank; the whole training state "
+        f"is {sum(memory.active):,} bytes); use more processes, a longer pipe_len or a larger budget"
+    )
 
 
 def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:
@@ -142,6 +213,7 @@ def next_layout(
     budget: float,
     world_size: int,
     microbatches_for: Callable[[int], int] | None = None,
+    memory: MemoryBudget | None = None,
 ) -> Layout:
     """The layout once the first ``frozen`` sub-layers are frozen.
 
@@ -154,6 +226,9 @@ def next_layout(
         budget: the largest per-stage cost allowed after compression (the bottleneck at the start).
         world_size: number of ranks (the new pipeline length must divide it).
         microbatches_for: micro-batch count for a pipeline length (default: keep the current count).
+        memory: a per-rank memory budget: a layout that does not fit it is never chosen. When the rule's does
+            not, the shortest longer divisor of the current length that fits is taken; when none does, the
+            current layout stays (the freeze waits for a later decision point).
 
     Raises:
         OrchestratorError: if the compressed length does not divide the world size.
@@ -167,6 +242,26 @@ def next_layout(
             f"compression {compression.name!r} chose pipe_len={pipe_len}, which does not divide the world size "
             f"{world_size}"
         )
+    layout = _layout(frozen, p, world_size, current, microbatches_for)
+    if memory is None or memory.fits(layout):
+        return layout
+    active = len(costs) - frozen
+    longer = [
+        k
+        for k in range(pipe_len + 1, min(current.pipe_len, active) + 1)
+        if current.pipe_len % k == 0 and world_size % k == 0
+    ]
+    for k in longer:
+        candidate = _layout(frozen, part.solve(list(costs[frozen:]), k, solver), world_size, current, microbatches_for)
+        if memory.fits(candidate):
+            return candidate
+    return current  # no layout of this many frozen sub-layers fits: the freeze waits for the next decision
+
+
+def _layout(
+    frozen: int, p: part.Partition, world_size: int, current: Layout, microbatches_for: Callable[[int], int] | None
+) -> Layout:
+    pipe_len = p.num_stages
     boundaries = tuple(frozen + b for b in p.boundaries)
     microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
     return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches)

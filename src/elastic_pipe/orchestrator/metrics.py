@@ -134,7 +134,7 @@ class TransitionEvent:
         microbatches: micro-batches per step and replica after it.
         boundaries: ``pipe_len + 1`` sub-layer offsets of the new partition.
         changed_ranks: ranks whose (replica, stage) role changed.
-        bytes_moved: weights and optimizer state broadcast to new owners.
+        bytes_moved: bytes of weights, buffers and optimizer state the ranks received, summed over the job.
         cache: whether stage 0 reads the frozen prefix from the activation cache after it.
         seconds: wall time from the decision to the first step of the new layout (stats gathering, decision,
             broadcast, state moves, freezing, rebuilding the stage), measured on rank 0.

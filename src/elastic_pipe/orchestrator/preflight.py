@@ -24,6 +24,7 @@ from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
+from elastic_pipe.orchestrator.setup import check_memory_budget
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
 __all__ = ["check_writable", "preflight"]
@@ -75,6 +76,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         raise ConfigError(
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
         )
+    check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
     if config.checkpoint.dir and config.checkpoint.resume == "auto":
         meta = read_latest(config.checkpoint.dir)
         if meta is not None:

@@ -68,6 +68,18 @@ MAX_EPOCHS = 100_000
 DEFAULT_ALPHA = 1 / 3
 
 
+def size_bytes(value: object, name: str) -> int:
+    """A config size in bytes: a byte count or a string like ``"40GiB"`` (:func:`elastic_pipe.cache.parse_bytes`).
+
+    Raises:
+        ConfigError: naming ``name`` and the value.
+    """
+    try:
+        return parse_bytes(value)  # type: ignore[arg-type]  # parse_bytes refuses any other type itself
+    except CacheError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -284,10 +296,7 @@ def _cache_tiers(value: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, raw in table.items():
         if key in ("device", "host", "disk_size"):
-            try:
-                out[key] = parse_bytes(raw)
-            except CacheError as exc:
-                raise ConfigError(f"pipeline.cache_tiers.{key}: {exc}") from None
+            out[key] = size_bytes(raw, f"pipeline.cache_tiers.{key}")
         else:
             _string(f"pipeline.cache_tiers.{key}", raw)
             out[key] = raw
@@ -331,6 +340,10 @@ class PipelineSection:
             "views" (``views`` augmented views per sample are cached, epoch ``e`` reads view ``e % views``).
             A dataset without random transforms is cached exactly, whatever this says.
         views: augmented views cached per sample under ``cache_policy = "views"``.
+        memory_budget: the most bytes of training state one rank may hold ("40GiB", "512MiB", "2.5GB", a byte
+            count; "" for no limit): an active sub-layer costs its weights, gradients and optimizer state, a frozen
+            one (on stage 0) its weights. The initial pipeline is the shortest that fits, compression never picks
+            one that does not, and a job none fits is refused before any process group forms.
     """
 
     pipe_len: int = 1
@@ -345,8 +358,16 @@ class PipelineSection:
     cache_tiers: Mapping[str, Any] = field(default_factory=dict)
     cache_policy: str = "bypass"
     views: int = 1
+    memory_budget: str | int = ""
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """:attr:`memory_budget` in bytes, or ``None`` for no limit."""
+        return size_bytes(self.memory_budget, "pipeline.memory_budget") if self.memory_budget != "" else None
 
     def __post_init__(self) -> None:
+        if self.memory_budget != "" and size_bytes(self.memory_budget, "pipeline.memory_budget") < 1:
+            raise ConfigError(f"pipeline.memory_budget must be at least one byte, got {self.memory_budget!r}")
         for name in ("pipe_len", "microbatches", "cache_mb", "views"):
             _positive_int(f"pipeline.{name}", getattr(self, name))
         for name in ("solver", "schedule"):

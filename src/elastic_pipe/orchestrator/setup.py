@@ -1,13 +1,18 @@
 """Building one rank's :class:`RunContext`: groups, device, data splits, sub-layer costs, the event log.
 
 The process group must exist already (:func:`elastic_pipe.orchestrator.process_group.join_process_group`).
+
+The model arrives whole, on the CPU. Setup reads what every rank must know about every sub-layer while it is
+whole - one sample's activation at each boundary (:func:`boundary_examples`), the parameters' names and sizes -
+and leaves it on the CPU: the trainer then moves to the device only what the rank holds and releases the rest
+(:func:`elastic_pipe.orchestrator.holdings.hold`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -15,11 +20,13 @@ from torch import nn
 
 from elastic_pipe import partition
 from elastic_pipe.groups import GroupManager
+from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.data_check import local_failure, num_classes, raise_first_failure
+from elastic_pipe.orchestrator.data_check import local_failure, raise_first_failure
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.holdings import sublayer_keys
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, split_unit
@@ -27,11 +34,14 @@ from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.workload import cross_entropy, split_data
 
 __all__ = [
+    "boundary_examples",
     "build_context",
     "candidate_pipe_lens",
+    "check_memory_budget",
     "compile_enabled",
     "compile_seconds",
     "compile_sublayers",
+    "memory_budget",
     "profiled_costs",
     "sublayer_costs",
 ]
@@ -59,6 +69,74 @@ def profiled_costs(model: nn.Module, train_set: StepData, config: TrainConfig, d
     for p in model.parameters():
         p.grad = None
     return costs
+
+
+@torch.no_grad()
+def boundary_examples(model: nn.Module, x: torch.Tensor, device: torch.device, autocast: Any) -> list[torch.Tensor]:
+    """One sample's activation at every sub-layer boundary, in eval mode, on ``device``.
+
+    Each sub-layer visits the device only while it runs (and goes back to where it was), so this needs the device
+    memory of one sub-layer, not of the model.
+
+    Args:
+        model: the whole model (a SubLayerModel), its weights anywhere.
+        x: one sample's input.
+        device: where the examples are computed and kept.
+        autocast: returns the autocast context the forward passes run in.
+    """
+    was = model.training
+    model.eval()
+    x = x.to(device)
+    out = [x]
+    for sub in model.children():
+        home = next((t.device for t in (*sub.parameters(), *sub.buffers())), device)
+        sub.to(device)
+        with autocast():
+            x = sub(x)
+        sub.to(home)
+        out.append(x.detach())
+    model.train(was)
+    return out
+
+
+def param_bytes(model: nn.Module) -> list[int]:
+    """Parameter bytes per sub-layer."""
+    return [sum(p.numel() * p.element_size() for p in m.parameters()) for m in model.children()]
+
+
+def optimizer_slots(config: TrainConfig) -> int:
+    """Parameter-sized tensors the optimizer keeps per parameter: AdamW 2, SGD 1 with momentum (else 0)."""
+    if config.train.optimizer == "sgd":
+        return 1 if config.train.momentum else 0
+    return 2
+
+
+def memory_budget(config: TrainConfig, model: nn.Module) -> layout_rule.MemoryBudget | None:
+    """The per-rank budget ``[pipeline] memory_budget`` sets for ``model``, or ``None`` when it sets none."""
+    limit = config.pipeline.memory_budget_bytes
+    if limit is None:
+        return None
+    return layout_rule.MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
+
+
+def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
+    """Refuse a job none of whose pipeline lengths fits ``[pipeline] memory_budget`` (no collective: called before
+    the process group forms, with the parameter-count partition every length starts from).
+
+    Raises:
+        ConfigError: no reachable pipeline length fits, naming the bytes needed and the limit.
+    """
+    memory = memory_budget(config, model)
+    if memory is None:
+        return
+    layout_rule.initial_layout_within(
+        sublayer_costs(model),
+        candidate_pipe_lens(config),
+        config.world_size,
+        memory,
+        solver=config.pipeline.solver,
+        microbatches_for=config.microbatches_for,
+    )
 
 
 def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
@@ -127,17 +205,37 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
     sinks = [TensorBoardSink(os.path.join(c.log.dir, "tensorboard"))] if c.log.tensorboard and rank == 0 else []
     log = EventLog(path, None if quiet or rank != 0 else sys.stderr, sinks)
-    model = parts.model.to(device)
+    model = parts.model  # stays on the CPU: the trainer moves only what this rank holds
+    autocast = RunContext.autocast_for(c, device)
+    examples = boundary_examples(model, train_set.input_rows(0, 1), device, autocast)
     # Class labels are checked against the model's output (cross-entropy only: a user loss may take anything).
-    classes = num_classes(model, train_set.input_rows(0, 1).to(device)) if parts.loss is cross_entropy else None
+    classes = int(examples[-1].shape[-1]) if parts.loss is cross_entropy else None
     if isinstance(train_set, DatasetSplit) and isinstance(eval_set, DatasetSplit):
         train_set, eval_set = train_set.with_classes(classes), eval_set.with_classes(classes)
     mine = local_failure([train_set, eval_set], classes, rank, world, scan=c.data.check)
     raise_first_failure(mine, rank, world, groups.broadcast_bytes)
     compiled = compile_sublayers(model) if compile_enabled(c, device) else None
     costs = sublayer_costs(model)
-    if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
-        costs = profiled_costs(model, train_set, c, device)
+    if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles (the whole model)
+        costs = profiled_costs(model.to(device), train_set, c, device)
+        model.to("cpu")
     unit = split_unit(world, candidate_pipe_lens(c), c.microbatches_for)
     epoch = epoch_plan(len(train_set), c.train.global_batch, unit, drop_last=c.data.drop_last)
-    return RunContext(c, parts, rank, world, device, groups, train_set, eval_set, log, costs, epoch, compiled)
+    return RunContext(
+        c,
+        parts,
+        rank,
+        world,
+        device,
+        groups,
+        train_set,
+        eval_set,
+        log,
+        costs,
+        epoch,
+        compiled,
+        examples=examples,
+        sublayer_keys=sublayer_keys(model),
+        param_bytes=param_bytes(model),
+        memory=memory_budget(c, model),
+    )

@@ -1,12 +1,15 @@
-"""A run's training state as tensors and plain data: gathered to rank 0 for a checkpoint, restored on every rank.
+"""A rank's share of the training state as tensors and plain data, and restoring a share on every rank.
 
-The weights travel by parameter name, the optimizer's state by parameter name with its hyper-parameters, the
-position as :class:`~elastic_pipe.orchestrator.state.RunState`. :class:`~elastic_pipe.orchestrator.trainer.
-ElasticTrainer` adds its scheduler, policy, sampler and history; the checkpointer only writes and reads files.
+Every rank has the run's position and the trainer's small state (scheduler, policy, sampler, history); each rank
+also has the weights of the sub-layers it holds and the optimizer state of the parameters it owns, by name. A
+checkpoint (:mod:`.checkpoint`) writes one such share per stage; :func:`restore` takes from a saved state - one
+whole state, or shards read on demand (:class:`~elastic_pipe.orchestrator.checkpoint_files.ShardedCheckpoint`) -
+only what this rank holds in the saved layout, whatever layout or world size wrote it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -14,54 +17,52 @@ import torch
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.evaluation import sync_weights
+from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.types import Layout
 
-__all__ = ["full_model", "gather", "restore"]
+__all__ = ["full_model", "local_state", "restore"]
 
 
-def _param_names(ctx: RunContext) -> dict[int, str]:
-    return {id(p): name for name, p in ctx.model.named_parameters()}
+def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
+    return [k for j in ctx.held(layout) for k in ctx.sublayer_keys[j]]
 
 
-def gather(
+def local_state(
     ctx: RunContext, state: RunState, optimizer: torch.optim.Optimizer, *, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    """The whole training state on rank 0 (a collective: every stage sends its weights and optimizer state).
+    """This rank's share of the training state (no collective), tensors on the CPU.
 
     Returns:
-        On rank 0: ``{"run", "rng", "model", "optimizer", **extra}``; ``{}`` elsewhere. No rank but 0 keeps
-        another stage's optimizer state afterwards.
+        ``{"run", "rng", "model", "optimizer", **extra}``: ``model`` holds the weights of the sub-layers this rank
+        holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters.
     """
-    sync_weights(ctx, state.layout, optimizer, keep_all_on=0)
-    if ctx.rank != 0:
-        return {}
-    names = _param_names(ctx)
-    opt_state = {
-        names[id(p)]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
-        for p, s in optimizer.state.items()
-    }
-    out = {
+    names = {id(p): name for name, p in ctx.model.named_parameters()}
+    local = ctx.model.state_dict(keep_vars=True)
+    return {
         "run": state.to_dict(),
         "rng": torch.get_rng_state(),
-        "model": {k: v.detach().cpu() for k, v in ctx.model.state_dict().items()},
+        "model": {k: local[k].detach().cpu() for k in _held_keys(ctx, state.layout)},
         "optimizer": {
-            "state": opt_state,
+            "state": {
+                names[id(p)]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
+                for p, s in optimizer.state.items()
+            },
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
         },
         **extra,
     }
-    drop_foreign_state(optimizer, ctx.sublayers, ctx.owned(state.layout))
-    return out
 
 
 def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> RunState:
-    """Load weights, frozen prefix and this rank's share of the optimizer state; returns the saved position.
+    """Hold the saved layout's sub-layers, load their weights and this rank's optimizer state; returns the position.
+
+    ``saved["model"]`` and ``saved["optimizer"]["state"]`` may be any mappings holding at least this rank's share
+    (a sharded checkpoint reads only the tensors asked for).
 
     Raises:
-        OrchestratorError: the saved pipeline length cannot run on this world size.
+        OrchestratorError: the saved pipeline length cannot run on this world size, or the saved state lacks a
+            tensor this rank needs.
     """
     pipe_len = int(saved["run"]["layout"]["pipe_len"])
     if ctx.world_size % pipe_len or pipe_len not in ctx.groups.pipe_lens:
@@ -70,18 +71,29 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
             f"(possible lengths: {list(ctx.groups.pipe_lens)})"
         )
     state = RunState.from_dict(saved["run"], ctx.world_size)
-    ctx.model.load_state_dict(saved["model"])
+    layout = state.layout
+    hold(ctx, layout)
+    weights: Mapping[str, torch.Tensor] = saved["model"]
+    local = ctx.model.state_dict(keep_vars=True)
+    with torch.no_grad():
+        for key in _held_keys(ctx, layout):
+            if key not in weights:
+                raise OrchestratorError(f"the checkpoint holds no tensor {key!r}")
+            local[key].copy_(weights[key])
     sublayers = ctx.sublayers
-    if state.layout.frozen:
-        freeze.freeze_modules(sublayers[: state.layout.frozen], optimizer)
-    owned = ctx.owned(state.layout)
-    by_name = dict(ctx.model.named_parameters())
+    if layout.frozen:
+        freeze.freeze_modules(sublayers[: layout.frozen], optimizer)
+    point_optimizer(ctx, optimizer, layout)
+    saved_state: Mapping[str, Any] = saved["optimizer"]["state"]
     # A fused optimizer keeps its step count beside the parameters; the others keep it on the host.
     fused = bool(optimizer.defaults.get("fused"))
-    for name, s in saved["optimizer"]["state"].items():
-        p = by_name[name]
-        j = next(i for i, m in enumerate(sublayers) if any(q is p for q in m.parameters()))
-        if j in owned:
+    owned = set(ctx.owned(layout))
+    index = {name: j for j, (name, _) in enumerate(ctx.model.named_children())}
+    for name, p in ctx.model.named_parameters():
+        if index[name.split(".", 1)[0]] not in owned or not p.requires_grad:
+            continue
+        s = saved_state.get(name)
+        if s:
             optimizer.state[p] = {
                 k: (v.to(ctx.device) if isinstance(v, torch.Tensor) and (fused or k != "step") else v)
                 for k, v in s.items()
@@ -94,13 +106,10 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
 
 
 def full_model(ctx: RunContext, layout: Layout) -> dict[str, torch.Tensor]:
-    """The whole trained model's weights (a collective: every stage sends its sub-layers' weights).
+    """The whole trained model's weights on rank 0 (a collective: replica 0 of each stage sends its sub-layers).
 
     Returns:
         On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
         separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks.
     """
-    sync_weights(ctx, layout)
-    if ctx.rank != 0:
-        return {}
-    return {name: t.detach().to("cpu", copy=True) for name, t in ctx.model.state_dict().items()}
+    return assemble(ctx, layout)

@@ -32,12 +32,17 @@ from elastic_pipe.orchestrator.prefix_cache import (
     prepare_cache,
     read_prefix,
 )
-from elastic_pipe.orchestrator.stage import build_runner, example_io, unit_modules
+from elastic_pipe.orchestrator.stage import build_runner, unit_modules
 from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.timing import ForwardTimer
 from elastic_pipe.types import Layout
 
 __all__ = ["StageRuntime"]
+
+
+def _widen(t: torch.Tensor, rows: int, requires_grad: bool) -> torch.Tensor:
+    """``t``'s first row repeated ``rows`` times (contiguous: torch allocates its receive buffers like it)."""
+    return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(requires_grad)
 
 
 class StageRuntime:
@@ -132,15 +137,15 @@ class StageRuntime:
         return runner
 
     def _example_io(self, lo: int, hi: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Example micro-batch tensors of ``mb`` rows at the stage's input and output, run in eval mode."""
-        ctx, layout = self.ctx, self.layout
-        start = min(lo, layout.frozen)
-        x = ctx.prefix_example(start)
-        was = ctx.model.training
-        ctx.model.eval()
-        stage_in, stage_out = example_io(ctx.sublayers, x, lo, hi, ctx.autocast, rows=mb, start=start)
-        ctx.restore_modes(layout, was)
-        return stage_in, stage_out
+        """Example micro-batch tensors of ``mb`` rows at the stage's input and output.
+
+        They come from the boundary examples taken at setup (:attr:`RunContext.examples`): a stage declares
+        shapes and dtypes, which need none of the sub-layers before it, so a rank that holds only its stage can
+        declare them. A stage after the first receives an activation that needs a gradient; the metadata must say
+        so, or the stage computes no input gradient and the stages before it train on zeros.
+        """
+        x, y = self.ctx.examples[lo], self.ctx.examples[hi]
+        return _widen(x, mb, lo > 0 and x.is_floating_point()), _widen(y, mb, False)
 
     # ------------------------------------------------------------------------------------------------ the cache
     def setup_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:

@@ -32,7 +32,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator import executor, prefix_cache, snapshot
+from elastic_pipe.orchestrator import executor, holdings, prefix_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
@@ -43,11 +43,10 @@ from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
 from elastic_pipe.orchestrator.process_group import join_process_group
-from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, sublayer_costs
+from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, check_memory_budget, sublayer_costs
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
-from elastic_pipe.orchestrator.transition import drop_foreign_state
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
@@ -100,6 +99,8 @@ class ElasticTrainer:
             loss=loss,
         )
         self.quiet = quiet
+        #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
+        self._config_optimizer = optimizer is None
         self.result = RunResult()
         self._ctx: RunContext | None = None
         self._state: RunState | None = None
@@ -122,13 +123,17 @@ class ElasticTrainer:
         if self._ctx is not None:
             return
         c = self.config
+        check_memory_budget(c, self.parts.model)  # before any process group forms
         self._owns_group = join_process_group(c)
         ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
         self._groups = ctx.groups
         model = ctx.model
         make = self.parts.optimizer
         assert make is not None  # components_from_config fills it
+        # Built over the whole model (still on the CPU), so every parameter's group is known; the optimizer then
+        # covers only what this rank owns (holdings.point_optimizer, at every layout).
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
+        ctx.param_group_of = holdings.param_groups_by_name(self.optimizer, model)
         total = c.train.epochs * self.steps_per_epoch
         if c.train.max_steps:
             total = min(total, c.train.max_steps)
@@ -149,12 +154,16 @@ class ElasticTrainer:
         self._enter(executor.initial_state(self.ctx), 0)
 
     def _enter(self, state: RunState, old_frozen: int) -> None:
-        """Make ``state`` current: drop foreign optimizer state, build the stage, carry the cache."""
+        """Make ``state`` current: hold only its sub-layers, point the optimizer at them, build the stage, carry
+        the cache."""
         ctx = self.ctx
         if self._stage is not None:
             self._stage.close()
+        holdings.hold(ctx, state.layout)
         ctx.restore_modes(state.layout, True)
-        drop_foreign_state(self.optimizer, ctx.sublayers, ctx.owned(state.layout))
+        holdings.point_optimizer(ctx, self.optimizer, state.layout)
+        if self._config_optimizer:
+            holdings.fuse_on_device(self.optimizer)
         self._state = state
         self._stage = StageRuntime(ctx, state.layout)
         self._stage.setup_cache(self.cache, old_frozen)
@@ -364,13 +373,15 @@ class ElasticTrainer:
 
     # -------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Everything the run needs to continue (a collective: every stage's optimizer state goes to rank 0).
+        """This rank's share of what the run needs to continue (a collective: the epoch's losses are summed).
 
         Returns:
-            On rank 0 the complete state (tensors on the CPU, plain data otherwise); ``{}`` on the other ranks.
+            On every rank the run's position and the trainer's state, the weights of the sub-layers this rank
+            holds and the optimizer state of the parameters it owns (tensors on the CPU, plain data otherwise). No
+            rank receives another's optimizer state; a checkpoint writes one share per stage.
         """
         ctx = self.ctx
-        return snapshot.gather(
+        return snapshot.local_state(
             ctx,
             self.state,
             self.optimizer,
@@ -384,7 +395,8 @@ class ElasticTrainer:
         )
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole trained model's weights (a collective: every stage sends its sub-layers' weights).
+        """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
+        its sub-layers' weights to rank 0, point to point; no other rank gathers anything).
 
         Returns:
             On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
@@ -394,7 +406,9 @@ class ElasticTrainer:
         return snapshot.full_model(self.ctx, self.state.layout)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a :meth:`state_dict` (every rank passes the same dict; after :meth:`setup`)."""
+        """Continue from a saved state (after :meth:`setup`): every rank passes a state holding at least its share
+        in the saved layout - a sharded checkpoint's lazy view (:class:`~.checkpoint_files.ShardedCheckpoint`), or
+        one whole state."""
         ctx = self.ctx
         run_state = snapshot.restore(ctx, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])

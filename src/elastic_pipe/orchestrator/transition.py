@@ -1,22 +1,26 @@
-"""Moving state between ranks when the layout changes: who sends which sub-layers, and the sending itself.
+"""Moving state between ranks when the layout changes: who holds which sub-layers, who sends what to whom.
 
-Every rank holds the whole model (same seed, same initial weights), but only the sub-layers of its own stage are
-authoritative: they receive gradients and carry optimizer state. The copies of other sub-layers are stale. A
-transition therefore only has to refresh the copies that become authoritative somewhere new:
+Each rank holds only the sub-layers it runs (:func:`held_sublayers`): its stage's active sub-layers and, on
+stage-0 ranks, the frozen prefix (stage 0 runs it, or fills the activation cache with it). The other sub-layers
+sit on the meta device and take no memory (:mod:`elastic_pipe.models.residency`). A transition therefore sends a
+sub-layer only to the ranks that need it in the new layout and lack it in the old one:
 
-* a sub-layer that becomes **frozen** is sent to every rank (any stage-0 rank may run the frozen prefix);
-* an **active** sub-layer whose new owners are not all among its old owners is sent, weights and optimizer state,
-  from one old owner (replica 0 of its old stage: after the gradient all-reduce every replica holds the same bits).
+* a sub-layer a rank starts to hold comes from one old holder (its stage's replica copies are identical after the
+  gradient all-reduce; a frozen sub-layer's copies never change), weights and buffers always, and its optimizer
+  state too while it stays active;
+* a sub-layer a rank stops holding is freed there, after every transfer is done.
 
-The plan (:func:`plan_moves`) is a pure function of the old and new layouts, so every rank computes the same list
-and issues the same collectives in the same order. Tensors travel with ``torch.distributed.broadcast`` (one
-flattened buffer per source and dtype; NCCL on GPU, gloo on CPU) and the optimizer-state metadata as JSON over
-the gloo control group. Nothing goes through files and nothing is pickled.
+The plan (:func:`plan_transfers`) is a pure function of the two layouts, so every rank computes the same list.
+Each :class:`Transfer` is one point-to-point exchange (``torch.distributed.send``/``recv``: NCCL on GPU, gloo on
+CPU), run by both ends in the plan's order: the earliest unfinished transfer always has both ends waiting on it, so
+the sequence cannot deadlock. Tensors travel as one flat buffer per dtype; the optimizer-state metadata travels as
+an encoded :class:`~elastic_pipe.protocol.OptimizerStateHeader` over the gloo control group. Nothing goes through
+files and nothing is pickled.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,19 +33,19 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.types import Layout
 
 __all__ = [
-    "BroadcastBytes",
-    "Move",
     "RankLayout",
-    "apply_moves",
+    "Transfer",
     "changed_ranks",
     "drop_foreign_state",
+    "held_sublayers",
     "owned_sublayers",
-    "plan_gather",
-    "plan_moves",
+    "plan_transfers",
+    "recv_optimizer_state",
+    "recv_tensors",
+    "send_optimizer_state",
+    "send_tensors",
+    "state_entries",
 ]
-
-#: ``broadcast_bytes(payload_or_None, src) -> payload`` over the control group (``GroupManager.broadcast_bytes``).
-BroadcastBytes = Callable[[bytes | None, int], bytes]
 
 
 class RankLayout(Protocol):
@@ -59,16 +63,18 @@ class RankLayout(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Move:
-    """Sub-layers that rank ``src`` broadcasts to every rank.
+class Transfer:
+    """Sub-layers that rank ``src`` sends to rank ``dst``.
 
     Attributes:
-        src: global rank holding the authoritative copy.
+        src: global rank holding a current copy.
+        dst: global rank that holds them in the new layout and lacks them in the old one.
         sublayers: sub-layer indices, increasing.
-        optimizer_state: whether their optimizer state travels too (active sub-layers) or only weights (frozen).
+        optimizer_state: whether their optimizer state travels too (they stay active) or only weights (frozen).
     """
 
     src: int
+    dst: int
     sublayers: tuple[int, ...]
     optimizer_state: bool
 
@@ -83,8 +89,30 @@ def owned_sublayers(layout: Layout, plan: RankLayout, rank: int) -> range:
     return _stage_ranges(layout)[plan.stage_of(rank)]
 
 
-def plan_moves(old: Layout, new: Layout, old_plan: RankLayout, new_plan: RankLayout) -> tuple[Move, ...]:
-    """What must travel for the job to go from ``old`` to ``new``.
+def held_sublayers(layout: Layout, plan: RankLayout, rank: int) -> tuple[int, ...]:
+    """The sub-layers ``rank`` keeps in memory under ``layout``: its stage's, plus the frozen prefix on stage 0."""
+    own = owned_sublayers(layout, plan, rank)
+    prefix = range(layout.frozen) if plan.stage_of(rank) == 0 else range(0)
+    return (*prefix, *own)
+
+
+def _holders(layout: Layout, plan: RankLayout, num_sublayers: int) -> list[tuple[int, ...]]:
+    """For each sub-layer, the ranks holding it under ``layout`` (increasing)."""
+    holders: list[list[int]] = [[] for _ in range(num_sublayers)]
+    for s, sublayers in enumerate(_stage_ranges(layout)):
+        for j in sublayers:
+            holders[j].extend(plan.dp_groups[s])
+    for j in range(layout.frozen):
+        holders[j].extend(plan.dp_groups[0])
+    return [tuple(sorted(set(h))) for h in holders]
+
+
+def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: RankLayout) -> tuple[Transfer, ...]:
+    """What must travel, and between whom, for the job to go from ``old`` to ``new``.
+
+    Every rank that holds a sub-layer under ``new`` and did not under ``old`` receives it from one old holder:
+    the one in its own old replica's pipeline when there is one (so the old replicas share the sending), else the
+    lowest-ranked old holder.
 
     Args:
         old: the layout being left.
@@ -93,35 +121,28 @@ def plan_moves(old: Layout, new: Layout, old_plan: RankLayout, new_plan: RankLay
         new_plan: rank roles under ``new``.
 
     Returns:
-        Moves ordered by old stage, frozen sub-layers (weights only) before moved active ones.
+        Transfers ordered by (source, destination); sub-layers increasing within each.
 
     Raises:
         OrchestratorError: if ``new`` thaws layers or the layouts cover different models.
     """
     if new.frozen < old.frozen:
         raise OrchestratorError(f"a transition cannot unfreeze layers: frozen {old.frozen} -> {new.frozen}")
-    if old.boundaries[-1] != new.boundaries[-1]:
-        raise OrchestratorError(
-            f"layouts cover different models: {old.boundaries[-1]} vs {new.boundaries[-1]} sub-layers"
-        )
-    new_owners = {j: frozenset(new_plan.dp_groups[s]) for s, r in enumerate(_stage_ranges(new)) for j in r}
-    moves: list[Move] = []
-    for s, sublayers in enumerate(_stage_ranges(old)):
-        src = old_plan.pipeline_groups[0][s]
-        old_owners = frozenset(old_plan.dp_groups[s])
-        frozen = tuple(j for j in sublayers if j < new.frozen)
-        moved = tuple(j for j in sublayers if j >= new.frozen and not new_owners[j] <= old_owners)
-        if frozen:
-            moves.append(Move(src, frozen, optimizer_state=False))
-        if moved:
-            moves.append(Move(src, moved, optimizer_state=True))
-    return tuple(moves)
-
-
-def plan_gather(layout: Layout, plan: RankLayout) -> tuple[Move, ...]:
-    """Moves that make every rank's copy of every active sub-layer current (for evaluation and checkpoints)."""
+    n = old.boundaries[-1]
+    if n != new.boundaries[-1]:
+        raise OrchestratorError(f"layouts cover different models: {n} vs {new.boundaries[-1]} sub-layers")
+    had, has = _holders(old, old_plan, n), _holders(new, new_plan, n)
+    pairs: dict[tuple[int, int, bool], list[int]] = {}
+    for j in range(n):
+        for dst in has[j]:
+            if dst in had[j]:
+                continue
+            mates = set(old_plan.pipeline_groups[old_plan.replica_of(dst)])
+            src = min((r for r in had[j] if r in mates), default=had[j][0])
+            pairs.setdefault((src, dst, j >= new.frozen), []).append(j)
     return tuple(
-        Move(plan.pipeline_groups[0][s], tuple(r), optimizer_state=True) for s, r in enumerate(_stage_ranges(layout))
+        Transfer(src, dst, tuple(sublayers), optimizer_state=active)
+        for (src, dst, active), sublayers in sorted(pairs.items())
     )
 
 
@@ -134,35 +155,46 @@ def changed_ranks(old_plan: RankLayout, new_plan: RankLayout, world_size: int) -
     )
 
 
-def _tensors(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for m in modules:
-        out.extend(p.data for p in m.parameters())
-        out.extend(b for b in m.buffers())
-    return out
-
-
-def _broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: dist.ProcessGroup | None) -> int:
-    """Broadcast ``tensors`` in place from ``src``, one flat buffer per dtype; returns the bytes sent."""
-    sent = 0
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+# ------------------------------------------------------------------------------------------- point to point
+def _by_dtype(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.dtype, list[torch.Tensor]]]:
+    groups: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
-        by_dtype.setdefault(t.dtype, []).append(t)
-    for dtype in sorted(by_dtype, key=str):
-        group_tensors = by_dtype[dtype]
-        flat = torch.cat([t.reshape(-1) for t in group_tensors])
-        dist.broadcast(flat, src=src, group=group)
+        groups.setdefault(t.dtype, []).append(t)
+    return [(dtype, groups[dtype]) for dtype in sorted(groups, key=str)]
+
+
+def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: Any = None) -> int:
+    """Send ``tensors`` to ``dst``, one flat buffer per dtype (``dst`` calls :func:`recv_tensors` with tensors of
+    the same shapes and dtypes); returns the bytes sent."""
+    sent = 0
+    for _, same in _by_dtype(tensors):
+        flat = torch.cat([t.detach().reshape(-1).to(device) for t in same])
+        dist.send(flat, dst, group=group)
         sent += flat.numel() * flat.element_size()
-        offset = 0
-        for t in group_tensors:
-            n = t.numel()
-            t.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
     return sent
 
 
-def _state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
-    """One parameter's optimizer state described for :class:`~elastic_pipe.protocol.OptimizerStateHeader`."""
+def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: Any = None) -> int:
+    """Receive into ``tensors`` (in place) what ``src`` sends with :func:`send_tensors`; returns the bytes received."""
+    received = 0
+    for dtype, same in _by_dtype(tensors):
+        flat = torch.empty(sum(t.numel() for t in same), dtype=dtype, device=device)
+        dist.recv(flat, src, group=group)
+        received += flat.numel() * flat.element_size()
+        offset = 0
+        with torch.no_grad():
+            for t in same:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+    return received
+
+
+def state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
+    """One parameter's optimizer state described for :class:`~elastic_pipe.protocol.OptimizerStateHeader`.
+
+    Raises:
+        OrchestratorError: a state value is neither a tensor nor a number.
+    """
     entries = []
     for key in sorted(state):
         value = state[key]
@@ -179,99 +211,71 @@ def _state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
     return tuple(entries)
 
 
-def _broadcast_optimizer_state(
-    params: Sequence[nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    src: int,
-    *,
-    rank: int,
-    device: torch.device,
-    group: dist.ProcessGroup | None,
-    broadcast_bytes: BroadcastBytes,
-    keep: Sequence[bool],
+def _send_bytes(payload: bytes, dst: int, group: Any) -> None:
+    dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst, group=group)
+    dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst, group=group)
+
+
+def _recv_bytes(src: int, group: Any) -> bytes:
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src, group=group)
+    buf = torch.empty(int(size), dtype=torch.uint8)
+    dist.recv(buf, src, group=group)
+    return buf.numpy().tobytes()
+
+
+def send_optimizer_state(
+    states: Sequence[dict[str, Any]], dst: int, *, rank: int, device: torch.device, control: Any, group: Any = None
 ) -> int:
-    payload = None
-    if rank == src:
-        try:
-            header = protocol.OptimizerStateHeader(tuple(_state_entries(optimizer.state.get(p, {})) for p in params))
-            payload = protocol.encode(header)
-        except (OrchestratorError, protocol.ProtocolError) as exc:  # the receivers stop too, instead of waiting
-            payload = protocol.encode(protocol.AbortMessage.from_text(rank, str(exc)))
-    message = protocol.decode_any(broadcast_bytes(payload, src))
-    if isinstance(message, protocol.AbortMessage):
-        raise OrchestratorError(f"rank {message.rank} could not send its optimizer state: {message.reason}")
-    if not isinstance(message, protocol.OptimizerStateHeader) or len(message.params) != len(params):
-        raise OrchestratorError(f"rank {src} sent no optimizer state header for the {len(params)} parameters")
-    buffers: list[torch.Tensor] = []
-    slots: list[tuple[int, str, str]] = []
-    for i, e in message.tensors():
-        assert e.shape is not None and e.dtype is not None and e.device is not None  # tensor entries carry them
-        if rank == src:
-            buffers.append(optimizer.state[params[i]][e.key].detach().to(device).clone())
-        else:
-            buffers.append(torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device))
-        slots.append((i, e.key, e.device))
-    sent = _broadcast_tensors(buffers, src, group) if buffers else 0
-    received: list[dict[str, Any]] = [
-        {e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params
-    ]
-    for (i, key, where), value in zip(slots, buffers, strict=True):
-        received[i][key] = value if where == device.type else value.to(where)
-    if rank != src:
-        for p, state, wanted in zip(params, received, keep, strict=True):
-            if wanted and state:
-                optimizer.state[p] = state
-    return sent
+    """Send the optimizer state of some parameters (one dict each, in an order both ends agree on) to ``dst``.
 
-
-def apply_moves(
-    moves: Sequence[Move],
-    sublayers: Sequence[nn.Module],
-    optimizer: torch.optim.Optimizer | None,
-    *,
-    rank: int,
-    device: torch.device,
-    keep_state: Callable[[int], bool],
-    broadcast_bytes: BroadcastBytes,
-    group: dist.ProcessGroup | None = None,
-) -> int:
-    """Run ``moves`` (a collective: every rank calls it with the same moves).
-
-    Args:
-        moves: from :func:`plan_moves` or :func:`plan_gather`.
-        sublayers: the model's sub-layers, indexable by sub-layer index.
-        optimizer: this rank's optimizer; ``None`` sends weights only.
-        rank: this rank.
-        device: where tensors travel (the training device: NCCL needs GPU tensors).
-        keep_state: whether this rank keeps the received optimizer state of sub-layer ``j`` (it owns ``j`` now).
-        broadcast_bytes: the control group's byte broadcast (for the optimizer-state metadata).
-        group: the group the tensors travel on (``None``: the default, world group).
+    The header goes over the gloo ``control`` group, the tensors over ``group``. A state that cannot travel sends an
+    :class:`~elastic_pipe.protocol.AbortMessage` instead, so the receiver fails too instead of waiting.
 
     Returns:
-        Bytes broadcast (payload, counted once per move).
+        The tensor bytes sent.
+
+    Raises:
+        OrchestratorError: a state value is neither a tensor nor a number.
     """
-    sent = 0
-    for move in moves:
-        modules = [sublayers[j] for j in move.sublayers]
-        sent += _broadcast_tensors(_tensors(modules), move.src, group)
-        if move.optimizer_state and optimizer is not None:
-            params: list[nn.Parameter] = []
-            keep: list[bool] = []
-            for j, m in zip(move.sublayers, modules, strict=True):
-                own = list(m.parameters())
-                params.extend(own)
-                keep.extend([keep_state(j)] * len(own))
-            sent += _broadcast_optimizer_state(
-                params,
-                optimizer,
-                move.src,
-                rank=rank,
-                device=device,
-                group=group,
-                broadcast_bytes=broadcast_bytes,
-                keep=keep,
-            )
-    return sent
+    try:
+        header = protocol.OptimizerStateHeader(tuple(state_entries(s) for s in states))
+    except (OrchestratorError, protocol.ProtocolError) as exc:
+        _send_bytes(protocol.encode(protocol.AbortMessage.from_text(rank, str(exc))), dst, control)
+        raise OrchestratorError(f"rank {rank} could not send its optimizer state: {exc}") from exc
+    _send_bytes(protocol.encode(header), dst, control)
+    tensors = [states[i][e.key] for i, e in header.tensors()]
+    return send_tensors(tensors, dst, device=device, group=group) if tensors else 0
+
+
+def recv_optimizer_state(
+    count: int, src: int, *, device: torch.device, control: Any, group: Any = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Receive what :func:`send_optimizer_state` sends for ``count`` parameters.
+
+    Returns:
+        The ``count`` state dicts (tensors on the device the sender kept them on: ``step`` on the CPU beside device
+        moments) and the tensor bytes received.
+
+    Raises:
+        OrchestratorError: the sender aborted, or sent a header for another number of parameters.
+    """
+    message = protocol.decode_any(_recv_bytes(src, control))
+    if isinstance(message, protocol.AbortMessage):
+        raise OrchestratorError(f"rank {message.rank} could not send its optimizer state: {message.reason}")
+    if not isinstance(message, protocol.OptimizerStateHeader) or len(message.params) != count:
+        raise OrchestratorError(f"rank {src} sent no optimizer state header for the {count} parameters")
+    states: list[dict[str, Any]] = [
+        {e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params
+    ]
+    slots: list[tuple[int, str, str, torch.Tensor]] = []
+    for i, e in message.tensors():
+        assert e.shape is not None and e.dtype is not None and e.device is not None  # tensor entries carry them
+        slots.append((i, e.key, e.device, torch.empty(e.shape, dtype=getattr(torch, e.dtype), device=device)))
+    received = recv_tensors([t for *_, t in slots], src, device=device, group=group) if slots else 0
+    for i, key, where, value in slots:
+        states[i][key] = value if where == device.type else value.to(where)
+    return states, received
 
 
 def drop_foreign_state(optimizer: torch.optim.Optimizer, sublayers: Sequence[nn.Module], owned: range) -> int:

@@ -1,0 +1,227 @@
+"""What one rank keeps in memory, and how a transition hands sub-layers to their new holders.
+
+A rank holds only :func:`~elastic_pipe.orchestrator.transition.held_sublayers`: its stage's active sub-layers and,
+on stage-0 ranks, the frozen prefix. Everything else stays on the meta device (shapes, no storage:
+:func:`elastic_pipe.models.residency.release`), and the optimizer covers only the rank's own trainable parameters.
+
+At the start the model is built whole on the CPU (seeded the same on every rank), so each rank moves what it holds
+to its device and releases the rest (:func:`hold`). At a transition (:func:`transfer`) each rank first gives real
+storage to the sub-layers it starts to hold, then runs the planned point-to-point transfers, then frees what it no
+longer holds and points the optimizer at what it owns now. Parameters are replaced, not resized, when they are
+materialised or released, so the optimizer's parameter lists are rebuilt here each time (:func:`point_optimizer`);
+the parameters a rank keeps keep their identity and so their optimizer state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe.models.residency import materialize, release
+from elastic_pipe.orchestrator.transition import (
+    Transfer,
+    held_sublayers,
+    plan_transfers,
+    recv_optimizer_state,
+    recv_tensors,
+    send_optimizer_state,
+    send_tensors,
+)
+from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+
+__all__ = [
+    "assemble",
+    "fuse_on_device",
+    "held_bytes",
+    "hold",
+    "param_groups_by_name",
+    "point_optimizer",
+    "sublayer_keys",
+    "transfer",
+]
+
+
+def sublayer_keys(model: nn.Module) -> list[list[str]]:
+    """The state-dict keys of each sub-layer of ``model``, in state-dict order."""
+    index = {name: j for j, (name, _) in enumerate(model.named_children())}
+    keys: list[list[str]] = [[] for _ in index]
+    for key in model.state_dict(keep_vars=True):
+        keys[index[key.split(".", 1)[0]]].append(key)
+    return keys
+
+
+def _is_meta(module: nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+def _module_tensors(modules: Iterable[nn.Module]) -> list[torch.Tensor]:
+    """Parameters then buffers of each module, in an order every rank agrees on."""
+    out: list[torch.Tensor] = []
+    for m in modules:
+        out.extend(p.data for p in m.parameters())
+        out.extend(m.buffers())
+    return out
+
+
+def param_groups_by_name(optimizer: torch.optim.Optimizer, model: nn.Module) -> dict[str, int]:
+    """Which of ``optimizer``'s parameter groups each of ``model``'s parameters is in (by name)."""
+    group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    return {name: group_of[id(p)] for name, p in model.named_parameters() if id(p) in group_of}
+
+
+def point_optimizer(ctx: RunContext, optimizer: torch.optim.Optimizer, layout: Layout) -> None:
+    """Make ``optimizer`` cover exactly this rank's trainable parameters under ``layout``; drop any other state.
+
+    Each parameter goes to the group it was in when the optimizer was built over the whole model
+    (``ctx.param_group_of``); the groups' hyper-parameters stay as they are.
+    """
+    owned = set(ctx.owned(layout))
+    index = {name: j for j, (name, _) in enumerate(ctx.model.named_children())}
+    groups: list[list[nn.Parameter]] = [[] for _ in optimizer.param_groups]
+    seen: set[int] = set()
+    for name, p in ctx.model.named_parameters():
+        g = ctx.param_group_of.get(name)
+        if g is None or index[name.split(".", 1)[0]] not in owned or not p.requires_grad or p.is_meta:
+            continue
+        seen.add(id(p))
+        groups[g].append(p)
+    for group, params in zip(optimizer.param_groups, groups, strict=True):
+        group["params"] = params
+    for stale in [t for t in optimizer.state if id(t) not in seen]:
+        del optimizer.state[stale]
+
+
+def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Let an AdamW that was built over CPU parameters run fused once every parameter it covers is on a GPU.
+
+    The config's AdamW runs fused on a GPU (:func:`~elastic_pipe.orchestrator.optim.optimizer_factory`), but the
+    trainer builds it over the CPU-built model, before the rank's sub-layers reach the device; this turns fusion on
+    when they have, before the first step creates any state. Returns whether it did.
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    if (
+        not isinstance(optimizer, torch.optim.AdamW)
+        or optimizer.defaults.get("fused") is not None
+        or optimizer.state
+        or not params
+        or not all(p.is_cuda and p.is_floating_point() for p in params)
+    ):
+        return False
+    optimizer.defaults["fused"] = True
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, None
+    return True
+
+
+def hold(ctx: RunContext, layout: Layout) -> tuple[int, ...]:
+    """Keep exactly ``layout``'s held sub-layers on this rank's device (no collective).
+
+    A held sub-layer on the meta device gets uninitialized storage (the caller fills it); one with storage elsewhere
+    (the CPU-built model at the start) moves to the device, keeping its parameters; every other sub-layer is
+    released.
+
+    Returns:
+        The held sub-layers that were on the meta device (they need filling).
+    """
+    model = ctx.model
+    held = held_sublayers(layout, ctx.plan(layout), ctx.rank)
+    fresh = tuple(j for j in held if _is_meta(ctx.sublayers[j]))
+    if fresh:
+        materialize(model, fresh, ctx.device)  # type: ignore[arg-type]
+    for j in held:
+        if j not in fresh:
+            ctx.sublayers[j].to(ctx.device)
+    release(model, [j for j in range(len(ctx.sublayers)) if j not in held])  # type: ignore[arg-type]
+    return fresh
+
+
+def held_bytes(ctx: RunContext, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes this rank holds: parameters with storage, and the tensors of ``optimizer``'s state."""
+    params = sum(p.numel() * p.element_size() for p in ctx.model.parameters() if not p.is_meta)
+    state = 0
+    if optimizer is not None:
+        for s in optimizer.state.values():
+            state += sum(v.numel() * v.element_size() for v in s.values() if isinstance(v, torch.Tensor))
+    return {"parameters": params, "optimizer": state}
+
+
+def _params(modules: Sequence[nn.Module]) -> list[nn.Parameter]:
+    return [p for m in modules for p in m.parameters()]
+
+
+def _run(ctx: RunContext, t: Transfer, optimizer: torch.optim.Optimizer) -> int:
+    """This rank's end of one transfer; returns the bytes it received."""
+    modules = [ctx.sublayers[j] for j in t.sublayers]
+    control = ctx.groups.control_group
+    if ctx.rank == t.src:
+        send_tensors(_module_tensors(modules), t.dst, device=ctx.device)
+        if t.optimizer_state:
+            states = [optimizer.state.get(p, {}) for p in _params(modules)]
+            send_optimizer_state(states, t.dst, rank=ctx.rank, device=ctx.device, control=control)
+        return 0
+    received = recv_tensors(_module_tensors(modules), t.src, device=ctx.device)
+    if t.optimizer_state:
+        params = _params(modules)
+        states, n = recv_optimizer_state(len(params), t.src, device=ctx.device, control=control)
+        received += n
+        for p, s in zip(params, states, strict=True):
+            if s:
+                optimizer.state[p] = s
+    return received
+
+
+def transfer(ctx: RunContext, old: Layout, new: Layout, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """Hand every sub-layer to its new holders and free it where it is no longer held (a collective).
+
+    Returns:
+        The bytes this rank received and the bytes the whole job received (weights, buffers, optimizer state).
+    """
+    transfers = plan_transfers(old, new, ctx.plan(old), ctx.plan(new))
+    held_now = set(held_sublayers(old, ctx.plan(old), ctx.rank))
+    held_next = held_sublayers(new, ctx.plan(new), ctx.rank)
+    incoming = [j for j in held_next if j not in held_now]
+    if incoming:
+        materialize(ctx.model, incoming, ctx.device)  # type: ignore[arg-type]
+    received = 0
+    for t in transfers:
+        if ctx.rank in (t.src, t.dst):
+            received += _run(ctx, t, optimizer)
+    release(ctx.model, [j for j in held_now if j not in held_next])  # type: ignore[arg-type]
+    point_optimizer(ctx, optimizer, new)
+    total = torch.tensor([received], dtype=torch.int64)
+    dist.all_reduce(total, group=ctx.groups.control_group)
+    return received, int(total)
+
+
+def assemble(ctx: RunContext, layout: Layout, dst: int = 0) -> dict[str, torch.Tensor]:
+    """The whole model's state dict on rank ``dst``, on the CPU (a collective: replica 0 of each stage sends).
+
+    Returns:
+        On ``dst`` every tensor of the model's ``state_dict`` (copies: tied tensors come out as separate equal
+        tensors), in the model's key order; ``{}`` elsewhere.
+    """
+    plan = ctx.plan(layout)
+    keys = ctx.sublayer_keys
+    local = ctx.model.state_dict(keep_vars=True)
+    out: dict[str, torch.Tensor] = {}
+    for src in plan.pipeline_groups[0]:
+        sublayers = held_sublayers(layout, plan, src)
+        names = [k for j in sublayers for k in keys[j]]
+        if src == dst == ctx.rank:
+            out.update({k: local[k].detach().to("cpu", copy=True) for k in names})
+        elif ctx.rank == src:
+            send_tensors([local[k] for k in names], dst, device=ctx.device)
+        elif ctx.rank == dst:
+            buffers = [torch.empty(local[k].shape, dtype=local[k].dtype, device=ctx.device) for k in names]
+            recv_tensors(buffers, src, device=ctx.device)
+            out.update({k: b.to("cpu") for k, b in zip(names, buffers, strict=True)})
+    if ctx.rank != dst:
+        return {}
+    return {k: out[k] for k in local}
