@@ -275,10 +275,11 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
+    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
-    state = torch.load(Path(config.checkpoint.dir) / meta["file"], map_location="cpu", weights_only=True)
+    weights, state = load_weights(Path(config.checkpoint.dir) / meta["file"])  # the main file and its shards
     assert state["run"]["epoch"] == config.train.epochs
-    weights: dict[str, torch.Tensor] = state["model"]
     return weights
 
 

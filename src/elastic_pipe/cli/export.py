@@ -75,11 +75,6 @@ def _is_safetensors(path: Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < 2**32
 
 
-def manifest_path_of(checkpoint: Path) -> Path:
-    """The manifest a checkpoint written by a run has beside it."""
-    return checkpoint.with_name(checkpoint.name.removesuffix(".pt") + ".manifest.json")
-
-
 def export_weights(source: Path, out: Path) -> dict[str, Any]:
     """Write the model weights of checkpoint ``source`` to ``out``; returns what was written.
 
@@ -91,10 +86,10 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights  # noqa: PLC0415
+    from elastic_pipe.orchestrator.checkpoint_files import load_weights, manifest_path  # noqa: PLC0415
 
     weights: Any
-    if manifest_path_of(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
+    if manifest_path(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
         try:
             weights, state = load_weights(source)
         except Exception as exc:  # a corrupt file or shard: one line, like any unreadable checkpoint
