@@ -21,7 +21,7 @@ from elastic_pipe.orchestrator.layout_rule import (
     initial_layout_within,
     next_layout,
 )
-from elastic_pipe.orchestrator.sections import parse_bytes
+from elastic_pipe.orchestrator.sections import size_bytes
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed
 from elastic_pipe.types import Layout
@@ -94,13 +94,15 @@ def test_a_transition_cannot_thaw() -> None:
 
 # ------------------------------------------------------------------------------------------------- memory budget
 def test_byte_sizes_parse_and_bad_ones_are_named() -> None:
-    assert parse_bytes("40GiB") == 40 << 30
-    assert parse_bytes("512 MiB") == 512 << 20
-    assert parse_bytes("2.5GB") == 2_500_000_000
-    assert parse_bytes(4096) == 4096
+    assert size_bytes("40GiB", "pipeline.memory_budget") == 40 << 30
+    assert size_bytes("512 MiB", "pipeline.memory_budget") == 512 << 20
+    assert size_bytes("2.5GB", "pipeline.memory_budget") == 2_500_000_000
+    assert size_bytes(4096, "pipeline.memory_budget") == 4096
+    budget = config_from_tables({"model": {"name": "vit"}, "pipeline": {"memory_budget": "2.5GB"}}).pipeline
+    assert budget.memory_budget_bytes == 2_500_000_000
     for bad in ("40 parsecs", "-1GiB", "0", "GiB", True, 0, 1.5):
         with pytest.raises(ConfigError, match="memory_budget"):
-            parse_bytes(bad)
+            config_from_tables({"model": {"name": "vit"}, "pipeline": {"memory_budget": bad}})
     with pytest.raises(ConfigError, match="'lots'"):
         config_from_tables({"model": {"name": "vit"}, "pipeline": {"memory_budget": "lots"}})
 

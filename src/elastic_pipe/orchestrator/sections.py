@@ -40,6 +40,7 @@ __all__ = [
     "ModelSection",
     "PipelineSection",
     "TrainSection",
+    "size_bytes",
 ]
 
 OPTIMIZERS = ("sgd", "adamw")
