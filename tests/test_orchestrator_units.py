@@ -26,7 +26,10 @@ from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
 
-TINY = {"model": {"name": "vit", "options": {"preset": "vit-tiny"}}, "freeze": {"options": {"alpha": 0.5}}}
+TINY = {
+    "model": {"name": "vit", "options": {"preset": "vit-tiny"}},
+    "freeze": {"policy": "alpha", "options": {"alpha": 0.5}},
+}
 
 
 def _tiny(overrides: dict[str, object] | None = None) -> TrainConfig:
@@ -393,3 +396,21 @@ def test_forward_timer_records_only_while_active() -> None:
 )
 def test_timed_steps_skip_the_first_and_cover_every_epoch(steps: int, interval: int, timed: list[int]) -> None:
     assert [i for i in range(steps) if _timed_step(i, steps, interval)] == timed
+
+
+def test_the_default_policy_is_freezeout_over_the_run_s_steps() -> None:
+    from elastic_pipe.freeze import FreezeOut
+    from elastic_pipe.orchestrator.components import components_from_config, run_steps
+
+    tables = {"model": {"name": "vit", "options": {"preset": "vit-tiny"}}, "train": {"epochs": 3}}
+    config = config_from_tables(tables)
+    assert (config.freeze.policy, config.freeze.policy_options) == ("freezeout", {"t0": 0.7})
+    # digits: 1,797 samples, 20% held out -> 1,437 training samples, 22 whole steps of 64 an epoch (drop_last)
+    assert run_steps(config, 1797) == 22 * 3
+    policy = components_from_config(config).policy
+    assert isinstance(policy, FreezeOut) and (policy.t0, policy.total_steps) == (0.7, 66)
+    capped = components_from_config(config.override({"train.max_steps": 10})).policy
+    assert isinstance(capped, FreezeOut) and capped.total_steps == 10
+    given = components_from_config(config.override({"freeze.options": {"t0": 0.5, "total_steps": 7}})).policy
+    assert isinstance(given, FreezeOut) and (given.t0, given.total_steps) == (0.5, 7)
+    assert config.override({"freeze.policy": "alpha"}).freeze.policy_options == {"alpha": 1 / 3}

@@ -14,7 +14,10 @@ from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.sections import LogSection
 from elastic_pipe.orchestrator.tensorboard_sink import EPOCH_SCALARS, TensorBoardSink
 
-TINY = {"model": {"name": "vit", "options": {"preset": "vit-tiny"}}, "freeze": {"options": {"alpha": 0.5}}}
+TINY = {
+    "model": {"name": "vit", "options": {"preset": "vit-tiny"}},
+    "freeze": {"policy": "alpha", "options": {"alpha": 0.5}},
+}
 EPOCH = EpochMetrics(
     epoch=3,
     steps=10,

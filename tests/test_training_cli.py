@@ -126,6 +126,7 @@ def test_set_and_launch_flags_become_overrides(tmp_path: Path) -> None:
     changes = _overrides(
         [
             "--set", "train.lr=0.01",
+            "--set", "freeze.policy=alpha",
             "--set", "freeze.options={alpha=0.2}",
             "--set", "train.optimizer=adamw",  # a bare word is a string
             "--set", "model.options.depth=2",  # one entry of a table, the others kept
@@ -137,6 +138,7 @@ def test_set_and_launch_flags_become_overrides(tmp_path: Path) -> None:
     )  # fmt: skip
     assert changes == {
         "train.lr": 0.01,
+        "freeze.policy": "alpha",
         "freeze.options": {"alpha": 0.2},
         "train.optimizer": "adamw",
         "model.options": {"preset": "vit-tiny", "depth": 2},

@@ -27,8 +27,9 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+from elastic_pipe.orchestrator.step_data import epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.text_data import bbcnews
-from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy
+from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy, eval_count, num_samples
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
@@ -37,8 +38,11 @@ __all__ = [
     "Components",
     "build_model",
     "components_from_config",
+    "epoch_steps",
     "load_samples",
+    "make_policy",
     "resolve",
+    "run_steps",
 ]
 
 T = TypeVar("T")
@@ -158,20 +162,53 @@ def load_samples(config: TrainConfig) -> Samples | Any:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None
 
 
-def make_policy(config: TrainConfig, num_units: int) -> freeze.FreezePolicy:
+def epoch_steps(config: TrainConfig, samples: int) -> int | None:
+    """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
+    (:func:`.step_data.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
+    trainer's own check names that)."""
+    unit = split_unit(
+        config.world_size,
+        reachable_pipe_lens(config.pipeline.pipe_len, config.world_size),
+        config.microbatches_for,
+    )
+    if config.train.global_batch % unit:
+        return None
+    train = samples - eval_count(samples, config.data.eval_fraction)
+    return epoch_plan(train, config.train.global_batch, unit, drop_last=config.data.drop_last).steps
+
+
+def run_steps(config: TrainConfig, samples: int) -> int | None:
+    """The optimizer steps of the whole run (its epochs, or ``max_steps`` when that comes sooner)."""
+    per_epoch = epoch_steps(config, samples)
+    if per_epoch is None:
+        return None
+    total = per_epoch * config.train.epochs
+    return min(total, config.train.max_steps) if config.train.max_steps else total
+
+
+def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None = None) -> freeze.FreezePolicy:
     """The config's freeze policy over ``num_units`` units (registry name or import path of a factory).
+
+    Args:
+        config: the run's config.
+        num_units: the model's freeze units.
+        total_steps: the run's optimizer steps (:func:`run_steps`): FreezeOut's ``total_steps`` when the config
+            gives none.
 
     Raises:
         ConfigError: an unknown name, options the factory does not take, or an object that is not a policy.
     """
     spec = config.freeze.policy
     factory = resolve(spec, freeze.POLICIES, "freeze policy")
+    options = config.freeze.policy_options
+    if spec == "freezeout" and "total_steps" not in options and total_steps is not None:
+        options["total_steps"] = max(1, total_steps)
     try:
         if spec in freeze.POLICIES:
-            return freeze.make_policy(spec, num_units, **config.freeze.policy_options)
-        policy = factory(num_units, **config.freeze.policy_options)
+            return freeze.make_policy(spec, num_units, **options)
+        policy = factory(num_units, **options)
     except (ElasticPipeError, TypeError) as exc:
-        raise ConfigError(f"freeze policy {spec!r} with options {dict(config.freeze.policy_options)}: {exc}") from None
+        raise ConfigError(f"freeze policy {spec!r} with options {options}: {exc}") from None
     if not isinstance(policy, freeze.FreezePolicy):
         raise ConfigError(f"freeze policy {spec!r} built {policy!r}, which lacks the FreezePolicy members")
     return policy
@@ -213,7 +250,8 @@ def components_from_config(
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
     if policy is None:
-        policy = make_policy(config, len(model.unit_ends))  # type: ignore[arg-type]
+        total = run_steps(config, num_samples(samples))
+        policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
     elif not isinstance(policy, freeze.FreezePolicy):
         raise ConfigError(f"policy {policy!r} lacks the FreezePolicy members")
     return Components(

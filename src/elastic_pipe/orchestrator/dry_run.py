@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from elastic_pipe.orchestrator.components import Components, components_from_config
+from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import (
@@ -21,10 +21,8 @@ from elastic_pipe.orchestrator.layout_rule import (
     layout_sequence,
     next_layout,
 )
-from elastic_pipe.orchestrator.setup import candidate_pipe_lens
-from elastic_pipe.orchestrator.step_data import epoch_plan, split_unit
 from elastic_pipe.orchestrator.trainer import sublayer_costs
-from elastic_pipe.orchestrator.workload import eval_count, num_samples
+from elastic_pipe.orchestrator.workload import num_samples
 from elastic_pipe.types import Layout
 
 __all__ = ["planned_decisions", "planned_epochs"]
@@ -51,12 +49,10 @@ def _plannable(config: TrainConfig) -> tuple[Components, int]:
         )
     if config.pipeline.cost == "time":
         raise ConfigError("[pipeline] cost = 'time' is profiled on the run's device; plan with cost = 'params'")
-    n = num_samples(parts.data)
-    unit = split_unit(config.world_size, candidate_pipe_lens(config), config.microbatches_for)
-    plan = epoch_plan(
-        n - eval_count(n, config.data.eval_fraction), config.train.global_batch, unit, drop_last=config.data.drop_last
-    )
-    return parts, plan.steps
+    steps = epoch_steps(config, num_samples(parts.data))
+    if steps is None:
+        raise ConfigError(f"train.global_batch = {config.train.global_batch} does not split over the layouts")
+    return parts, steps
 
 
 def _every_n_steps(

@@ -25,6 +25,8 @@ __all__ = [
     "COST_METRICS",
     "CUDA_GRAPH_MODES",
     "DEFAULT_ALPHA",
+    "DEFAULT_POLICY",
+    "DEFAULT_T0",
     "DTYPES",
     "LR_SCHEDULES",
     "MAX_EPOCHS",
@@ -67,6 +69,12 @@ MAX_TIMEOUT_S = 86_400.0
 MAX_EPOCHS = 100_000
 #: The alpha policy's default: 1/3, the published trade-off (2.83x at 90.78% on CIFAR-100).
 DEFAULT_ALPHA = 1 / 3
+#: The default freeze policy: FreezeOut with ``t0 = 0.7``, the one setting of the accuracy study that stayed within
+#: 0.5 points of no freezing on both of its tasks (``benchmarks/results/freeze_accuracy.json``, docs/freeze.md). It
+#: skips less compute than the published alpha = 1/3, which lost 0.9 and 14 points there.
+DEFAULT_POLICY = "freezeout"
+#: FreezeOut's default ``t0`` (the first unit stops at 70% of the run, the last one trains to the end).
+DEFAULT_T0 = 0.7
 
 
 def size_bytes(value: object, name: str) -> int:
@@ -260,14 +268,16 @@ class FreezeSection:
 
     Attributes:
         policy: a name of :data:`elastic_pipe.freeze.POLICIES` or an import path ``"module:attr"`` of a policy
-            factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory).
-        options: keyword arguments for the policy (the alpha policy defaults to ``alpha = 1/3``).
+            factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory). Default:
+            ``"freezeout"`` (:data:`DEFAULT_POLICY`, the accuracy-safe setting of the study).
+        options: keyword arguments for the policy (alpha defaults to ``alpha = 1/3``, FreezeOut to ``t0 = 0.7``
+            and ``total_steps`` = the run's optimizer steps).
         decide_every: a decision point after every ``decide_every`` optimizer steps of the run (counted over the
             whole run, across epoch boundaries), the transition applied inside the epoch when one falls there;
             0, the default, keeps the published rhythm: one decision point after every epoch.
     """
 
-    policy: str = "alpha"
+    policy: str = DEFAULT_POLICY
     options: Mapping[str, Any] = field(default_factory=dict)
     decide_every: int = 0
 
@@ -280,9 +290,14 @@ class FreezeSection:
 
     @property
     def policy_options(self) -> dict[str, Any]:
-        """The options the policy is built with: ``options``, or for ``alpha`` without any, the published 1/3."""
+        """The options the policy is built with: ``options``, with ``alpha = 1/3`` (the published schedule) for
+        ``alpha`` without any and ``t0 = 0.7`` (:data:`DEFAULT_T0`) for ``freezeout`` without one. FreezeOut's
+        ``total_steps``, when not given, is the run's length, filled in when the data is known
+        (:func:`elastic_pipe.orchestrator.components.make_policy`)."""
         if self.policy == "alpha" and not self.options:
             return {"alpha": DEFAULT_ALPHA}
+        if self.policy == "freezeout":
+            return {"t0": DEFAULT_T0, **self.options}
         return dict(self.options)
 
 

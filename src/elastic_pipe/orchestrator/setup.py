@@ -29,7 +29,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import sublayer_keys
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
-from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, split_unit
+from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.workload import cross_entropy, split_data
 
@@ -49,7 +49,7 @@ __all__ = [
 
 def candidate_pipe_lens(config: TrainConfig) -> tuple[int, ...]:
     """Every pipeline length the job may reach: divisors of the world size up to the initial length."""
-    return tuple(k for k in range(config.pipeline.pipe_len, 0, -1) if config.world_size % k == 0)
+    return reachable_pipe_lens(config.pipeline.pipe_len, config.world_size)
 
 
 def sublayer_costs(model: nn.Module) -> list[float]:

@@ -46,6 +46,7 @@ __all__ = [
     "StepData",
     "epoch_plan",
     "item_spec",
+    "reachable_pipe_lens",
     "split_unit",
 ]
 
@@ -87,6 +88,11 @@ class StepData(Protocol):
 
 
 # --------------------------------------------------------------------------------------------- the epoch's steps
+def reachable_pipe_lens(pipe_len: int, world_size: int) -> tuple[int, ...]:
+    """Every pipeline length a job may reach: divisors of the world size up to the initial length, longest first."""
+    return tuple(k for k in range(pipe_len, 0, -1) if world_size % k == 0)
+
+
 def split_unit(world_size: int, pipe_lens: Sequence[int], microbatches_for: Callable[[int], int]) -> int:
     """The least common multiple of ``replicas x microbatches`` over the reachable pipeline lengths.
 
