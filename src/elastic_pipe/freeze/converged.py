@@ -32,7 +32,7 @@ from elastic_pipe.freeze._numeric import floor_tolerant
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.autofreeze import change_ratios
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
+from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = [
@@ -119,11 +119,6 @@ def converged_prefix(streaks: Sequence[int], current: int, patience: int, cap: i
     return new
 
 
-def _check_positive_int(owner: str, key: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FreezeError(f"{owner}: {key} must be an integer >= 1, got {value!r}")
-
-
 class Converged:
     """Statistics-driven policy: freeze the next leading layer once its gradient norm has stopped changing.
 
@@ -156,10 +151,10 @@ class Converged:
         check_num_layers("Converged", num_layers)
         if not (math.isfinite(threshold) and threshold > 0.0):
             raise FreezeError(f"Converged: threshold must be a finite number > 0, got {threshold!r}")
-        _check_positive_int("Converged", "patience", patience)
+        check_positive_int("Converged", "patience", patience)
         if not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
             raise FreezeError(f"Converged: max_fraction must be in (0, 1], got {max_fraction!r}")
-        _check_positive_int("Converged", "max_step", max_step)
+        check_positive_int("Converged", "max_step", max_step)
         if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0.0):
             raise FreezeError(f"Converged: tolerance must be a finite number >= 0 or None, got {tolerance!r}")
         self.num_layers = num_layers

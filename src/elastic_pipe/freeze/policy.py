@@ -26,7 +26,16 @@ from typing import Any, Protocol, runtime_checkable
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.stats import LayerStats
 
-__all__ = ["MEMBERS", "FreezePolicy", "check_config", "check_current", "check_num_layers", "check_policy", "decide"]
+__all__ = [
+    "MEMBERS",
+    "FreezePolicy",
+    "check_config",
+    "check_current",
+    "check_num_layers",
+    "check_policy",
+    "check_positive_int",
+    "decide",
+]
 
 #: Every member a runtime reads, in the order of :class:`FreezePolicy`; :func:`check_policy` names the missing ones.
 MEMBERS = (
@@ -101,8 +110,13 @@ def check_policy(owner: str, obj: object) -> None:
 
 def check_num_layers(owner: str, num_layers: int) -> None:
     """Raise :class:`FreezeError` unless ``num_layers`` is an int >= 1."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise FreezeError(f"{owner}: num_layers must be an integer >= 1, got {num_layers!r}")
+    check_positive_int(owner, "num_layers", num_layers)
+
+
+def check_positive_int(owner: str, key: str, value: int) -> None:
+    """Raise :class:`FreezeError` naming ``owner`` and option ``key`` unless ``value`` is an int >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise FreezeError(f"{owner}: {key} must be an integer >= 1, got {value!r}")
 
 
 def check_current(owner: str, num_layers: int, current: int) -> None:

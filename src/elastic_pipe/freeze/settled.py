@@ -35,7 +35,7 @@ from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_t
 from elastic_pipe.freeze.converged import converged_prefix, max_frozen
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.guard import HeldOutGuard
-from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
+from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = [
@@ -93,11 +93,6 @@ def settled_streaks(
     return new_streaks, new_peaks
 
 
-def _check_positive_int(owner: str, key: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FreezeError(f"{owner}: {key} must be an integer >= 1, got {value!r}")
-
-
 class Settled:
     """Statistics-driven policy: freeze the next leading layer once its gradient stays well below its peak.
 
@@ -134,10 +129,10 @@ class Settled:
         check_num_layers("Settled", num_layers)
         if not (math.isfinite(decay) and 0.0 < decay < 1.0):
             raise FreezeError(f"Settled: decay must be in (0, 1), got {decay!r}")
-        _check_positive_int("Settled", "patience", patience)
+        check_positive_int("Settled", "patience", patience)
         if not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
             raise FreezeError(f"Settled: max_fraction must be in (0, 1], got {max_fraction!r}")
-        _check_positive_int("Settled", "max_step", max_step)
+        check_positive_int("Settled", "max_step", max_step)
         self.num_layers = num_layers
         self.decay = float(decay)
         self.patience = patience
