@@ -387,3 +387,25 @@ def test_a_model_over_the_budget_is_refused_on_one_process_before_any_group_form
         trainer.setup()
     assert not dist.is_initialized()
     assert f"the whole training state is {sum(memory.active):,} bytes" in str(e.value)
+
+
+def test_a_parameter_tied_across_sub_layers_is_refused_in_a_pipeline() -> None:
+    import torch.distributed as dist
+
+    from elastic_pipe.orchestrator import ElasticTrainer
+    from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.holdings import shared_across_sublayers
+    from elastic_pipe.orchestrator.setup import check_untied_stages
+
+    config = _config({"launch.nproc_per_node": 2, "pipeline.pipe_len": 2})
+    model = build_model(config)
+    assert shared_across_sublayers(model) == []
+    names = [name for name, _ in model.named_children()]
+    first, second = getattr(model, names[1]), getattr(model, names[3])  # two blocks' attention sub-layers
+    second.norm.weight = first.norm.weight  # tie one parameter across two sub-layers, as a tied head does
+    tied = [(f"{names[1]}.norm.weight", f"{names[3]}.norm.weight")]
+    assert shared_across_sublayers(model) == tied
+    with pytest.raises(ConfigError, match=rf"{tied[0][0]} and {tied[0][1]} are one tied parameter.*pipe_len = 1"):
+        ElasticTrainer(config, model=model, quiet=True).setup()
+    assert not dist.is_initialized()
+    check_untied_stages(config.override({"launch.nproc_per_node": 1, "pipeline.pipe_len": 1}), model)  # one stage

@@ -43,6 +43,7 @@ __all__ = [
     "hold",
     "param_groups_by_name",
     "point_optimizer",
+    "shared_across_sublayers",
     "sublayer_keys",
     "transfer",
 ]
@@ -55,6 +56,25 @@ def sublayer_keys(model: nn.Module) -> list[list[str]]:
     for key in model.state_dict(keep_vars=True):
         keys[index[key.split(".", 1)[0]]].append(key)
     return keys
+
+
+def shared_across_sublayers(model: nn.Module) -> list[tuple[str, str]]:
+    """Pairs of parameter names of two different sub-layers of ``model`` that are one tensor (a tied head).
+
+    Each rank holds only its stage's sub-layers, so a parameter shared by two sub-layers would be two copies on
+    two ranks once a pipeline puts them on different stages, with nothing keeping them equal.
+    """
+    first: dict[int, str] = {}
+    pairs: list[tuple[str, str]] = []
+    for sub_name, sub in model.named_children():
+        seen_here: set[int] = set()
+        for name, p in sub.named_parameters(remove_duplicate=False):
+            key = id(p)
+            if key in first and key not in seen_here and not first[key].startswith(f"{sub_name}."):
+                pairs.append((first[key], f"{sub_name}.{name}"))
+            first.setdefault(key, f"{sub_name}.{name}")
+            seen_here.add(key)
+    return pairs
 
 
 def _is_meta(module: nn.Module) -> bool:

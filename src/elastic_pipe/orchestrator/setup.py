@@ -25,8 +25,8 @@ from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data_check import local_failure, raise_first_failure
-from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.holdings import sublayer_keys
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.metrics import EventLog
 from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, epoch_plan, reachable_pipe_lens, split_unit
@@ -38,6 +38,7 @@ __all__ = [
     "build_context",
     "candidate_pipe_lens",
     "check_memory_budget",
+    "check_untied_stages",
     "compile_enabled",
     "compile_seconds",
     "compile_sublayers",
@@ -117,6 +118,22 @@ def memory_budget(config: TrainConfig, model: nn.Module) -> layout_rule.MemoryBu
     if limit is None:
         return None
     return layout_rule.MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
+
+
+def check_untied_stages(config: TrainConfig, model: nn.Module) -> None:
+    """Refuse a pipelined job whose model ties a parameter between two sub-layers (no collective).
+
+    Raises:
+        ConfigError: ``pipe_len`` > 1 and a parameter is shared by two sub-layers, naming both.
+    """
+    shared = shared_across_sublayers(model)
+    if shared and config.pipeline.pipe_len > 1:
+        a, b = shared[0]
+        raise ConfigError(
+            f"{a} and {b} are one tied parameter, and a pipeline holds each stage's sub-layers on its own ranks, "
+            f"where the two copies would drift apart: untie them (e.g. tie_word_embeddings = false) or use "
+            f"pipeline.pipe_len = 1 (got {config.pipeline.pipe_len})"
+        )
 
 
 def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:

@@ -43,7 +43,13 @@ from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
 from elastic_pipe.orchestrator.process_group import join_process_group
-from elastic_pipe.orchestrator.setup import build_context, candidate_pipe_lens, check_memory_budget, sublayer_costs
+from elastic_pipe.orchestrator.setup import (
+    build_context,
+    candidate_pipe_lens,
+    check_memory_budget,
+    check_untied_stages,
+    sublayer_costs,
+)
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
@@ -123,7 +129,8 @@ class ElasticTrainer:
         if self._ctx is not None:
             return
         c = self.config
-        check_memory_budget(c, self.parts.model)  # before any process group forms
+        check_untied_stages(c, self.parts.model)  # both before any process group forms
+        check_memory_budget(c, self.parts.model)
         self._owns_group = join_process_group(c)
         ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
         self._groups = ctx.groups
