@@ -409,3 +409,21 @@ def test_a_parameter_tied_across_sub_layers_is_refused_in_a_pipeline() -> None:
         ElasticTrainer(config, model=model, quiet=True).setup()
     assert not dist.is_initialized()
     check_untied_stages(config.override({"launch.nproc_per_node": 1, "pipeline.pipe_len": 1}), model)  # one stage
+
+
+def test_plan_applies_the_memory_budget_as_a_run_does() -> None:
+    from elastic_pipe.orchestrator.dry_run import planned_epochs
+
+    tight, roomy, memory = _budgets()
+    unlimited = planned_epochs(_config())
+    assert unlimited[0]["pipe_len"] == 4 and unlimited[-1]["pipe_len"] == 1  # the schedule compresses to one stage
+    for limit, first in ((tight, 4), (roomy, 2)):
+        planned = planned_epochs(_config({"pipeline.memory_budget": limit}))
+        assert planned[0]["pipe_len"] == first  # the shortest length that fits, as the run starts
+        budget = MemoryBudget(limit, memory.active, memory.frozen)
+        layouts = [
+            Layout(p["frozen"], p["pipe_len"], p["replicas"], tuple(p["boundaries"]), p["microbatches"])
+            for p in planned
+        ]
+        assert all(budget.fits(layout) for layout in layouts)
+    assert min(p["pipe_len"] for p in planned_epochs(_config({"pipeline.memory_budget": tight}))) > 1

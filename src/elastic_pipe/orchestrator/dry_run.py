@@ -17,11 +17,11 @@ from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import (
     decide_units,
     frozen_sublayers,
-    initial_layout,
     layout_sequence,
     next_layout,
+    start_layout,
 )
-from elastic_pipe.orchestrator.trainer import sublayer_costs
+from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, sublayer_costs
 from elastic_pipe.orchestrator.workload import num_samples
 from elastic_pipe.types import Layout
 
@@ -62,9 +62,14 @@ def _every_n_steps(
     every = config.freeze.decide_every
     costs = sublayer_costs(parts.model)
     unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
-    pipe_len = config.pipeline.pipe_len
-    layout, budget = initial_layout(
-        costs, pipe_len, config.world_size, solver=parts.partitioner, microbatches=config.microbatches_for(pipe_len)
+    memory = memory_budget(config, parts.model)
+    layout, budget = start_layout(
+        costs,
+        candidate_pipe_lens(config),
+        config.world_size,
+        solver=parts.partitioner,
+        microbatches_for=config.microbatches_for,
+        memory=memory,
     )
     total = config.train.epochs * steps
     if config.train.max_steps:
@@ -95,6 +100,7 @@ def _every_n_steps(
             budget=budget,
             world_size=config.world_size,
             microbatches_for=config.microbatches_for,
+            memory=memory,
         )
         points.append(
             {"step": step, "epoch": epoch, "epoch_step": inside, "changed": new != layout, **_row(units, new)}
@@ -144,5 +150,7 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
             compression=parts.compression,
             solver=parts.partitioner,
             microbatches_for=config.microbatches_for,
+            pipe_lens=candidate_pipe_lens(config),
+            memory=memory_budget(config, parts.model),
         )
     return [{"epoch": epoch, **_row(units, layout)} for epoch, (units, layout) in enumerate(sequence)]

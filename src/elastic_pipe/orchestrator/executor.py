@@ -59,22 +59,14 @@ def initial_state(ctx: RunContext) -> RunState:
     c = ctx.config
 
     def initial() -> protocol.TransitionMessage:
-        if ctx.memory is not None:  # the shortest pipeline whose every rank fits [pipeline] memory_budget
-            layout, budget = layout_rule.initial_layout_within(
-                ctx.costs,
-                ctx.groups.pipe_lens,
-                ctx.world_size,
-                ctx.memory,
-                solver=ctx.parts.partitioner,
-                microbatches_for=c.microbatches_for,
-            )
-            return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
-        layout, budget = layout_rule.initial_layout(
+        # with [pipeline] memory_budget: the shortest pipeline whose every rank fits it
+        layout, budget = layout_rule.start_layout(
             ctx.costs,
-            c.pipeline.pipe_len,
+            ctx.groups.pipe_lens,
             ctx.world_size,
             solver=ctx.parts.partitioner,
-            microbatches=c.microbatches_for(c.pipeline.pipe_len),
+            microbatches_for=c.microbatches_for,
+            memory=ctx.memory,
         )
         return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
 

@@ -43,6 +43,7 @@ __all__ = [
     "layout_sequence",
     "max_frozen_units",
     "next_layout",
+    "start_layout",
 ]
 
 Solver = str | part.Solver
@@ -191,6 +192,29 @@ def initial_layout_within(
     )
 
 
+def start_layout(
+    costs: Sequence[float],
+    pipe_lens: Sequence[int],
+    world_size: int,
+    *,
+    solver: Solver,
+    microbatches_for: Callable[[int], int],
+    memory: MemoryBudget | None = None,
+) -> tuple[Layout, float]:
+    """A run's first layout and the bottleneck compression keeps: over the initial length ``pipe_lens[0]``, or
+    with a memory budget over the shortest of ``pipe_lens`` that fits it (:func:`initial_layout_within`).
+
+    Raises:
+        ConfigError: a budget no length fits.
+    """
+    if memory is not None:
+        return initial_layout_within(
+            costs, pipe_lens, world_size, memory, solver=solver, microbatches_for=microbatches_for
+        )
+    k = pipe_lens[0]
+    return initial_layout(costs, k, world_size, solver=solver, microbatches=microbatches_for(k))
+
+
 def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:
     """The most units that may freeze while at least ``min_active`` sub-layers stay active.
 
@@ -302,6 +326,8 @@ def layout_sequence(
     compression: CompressionRule,
     solver: Solver,
     microbatches_for: Callable[[int], int],
+    pipe_lens: Sequence[int] | None = None,
+    memory: MemoryBudget | None = None,
 ) -> list[tuple[int, Layout]]:
     """``(frozen units, layout)`` per epoch, decided exactly as a run decides them (a decision point before every
     epoch but the first), for a policy that reads no measured statistics (``needs_stats`` False).
@@ -317,8 +343,12 @@ def layout_sequence(
         compression: the rule.
         solver: partition solver.
         microbatches_for: micro-batches for a pipeline length.
+        pipe_lens: the reachable lengths, ``pipe_len`` first (default: ``pipe_len`` alone); read with ``memory``.
+        memory: the per-rank budget, as a run applies it (start and compression).
     """
-    layout, budget = initial_layout(costs, pipe_len, world_size, solver=solver, microbatches=microbatches_for(pipe_len))
+    layout, budget = start_layout(
+        costs, pipe_lens or (pipe_len,), world_size, solver=solver, microbatches_for=microbatches_for, memory=memory
+    )
     units = 0
     out = [(units, layout)]
     for epoch in range(1, epochs):
@@ -341,6 +371,7 @@ def layout_sequence(
             budget=budget,
             world_size=world_size,
             microbatches_for=microbatches_for,
+            memory=memory,
         )
         out.append((units, layout))
     return out
