@@ -10,24 +10,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.stage import LocalStep, build_runner, example_io
+from elastic_pipe.orchestrator.stage import LocalStep, build_runner
 from elastic_pipe.orchestrator.workload import cross_entropy
 from elastic_pipe.testing import RankContext, run_distributed
 
 
-def test_stage_examples_from_a_prefix_output_match_those_from_the_inputs() -> None:
+def test_stage_examples_are_the_boundary_activations_widened() -> None:
+    from elastic_pipe.orchestrator.setup import boundary_examples
+    from elastic_pipe.orchestrator.stage_runtime import _widen
+
     torch.manual_seed(0)
-    layers = [nn.Sequential(nn.Linear(4 + j, 5 + j), nn.Tanh()) for j in range(5)]
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(4 + j, 5 + j), nn.Tanh()) for j in range(5)])
     x = torch.randn(1, 4)
+    examples = boundary_examples(layers, x, torch.device("cpu"), nullcontext)
     with torch.no_grad():
-        at_two = layers[1](layers[0](x))
-    full = example_io(layers, x, 3, 5, nullcontext, rows=6)
-    resumed = example_io(layers, at_two, 3, 5, nullcontext, rows=6, start=2)
-    for a, b in zip(full, resumed, strict=True):
-        assert a.shape == (6, *a.shape[1:]) and torch.equal(a, b) and a.requires_grad == b.requires_grad
-    assert full[0].requires_grad  # the input of a stage after the first needs a gradient
-    with pytest.raises(ValueError, match="start must lie"):
-        example_io(layers, at_two, 1, 5, nullcontext, rows=6, start=2)
+        at_three = layers[2](layers[1](layers[0](x)))
+    assert len(examples) == 6 and torch.equal(examples[3], at_three)
+    stage_in = _widen(examples[3], 6, True)  # a stage after the first receives an activation needing a gradient
+    assert stage_in.shape == (6, 7) and stage_in.is_contiguous() and stage_in.requires_grad
+    assert torch.equal(stage_in[5], at_three[0])
 
 
 def _model() -> nn.Module:

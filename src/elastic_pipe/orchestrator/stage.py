@@ -15,7 +15,7 @@ from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.cuda_graph import GraphedStep
 from elastic_pipe.orchestrator.setup import compile_seconds
 
-__all__ = ["LocalStep", "build_runner", "example_io", "unit_modules", "unit_of"]
+__all__ = ["LocalStep", "build_runner", "unit_modules", "unit_of"]
 
 
 def _stage_takes_grads() -> bool:
@@ -24,48 +24,6 @@ def _stage_takes_grads() -> bool:
 
 #: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
 _STAGE_TAKES_GRADS = _stage_takes_grads()
-
-
-@torch.no_grad()
-def example_io(
-    sublayers: Sequence[nn.Module],
-    x: torch.Tensor,
-    lo: int,
-    hi: int,
-    autocast: Callable[[], Any],
-    *,
-    rows: int,
-    start: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Example micro-batch tensors at the input and output of sub-layers ``lo:hi`` (shapes for the stage).
-
-    Args:
-        sublayers: the whole model's sub-layers, in the modes the caller chose (eval: no dropout).
-        x: the output of sub-layers ``0:start`` (the model's inputs when ``start`` is 0); one sample is enough.
-        lo: the stage's first sub-layer (``>= start``).
-        hi: one past the stage's last sub-layer.
-        autocast: returns the autocast context the forward runs in.
-        rows: the micro-batch size to declare: the examples are ``x``'s first results repeated to that many
-            rows (contiguous: torch allocates its receive buffers like them), so a transition runs the model on
-            one sample instead of a whole micro-batch.
-        start: how many sub-layers ``x`` has been through already.
-    """
-    if not 0 <= start <= lo:
-        raise ValueError(f"example_io: start must lie in [0, lo={lo}], got {start}")
-    with autocast():
-        for j in range(start, lo):
-            x = sublayers[j](x)
-        # A stage after the first receives an activation that needs a gradient; the metadata must say so,
-        # or the stage computes no input gradient and the stages before it train on zeros.
-        stage_in = x.detach().requires_grad_(lo > 0 and x.is_floating_point())
-        for j in range(lo, hi):
-            x = sublayers[j](x)
-    return _widen(stage_in, rows), _widen(x, rows)
-
-
-def _widen(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """``t``'s first row repeated ``rows`` times, with ``t``'s ``requires_grad``."""
-    return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(t.requires_grad)
 
 
 class LocalStep:
@@ -140,8 +98,8 @@ def build_runner(
         schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
         device: this rank's device.
         group: the pipeline group of this rank's replica.
-        examples: returns example micro-batches at the stage's input and output (:func:`example_io`); called only
-            when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
+        examples: returns example micro-batches at the stage's input and output (``StageRuntime._example_io``);
+            called only when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
         compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
         grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
