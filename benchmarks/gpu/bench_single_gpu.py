@@ -208,6 +208,9 @@ def head_only_gpu_ms(build: Callable[[], torch.nn.Module], inputs: torch.Tensor,
     for evt in prof.key_averages():
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             us += float(getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0))
+    if us <= 0:
+        print(f"head-only GPU time not measured: the profiler saw no CUDA kernels in {steps} steps", flush=True)
+        return None
     return us / steps / 1e3
 
 
@@ -241,8 +244,8 @@ def main() -> int:
         )
         try:
             gpu_ms = head_only_gpu_ms(w["build"], samples.inputs[:batch], device)
-        except RuntimeError as e:  # keep the arms' numbers whatever happens here
-            print(f"head-only GPU time not measured: {e}", flush=True)
+        except Exception as e:  # keep the arms' numbers whatever happens here
+            print(f"head-only GPU time not measured: {type(e).__name__}: {e}", flush=True)
             gpu_ms = None
         arms: dict[str, Any] = {}
         for arm in args.arms.split(","):
