@@ -462,6 +462,8 @@ class DatasetSplit:
             for positions in lists:
                 yield Batch(torch.tensor(positions, dtype=torch.long), None, None)
             return
+        if not steps and not lists:  # nothing to read (a fill with every entry carried): no workers started
+            return
         table = None if inputs else self.labels_by_position()
         if table is not None:  # labels only, and the dataset has them: no item is read
             for positions in lists:
