@@ -14,8 +14,9 @@ epochs, eager:
 * ``host_cache``: elastic_pipe on the dataset read from the file by ``--workers`` loader workers, alpha = 1/3,
   ``cache = "auto"`` with ``cache_tiers = { device = <a quarter of the cache>, host = <the rest>, host_kind =
   "pinned" }``: three quarters of the frozen prefix's outputs live in page-locked host memory;
-* ``device_cache``: the same training with the images decoded once into device memory (samples held in memory)
-  and the whole cache in device memory: the fastest the cache can be;
+* ``device_cache``: the same training with the images decoded once into device memory (a map-style dataset of
+  device rows, :class:`DeviceImages`, read in the training process) and the whole cache in device memory: the
+  fastest the cache can be;
 * ``plain``: a plain PyTorch ``DataLoader`` (shuffled, ``--workers`` workers, pinned memory, persistent workers,
   prefetch) over the same file, and the eager training loop of the whole model (no freezing);
 * ``host_cache_on`` (not run unless named in ``--arms``): ``host_cache`` with ``cache = "on"`` (read the cache
@@ -123,19 +124,29 @@ class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return {**self.__dict__, "_images": None}  # each worker maps the file itself
 
 
-def decoded_on(dataset: DiskImages, device: torch.device) -> Any:
-    """Every image decoded the dataset's way, held in ``device`` memory (samples: inputs, labels, sample_ids)."""
-    from elastic_pipe.orchestrator.workload import Split
+class DeviceImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Every image decoded the dataset's way, held in device memory: item ``i`` is a view of row ``i``.
 
-    n = len(dataset)
-    images = dataset.images()
-    first = torch.from_numpy(np.array(images[:1]))
-    inputs = torch.empty((n, *first.shape[1:]), dtype=torch.float32, device=device)
-    for start in range(0, n, WRITE_CHUNK):
-        chunk = torch.from_numpy(np.array(images[start : start + WRITE_CHUNK])).to(device)
-        inputs[start : start + chunk.shape[0]] = (chunk.float() / 255.0 - MEAN) / STD
-    labels = torch.from_numpy(dataset.labels[:n].copy()).to(device)
-    return Split(inputs, labels, torch.arange(n, device=device))
+    A map-style dataset rather than samples held in memory (``inputs``/``labels``/``sample_ids``), because the
+    runtime standardises samples held in memory through float64 copies of the whole input tensor, which at 50,000
+    images (30 GB of float32) would not fit in one H200's memory. The inputs are already normalised, as the file
+    dataset's are.
+    """
+
+    def __init__(self, dataset: DiskImages, device: torch.device) -> None:
+        n = len(dataset)
+        images = dataset.images()
+        self.inputs = torch.empty((n, *images.shape[1:]), dtype=torch.float32, device=device)
+        for start in range(0, n, WRITE_CHUNK):
+            chunk = torch.from_numpy(np.array(images[start : min(n, start + WRITE_CHUNK)])).to(device)
+            self.inputs[start : start + chunk.shape[0]] = (chunk.float() / 255.0 - MEAN) / STD
+        self.targets = dataset.targets
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.inputs[index], int(self.targets[index])
 
 
 # --------------------------------------------------------------------------------------------------- memory
@@ -276,7 +287,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
             "log": {"progress": False},
         }
     )
-    data = dataset if host else decoded_on(dataset, device)
+    data = dataset if host else DeviceImages(dataset, device)
     reasons: list[str] = []
     t0 = time.perf_counter()
 

@@ -199,6 +199,8 @@ class ItemSpec:
         input_shape, input_dtype: the input's.
         label_shape, label_dtype: the label's.
         num_classes: labels must lie in ``[0, num_classes)`` (integer labels; ``None``: not checked).
+        on_host: whether item 0's input is in host memory (a dataset holding its items on a GPU is read without
+            pinned memory, which only host tensors have).
     """
 
     input_shape: tuple[int, ...]
@@ -206,6 +208,7 @@ class ItemSpec:
     label_shape: tuple[int, ...]
     label_dtype: torch.dtype
     num_classes: int | None = None
+    on_host: bool = True
 
     def check(self, index: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
         """Why item ``index`` (``(x, y)``) does not fit, or ``None``."""
@@ -263,7 +266,7 @@ def _as_pair(index: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def item_spec(dataset: Any, num_classes: int | None = None) -> ItemSpec:
     """The :class:`ItemSpec` of ``dataset``'s item 0."""
     x, y = _as_pair(0, _read_item(dataset, 0))
-    return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes)
+    return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes, x.device.type == "cpu")
 
 
 #: The dataset attributes :func:`label_table` reads labels from, in this order (torchvision's, then ours).
@@ -470,7 +473,7 @@ class DatasetSplit:
                 pos = torch.tensor(positions, dtype=torch.long)
                 yield Batch(pos, None, table[pos].to(device, non_blocking=True))
             return
-        pin = device.type == "cuda"
+        pin = device.type == "cuda" and self.spec.on_host
         shard = None
         if isinstance(lists, ElasticBatchSampler):
             shard = (lists.sampler.num_replicas, lists.sampler.rank)
