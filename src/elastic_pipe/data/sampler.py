@@ -232,7 +232,11 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         r = self._num_replicas
         if global_batch < 1 or global_batch % r:
             raise DataError(f"global_batch must be a positive multiple of num_replicas={r}, got {global_batch}")
-        return [self._index_at(p) for p in self.positions()[: global_batch // r]]
+        mine = self.positions()[: global_batch // r]
+        # _index_at over a whole step at once (a Python loop over 512 positions took 0.2 ms per step)
+        p = np.arange(mine.start, mine.stop, mine.step, dtype=np.int64)
+        n = self._num_samples
+        return self._order[np.where(p >= n, (p - n) % n, p)].tolist()  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:

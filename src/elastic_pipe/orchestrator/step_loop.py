@@ -42,7 +42,9 @@ __all__ = [
     "decision_point",
     "epoch_metrics",
     "finish_epoch",
+    "reseed",
     "run_epoch",
+    "step_loss",
     "step_seed",
 ]
 
@@ -72,6 +74,44 @@ def step_seed(seed: int, epoch: int, step: int, rank: int) -> int:
     return int.from_bytes(digest, "little")
 
 
+def reseed(seed: int, device: torch.device) -> None:
+    """Seed the generators a rank's step draws from: the CPU's and, on a GPU, the rank's device's.
+
+    What ``torch.manual_seed`` leaves in those two generators, without its work on every other backend: it seeds
+    every CUDA device, MPS, XPU and MTIA as well, and on a host where CUDA is not initialised (any CPU run) it
+    queues the CUDA seeding with a formatted stack trace, about 0.6 ms per step on the CPU
+    (``benchmarks/bench_head_only_host.py``). A rank draws only on its own device and the CPU.
+    """
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
+
+
+def step_loss(losses: list[torch.Tensor], none: torch.Tensor) -> torch.Tensor:
+    """A step's loss to keep on the device: the mean of its micro-batch losses in float64 (``none``: no loss on
+    this rank). One micro-batch's loss is kept as it is (no copy; :meth:`EpochLosses.global_losses` widens it to
+    float64 exactly as the mean of one would)."""
+    if len(losses) == 1:
+        return losses[0].detach()
+    return torch.stack([t.detach().double() for t in losses]).mean() if losses else none
+
+
+def _zero_grad(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+    """``optimizer.zero_grad(set_to_none=True)``, as a direct loop over its parameters when the optimizer keeps
+    torch's own ``zero_grad`` (which adds a profiler record and hook lookups per step); a layout's parameters do
+    not change inside it, so the list is taken once."""
+    if type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
+        return lambda: optimizer.zero_grad(set_to_none=True)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def zero() -> None:
+        for p in params:
+            p.grad = None
+
+    return zero
+
+
 def _timed_step(done: int, steps: int, interval: int) -> bool:
     """Whether step ``done`` (0-based) of an epoch's ``steps`` is split into phases: every ``interval``-th step,
     never the first (it carries the warm-up of a new layout), and the last when the epoch is shorter than that."""
@@ -93,7 +133,8 @@ class EpochLosses:
         count is the global loss.
         """
         if self.local:
-            mine = torch.stack(self.local).to(torch.float64)
+            wide = [t.to(torch.float64) for t in self.local] if len({t.dtype for t in self.local}) > 1 else self.local
+            mine = torch.stack(wide).to(torch.float64)
         else:
             mine = torch.zeros(0, dtype=torch.float64, device=device)
         if not stage.is_last:
@@ -199,6 +240,8 @@ def run_epoch(
     paused = 0.0  # seconds spent in transitions inside the epoch
     losses.local = []
     no_loss = torch.zeros((), dtype=torch.float64, device=device)
+    zero_grad = _zero_grad(optimizer)
+    seed, rank, host_ids = c.train.seed, ctx.rank, ctx.host_ids
     timer = stage.forward_timer
     timer.collect()
     _sync(device)
@@ -215,8 +258,8 @@ def run_epoch(
         maybe_fail("step", ctx.rank, state.epoch, i)
         # Random ops in training (dropout) draw from generators reseeded at every step from (seed, epoch, step,
         # rank): a resume from any step checkpoint reproduces the masks, and ranks draw independently.
-        # torch.manual_seed seeds the CPU generator and every CUDA device's.
-        torch.manual_seed(step_seed(c.train.seed, state.epoch, i, ctx.rank))
+        # reseed sets the CPU generator and the rank's device's, as torch.manual_seed would (and nothing else).
+        reseed(step_seed(seed, state.epoch, i, rank), device)
         timed = device.type != "cuda" or _timed_step(i - first, steps_per_epoch - first, c.log.timing_interval)
         timer.active = timed
         clock.start(timed=timed)
@@ -229,7 +272,7 @@ def run_epoch(
             )
         clock.lap("data")
         if stage.is_first:  # no inputs loaded when the cache holds them all (stage.needs_inputs)
-            x = stage.frozen_prefix(x, ctx.host_ids[host_idx])
+            x = stage.frozen_prefix(x, host_ids[host_idx])
         clock.lap("forward")
         step_losses: list[torch.Tensor] = []
         stage.run(x, y, step_losses, rows=size // layout.replicas // layout.microbatches)
@@ -245,11 +288,11 @@ def run_epoch(
             clip_global_grad_norm(stage, c.train.max_grad_norm, device)
         optimizer.step()
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        zero_grad()
         sampler.advance(size)
         state = state.replace(step=state.step + 1)
         clock.lap("optimizer")
-        losses.local.append(torch.stack([t.detach().double() for t in step_losses]).mean() if step_losses else no_loss)
+        losses.local.append(step_loss(step_losses, no_loss))
         if i == first:  # the layout's warm-up (and, compiled, its compilation) lands in the first step
             _sync(device)
             first_step_s = time.perf_counter() - t_epoch
@@ -268,6 +311,7 @@ def run_epoch(
                 state, stage = on_decision(state, i + 1)
                 stage.begin_epoch(state.epoch, since=old_stage)  # the epoch's cache counters go on
                 layout, timer = stage.layout, stage.forward_timer
+                zero_grad = _zero_grad(optimizer)  # the new layout's parameters
                 timer.collect()
                 batches = read_from(i + 1, stage)  # the sampler's position, re-sharded for the new layout
                 _sync(device)
