@@ -50,6 +50,7 @@ import json
 import os
 import platform
 import pstats
+import re
 import socket
 import sys
 import time
@@ -334,13 +335,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def profiled_per_step(top: list[str]) -> dict[str, float] | None:
+    """Python function calls and profiled CPU milliseconds per step, from the cProfile lines' header
+    (``"120 steps: 53240 function calls (52036 primitive calls) in 0.385 seconds"``); a measure the machine's
+    load moves far less than time does (``None`` without a profile)."""
+    match = re.match(r"(\d+) steps: (\d+) function calls.* in ([0-9.]+) seconds", top[0]) if top else None
+    if match is None:
+        return None
+    steps, calls, seconds = int(match[1]), int(match[2]), float(match[3])
+    return {"python_calls_per_step": calls / steps, "profiled_ms_per_step": 1e3 * seconds / steps}
+
+
 def compare(paths: list[str]) -> dict[str, Any]:
     """The arms of several result files side by side, the first as the baseline."""
     arms = [json.loads(Path(p).read_text())["arms"][0] for p in paths]
+    for arm in arms:
+        arm["profiled"] = profiled_per_step(arm.get("cprofile_top_by_self_time", []))
     base = arms[0]
     table = {c: {a["label"]: round(a["components_ms"][c], 4) for a in arms} for c in COMPONENTS}
     table["plain_step_ms"] = {a["label"]: round(a["plain_step_ms"], 4) for a in arms}
     return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "gpu_reference_ms": GPU_REFERENCE_MS,
         "arms": arms,
         "table_ms": table,
         "speedup_over_first": {a["label"]: base["plain_step_ms"] / a["plain_step_ms"] for a in arms},

@@ -1,0 +1,75 @@
+"""The step loop's per-step host shortcuts give what the calls they replace gave (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from elastic_pipe.data import ElasticSampler
+from elastic_pipe.orchestrator.step_loop import _zero_grad, reseed, step_loss
+
+
+def test_reseed_leaves_the_cpu_generator_as_manual_seed_does() -> None:
+    torch.manual_seed(1234)
+    expected = torch.rand(5), torch.randn(3), torch.nn.functional.dropout(torch.ones(8), 0.5)
+    torch.manual_seed(99)  # another state first: reseed must replace it
+    reseed(1234, torch.device("cpu"))
+    got = torch.rand(5), torch.randn(3), torch.nn.functional.dropout(torch.ones(8), 0.5)
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a, b)
+    assert torch.default_generator.initial_seed() == 1234
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_one_micro_batch_loss_widens_to_the_float64_mean_of_one(dtype: torch.dtype) -> None:
+    loss = torch.tensor(0.1234567, dtype=dtype, requires_grad=True) * 3
+    kept = step_loss([loss], torch.zeros((), dtype=torch.float64))
+    assert not kept.requires_grad
+    old = torch.stack([loss.detach().double()]).mean()
+    assert kept.to(torch.float64).item() == old.item()
+
+
+def test_several_micro_batches_and_none() -> None:
+    parts = [torch.tensor(1.0), torch.tensor(2.5), torch.tensor(4.0)]
+    assert step_loss(parts, torch.zeros(())).dtype == torch.float64
+    assert step_loss(parts, torch.zeros(())).item() == 2.5
+    none = torch.zeros((), dtype=torch.float64)
+    assert step_loss([], none) is none
+
+
+def test_zero_grad_sets_the_optimizer_parameters_gradients_to_none() -> None:
+    trained, other = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(trained.parameters(), lr=0.1)
+    (trained(torch.ones(1, 3)).sum() + other(torch.ones(1, 3)).sum()).backward()
+    _zero_grad(optimizer)()
+    assert all(p.grad is None for p in trained.parameters())
+    assert all(p.grad is not None for p in other.parameters())  # not the optimizer's: left alone
+
+
+def test_zero_grad_calls_an_optimizers_own_override() -> None:
+    calls: list[bool | None] = []
+
+    class Counting(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            calls.append(set_to_none)
+            super().zero_grad(set_to_none)
+
+    layer = torch.nn.Linear(2, 1)
+    _zero_grad(Counting(layer.parameters(), lr=0.1))()
+    assert calls == [True]
+
+
+@pytest.mark.parametrize(("n", "replicas", "batch"), [(10, 1, 4), (11, 2, 4), (7, 3, 6), (5, 4, 8)])
+def test_step_indices_are_the_positions_walked_one_by_one(n: int, replicas: int, batch: int) -> None:
+    for rank in range(replicas):
+        sampler = ElasticSampler(n, replicas, rank, seed=3)
+        sampler.set_epoch(2)
+        while not sampler.exhausted:
+            mine = sampler.positions()[: batch // replicas]
+            expected = [int(sampler.epoch_order()[p % n]) for p in mine]  # padding repeats the order's start
+            got = sampler.step_indices(batch)
+            assert got == expected
+            assert all(type(i) is int for i in got)
+            sampler.advance(batch)
+    assert np.array_equal(np.sort(ElasticSampler(6, 1, 0).step_indices(6)), np.arange(6))
