@@ -29,7 +29,7 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.sections import PipelineSection
-from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit, StepData
+from elastic_pipe.orchestrator.step_data import Batch, StepData
 
 __all__ = [
     "BYPASS_REASON",
@@ -508,8 +508,9 @@ def read_prefix(
 
 def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
     """Whether every training sample (every view of it) has an entry at ``frozen``: then a step need not load
-    its inputs, only the labels (a dataset's items are read only for what a lookup misses)."""
-    if not (cache.enabled and isinstance(data, DatasetSplit)):
+    its inputs, only the labels (a dataset's items, or the rows of samples held in memory, are read only for what
+    a lookup misses)."""
+    if not cache.enabled:
         return False
     ids = data.sample_ids.to("cpu", torch.int64)
     views = cache.config.views_per_sample

@@ -87,6 +87,7 @@ class StageRuntime:
         #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
         self.cache_complete = False
         self._counted = (0, 0, 0)
+        self._positions: dict[int, int] | None = None  # sample id -> position, for _read_inputs
 
     @property
     def is_first(self) -> bool:
@@ -237,9 +238,17 @@ class StageRuntime:
         return self.ctx.run_sublayers(x, 0, frozen)
 
     def _read_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        """The inputs of the samples ``ids`` (what a step that loaded none reads for its lookup's misses)."""
         data = self.ctx.train_set
-        assert isinstance(data, DatasetSplit)  # only a dataset's steps skip their inputs (prefix_cache.complete)
-        return data.inputs_of(ids.tolist())
+        if isinstance(data, DatasetSplit):
+            return data.inputs_of(ids.tolist())
+        # samples held in memory (a Split): their rows, found by id (a miss of a complete cache is rare: an entry
+        # that failed its crc32), so the id -> position map is built at the first one
+        if self._positions is None:
+            self._positions = {int(v): j for j, v in enumerate(self.ctx.host_ids.tolist())}
+        rows = torch.tensor([self._positions[int(v)] for v in ids.tolist()], dtype=torch.long)
+        inputs = data.input_rows(0, len(data))
+        return inputs[rows.to(inputs.device)]
 
     def run(
         self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor], *, rows: int | None = None
