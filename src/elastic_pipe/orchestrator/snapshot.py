@@ -72,7 +72,7 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
         )
     state = RunState.from_dict(saved["run"], ctx.world_size)
     layout = state.layout
-    hold(ctx, layout)
+    hold(ctx, layout, fill=False)  # every held tensor is overwritten below: nothing to initialize or read
     weights: Mapping[str, torch.Tensor] = saved["model"]
     local = ctx.model.state_dict(keep_vars=True)
     with torch.no_grad():
