@@ -95,4 +95,4 @@ def build_loaded(
     )
     materialize_sublayers(model, range(model.num_sublayers), "cpu")
     model.sublayer_init = None
-    return model, missing  # type: ignore[return-value]
+    return model, missing

@@ -243,7 +243,9 @@ def _finish(
     table: Mapping[str, HFSource] | None = None,
     lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
-    factory = lambda: SubLayerModel(make_layers(), block_unit_ends(depth))  # noqa: E731
+    def factory() -> SubLayerModel:
+        return SubLayerModel(make_layers(), block_unit_ends(depth))
+
     if lazy is None:
         # Weights the source lacks (a new classifier) get the seeded initialization; everything else is copied.
         model, _ = build_loaded(factory, target, seed, dtype)
