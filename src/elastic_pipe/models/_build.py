@@ -13,7 +13,7 @@ from torch import nn
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.residency import MappingReader
 from elastic_pipe.models.sublayer import SubLayerModel
-from elastic_pipe.models.weights import CheckpointInit, SeededInit, build_seeded, identity_map, materialize_sublayers
+from elastic_pipe.models.weights import CheckpointInit, MissingInit, build_seeded, identity_map, materialize_sublayers
 
 __all__ = [
     "build_loaded",
@@ -65,8 +65,8 @@ def resolve_config(config: C | str, presets: Mapping[str, C], config_type: type[
 def build_loaded(
     factory: Callable[[], M], weights: Mapping[str, torch.Tensor], seed: int, dtype: torch.dtype
 ) -> tuple[M, list[str]]:
-    """Build a model holding ``weights``; parameters they lack get the seeded initialization
-    (:class:`~elastic_pipe.models.weights.SeededInit`, per sub-layer, from ``seed``).
+    """Build a model holding ``weights``; parameters they lack are drawn from one generator seeded by ``seed``
+    (:class:`~elastic_pipe.models.weights.MissingInit`).
 
     The model is first built on the meta device, so no time goes into initializing weights that get overwritten.
     It comes back with every tensor on the CPU and no ``sublayer_init`` (it needs none).
@@ -89,7 +89,7 @@ def build_loaded(
     missing = sorted(set(own) - set(weights))
     if not isinstance(model, SubLayerModel):
         raise ModelError(f"build_loaded needs a SubLayerModel factory, got {type(model).__name__}")
-    fallback = SeededInit(seed)
+    fallback = MissingInit(seed, missing)
     model.sublayer_init = CheckpointInit(
         lambda: contextlib.nullcontext(MappingReader(weights)), identity_map(weights), fallback
     )

@@ -48,7 +48,7 @@ from elastic_pipe.models.llama import (
 from elastic_pipe.models.residency import TensorReader, open_safetensors, safetensors_meta
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.vit import ViTConfig, vit_layers
-from elastic_pipe.models.weights import CheckpointInit, SeededInit, identity_map
+from elastic_pipe.models.weights import CheckpointInit, MissingInit, identity_map
 
 __all__ = [
     "HF_ACTIVATIONS",
@@ -201,9 +201,9 @@ class LazyCheckpoint:
                 return candidate
         raise ModelError(f"checkpoint {str(self.path)!r} has no tensor {key!r}")
 
-    def init(self, table: Mapping[str, HFSource], seed: int) -> CheckpointInit:
+    def init(self, table: Mapping[str, HFSource], seed: int, missing: Collection[str]) -> CheckpointInit:
         """The recipe that reads our tensors through ``table`` (parts concatenated, transposed as it says);
-        tensors it does not name (a new classifier) get the seeded initialization."""
+        the ``missing`` ones it does not name (a new classifier) are drawn from ``seed`` (:class:`MissingInit`)."""
         resolved = {
             ours: HFSource(tuple(self.resolve(k) for k in src.keys), src.transpose) for ours, src in table.items()
         }
@@ -213,7 +213,7 @@ class LazyCheckpoint:
             with open_safetensors(self.path) as reader:
                 yield _TableReader(reader, resolved)
 
-        return CheckpointInit(open_reader, identity_map(resolved), SeededInit(seed))
+        return CheckpointInit(open_reader, identity_map(resolved), MissingInit(seed, missing))
 
 
 class _TableReader:
@@ -258,7 +258,7 @@ def _finish(
     for key, value in target.items():  # meta tensors from the checkpoint's header: shapes only
         if key not in own or tuple(value.shape) != tuple(own[key].shape):
             raise ModelError(f"checkpoint tensor for {key!r} has shape {tuple(value.shape)}, which the model lacks")
-    model.sublayer_init = lazy.init(table, seed)
+    model.sublayer_init = lazy.init(table, seed, [k for k in own if k not in table])
     return model
 
 

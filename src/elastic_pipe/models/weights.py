@@ -36,6 +36,7 @@ __all__ = [
     "INIT_STD",
     "CheckpointInit",
     "MaterializeError",
+    "MissingInit",
     "SeededInit",
     "SubLayerInit",
     "build_seeded",
@@ -156,6 +157,53 @@ class SeededInit:
         with torch.no_grad():
             for key in keys:
                 state[key].copy_(value_of(key))
+
+
+class MissingInit:
+    """The tensors a checkpoint lacks (a new classifier), all drawn from one generator seeded by ``seed``, in the
+    model's parameter order and each in its own dtype - the values a pretrained model's new head has always had.
+
+    Every draw is made whatever the sub-layer asked for, so the values do not depend on what a process holds; the
+    missing tensors are few (a head), so that costs nothing.
+
+    Attributes:
+        seed: the generator's seed.
+        missing: the keys the checkpoint lacks (parameters drawn; other tensors zeroed).
+    """
+
+    def __init__(self, seed: int, missing: Collection[str]) -> None:
+        self.seed = seed
+        self.missing = frozenset(missing)
+        self._values: dict[str, torch.Tensor] | None = None
+
+    def _draw(self, model: SubLayerModel) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed)
+        norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
+        limit = _TRUNCATE_STDS * INIT_STD
+        out: dict[str, torch.Tensor] = {}
+        for name, p in model.named_parameters():
+            if name not in self.missing:
+                continue
+            value = torch.empty(p.shape, dtype=p.dtype)
+            if id(p) in norms:
+                value.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias") or not p.is_floating_point():
+                value.zero_()
+            else:
+                nn.init.trunc_normal_(value, std=INIT_STD, a=-limit, b=limit, generator=generator)
+            out[name] = value
+        return out
+
+    def __call__(self, model: SubLayerModel, index: int, keys: Collection[str]) -> None:
+        if self._values is None:
+            self._values = self._draw(model)
+        state = model.state_dict(keep_vars=True)
+        with torch.no_grad():
+            for key in keys:
+                if key in self._values:
+                    state[key].copy_(self._values[key])
+                else:
+                    state[key].zero_()
 
 
 def _counted(reader: TensorReader, read: list[str]) -> TensorReader:
