@@ -213,6 +213,11 @@ def test_a_bert_checkpoint_is_read_only_for_the_sub_layers_materialized(
     spy.read.clear()
     materialize_sublayers(model, [model.num_sublayers - 1])  # the new classifier: seeded, nothing read
     assert spy.read == []
+    # a new head is drawn as it always was: one generator seeded by ``seed`` over the missing tensors, in order
+    expected = torch.empty(3, 32, dtype=torch.float64)
+    torch.nn.init.trunc_normal_(expected, std=0.02, a=-0.04, b=0.04, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(model[-1].classifier.weight, expected)
+    assert not model[-1].classifier.bias.any()
     for j in range(model.num_sublayers):
         materialize_sublayers(model, [j])
     _equal_state(eager, model)

@@ -6,8 +6,8 @@ evaluation). It holds no layout: everything layout-dependent takes a :class:`~el
 
 The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
 (:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
-not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, while the model
-is whole.
+not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
+materializing the model (:mod:`.setup`).
 """
 
 from __future__ import annotations
