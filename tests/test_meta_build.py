@@ -276,3 +276,14 @@ def test_build_model_on_meta_equals_build_model() -> None:
     assert all(p.is_meta for p in meta.parameters())
     materialize_sublayers(meta, range(meta.num_sublayers))  # type: ignore[arg-type]
     _equal_state(whole, meta)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_sub_layer_materialized_on_a_gpu_equals_the_cpu_build() -> None:
+    whole = models.vit(depth=2, seed=1)
+    model = models.vit(depth=2, seed=1, meta=True)
+    materialize_sublayers(model, [1, 2], "cuda")
+    for j in (1, 2):
+        for (name, p), q in zip(model[j].named_parameters(), whole[j].parameters(), strict=True):
+            assert p.is_cuda and torch.equal(p.cpu(), q), name

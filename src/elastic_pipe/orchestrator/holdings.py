@@ -129,7 +129,8 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Let an AdamW that was built over CPU parameters run fused once every parameter it covers is on a GPU.
 
     The config's AdamW runs fused on a GPU (:func:`~elastic_pipe.orchestrator.optim.optimizer_factory`), but the
-    trainer builds it over the CPU-built model, before the rank's sub-layers reach the device; this turns fusion on
+    trainer builds it over the whole model (on the meta device, or the CPU), before the rank's sub-layers reach the
+    device; this turns fusion on
     when they have, before the first step creates any state. Returns whether it did.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
