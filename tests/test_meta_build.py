@@ -287,3 +287,40 @@ def test_a_sub_layer_materialized_on_a_gpu_equals_the_cpu_build() -> None:
     for j in (1, 2):
         for (name, p), q in zip(model[j].named_parameters(), whole[j].parameters(), strict=True):
             assert p.is_cuda and torch.equal(p.cpu(), q), name
+
+
+# ------------------------------------------------------------------------------- setup facts without the whole model
+def test_setup_facts_of_a_meta_model_need_no_materialized_model() -> None:
+    from elastic_pipe.orchestrator import config_from_tables
+    from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.setup import boundary_examples, param_bytes, profiled_costs, sublayer_costs
+    from elastic_pipe.orchestrator.workload import Split
+
+    config = config_from_tables(
+        {
+            "model": {"name": "vit", "options": {"depth": 2}},
+            "train": {"dtype": "float64", "global_batch": 8},
+            "pipeline": {"cost": "time"},
+        }
+    )
+    real, meta = build_model(config), build_model(config, meta=True)
+    x = torch.randn(16, 1, 8, 8, dtype=torch.float64)
+    data = Split(x, torch.zeros(16, dtype=torch.long), torch.arange(16))
+    cpu = torch.device("cpu")
+
+    def nullcontext() -> Any:
+        return torch.autocast("cpu", enabled=False)
+
+    assert sublayer_costs(meta) == sublayer_costs(real) and param_bytes(meta) == param_bytes(real)
+    want = boundary_examples(real, x[:1], cpu, nullcontext)
+    got = boundary_examples(meta, x[:1], cpu, nullcontext)
+    assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+    costs = profiled_costs(meta, data, config, cpu)
+    assert len(costs) == meta.num_sublayers and all(c > 0 for c in costs)
+    # one sub-layer at a time, each freed again: the model is still all meta
+    assert all(t.is_meta for t in meta.state_dict(keep_vars=True).values())
+    # a model with real weights is left as it was found (on the CPU, no gradients)
+    before = {k: v.clone() for k, v in real.state_dict().items()}
+    profiled_costs(real, data, config, cpu)
+    assert all(p.grad is None and p.device == cpu for p in real.parameters())
+    assert all(torch.equal(v, real.state_dict()[k]) for k, v in before.items())
