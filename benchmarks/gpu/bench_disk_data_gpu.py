@@ -1,29 +1,36 @@
 """One GPU, images on disk: the activation cache in host memory against the cache on the device and a plain loop.
 
-    python benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --out $OUT            # ViT-B/16, 224 px, one GPU
-    python benchmarks/gpu/bench_disk_data_gpu.py --tiny --out /tmp/disk-bench          # CPU smoke run (64 x 32 px)
+    python benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --workers 8 --data /tmp/images.npy --out $OUT
+    python benchmarks/gpu/bench_disk_data_gpu.py --tiny --out /tmp/disk-bench     # CPU smoke run: 256 x 32 px
 
 The images are synthetic uint8 pixels in one ``np.memmap`` file (``N x 3 x 224 x 224``, 7.5 GB for 50,000; written
-here, vectorised, in chunks) with random labels; a map-style dataset decodes one (uint8 -> float32, normalised
-with fixed per-channel statistics) per ``__getitem__``, in the ``DataLoader``'s worker processes. Arms, each in a
-fresh process (so that each one's peak host memory is its own), from the same initial weights, with the same
-global batch (512), optimizer (AdamW, fused on a GPU), bf16 autocast, 10 epochs, eager:
+here in chunks by threads, each chunk from its own seeded generator, so the file is the same on every run) with
+random labels; a map-style dataset decodes one (uint8 -> float32, normalised with fixed per-channel statistics) per
+``__getitem__``, in the ``DataLoader``'s worker processes, and exposes its labels as ``targets`` (what a step that
+needs only labels reads). Arms, each in a fresh process (so that each one's peak host memory is its own), from the
+same initial weights, with the same global batch (512), optimizer (AdamW, fused on a GPU), bf16 autocast, 10
+epochs, eager:
 
 * ``host_cache``: elastic_pipe on the dataset read from the file by ``--workers`` loader workers, alpha = 1/3,
   ``cache = "auto"`` with ``cache_tiers = { device = <a quarter of the cache>, host = <the rest>, host_kind =
   "pinned" }``: three quarters of the frozen prefix's outputs live in page-locked host memory;
-* ``device_cache``: the same training with the images decoded once into device memory (samples held in memory)
-  and the whole cache in device memory: the fastest the cache can be;
-* ``host_cache_on``: ``host_cache`` with ``cache = "on"`` (read the cache from the first frozen epoch, whatever the
-  measured pay-off says): what reading the host tier costs where ``auto`` would recompute;
+* ``device_cache``: the same training with the images decoded once into device memory (a map-style dataset of
+  device rows, :class:`DeviceImages`, read in the training process) and the whole cache in device memory: the
+  fastest the cache can be;
 * ``plain``: a plain PyTorch ``DataLoader`` (shuffled, ``--workers`` workers, pinned memory, persistent workers,
-  prefetch) over the same file, and the eager training loop of the whole model (no freezing).
+  prefetch) over the same file, and the eager training loop of the whole model (no freezing);
+* ``host_cache_on`` (not run unless named in ``--arms``): ``host_cache`` with ``cache = "on"`` (read the cache
+  from the first frozen epoch, whatever the measured pay-off says).
 
 Targets: ``host_cache`` within 15% of ``device_cache``, and 2.5x or more faster than ``plain``. Each arm reports
 its wall time (model on the device to the last step; elastic_pipe's evaluations and transitions included, the plain
 loop evaluates nothing), per-epoch seconds, peak host memory (the main process's peak RSS, and the sampled peak of
 the main process plus its loader workers, in which file pages a worker touched count once per worker), and peak
-device memory (``torch.cuda.max_memory_allocated``/``reserved``). Results: ``gpu_1xh200_disk_data.json``.
+device memory (``torch.cuda.max_memory_allocated``/``reserved``). Every arm prints a line per epoch as it goes.
+The results JSON (``--name``, under ``--out``) is rewritten after each arm; ``--budget-s`` bounds the whole run: an
+arm still running when it is spent is stopped and recorded with the epochs it finished (so one device call of at
+most 600 s always leaves a JSON). ``--arms`` splits the arms over several calls (each then writes its own
+``--name``).
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ import argparse
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +54,8 @@ import torch
 import torch.utils.data
 
 ARMS = ("plain", "device_cache", "host_cache", "host_cache_on")
+#: What runs unless ``--arms`` says otherwise: the arms the targets compare, the slowest last.
+DEFAULT_ARMS = ("host_cache", "device_cache", "plain")
 ALPHA = 1 / 3
 #: Per-channel statistics the dataset's transform normalises with (those of uniform uint8 pixels / 255).
 MEAN, STD = 0.5, 0.2887
@@ -55,18 +66,35 @@ WRITE_CHUNK = 2048
 
 
 # --------------------------------------------------------------------------------------------------- the data
-def write_images(path: Path, n: int, size: int, classes: int) -> None:
-    """``n`` random uint8 images ``3 x size x size`` into ``path`` (a memmap) and their labels beside it."""
-    if path.exists() and np.load(path, mmap_mode="r").shape == (n, 3, size, size):
+def write_images(path: Path, n: int, size: int, classes: int, *, seed: int = 0) -> None:
+    """``n`` random uint8 images ``3 x size x size`` into ``path`` (a memmap) and their labels beside it.
+
+    Chunk ``c`` of :data:`WRITE_CHUNK` images comes from its own generator (``SeedSequence(seed)``'s ``c``-th
+    child) as raw 64-bit words, so the chunks are written in parallel by threads (the generator releases the GIL)
+    and the file does not depend on the thread count. A file of the right shape is kept.
+    """
+    labels_path = path.with_suffix(".labels.npy")
+    if (
+        path.exists()
+        and labels_path.exists()
+        and np.load(path, mmap_mode="r").shape == (n, 3, size, size)
+        and np.load(labels_path).shape == (n,)
+    ):
         return
     images = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, 3, size, size))
-    rng = np.random.default_rng(0)
-    for start in range(0, n, WRITE_CHUNK):
-        stop = min(n, start + WRITE_CHUNK)
-        images[start:stop] = rng.integers(0, 256, size=(stop - start, 3, size, size), dtype=np.uint8)
+    starts = list(range(0, n, WRITE_CHUNK))
+    seeds = np.random.SeedSequence(seed).spawn(len(starts))
+    per_image = 3 * size * size
+
+    def fill(c: int) -> None:
+        lo, hi = starts[c], min(n, starts[c] + WRITE_CHUNK)
+        words = np.random.PCG64(seeds[c]).random_raw(-(-(hi - lo) * per_image // 8))
+        images[lo:hi] = words.view(np.uint8)[: (hi - lo) * per_image].reshape(hi - lo, 3, size, size)
+
+    with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(len(starts))))
     images.flush()
-    del images
-    np.save(path.with_suffix(".labels.npy"), rng.integers(0, classes, size=n, dtype=np.int64))
+    np.save(labels_path, np.random.default_rng(seed).integers(0, classes, size=n, dtype=np.int64))
 
 
 class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
@@ -77,6 +105,7 @@ class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         self.path = path
         self.labels = np.load(path.with_suffix(".labels.npy"))
         self.n = len(self.labels) if n is None else n
+        self.targets = self.labels[: self.n]  # every item's label, read without decoding (elastic_pipe's data.md)
         self._images: np.ndarray[Any, Any] | None = None
 
     def __len__(self) -> int:
@@ -95,19 +124,29 @@ class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return {**self.__dict__, "_images": None}  # each worker maps the file itself
 
 
-def decoded_on(dataset: DiskImages, device: torch.device) -> Any:
-    """Every image decoded the dataset's way, held in ``device`` memory (samples: inputs, labels, sample_ids)."""
-    from elastic_pipe.orchestrator.workload import Split
+class DeviceImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Every image decoded the dataset's way, held in device memory: item ``i`` is a view of row ``i``.
 
-    n = len(dataset)
-    images = dataset.images()
-    first = torch.from_numpy(np.array(images[:1]))
-    inputs = torch.empty((n, *first.shape[1:]), dtype=torch.float32, device=device)
-    for start in range(0, n, WRITE_CHUNK):
-        chunk = torch.from_numpy(np.array(images[start : start + WRITE_CHUNK])).to(device)
-        inputs[start : start + chunk.shape[0]] = (chunk.float() / 255.0 - MEAN) / STD
-    labels = torch.from_numpy(dataset.labels[:n].copy()).to(device)
-    return Split(inputs, labels, torch.arange(n, device=device))
+    A map-style dataset rather than samples held in memory (``inputs``/``labels``/``sample_ids``), because the
+    runtime standardises samples held in memory through float64 copies of the whole input tensor, which at 50,000
+    images (30 GB of float32) would not fit in one H200's memory. The inputs are already normalised, as the file
+    dataset's are.
+    """
+
+    def __init__(self, dataset: DiskImages, device: torch.device) -> None:
+        n = len(dataset)
+        images = dataset.images()
+        self.inputs = torch.empty((n, *images.shape[1:]), dtype=torch.float32, device=device)
+        for start in range(0, n, WRITE_CHUNK):
+            chunk = torch.from_numpy(np.array(images[start : min(n, start + WRITE_CHUNK)])).to(device)
+            self.inputs[start : start + chunk.shape[0]] = (chunk.float() / 255.0 - MEAN) / STD
+        self.targets = dataset.targets
+
+    def __len__(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.inputs[index], int(self.targets[index])
 
 
 # --------------------------------------------------------------------------------------------------- memory
@@ -158,12 +197,18 @@ def _sync(device: torch.device) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- the arms
-def build_model(tiny: bool) -> torch.nn.Module:
+def build_model(preset: str, size: int) -> torch.nn.Module:
+    """``vit-b16`` (ViT-B/16, 1000 classes) or ``tiny`` (a 3-block ViT-tiny, patch 8, 10 classes)."""
     from elastic_pipe import models
 
-    if tiny:
-        return models.vit("vit-tiny", image_size=32, patch_size=8, in_channels=3, num_classes=10, depth=3)
+    if preset == "tiny":
+        return models.vit("vit-tiny", image_size=size, patch_size=8, in_channels=3, num_classes=10, depth=3)
     return models.vit("vit-b16")
+
+
+def progress(arm: str, **fields: Any) -> None:
+    """One progress line for the parent (which prints it and keeps the last ones if the arm is stopped)."""
+    print("PROGRESS " + json.dumps({"arm": arm, **fields}), flush=True)
 
 
 def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -184,14 +229,14 @@ def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.devic
         prefetch_factor=2 if workers > 0 else None,
         generator=torch.Generator().manual_seed(0),
     )
-    model = build_model(args.tiny).to(device)
+    model = build_model(args.model_preset, args.size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     epoch_s: list[float] = []
     _sync(device)
     t0 = time.perf_counter()
     loss = torch.zeros(())
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
         te = time.perf_counter()
         for images, labels in loader:
             x, y = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
@@ -202,6 +247,7 @@ def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.devic
             optimizer.zero_grad(set_to_none=True)
         _sync(device)
         epoch_s.append(time.perf_counter() - te)
+        progress("plain", epoch=epoch, seconds=epoch_s[-1], elapsed=time.perf_counter() - t0, loss=float(loss))
     return {"total_s": time.perf_counter() - t0, "epoch_seconds": epoch_s, "final_loss": float(loss)}
 
 
@@ -210,7 +256,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
 
     host = arm.startswith("host_cache")
-    model = build_model(args.tiny)
+    model = build_model(args.model_preset, args.size)
     example = torch.zeros((1, 3, args.size, args.size))
     with torch.no_grad():  # one entry: the prefix output's size is the same at every boundary of a ViT
         entry = model.children().__next__()(example).numel() * 4  # float32 under bf16 autocast (the residual)
@@ -241,10 +287,28 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
             "log": {"progress": False},
         }
     )
-    data = dataset if host else decoded_on(dataset, device)
+    data = dataset if host else DeviceImages(dataset, device)
     reasons: list[str] = []
+    t0 = time.perf_counter()
+
+    def on_epoch_end(t: Any) -> None:
+        reasons.append(t.stage.cache_reason)
+        e = t.result.epochs[-1]
+        last = t.result.transitions[-1]["seconds"] if t.result.transitions else 0.0
+        progress(
+            arm,
+            epoch=len(t.result.epochs) - 1,
+            seconds=e["seconds"],
+            elapsed=time.perf_counter() - t0,
+            frozen_units=e["frozen_units"],
+            cache=e["cache"],
+            cache_hits=e["cache_hits"],
+            transitions=len(t.result.transitions),
+            last_transition_s=last,
+        )
+
     with ElasticTrainer(config, model=model, data=data, quiet=True) as trainer:
-        result = trainer.fit(on_epoch_end=lambda t: reasons.append(t.stage.cache_reason)).to_dict()
+        result = trainer.fit(on_epoch_end=on_epoch_end).to_dict()
         stats = trainer.cache.stats.to_dict() if trainer.cache is not None else {}
     epochs = result["epochs"]
     return {
@@ -287,70 +351,131 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=50_000)
-    ap.add_argument("--size", type=int, default=224)
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--images", type=int, default=None, help="images in the file (default 50000; --tiny: 256)")
+    ap.add_argument("--size", type=int, default=None, help="image side in pixels (default 224; --tiny: 32)")
+    ap.add_argument("--epochs", type=int, default=None, help="epochs (default 10; --tiny: 3)")
+    ap.add_argument("--batch", type=int, default=None, help="global batch (default 512; --tiny: 32)")
+    ap.add_argument("--workers", type=int, default=None, help="loader workers (default min(8, cores - 2); --tiny: 1)")
+    ap.add_argument("--model-preset", choices=("vit-b16", "tiny"), default=None, help="default vit-b16; --tiny: tiny")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
-    ap.add_argument("--tiny", action="store_true", help="64 images of 32 px, a 3-block ViT, batch 16, 2 epochs")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run: 256 images of 32 px, a 3-block ViT")
+    ap.add_argument("--budget-s", type=float, default=570.0, help="seconds for the whole run (arms then stop)")
+    ap.add_argument("--name", default="", help="results file name (default: by device, and the arms if not all)")
     ap.add_argument("--arm", default="", help=argparse.SUPPRESS)  # internal: run one arm, print its JSON
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
-    if args.tiny:
-        args.images, args.size, args.batch, args.epochs, args.workers = 64, 32, 16, 2, 1
+    args = ap.parse_args(argv)
+    tiny = {"images": 256, "size": 32, "epochs": 3, "batch": 32, "workers": 1, "model_preset": "tiny"}
+    full = {"images": 50_000, "size": 224, "epochs": 10, "batch": 512, "model_preset": "vit-b16"}
+    full["workers"] = max(1, min(8, (os.cpu_count() or 2) - 2))
+    for key, value in (tiny if args.tiny else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    arms = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms:
+        ap.error(f"--arms: unknown {unknown}, expected some of {', '.join(ARMS)}")
+    args.arm_list = arms
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     out = Path(args.out)
     if args.arm:
         print("RESULT " + json.dumps(run_arm(args.arm, args)), flush=True)
         return 0
+    t_start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     data = Path(args.data) if args.data else out / "images.npy"
-    t0 = time.perf_counter()
-    write_images(data, args.images, args.size, 10 if args.tiny else 1000)
+    data.parent.mkdir(parents=True, exist_ok=True)
+    print(f"writing {args.images} images of {args.size} px to {data} ...", flush=True)
+    write_images(data, args.images, args.size, 10 if args.model_preset == "tiny" else 1000)
+    write_s = time.perf_counter() - t_start
+    print(f"images ready in {write_s:.1f} s ({data.stat().st_size / 1e9:.2f} GB)", flush=True)
     report: dict[str, Any] = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "images": args.images,
         "image_size": args.size,
+        "model": args.model_preset,
         "file_bytes": data.stat().st_size,
-        "write_s": time.perf_counter() - t0,
+        "write_s": write_s,
         "epochs": args.epochs,
         "global_batch": args.batch,
         "workers": args.workers,
         "alpha": ALPHA,
+        "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
         "arms": {},
     }
-    name = "gpu_1xh200_disk_data.json" if torch.cuda.is_available() and not args.tiny else "disk_data_cpu.json"
-    for arm in args.arms.split(","):
-        port = _free_port()
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
-        cmd += [f"--{k}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
-        cmd += ["--tiny"] if args.tiny else []
-        t_arm = time.perf_counter()
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode or not lines:
-            report["arms"][arm] = {"error": done.stderr[-3000:]}
-            print(f"{arm}: FAILED\n{done.stderr[-3000:]}", flush=True)
-        else:
-            report["arms"][arm] = json.loads(lines[-1][len("RESULT ") :])
-            r = report["arms"][arm]
+    name = args.name or _default_name(args)
+    for arm in args.arm_list:
+        left = args.budget_s - (time.perf_counter() - t_start)
+        if left < 5:
+            report["arms"][arm] = {"error": f"not run: the budget of {args.budget_s:.0f} s was spent"}
+            print(f"{arm}: not run, the budget is spent", flush=True)
+            continue
+        report["arms"][arm] = _run_arm_process(arm, args, data, out, left)
+        r = report["arms"][arm]
+        if "total_s" in r:
             print(
-                f"{arm}: {r['total_s']:.1f} s (process {time.perf_counter() - t_arm:.1f} s), epochs "
-                f"{[round(s, 2) for s in r['epoch_seconds']]}, peak RSS {r['peak_rss_main_bytes'] / 2**30:.2f} GiB "
+                f"{arm}: {r['total_s']:.1f} s (process {r['process_s']:.1f} s), epochs "
+                f"{[round(x, 2) for x in r['epoch_seconds']]}, peak RSS {r['peak_rss_main_bytes'] / 2**30:.2f} GiB "
                 f"(tree {r['peak_rss_tree_bytes'] / 2**30:.2f}), device "
                 f"{r.get('peak_device_allocated_bytes', 0) / 2**30:.2f} GiB",
                 flush=True,
             )
         _summarise(report)
+        report["wall_s"] = time.perf_counter() - t_start
         (out / name).write_text(json.dumps(report, indent=1))
     print(json.dumps({k: v for k, v in report.items() if k.startswith("host_cache_")}), flush=True)
+    print(f"wrote {out / name} after {time.perf_counter() - t_start:.1f} s", flush=True)
     return 0
+
+
+def _default_name(args: argparse.Namespace) -> str:
+    base = "gpu_1xh200_disk_data" if torch.cuda.is_available() and not args.tiny else "disk_data_cpu"
+    return base + ("" if tuple(args.arm_list) == DEFAULT_ARMS else "_" + "_".join(args.arm_list)) + ".json"
+
+
+def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, timeout: float) -> dict[str, Any]:
+    """Run one arm in a fresh process, printing its progress lines; stop it after ``timeout`` seconds."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
+    cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
+    cmd += [f"--model-preset={args.model_preset}"]
+    log_path = out / f"{arm}.stderr.log"
+    t_arm = time.perf_counter()
+    epochs: list[dict[str, Any]] = []
+    result: dict[str, Any] | None = None
+    with open(log_path, "w", encoding="utf-8") as err:
+        # its own session: a stop ends the arm's loader workers with it
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True)
+        timer = threading.Timer(timeout, lambda: os.killpg(child.pid, signal.SIGKILL))
+        timer.start()
+        try:
+            assert child.stdout is not None
+            for line in child.stdout:
+                if line.startswith("RESULT "):
+                    result = json.loads(line[len("RESULT ") :])
+                elif line.startswith("PROGRESS "):
+                    epochs.append(json.loads(line[len("PROGRESS ") :]))
+                    fields = {k: round(v, 3) if isinstance(v, float) else v for k, v in epochs[-1].items()}
+                    print(f"  {fields}", flush=True)
+            code = child.wait()
+        finally:
+            timer.cancel()
+    process_s = time.perf_counter() - t_arm
+    if code == 0 and result is not None:
+        return {**result, "process_s": process_s}
+    tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+    stopped = code == -9 and process_s >= timeout - 1
+    reason = f"stopped after {process_s:.0f} s (the budget)" if stopped else f"exit code {code}"
+    print(f"{arm}: FAILED ({reason})\n{tail}", flush=True)
+    return {"error": reason, "stderr_tail": tail, "process_s": process_s, "epochs_done": epochs}
 
 
 def _summarise(report: dict[str, Any]) -> None:

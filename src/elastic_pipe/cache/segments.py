@@ -203,6 +203,17 @@ def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device) -> to
     return staging.to(device, non_blocking=True)
 
 
+def _run_of(slots: torch.Tensor) -> tuple[int, int] | None:
+    """``(first, stop)`` when ``slots`` (host, int64) are ``first, first + 1, ..., stop - 1``, else ``None``."""
+    n = slots.numel()
+    if n == 0 or slots.device.type != "cpu":
+        return None
+    first = int(slots[0])
+    if first < 0 or int(slots[-1]) != first + n - 1:
+        return None
+    return (first, first + n) if n == 1 or bool((slots[1:] - slots[:-1] == 1).all()) else None
+
+
 class DeviceSegment:
     """A slab tensor on the compute device with a CPU index; private to one process (methods as in
     :class:`Segment`)."""
@@ -226,7 +237,11 @@ class DeviceSegment:
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         current = self._index[keys]
         slots, write, self._used = _assign_slots(current, self._used, self.layout.capacity)
-        if bool(write.all()):  # the usual case (a batch of new keys): no masked select, which would synchronise
+        run = _run_of(slots) if values.shape[1:] == self._data.shape[1:] and values.dtype == self._data.dtype else None
+        if run is not None and bool(write.all()):  # fresh consecutive slots (a fill): one copy, no scatter
+            self._data[run[0] : run[1]].copy_(values)  # straight into a pinned slab from a GPU (DMA, no bounce)
+            self._index[keys] = slots
+        elif bool(write.all()):  # the usual case (a batch of new keys): no masked select, which would synchronise
             self._data.index_copy_(0, index_on(slots, self.device), values.to(self.device))
             self._index[keys] = slots
         elif bool(write.any()):
@@ -249,7 +264,16 @@ class DeviceSegment:
         # A pinned host slab carried on a GPU: gather into page-locked staging, copy without a pageable bounce
         # (fresh pageable chunks also pay a page fault per 4 KiB), and copy the result back the same way.
         staged = self.device.type == "cpu" and device.type == "cuda" and self._data.is_pinned()
+        pending = False  # copies into the slab queued on the GPU's stream
         for start in range(0, slots.numel(), batch_size):
+            run = _run_of(slots[start : start + batch_size])
+            if run is not None:  # consecutive slots (a slab filled in order): a view, no gather and no scatter
+                view = self._data[run[0] : run[1]]
+                new = fn(view.to(device, non_blocking=staged))
+                _check_same(view, new)
+                view.copy_(new, non_blocking=staged)  # pinned: DMA, queued behind the chunk's compute
+                pending = pending or staged
+                continue
             chunk = slots[start : start + batch_size].to(self.device)
             if staged:
                 old = torch.empty((chunk.numel(), *self.layout.shape), dtype=self.layout.dtype, pin_memory=True)
@@ -265,6 +289,8 @@ class DeviceSegment:
             new = fn(old.to(device))
             _check_same(old, new)
             self._data.index_copy_(0, chunk, new.to(self.device))
+        if pending:
+            torch.cuda.current_stream(device).synchronize()  # the slab is read on the host next
         self._index[others] = encode_invalid(self._index[others])
         return int(slots.numel())
 

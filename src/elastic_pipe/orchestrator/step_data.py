@@ -6,7 +6,10 @@ Two kinds of data, one interface (:class:`StepData`):
   built-in datasets);
 * :class:`DatasetSplit`: an index subset of any map-style dataset (``__len__`` and ``__getitem__`` returning
   ``(input, label)``, e.g. a ``torch.utils.data.Dataset``), read through a ``torch.utils.data.DataLoader`` with
-  ``[data] workers`` worker processes; nothing is stacked into memory.
+  ``[data] workers`` worker processes; nothing is stacked into memory. Its loaders persist across epochs
+  (:mod:`~elastic_pipe.orchestrator.loader_pool`: one per way of reading it, rebuilt when the sampler re-shards),
+  and a step that needs only labels (every sample's prefix output cached) reads them from the dataset's ``targets``
+  or ``labels`` when it has them (:func:`label_table`), decoding nothing.
 
 Either way a step's indices come from the :class:`~elastic_pipe.data.ElasticSampler` through
 :class:`ElasticBatchSampler`, which walks a snapshot of the sampler (the loader's workers read ahead of the
@@ -28,7 +31,7 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -36,6 +39,7 @@ import torch.utils.data
 
 from elastic_pipe import data as edata
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.loader_pool import LoaderKey, LoaderPool
 
 __all__ = [
     "Batch",
@@ -46,6 +50,7 @@ __all__ = [
     "StepData",
     "epoch_plan",
     "item_spec",
+    "label_table",
     "reachable_pipe_lens",
     "split_unit",
 ]
@@ -194,6 +199,8 @@ class ItemSpec:
         input_shape, input_dtype: the input's.
         label_shape, label_dtype: the label's.
         num_classes: labels must lie in ``[0, num_classes)`` (integer labels; ``None``: not checked).
+        on_host: whether item 0's input is in host memory (a dataset holding its items on a GPU is read without
+            pinned memory, which only host tensors have).
     """
 
     input_shape: tuple[int, ...]
@@ -201,6 +208,7 @@ class ItemSpec:
     label_shape: tuple[int, ...]
     label_dtype: torch.dtype
     num_classes: int | None = None
+    on_host: bool = True
 
     def check(self, index: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
         """Why item ``index`` (``(x, y)``) does not fit, or ``None``."""
@@ -258,7 +266,60 @@ def _as_pair(index: int, item: Any) -> tuple[torch.Tensor, torch.Tensor]:
 def item_spec(dataset: Any, num_classes: int | None = None) -> ItemSpec:
     """The :class:`ItemSpec` of ``dataset``'s item 0."""
     x, y = _as_pair(0, _read_item(dataset, 0))
-    return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes)
+    return ItemSpec(tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, num_classes, x.device.type == "cpu")
+
+
+#: The dataset attributes :func:`label_table` reads labels from, in this order (torchvision's, then ours).
+LABEL_ATTRIBUTES = ("targets", "labels")
+
+
+def label_table(dataset: Any, spec: ItemSpec) -> torch.Tensor | None:
+    """Every item's label without reading an item: the dataset's ``targets`` or ``labels`` attribute, when it is a
+    sequence, array or tensor with one label per item shaped like item 0's (cast to its dtype); ``None`` when there
+    is none, or when the dataset has a ``target_transform`` (torchvision's: then ``targets`` are not what
+    ``__getitem__`` returns).
+
+    Raises:
+        ConfigError: a label out of ``[0, spec.num_classes)`` (naming the item).
+    """
+    table, failure = _label_table(dataset, spec)
+    if failure is not None:
+        raise ConfigError(failure[1])
+    return table
+
+
+def _label_table(dataset: Any, spec: ItemSpec) -> tuple[torch.Tensor | None, tuple[int, str] | None]:
+    """:func:`label_table`, and the first item whose label is out of range ``(index, reason)`` instead of raising."""
+    if getattr(dataset, "target_transform", None) is not None:
+        return None, None
+    n = len(dataset)
+    for name in LABEL_ATTRIBUTES:
+        values = getattr(dataset, name, None)
+        if values is None or callable(values):
+            continue
+        try:
+            table = torch.as_tensor(values)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if table.dim() == 0 or table.shape[0] != n or tuple(table.shape[1:]) != spec.label_shape:
+            continue
+        if table.is_floating_point() != spec.label_dtype.is_floating_point:
+            continue
+        table = table.to("cpu", spec.label_dtype)
+        if spec.num_classes is not None and not table.is_floating_point() and table.numel():
+            rows = table.reshape(n, -1)
+            bad = ((rows < 0) | (rows >= spec.num_classes)).any(dim=1).nonzero().flatten()
+            if bad.numel():
+                index = int(bad[0])
+                row = rows[index]
+                value = int(row[(row < 0) | (row >= spec.num_classes)][0])
+                reason = (
+                    f"dataset item {index}: label {value} (the dataset's {name}) is out of range "
+                    f"[0, {spec.num_classes})"
+                )
+                return None, (index, reason)
+        return table, None
+    return None, None
 
 
 class _Items(torch.utils.data.Dataset[tuple[int, Any]]):
@@ -280,7 +341,8 @@ class _Items(torch.utils.data.Dataset[tuple[int, Any]]):
 class _Collate:
     """Checks and stacks a batch of raw items (in the loader's workers): ``(dataset indices, inputs, labels)``.
 
-    ``scan``: return the first failure ``(index, reason)`` instead of raising (the up-front check).
+    ``scan``: return the first failure ``(index, reason)`` instead of raising (the up-front check), which also
+    compares each item's label with ``table`` (the dataset's :func:`label_table`, by dataset index) when given.
     """
 
     spec: ItemSpec
@@ -288,6 +350,7 @@ class _Collate:
     inputs: bool
     labels: bool
     scan: bool = False
+    table: torch.Tensor | None = None
 
     def __call__(self, items: list[tuple[int, Any]]) -> Any:
         xs, ys = [], []
@@ -299,6 +362,11 @@ class _Collate:
                     return index, str(exc)
                 raise
             reason = self.spec.check(index, x, y)
+            if reason is None and self.table is not None and not torch.equal(y, self.table[index]):
+                reason = (
+                    f"dataset item {index}: label {y.tolist()} differs from the dataset's targets/labels "
+                    f"({self.table[index].tolist()}), which a step reads when only labels are needed"
+                )
             if reason is not None:
                 if self.scan:
                     return index, reason
@@ -326,6 +394,9 @@ class DatasetSplit:
         spec: what every item must look like.
         dtype: floating inputs are cast to it.
         workers: the loader's worker processes (0: read in the training process).
+
+    Its loaders are kept (:class:`~elastic_pipe.orchestrator.loader_pool.LoaderPool`): their workers live across
+    epochs; :meth:`close` shuts them down.
     """
 
     dataset: Any
@@ -333,6 +404,8 @@ class DatasetSplit:
     spec: ItemSpec
     dtype: torch.dtype = torch.float32
     workers: int = 0
+    _pool: LoaderPool = field(default_factory=LoaderPool, init=False, repr=False, compare=False)
+    _labels: dict[str, torch.Tensor | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def sample_ids(self) -> torch.Tensor:
@@ -351,27 +424,66 @@ class DatasetSplit:
     def __len__(self) -> int:
         return int(self.indices.shape[0])
 
-    def _loader(self, batch_sampler: Iterable[Sequence[int]], collate: _Collate, pin: bool) -> Any:
+    @property
+    def loaders_built(self) -> int:
+        """Loaders constructed for :meth:`batches` so far (each one a start of its worker processes)."""
+        return self._pool.built
+
+    def labels_by_position(self) -> torch.Tensor | None:
+        """Every position's label from the dataset's :func:`label_table` (``None``: the dataset has none); built
+        once."""
+        if "table" not in self._labels:
+            table = label_table(self.dataset, self.spec)
+            self._labels["table"] = None if table is None else table[self.indices]
+        return self._labels["table"]
+
+    def close(self) -> None:
+        """Shut down the kept loaders' workers (a later :meth:`batches` builds new ones)."""
+        self._pool.close()
+
+    def _loader(
+        self, batch_sampler: Iterable[Sequence[int]], collate: _Collate, pin: bool, *, persistent: bool = False
+    ) -> Any:
         return torch.utils.data.DataLoader(
             _Items(self.dataset, self.indices),
             batch_sampler=batch_sampler,  # type: ignore[arg-type]  # any iterable of index lists works
             num_workers=self.workers,
             collate_fn=collate,
             pin_memory=pin,
+            persistent_workers=persistent and self.workers > 0,
         )
 
     def batches(
         self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
     ) -> Iterator[Batch]:
-        """One batch per list of positions, read by the loader (its workers read ahead)."""
-        lists = index_lists if isinstance(index_lists, ElasticBatchSampler) else [list(i) for i in index_lists]
+        """One batch per list of positions, read by the split's kept loader for this way of reading (its workers
+        read ahead, and live on for the next call); labels alone come from :meth:`labels_by_position` when the
+        dataset has them."""
+        steps = isinstance(index_lists, ElasticBatchSampler)
+        lists = index_lists if steps else [list(i) for i in index_lists]
         if not (inputs or labels):  # a middle stage: nothing to read
             for positions in lists:
                 yield Batch(torch.tensor(positions, dtype=torch.long), None, None)
             return
+        if not steps and not lists:  # nothing to read (a fill with every entry carried): no workers started
+            return
+        table = None if inputs else self.labels_by_position()
+        if table is not None:  # labels only, and the dataset has them: no item is read
+            for positions in lists:
+                pos = torch.tensor(positions, dtype=torch.long)
+                yield Batch(pos, None, table[pos].to(device, non_blocking=True))
+            return
+        pin = device.type == "cuda" and self.spec.on_host
+        shard = None
+        if isinstance(lists, ElasticBatchSampler):
+            shard = (lists.sampler.num_replicas, lists.sampler.rank)
+        key = LoaderKey("steps" if steps else "lists", inputs, labels, pin, shard)
         collate = _Collate(self.spec, self.dtype, inputs, labels)
-        loader = self._loader(lists, collate, pin=device.type == "cuda")
-        for positions, (x, y) in zip(lists, loader, strict=True):
+
+        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
+            return self._loader(batch_sampler, collate, pin, persistent=persistent)
+
+        for positions, (x, y) in zip(lists, self._pool.read(key, lists, build), strict=True):
             yield Batch(
                 torch.tensor(positions, dtype=torch.long),
                 None if x is None else x.to(device, non_blocking=True),
@@ -397,7 +509,10 @@ class DatasetSplit:
         """Read positions ``rank, rank + world_size, ...`` and return the first that fails :attr:`spec`."""
         mine = list(range(rank, len(self), world_size))
         lists = [mine[i : i + chunk] for i in range(0, len(mine), chunk)]
-        for failure in self._loader(lists, _Collate(self.spec, self.dtype, True, True, scan=True), pin=False):
+        table, bad = _label_table(self.dataset, self.spec)  # a step reading labels alone reads these
+        collate = _Collate(self.spec, self.dtype, True, True, scan=True, table=table)
+        for failure in self._loader(lists, collate, pin=False):
             if failure is not None:
-                return int(failure[0]), str(failure[1])
-        return None
+                found = int(failure[0]), str(failure[1])
+                return found if bad is None else min(found, bad)
+        return bad

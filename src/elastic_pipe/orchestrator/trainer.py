@@ -182,7 +182,8 @@ class ElasticTrainer:
 
     def close(self) -> None:
         """Release what the trainer holds beyond its results: the stage's hooks on the model, the activation
-        cache, and the process groups it created (the default group too, when it joined it). Idempotent."""
+        cache, a dataset's loader workers, and the process groups it created (the default group too, when it
+        joined it). Idempotent."""
         if self._stage is not None:
             self._stage.close()
             self._stage = None
@@ -190,6 +191,8 @@ class ElasticTrainer:
             prefix_cache.release_cache(self.cache)
             self.cache = None
         if self._ctx is not None:
+            for part in (self._ctx.train_set, self._ctx.eval_set):
+                getattr(part, "close", lambda: None)()  # a dataset's kept loaders: their workers go
             self._ctx.log.close()
         if self._groups is not None:
             self._groups.destroy()

@@ -1,0 +1,143 @@
+"""Persistent ``DataLoader``\\ s of a dataset split: one per way of reading it, kept across epochs.
+
+A loader's worker processes cost a fork of the training process (large once the activation cache holds host
+memory) and the workers' start-up, every time a loader is iterated anew; a loader built for every epoch pays that
+every epoch. A :class:`LoaderPool` keeps one loader per :class:`LoaderKey` (which parts of the items are read, and
+for which shard of the sampler) with ``persistent_workers``, and re-points it at each call's index lists through
+its batch sampler, a :class:`Feed` (a loader's sampler cannot be replaced once it is built; its workers only map
+positions to items, so the lists may change between iterations). A new key of the same kind replaces the loader of
+the old one, whose workers are shut down: the sampler re-sharded at a transition, or a stage that now reads other
+parts of the items.
+
+Rules that keep this safe:
+
+* one reader at a time per loader (iterating a persistent loader again resets its one iterator): a second reader of
+  a key whose loader is still being read gets a loader of its own, shut down when that reader ends;
+* a reader that raises drops its loader (the iterator's state after an error is not to be trusted); a reader
+  closed early leaves it (the next iteration discards what the workers had read ahead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Feed", "LoaderKey", "LoaderPool", "stop_workers"]
+
+#: ``build(batch_sampler, persistent)``: a ``DataLoader`` over the split reading ``batch_sampler``'s lists.
+BuildLoader = Callable[[Iterable[Sequence[int]], bool], Any]
+
+#: The kinds of reads: the training steps (an ``ElasticBatchSampler``) and plain index lists (the cache fill).
+KINDS = ("steps", "lists")
+
+
+@dataclass(frozen=True)
+class LoaderKey:
+    """What a loader reads.
+
+    Attributes:
+        kind: one of :data:`KINDS`; a new key replaces the pool's loader of the same kind.
+        inputs: whether the inputs are stacked (the collate step is fixed when the workers start).
+        labels: whether the labels are stacked.
+        pin: whether batches land in page-locked memory.
+        shard: ``(replicas, rank)`` of the sampler the steps come from (``None`` for plain lists).
+    """
+
+    kind: str
+    inputs: bool
+    labels: bool
+    pin: bool
+    shard: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, self.kind
+
+
+class Feed:
+    """The batch sampler of a persistent loader: it walks the index lists it was given last."""
+
+    def __init__(self) -> None:
+        self.lists: Iterable[Sequence[int]] = ()
+
+    def __iter__(self) -> Iterator[Sequence[int]]:
+        return iter(self.lists)
+
+    def __len__(self) -> int:
+        return len(self.lists) if isinstance(self.lists, Sized) else 0
+
+
+def stop_workers(loader: Any) -> None:
+    """Shut down a loader's worker processes now (a loader without workers, or never iterated: nothing)."""
+    iterator = getattr(loader, "_iterator", None)
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+@dataclass
+class _Entry:
+    loader: Any
+    feed: Feed
+    busy: bool = False
+
+
+@dataclass
+class LoaderPool:
+    """The loaders of one split, by :class:`LoaderKey` (at most one per kind).
+
+    Attributes:
+        built: loaders constructed so far (each one a start of worker processes when the split has workers).
+    """
+
+    built: int = 0
+    _entries: dict[LoaderKey, _Entry] = field(default_factory=dict)
+
+    def read(self, key: LoaderKey, lists: Iterable[Sequence[int]], build: BuildLoader) -> Iterator[Any]:
+        """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent)."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.busy:  # another reader of this key is open: a loader of its own
+            yield from self._one_shot(lists, build)
+            return
+        if entry is None:
+            for old in [k for k in self._entries if k.kind == key.kind]:
+                stop_workers(self._entries.pop(old).loader)
+            feed = Feed()
+            entry = self._entries[key] = _Entry(build(feed, True), feed)
+            self.built += 1
+        entry.feed.lists = lists
+        entry.busy = True
+        failed = True
+        try:
+            yield from entry.loader
+            failed = False
+        except GeneratorExit:  # closed early: the loader stays
+            failed = False
+            raise
+        finally:
+            entry.busy = False
+            entry.feed.lists = ()
+            if failed and self._entries.get(key) is entry:
+                del self._entries[key]
+                stop_workers(entry.loader)
+
+    def _one_shot(self, lists: Iterable[Sequence[int]], build: BuildLoader) -> Iterator[Any]:
+        loader = build(lists, False)
+        self.built += 1
+        iterator = iter(loader)
+        try:
+            yield from iterator
+        finally:
+            stop = getattr(iterator, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+
+    def keys(self) -> list[LoaderKey]:
+        """The keys of the loaders kept."""
+        return list(self._entries)
+
+    def close(self) -> None:
+        """Shut down every kept loader's workers and forget the loaders."""
+        for entry in self._entries.values():
+            stop_workers(entry.loader)
+        self._entries.clear()

@@ -1,0 +1,215 @@
+"""A dataset split's loaders persist across epochs (rebuilt only at a re-shard), and a step that needs only labels
+reads them from the dataset's ``targets``/``labels`` without reading an item."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elastic_pipe.data import ElasticSampler
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.step_data import (
+    DatasetSplit,
+    ElasticBatchSampler,
+    epoch_plan,
+    item_spec,
+    label_table,
+)
+from elastic_pipe.testing import RankContext, run_distributed
+
+PLUGINS = Path(__file__).parent / "plugins"
+sys.path.insert(0, str(PLUGINS))
+
+from plug_data import MEAN, STD, Digits  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+class Pids(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Item ``i``: input ``[pid of the reading process, i]``, label ``i % 10``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(os.getpid()), float(index)], dtype=torch.float64), index % 10
+
+
+def _split(dataset: Any, workers: int) -> DatasetSplit:
+    return DatasetSplit(dataset, torch.arange(len(dataset)), item_spec(dataset, 10), torch.float64, workers)
+
+
+def _epoch(part: DatasetSplit, sampler: ElasticSampler, sizes: list[int], steps: int | None = None) -> list[Any]:
+    """Read ``steps`` steps (all: ``None``) from the sampler's position, advancing it: ``(positions, x)`` each."""
+    got = []
+    batches = part.batches(ElasticBatchSampler(sampler, sizes), inputs=True, labels=True, device=CPU)
+    for i, (pos, x, y) in enumerate(batches):
+        assert x is not None and y is not None
+        assert x[:, 1].long().tolist() == pos.tolist() and y.tolist() == [p % 10 for p in pos.tolist()]
+        got.append((pos.tolist(), x))
+        sampler.advance(sizes[i])
+        if steps is not None and i + 1 == steps:
+            break
+    batches.close()
+    return got
+
+
+def test_the_loader_and_its_workers_persist_across_epochs_and_are_rebuilt_at_a_reshard() -> None:
+    part = _split(Pids(48), workers=1)
+    sampler = ElasticSampler(48, 1, 0, seed=0)
+    plan = epoch_plan(48, 8, 2)
+    pids = []
+    try:
+        for epoch in (0, 1):
+            sampler.set_epoch(epoch)
+            got = _epoch(part, sampler, plan.sizes())
+            assert sorted(p for pos, _ in got for p in pos) == list(range(48))  # every sample once
+            pids.append({int(v) for _, x in got for v in x[:, 0].tolist()})
+        assert part.loaders_built == 1  # one loader, two epochs
+        assert len(pids[0]) == 1 and pids[0] == pids[1] and os.getpid() not in pids[0]  # the same worker
+        # a decision point inside epoch 2 that keeps the layout: the loader is closed early and read on
+        sampler.set_epoch(2)
+        first = _epoch(part, sampler, plan.sizes(), steps=2)
+        rest = _epoch(part, sampler, plan.sizes(2))
+        assert part.loaders_built == 1
+        assert sorted(p for pos, _ in first + rest for p in pos) == list(range(48))  # read-ahead discarded
+        # epoch 3: a re-shard to 2 replicas after 2 steps rebuilds the loader, from the sampler's position
+        sampler.set_epoch(3)
+        first = _epoch(part, sampler, plan.sizes(), steps=2)
+        sampler.reshard(2, 0)
+        mine = _epoch(part, sampler, plan.sizes(2))
+        assert part.loaders_built == 2
+        assert [len(pos) for pos, _ in mine] == [4] * 4
+        assert {int(v) for _, x in mine for v in x[:, 0].tolist()}.isdisjoint(pids[0])  # a new worker
+        assert sampler.exhausted
+    finally:
+        part.close()
+    worker = next(iter(pids[0]))
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)  # shut down by the re-shard, not left behind
+
+
+def test_a_second_reader_of_the_same_loader_gets_its_own() -> None:
+    part = _split(Pids(16), workers=0)
+    lists = [[0, 1], [2, 3], [4, 5]]
+    first = part.batches(lists, inputs=True, labels=False, device=CPU)
+    assert next(first).positions.tolist() == [0, 1]
+    second = list(part.batches(lists, inputs=True, labels=False, device=CPU))  # while the first is open
+    assert [b.positions.tolist() for b in second] == lists
+    assert [b.positions.tolist() for b in first] == lists[1:]  # the first reads on, undisturbed
+    assert part.loaders_built == 2
+    list(part.batches(lists, inputs=True, labels=False, device=CPU))
+    assert part.loaders_built == 2  # the kept loader is free again
+
+
+class Targets(Digits):
+    """Digits whose labels are a ``targets`` list (torchvision's way) or not exposed at all; reading a training
+    sample once ``forbidden`` holds it raises (``strict``) or is counted."""
+
+    def __init__(self, samples: int, targets: bool, strict: bool) -> None:
+        super().__init__(samples)
+        self._y = self.labels
+        del self.labels
+        if targets:
+            self.targets = self._y.tolist()
+        self.strict = strict
+        self.forbidden: frozenset[int] = frozenset()
+        self.reads = 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index in self.forbidden:
+            if self.strict:
+                raise RuntimeError(f"item {index} read after the cache held every training sample")
+            self.reads += 1
+        return (self.images[index] - MEAN) / STD, int(self._y[index])
+
+
+def test_labels_come_from_targets_without_reading_an_item() -> None:
+    ds = Targets(40, targets=True, strict=True)
+    part = _split(ds, workers=0)
+    ds.forbidden = frozenset(range(40))
+    got = list(part.batches([[3, 0], [39]], inputs=False, labels=True, device=CPU))
+    y = ds._y.tolist()
+    assert [b.labels.tolist() for b in got if b.labels is not None] == [[y[3], y[0]], [y[39]]]
+    assert all(b.inputs is None for b in got) and part.loaders_built == 0
+    with pytest.raises(RuntimeError, match="item 3 read"):  # inputs still come from the items
+        list(part.batches([[3]], inputs=True, labels=True, device=CPU))
+    # no usable attribute: the labels are read from the items
+    plain = Targets(40, targets=False, strict=False)
+    assert label_table(plain, item_spec(plain)) is None
+    fallback = _split(plain, 0)
+    plain.forbidden = frozenset(range(40))
+    got = list(fallback.batches([[3, 0]], inputs=False, labels=True, device=CPU))
+    assert got[0].labels is not None and got[0].labels.tolist() == [y[3], y[0]] and plain.reads == 2
+
+
+def test_a_label_table_is_used_only_when_it_fits_the_items() -> None:
+    ds = Targets(20, targets=True, strict=False)
+    spec = item_spec(ds, 10)
+    table = label_table(ds, spec)
+    assert table is not None and table.dtype == torch.int64 and table.tolist() == ds._y.tolist()
+    ds.targets = ds.targets[:-1]  # not one per item
+    assert label_table(ds, spec) is None
+    ds.targets = [[v] for v in ds._y.tolist()]  # shaped unlike item 0's label
+    assert label_table(ds, spec) is None
+    ds.targets = ds._y.tolist()
+    ds.target_transform = lambda y: y  # torchvision: targets are not what __getitem__ returns
+    assert label_table(ds, spec) is None
+    del ds.target_transform
+    ds.targets = [*ds._y.tolist()[:-1], 10]
+    with pytest.raises(ConfigError, match=r"dataset item 19: label 10 \(the dataset's targets\) is out of range"):
+        label_table(ds, spec)
+    # the up-front check compares every item's label with the table a labels-only step would read
+    ds.targets = [(v + 1) % 10 if i == 7 else v for i, v in enumerate(ds._y.tolist())]
+    found = _split(ds, 0).with_classes(10).first_bad_item(0, 1)
+    assert found is not None and found[0] == 7 and "differs from the dataset's targets/labels" in found[1]
+
+
+# ------------------------------------------------------------------------------------------------- training
+def _train(ctx: RankContext, targets: bool) -> dict[str, Any]:
+    """3 epochs on one rank, 2 of 3 blocks frozen (and cached) before epoch 1; once the cache holds every
+    training sample, reading one raises (with ``targets``) or is counted (without)."""
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    config = config_from_tables(
+        {
+            "model": {
+                "name": "vit",
+                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
+            },
+            "data": {"drop_last": True},
+            "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+            "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "on"},
+            "launch": {"nproc_per_node": 1},
+            "log": {"progress": False},
+        }
+    )
+    ds = Targets(200, targets=targets, strict=targets)
+    complete = []
+
+    def guard(trainer: ElasticTrainer) -> None:
+        complete.append(trainer.stage.cache_complete)
+        if trainer.stage.cache_complete:
+            ds.forbidden = frozenset(trainer.ctx.train_set.sample_ids.tolist())
+
+    with ElasticTrainer(config, data=ds, quiet=True) as trainer:
+        result = trainer.fit(on_epoch_end=guard).to_dict()
+    return {"losses": result["losses"], "complete": complete, "reads": ds.reads}
+
+
+@pytest.mark.distributed
+def test_a_dataset_with_targets_trains_without_reading_items_once_the_cache_holds_them() -> None:
+    with_targets = run_distributed(_train, 1, True, timeout=240)[0]
+    without = run_distributed(_train, 1, False, timeout=240)[0]
+    assert with_targets["complete"] == [True, True, True]  # after the transition before epoch 1
+    assert without["reads"] > 0  # the fallback decodes the items for their labels
+    assert with_targets["losses"] == without["losses"]  # the same labels either way
