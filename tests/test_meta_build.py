@@ -324,3 +324,17 @@ def test_setup_facts_of_a_meta_model_need_no_materialized_model() -> None:
     profiled_costs(real, data, config, cpu)
     assert all(p.grad is None and p.device == cpu for p in real.parameters())
     assert all(torch.equal(v, real.state_dict()[k]) for k, v in before.items())
+
+
+def test_the_trainer_refuses_a_meta_model_without_a_recipe_before_any_group_forms() -> None:
+    import torch.distributed as dist
+
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    model = models.meta_build(lambda: models.vit(depth=2))
+    model.sublayer_init = None
+    config = config_from_tables({"model": {"name": "vit", "options": {"depth": 2}}, "train": {"global_batch": 8}})
+    trainer = ElasticTrainer(config, model=model, quiet=True)
+    with pytest.raises(MaterializeError, match="meta device"):
+        trainer.setup()
+    assert not dist.is_initialized()
