@@ -145,9 +145,14 @@ def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_chang
     events = rel0["result"]["transitions"]
     assert [t["prefix_released_bytes"] for t in events] == [0, results[1]["released"]["snaps"][1]["prefix_bytes"]]
     assert all(t["prefix_released_bytes"] == 0 for t in res0["result"]["transitions"])
-    # the final model still holds the frozen prefix: the same weights as the resident run's
+    # the final model still holds the frozen prefix, bit for bit the resident run's; the rest agrees to rounding
+    # (a replica's cache entries came carried, or broadcast from rank 0, instead of recomputed from the inputs)
     full, ref = rel0["full"], res0["full"]
-    assert list(full) == list(ref) and all(full[k] == ref[k] for k in ref)
+    assert list(full) == list(ref)
+    prefix_keys = [k for k in ref if k.startswith(("embed.", "block0_", "block1_"))]
+    assert len(prefix_keys) >= 5 and all(full[k] == ref[k] for k in prefix_keys)
+    differ = max(abs(a - b) for k in ref for a, b in zip(full[k], ref[k], strict=True))
+    assert differ < 1e-12
     assert results[1]["released"]["full"] == {}
     # the prefix brought back from rank 0 is rank 0's, bit for bit
     back = results[1]["released"]["restored"]

@@ -208,7 +208,7 @@ def _fill_eval(ctx: RunContext, layout: Layout, group: Any) -> None:
         old, kept = state.eval_frozen, state.eval_values
         carried = bool(state.released) and kept is not None
         same = kept is not None and tuple(kept.shape) == shape and kept.dtype == dtype
-        values = kept if carried and same else torch.empty(shape, dtype=dtype)  # carried in place when it can be
+        values: torch.Tensor = kept if carried and same and kept is not None else torch.empty(shape, dtype=dtype)
         if carried and old != frozen:
             assert kept is not None
             for rows in chunks:  # each chunk is read before it is overwritten
