@@ -38,6 +38,59 @@ def test_a_released_prefix_travels_to_no_one() -> None:
         plan_transfers(old, new, old_plan, new_plan, released=4)
 
 
+# ------------------------------------------------------------------------------------------------ when it may go
+def _ctx(model: Any, n: int) -> Any:
+    from types import SimpleNamespace
+
+    import torch
+
+    return SimpleNamespace(train_set=SimpleNamespace(sample_ids=torch.arange(n)), model=model)
+
+
+def _model(tied: bool = False) -> Any:
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4))
+    if tied:
+        model[2].weight = model[0].weight
+    return model
+
+
+def test_the_prefix_may_go_only_when_every_sample_is_cached_in_memory(tmp_path: Any) -> None:
+    import torch
+
+    from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator.prefix_residency import eligible
+
+    ids, rows = torch.arange(10), torch.ones(10, 3)
+    cache = acache.ActivationCache(10, device_budget=1 << 20)
+    cache.put(ids[:9], 2, rows[:9])
+    assert not eligible(_ctx(_model(), 10), cache, 2)  # one sample missing: the prefix stays
+    cache.put(ids[9:], 2, rows[9:])
+    assert eligible(_ctx(_model(), 10), cache, 2)
+    assert not eligible(_ctx(_model(), 10), cache, 0)  # nothing frozen
+    assert not eligible(_ctx(_model(), 10), cache, 1)  # no entries at that boundary
+    assert not eligible(_ctx(_model(tied=True), 10), cache, 2)  # a prefix weight tied to a later sub-layer
+    # entries on the disk tier: a read that fails its crc32 would need the prefix
+    disk = acache.ActivationCache(10, disk_budget=1 << 20, disk_dir=str(tmp_path))
+    disk.put(ids, 2, rows)
+    assert disk.cached(ids, 2).all() and not eligible(_ctx(_model(), 10), disk, 2)
+    disk.unlink()
+    # a cache that bypasses itself (random transforms, cache_policy = "bypass") never serves the prefix
+    bypass = acache.ActivationCache(10, device_budget=1 << 20, augmentation="random", on_random_augmentation="bypass")
+    bypass.put(ids, 2, rows)
+    assert not eligible(_ctx(_model(), 10), bypass, 2)
+    # every view must be cached
+    views = acache.ActivationCache(
+        10, device_budget=1 << 20, augmentation="random", on_random_augmentation="views", views=2
+    )
+    views.put(ids, 2, rows)
+    assert not eligible(_ctx(_model(), 10), views, 2)
+    views.set_epoch(1)
+    views.put(ids, 2, rows)
+    assert eligible(_ctx(_model(), 10), views, 2)
+
+
 # ------------------------------------------------------------------------------------------ training on 2 ranks
 #: A 320-sample slice of the digits: 256 training samples, 64 held out.
 SAMPLES = 320
