@@ -96,7 +96,7 @@ def test_the_prefix_may_go_only_when_every_sample_is_cached_in_memory(tmp_path: 
 SAMPLES = 320
 
 
-def _config() -> Any:
+def _config(overrides: dict[str, Any] | None = None) -> Any:
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
@@ -107,7 +107,7 @@ def _config() -> Any:
         "launch": {"nproc_per_node": 2},
         "log": {"progress": False},
     }
-    return config_from_tables(tables)
+    return config_from_tables(tables).override(overrides or {})
 
 
 def _samples() -> Any:
@@ -118,7 +118,7 @@ def _samples() -> Any:
     return Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
 
 
-def _train(release: bool) -> dict[str, Any]:
+def _train(release: bool, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from elastic_pipe.orchestrator import ElasticTrainer, prefix_residency
     from elastic_pipe.orchestrator.evaluation import evaluate
     from elastic_pipe.orchestrator.holdings import held_bytes
@@ -143,7 +143,7 @@ def _train(release: bool) -> dict[str, Any]:
     if not release:
         prefix_residency.eligible = lambda *args: False  # type: ignore[assignment]
     try:
-        with ElasticTrainer(_config(), data=_samples(), quiet=True) as trainer:
+        with ElasticTrainer(_config(overrides), data=_samples(), quiet=True) as trainer:
             result = trainer.fit(on_epoch_end=after_epoch)
             # plain lists: tensors do not cross the harness's queue
             full = {k: v.flatten().tolist() for k, v in trainer.full_state_dict().items()}
@@ -210,3 +210,21 @@ def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_chang
     # the prefix brought back from rank 0 is rank 0's, bit for bit
     back = results[1]["released"]["restored"]
     assert back and all(back[k] == full[k] for k in back)
+
+
+def _small_cache(ctx: RankContext) -> dict[str, Any]:
+    # room for 100 of the 256 training samples' entries (17 tokens x 16 dims, float64)
+    return _train(True, {"pipeline.cache_tiers": {"device": 100 * 17 * 16 * 8}})
+
+
+@pytest.mark.distributed
+def test_a_cache_too_small_for_the_training_split_keeps_the_prefix_resident() -> None:
+    results = run_distributed(_small_cache, 2, timeout=300)
+    for rank, r in enumerate(results):
+        assert [s["released"] for s in r["snaps"]] == [0, 0, 0]
+        assert all(s["eval_bytes"] == 0 for s in r["snaps"])
+        stage0 = [s for s in r["snaps"] if rank == 0 or s["layout"][1] == 1]  # the snapshots where it is stage 0
+        assert len(stage0) >= 2 and not any(any(s["prefix_meta"]) for s in stage0)
+    events = results[0]["result"]["transitions"]
+    assert [t["cache"] for t in events] == [True, True]  # the cache is read (its misses recomputed)
+    assert [t["prefix_released_bytes"] for t in events] == [0, 0]
