@@ -1,12 +1,12 @@
 """The frozen prefix released while the activation cache serves it: what stage-0 ranks hold, released or resident.
 
-Run: ``python benchmarks/bench_prefix_release.py [--out PATH] [--gpu]``. Four processes train a float64 ViT through
+Run: ``python benchmarks/bench_prefix_release.py [--out PATH]`` (CPU, gloo). Four processes train a float64 ViT through
 4 -> 2 -> 1 stages with ``[pipeline] cache = "on"`` (halving compression, the manual freeze schedule {1: 4, 2: 6}),
 twice: with the prefix released (:mod:`elastic_pipe.orchestrator.prefix_residency`) and with it kept resident
 (release patched off in the ranks). Per rank and layout (after each epoch's transition) it records the parameter
 bytes with storage (:func:`~elastic_pipe.orchestrator.holdings.held_bytes`), the bytes of the frozen prefix, the
-host bytes of the evaluation outputs kept beside the cache, and, with ``--gpu`` (NCCL, one GPU per rank), the
-device's allocated bytes; per transition the event's ``prefix_released_bytes``. Writes JSON (default
+host bytes of the evaluation outputs kept beside the cache; per transition the event's ``prefix_released_bytes``
+and ``bytes_moved``. Writes JSON (default
 ``benchmarks/results/prefix_release.json``) and prints a table.
 """
 
@@ -38,12 +38,10 @@ MIB = 1 << 20
 
 
 def _row(trainer: Any) -> dict[str, Any]:
-    import torch
-
     from elastic_pipe.orchestrator.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
-    row = {
+    return {
         "pipe_len": layout.pipe_len,
         "replicas": layout.replicas,
         "frozen": layout.frozen,
@@ -53,20 +51,16 @@ def _row(trainer: Any) -> dict[str, Any]:
         "prefix": sum(ctx.param_bytes[: layout.frozen]),
         "eval_kept": ctx.prefix.eval_bytes,
     }
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-        row["cuda_allocated"] = torch.cuda.memory_allocated(ctx.device)
-    return row
 
 
-def _rank(ctx: Any, release: bool, gpu: bool) -> dict[str, Any]:
+def _rank(ctx: Any, release: bool) -> dict[str, Any]:
     """One rank's rows (run by :func:`elastic_pipe.testing.run_distributed`)."""
     import torch
 
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, prefix_residency
 
     torch.set_num_threads(1)
-    config = config_from_tables(TABLES).override({"launch.backend": "nccl"} if gpu else {})
+    config = config_from_tables(TABLES)
     if not release:
         prefix_residency.eligible = lambda *args: False  # type: ignore[assignment]
     rows: list[dict[str, Any]] = []
@@ -91,17 +85,16 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--gpu", action="store_true", help="NCCL, one GPU per rank (needs 4 GPUs)")
     args = parser.parse_args(argv or [])
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the ranks import this module by name
     me = importlib.import_module("bench_prefix_release")
     runs = {
-        name: run_distributed(me._rank, WORLD, release, args.gpu, timeout=1200)
+        name: run_distributed(me._rank, WORLD, release, timeout=1200)
         for name, release in (("released", True), ("resident", False))
     }
     document = {
         "benchmark": "prefix_release",
-        "command": "python benchmarks/bench_prefix_release.py" + (" --gpu" if args.gpu else ""),
+        "command": "python benchmarks/bench_prefix_release.py",
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__},
         "config": TABLES,
         "runs": runs,
@@ -114,18 +107,13 @@ def main(argv: list[str] | None = None) -> None:
 def table(document: dict[str, Any]) -> str:
     """Parameter bytes per rank and layout, released against resident."""
     rel, res = document["runs"]["released"], document["runs"]["resident"]
-    lines = ["rank layout stage frozen  params MiB released / resident  (prefix MiB)  eval kept MiB  cuda MiB"]
+    lines = ["rank layout stage frozen  params MiB released / resident  (prefix MiB)  eval kept MiB"]
     for rank, (a, b) in enumerate(zip(rel, res, strict=True)):
         for x, y in zip(a["rows"], b["rows"], strict=True):
-            cuda = (
-                "-"
-                if "cuda_allocated" not in x
-                else f"{x['cuda_allocated'] / MIB:.1f} / {y['cuda_allocated'] / MIB:.1f}"
-            )
             lines.append(
                 f"{rank:>4} {x['pipe_len']}x{x['replicas']:<4} {x['stage']:>5} {x['frozen']:>6}  "
                 f"{x['parameters'] / MIB:>8.2f} / {y['parameters'] / MIB:<8.2f}  ({x['prefix'] / MIB:>6.2f})  "
-                f"{x['eval_kept'] / MIB:>12.2f}  {cuda}"
+                f"{x['eval_kept'] / MIB:>12.2f}"
             )
     freed = [f"{v / MIB:.2f} MiB" for v in rel[0]["prefix_released_bytes"]]
     lines.append(f"prefix_released_bytes per transition (job total): {', '.join(freed)}")
