@@ -218,15 +218,21 @@ def _run(ctx: RunContext, t: Transfer, optimizer: torch.optim.Optimizer) -> int:
     return received
 
 
-def transfer(ctx: RunContext, old: Layout, new: Layout, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+def transfer(
+    ctx: RunContext, old: Layout, new: Layout, optimizer: torch.optim.Optimizer, *, released: int = 0
+) -> tuple[int, int]:
     """Hand every sub-layer to its new holders and free it where it is no longer held (a collective).
+
+    Args:
+        released: leading sub-layers the stage-0 ranks released while the activation cache serves them
+            (:mod:`.prefix_residency`): nobody sends, receives, materialises or frees them here.
 
     Returns:
         The bytes this rank received and the bytes the whole job received (weights, buffers, optimizer state).
     """
-    transfers = plan_transfers(old, new, ctx.plan(old), ctx.plan(new))
-    held_now = set(held_sublayers(old, ctx.plan(old), ctx.rank))
-    held_next = held_sublayers(new, ctx.plan(new), ctx.rank)
+    transfers = plan_transfers(old, new, ctx.plan(old), ctx.plan(new), released=released)
+    held_now = {j for j in held_sublayers(old, ctx.plan(old), ctx.rank) if j >= released}
+    held_next = tuple(j for j in held_sublayers(new, ctx.plan(new), ctx.rank) if j >= released)
     incoming = [j for j in held_next if j not in held_now]
     if incoming:
         materialize(ctx.model, incoming, ctx.device)  # type: ignore[arg-type]
