@@ -14,8 +14,14 @@ Per rank and layout (at the start, then after each epoch's transition):
   ``peak_train``: its high-water mark (``VmHWM``) over the epoch trained in the layout, evaluation included;
   ``peak_transition``: the mark over the transition into the layout. The mark is reset through
   ``/proc/self/clear_refs`` before each. ``rss_base`` is taken after the imports, before the model is built,
-  ``rss_built`` once the whole model is built (on the CPU, once, at the start: it is released as the first layout
-  is entered, before the first mark).
+  ``rss_built`` once the trainer has built it (on the meta device: shapes, no storage).
+
+Per rank, the setup: ``peak_setup`` is the high-water mark from before the model is built until the first layout
+is entered (:meth:`~elastic_pipe.orchestrator.ElasticTrainer.start`: the groups, the boundary examples run one
+sub-layer at a time, the rank materializing its own sub-layers), ``rss_setup`` the resident set then. For
+comparison, ``setup_whole_build`` repeats only the setup with the model built whole on the CPU first and passed to
+the trainer (``model=build_model(config)``, what every rank did before the meta build): there the peak holds the
+whole model, here the rank's stage.
 
 The processes run with ``MALLOC_MMAP_THRESHOLD_`` fixed (64 KiB): glibc otherwise raises its mmap threshold after
 the first large free, and later frees of released sub-layers stay in the heap, where RSS cannot show them.
@@ -90,11 +96,13 @@ def _rank(ctx: Any) -> dict[str, Any]:
     torch.set_num_threads(1)
     config = config_from_tables(TABLES)
     base = _status("VmRSS")
+    _reset_peak()
     rows: list[dict[str, Any]] = []
     transitioned = [False]
     with ElasticTrainer(config, quiet=True) as trainer:
         built = _status("VmRSS")
         trainer.start()
+        setup = {"peak_setup": _status("VmHWM"), "rss_setup": _status("VmRSS")}
         rows.append(_row(trainer))
         _reset_peak()
         decide = trainer.transition
@@ -116,7 +124,33 @@ def _rank(ctx: Any) -> dict[str, Any]:
         trainer.transition = transition  # type: ignore[method-assign]
         result = trainer.fit(on_epoch_end=epoch_end)
         moved = [t["bytes_moved"] for t in result.transitions]
-    return {"rss_base": base, "rss_built": built, "rows": rows, "bytes_moved": moved, "losses": result.losses}
+    return {
+        "rss_base": base,
+        "rss_built": built,
+        **setup,
+        "rows": rows,
+        "bytes_moved": moved,
+        "losses": result.losses,
+    }
+
+
+def _whole_build_setup(ctx: Any) -> dict[str, Any]:
+    """One rank's setup with the model built whole on the CPU first (the comparison; no training)."""
+    import torch
+
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.components import build_model
+
+    torch.set_num_threads(1)
+    config = config_from_tables(TABLES)
+    base = _status("VmRSS")
+    _reset_peak()
+    model = build_model(config)
+    built = _status("VmRSS")
+    with ElasticTrainer(config, model=model, quiet=True) as trainer:
+        del model
+        trainer.start()
+        return {"rss_base": base, "rss_built": built, "peak_setup": _status("VmHWM"), "rss_setup": _status("VmRSS")}
 
 
 def main() -> None:
@@ -131,9 +165,10 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the ranks import this module by name
     me = importlib.import_module("bench_residency")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
-    sizes = param_bytes(build_model(config_from_tables(TABLES)))
+    sizes = param_bytes(build_model(config_from_tables(TABLES), meta=True))
     whole = sum(sizes)
     results = run_distributed(me._rank, WORLD, timeout=1200)
+    whole_build = run_distributed(me._whole_build_setup, WORLD, timeout=1200)
     document = {
         "benchmark": "residency",
         "command": "python benchmarks/bench_residency.py",
@@ -141,6 +176,7 @@ def main() -> None:
         "config": TABLES,
         "whole_model": {"parameters": whole, "training_state": 4 * whole, "sublayers": len(sizes)},
         "ranks": results,
+        "setup_whole_build": whole_build,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -167,6 +203,14 @@ def table(document: dict[str, Any]) -> str:
             )
         lines.append(
             f"     (rank {rank}: rss {r['rss_base'] / MIB:.0f} MiB before the model, {r['rss_built'] / MIB:.0f} built)"
+        )
+    lines.append("setup peak RSS per rank, MiB (model built on meta; built whole on the CPU first):")
+    for rank, (r, w) in enumerate(zip(document["ranks"], document.get("setup_whole_build", []), strict=False)):
+        held = r["rows"][0]
+        lines.append(
+            f"{rank:>4} stage {held['stage']} ({held['share_parameters'] / MIB:.1f} MiB of parameters): "
+            f"{r['peak_setup'] / MIB:.0f}; whole build {w['peak_setup'] / MIB:.0f} "
+            f"(before the model {r['rss_base'] / MIB:.0f} / {w['rss_base'] / MIB:.0f})"
         )
     moved = [f"{b / MIB:.1f} MiB" for b in document["ranks"][0]["bytes_moved"]]
     lines.append(f"bytes received per transition (job total): {', '.join(moved)}")

@@ -3,10 +3,27 @@
 Torch runs on one thread in the tests: the ops here are tiny, and on a 2-core CI machine intra-op threads only
 add contention with the gloo processes that the distributed tests spawn (measured: one small training test 17 s
 with default threading vs 0.1 s with one thread on a loaded machine).
+
+Tests not marked ``gpu`` see no CUDA device, in this process and in the processes they start
+(``CUDA_VISIBLE_DEVICES`` is emptied and ``torch.cuda`` answers "none"), so on a machine with GPUs they run exactly
+as on CI: on the CPU, with gloo, without ``compile = "auto"`` switching torch.compile on. The ``gpu`` tests see the
+devices and cover the CUDA paths (NCCL, compiled and graphed steps, CUDA RNG resume, pinned cache tiers), including
+a job with more local ranks than GPUs (``tests/test_launch_failures.py``).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide CUDA from every test that is not marked ``gpu`` (see the module docstring)."""
+    if request.node.get_closest_marker("gpu") is not None:
+        return
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)

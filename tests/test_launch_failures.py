@@ -7,12 +7,14 @@ and through ``elastic-pipe train``, and two gloo ranks of which one is silent at
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from elastic_pipe.cli import main
 from elastic_pipe.groups import GroupManager, silent_ranks
@@ -193,3 +195,27 @@ def test_train_cli_failure_is_one_line_exit_1(
     assert "Traceback (most recent call last)" in report.read_text(encoding="utf-8")
     assert ("Traceback (most recent call last)" in err) is debug
     assert "py_callstack" not in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_more_local_ranks_than_gpus_train_on_gloo_with_cuda_visible(tmp_path: Path) -> None:
+    """CUDA present but one rank more than devices: ``backend = "auto"`` trains on gloo on the CPU, no device
+    ordinal error (the 1-GPU machine's failure the reliability pass fixed)."""
+    from elastic_pipe.orchestrator import config_from_tables, launch
+    from elastic_pipe.orchestrator.worker import entry
+
+    ranks = torch.cuda.device_count() + 1
+    config = config_from_tables(
+        {
+            "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 2, "dim": 16, "heads": 2}},
+            "train": {"epochs": 1, "global_batch": 16 * ranks, "max_steps": 2},
+            "pipeline": {"pipe_len": 1, "cache": "off"},
+            "launch": {"nproc_per_node": ranks, "backend": "auto"},
+            "log": {"progress": False, "dir": str(tmp_path / "log")},
+        }
+    )
+    results = launch(config, entry, config.to_dict())
+    assert sorted(results) == list(range(ranks))
+    losses = results[0]["losses"]
+    assert losses and all(math.isfinite(x) for x in losses)

@@ -63,7 +63,8 @@ def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
                 schedule="1f1b",
                 device=torch.device("cpu"),
                 group=dist.group.WORLD,
-                examples=lambda: (x[:2], torch.zeros(2, 4, dtype=torch.float64)),
+                # one micro-batch of rows, as the runtime declares (torch < 2.12 checks the declared shape)
+                examples=lambda: (x[: 8 // microbatches], torch.zeros(8 // microbatches, 4, dtype=torch.float64)),
                 loss_fn=cross_entropy,
             )
             out["local"] = isinstance(runner, LocalStep)

@@ -336,6 +336,7 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         "seconds": 0.25,
         "phases": {"decide": 0.05, "moves": 0.1, "rebuild": 0.05, "cache": 0.05},
         "epoch_step": 0,
+        "prefix_released_bytes": 0,
     }
     assert stream.getvalue() == (
         "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"

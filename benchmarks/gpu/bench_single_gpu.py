@@ -214,6 +214,49 @@ def head_only_gpu_ms(build: Callable[[], torch.nn.Module], inputs: torch.Tensor,
     return us / steps / 1e3
 
 
+def summarize(arms: dict[str, Any], batch: int, ideal: dict[str, Any], gpu_ms: float | None) -> dict[str, Any]:
+    """One steps-per-epoch entry of the report: the arms, their speedups, fractions of the ideal and head-only
+    step times against ``gpu_ms`` (the head-only step's GPU time)."""
+    entry: dict[str, Any] = {"arms": arms, "global_batch": batch}
+    elastic = [a for a in arms if a.startswith("elastic")]
+    if "plain_compiled" in arms:
+        entry["speedups_over_plain_compiled"] = {
+            a: arms["plain_compiled"]["total_s"] / arms[a]["total_s"] for a in elastic
+        }
+        target = TARGET_ARM if TARGET_ARM in arms else "elastic_compiled"
+        if target in arms:
+            entry["speedup_arm"] = target
+            entry["speedup_elastic_over_plain_compiled"] = entry["speedups_over_plain_compiled"][target]
+    if "plain_eager" in arms and "elastic_eager" in arms:
+        entry["speedup_elastic_over_plain_eager"] = arms["plain_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
+    entry["ideal"] = {k: ideal[k] for k in ("ideal_speedup", "ideal_speedup_with_cache_fill", "relative_step_cost")}
+    if "static_eager" in arms and "elastic_eager" in arms:
+        measured = arms["static_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
+        entry["elastic_over_static_eager"] = measured
+        entry["fraction_of_ideal"] = measured / ideal["ideal_speedup"]
+    # each elastic arm against the static arm that runs its steps the same way (eager or compiled)
+    entry["fraction_of_ideal_by_arm"] = {}
+    for a in elastic:
+        static = "static_compiled" if "compiled" in a else "static_eager"
+        if static in arms:
+            over = arms[static]["total_s"] / arms[a]["total_s"]
+            entry["fraction_of_ideal_by_arm"][a] = {
+                "over_static": over,
+                "of_ideal": over / ideal["ideal_speedup"],
+                "of_ideal_with_cache_fill": over / ideal["ideal_speedup_with_cache_fill"],
+            }
+    entry["head_only"] = {
+        "gpu_ms": gpu_ms,
+        "step_ms": {a: arms[a]["head_only_step_ms"] for a in elastic},
+        "step_over_gpu": {
+            a: arms[a]["head_only_step_ms"] / gpu_ms
+            for a in elastic
+            if gpu_ms and arms[a]["head_only_step_ms"] is not None
+        },
+    }
+    return entry
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default="30", help="steps per epoch, comma-separated (e.g. 10,30)")
@@ -277,46 +320,8 @@ def main() -> int:
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        entry: dict[str, Any] = {"arms": arms, "global_batch": batch}
-        elastic = [a for a in arms if a.startswith("elastic")]
-        if "plain_compiled" in arms:
-            entry["speedups_over_plain_compiled"] = {
-                a: arms["plain_compiled"]["total_s"] / arms[a]["total_s"] for a in elastic
-            }
-            target = TARGET_ARM if TARGET_ARM in arms else "elastic_compiled"
-            if target in arms:
-                entry["speedup_arm"] = target
-                entry["speedup_elastic_over_plain_compiled"] = entry["speedups_over_plain_compiled"][target]
-        if "plain_eager" in arms and "elastic_eager" in arms:
-            entry["speedup_elastic_over_plain_eager"] = (
-                arms["plain_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
-            )
         ideal = ideal_speedup(w["build"], samples.inputs[:batch], device, autocast=True)
-        entry["ideal"] = {k: ideal[k] for k in ("ideal_speedup", "ideal_speedup_with_cache_fill", "relative_step_cost")}
-        if "static_eager" in arms and "elastic_eager" in arms:
-            measured = arms["static_eager"]["total_s"] / arms["elastic_eager"]["total_s"]
-            entry["elastic_over_static_eager"] = measured
-            entry["fraction_of_ideal"] = measured / ideal["ideal_speedup"]
-        # each elastic arm against the static arm that runs its steps the same way (eager or compiled)
-        entry["fraction_of_ideal_by_arm"] = {}
-        for a in elastic:
-            static = "static_compiled" if "compiled" in a else "static_eager"
-            if static in arms:
-                over = arms[static]["total_s"] / arms[a]["total_s"]
-                entry["fraction_of_ideal_by_arm"][a] = {
-                    "over_static": over,
-                    "of_ideal": over / ideal["ideal_speedup"],
-                    "of_ideal_with_cache_fill": over / ideal["ideal_speedup_with_cache_fill"],
-                }
-        entry["head_only"] = {
-            "gpu_ms": gpu_ms,
-            "step_ms": {a: arms[a]["head_only_step_ms"] for a in elastic},
-            "step_over_gpu": {
-                a: arms[a]["head_only_step_ms"] / gpu_ms
-                for a in elastic
-                if gpu_ms and arms[a]["head_only_step_ms"] is not None
-            },
-        }
+        entry = summarize(arms, batch, ideal, gpu_ms)
         report["steps_per_epoch"][str(steps)] = entry
         (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
     for steps, entry in report["steps_per_epoch"].items():

@@ -4,7 +4,7 @@ torchvision and Hugging Face models into ordered sub-layer lists.
 Every model is a :class:`SubLayerModel`: an ``nn.Sequential`` of sub-layers that each take one tensor and return
 one tensor, plus ``unit_ends``, the freezable units (transformer blocks) as sub-layer end offsets.
 :mod:`~elastic_pipe.models.residency` builds one on the meta device and materializes only the sub-layers a rank
-runs.
+runs; :mod:`~elastic_pipe.models.weights` says where their values come from (every builder's ``meta=True``).
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 """
@@ -49,11 +49,22 @@ from elastic_pipe.models.residency import (
     open_safetensors,
     release,
     resident_sublayers,
+    safetensors_meta,
     shared_parameters,
 )
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.torchvision_vit import from_torchvision_vit
 from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig, vit, vit_config
+from elastic_pipe.models.weights import (
+    CheckpointInit,
+    MaterializeError,
+    MissingInit,
+    SeededInit,
+    SubLayerInit,
+    check_materializable,
+    materialize_sublayers,
+    sublayer_seed,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -63,14 +74,19 @@ __all__ = [
     "VIT_PRESETS",
     "AttentionSubLayer",
     "BertConfig",
+    "CheckpointInit",
     "ClassifierHead",
     "GPTConfig",
     "LMHead",
     "LlamaConfig",
     "MLPSubLayer",
     "MappingReader",
+    "MaterializeError",
+    "MissingInit",
     "ModelError",
     "PatchEmbedding",
+    "SeededInit",
+    "SubLayerInit",
     "SubLayerModel",
     "SubLayerProfile",
     "TensorReader",
@@ -82,6 +98,7 @@ __all__ = [
     "bert_config",
     "bert_encoder",
     "block_unit_ends",
+    "check_materializable",
     "from_hf",
     "from_hf_checkpoint",
     "from_hf_state",
@@ -98,6 +115,7 @@ __all__ = [
     "load_sublayers",
     "materialize",
     "materialize_from_safetensors",
+    "materialize_sublayers",
     "meta_build",
     "minilm_dir",
     "minilm_tokenize",
@@ -105,8 +123,10 @@ __all__ = [
     "open_safetensors",
     "release",
     "resident_sublayers",
+    "safetensors_meta",
     "shared_parameters",
     "sublayer_costs",
+    "sublayer_seed",
     "to_hf",
     "vit",
     "vit_config",

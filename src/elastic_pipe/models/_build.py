@@ -1,7 +1,8 @@
-"""Helpers shared by the model builders: config validation, preset lookup, seeded initialization."""
+"""Helpers shared by the model builders: config validation, preset lookup, building around loaded weights."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -10,21 +11,17 @@ import torch
 from torch import nn
 
 from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.residency import MappingReader
+from elastic_pipe.models.sublayer import SubLayerModel
+from elastic_pipe.models.weights import CheckpointInit, MissingInit, build_seeded, identity_map, materialize_sublayers
 
 __all__ = [
-    "INIT_STD",
     "build_loaded",
     "build_seeded",
     "check_positive",
     "check_probability",
-    "init_",
     "resolve_config",
 ]
-
-#: Standard deviation of the normal initialization of weights and embeddings (BERT, GPT-2 and ViT all use 0.02).
-INIT_STD = 0.02
-#: Truncate the initial normal at this many standard deviations, as the reference ViT/BERT code does.
-_TRUNCATE_STDS = 2.0
 
 C = TypeVar("C")
 M = TypeVar("M", bound=nn.Module)
@@ -65,43 +62,14 @@ def resolve_config(config: C | str, presets: Mapping[str, C], config_type: type[
     return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
 
 
-@torch.no_grad()
-def init_(model: nn.Module, generator: torch.Generator, only: set[str] | None = None) -> None:
-    """Initialize ``model``'s parameters (or those named in ``only``) from ``generator``.
-
-    LayerNorm weights 1 and biases 0, other biases 0, everything else a truncated normal with :data:`INIT_STD`.
-    """
-    norm_params = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-    for name, param in model.named_parameters():
-        if only is not None and name not in only:
-            continue
-        if id(param) in norm_params:
-            param.fill_(1.0 if name.endswith("weight") else 0.0)
-        elif name.endswith("bias"):
-            param.zero_()
-        else:
-            limit = _TRUNCATE_STDS * INIT_STD
-            nn.init.trunc_normal_(param, std=INIT_STD, a=-limit, b=limit, generator=generator)
-
-
-def build_seeded(factory: Callable[[], M], seed: int, dtype: torch.dtype) -> M:
-    """Build a model and initialize it from ``seed`` alone, leaving the global RNG untouched.
-
-    Parameters are drawn in float32 and then cast, so a float64 model holds exactly the float32 model's values.
-    """
-    with torch.random.fork_rng(devices=[]):
-        model = factory()
-    generator = torch.Generator().manual_seed(seed)
-    init_(model, generator)
-    return model.to(dtype)
-
-
 def build_loaded(
     factory: Callable[[], M], weights: Mapping[str, torch.Tensor], seed: int, dtype: torch.dtype
 ) -> tuple[M, list[str]]:
-    """Build a model holding ``weights``; parameters they lack are initialized from ``seed``.
+    """Build a model holding ``weights``; parameters they lack are drawn from one generator seeded by ``seed``
+    (:class:`~elastic_pipe.models.weights.MissingInit`).
 
     The model is first built on the meta device, so no time goes into initializing weights that get overwritten.
+    It comes back with every tensor on the CPU and no ``sublayer_init`` (it needs none).
 
     Returns:
         The model and the sorted names of the parameters that were initialized rather than loaded.
@@ -109,10 +77,9 @@ def build_loaded(
     Raises:
         ModelError: if ``weights`` names a tensor the model does not have or has the wrong shape for it.
     """
-    with torch.device("meta"):
-        model = factory()
-    model = model.to_empty(device="cpu").to(dtype)
-    own = model.state_dict()
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = factory().to(dtype)
+    own = model.state_dict(keep_vars=True)
     extra = sorted(set(weights) - set(own))
     if extra:
         raise ModelError(f"weights name tensors the model does not have: {extra}")
@@ -120,8 +87,12 @@ def build_loaded(
         if tuple(value.shape) != tuple(own[key].shape):
             raise ModelError(f"weight {key!r} has shape {tuple(value.shape)}, expected {tuple(own[key].shape)}")
     missing = sorted(set(own) - set(weights))
-    init_(model, torch.Generator().manual_seed(seed), only=set(missing))
-    with torch.no_grad():
-        for key, value in weights.items():
-            own[key].copy_(value)
+    if not isinstance(model, SubLayerModel):
+        raise ModelError(f"build_loaded needs a SubLayerModel factory, got {type(model).__name__}")
+    fallback = MissingInit(seed, missing)
+    model.sublayer_init = CheckpointInit(
+        lambda: contextlib.nullcontext(MappingReader(weights)), identity_map(weights), fallback
+    )
+    materialize_sublayers(model, range(model.num_sublayers), "cpu")
+    model.sublayer_init = None
     return model, missing

@@ -168,7 +168,12 @@ def bert_layers(config: BertConfig) -> list[tuple[str, nn.Module]]:
 
 
 def bert_encoder(
-    config: BertConfig | str = "bert-tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    config: BertConfig | str = "bert-tiny",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    meta: bool = False,
+    **overrides: Any,
 ) -> SubLayerModel:
     """Build a seeded BERT-style encoder.
 
@@ -176,6 +181,9 @@ def bert_encoder(
         config: a :class:`BertConfig` or a preset name from :data:`BERT_PRESETS`.
         seed: initialization seed (the global RNG is not touched).
         dtype: parameter dtype (float64 works on CPU).
+        meta: build on the meta device (shapes, no storage) with the seeded recipe as ``sublayer_init``, so each
+            rank materializes only what it holds (:func:`~elastic_pipe.models.weights.materialize_sublayers`); the
+            values are the same as the whole model's.
         **overrides: config fields to replace, e.g. ``num_classes=3``.
 
     Returns:
@@ -183,4 +191,4 @@ def bert_encoder(
         pooled vectors when ``num_classes`` is ``None``).
     """
     cfg = resolve_config(config, BERT_PRESETS, BertConfig, overrides)
-    return build_seeded(lambda: SubLayerModel(bert_layers(cfg), block_unit_ends(cfg.depth)), seed, dtype)
+    return build_seeded(lambda: SubLayerModel(bert_layers(cfg), block_unit_ends(cfg.depth)), seed, dtype, meta=meta)

@@ -21,6 +21,7 @@ from elastic_pipe.models._build import build_seeded, check_positive, resolve_con
 from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
 from elastic_pipe.models.layers import LMHead, TokenEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
+from elastic_pipe.models.weights import SeededInit
 
 __all__ = ["GPT_PRESETS", "GPTConfig", "gpt_config", "gpt_decoder", "gpt_layers"]
 
@@ -115,7 +116,12 @@ def gpt_layers(config: GPTConfig) -> list[tuple[str, nn.Module]]:
 
 
 def gpt_decoder(
-    config: GPTConfig | str = "gpt-tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    config: GPTConfig | str = "gpt-tiny",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    meta: bool = False,
+    **overrides: Any,
 ) -> SubLayerModel:
     """Build a seeded GPT-style decoder.
 
@@ -123,16 +129,21 @@ def gpt_decoder(
         config: a :class:`GPTConfig` or a preset name from :data:`GPT_PRESETS`.
         seed: initialization seed (the global RNG is not touched).
         dtype: parameter dtype (float64 works on CPU).
+        meta: build on the meta device (shapes, no storage) with the seeded recipe as ``sublayer_init``, so each
+            rank materializes only what it holds (:func:`~elastic_pipe.models.weights.materialize_sublayers`); the
+            values are the same as the whole model's.
         **overrides: config fields to replace, e.g. ``depth=4``.
 
     Returns:
         A :class:`SubLayerModel`; input ``(B, T)`` token ids, output ``(B, T, vocab_size)`` logits.
     """
     cfg = resolve_config(config, GPT_PRESETS, GPTConfig, overrides)
-    model = build_seeded(lambda: SubLayerModel(gpt_layers(cfg), block_unit_ends(cfg.depth)), seed, dtype)
-    if cfg.tie_init:
-        head, embed = model[-1], model[0]
-        assert isinstance(head, LMHead) and head.proj is not None and isinstance(embed, TokenEmbedding)
-        with torch.no_grad():
-            head.proj.weight.copy_(embed.tokens.weight)
-    return model
+    # tie_init: the head's projection starts as a copy of the token embedding (drawn by the embedding's generator)
+    same_as = {"head.proj.weight": "embed.tokens.weight"} if cfg.tie_init else {}
+    return build_seeded(
+        lambda: SubLayerModel(gpt_layers(cfg), block_unit_ends(cfg.depth)),
+        seed,
+        dtype,
+        meta=meta,
+        init=lambda s: SeededInit(s, same_as=same_as),
+    )

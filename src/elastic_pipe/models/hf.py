@@ -22,8 +22,9 @@ transformers itself is not imported here: the adapter only needs ``model.config`
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,17 +36,26 @@ from elastic_pipe.models._build import build_loaded
 from elastic_pipe.models.bert import BertConfig, bert_layers
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.gpt import GPTConfig, gpt_layers
-from elastic_pipe.models.hf_export import bert_hf_map, gather_hf, gpt2_hf_map
+from elastic_pipe.models.hf_export import HFSource, bert_hf_map, gather_hf, gpt2_hf_map
 from elastic_pipe.models.layers import ClassifierHead, LMHead, Pooling
-from elastic_pipe.models.llama import LLAMA_HF_DEFAULTS, llama_config_from_hf, llama_from_state
+from elastic_pipe.models.llama import (
+    LLAMA_HF_DEFAULTS,
+    llama_config_from_hf,
+    llama_from_state,
+    llama_model,
+    llama_weight_map,
+)
+from elastic_pipe.models.residency import TensorReader, open_safetensors, safetensors_meta
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.vit import ViTConfig, vit_layers
+from elastic_pipe.models.weights import CheckpointInit, MissingInit, identity_map
 
 __all__ = [
     "HF_ACTIVATIONS",
     "HF_BASE_PREFIXES",
     "HF_CONFIG_DEFAULTS",
     "HF_CONVERTERS",
+    "LazyCheckpoint",
     "from_hf",
     "from_hf_checkpoint",
     "from_hf_state",
@@ -161,15 +171,94 @@ def _head_options(
     return num_classes, use_pooler, copy_classifier
 
 
+class LazyCheckpoint:
+    """A safetensors checkpoint that a converter reads only the header of: the model it builds stays on the meta
+    device and reads each sub-layer's tensors when that sub-layer is materialized
+    (:class:`~elastic_pipe.models.weights.CheckpointInit`).
+
+    Args:
+        path: the ``.safetensors`` file (or a directory :func:`~elastic_pipe.models.residency.open_safetensors`
+            opens).
+        keys: the checkpoint's tensor names.
+        prefix: the base model's prefix (``"bert."``, ...): a name the converter uses with or without it is found
+            under either form.
+    """
+
+    def __init__(self, path: Path, keys: Collection[str], prefix: str) -> None:
+        self.path = path
+        self.keys = set(keys)
+        self.prefix = prefix
+
+    def resolve(self, key: str) -> str:
+        """The checkpoint's name for ``key`` (as given, with the prefix, or without it).
+
+        Raises:
+            ModelError: the checkpoint holds none of them.
+        """
+        p = self.prefix
+        for candidate in (key, p + key, key[len(p) :] if key.startswith(p) else key):
+            if candidate in self.keys:
+                return candidate
+        raise ModelError(f"checkpoint {str(self.path)!r} has no tensor {key!r}")
+
+    def init(self, table: Mapping[str, HFSource], seed: int, missing: Collection[str]) -> CheckpointInit:
+        """The recipe that reads our tensors through ``table`` (parts concatenated, transposed as it says);
+        the ``missing`` ones it does not name (a new classifier) are drawn from ``seed`` (:class:`MissingInit`)."""
+        resolved = {
+            ours: HFSource(tuple(self.resolve(k) for k in src.keys), src.transpose) for ours, src in table.items()
+        }
+
+        @contextlib.contextmanager
+        def open_reader() -> Iterator[TensorReader]:
+            with open_safetensors(self.path) as reader:
+                yield _TableReader(reader, resolved)
+
+        return CheckpointInit(open_reader, identity_map(resolved), MissingInit(seed, missing))
+
+
+class _TableReader:
+    """Our tensors, each read from its Hugging Face parts (:class:`HFSource`) when asked for."""
+
+    def __init__(self, reader: TensorReader, table: Mapping[str, HFSource]) -> None:
+        self.reader = reader
+        self.table = table
+
+    def keys(self) -> Iterable[str]:
+        return self.table.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        source = self.table[name]
+        parts = [self.reader.get_tensor(k) for k in source.keys]
+        parts = [t.t() if source.transpose else t for t in parts]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _finish(
     make_layers: Callable[[], list[tuple[str, nn.Module]]],
     depth: int,
     target: dict[str, torch.Tensor],
     dtype: torch.dtype,
     seed: int,
+    *,
+    table: Mapping[str, HFSource] | None = None,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
-    # Weights the source lacks (a new classifier) get the seeded initialization; everything else is copied.
-    model, _ = build_loaded(lambda: SubLayerModel(make_layers(), block_unit_ends(depth)), target, seed, dtype)
+    def factory() -> SubLayerModel:
+        return SubLayerModel(make_layers(), block_unit_ends(depth))
+
+    if lazy is None:
+        # Weights the source lacks (a new classifier) get the seeded initialization; everything else is copied.
+        model, _ = build_loaded(factory, target, seed, dtype)
+        return model
+    if table is None:
+        raise ModelError("this Hugging Face model type cannot be read lazily (meta=True); load it with meta=False")
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = factory().to(dtype)
+    own = model.state_dict(keep_vars=True)
+    for key, value in target.items():  # meta tensors from the checkpoint's header: shapes only
+        if key not in own or tuple(value.shape) != tuple(own[key].shape):
+            raise ModelError(f"checkpoint tensor for {key!r} has shape {tuple(value.shape)}, which the model lacks")
+    model.sublayer_init = lazy.init(table, seed, [k for k in own if k not in table])
     return model
 
 
@@ -184,6 +273,7 @@ def _from_bert(
     normalize: bool,
     num_classes: int | None,
     seed: int,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
     if getattr(cfg, "is_decoder", False) or getattr(cfg, "add_cross_attention", False):
         raise ModelError("only encoder BERT models are supported (is_decoder / add_cross_attention must be False)")
@@ -214,7 +304,7 @@ def _from_bert(
         config.depth, segments=config.type_vocab_size > 0, pooler=use_pooler, classifier=copy_classifier
     )
     t = gather_hf(table, {**base, **{k: v for k, v in top.items() if k.startswith("classifier.")}})
-    return _finish(lambda: bert_layers(config), config.depth, t, dtype, seed)
+    return _finish(lambda: bert_layers(config), config.depth, t, dtype, seed, table=table, lazy=lazy)
 
 
 def _from_vit(
@@ -228,7 +318,10 @@ def _from_vit(
     normalize: bool,
     num_classes: int | None,
     seed: int,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
+    if lazy is not None:
+        raise ModelError("a ViT checkpoint cannot be read lazily (its qkv bias may be absent): use meta=False")
     num_classes, use_pooler, copy_classifier = _head_options(top, base, num_classes, pooler)
     if use_pooler and getattr(cfg, "pooler_act", "tanh") != "tanh":
         raise ModelError(f"only a tanh pooler is supported, got pooler_act={cfg.pooler_act!r}")
@@ -307,6 +400,7 @@ def _from_gpt2(
     normalize: bool,
     num_classes: int | None,
     seed: int,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
     if pooling is not None or pooler or normalize or num_classes is not None:
         raise ModelError("GPT-2 has a language-model head: pooling, pooler, normalize and num_classes do not apply")
@@ -336,7 +430,7 @@ def _from_gpt2(
     tied = "lm_head.weight" not in top
     table = gpt2_hf_map(config.depth, lm_head=has_lm_head, tied=tied)
     t = gather_hf(table, base if tied else {**base, "lm_head.weight": top["lm_head.weight"]})
-    return _finish(make_layers, config.depth, t, dtype, seed)
+    return _finish(make_layers, config.depth, t, dtype, seed, table=table, lazy=lazy)
 
 
 def _from_llama(
@@ -350,12 +444,20 @@ def _from_llama(
     normalize: bool,
     num_classes: int | None,
     seed: int,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
     del seed  # every weight comes from the source
     if pooling is not None or pooler or normalize or num_classes is not None:
         raise ModelError("Llama has a language-model head: pooling, pooler, normalize and num_classes do not apply")
     # As for GPT-2: a saved tied LlamaForCausalLM has no lm_head.weight, a base LlamaModel has no prefix.
     config = llama_config_from_hf(cfg, lm_head="lm_head.weight" in top or top is not base)
+    if lazy is not None:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = llama_model(config).to(dtype)
+        weight_map = {ours: lazy.resolve(theirs) for ours, theirs in llama_weight_map(config).items()}
+        path = lazy.path
+        model.sublayer_init = CheckpointInit(lambda: open_safetensors(path), weight_map)
+        return model
     state = {f"model.{k}": v for k, v in base.items()}
     if "lm_head.weight" in top:
         state["lm_head.weight"] = top["lm_head.weight"]
@@ -470,6 +572,7 @@ def from_hf_state(
     num_classes: int | None = None,
     seed: int = 0,
     dtype: torch.dtype | None = None,
+    lazy: LazyCheckpoint | None = None,
 ) -> SubLayerModel:
     """Like :func:`from_hf`, from a Hugging Face ``config.json`` dict and a state dict (no transformers needed).
 
@@ -478,6 +581,8 @@ def from_hf_state(
         state_dict: the checkpoint's tensors, with or without the base-model prefix (``bert.``, ``vit.``,
             ``transformer.``, ``model.``).
         dtype: parameter dtype; default: the checkpoint's.
+        lazy: ``state_dict`` holds the meta tensors of this checkpoint's header: build on the meta device with a
+            recipe that reads each sub-layer's tensors from it when materialized (:func:`from_hf_checkpoint`).
         pooling, pooler, normalize, num_classes, seed: as in :func:`from_hf`.
 
     Raises:
@@ -501,13 +606,22 @@ def from_hf_state(
         normalize=normalize,
         num_classes=num_classes,
         seed=seed,
+        lazy=lazy,
     )
 
 
-def from_hf_checkpoint(directory: str | Path, **options: Any) -> SubLayerModel:
+def from_hf_checkpoint(directory: str | Path, *, meta: bool = False, **options: Any) -> SubLayerModel:
     """Load a Hugging Face checkpoint directory (``config.json`` + ``model.safetensors``) via :func:`from_hf_state`.
 
     Needs the ``safetensors`` package, not transformers. ``options`` are those of :func:`from_hf_state`.
+
+    Args:
+        directory: the checkpoint directory.
+        meta: read only the checkpoint's header and build the model on the meta device; each sub-layer's tensors
+            are read (only theirs) when it is materialized (:func:`~elastic_pipe.models.weights.
+            materialize_sublayers`, what a trainer rank does for the sub-layers it holds). BERT, GPT-2 and Llama
+            checkpoints; the values equal ``meta=False``'s.
+        **options: those of :func:`from_hf_state`.
 
     Raises:
         ModelError: if the files are missing or the model is unsupported.
@@ -520,4 +634,9 @@ def from_hf_checkpoint(directory: str | Path, **options: Any) -> SubLayerModel:
     from safetensors.torch import load_file  # noqa: PLC0415 - optional dependency, only this loader needs it
 
     config = json.loads(config_file.read_text(encoding="utf-8"))
+    if meta:
+        header = safetensors_meta(weights_file)
+        prefix = HF_BASE_PREFIXES.get(str(config.get("model_type")), "") + "."
+        lazy = LazyCheckpoint(weights_file, header.keys(), prefix)
+        return from_hf_state(config, header, lazy=lazy, **options)
     return from_hf_state(config, load_file(str(weights_file)), **options)

@@ -33,6 +33,7 @@ from elastic_pipe.models._build import build_seeded, check_positive, check_proba
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.residency import MappingReader, load_sublayers, materialize, meta_build
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
+from elastic_pipe.models.weights import SeededInit
 
 __all__ = [
     "LLAMA_HF_DEFAULTS",
@@ -293,7 +294,12 @@ def llama_model(config: LlamaConfig) -> SubLayerModel:
 
 
 def llama_decoder(
-    config: LlamaConfig | str = "llama-tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    config: LlamaConfig | str = "llama-tiny",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    meta: bool = False,
+    **overrides: Any,
 ) -> SubLayerModel:
     """Build a seeded Llama-style decoder (RMSNorm weights 1, everything else the package's truncated normal).
 
@@ -301,18 +307,18 @@ def llama_decoder(
         config: a :class:`LlamaConfig` or a preset name from :data:`LLAMA_PRESETS`.
         seed: initialization seed (the global RNG is not touched).
         dtype: parameter dtype (float64 works on CPU).
+        meta: build on the meta device (shapes, no storage) with the seeded recipe as ``sublayer_init``, so each
+            rank materializes only what it holds (:func:`~elastic_pipe.models.weights.materialize_sublayers`); the
+            values are the same as the whole model's.
         **overrides: config fields to replace, e.g. ``depth=4``.
 
     Returns:
         A :class:`SubLayerModel`; input ``(B, T)`` token ids, output ``(B, T, vocab_size)`` logits.
     """
     cfg = resolve_config(config, LLAMA_PRESETS, LlamaConfig, overrides)
-    model = build_seeded(lambda: llama_model(cfg), seed, dtype)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, RMSNorm):
-                module.weight.fill_(1.0)
-    return model
+    return build_seeded(
+        lambda: llama_model(cfg), seed, dtype, meta=meta, init=lambda s: SeededInit(s, norms=(RMSNorm, nn.LayerNorm))
+    )
 
 
 #: Hugging Face ``LlamaConfig`` defaults for fields a ``config.json`` may leave out (transformers 4.x and 5.x).

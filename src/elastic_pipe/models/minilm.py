@@ -63,6 +63,7 @@ def load_minilm(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     directory: str | Path | None = None,
+    meta: bool = False,
 ) -> SubLayerModel:
     """The pretrained MiniLM-L6 encoder: 6 units, 14 sub-layers, mean pooling over real tokens.
 
@@ -74,6 +75,9 @@ def load_minilm(
         dtype: parameter dtype.
         seed: seed of the new classifier.
         directory: the checkpoint's directory instead of the bundled one (see :func:`minilm_dir`).
+        meta: build on the meta device, reading only the checkpoint's header; each sub-layer's tensors are read
+            from ``model.safetensors`` (only theirs) when it is materialized (what a trainer rank does for the
+            sub-layers it holds; :func:`~elastic_pipe.models.hf.from_hf_checkpoint`).
 
     Returns:
         A :class:`SubLayerModel` taking ``(B, T)`` token ids padded with :data:`MINILM_PAD_ID` (see
@@ -89,6 +93,7 @@ def load_minilm(
         num_classes=num_classes,
         seed=seed,
         dtype=dtype,
+        meta=meta,
     )
 
 

@@ -44,6 +44,7 @@ __all__ = [
     "open_safetensors",
     "release",
     "resident_sublayers",
+    "safetensors_meta",
     "shared_parameters",
 ]
 
@@ -293,6 +294,59 @@ def open_safetensors(path: str | Path) -> Iterator[TensorReader]:
             yield shards
             return
         yield _Shards(where, open_file)
+
+
+#: safetensors dtype names (the header's ``dtype`` field) and the torch dtypes they hold.
+SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+#: Bytes of the little-endian header length at the start of a safetensors file.
+_HEADER_LENGTH_BYTES = 8
+
+
+def _header(file: Path) -> dict[str, torch.Tensor]:
+    with file.open("rb") as fh:
+        length = int.from_bytes(fh.read(_HEADER_LENGTH_BYTES), "little")
+        header = json.loads(fh.read(length))
+    out: dict[str, torch.Tensor] = {}
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        if entry["dtype"] not in SAFETENSORS_DTYPES:
+            raise ModelError(f"{str(file)!r}: tensor {key!r} has unsupported dtype {entry['dtype']!r}")
+        out[key] = torch.empty(entry["shape"], dtype=SAFETENSORS_DTYPES[entry["dtype"]], device="meta")
+    return out
+
+
+def safetensors_meta(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint as a meta tensor (its shape and dtype), read from the headers only.
+
+    Args:
+        path: as :func:`open_safetensors` takes it.
+
+    Raises:
+        ModelError: if no checkpoint is there.
+    """
+    p = Path(path)
+    if p.is_dir() and (p / SAFETENSORS_INDEX).is_file():
+        index = json.loads((p / SAFETENSORS_INDEX).read_text(encoding="utf-8"))
+        out: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            out.update(_header(p / shard))
+        return out
+    file = p / SAFETENSORS_FILE if p.is_dir() else p
+    if not file.is_file():
+        raise ModelError(f"no safetensors checkpoint at {str(path)!r}")
+    return _header(file)
 
 
 def materialize_from_safetensors(

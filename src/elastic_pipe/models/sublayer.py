@@ -16,11 +16,14 @@ import builtins
 import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from torch import nn
 
 from elastic_pipe.models.errors import ModelError
+
+if TYPE_CHECKING:
+    from elastic_pipe.models.weights import SubLayerInit
 
 __all__ = ["SubLayerModel", "block_unit_ends"]
 
@@ -33,11 +36,17 @@ class SubLayerModel(nn.Sequential):
         unit_ends: strictly increasing sub-layer offsets, one per freezable unit; the last one must leave at
             least one sub-layer (the head) after it.
 
+    Set :attr:`sublayer_init` on a model built on the meta device so that each rank can give the sub-layers it
+    holds their values (:mod:`elastic_pipe.models.weights`); the built-in builders set it.
+
     Raises:
         ModelError: if names repeat, ``unit_ends`` is not strictly increasing within ``[1, len(layers) - 1]``.
     """
 
     unit_ends: tuple[int, ...]
+    #: How a sub-layer on the meta device gets its values when it is materialized
+    #: (:func:`elastic_pipe.models.weights.materialize_sublayers`); ``None`` for a model built with real weights.
+    sublayer_init: SubLayerInit | None
 
     def __init__(self, layers: Sequence[tuple[str, nn.Module]], unit_ends: Sequence[int]) -> None:
         names = [name for name, _ in layers]
@@ -56,6 +65,7 @@ class SubLayerModel(nn.Sequential):
             # nn.Module attribute names cannot hold dots; "block0.attn" is stored as "block0_attn".
             self.add_module(name.replace(".", "_"), module)
         self.unit_ends = ends
+        self.sublayer_init = None
         self.layer_names: tuple[str, ...] = tuple(names)
 
     @property

@@ -113,7 +113,12 @@ def vit_layers(config: ViTConfig) -> list[tuple[str, nn.Module]]:
 
 
 def vit(
-    config: ViTConfig | str = "vit-tiny", *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    config: ViTConfig | str = "vit-tiny",
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    meta: bool = False,
+    **overrides: Any,
 ) -> SubLayerModel:
     """Build a seeded Vision Transformer.
 
@@ -121,6 +126,9 @@ def vit(
         config: a :class:`ViTConfig` or a preset name from :data:`VIT_PRESETS`.
         seed: initialization seed; the same seed gives the same weights (the global RNG is not touched).
         dtype: parameter dtype (float64 works on CPU).
+        meta: build on the meta device (shapes, no storage) with the seeded recipe as ``sublayer_init``, so each
+            rank materializes only what it holds (:func:`~elastic_pipe.models.weights.materialize_sublayers`); the
+            values are the same as the whole model's.
         **overrides: config fields to replace, e.g. ``depth=4``.
 
     Returns:
@@ -128,4 +136,4 @@ def vit(
         output ``(B, num_classes)`` logits.
     """
     cfg = resolve_config(config, VIT_PRESETS, ViTConfig, overrides)
-    return build_seeded(lambda: SubLayerModel(vit_layers(cfg), block_unit_ends(cfg.depth)), seed, dtype)
+    return build_seeded(lambda: SubLayerModel(vit_layers(cfg), block_unit_ends(cfg.depth)), seed, dtype, meta=meta)

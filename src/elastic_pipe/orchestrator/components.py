@@ -96,7 +96,8 @@ class Components:
     """Everything a trainer composes, built.
 
     Attributes:
-        model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``), seeded identically on every rank.
+        model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``): with real weights, seeded identically on
+            every rank, or on the meta device with a ``sublayer_init`` (what :func:`build_model` gives the trainer).
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids`` tensors), or a map-style dataset of
             ``(input, label)`` pairs, kept as it is (each rank reads it through a ``DataLoader``).
         policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
@@ -118,11 +119,19 @@ class Components:
     loss: Loss = cross_entropy
 
 
-def build_model(config: TrainConfig) -> nn.Module:
-    """Build the config's model, seeded with ``train.seed`` and in ``train.dtype``, on the CPU.
+def build_model(config: TrainConfig, *, meta: bool = False) -> nn.Module:
+    """Build the config's model, seeded with ``train.seed`` and in ``train.dtype``, on the CPU (or the meta device).
 
-    A built-in builder gets ``options`` (``preset`` is its first positional argument) plus ``seed`` and ``dtype``;
-    a builder given by import path gets ``options`` alone, under a seeded global generator, and its model is cast.
+    A built-in builder gets ``options`` (``preset`` is its first positional argument) plus ``seed``, ``dtype`` and
+    ``meta``; a builder given by import path gets ``options`` alone, under a seeded global generator, and its model
+    is cast (it may build on the meta device itself and set ``sublayer_init``, see
+    :mod:`elastic_pipe.models.weights`).
+
+    Args:
+        config: the run's config.
+        meta: built-in models only: build on the meta device with their recipe (``sublayer_init``), so that each
+            rank materializes only what it holds; the values are those of ``meta=False``, sub-layer by sub-layer.
+            What the trainer builds.
 
     Raises:
         ConfigError: an unknown model name, bad options, or a builder that did not return a module.
@@ -135,7 +144,7 @@ def build_model(config: TrainConfig) -> nn.Module:
         if spec in MODEL_BUILDERS:
             preset = options.pop("preset", None)
             args = () if preset is None else (preset,)
-            model = builder(*args, seed=config.train.seed, dtype=dtype, **options)
+            model = builder(*args, seed=config.train.seed, dtype=dtype, meta=meta, **options)
         else:
             torch.manual_seed(config.train.seed)
             model = builder(**options)
@@ -234,7 +243,8 @@ def components_from_config(
         ConfigError: naming the bad value and the valid choices.
     """
     p = config.pipeline
-    model = model if model is not None else build_model(config)
+    # on the meta device: each rank materializes only the sub-layers it holds (holdings.hold)
+    model = model if model is not None else build_model(config, meta=True)
     samples = as_data(data) if data is not None else load_samples(config)
     if partitioner is None:
         partitioner = p.solver

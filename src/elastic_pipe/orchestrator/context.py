@@ -6,8 +6,8 @@ evaluation). It holds no layout: everything layout-dependent takes a :class:`~el
 
 The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
 (:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
-not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, while the model
-is whole.
+not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
+materializing the model (:mod:`.setup`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
+from elastic_pipe.orchestrator.prefix_residency import PrefixState
 from elastic_pipe.orchestrator.step_data import EpochPlan, StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 from elastic_pipe.types import Layout
@@ -74,6 +75,8 @@ class RunContext:
     memory: MemoryBudget | None = None
     #: The optimizer group of each parameter (by name), as the optimizer was built over the whole model.
     param_group_of: dict[str, int] = field(default_factory=dict)
+    #: Whether stage-0 ranks released the frozen prefix while the cache serves it (:mod:`.prefix_residency`).
+    prefix: PrefixState = field(default_factory=PrefixState)
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
     #: synchronise the host with the device at every cached step.
     host_ids: torch.Tensor = field(init=False)

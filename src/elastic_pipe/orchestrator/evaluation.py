@@ -1,7 +1,9 @@
 """Scoring the model on the evaluation split through the trained layout itself: no rank needs the whole model.
 
 Replica ``r`` of ``R`` scores samples ``r, r + R, ...`` in batches of :data:`EVAL_BATCH`. Each batch runs down its
-replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its own sub-layers, every stage sends
+replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its own sub-layers (or, while the
+prefix is released because the activation cache serves it, reads the prefix's outputs kept for the evaluation
+split, :class:`~.prefix_residency.PrefixState`, and runs its own sub-layers on them), every stage sends
 its output to the next one (point to point, a small header with the shape and dtype first), and the last stage
 scores the batch. One all-reduce sums the loss, the correct answers and the counts over the world.
 """
@@ -71,7 +73,9 @@ def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
     pipeline = plan.pipeline_groups[replica]
     group = ctx.groups.pipeline_group(layout.pipe_len)
     lo, hi = layout.boundaries[stage], layout.boundaries[stage + 1]
-    start = 0 if stage == 0 else lo  # stage 0 runs the frozen prefix too
+    kept = stage == 0 and ctx.prefix.released > 0  # the prefix's outputs are kept, its weights released
+    assert not kept or ctx.prefix.eval_frozen == layout.frozen == lo
+    start = 0 if stage == 0 and not kept else lo  # stage 0 runs the frozen prefix too, unless it is released
     was = ctx.model.training
     ctx.model.eval()
     data = ctx.eval_set
@@ -79,8 +83,11 @@ def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
     chunks = [chunk.tolist() for chunk in torch.split(mine, EVAL_BATCH)]
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count, not-classified
     sublayers = ctx.sublayers
-    for batch in data.batches(chunks, inputs=stage == 0, labels=last, device=ctx.device):
-        x = batch.inputs if stage == 0 else recv_activation(pipeline[stage - 1], ctx.device, group)
+    for batch in data.batches(chunks, inputs=stage == 0 and not kept, labels=last, device=ctx.device):
+        if kept:
+            x: torch.Tensor | None = ctx.prefix.eval_rows(batch.positions, ctx.device)
+        else:
+            x = batch.inputs if stage == 0 else recv_activation(pipeline[stage - 1], ctx.device, group)
         assert x is not None  # stage 0 reads inputs
         with ctx.autocast():
             for j in range(start, hi):

@@ -219,7 +219,8 @@ def apply(
     clock.start()
     sublayers = ctx.sublayers
     new_owned = ctx.owned(new)
-    _, moved = transfer(ctx, old, new, optimizer)  # the bytes every rank received, summed over the job
+    # the bytes every rank received, summed over the job; a released prefix travels to no one
+    _, moved = transfer(ctx, old, new, optimizer, released=ctx.prefix.released)
     clock.lap("moves")
     maybe_fail("moved", ctx.rank, msg.epoch, None)  # after the moves, before the freeze and the rebuild
     if new.frozen > old.frozen:
@@ -276,6 +277,7 @@ def event_for(
         changed_ranks=tuple(msg.changed_ranks),
         bytes_moved=applied.bytes_moved,
         cache=applied.stage.cache_on,
+        prefix_released_bytes=applied.stage.prefix_released_bytes,
         seconds=seconds,
         phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
         epoch_step=epoch_step,

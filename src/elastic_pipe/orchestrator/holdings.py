@@ -4,12 +4,18 @@ A rank holds only :func:`~elastic_pipe.orchestrator.transition.held_sublayers`: 
 on stage-0 ranks, the frozen prefix. Everything else stays on the meta device (shapes, no storage:
 :func:`elastic_pipe.models.residency.release`), and the optimizer covers only the rank's own trainable parameters.
 
-At the start the model is built whole on the CPU (seeded the same on every rank), so each rank moves what it holds
-to its device and releases the rest (:func:`hold`). At a transition (:func:`transfer`) each rank first gives real
-storage to the sub-layers it starts to hold, then runs the planned point-to-point transfers, then frees what it no
-longer holds and points the optimizer at what it owns now. Parameters are replaced, not resized, when they are
-materialised or released, so the optimizer's parameter lists are rebuilt here each time (:func:`point_optimizer`);
-the parameters a rank keeps keep their identity and so their optimizer state.
+At the start the model is on the meta device (the config's builders build it there), so each rank materializes
+on its device only what it holds, each sub-layer's values from the model's recipe
+(:func:`elastic_pipe.models.weights.materialize_sublayers`: the same seeded values on every rank, or only this
+rank's tensors of a pretrained checkpoint). A model passed with real weights on the CPU works too: each rank moves
+what it holds to its device and releases the rest (:func:`hold`).
+
+At a transition (:func:`transfer`) each rank first gives real storage to the sub-layers it starts to hold, then
+runs the planned point-to-point transfers (a gained sub-layer comes from its old holder, never from the model's
+recipe or a checkpoint file), then frees what it no longer holds and points the optimizer at what it owns now.
+Parameters are replaced, not resized, when they are materialised or released, so the optimizer's parameter lists
+are rebuilt here each time (:func:`point_optimizer`); the parameters a rank keeps keep their identity and so their
+optimizer state.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.models.residency import materialize, release
+from elastic_pipe.models.weights import materialize_sublayers
 from elastic_pipe.orchestrator.transition import (
     Transfer,
     held_sublayers,
@@ -122,7 +129,8 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Let an AdamW that was built over CPU parameters run fused once every parameter it covers is on a GPU.
 
     The config's AdamW runs fused on a GPU (:func:`~elastic_pipe.orchestrator.optim.optimizer_factory`), but the
-    trainer builds it over the CPU-built model, before the rank's sub-layers reach the device; this turns fusion on
+    trainer builds it over the whole model (on the meta device, or the CPU), before the rank's sub-layers reach the
+    device; this turns fusion on
     when they have, before the first step creates any state. Returns whether it did.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -140,21 +148,34 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
     return True
 
 
-def hold(ctx: RunContext, layout: Layout) -> tuple[int, ...]:
+def hold(ctx: RunContext, layout: Layout, *, fill: bool = True) -> tuple[int, ...]:
     """Keep exactly ``layout``'s held sub-layers on this rank's device (no collective).
 
-    A held sub-layer on the meta device gets uninitialized storage (the caller fills it); one with storage elsewhere
-    (the CPU-built model at the start) moves to the device, keeping its parameters; every other sub-layer is
-    released.
+    A held sub-layer on the meta device gets storage on the device and, with ``fill``, its values from the model's
+    ``sublayer_init`` (:func:`~elastic_pipe.models.weights.materialize_sublayers`); one with storage elsewhere (a
+    model passed with real weights on the CPU) moves to the device, keeping its parameters; every other sub-layer
+    is released.
+
+    Args:
+        ctx: the rank's facts.
+        layout: the layout to hold.
+        fill: initialize the sub-layers that were on the meta device; ``False`` leaves them uninitialized, for a
+            caller that overwrites every one of their tensors (a resume from a checkpoint).
 
     Returns:
-        The held sub-layers that were on the meta device (they need filling).
+        The held sub-layers that were on the meta device.
+
+    Raises:
+        MaterializeError: ``fill`` and a held sub-layer is on the meta device of a model with no ``sublayer_init``.
     """
     model = ctx.model
     held = held_sublayers(layout, ctx.plan(layout), ctx.rank)
     fresh = tuple(j for j in held if _is_meta(ctx.sublayers[j]))
     if fresh:
-        materialize(model, fresh, ctx.device)  # type: ignore[arg-type]
+        if fill:
+            materialize_sublayers(model, fresh, ctx.device)  # type: ignore[arg-type]
+        else:
+            materialize(model, fresh, ctx.device)  # type: ignore[arg-type]
     for j in held:
         if j not in fresh:
             ctx.sublayers[j].to(ctx.device)
@@ -197,15 +218,21 @@ def _run(ctx: RunContext, t: Transfer, optimizer: torch.optim.Optimizer) -> int:
     return received
 
 
-def transfer(ctx: RunContext, old: Layout, new: Layout, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+def transfer(
+    ctx: RunContext, old: Layout, new: Layout, optimizer: torch.optim.Optimizer, *, released: int = 0
+) -> tuple[int, int]:
     """Hand every sub-layer to its new holders and free it where it is no longer held (a collective).
+
+    Args:
+        released: leading sub-layers the stage-0 ranks released while the activation cache serves them
+            (:mod:`.prefix_residency`): nobody sends, receives, materialises or frees them here.
 
     Returns:
         The bytes this rank received and the bytes the whole job received (weights, buffers, optimizer state).
     """
-    transfers = plan_transfers(old, new, ctx.plan(old), ctx.plan(new))
-    held_now = set(held_sublayers(old, ctx.plan(old), ctx.rank))
-    held_next = held_sublayers(new, ctx.plan(new), ctx.rank)
+    transfers = plan_transfers(old, new, ctx.plan(old), ctx.plan(new), released=released)
+    held_now = {j for j in held_sublayers(old, ctx.plan(old), ctx.rank) if j >= released}
+    held_next = tuple(j for j in held_sublayers(new, ctx.plan(new), ctx.rank) if j >= released)
     incoming = [j for j in held_next if j not in held_now]
     if incoming:
         materialize(ctx.model, incoming, ctx.device)  # type: ignore[arg-type]

@@ -143,6 +143,8 @@ class TransitionEvent:
             data re-shard), ``cache`` (extending cached activations, timing the cache against recomputation).
         epoch_step: steps of ``epoch`` completed before it: 0 at an epoch's start, more for a transition inside the
             epoch (``[freeze] decide_every``).
+        prefix_released_bytes: device bytes of frozen-prefix weights the stage-0 ranks do without after it, because
+            the activation cache serves the prefix completely, summed over the job (0: the prefix is resident).
     """
 
     epoch: int
@@ -159,6 +161,7 @@ class TransitionEvent:
     seconds: float
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     epoch_step: int = 0
+    prefix_released_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "transition"``)."""

@@ -38,8 +38,10 @@ __all__ = [
     "PrefetchedBatches",
     "build_cache",
     "cache_tiers",
+    "carry_released",
     "complete",
     "counters",
+    "covers",
     "epoch_counts",
     "fill_cache",
     "fill_shared",
@@ -277,6 +279,72 @@ def fill_shared(
         )
 
 
+def carry_released(
+    cache: acache.ActivationCache,
+    data: StepData,
+    old_frozen: int,
+    frozen: int,
+    *,
+    chunk: int,
+    device: torch.device,
+    run: RunSublayers,
+    example: torch.Tensor,
+    peers: FillPeers | None = None,
+) -> bool:
+    """Bring the cache to ``frozen`` without the released prefix: only sub-layers ``old_frozen:frozen`` run.
+
+    Every peer that holds entries at ``old_frozen`` carries all of them (every view) through the newly frozen
+    sub-layers (:meth:`~elastic_pipe.cache.ActivationCache.extend`; every new stage-0 rank holds those), so
+    nothing runs sub-layers ``0:old_frozen``. The peers that lack entries (they were not stage 0 before) then
+    get them from peer 0 (rank 0, which held every entry at ``old_frozen``): it reads its entries chunk by chunk
+    and broadcasts them in ``peers.group``. A collective in ``peers.group``: every peer calls it with the same
+    arguments.
+
+    Args:
+        example: the prefix output at ``frozen`` for one sample (the broadcast rows' shape and dtype).
+
+    Returns:
+        Whether every peer's cache now holds every training sample (every view) at ``frozen``, the same answer
+        on every peer; ``False`` leaves entries missing, and the caller brings the prefix back to fill them.
+    """
+    shared = peers is not None and peers.count > 1
+    if shared:
+        assert peers is not None
+        dist.barrier(group=peers.group)  # extend is node-wide for node-shared tiers (see fill_shared)
+    if old_frozen != frozen and old_frozen in cache.boundaries():
+        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen))
+    if not shared:
+        return covers(cache, data, frozen)
+    assert peers is not None
+    dist.barrier(group=peers.group)
+    src = dist.get_global_rank(peers.group, 0)
+    mine = covers(cache, data, frozen)
+    whole = torch.tensor([float(mine)], device=device)
+    dist.broadcast(whole, src=src, group=peers.group)  # does peer 0 hold them all?
+    lacking = torch.tensor([float(not mine)], device=device)
+    dist.all_reduce(lacking, op=dist.ReduceOp.MAX, group=peers.group)  # does any peer lack some?
+    if not whole.item():
+        return False
+    if lacking.item():
+        ids_all = data.sample_ids.to("cpu", torch.int64)
+        for view in range(cache.config.views_per_sample):
+            cache.set_epoch(view)
+            for lo in range(0, int(ids_all.shape[0]), chunk):
+                ids = ids_all[lo : lo + chunk]
+                if peers.index == 0:
+                    with cache.uncounted():
+                        rows = cache.get(ids, frozen).values.to(device, example.dtype)
+                else:
+                    rows = torch.empty((ids.shape[0], *example.shape[1:]), dtype=example.dtype, device=device)
+                dist.broadcast(rows, src=src, group=peers.group)
+                if peers.index != 0:
+                    cache.put(ids, frozen, rows)  # ids already cached here (node-shared files) are skipped
+        cache.set_epoch(0)
+    done = torch.tensor([1.0 if covers(cache, data, frozen) else 0.0], device=device)
+    dist.all_reduce(done, op=dist.ReduceOp.MIN, group=peers.group)
+    return bool(done.item() > 0)
+
+
 def _prefix_rows(
     cache: acache.ActivationCache,
     ids: torch.Tensor,
@@ -510,6 +578,11 @@ def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool
     """Whether every training sample (every view of it) has an entry at ``frozen``: then a step need not load
     its inputs, only the labels (a dataset's items, or the rows of samples held in memory, are read only for what
     a lookup misses)."""
+    return covers(cache, data, frozen)
+
+
+def covers(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
+    """Whether ``cache`` (enabled) holds an entry at ``frozen`` for every sample of ``data``, every view of it."""
     if not cache.enabled:
         return False
     ids = data.sample_ids.to("cpu", torch.int64)

@@ -2,16 +2,21 @@
 
 The process group must exist already (:func:`elastic_pipe.orchestrator.process_group.join_process_group`).
 
-The model arrives whole, on the CPU. Setup reads what every rank must know about every sub-layer while it is
-whole - one sample's activation at each boundary (:func:`boundary_examples`), the parameters' names and sizes -
-and leaves it on the CPU: the trainer then moves to the device only what the rank holds and releases the rest
-(:func:`elastic_pipe.orchestrator.holdings.hold`).
+The model arrives on the meta device (the config's builders build it there, shapes and no storage) or with real
+weights on the CPU (a user's model). Setup reads what every rank must know about every sub-layer without
+materializing the model: the parameters' names and sizes come from the meta tensors, and the activation shapes at
+each boundary (:func:`boundary_examples`) and the profiled costs (``cost = "time"``, :func:`profiled_costs`) from
+running one sub-layer at a time, a meta one on zero-filled storage that is freed right after. The trainer then
+materializes only what the rank holds (:func:`elastic_pipe.orchestrator.holdings.hold`), so the setup's memory
+grows with the rank's stage, not with the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -20,6 +25,7 @@ from torch import nn
 
 from elastic_pipe import partition
 from elastic_pipe.groups import GroupManager
+from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
@@ -58,29 +64,66 @@ def sublayer_costs(model: nn.Module) -> list[float]:
     return [float(sum(p.numel() for p in m.parameters())) for m in model.children()]
 
 
+def _is_meta(module: nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+@contextlib.contextmanager
+def visiting(model: nn.Module, j: int, device: torch.device) -> Iterator[nn.Module]:
+    """Sub-layer ``j`` of ``model`` on ``device`` for a moment, so that it can run there.
+
+    A sub-layer with weights moves there and back. One on the meta device gets zero-filled storage there, freed
+    when the block ends: what runs it here needs shapes, dtypes and the time of its operations, not its values, so
+    nothing is initialized and no checkpoint tensor is read.
+    """
+    sub = list(model.children())[j]
+    if _is_meta(sub):
+        fresh = set(materialize(model, [j], device))  # type: ignore[arg-type]
+        with torch.no_grad():
+            for key, t in model.state_dict(keep_vars=True).items():
+                if key in fresh:
+                    t.zero_()
+        try:
+            yield sub
+        finally:
+            release(model, [j])  # type: ignore[arg-type]
+        return
+    home = next((t.device for t in (*sub.parameters(), *sub.buffers())), device)
+    sub.to(device)
+    try:
+        yield sub
+    finally:
+        sub.to(home)
+
+
 def profiled_costs(model: nn.Module, train_set: StepData, config: TrainConfig, device: torch.device) -> list[float]:
-    """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``)."""
+    """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``), one sub-layer
+    on the device at a time (:func:`visiting`), each on the previous one's output."""
     mb = max(1, config.train.global_batch // config.world_size // config.pipeline.microbatches)
-    sublayers = list(model.children())
-    names = getattr(model, "layer_names", [str(i) for i in range(len(sublayers))])
-    example = train_set.input_rows(0, mb).to(device)
-    costs = partition.weights_from_costs(
-        partition.profile_layers(list(zip(names, sublayers, strict=True)), example), metric="time"
-    )
-    for p in model.parameters():
-        p.grad = None
-    return costs
+    n = len(list(model.children()))
+    names = getattr(model, "layer_names", [str(i) for i in range(n)])
+    x = train_set.input_rows(0, mb).to(device)
+    records = []
+    for j in range(n):
+        with visiting(model, j, device) as sub:
+            records += partition.profile_layers([(names[j], sub)], x)
+            with torch.no_grad():
+                x = sub(x).detach()
+            for p in sub.parameters():
+                p.grad = None
+    return partition.weights_from_costs(records, metric="time")
 
 
 @torch.no_grad()
 def boundary_examples(model: nn.Module, x: torch.Tensor, device: torch.device, autocast: Any) -> list[torch.Tensor]:
     """One sample's activation at every sub-layer boundary, in eval mode, on ``device``.
 
-    Each sub-layer visits the device only while it runs (and goes back to where it was), so this needs the device
-    memory of one sub-layer, not of the model.
+    Each sub-layer visits the device only while it runs (:func:`visiting`), so this needs the device memory of one
+    sub-layer, not of the model. A sub-layer on the meta device runs on zeros: its examples have the right shapes
+    and dtypes (all a stage declares and the cache sizes its entries by), not the model's values.
 
     Args:
-        model: the whole model (a SubLayerModel), its weights anywhere.
+        model: the whole model (a SubLayerModel), its weights anywhere or on the meta device.
         x: one sample's input.
         device: where the examples are computed and kept.
         autocast: returns the autocast context the forward passes run in.
@@ -89,12 +132,9 @@ def boundary_examples(model: nn.Module, x: torch.Tensor, device: torch.device, a
     model.eval()
     x = x.to(device)
     out = [x]
-    for sub in model.children():
-        home = next((t.device for t in (*sub.parameters(), *sub.buffers())), device)
-        sub.to(device)
-        with autocast():
+    for j in range(len(list(model.children()))):
+        with visiting(model, j, device) as sub, autocast():
             x = sub(x)
-        sub.to(home)
         out.append(x.detach())
     model.train(was)
     return out
@@ -222,7 +262,7 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     path = os.path.join(c.log.dir, "events.jsonl") if c.log.dir and rank == 0 else None
     sinks = [TensorBoardSink(os.path.join(c.log.dir, "tensorboard"))] if c.log.tensorboard and rank == 0 else []
     log = EventLog(path, None if quiet or rank != 0 else sys.stderr, sinks)
-    model = parts.model  # stays on the CPU: the trainer moves only what this rank holds
+    model = parts.model  # stays where it is (meta, or the CPU): the trainer materializes only what this rank holds
     autocast = RunContext.autocast_for(c, device)
     examples = boundary_examples(model, train_set.input_rows(0, 1), device, autocast)
     # Class labels are checked against the model's output (cross-entropy only: a user loss may take anything).
@@ -233,9 +273,8 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
     raise_first_failure(mine, rank, world, groups.broadcast_bytes)
     compiled = compile_sublayers(model) if compile_enabled(c, device) else None
     costs = sublayer_costs(model)
-    if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles (the whole model)
-        costs = profiled_costs(model.to(device), train_set, c, device)
-        model.to("cpu")
+    if c.pipeline.cost == "time" and rank == 0:  # only rank 0 decides, so only rank 0 profiles
+        costs = profiled_costs(model, train_set, c, device)
     unit = split_unit(world, candidate_pipe_lens(c), c.microbatches_for)
     epoch = epoch_plan(len(train_set), c.train.global_batch, unit, drop_last=c.data.drop_last)
     return RunContext(

@@ -35,14 +35,16 @@ def local_state(
 
     Returns:
         ``{"run", "rng", "model", "optimizer", **extra}``: ``model`` holds the weights of the sub-layers this rank
-        holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters.
+        holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters. A released
+        frozen prefix (:mod:`.prefix_residency`) is in rank 0's share only, which keeps it in host memory: rank 0
+        writes the stage-0 shard.
     """
     names = {id(p): name for name, p in ctx.model.named_parameters()}
     local = ctx.model.state_dict(keep_vars=True)
     return {
         "run": state.to_dict(),
         "rng": torch.get_rng_state(),
-        "model": {k: local[k].detach().cpu() for k in _held_keys(ctx, state.layout)},
+        "model": {k: local[k].detach().cpu() for k in _held_keys(ctx, state.layout) if not local[k].is_meta},
         "optimizer": {
             "state": {
                 names[id(p)]: {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
@@ -72,7 +74,10 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
         )
     state = RunState.from_dict(saved["run"], ctx.world_size)
     layout = state.layout
-    hold(ctx, layout)
+    # every held tensor, a released frozen prefix's too, is overwritten below from the saved state: nothing to
+    # initialize or read, and the prefix comes back resident
+    hold(ctx, layout, fill=False)
+    ctx.prefix.forget()
     weights: Mapping[str, torch.Tensor] = saved["model"]
     local = ctx.model.state_dict(keep_vars=True)
     with torch.no_grad():

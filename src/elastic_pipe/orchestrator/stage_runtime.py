@@ -32,6 +32,7 @@ from elastic_pipe.orchestrator.prefix_cache import (
     prepare_cache,
     read_prefix,
 )
+from elastic_pipe.orchestrator.prefix_residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.stage import build_runner, unit_modules
 from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.timing import ForwardTimer
@@ -86,6 +87,8 @@ class StageRuntime:
         self._ahead: PrefetchedBatches | None = None
         #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
         self.cache_complete = False
+        #: Device bytes of frozen-prefix weights the job's stage-0 ranks do without in this layout (released).
+        self.prefix_released_bytes = 0
         self._counted = (0, 0, 0)
         self._positions: dict[int, int] | None = None  # sample id -> position, for _read_inputs
 
@@ -150,7 +153,13 @@ class StageRuntime:
 
     # ------------------------------------------------------------------------------------------------ the cache
     def setup_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:
-        """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays."""
+        """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays; then, on
+        every rank (a collective), release the frozen prefix where the cache serves it
+        (:func:`.prefix_residency.settle`; the bytes it saves go to :attr:`prefix_released_bytes`)."""
+        self._prepare_cache(cache, old_frozen)
+        self.prefix_released_bytes = settle(self.ctx, self)
+
+    def _prepare_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:
         ctx, layout = self.ctx, self.layout
         self.cache = cache
         self.cache_on = self.cache_complete = False
@@ -165,6 +174,10 @@ class StageRuntime:
         if layout.replicas > 1:
             group = self._dp_group()
             peers = FillPeers(group, dist.get_rank(group), layout.replicas)
+        if ctx.prefix.released and carry(ctx, layout, cache, old_frozen, chunk=per_replica, peers=peers):
+            self.cache_on, self.cache_reason = True, KEPT_REASON  # only the newly frozen sub-layers ran
+            self.cache_complete = complete(cache, ctx.train_set, layout.frozen)
+            return
         self.cache_on, self.cache_reason = prepare_cache(
             cache,
             ctx.train_set,

@@ -32,6 +32,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
+from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, prefix_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
@@ -65,7 +66,9 @@ class ElasticTrainer:
 
     Args:
         config: the run's numbers (epochs, batch, layout, launch, checkpoint, log).
-        model: a :class:`~elastic_pipe.models.SubLayerModel`, seeded identically on every rank.
+        model: a :class:`~elastic_pipe.models.SubLayerModel`: with real weights, seeded identically on every rank,
+            or on the meta device with a ``sublayer_init`` (:mod:`elastic_pipe.models.weights`), from which each
+            rank materializes only the sub-layers it holds. Default: the config's model, built on the meta device.
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids``), or any map-style dataset of
             ``(input, label)`` (a ``torch.utils.data.Dataset``), read through a ``DataLoader`` with ``[data] workers``
             workers and never stacked into memory.
@@ -129,7 +132,8 @@ class ElasticTrainer:
         if self._ctx is not None:
             return
         c = self.config
-        check_untied_stages(c, self.parts.model)  # both before any process group forms
+        check_materializable(self.parts.model)  # all three before any process group forms
+        check_untied_stages(c, self.parts.model)
         check_memory_budget(c, self.parts.model)
         self._owns_group = join_process_group(c)
         ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
@@ -137,8 +141,8 @@ class ElasticTrainer:
         model = ctx.model
         make = self.parts.optimizer
         assert make is not None  # components_from_config fills it
-        # Built over the whole model (still on the CPU), so every parameter's group is known; the optimizer then
-        # covers only what this rank owns (holdings.point_optimizer, at every layout).
+        # Built over the whole model (on the meta device, or the CPU), so every parameter's group is known; the
+        # optimizer then covers only what this rank owns (holdings.point_optimizer, at every layout).
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
         ctx.param_group_of = holdings.param_groups_by_name(self.optimizer, model)
         total = c.train.epochs * self.steps_per_epoch

@@ -107,7 +107,9 @@ def _holders(layout: Layout, plan: RankLayout, num_sublayers: int) -> list[tuple
     return [tuple(sorted(set(h))) for h in holders]
 
 
-def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: RankLayout) -> tuple[Transfer, ...]:
+def plan_transfers(
+    old: Layout, new: Layout, old_plan: RankLayout, new_plan: RankLayout, *, released: int = 0
+) -> tuple[Transfer, ...]:
     """What must travel, and between whom, for the job to go from ``old`` to ``new``.
 
     Every rank that holds a sub-layer under ``new`` and did not under ``old`` receives it from one old holder:
@@ -119,13 +121,19 @@ def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: Ran
         new: the layout being entered (``new.frozen >= old.frozen``: frozen layers never thaw here).
         old_plan: rank roles under ``old`` (``groups.plan_spmd(world, old.pipe_len)``).
         new_plan: rank roles under ``new``.
+        released: leading sub-layers whose weights the stage-0 ranks released while the activation cache serves
+            them (:mod:`.prefix_residency`; at most ``old.frozen``): they travel to no one, since the new stage-0
+            ranks fill their cache from the old boundary's entries without them.
 
     Returns:
         Transfers ordered by (source, destination); sub-layers increasing within each.
 
     Raises:
-        OrchestratorError: if ``new`` thaws layers or the layouts cover different models.
+        OrchestratorError: if ``new`` thaws layers, the layouts cover different models, or ``released`` exceeds
+            ``old.frozen``.
     """
+    if not 0 <= released <= old.frozen:
+        raise OrchestratorError(f"released must lie in [0, {old.frozen}] (the old frozen prefix), got {released}")
     if new.frozen < old.frozen:
         raise OrchestratorError(f"a transition cannot unfreeze layers: frozen {old.frozen} -> {new.frozen}")
     n = old.boundaries[-1]
@@ -133,7 +141,7 @@ def plan_transfers(old: Layout, new: Layout, old_plan: RankLayout, new_plan: Ran
         raise OrchestratorError(f"layouts cover different models: {n} vs {new.boundaries[-1]} sub-layers")
     had, has = _holders(old, old_plan, n), _holders(new, new_plan, n)
     pairs: dict[tuple[int, int, bool], list[int]] = {}
-    for j in range(n):
+    for j in range(released, n):
         for dst in has[j]:
             if dst in had[j]:
                 continue
