@@ -186,8 +186,9 @@ def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_chang
                 assert a["eval_bytes"] == 64 * 17 * 16 * 8  # 64 held-out samples, 17 tokens x 16 dims, float64
             else:  # stage 1: it never held the prefix
                 assert a["parameters"] == b["parameters"]
-        # training is the same to the bit; every evaluation equals the resident prefix's
-        assert rel["result"]["losses"] == res["result"]["losses"]
+        # training agrees to rounding (carried or broadcast cache entries, not recomputed: the last bit may move,
+        # as in the weights below); every evaluation equals the resident prefix's
+        assert rel["result"]["losses"] == pytest.approx(res["result"]["losses"], rel=1e-12, abs=1e-12)
         evals = [(e["eval_loss"], e["eval_accuracy"]) for e in rel["result"]["epochs"]]
         for (loss, acc), e in zip(evals, res["result"]["epochs"], strict=True):
             assert loss == pytest.approx(e["eval_loss"], rel=1e-9, abs=1e-12) and acc == e["eval_accuracy"]
