@@ -72,8 +72,8 @@ def test_a_choice_has_a_reason_exactly_when_it_is_no() -> None:
 
 
 def test_the_config_defaults_to_off_and_names_the_choices() -> None:
-    assert config_from_tables({"model": {"name": "vit"}}).train.cuda_graphs == "off"
-    assert config_from_tables({"model": {"name": "vit"}, "train": {"cuda_graphs": "auto"}}).train.cuda_graphs == "auto"
+    assert config_from_tables({"model": {"name": "vit"}}).train.cuda_graphs == "auto"
+    assert config_from_tables({"model": {"name": "vit"}, "train": {"cuda_graphs": "off"}}).train.cuda_graphs == "off"
     with pytest.raises(ConfigError, match=r"train\.cuda_graphs must be one of auto, on, off.*'always'"):
         config_from_tables({"model": {"name": "vit"}, "train": {"cuda_graphs": "always"}})
 

@@ -213,7 +213,7 @@ class TrainSection:
             (regional compilation), so identical blocks share compiled code and a transition, which only regroups
             sub-layers into new stages, compiles nothing new for the training path (a compiled stage's input always
             carries a gradient, so a stage that starts later in the model reuses the same compiled code).
-        cuda_graphs: "off" (the default until the capture is measured on a GPU again), "auto" (CUDA only) or "on":
+        cuda_graphs: "auto" (the default: CUDA only, host-bound layouts only), "on" or "off":
             replay each layout's forward, loss and backward as a CUDA graph once it has run eagerly
             (``orchestrator/cuda_graph.py``), where that is safe: one stage, one micro-batch, one replica and a full
             step. "auto" captures a layout only if its timed warm-up step was host-bound (the host's enqueueing took at
@@ -237,7 +237,7 @@ class TrainSection:
     dtype: str = "float32"
     autocast: str = "none"
     compile: str = "auto"
-    cuda_graphs: str = "off"
+    cuda_graphs: str = "auto"
     max_grad_norm: float = 0.0
     max_steps: int = 0
 
