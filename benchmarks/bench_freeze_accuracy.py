@@ -61,6 +61,9 @@ DEFAULT_ARM = "freezeout:t0=0.7"
 DECISIONS_PER_EPOCH = 4
 #: Share of each task's training part held out for the guard (the test part is never seen in training).
 VAL_FRACTION = 0.1
+#: Training samples in the fixed probe batch of the probe-driven policies (``drift``): the first ones of the training
+#: part, run in eval mode at every decision point.
+PROBE_SAMPLES = 16
 #: Timed repetitions per unit-cost measurement after one warm-up; the fastest is kept, since interference from
 #: other work on the machine only ever adds time.
 COST_REPEATS = 5
@@ -307,7 +310,8 @@ def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[
     """``(with the cache, without it)``: the share of the run's forward+backward time skipped.
 
     ``work`` counts sample passes: ``samples`` in total, and per unit ``trained`` (forward and backward run),
-    ``forward_only`` (a frozen unit recomputed to fill the cache) and ``frozen`` (frozen, with or without a fill).
+    ``forward_only`` (a frozen unit recomputed to fill the cache), ``frozen`` (frozen, with or without a fill) and
+    ``probe`` (forward passes of the probe batch a probe-driven policy reads, counted as work done).
     """
     f, b = costs["forward"], costs["backward"]
     head = sum(costs["head"])
@@ -315,9 +319,10 @@ def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[
     full = n * (sum(f) + sum(b) + head)
     done = n * head
     no_cache = n * head
+    probe = work.get("probe", [0] * len(f))
     for u in range(len(f)):
-        done += work["trained"][u] * (f[u] + b[u]) + work["forward_only"][u] * f[u]
-        no_cache += work["trained"][u] * (f[u] + b[u]) + work["frozen"][u] * f[u]
+        done += work["trained"][u] * (f[u] + b[u]) + (work["forward_only"][u] + probe[u]) * f[u]
+        no_cache += work["trained"][u] * (f[u] + b[u]) + (work["frozen"][u] + probe[u]) * f[u]
     return (1.0 - done / full, 1.0 - no_cache / full) if full > 0 else (0.0, 0.0)
 
 
@@ -398,6 +403,29 @@ def evaluate(
     return loss / len(y), correct / len(y)
 
 
+@torch.no_grad()
+def probe_outputs(
+    model: SubLayerModel, probe: torch.Tensor, first: int, limit: int, autocast: bool
+) -> dict[int, torch.Tensor]:
+    """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout)."""
+    if first >= limit:
+        return {}
+    was = model.training
+    model.eval()
+    out: dict[int, torch.Tensor] = {}
+    h = probe
+    start = 0
+    with torch.autocast(probe.device.type, torch.bfloat16, enabled=autocast):
+        for u in range(limit):
+            end = model.unit_bounds(u)[1]
+            h = model.slice(start, end)(h)
+            start = end
+            if u >= first:
+                out[u] = h
+    model.train(was)
+    return out
+
+
 def decision_steps(steps_per_epoch: int) -> set[int]:
     """Offsets within an epoch where a decision point falls: the first step of each quarter (epoch start too)."""
     return {math.ceil(k * steps_per_epoch / DECISIONS_PER_EPOCH) for k in range(DECISIONS_PER_EPOCH)}
@@ -427,11 +455,15 @@ def train_arm(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_at(s, total, max(1, round(task.warmup_fraction * total)))
     )
+    watched = freeze.signal_layers(policy)  # the units whose signal the policy can still read
     tracker = (
-        freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(num_units)})
+        freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(watched)})
         if policy.needs_stats
         else None
     )
+    drift = freeze.OutputDrift() if freeze.needs_probe(policy) else None
+    probe = x_train[:PROBE_SAMPLES].to(device)
+    drift_log: list[list[float]] = []  # per decision point, the probe changes the policy read
     cache = PrefixCache(n)
     x_dev, y_dev = x_train.to(device), y_train.to(device)
     work: dict[str, Any] = {
@@ -439,6 +471,7 @@ def train_arm(
         "trained": [0] * num_units,
         "forward_only": [0] * num_units,
         "frozen": [0] * num_units,
+        "probe": [0] * num_units,
     }
     frozen = 0
     timeline: list[list[int]] = []  # [step, frozen] at each change
@@ -447,6 +480,10 @@ def train_arm(
     quarters = decision_steps(spe)
     gen = torch.Generator().manual_seed(seed)
     t_start = time.perf_counter()
+    if drift is not None:  # the baseline: the checkpoint's outputs
+        drift.measure(probe_outputs(model, probe, 0, watched, autocast), num_units)
+        for u in range(watched):
+            work["probe"][u] += len(probe)
     step = 0
     for epoch in range(task.epochs):
         order = torch.randperm(n, generator=gen)
@@ -456,6 +493,15 @@ def train_arm(
                 if tracker is not None and tracker.steps:
                     policy.observe(tracker.local_stats(num_units))
                     tracker.reset()
+                if drift is not None:
+                    change = freeze.relative_change(
+                        *drift.measure(probe_outputs(model, probe, frozen, watched, autocast), num_units)
+                    )
+                    policy.observe_drift(change)  # type: ignore[attr-defined]
+                    for u in range(watched):  # the probe runs through the frozen units too
+                        work["probe"][u] += len(probe)
+                    drift_log.append([round(c, 6) if math.isfinite(c) else -1.0 for c in change[:watched]])
+                    set_modes(model, frozen)
                 signal_s += time.perf_counter() - t0
                 new = freeze.decide(policy, epoch, step, frozen)
                 if new > frozen:
@@ -516,6 +562,7 @@ def train_arm(
         "step_seconds": step_s,
         "signal_seconds": signal_s,
         "work": work,
+        **({"probe_drift": drift_log} if drift is not None else {}),
     }
 
 
