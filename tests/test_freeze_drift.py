@@ -270,3 +270,10 @@ def test_resumes_from_a_json_snapshot_with_the_same_decisions(
     second = Drift(n, **config)
     second.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
     assert whole[:cut] + play(second, cut, frozen, skip_observe=between) == whole
+
+
+def test_a_dry_run_refuses_the_probe_driven_policy() -> None:
+    from elastic_pipe.freeze import frozen_by_epoch
+
+    with pytest.raises(FreezeError, match="drift of a probe batch's outputs"):
+        frozen_by_epoch(Drift(4), 3)
