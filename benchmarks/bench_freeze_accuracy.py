@@ -774,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
         safety(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
+    plot_path = args.plot if args.plot is not None else (None if args.quick or args.small else PLOT)
     if plot_path is not None and report["tasks"]:
         plot(report, plot_path)
     print(summary_table(report))
