@@ -645,7 +645,9 @@ def summarise(arm: Arm, runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
 def safety(report: dict[str, Any], margin: float = 0.005) -> None:
     """Mark each arm ``safe`` when it is within ``margin`` of ``none`` on every task."""
     tasks = report["tasks"]
-    names = set.intersection(*(set(t["arms"]) for t in tasks.values())) if tasks else set()
+    if not tasks or not all("none" in t["arms"] for t in tasks.values()):
+        return  # no baseline to compare with
+    names = set.intersection(*(set(t["arms"]) for t in tasks.values()))
     for name in names:
         ok = all(
             t["arms"][name]["accuracy_mean"] >= t["arms"]["none"]["accuracy_mean"] - margin for t in tasks.values()
@@ -672,8 +674,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
             marker = "*" if arm == report["default_arm"] else "o"
             ax.errorbar(100 * a["compute_saved"], mean, yerr=err, fmt=marker, ms=12 if marker == "*" else 6, capsize=3)
             ax.annotate(arm, (100 * a["compute_saved"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
-        none = 100 * t["arms"]["none"]["accuracy_mean"]
-        ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
+        if "none" in t["arms"]:
+            none = 100 * t["arms"]["none"]["accuracy_mean"]
+            ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
         ax.set_title(f"{name}: {t['description'][:60]}", fontsize=9)
         ax.set_xlabel("forward+backward compute saved (%)")
         ax.set_ylabel("held-out accuracy (%), mean and range over seeds")
