@@ -52,7 +52,11 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
         return {}
     if s == 0:
         rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
-        x = next(iter(ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device))).inputs
+        batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
+        x = next(iter(batches)).inputs
+        close = getattr(batches, "close", None)
+        if close is not None:  # a data loader's workers go now
+            close()
         assert x is not None  # asked for inputs
         start = 0  # stage 0 runs the frozen prefix too
     else:
