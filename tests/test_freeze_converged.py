@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from elastic_pipe.freeze import POLICIES, AutoFreeze, Converged, FreezeError, LayerStats, decide, make_policy
+from elastic_pipe.freeze import (
+    POLICIES,
+    AutoFreeze,
+    Converged,
+    FreezeError,
+    HeldOutGuard,
+    LayerStats,
+    decide,
+    make_policy,
+)
 from elastic_pipe.freeze.converged import converged_prefix, max_frozen, next_streaks
 
 FAST = settings(max_examples=60, deadline=None)
@@ -377,3 +386,30 @@ def test_constant_gradients_freeze_max_step_per_decision_up_to_the_cap(
     cap = max_frozen(L, max_fraction)
     # the first `patience` decisions lack the evidence; after that, max_step layers per decision up to the cap
     assert plan == [min(cap, max(0, i - patience + 1) * max_step) for i in range(len(plan))]
+
+
+def test_a_snapshot_written_before_the_shared_guard_still_loads() -> None:
+    # the keys and values a Converged snapshot had when the policy kept its own guard (_best, _held)
+    old = {
+        "policy": "converged",
+        "num_layers": 3,
+        "threshold": 0.05,
+        "patience": 1,
+        "max_fraction": 1.0,
+        "max_step": 1,
+        "tolerance": 0.01,
+        "prev": [1.0, 2.0, 4.0],
+        "streaks": [1, 1, 0],
+        "fresh": True,
+        "best": 0.5,
+        "held": True,
+    }
+    policy = Converged(3, patience=1, max_fraction=1.0)
+    policy.load_state_dict(old)
+    assert isinstance(policy.guard, HeldOutGuard) and (policy.guard.best, policy.guard.held) == (0.5, True)
+    assert policy.state_dict() == old  # the same keys come out again
+    assert policy.propose(1, 1, 0) == 0  # the guard holds: 0.9 was worse than 0.5
+    policy.observe(LayerStats((1.0,) * 3, (1.0, 2.0, 4.0), 1))
+    policy.observe_eval(0.501)
+    assert policy.propose(2, 2, 0) == 1  # back within 1% of the best: one layer per decision
+    assert policy.signal_layers == 3 and Converged(4).signal_layers == 3  # floor(0.75 * 4)

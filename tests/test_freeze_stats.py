@@ -102,6 +102,24 @@ def test_tracker_skips_frozen_parameters_and_keeps_fp32_sums() -> None:
     assert stats.l1[0] == pytest.approx(4 * 4 * float(torch.tensor(1e-3, dtype=torch.bfloat16)), rel=1e-6)
 
 
+def test_tracker_counts_a_shared_parameter_once_and_keeps_a_layer_frozen_mid_interval() -> None:
+    shared = nn.Linear(2, 2)  # 4 weights + 2 biases, listed under layers 0 and 1
+    other = nn.Linear(1, 1)
+    tracker = GradNormTracker({0: shared, 1: nn.ModuleList([shared, other])})
+    for step in range(3):
+        _set_grads(shared, 1.0)
+        _set_grads(other, 2.0)
+        if step == 2:  # frozen before the last step: its sum stays what the first two steps gave
+            for p in other.parameters():
+                p.requires_grad_(False)
+                p.grad = None
+        tracker.accumulate()
+    stats = tracker.local_stats(2)
+    assert stats.steps == 3
+    assert stats.l1 == (6 * 3.0, 2 * 4.0)  # the shared module counts for layer 0 only
+    assert stats.l2 == pytest.approx((math.sqrt(6 * 9.0), math.sqrt(2 * 16.0)))
+
+
 def test_tracker_rejects_layers_out_of_range() -> None:
     with pytest.raises(FreezeError, match="held indices in"):
         GradNormTracker({5: nn.Linear(1, 1)}).local_stats(4)

@@ -2,15 +2,16 @@
 # The freeze-accuracy study at full size on one GPU (docs/freeze.md, "The frontier"), then task (a) timed alone.
 # Usage: benchmarks/gpu/run_freeze_accuracy.sh OUT_DIR [EXTRA_ARMS]
 #   env ONLY_ARMS="none;..." limits the study to those arms, E2E_ARMS the timed runs (default: none, the default
-#   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds.
+#   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds,
+#   QUICK=1 runs the tiny sizes (a smoke test of the command on CPU), PARTS the scratch folder.
 # The tasks' seeds run side by side (one process each) to fill the GPU; their wall times are therefore contended.
 # The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
 set -u
 out=$1
 extra=${2:-}
 only=${ONLY_ARMS:-}
-bench="python3 benchmarks/bench_freeze_accuracy.py"
-parts=/tmp/freeze_parts
+bench="python3 benchmarks/bench_freeze_accuracy.py ${QUICK:+--quick}"
+parts=${PARTS:-/tmp/freeze_parts}
 mkdir -p "$parts"
 start=$(date +%s)
 $bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &

@@ -4,11 +4,14 @@ and apply a decision to a model and its optimizer without disturbing the state o
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 
 * :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
-  :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`Settled`, :class:`FreezeOut`,
+  :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`Settled`, :class:`Drift`, :class:`FreezeOut`,
   :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
 * :class:`HeldOutGuard` - the held-out-loss guard of the statistics-driven policies (optionally: wait for a plateau).
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
+* :class:`OutputDrift` and :func:`relative_change` - each layer's output change on a fixed probe batch between
+  decision points, the signal of :class:`Drift`.
+* :func:`signal_layers` and :func:`needs_probe` - what a runtime must measure for a policy.
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
 * :func:`frozen_by_epoch` - dry-run a schedule-driven policy.
 """
@@ -19,13 +22,15 @@ from elastic_pipe.freeze.alpha import AlphaSchedule, alpha_frozen
 from elastic_pipe.freeze.apply import freeze_modules
 from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
 from elastic_pipe.freeze.converged import Converged
+from elastic_pipe.freeze.drift import Drift
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
 from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.plan import frozen_by_epoch
-from elastic_pipe.freeze.policy import FreezePolicy, decide
+from elastic_pipe.freeze.policy import FreezePolicy, decide, needs_probe, signal_layers
+from elastic_pipe.freeze.probe import OutputDrift, relative_change
 from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy
 from elastic_pipe.freeze.settled import Settled
 from elastic_pipe.freeze.stats import LayerStats, merge_stats
@@ -36,6 +41,7 @@ __all__ = [
     "AlphaSchedule",
     "AutoFreeze",
     "Converged",
+    "Drift",
     "FreezeError",
     "FreezeOut",
     "FreezePolicy",
@@ -44,6 +50,7 @@ __all__ = [
     "LayerStats",
     "ManualSchedule",
     "Never",
+    "OutputDrift",
     "PaperRule",
     "PolicyFactory",
     "Settled",
@@ -54,6 +61,9 @@ __all__ = [
     "frozen_by_epoch",
     "make_policy",
     "merge_stats",
+    "needs_probe",
     "parse_manual",
     "register_policy",
+    "relative_change",
+    "signal_layers",
 ]

@@ -32,6 +32,7 @@ from elastic_pipe.freeze._numeric import floor_tolerant
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.autofreeze import change_ratios
 from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -42,6 +43,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "DEFAULT_TOLERANCE",
     "Converged",
+    "check_max_fraction",
     "converged_prefix",
     "max_frozen",
     "next_streaks",
@@ -92,6 +94,13 @@ def next_streaks(
         )
     ratios = change_ratios(tuple(prev), tuple(cur))
     return tuple(s + 1 if r < threshold else 0 for s, r in zip(streaks, ratios, strict=True))
+
+
+def check_max_fraction(owner: str, max_fraction: float) -> None:
+    """Raise :class:`FreezeError` naming ``owner`` unless ``max_fraction`` is a number in (0, 1] (every policy that
+    caps its frozen count checks its option here)."""
+    if isinstance(max_fraction, bool) or not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
+        raise FreezeError(f"{owner}: max_fraction must be in (0, 1], got {max_fraction!r}")
 
 
 def max_frozen(num_layers: int, max_fraction: float) -> int:
@@ -152,22 +161,28 @@ class Converged:
         if not (math.isfinite(threshold) and threshold > 0.0):
             raise FreezeError(f"Converged: threshold must be a finite number > 0, got {threshold!r}")
         check_positive_int("Converged", "patience", patience)
-        if not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
-            raise FreezeError(f"Converged: max_fraction must be in (0, 1], got {max_fraction!r}")
+        check_max_fraction("Converged", max_fraction)
         check_positive_int("Converged", "max_step", max_step)
-        if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0.0):
-            raise FreezeError(f"Converged: tolerance must be a finite number >= 0 or None, got {tolerance!r}")
         self.num_layers = num_layers
         self.threshold = float(threshold)
         self.patience = patience
         self.max_fraction = float(max_fraction)
         self.max_step = max_step
-        self.tolerance = None if tolerance is None else float(tolerance)
+        self.guard = HeldOutGuard(tolerance, "Converged")
         self._prev: tuple[float, ...] | None = None  # norms of the previous interval
         self._streaks: tuple[int, ...] = (0,) * num_layers
         self._fresh = False  # an observation arrived since the last decision
-        self._best: float | None = None  # best held-out loss so far
-        self._held = False  # the guard stops freezing
+
+    @property
+    def tolerance(self) -> float | None:
+        """The guard's tolerance (None: no guard)."""
+        return self.guard.tolerance
+
+    @property
+    def signal_layers(self) -> int:
+        """Leading layers whose statistics the policy ever reads (it never freezes past the cap): the runtime need
+        not accumulate the others' gradients."""
+        return max_frozen(self.num_layers, self.max_fraction)
 
     def __repr__(self) -> str:
         return (
@@ -193,25 +208,16 @@ class Converged:
 
         A loss that is not finite (a diverged evaluation) holds the guard and leaves the best loss as it was.
         """
-        if self.tolerance is None:
-            return
-        loss = float(loss)
-        if not math.isfinite(loss):
-            self._held = True
-            return
-        best = loss if self._best is None else min(self._best, loss)
-        self._best = best
-        self._held = loss > best + self.tolerance * abs(best)
+        self.guard.observe(loss)
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         """Freeze through the converged layers after ``current`` (see the module docstring); one decision per
         observation, none while the guard holds."""
         check_current("Converged", self.num_layers, current)
         fresh, self._fresh = self._fresh, False
-        if not fresh or self._held:
+        if not fresh or self.guard.held:
             return current
-        cap = max_frozen(self.num_layers, self.max_fraction)
-        return converged_prefix(self._streaks, current, self.patience, cap, self.max_step)
+        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
 
     def _config(self) -> dict[str, Any]:
         return {
@@ -234,8 +240,7 @@ class Converged:
             "prev": norms_to_state(self._prev),
             "streaks": list(self._streaks),
             "fresh": self._fresh,
-            "best": self._best,
-            "held": self._held,
+            **self.guard.state_dict(),  # "best" and "held", the keys this policy's snapshots always had
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -254,5 +259,4 @@ class Converged:
         self._prev = norms_from_state(state["prev"])
         self._streaks = streaks
         self._fresh = bool(state["fresh"])
-        self._best = None if state["best"] is None else float(state["best"])
-        self._held = bool(state["held"])
+        self.guard.load_state_dict(state)

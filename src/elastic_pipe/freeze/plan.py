@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.policy import FreezePolicy, check_policy, decide
+from elastic_pipe.freeze.policy import FreezePolicy, check_policy, decide, needs_probe
 
 __all__ = ["frozen_by_epoch"]
 
@@ -17,13 +17,14 @@ def frozen_by_epoch(policy: FreezePolicy, epochs: int, steps_per_epoch: int = 1)
         steps_per_epoch: optimizer steps per epoch, passed as ``step = epoch * steps_per_epoch``.
 
     Raises:
-        FreezeError: a policy that lacks protocol members or needs gradient statistics, or bad ``epochs`` or
+        FreezeError: a policy that lacks protocol members or needs measured signals, or bad ``epochs`` or
             ``steps_per_epoch``.
     """
     check_policy("frozen_by_epoch", policy)
-    if policy.needs_stats:
+    if policy.needs_stats or needs_probe(policy):
+        signal = "gradient statistics" if policy.needs_stats else "the drift of a probe batch's outputs"
         raise FreezeError(
-            f"freeze policy {policy.name!r} ({type(policy).__name__}) decides from gradient statistics, "
+            f"freeze policy {policy.name!r} ({type(policy).__name__}) decides from {signal}, "
             "so it has no plan without training; expected a schedule-driven policy (alpha, freezeout, manual, never)"
         )
     if epochs < 1 or steps_per_epoch < 1:

@@ -35,6 +35,8 @@ __all__ = [
     "check_policy",
     "check_positive_int",
     "decide",
+    "needs_probe",
+    "signal_layers",
 ]
 
 #: Every member a runtime reads, in the order of :class:`FreezePolicy`; :func:`check_policy` names the missing ones.
@@ -168,3 +170,23 @@ def decide(policy: FreezePolicy, epoch: int, step: int, current: int) -> int:
             f"[{current}, {policy.num_layers}] (policies are monotone: thawing is not supported)"
         )
     return proposal
+
+
+def signal_layers(policy: FreezePolicy) -> int:
+    """Leading layers whose signal (gradient statistics or probe drift) ``policy`` ever reads.
+
+    A policy that never freezes past a cap may say so with an optional ``signal_layers`` attribute (``converged``,
+    ``settled`` and ``drift`` do); the runtime then watches only the layers below it. Without one: all
+    ``num_layers``. Always in ``[0, num_layers]``.
+    """
+    limit = getattr(policy, "signal_layers", None)
+    n = int(policy.num_layers)
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return n
+    return max(0, min(limit, n))
+
+
+def needs_probe(policy: FreezePolicy) -> bool:
+    """Whether ``policy`` reads the output drift of a fixed probe batch (an optional ``needs_probe`` attribute and
+    an ``observe_drift(change)`` method, as :class:`~elastic_pipe.freeze.Drift` has); False without them."""
+    return bool(getattr(policy, "needs_probe", False)) and callable(getattr(policy, "observe_drift", None))

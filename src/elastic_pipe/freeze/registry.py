@@ -9,6 +9,7 @@ from typing import Any, TypeAlias
 from elastic_pipe.freeze.alpha import AlphaSchedule
 from elastic_pipe.freeze.autofreeze import AutoFreeze
 from elastic_pipe.freeze.converged import Converged
+from elastic_pipe.freeze.drift import Drift
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
@@ -28,6 +29,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "autofreeze": AutoFreeze,
     "converged": Converged,
     "settled": Settled,
+    "drift": Drift,
     "freezeout": FreezeOut,
     "manual": ManualSchedule,
     "never": Never,

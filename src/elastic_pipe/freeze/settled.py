@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
-from elastic_pipe.freeze.converged import converged_prefix, max_frozen
+from elastic_pipe.freeze.converged import check_max_fraction, converged_prefix, max_frozen
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
@@ -130,8 +130,7 @@ class Settled:
         if not (math.isfinite(decay) and 0.0 < decay < 1.0):
             raise FreezeError(f"Settled: decay must be in (0, 1), got {decay!r}")
         check_positive_int("Settled", "patience", patience)
-        if not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
-            raise FreezeError(f"Settled: max_fraction must be in (0, 1], got {max_fraction!r}")
+        check_max_fraction("Settled", max_fraction)
         check_positive_int("Settled", "max_step", max_step)
         self.num_layers = num_layers
         self.decay = float(decay)
@@ -147,6 +146,12 @@ class Settled:
     def tolerance(self) -> float | None:
         """The guard's tolerance (None: no guard)."""
         return self.guard.tolerance
+
+    @property
+    def signal_layers(self) -> int:
+        """Leading layers whose statistics the policy ever reads (it never freezes past the cap): the runtime need
+        not accumulate the others' gradients."""
+        return max_frozen(self.num_layers, self.max_fraction)
 
     def __repr__(self) -> str:
         return (
@@ -177,8 +182,7 @@ class Settled:
         fresh, self._fresh = self._fresh, False
         if not fresh or self.guard.held:
             return current
-        cap = max_frozen(self.num_layers, self.max_fraction)
-        return converged_prefix(self._streaks, current, self.patience, cap, self.max_step)
+        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
 
     def _config(self) -> dict[str, Any]:
         return {

@@ -4,6 +4,11 @@ The AutoFreeze rule compares the norm of the gradient *accumulated over an inter
 public PipeTransformer copy of that rule read a single step's gradient instead of a sum, so its "change rate" was
 step-to-step noise. This tracker keeps a running float32 sum of every held layer's gradient (one extra copy of the
 active held gradients in memory) and turns it into L1 and L2 norms on demand.
+
+Cost. A step adds its gradients to the sums with *one* fused ``torch._foreach_add_`` over every held parameter (the
+parameter list is taken once, at construction, so no module is walked per step) and never reads a value back:
+nothing waits for the device. The norms are taken at an interval's end with two fused ``torch._foreach_norm``
+calls, combined per layer on the device, and read back with one transfer (:meth:`GradNormTracker.local_stats`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ class GradNormTracker:
 
     Call :meth:`accumulate` once per optimizer step, after ``backward`` (and after any gradient all-reduce) and
     before ``zero_grad``; call :meth:`local_stats` at the end of an interval and :meth:`reset` to start the next.
-    Parameters without a gradient (frozen ones) are skipped, so a frozen layer reads 0.
+    Parameters without a gradient (frozen ones) are skipped, so a frozen layer reads 0. The layers' parameters are
+    listed once, here: a tracker belongs to one set of modules (build a new one when they change).
 
     Args:
         layers: global layer index -> the module holding that layer's parameters on this rank. A layer split
@@ -46,7 +52,17 @@ class GradNormTracker:
             if index < 0:
                 raise FreezeError(f"GradNormTracker: layer indices must be >= 0, got {index}")
         self._layers = dict(sorted(layers.items()))
-        self._sums: dict[int, list[torch.Tensor | None]] = {}
+        # every held parameter once (a module shared by two layers counts for the first), with its layer
+        seen: set[int] = set()
+        self._params: list[nn.Parameter] = []
+        self._owner: list[int] = []
+        for index, module in self._layers.items():
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    self._params.append(p)
+                    self._owner.append(index)
+        self._sums: list[torch.Tensor | None] = [None] * len(self._params)
         self._steps = 0
 
     @property
@@ -61,31 +77,24 @@ class GradNormTracker:
 
     @torch.no_grad()
     def accumulate(self) -> None:
-        """Add the current gradients of every held layer to the running sums (one step)."""
-        for index, module in self._layers.items():
-            params = list(module.parameters())
-            sums = self._sums.setdefault(index, [None] * len(params))
-            if len(sums) != len(params):
-                raise FreezeError(
-                    f"GradNormTracker: layer {index} had {len(sums)} parameters and now has {len(params)}; "
-                    "call reset() after changing a module"
-                )
-            runs: list[torch.Tensor] = []
-            grads: list[torch.Tensor] = []
-            for j, p in enumerate(params):
-                if p.grad is None or not p.requires_grad:
-                    continue
-                running = sums[j]
-                if running is None:
-                    # float32 so that bf16/fp16 gradients do not lose the small ones over a long interval
-                    sums[j] = p.grad.detach().to(torch.float32, copy=True)
-                else:
-                    runs.append(running)
-                    grads.append(p.grad.detach())
-            if runs:
-                # one fused launch per layer instead of one per parameter
-                torch._foreach_add_(runs, grads)
+        """Add the current gradients of every held layer to the running sums (one step, one fused launch)."""
         self._steps += 1
+        runs: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        sums = self._sums
+        for j, p in enumerate(self._params):
+            g = p.grad
+            if g is None or not p.requires_grad:
+                continue
+            running = sums[j]
+            if running is None:
+                # float32 so that bf16/fp16 gradients do not lose the small ones over a long interval
+                sums[j] = g.detach().to(torch.float32, copy=True)
+            else:
+                runs.append(running)
+                grads.append(g.detach())
+        if runs:
+            torch._foreach_add_(runs, grads)
 
     @torch.no_grad()
     def local_stats(self, num_layers: int) -> LayerStats:
@@ -102,20 +111,23 @@ class GradNormTracker:
                 f"GradNormTracker holds layer {max(self._layers)} but num_layers={num_layers}; "
                 f"expected held indices in [0, {num_layers})"
             )
-        l1 = [0.0] * num_layers
-        l2 = [0.0] * num_layers
-        for index, sums in self._sums.items():
-            present = [s for s in sums if s is not None]
-            if not present:
-                continue
-            # per-tensor norms in one fused launch each, without float64 copies of the sums; the per-layer
-            # combination (sum of L1s, root of the sum of squared L2s) is done in float64
-            l1_parts = torch.stack(torch._foreach_norm(present, 1)).double()
-            l2_parts = torch.stack(torch._foreach_norm(present, 2)).double()
-            l1[index], l2[index] = torch.stack([l1_parts.sum(), l2_parts.square().sum().sqrt()]).tolist()
-        return LayerStats(tuple(l1), tuple(l2), self._steps)
+        present = [(self._owner[j], s) for j, s in enumerate(self._sums) if s is not None]
+        if not present:
+            return LayerStats.zeros(num_layers, self._steps)
+        tensors = [s for _, s in present]
+        device = tensors[0].device
+        # per-tensor norms in one fused launch each, without float64 copies of the sums; the per-layer
+        # combination (sum of L1s, root of the sum of squared L2s) is done in float64 on the device, and the
+        # result crosses to the host once
+        l1_parts = torch.stack(torch._foreach_norm(tensors, 1)).double()
+        l2_parts = torch.stack(torch._foreach_norm(tensors, 2)).double()
+        owners = torch.tensor([i for i, _ in present], dtype=torch.int64, device=device)
+        l1 = torch.zeros(num_layers, dtype=torch.float64, device=device).index_add_(0, owners, l1_parts)
+        l2 = torch.zeros(num_layers, dtype=torch.float64, device=device).index_add_(0, owners, l2_parts.square())
+        values = torch.cat([l1, l2.sqrt()]).tolist()
+        return LayerStats(tuple(values[:num_layers]), tuple(values[num_layers:]), self._steps)
 
     def reset(self) -> None:
         """Forget the running sums and the step count (start a new interval)."""
-        self._sums.clear()
+        self._sums = [None] * len(self._params)
         self._steps = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -42,9 +43,9 @@ def _row(units: int, layout: Layout) -> dict[str, Any]:
 def _plannable(config: TrainConfig) -> tuple[Components, int]:
     """The built components and the steps per epoch, or why the run cannot be planned."""
     parts = components_from_config(config)
-    if parts.policy.needs_stats:
+    if parts.policy.needs_stats or freeze.needs_probe(parts.policy):
         raise ConfigError(
-            f"freeze policy {config.freeze.policy!r} decides from gradient statistics measured while training, "
+            f"freeze policy {config.freeze.policy!r} decides from signals measured while training, "
             "so its layouts cannot be planned; plan with a schedule (alpha, freezeout, manual, never)"
         )
     if config.pipeline.cost == "time":

@@ -1,7 +1,8 @@
 """A decision point, as data then action: rank 0 decides a :class:`~elastic_pipe.protocol.TransitionMessage`, every
 rank applies it.
 
-Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them), ask the policy
+Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision
+point), or measure the probe's output drift (:mod:`.probe`, for a probe-driven policy), ask the policy
 (:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
 sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), and broadcast the encoded message
 on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
-from elastic_pipe.orchestrator import decision, layout_rule
+from elastic_pipe.orchestrator import decision, layout_rule, probe
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.faults import maybe_fail
@@ -107,6 +108,8 @@ def meet(groups: GroupManager, where: str, rank: int) -> None:
 def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | None:
     """Per-unit gradient statistics of the interval, merged on rank 0 (a collective on the control group).
 
+    The steps summed the gradients on the device without reading anything back; here each rank reads its norms
+    once (:meth:`~elastic_pipe.freeze.GradNormTracker.local_stats`) and one gather brings the pieces to rank 0.
     ``None`` elsewhere, and on every rank when the policy does not read them.
     """
     if not ctx.track_gradients:
@@ -144,12 +147,15 @@ def decide(
     )
     meet(ctx.groups, where, ctx.rank)
     stats = gather_stats(ctx, stage)
+    change = probe.measure(ctx, stage)  # the probe's output drift, for a policy that reads it
     current = state.layout
     policy, rule = ctx.parts.policy, ctx.parts.compression
 
     def next_message() -> protocol.TransitionMessage:
         if stats is not None:
             policy.observe(stats)
+        if change is not None:
+            policy.observe_drift(change)  # type: ignore[attr-defined]  # freeze.needs_probe checked it has one
         if eval_loss is not None:
             policy.observe_eval(eval_loss)
         units = freeze.decide(policy, state.epoch, state.step, state.frozen_units)
@@ -230,6 +236,7 @@ def apply(
     stage.close()
     frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
     new_stage = StageRuntime(ctx, new)
+    probe.baseline(ctx, new_stage)  # the units changed owners: each rank keeps the outputs of those it holds now
     clock.lap("rebuild")
     new_stage.setup_cache(cache, old.frozen)
     clock.lap("cache")

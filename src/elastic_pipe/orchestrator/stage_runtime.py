@@ -74,8 +74,13 @@ class StageRuntime:
         self.graph_choices: dict[int, GraphChoice] = {}
         self.runner: Any = self.runner_for(self.rows)
         self.forward_timer = ForwardTimer(self.module, ctx.device)
+        # only the units the policy can still freeze: frozen ones are outside the stage, those past the policy's
+        # cap (freeze.signal_layers) are never read
+        watched = freeze.signal_layers(ctx.parts.policy)
         tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
-        self.tracker = freeze.GradNormTracker(tracked)
+        self.tracker = freeze.GradNormTracker({u: m for u, m in tracked.items() if u < watched})
+        #: The probe outputs of the units this rank holds, for a probe-driven policy (:mod:`.probe`); else None.
+        self.drift = freeze.OutputDrift() if freeze.needs_probe(ctx.parts.policy) else None
         self.averager: OverlappedAverager | None = None
         if layout.replicas > 1 and layout.microbatches == 1:
             # With one micro-batch and several replicas, gradients are averaged while the backward pass runs.
@@ -301,3 +306,4 @@ class StageRuntime:
         self.forward_timer.remove()
         self.runner = None
         self._runners.clear()
+        self.drift = None

@@ -33,7 +33,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, prefix_cache, snapshot
+from elastic_pipe.orchestrator import executor, holdings, prefix_cache, probe, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
@@ -177,6 +177,7 @@ class ElasticTrainer:
             holdings.fuse_on_device(self.optimizer)
         self._state = state
         self._stage = StageRuntime(ctx, state.layout)
+        probe.baseline(ctx, self._stage)  # a probe-driven policy's first comparison starts here
         self._stage.setup_cache(self.cache, old_frozen)
         self.sampler.reshard(state.layout.replicas, self._stage.replica)
 

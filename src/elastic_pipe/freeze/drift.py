@@ -1,0 +1,215 @@
+"""Freeze a leading layer once its output on a fixed probe batch has stopped changing (registry name ``"drift"``).
+
+Gradient norms fall as the loss falls, whether or not a layer still has to change (docs/freeze.md, "The
+accuracy/compute frontier"); the drift of a layer's *output* between decision points measures the change itself.
+With Adam the size of an update barely depends on the gradient's size, so what makes an output drift over an
+interval is updates that keep pointing the same way; once a layer's gradient is mostly noise its updates cancel
+and its output stops moving. In fine-tuning from a pre-trained checkpoint the lower blocks often barely move at
+all, and this signal sees it from the first interval::
+
+    c_l(t)    = ||H_l(t) - H_l(t-1)||_F / ||H_l(t-1)||_F     H_l: layer l's output on the probe batch, eval mode
+    streak_l  = consecutive observations with c_l(t) <= threshold           (reset to 0 by any other one)
+    ready     = leading active layers current, current+1, ... with streak >= patience, stopping at the first other
+    proposal  = current + min(ready, max_step, cap - current)               cap = floor(max_fraction * L)
+
+(Egeria, Wang et al. 2023, compares a layer with a slowly updated reference copy for the same purpose.)
+``H_l`` depends on every layer up to ``l``, so ``c_l`` is the drift of the prefix ``0..l`` that freezing would fix.
+
+The runtime computes the numbers (:class:`~elastic_pipe.freeze.probe.OutputDrift` and
+:func:`~elastic_pipe.freeze.probe.relative_change`, merged over stages) and hands them to :meth:`Drift.observe_drift`
+at each decision point; the policy is pure. It reads no gradient statistics (``needs_stats`` is False, so steps
+accumulate nothing) and says ``needs_probe = True``. Only a contiguous prefix freezes, one decision per
+observation, and the held-out guard (:class:`~elastic_pipe.freeze.guard.HeldOutGuard`) stops freezing while the
+held-out loss is worse than the best seen (or, with ``plateau``, still improving).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from elastic_pipe.freeze.converged import check_max_fraction, converged_prefix, max_frozen
+from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.guard import HeldOutGuard
+from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
+from elastic_pipe.freeze.stats import LayerStats
+
+__all__ = [
+    "DEFAULT_MAX_FRACTION",
+    "DEFAULT_MAX_STEP",
+    "DEFAULT_PATIENCE",
+    "DEFAULT_THRESHOLD",
+    "DEFAULT_TOLERANCE",
+    "Drift",
+    "quiet_streaks",
+]
+
+#: An output that moved by at most 1% (relative, Frobenius) over an interval counts as still. A block of a
+#: pre-trained encoder that fine-tuning barely touches moves by a fraction of that.
+DEFAULT_THRESHOLD = 0.01
+
+#: Still intervals in a row before a layer counts as settled: two rule out one quiet reading between busy ones.
+DEFAULT_PATIENCE = 2
+
+#: The most layers ever frozen, as a share of L: the layers next to the head adapt most in fine-tuning.
+DEFAULT_MAX_FRACTION = 0.85
+
+#: One layer per decision, so that the next held-out loss shows each freeze's effect before another layer goes.
+DEFAULT_MAX_STEP = 1
+
+#: The guard holds once the held-out loss is more than 1% (relative) above the best seen.
+DEFAULT_TOLERANCE = 0.01
+
+
+def quiet_streaks(streaks: Sequence[int], change: Sequence[float], threshold: float) -> tuple[int, ...]:
+    """Update the per-layer counts of consecutive still observations with one interval's output changes.
+
+    Args:
+        streaks: per layer, consecutive observations so far with a change at most ``threshold``.
+        change: per layer, this interval's relative output change (``inf``: nothing to compare with).
+        threshold: a change at most this is still.
+
+    Returns:
+        ``streak + 1`` where ``change <= threshold``, else 0.
+
+    Raises:
+        FreezeError: the lengths differ, or a change is negative or not a number.
+    """
+    if len(streaks) != len(change):
+        raise FreezeError(f"quiet_streaks: {len(streaks)} streaks but {len(change)} changes; expected one per layer")
+    for i, c in enumerate(change):
+        if math.isnan(c) or c < 0:
+            raise FreezeError(f"quiet_streaks: change[{i}] must be a number >= 0 (or inf), got {c!r}")
+    return tuple(s + 1 if c <= threshold else 0 for s, c in zip(streaks, change, strict=True))
+
+
+class Drift:
+    """Probe-driven policy: freeze the next leading layer once its output has stayed still for ``patience``
+    decision intervals.
+
+    Args:
+        num_layers: freezable layers L (the options after it are keyword-only).
+        threshold: an interval is still when the layer's relative output change is at most this, finite, >= 0.
+        patience: consecutive still intervals a layer needs (>= 1).
+        max_fraction: never freeze more than ``floor(max_fraction * L)`` layers, in (0, 1].
+        max_step: at most this many new layers per decision (>= 1).
+        tolerance: the held-out guard holds while the loss exceeds ``best + tolerance * |best|`` (>= 0); None turns
+            it off.
+        plateau: the guard also holds while the held-out loss still improves by more than this share of the best
+            (and until the first loss arrives). None: no wait.
+
+    Raises:
+        FreezeError: an option outside its range.
+    """
+
+    name: ClassVar[str] = "drift"
+    needs_stats: ClassVar[bool] = False
+    #: The runtime runs the probe batch at each decision point and calls :meth:`observe_drift`.
+    needs_probe: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        num_layers: int,
+        *,
+        threshold: float = DEFAULT_THRESHOLD,
+        patience: int = DEFAULT_PATIENCE,
+        max_fraction: float = DEFAULT_MAX_FRACTION,
+        max_step: int = DEFAULT_MAX_STEP,
+        tolerance: float | None = DEFAULT_TOLERANCE,
+        plateau: float | None = None,
+    ) -> None:
+        check_num_layers("Drift", num_layers)
+        if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0.0):
+            raise FreezeError(f"Drift: threshold must be a finite number >= 0, got {threshold!r}")
+        check_positive_int("Drift", "patience", patience)
+        check_max_fraction("Drift", max_fraction)
+        check_positive_int("Drift", "max_step", max_step)
+        self.num_layers = num_layers
+        self.threshold = float(threshold)
+        self.patience = patience
+        self.max_fraction = float(max_fraction)
+        self.max_step = max_step
+        self.guard = HeldOutGuard(tolerance, "Drift", plateau=plateau)
+        self._streaks: tuple[int, ...] = (0,) * num_layers
+        self._fresh = False  # an observation arrived since the last decision
+
+    @property
+    def tolerance(self) -> float | None:
+        """The guard's tolerance (None: no guard)."""
+        return self.guard.tolerance
+
+    @property
+    def signal_layers(self) -> int:
+        """Leading layers whose drift the policy ever reads (it never freezes past the cap): the runtime need not
+        probe the others."""
+        return max_frozen(self.num_layers, self.max_fraction)
+
+    def __repr__(self) -> str:
+        return (
+            f"Drift(num_layers={self.num_layers}, threshold={self.threshold}, patience={self.patience}, "
+            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance}, "
+            f"plateau={self.guard.plateau})"
+        )
+
+    def observe(self, stats: LayerStats) -> None:
+        """Ignored: the policy reads the probe's output drift, not gradient statistics."""
+
+    def observe_drift(self, change: Sequence[float]) -> None:
+        """Take in one interval's relative output change per layer (:func:`~elastic_pipe.freeze.probe.
+        relative_change`); layers frozen or past the cap may read anything.
+
+        Raises:
+            FreezeError: not one value per layer, or a value that is negative or not a number.
+        """
+        if len(change) != self.num_layers:
+            raise FreezeError(f"Drift.observe_drift: got {len(change)} changes, expected {self.num_layers}")
+        self._streaks = quiet_streaks(self._streaks, [float(c) for c in change], self.threshold)
+        self._fresh = True
+
+    def observe_eval(self, loss: float) -> None:
+        """Update the held-out guard with a held-out loss."""
+        self.guard.observe(loss)
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        """Freeze through the still layers after ``current`` (see the module docstring); one decision per
+        observation, none while the guard holds."""
+        check_current("Drift", self.num_layers, current)
+        fresh, self._fresh = self._fresh, False
+        if not fresh or self.guard.held:
+            return current
+        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "policy": self.name,
+            "num_layers": self.num_layers,
+            "threshold": self.threshold,
+            "patience": self.patience,
+            "max_fraction": self.max_fraction,
+            "max_step": self.max_step,
+            "tolerance": self.tolerance,
+            "plateau": self.guard.plateau,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Configuration plus the streaks, whether a decision is due and the guard: plain JSON."""
+        return {**self._config(), "streaks": list(self._streaks), "fresh": self._fresh, **self.guard.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a snapshot of a :class:`Drift` with the same configuration.
+
+        Raises:
+            FreezeError: a snapshot of another policy or configuration, or one whose streaks do not cover
+                ``num_layers`` layers.
+        """
+        check_config("Drift", state, self._config())
+        streaks = tuple(int(s) for s in state["streaks"])
+        if len(streaks) != self.num_layers or any(s < 0 for s in streaks):
+            raise FreezeError(
+                f"Drift.load_state_dict: streaks {list(streaks)} in the snapshot, expected {self.num_layers} "
+                "counts >= 0"
+            )
+        self._streaks = streaks
+        self._fresh = bool(state["fresh"])
+        self.guard.load_state_dict(state)

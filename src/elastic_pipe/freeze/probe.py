@@ -1,0 +1,119 @@
+"""How much each layer's output on a fixed probe batch changed since the previous decision point.
+
+The representation-drift signal of :class:`~elastic_pipe.freeze.Drift`. At every decision point the runtime runs a
+fixed batch of training samples (the *probe*) through the model in eval mode (no dropout, so only the weights can
+change the result) and hands each watched layer's output to :class:`OutputDrift`, which keeps it until the next
+decision point and returns, per layer, the squared distance to the previous output and that previous output's
+squared norm. Squares of disjoint pieces add, so the pieces of different pipeline stages (each holds the layers
+whose output it computes; zeros elsewhere) merge with one sum - an all-reduce - and :func:`relative_change` turns the
+merged sums into the numbers the policy reads::
+
+    change_l(t) = ||H_l(t) - H_l(t-1)||_F / ||H_l(t-1)||_F        H_l: layer l's output on the probe batch
+
+The output of layer ``l`` depends on the layers below it too, so ``change_l`` is the drift of the whole prefix
+``0..l`` - exactly what freezing that prefix (and caching its output) stops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from elastic_pipe.freeze.errors import FreezeError
+
+__all__ = ["OutputDrift", "relative_change"]
+
+
+def relative_change(diff_sq: Sequence[float], ref_sq: Sequence[float]) -> tuple[float, ...]:
+    """Per layer ``sqrt(diff_sq / ref_sq)``: the relative change of an output (0 where both are 0).
+
+    Args:
+        diff_sq: per layer, ``||H(t) - H(t-1)||^2`` summed over the pieces that hold it.
+        ref_sq: per layer, ``||H(t-1)||^2`` summed likewise.
+
+    Returns:
+        The relative changes, each >= 0: ``inf`` where the previous output was all zeros and the current one is
+        not (or where :meth:`OutputDrift.measure` had nothing to compare with), which no threshold accepts as quiet.
+
+    Raises:
+        FreezeError: lengths differ, or a value is negative or not a number.
+    """
+    if len(diff_sq) != len(ref_sq):
+        raise FreezeError(f"relative_change: {len(diff_sq)} distances but {len(ref_sq)} reference norms")
+    out = []
+    for i, (d, r) in enumerate(zip(diff_sq, ref_sq, strict=True)):
+        if math.isnan(d) or math.isnan(r) or d < 0 or r < 0:
+            raise FreezeError(f"relative_change: layer {i} has distance {d!r} and norm {r!r}; expected numbers >= 0")
+        if r > 0:
+            out.append(math.sqrt(d / r))
+        else:
+            out.append(0.0 if d == 0 else math.inf)
+    return tuple(out)
+
+
+class OutputDrift:
+    """Each watched layer's probe output at the previous decision point, and its change since (one rank's piece).
+
+    Example::
+
+        drift = OutputDrift()
+        outputs = {l: h for l, h in enumerate(block_outputs(model, probe))}   # at a decision point, eval mode
+        diff_sq, ref_sq = drift.measure(outputs, num_layers=12)              # sum these over the stages
+        change = relative_change(diff_sq, ref_sq)                             # then hand it to the policy
+    """
+
+    def __init__(self) -> None:
+        self._prev: dict[int, torch.Tensor] = {}
+
+    @property
+    def held(self) -> tuple[int, ...]:
+        """The layers whose previous output is kept, ascending."""
+        return tuple(sorted(self._prev))
+
+    @torch.no_grad()
+    def measure(
+        self, outputs: Mapping[int, torch.Tensor], num_layers: int
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Compare ``outputs`` with the previous ones and keep them for the next decision point.
+
+        Args:
+            outputs: global layer index -> the layer's output on the probe batch now (any shape; the previous one
+                of the same layer must have the same shape). Layers left out are forgotten (a frozen layer).
+            num_layers: the length of the result.
+
+        Returns:
+            ``(diff_sq, ref_sq)`` per layer, read from the device with one transfer: zeros for layers not in
+            ``outputs`` (another piece holds them, or none does), and ``(inf, 0)`` - a change no threshold accepts -
+            for a layer seen for the first time, which has nothing to be compared with yet.
+
+        Raises:
+            FreezeError: a layer index outside ``[0, num_layers)``, or an output whose shape changed.
+        """
+        for index, h in outputs.items():
+            if not 0 <= index < num_layers:
+                raise FreezeError(f"OutputDrift.measure: layer {index} outside [0, {num_layers})")
+            old = self._prev.get(index)
+            if old is not None and old.shape != h.shape:
+                raise FreezeError(
+                    f"OutputDrift.measure: layer {index}'s output has shape {tuple(h.shape)}, "
+                    f"expected {tuple(old.shape)} as at the previous decision point"
+                )
+        diff_sq, ref_sq = [0.0] * num_layers, [0.0] * num_layers
+        pairs = [(i, self._prev[i], h) for i, h in sorted(outputs.items()) if i in self._prev]
+        for i in outputs:
+            if i not in self._prev:
+                diff_sq[i] = math.inf
+        self._prev = {i: h.detach().clone() for i, h in outputs.items()}
+        if pairs:
+            diff = torch.stack([(h.float() - old.float()).square().sum() for _, old, h in pairs]).double()
+            ref = torch.stack([old.float().square().sum() for _, old, _ in pairs]).double()
+            values = torch.cat([diff, ref]).tolist()
+            for k, (i, _, _) in enumerate(pairs):
+                diff_sq[i], ref_sq[i] = values[k], values[len(pairs) + k]
+        return tuple(diff_sq), tuple(ref_sq)
+
+    def reset(self) -> None:
+        """Forget every kept output."""
+        self._prev.clear()

@@ -1,0 +1,105 @@
+"""The probe a probe-driven freeze policy reads (:class:`elastic_pipe.freeze.Drift`): how much each freeze unit's
+output on a fixed batch changed since the previous decision point, measured through the current layout.
+
+The probe is the first :data:`PROBE_SAMPLES` samples of the evaluation split (no augmentation, so only the weights
+move the result). At a decision point replica 0's pipeline runs it in eval mode: stage 0 reads the inputs and runs
+the frozen prefix and its own sub-layers, every stage sends its output to the next one (point to point, as the
+evaluation does), and each rank hands the outputs of the watched units that end on it to its stage's
+:class:`~elastic_pipe.freeze.OutputDrift`. The other replicas hold the same weights and add nothing. One all-reduce
+on the control group sums the pieces (squares of disjoint parts add), and rank 0 turns them into the relative
+changes the policy observes.
+
+A rank keeps the outputs of the units it holds, so after a transition (units change owners) every rank takes a new
+baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
+next decision point compares with the same point in time. Cost: one forward of the probe through the watched units
+per decision point (two when the layout changes); nothing per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from elastic_pipe import freeze
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.evaluation import recv_activation, send_activation
+from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+
+__all__ = ["PROBE_SAMPLES", "baseline", "measure"]
+
+#: Samples in the probe batch: enough numbers for a stable relative change (16 x tokens x width), few enough that
+#: its forward costs about 1% of a decision interval's training work in the measured tasks.
+PROBE_SAMPLES = 16
+
+
+@torch.no_grad()
+def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[int, torch.Tensor]:
+    """The probe outputs of units ``frozen .. watched - 1`` that end on this rank (replica 0 only; point to point
+    within its pipeline)."""
+    layout = stage.layout
+    frozen_units = sum(1 for end in ctx.unit_ends if end <= layout.frozen)
+    if stage.replica != 0 or frozen_units >= watched:  # the same answer on every rank of the pipeline
+        return {}
+    plan = ctx.plan(layout)
+    pipeline = plan.pipeline_groups[0]
+    group = ctx.groups.pipeline_group(layout.pipe_len)
+    s = stage.stage
+    lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+    ends = {end: u for u, end in enumerate(ctx.unit_ends)}
+    # the last sub-layer a later stage needs: past the last watched unit nothing is sent
+    needed = ctx.unit_ends[watched - 1]
+    if s > 0 and lo >= needed:
+        return {}
+    if s == 0:
+        rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
+        batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
+        x = next(iter(batches)).inputs
+        close = getattr(batches, "close", None)
+        if close is not None:  # a data loader's workers go now
+            close()
+        assert x is not None  # asked for inputs
+        start = 0  # stage 0 runs the frozen prefix too
+    else:
+        x = recv_activation(pipeline[s - 1], ctx.device, group)
+        start = lo
+    was = ctx.model.training
+    ctx.model.eval()
+    out: dict[int, torch.Tensor] = {}
+    sublayers = ctx.sublayers
+    with ctx.autocast():
+        for j in range(start, min(hi, needed)):
+            x = sublayers[j](x)
+            u = ends.get(j + 1)
+            if u is not None and frozen_units <= u < watched:
+                out[u] = x
+    ctx.restore_modes(layout, was)
+    if hi < needed and s + 1 < layout.pipe_len:
+        send_activation(x, pipeline[s + 1], group)
+    return out
+
+
+def _measure_sums(ctx: RunContext, stage: StageRuntime) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    policy = ctx.parts.policy
+    n_units = len(ctx.unit_ends)
+    assert stage.drift is not None  # built for a policy that needs the probe
+    outputs = _unit_outputs(ctx, stage, freeze.signal_layers(policy))
+    diff_sq, ref_sq = stage.drift.measure(outputs, n_units)
+    flat = torch.tensor([*diff_sq, *ref_sq], dtype=torch.float64)
+    dist.all_reduce(flat, group=ctx.groups.control_group)
+    values = flat.tolist()
+    return tuple(values[:n_units]), tuple(values[n_units:])
+
+
+def measure(ctx: RunContext, stage: StageRuntime) -> tuple[float, ...] | None:
+    """Each unit's relative probe-output change since the previous measurement, the same on every rank (a
+    collective); ``None`` on every rank when the policy reads no probe."""
+    if stage.drift is None:
+        return None
+    return freeze.relative_change(*_measure_sums(ctx, stage))
+
+
+def baseline(ctx: RunContext, stage: StageRuntime) -> None:
+    """Take the probe outputs of a freshly built stage as the next comparison's baseline (a collective; nothing
+    when the policy reads no probe)."""
+    if stage.drift is not None:
+        _measure_sums(ctx, stage)

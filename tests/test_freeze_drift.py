@@ -1,0 +1,279 @@
+"""The probe-driven policy ``Drift`` (freeze a leading layer once its output on a fixed probe batch stops changing)
+and its signal (``OutputDrift``, ``relative_change``): exact decisions and measurements on hand-made inputs,
+snapshots, and properties (never beyond the signal, monotone, capped, resumable)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_pipe.freeze import (
+    POLICIES,
+    Drift,
+    FreezeError,
+    OutputDrift,
+    decide,
+    make_policy,
+    needs_probe,
+    relative_change,
+    signal_layers,
+)
+from elastic_pipe.freeze.drift import quiet_streaks
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+def _run(policy: Drift, rounds: list[list[float]]) -> list[int]:
+    frozen, plan = 0, []
+    for t, change in enumerate(rounds, start=1):
+        policy.observe_drift(change)
+        frozen = decide(policy, t, t * 10, frozen)
+        plan.append(frozen)
+    return plan
+
+
+# --- the signal -------------------------------------------------------------------------------------------------
+
+
+def test_relative_change_is_the_root_of_the_ratio_of_squares() -> None:
+    assert relative_change([9.0, 0.0, 0.0, 2.0], [100.0, 4.0, 0.0, 0.0]) == (0.3, 0.0, 0.0, math.inf)
+    with pytest.raises(FreezeError, match="2 distances but 1"):
+        relative_change([1.0, 1.0], [1.0])
+    with pytest.raises(FreezeError, match="layer 0"):
+        relative_change([-1.0], [1.0])
+    with pytest.raises(FreezeError, match="layer 0"):
+        relative_change([math.nan], [1.0])
+
+
+def test_output_drift_measures_the_change_since_the_previous_call() -> None:
+    drift = OutputDrift()
+    first = drift.measure({1: torch.tensor([[3.0, 4.0]]), 2: torch.ones(2, 2)}, 4)
+    assert first == ((0.0, math.inf, math.inf, 0.0), (0.0, 0.0, 0.0, 0.0))  # nothing to compare with yet
+    assert drift.held == (1, 2)
+    # layer 1: (3, 4) -> (3, 5): distance^2 1, previous norm^2 25 -> change 0.2; layer 2 forgotten (frozen)
+    second = drift.measure({1: torch.tensor([[3.0, 5.0]])}, 4)
+    assert second == ((0.0, 1.0, 0.0, 0.0), (0.0, 25.0, 0.0, 0.0))
+    assert relative_change(*second)[1] == pytest.approx(0.2)
+    assert drift.held == (1,)
+    # the kept output is a copy: changing the tensor handed in changes nothing
+    h = torch.tensor([[3.0, 5.0]])
+    drift.measure({1: h}, 4)
+    h.add_(100.0)
+    assert drift.measure({1: torch.tensor([[3.0, 5.0]])}, 4)[0][1] == 0.0
+    with pytest.raises(FreezeError, match="shape"):
+        drift.measure({1: torch.zeros(3)}, 4)
+    with pytest.raises(FreezeError, match="outside"):
+        drift.measure({4: torch.zeros(1)}, 4)
+    drift.reset()
+    assert drift.held == ()
+
+
+def test_pieces_of_two_stages_sum_to_the_whole_model_measurement() -> None:
+    torch.manual_seed(0)
+    before = {i: torch.randn(3, 5) for i in range(4)}
+    after = {i: before[i] + 0.1 * torch.randn(3, 5) for i in range(4)}
+    whole, first, second = OutputDrift(), OutputDrift(), OutputDrift()
+    whole.measure(before, 4)
+    first.measure({0: before[0], 1: before[1]}, 4)
+    second.measure({2: before[2], 3: before[3]}, 4)
+    w = whole.measure(after, 4)
+    a = first.measure({0: after[0], 1: after[1]}, 4)
+    b = second.measure({2: after[2], 3: after[3]}, 4)
+    merged = [tuple(x + y for x, y in zip(p, q, strict=True)) for p, q in zip(a, b, strict=True)]
+    assert relative_change(*merged) == pytest.approx(relative_change(*w))
+    expected = [float((after[i] - before[i]).norm() / before[i].norm()) for i in range(4)]
+    assert relative_change(*w) == pytest.approx(expected, rel=1e-6)
+
+
+# --- the pure pieces --------------------------------------------------------------------------------------------
+
+
+def test_quiet_streaks_count_still_intervals_inclusively() -> None:
+    # 0.005 <= 0.01 (still); 0.01 == threshold (still, inclusive); 0.02 (busy: reset); inf (no comparison: reset)
+    assert quiet_streaks((2, 0, 5, 1), (0.005, 0.01, 0.02, math.inf), 0.01) == (3, 1, 0, 0)
+    with pytest.raises(FreezeError, match="one per layer"):
+        quiet_streaks((0,), (0.0, 0.0), 0.01)
+    with pytest.raises(FreezeError, match="change\\[0\\]"):
+        quiet_streaks((0,), (-0.1,), 0.01)
+
+
+# --- decisions --------------------------------------------------------------------------------------------------
+
+
+def test_freezes_one_still_layer_per_decision_after_patience() -> None:
+    policy = Drift(4, threshold=0.01, patience=2, max_fraction=1.0, tolerance=None)
+    rounds = [[0.005, 0.008, 0.02, 0.3]] + [[0.004, 0.006, 0.009, 0.2]] * 4
+    # streaks: 1100, 2210 (layer 0 ready), 3320, 4430, 5540; layer 3 keeps moving
+    assert _run(policy, rounds) == [0, 1, 2, 3, 3]
+
+
+def test_a_still_layer_waits_for_the_moving_layer_before_it_and_the_cap_binds() -> None:
+    policy = Drift(3, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
+    assert _run(policy, [[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]) == [0, 3]
+    capped = Drift(6, patience=1, max_step=2, tolerance=None)  # cap floor(0.85 * 6) = 5
+    assert capped.signal_layers == 5 and signal_layers(capped) == 5
+    assert _run(capped, [[0.0] * 6] * 4) == [2, 4, 5, 5]
+
+
+def test_one_decision_per_observation_and_the_guard_holds() -> None:
+    policy = Drift(2, patience=1, max_fraction=1.0, tolerance=0.01)
+    policy.observe_drift([0.0, 0.0])
+    policy.observe_eval(1.0)
+    assert policy.propose(1, 10, 0) == 1
+    assert policy.propose(1, 11, 1) == 1  # no new observation: nothing new
+    policy.observe_drift([0.0, 0.0])
+    policy.observe_eval(1.02)  # worse than 1.0 by more than 1%: the guard holds
+    assert policy.propose(2, 20, 1) == 1
+    policy.observe_drift([0.0, 0.0])
+    policy.observe_eval(1.005)  # back within the band
+    assert policy.propose(3, 30, 1) == 2
+
+
+def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
+    policy = make_policy("drift", 12)
+    assert POLICIES["drift"] is Drift and isinstance(policy, Drift)
+    assert policy.needs_stats is False and needs_probe(policy)
+    assert (policy.threshold, policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (
+        0.01,
+        2,
+        0.85,
+        1,
+        0.01,
+    )
+    assert not needs_probe(make_policy("settled", 12))
+    assert signal_layers(make_policy("autofreeze", 12)) == 12
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"threshold": -0.1}, "threshold must be a finite number >= 0"),
+        ({"threshold": math.inf}, "threshold must be a finite number >= 0"),
+        ({"patience": 0}, "patience must be an integer >= 1"),
+        ({"max_fraction": 0.0}, r"max_fraction must be in \(0, 1\]"),
+        ({"max_fraction": 1.2}, r"max_fraction must be in \(0, 1\]"),
+        ({"max_step": 0}, "max_step must be an integer >= 1"),
+        ({"tolerance": -1.0}, "tolerance must be a finite number >= 0 or None"),
+        ({"tolerance": None, "plateau": 0.1}, "needs the guard on"),
+    ],
+)
+def test_bad_options_are_refused_naming_the_value(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(FreezeError, match=match):
+        Drift(4, **options)
+
+
+def test_observe_drift_checks_its_input() -> None:
+    policy = Drift(3)
+    with pytest.raises(FreezeError, match="got 2 changes, expected 3"):
+        policy.observe_drift([0.0, 0.0])
+    with pytest.raises(FreezeError, match="change\\[1\\]"):
+        policy.observe_drift([0.0, math.nan, 0.0])
+
+
+def test_snapshot_is_plain_json_and_refuses_another_configuration() -> None:
+    policy = Drift(3, patience=1, max_fraction=1.0)
+    policy.observe_drift([0.001, 0.5, math.inf])
+    policy.observe_eval(0.7)
+    state = json.loads(json.dumps(policy.state_dict(), allow_nan=False))
+    assert state["streaks"] == [1, 0, 0] and state["fresh"] is True and state["best"] == 0.7
+    again = Drift(3, patience=1, max_fraction=1.0)
+    again.load_state_dict(state)
+    assert again.state_dict() == policy.state_dict() and again.propose(1, 1, 0) == 1
+    with pytest.raises(FreezeError, match="patience=1 in the snapshot, expected 2"):
+        Drift(3, max_fraction=1.0).load_state_dict(state)
+    with pytest.raises(FreezeError, match="streaks"):
+        Drift(3, patience=1, max_fraction=1.0).load_state_dict({**state, "streaks": [1, 0]})
+
+
+# --- properties -------------------------------------------------------------------------------------------------
+
+changes = st.one_of(st.floats(min_value=0.0, max_value=0.05, allow_nan=False), st.just(math.inf))
+rounds_of = st.integers(min_value=1, max_value=6).flatmap(
+    lambda n: st.lists(st.lists(changes, min_size=n, max_size=n), min_size=1, max_size=12)
+)
+configs = st.fixed_dictionaries(
+    {
+        "threshold": st.sampled_from([0.0, 0.01, 0.03]),
+        "patience": st.integers(1, 3),
+        "max_fraction": st.sampled_from([0.5, 0.85, 1.0]),
+        "max_step": st.integers(1, 3),
+        "tolerance": st.sampled_from([None, 0.0, 0.05]),
+        "plateau": st.sampled_from([None, 0.03]),
+    }
+).filter(lambda c: c["tolerance"] is not None or c["plateau"] is None)
+losses = st.lists(st.floats(min_value=0.0, max_value=10.0, allow_nan=False), min_size=12, max_size=12)
+
+
+def _signal(config: dict[str, Any], rounds: list[list[float]]) -> list[tuple[int, ...]]:
+    """Per decision, each layer's still streak by the definition (the signal), computed independently."""
+    streaks, out = [0] * len(rounds[0]), []
+    for change in rounds:
+        streaks = [s + 1 if c <= config["threshold"] else 0 for s, c in zip(streaks, change, strict=True)]
+        out.append(tuple(streaks))
+    return out
+
+
+@FAST
+@given(config=configs, rounds=rounds_of, evals=losses)
+def test_never_freezes_beyond_the_signal_monotone_and_capped(
+    config: dict[str, Any], rounds: list[list[float]], evals: list[float]
+) -> None:
+    n = len(rounds[0])
+    policy = Drift(n, **config)
+    signal = _signal(config, rounds)
+    cap = int(config["max_fraction"] * n + 1e-9)
+    frozen = 0
+    for t, change in enumerate(rounds):
+        policy.observe_drift(change)
+        policy.observe_eval(evals[t])
+        new = decide(policy, t + 1, t + 1, frozen)
+        assert frozen <= new <= max(frozen, cap)  # monotone, never past the cap
+        assert new - frozen <= config["max_step"]
+        assert all(signal[t][i] >= config["patience"] for i in range(frozen, new))  # only still layers freeze
+        frozen = new
+
+
+@FAST
+@given(config=configs, rounds=rounds_of, evals=losses, cut=st.integers(0, 12), between=st.booleans())
+def test_resumes_from_a_json_snapshot_with_the_same_decisions(
+    config: dict[str, Any], rounds: list[list[float]], evals: list[float], cut: int, between: bool
+) -> None:
+    n = len(rounds[0])
+    cut = min(cut, len(rounds) - 1)
+
+    def play(policy: Drift, start: int, frozen: int, *, skip_observe: bool = False) -> list[int]:
+        plan = []
+        for t in range(start, len(rounds)):
+            if not (skip_observe and t == start):
+                policy.observe_drift(rounds[t])
+                policy.observe_eval(evals[t])
+            frozen = decide(policy, t + 1, t + 1, frozen)
+            plan.append(frozen)
+        return plan
+
+    whole = play(Drift(n, **config), 0, 0)
+    first = Drift(n, **config)
+    frozen = 0
+    for t in range(cut):
+        first.observe_drift(rounds[t])
+        first.observe_eval(evals[t])
+        frozen = decide(first, t + 1, t + 1, frozen)
+    if between:  # cut between an observation and its decision
+        first.observe_drift(rounds[cut])
+        first.observe_eval(evals[cut])
+    second = Drift(n, **config)
+    second.load_state_dict(json.loads(json.dumps(first.state_dict(), allow_nan=False)))
+    assert whole[:cut] + play(second, cut, frozen, skip_observe=between) == whole
+
+
+def test_a_dry_run_refuses_the_probe_driven_policy() -> None:
+    from elastic_pipe.freeze import frozen_by_epoch
+
+    with pytest.raises(FreezeError, match="drift of a probe batch's outputs"):
+        frozen_by_epoch(Drift(4), 3)
