@@ -28,13 +28,12 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from elastic_pipe.freeze._numeric import floor_tolerant
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.autofreeze import change_ratios
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.guard import HeldOutGuard
-from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
+from elastic_pipe.freeze.policy import check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
+from elastic_pipe.freeze.streaks import StreakPolicy, check_max_fraction, converged_prefix, max_frozen
 
 __all__ = [
     "DEFAULT_MAX_FRACTION",
@@ -96,39 +95,7 @@ def next_streaks(
     return tuple(s + 1 if r < threshold else 0 for s, r in zip(streaks, ratios, strict=True))
 
 
-def check_max_fraction(owner: str, max_fraction: float) -> None:
-    """Raise :class:`FreezeError` naming ``owner`` unless ``max_fraction`` is a number in (0, 1] (every policy that
-    caps its frozen count checks its option here)."""
-    if isinstance(max_fraction, bool) or not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
-        raise FreezeError(f"{owner}: max_fraction must be in (0, 1], got {max_fraction!r}")
-
-
-def max_frozen(num_layers: int, max_fraction: float) -> int:
-    """The most layers the policy ever freezes: ``floor(max_fraction * num_layers)``, robust to float noise."""
-    return floor_tolerant(max_fraction * num_layers)
-
-
-def converged_prefix(streaks: Sequence[int], current: int, patience: int, cap: int, max_step: int) -> int:
-    """The frozen count after one decision: extend ``current`` through the converged layers that follow it.
-
-    Args:
-        streaks: per layer, consecutive quiet observations.
-        current: leading layers frozen now.
-        patience: quiet observations a layer needs to count as converged.
-        cap: never freeze past this count.
-        max_step: freeze at most this many new layers.
-
-    Returns:
-        ``current`` plus the number of consecutive layers from ``current`` on whose streak is at least
-        ``patience``, at most ``max_step`` of them and never past ``cap``; ``current`` if it is at the cap or past it.
-    """
-    new = current
-    while new < min(cap, current + max_step, len(streaks)) and streaks[new] >= patience:
-        new += 1
-    return new
-
-
-class Converged:
+class Converged(StreakPolicy):
     """Statistics-driven policy: freeze the next leading layer once its gradient norm has stopped changing.
 
     Args:
@@ -146,6 +113,9 @@ class Converged:
 
     name: ClassVar[str] = "converged"
     needs_stats: ClassVar[bool] = True
+    owner: ClassVar[str] = "Converged"
+    #: Its snapshots never had a ``plateau`` key (nor its ``repr``): old checkpoints load unchanged.
+    has_plateau: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -160,35 +130,11 @@ class Converged:
         check_num_layers("Converged", num_layers)
         if not (math.isfinite(threshold) and threshold > 0.0):
             raise FreezeError(f"Converged: threshold must be a finite number > 0, got {threshold!r}")
-        check_positive_int("Converged", "patience", patience)
-        check_max_fraction("Converged", max_fraction)
-        check_positive_int("Converged", "max_step", max_step)
-        self.num_layers = num_layers
         self.threshold = float(threshold)
-        self.patience = patience
-        self.max_fraction = float(max_fraction)
-        self.max_step = max_step
-        self.guard = HeldOutGuard(tolerance, "Converged")
-        self._prev: tuple[float, ...] | None = None  # norms of the previous interval
-        self._streaks: tuple[int, ...] = (0,) * num_layers
-        self._fresh = False  # an observation arrived since the last decision
-
-    @property
-    def tolerance(self) -> float | None:
-        """The guard's tolerance (None: no guard)."""
-        return self.guard.tolerance
-
-    @property
-    def signal_layers(self) -> int:
-        """Leading layers whose statistics the policy ever reads (it never freezes past the cap): the runtime need
-        not accumulate the others' gradients."""
-        return max_frozen(self.num_layers, self.max_fraction)
-
-    def __repr__(self) -> str:
-        return (
-            f"Converged(num_layers={self.num_layers}, threshold={self.threshold}, patience={self.patience}, "
-            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance})"
+        super().__init__(
+            num_layers, patience=patience, max_fraction=max_fraction, max_step=max_step, tolerance=tolerance
         )
+        self._prev: tuple[float, ...] | None = None  # norms of the previous interval
 
     def observe(self, stats: LayerStats) -> None:
         """Compare one interval's mean-gradient L2 norms with the previous interval's and update the streaks.
@@ -210,53 +156,18 @@ class Converged:
         """
         self.guard.observe(loss)
 
-    def propose(self, epoch: int, step: int, current: int) -> int:
-        """Freeze through the converged layers after ``current`` (see the module docstring); one decision per
-        observation, none while the guard holds."""
-        check_current("Converged", self.num_layers, current)
-        fresh, self._fresh = self._fresh, False
-        if not fresh or self.guard.held:
-            return current
-        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
+    def _signal_config(self) -> dict[str, Any]:
+        return {"threshold": self.threshold}
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "policy": self.name,
-            "num_layers": self.num_layers,
-            "threshold": self.threshold,
-            "patience": self.patience,
-            "max_fraction": self.max_fraction,
-            "max_step": self.max_step,
-            "tolerance": self.tolerance,
-        }
+    def _signal_state(self) -> dict[str, Any]:
+        # Every value is finite or None (statistics are finite), so the snapshot stays plain JSON.
+        return {"prev": norms_to_state(self._prev)}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Configuration plus the previous norms, the streaks, whether a decision is due, and the guard's state.
-
-        Every value is finite or None (statistics are finite, non-finite losses are not kept), so it is plain JSON.
-        """
-        return {
-            **self._config(),
-            "prev": norms_to_state(self._prev),
-            "streaks": list(self._streaks),
-            "fresh": self._fresh,
-            **self.guard.state_dict(),  # "best" and "held", the keys this policy's snapshots always had
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot of a :class:`Converged` with the same configuration.
-
-        Raises:
-            FreezeError: a snapshot of another policy or configuration, or one whose streaks do not cover
-                ``num_layers`` layers.
-        """
-        check_config("Converged", state, self._config())
+    def _load_signal(self, state: dict[str, Any]) -> tuple[int, ...]:
         streaks = tuple(int(s) for s in state["streaks"])
         if len(streaks) != self.num_layers:
             raise FreezeError(
                 f"Converged.load_state_dict: {len(streaks)} streaks in the snapshot, expected {self.num_layers}"
             )
         self._prev = norms_from_state(state["prev"])
-        self._streaks = streaks
-        self._fresh = bool(state["fresh"])
-        self.guard.load_state_dict(state)
+        return streaks

@@ -29,11 +29,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from elastic_pipe.freeze.converged import check_max_fraction, converged_prefix, max_frozen
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.guard import HeldOutGuard
-from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
+from elastic_pipe.freeze.policy import check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
+from elastic_pipe.freeze.streaks import StreakPolicy
 
 __all__ = [
     "DEFAULT_MAX_FRACTION",
@@ -84,7 +83,7 @@ def quiet_streaks(streaks: Sequence[int], change: Sequence[float], threshold: fl
     return tuple(s + 1 if c <= threshold else 0 for s, c in zip(streaks, change, strict=True))
 
 
-class Drift:
+class Drift(StreakPolicy):
     """Probe-driven policy: freeze the next leading layer once its output has stayed still for ``patience``
     decision intervals.
 
@@ -107,6 +106,7 @@ class Drift:
     needs_stats: ClassVar[bool] = False
     #: The runtime runs the probe batch at each decision point and calls :meth:`observe_drift`.
     needs_probe: ClassVar[bool] = True
+    owner: ClassVar[str] = "Drift"
 
     def __init__(
         self,
@@ -122,34 +122,14 @@ class Drift:
         check_num_layers("Drift", num_layers)
         if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0.0):
             raise FreezeError(f"Drift: threshold must be a finite number >= 0, got {threshold!r}")
-        check_positive_int("Drift", "patience", patience)
-        check_max_fraction("Drift", max_fraction)
-        check_positive_int("Drift", "max_step", max_step)
-        self.num_layers = num_layers
         self.threshold = float(threshold)
-        self.patience = patience
-        self.max_fraction = float(max_fraction)
-        self.max_step = max_step
-        self.guard = HeldOutGuard(tolerance, "Drift", plateau=plateau)
-        self._streaks: tuple[int, ...] = (0,) * num_layers
-        self._fresh = False  # an observation arrived since the last decision
-
-    @property
-    def tolerance(self) -> float | None:
-        """The guard's tolerance (None: no guard)."""
-        return self.guard.tolerance
-
-    @property
-    def signal_layers(self) -> int:
-        """Leading layers whose drift the policy ever reads (it never freezes past the cap): the runtime need not
-        probe the others."""
-        return max_frozen(self.num_layers, self.max_fraction)
-
-    def __repr__(self) -> str:
-        return (
-            f"Drift(num_layers={self.num_layers}, threshold={self.threshold}, patience={self.patience}, "
-            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance}, "
-            f"plateau={self.guard.plateau})"
+        super().__init__(
+            num_layers,
+            patience=patience,
+            max_fraction=max_fraction,
+            max_step=max_step,
+            tolerance=tolerance,
+            plateau=plateau,
         )
 
     def observe(self, stats: LayerStats) -> None:
@@ -171,45 +151,14 @@ class Drift:
         """Update the held-out guard with a held-out loss."""
         self.guard.observe(loss)
 
-    def propose(self, epoch: int, step: int, current: int) -> int:
-        """Freeze through the still layers after ``current`` (see the module docstring); one decision per
-        observation, none while the guard holds."""
-        check_current("Drift", self.num_layers, current)
-        fresh, self._fresh = self._fresh, False
-        if not fresh or self.guard.held:
-            return current
-        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
+    def _signal_config(self) -> dict[str, Any]:
+        return {"threshold": self.threshold}
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "policy": self.name,
-            "num_layers": self.num_layers,
-            "threshold": self.threshold,
-            "patience": self.patience,
-            "max_fraction": self.max_fraction,
-            "max_step": self.max_step,
-            "tolerance": self.tolerance,
-            "plateau": self.guard.plateau,
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """Configuration plus the streaks, whether a decision is due and the guard: plain JSON."""
-        return {**self._config(), "streaks": list(self._streaks), "fresh": self._fresh, **self.guard.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot of a :class:`Drift` with the same configuration.
-
-        Raises:
-            FreezeError: a snapshot of another policy or configuration, or one whose streaks do not cover
-                ``num_layers`` layers.
-        """
-        check_config("Drift", state, self._config())
+    def _load_signal(self, state: dict[str, Any]) -> tuple[int, ...]:
         streaks = tuple(int(s) for s in state["streaks"])
         if len(streaks) != self.num_layers or any(s < 0 for s in streaks):
             raise FreezeError(
                 f"Drift.load_state_dict: streaks {list(streaks)} in the snapshot, expected {self.num_layers} "
                 "counts >= 0"
             )
-        self._streaks = streaks
-        self._fresh = bool(state["fresh"])
-        self.guard.load_state_dict(state)
+        return streaks

@@ -32,11 +32,10 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
-from elastic_pipe.freeze.converged import check_max_fraction, converged_prefix, max_frozen
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.guard import HeldOutGuard
-from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
+from elastic_pipe.freeze.policy import check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
+from elastic_pipe.freeze.streaks import StreakPolicy
 
 __all__ = [
     "DEFAULT_DECAY",
@@ -93,7 +92,7 @@ def settled_streaks(
     return new_streaks, new_peaks
 
 
-class Settled:
+class Settled(StreakPolicy):
     """Statistics-driven policy: freeze the next leading layer once its gradient stays well below its peak.
 
     Args:
@@ -114,6 +113,7 @@ class Settled:
 
     name: ClassVar[str] = "settled"
     needs_stats: ClassVar[bool] = True
+    owner: ClassVar[str] = "Settled"
 
     def __init__(
         self,
@@ -129,36 +129,16 @@ class Settled:
         check_num_layers("Settled", num_layers)
         if not (math.isfinite(decay) and 0.0 < decay < 1.0):
             raise FreezeError(f"Settled: decay must be in (0, 1), got {decay!r}")
-        check_positive_int("Settled", "patience", patience)
-        check_max_fraction("Settled", max_fraction)
-        check_positive_int("Settled", "max_step", max_step)
-        self.num_layers = num_layers
         self.decay = float(decay)
-        self.patience = patience
-        self.max_fraction = float(max_fraction)
-        self.max_step = max_step
-        self.guard = HeldOutGuard(tolerance, "Settled", plateau=plateau)
-        self._peaks: tuple[float, ...] | None = None
-        self._streaks: tuple[int, ...] = (0,) * num_layers
-        self._fresh = False  # an observation arrived since the last decision
-
-    @property
-    def tolerance(self) -> float | None:
-        """The guard's tolerance (None: no guard)."""
-        return self.guard.tolerance
-
-    @property
-    def signal_layers(self) -> int:
-        """Leading layers whose statistics the policy ever reads (it never freezes past the cap): the runtime need
-        not accumulate the others' gradients."""
-        return max_frozen(self.num_layers, self.max_fraction)
-
-    def __repr__(self) -> str:
-        return (
-            f"Settled(num_layers={self.num_layers}, decay={self.decay}, patience={self.patience}, "
-            f"max_fraction={self.max_fraction}, max_step={self.max_step}, tolerance={self.tolerance}, "
-            f"plateau={self.guard.plateau})"
+        super().__init__(
+            num_layers,
+            patience=patience,
+            max_fraction=max_fraction,
+            max_step=max_step,
+            tolerance=tolerance,
+            plateau=plateau,
         )
+        self._peaks: tuple[float, ...] | None = None
 
     def observe(self, stats: LayerStats) -> None:
         """Update each layer's peak and settled streak with one interval's mean-gradient L2 norms.
@@ -175,45 +155,13 @@ class Settled:
         """Update the held-out guard with a held-out loss."""
         self.guard.observe(loss)
 
-    def propose(self, epoch: int, step: int, current: int) -> int:
-        """Freeze through the settled layers after ``current`` (see the module docstring); one decision per
-        observation, none while the guard holds."""
-        check_current("Settled", self.num_layers, current)
-        fresh, self._fresh = self._fresh, False
-        if not fresh or self.guard.held:
-            return current
-        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
+    def _signal_config(self) -> dict[str, Any]:
+        return {"decay": self.decay}
 
-    def _config(self) -> dict[str, Any]:
-        return {
-            "policy": self.name,
-            "num_layers": self.num_layers,
-            "decay": self.decay,
-            "patience": self.patience,
-            "max_fraction": self.max_fraction,
-            "max_step": self.max_step,
-            "tolerance": self.tolerance,
-            "plateau": self.guard.plateau,
-        }
+    def _signal_state(self) -> dict[str, Any]:
+        return {"peaks": norms_to_state(self._peaks)}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Configuration plus the peaks, the streaks, whether a decision is due and the guard: plain JSON."""
-        return {
-            **self._config(),
-            "peaks": norms_to_state(self._peaks),
-            "streaks": list(self._streaks),
-            "fresh": self._fresh,
-            **self.guard.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a snapshot of a :class:`Settled` with the same configuration.
-
-        Raises:
-            FreezeError: a snapshot of another policy or configuration, or one whose streaks or peaks do not cover
-                ``num_layers`` layers.
-        """
-        check_config("Settled", state, self._config())
+    def _load_signal(self, state: dict[str, Any]) -> tuple[int, ...]:
         streaks = tuple(int(s) for s in state["streaks"])
         peaks = norms_from_state(state["peaks"])
         if len(streaks) != self.num_layers or (peaks is not None and len(peaks) != self.num_layers):
@@ -221,6 +169,5 @@ class Settled:
                 f"Settled.load_state_dict: {len(streaks)} streaks and "
                 f"{None if peaks is None else len(peaks)} peaks in the snapshot, expected {self.num_layers} of each"
             )
-        self._streaks, self._peaks = streaks, peaks
-        self._fresh = bool(state["fresh"])
-        self.guard.load_state_dict(state)
+        self._peaks = peaks
+        return streaks
