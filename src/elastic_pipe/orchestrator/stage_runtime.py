@@ -22,16 +22,8 @@ from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
-from elastic_pipe.orchestrator.prefix_cache import (
-    BYPASS_REASON,
-    FillPeers,
-    PrefetchedBatches,
-    complete,
-    counters,
-    epoch_counts,
-    prepare_cache,
-    read_prefix,
-)
+from elastic_pipe.orchestrator.prefix_cache import BYPASS_REASON, FillPeers, prepare_cache
+from elastic_pipe.orchestrator.prefix_reads import PrefetchedBatches, complete, counters, epoch_counts, read_prefix
 from elastic_pipe.orchestrator.prefix_residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.stage import build_runner, unit_modules
 from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
@@ -230,7 +222,7 @@ class StageRuntime:
         return epoch % views if self.cache_on and views > 1 else -1
 
     def end_epoch(self) -> dict[str, int]:
-        """The epoch's cache counters summed over the ranks (a collective; see ``prefix_cache.epoch_counts``)."""
+        """The epoch's cache counters summed over the ranks (a collective; see ``prefix_reads.epoch_counts``)."""
         self._ahead = None
         return epoch_counts(self._counted, self.cache if self.cache_on else None, self.ctx.device)
 
