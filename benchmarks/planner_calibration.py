@@ -226,8 +226,9 @@ def cpu_calibration(
     """Profile a small model on the CPU, predict its step with ``frozen`` leading units, and measure it.
 
     The per-layer costs come from :func:`elastic_pipe.partition.profile_layers`, run ``rounds`` times with the
-    median round kept per layer (one profile is still hit when other work holds the core for a while); the
-    step is timed on this thread's CPU clock, fastest of ``repeats``; the prediction is the planner's
+    median round kept per layer (one profile is still hit when other work holds the core for a while); layers and
+    step are timed on this thread's CPU clock (other processes on the machine cannot inflate either), the step
+    the fastest of ``repeats``; the prediction is the planner's
     one-device step (compute only: the measured step runs no optimizer). Unit 0 is the embedding with the first
     block, as in the package's models. Runs single-threaded and restores the thread count.
 
@@ -239,7 +240,9 @@ def cpu_calibration(
     try:
         layers = cpu_model(blocks, width)
         x = torch.randn(batch, CPU_INPUT_FEATURES, generator=torch.Generator().manual_seed(1))
-        records = _median_profile([profile_layers(layers, x, repeats=repeats, warmup=2) for _ in range(rounds)])
+        records = _median_profile(
+            [profile_layers(layers, x, repeats=repeats, warmup=2, cpu_clock="thread") for _ in range(rounds)]
+        )
         costs = from_layer_costs(records, batch, unit_ends=list(range(2, blocks + 2)))
         cluster = ClusterSpec(1, gpu=GpuSpec(name="cpu", host_overhead=0.0))
         rows = []

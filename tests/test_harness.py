@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import harness_slow_start
 from elastic_pipe.testing import DistributedTestError, RankContext, run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -52,3 +53,17 @@ def test_silent_rank_times_out_instead_of_hanging() -> None:
 def test_rejects_empty_world() -> None:
     with pytest.raises(DistributedTestError, match="world_size"):
         run_distributed(_all_reduce, 0)
+
+
+def test_start_up_is_outside_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each rank takes 4 s to start (its import of the function's module sleeps); the run itself has 3 s.
+    monkeypatch.setenv(harness_slow_start.DELAY_ENV, "4")
+    assert run_distributed(harness_slow_start.rank_number, 2, timeout=3) == [0, 1]
+
+
+def test_ranks_that_do_not_start_in_time_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(harness_slow_start.DELAY_ENV, "30")
+    start = time.monotonic()
+    with pytest.raises(DistributedTestError, match=r"ranks \[0, 1\] did not start within 2s"):
+        run_distributed(harness_slow_start.rank_number, 2, timeout=60, startup_timeout=2)
+    assert time.monotonic() - start < 20  # the sleeping ranks are ended, not waited for

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -43,11 +45,28 @@ def test_profile_layers_respects_frozen_parameters() -> None:
     assert record.backward > 0
 
 
+def test_the_thread_clock_leaves_out_time_the_thread_spends_off_the_cpu() -> None:
+    class Sleeps(nn.Module):
+        """A layer whose forward is mostly waiting, as a layer looks when other processes hold the core."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.02)
+            return x * 2
+
+    layers = [("sleeps", Sleeps())]
+    (wall,) = profile_layers(layers, torch.randn(4, 8), repeats=2, warmup=0)
+    (thread,) = profile_layers(layers, torch.randn(4, 8), repeats=2, warmup=0, cpu_clock="thread")
+    assert wall.forward >= 0.02 and wall.frozen_forward is not None and wall.frozen_forward >= 0.02
+    assert thread.forward < 0.01 and thread.frozen_forward is not None and thread.frozen_forward < 0.01
+
+
 def test_profile_layers_errors() -> None:
     with pytest.raises(PartitionError, match="layers is empty"):
         profile_layers([], torch.zeros(1))
     with pytest.raises(PartitionError, match="need repeats >= 1"):
         profile_layers([("x", nn.ReLU())], torch.zeros(1), repeats=0)
+    with pytest.raises(PartitionError, match="cpu_clock must be 'wall' or 'thread', got 'cpu'"):
+        profile_layers([("x", nn.ReLU())], torch.zeros(1), cpu_clock="cpu")  # type: ignore[arg-type]
 
     class Pair(nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -41,10 +41,12 @@ _CUBLAS_CONTEXT_WARNING = "Attempting to run cuBLAS, but there was no current CU
 
 
 class _Timer:
-    """Times a callable on the CPU clock, or with CUDA events (which time the GPU work, not the launch)."""
+    """Times a callable with CUDA events on a GPU (which time the GPU work, not the launch), else on a CPU clock:
+    wall time, or this thread's CPU time (``thread=True``)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, thread: bool = False) -> None:
         self.cuda = device.type == "cuda"
+        self.clock = time.thread_time if thread else time.perf_counter
 
     def __call__(self, fn: Callable[[], Any]) -> float:
         if self.cuda:
@@ -55,9 +57,9 @@ class _Timer:
             end.record()
             end.synchronize()
             return float(begin.elapsed_time(end)) / 1e3
-        start = time.perf_counter()
+        start = self.clock()
         fn()
-        return time.perf_counter() - start
+        return self.clock() - start
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> int:
@@ -102,6 +104,7 @@ def profile_layers(
     repeats: int = 5,
     warmup: int = 2,
     optimizer_state_bytes_per_byte: int = ADAM_STATE_BYTES_PER_BYTE,
+    cpu_clock: Literal["wall", "thread"] = "wall",
 ) -> list[LayerCost]:
     """Measure each layer's time, activation size and memory, running the layers in order.
 
@@ -112,6 +115,9 @@ def profile_layers(
         repeats: timed runs per measurement (the median is kept).
         warmup: untimed runs before them.
         optimizer_state_bytes_per_byte: optimizer state per byte of trainable parameter (2 for Adam, 0 for SGD).
+        cpu_clock: how CPU layers are timed: ``"wall"`` (elapsed time), or ``"thread"`` (this thread's CPU time:
+            the compute of a single-threaded run, which other processes on a shared machine cannot inflate;
+            it misses work on torch's other threads, so set ``torch.set_num_threads(1)`` with it).
 
     Returns:
         One :class:`LayerCost` per layer. Parameter gradients are left as they were found.
@@ -124,20 +130,31 @@ def profile_layers(
         raise PartitionError("layers is empty: need at least one (name, module) pair")
     if repeats < 1 or warmup < 0:
         raise PartitionError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    if cpu_clock not in ("wall", "thread"):
+        raise PartitionError(f"cpu_clock must be 'wall' or 'thread', got {cpu_clock!r}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CUBLAS_CONTEXT_WARNING, category=UserWarning)
-        return _profile(layers, example_input, repeats, warmup, optimizer_state_bytes_per_byte)
+        timer = _Timer(example_input.device, thread=cpu_clock == "thread")
+        return _profile(
+            layers,
+            example_input,
+            timer=timer,
+            repeats=repeats,
+            warmup=warmup,
+            optimizer_state_bytes_per_byte=optimizer_state_bytes_per_byte,
+        )
 
 
 def _profile(
     layers: Sequence[tuple[str, nn.Module]],
     example_input: torch.Tensor,
+    *,
+    timer: _Timer,
     repeats: int,
     warmup: int,
     optimizer_state_bytes_per_byte: int,
 ) -> list[LayerCost]:
     device = example_input.device
-    timer = _Timer(device)
     records: list[LayerCost] = []
     x = _as_input(example_input)
     for name, layer in layers:

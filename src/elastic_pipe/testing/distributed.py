@@ -4,7 +4,9 @@ Why a helper: multi-process tests are where hangs and leaked ports come from. Th
 
 * picks the rendezvous port safely: the parent process opens the ``TCPStore`` itself on port 0 (the kernel picks a
   free port and the store holds it), so no other process can grab the port between "find" and "bind";
-* gives every collective a real timeout (``timeout`` seconds), and the whole run a deadline;
+* gives every collective a real timeout (``timeout`` seconds), and the whole run a deadline that starts once every
+  rank has started (spawning and importing torch can take a minute on a loaded machine; that is not the test's
+  time): the ranks report in, then all begin together; start-up has its own, generous limit;
 * destroys the process group in ``finally`` on every rank;
 * turns a failing rank into a :class:`DistributedTestError` carrying that rank's traceback, and terminates the
   other ranks instead of waiting for them.
@@ -32,6 +34,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.synchronize import Event
 from typing import Any
 
 import torch.distributed as dist
@@ -43,6 +46,8 @@ __all__ = ["DistributedTestError", "RankContext", "run_distributed"]
 _HOST = "127.0.0.1"
 #: Seconds to keep collecting reports from other ranks after the first failure.
 _FAILURE_GRACE_S = 3.0
+#: Default seconds allowed for every rank to start (spawn, import), before the run's own deadline begins.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class DistributedTestError(ElasticPipeError, RuntimeError):
@@ -60,13 +65,31 @@ class RankContext:
     timeout: float
 
 
+@dataclass(frozen=True)
+class _Channels:
+    """How the ranks and the test process talk: results back, "started" back, "go" (or "abort") out."""
+
+    results: mp.Queue[tuple[int, bool, Any]]
+    started: mp.Queue[int]
+    go: Event
+    abort: Event
+
+    def close(self) -> None:
+        self.results.close()
+        self.started.close()
+
+
 def _child(
-    fn: Callable[..., Any],
-    ctx: RankContext,
-    args: tuple[Any, ...],
-    results: mp.Queue[tuple[int, bool, Any]],
-    env: dict[str, str],
+    fn: Callable[..., Any], ctx: RankContext, args: tuple[Any, ...], channels: _Channels, env: dict[str, str]
 ) -> None:
+    parent = os.getppid()
+    channels.started.put(ctx.rank)  # imports are done: this rank has started
+    while not channels.go.wait(timeout=1.0):
+        if os.getppid() != parent:  # the test process is gone: nobody will say go
+            raise SystemExit(1)
+    if channels.abort.is_set():  # another rank never started: the run will not happen
+        raise SystemExit(1)
+    results = channels.results
     os.environ.update(env)
     os.environ.update(
         {
@@ -101,6 +124,7 @@ def run_distributed(
     *args: Any,
     timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
 ) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
 
@@ -108,14 +132,17 @@ def run_distributed(
         fn: a module-level function (spawned children import it by name).
         world_size: number of processes, >= 1.
         *args: extra positional arguments for ``fn`` (must be picklable for the local spawn).
-        timeout: seconds allowed for every collective and for the whole run.
+        timeout: seconds allowed for every collective and for the whole run, counted from the moment every rank
+            has started.
         env: extra environment variables for the children (e.g. thread counts).
+        startup_timeout: seconds allowed for every rank to start (spawn and import), before ``timeout`` runs.
 
     Returns:
         ``fn``'s return values, indexed by rank.
 
     Raises:
-        DistributedTestError: a rank raised (its traceback is in the message), died, or the run timed out.
+        DistributedTestError: a rank raised (its traceback is in the message), died, or the run (or its start-up)
+            timed out.
     """
     if world_size < 1:
         raise DistributedTestError(f"world_size must be >= 1, got {world_size}")
@@ -130,11 +157,12 @@ def run_distributed(
     )
     port = store.port
     ctx_mp = mp.get_context("spawn")
-    results: mp.Queue[tuple[int, bool, Any]] = ctx_mp.Queue()
+    channels = _Channels(ctx_mp.Queue(), ctx_mp.Queue(), ctx_mp.Event(), ctx_mp.Event())
+    results = channels.results
     procs = [
         ctx_mp.Process(
             target=_child,
-            args=(fn, RankContext(r, world_size, _HOST, port, timeout), args, results, child_env),
+            args=(fn, RankContext(r, world_size, _HOST, port, timeout), args, channels, child_env),
             name=f"rank{r}",
             daemon=True,
         )
@@ -144,8 +172,10 @@ def run_distributed(
         p.start()
     values: dict[int, Any] = {}
     failures: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
     try:
+        _wait_until_started(procs, channels.started, startup_timeout)
+        channels.go.set()
+        deadline = time.monotonic() + timeout
         while len(values) + len(failures) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -176,15 +206,35 @@ def run_distributed(
         if failures:
             raise DistributedTestError(f"{len(failures)} rank(s) failed" + _describe(failures))
     finally:
+        if not channels.go.is_set():  # start-up failed: the ranks waiting to begin end instead
+            channels.abort.set()
+            channels.go.set()
         for p in procs:
             p.join(timeout=5.0 if not failures else 0.5)
         for p in procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5.0)
-        results.close()
+        channels.close()
         del store
     return [values[r] for r in range(world_size)]
+
+
+def _wait_until_started(procs: list[Any], started: mp.Queue[int], limit: float) -> None:
+    """Return once every rank has reported that it started; raise if one dies first or ``limit`` runs out."""
+    end = time.monotonic() + limit
+    ready: set[int] = set()
+    while len(ready) < len(procs):
+        left = end - time.monotonic()
+        if left <= 0:
+            late = sorted(set(range(len(procs))) - ready)
+            raise DistributedTestError(f"ranks {late} did not start within {limit:.0f}s")
+        try:
+            ready.add(started.get(timeout=min(left, 0.5)))
+        except queue.Empty:
+            dead = {i: p.exitcode for i, p in enumerate(procs) if p.exitcode is not None and i not in ready}
+            if dead:
+                raise DistributedTestError(f"ranks died while starting: {dead}") from None
 
 
 def _drain(
