@@ -9,7 +9,7 @@ Why a helper: multi-process tests are where hangs and leaked ports come from. Th
   time): the ranks report in, then all begin together; start-up has its own, generous limit;
 * destroys the process group in ``finally`` on every rank;
 * turns a failing rank into a :class:`DistributedTestError` carrying that rank's traceback, and terminates the
-  other ranks instead of waiting for them.
+  other ranks instead of waiting for them; a run that times out carries the stacks of the ranks still running.
 
 The function must be importable by a spawned child (a module-level function) and receives a
 :class:`RankContext` followed by ``args``. Return values come back to the parent, indexed by rank.
@@ -26,15 +26,21 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import faulthandler
 import multiprocessing as mp
 import os
 import queue
+import shutil
+import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -47,7 +53,9 @@ _HOST = "127.0.0.1"
 #: Seconds to keep collecting reports from other ranks after the first failure.
 _FAILURE_GRACE_S = 3.0
 #: Default seconds allowed for every rank to start (spawn, import), before the run's own deadline begins.
-STARTUP_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 120.0
+#: Seconds the ranks get to write their stacks when a run times out.
+_STACK_DUMP_S = 1.0
 
 
 class DistributedTestError(ElasticPipeError, RuntimeError):
@@ -73,6 +81,8 @@ class _Channels:
     started: mp.Queue[int]
     go: Event
     abort: Event
+    #: Directory where each rank writes its threads' stacks when the test process sends it ``SIGUSR1``.
+    stacks: str
 
     def close(self) -> None:
         self.results.close()
@@ -83,6 +93,8 @@ def _child(
     fn: Callable[..., Any], ctx: RankContext, args: tuple[Any, ...], channels: _Channels, env: dict[str, str]
 ) -> None:
     parent = os.getppid()
+    stacks = open(os.path.join(channels.stacks, f"rank{ctx.rank}.txt"), "w")  # noqa: SIM115 - open until exit
+    faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
     channels.started.put(ctx.rank)  # imports are done: this rank has started
     while not channels.go.wait(timeout=1.0):
         if os.getppid() != parent:  # the test process is gone: nobody will say go
@@ -107,15 +119,23 @@ def _child(
             ctx.master_addr, ctx.master_port, ctx.world_size, is_master=False, timeout=timeout
         )
         dist.init_process_group("gloo", store=store, rank=ctx.rank, world_size=ctx.world_size, timeout=timeout)
-        try:
-            value = fn(ctx, *args)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        results.put((ctx.rank, True, value))
+        value = fn(ctx, *args)
+    except BaseException:
+        # Report first: tearing down the group can block while peers wait in a collective (they are terminated).
+        results.put((ctx.rank, False, traceback.format_exc()))
+        _destroy_group()
+        raise SystemExit(1) from None
+    try:
+        _destroy_group()
     except BaseException:
         results.put((ctx.rank, False, traceback.format_exc()))
         raise SystemExit(1) from None
+    results.put((ctx.rank, True, value))
+
+
+def _destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_distributed(
@@ -157,7 +177,8 @@ def run_distributed(
     )
     port = store.port
     ctx_mp = mp.get_context("spawn")
-    channels = _Channels(ctx_mp.Queue(), ctx_mp.Queue(), ctx_mp.Event(), ctx_mp.Event())
+    stacks = tempfile.mkdtemp(prefix="elastic_pipe-test-stacks-")
+    channels = _Channels(ctx_mp.Queue(), ctx_mp.Queue(), ctx_mp.Event(), ctx_mp.Event(), stacks)
     results = channels.results
     procs = [
         ctx_mp.Process(
@@ -180,7 +201,9 @@ def run_distributed(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise DistributedTestError(
-                    f"timed out after {timeout:.0f}s; ranks that finished: {sorted(values)}" + _describe(failures)
+                    f"timed out after {timeout:.0f}s; ranks that finished: {sorted(values)}"
+                    + _describe(failures)
+                    + _stacks_of_the_rest(procs, set(values) | set(failures), stacks)
                 )
             try:
                 rank, ok, payload = results.get(timeout=min(remaining, 0.5))
@@ -216,6 +239,7 @@ def run_distributed(
                 p.terminate()
                 p.join(timeout=5.0)
         channels.close()
+        shutil.rmtree(stacks, ignore_errors=True)
         del store
     return [values[r] for r in range(world_size)]
 
@@ -251,6 +275,22 @@ def _drain(
         except queue.Empty:
             return
         (values if ok else failures)[rank] = payload
+
+
+def _stacks_of_the_rest(procs: list[Any], reported: set[int], stacks: str, lines: int = 40) -> str:
+    """Where the ranks that have not reported are: each writes its threads' stacks on ``SIGUSR1``; the last
+    ``lines`` lines of each (the main thread comes last) go into the error."""
+    waiting = [i for i, p in enumerate(procs) if i not in reported and p.is_alive()]
+    for i in waiting:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(procs[i].pid, signal.SIGUSR1)
+    time.sleep(_STACK_DUMP_S)
+    out = []
+    for i in waiting:
+        with contextlib.suppress(OSError):
+            text = Path(stacks, f"rank{i}.txt").read_text().splitlines()
+            out.append(f"\n--- rank {i} (still running), its stacks ---\n" + "\n".join(text[-lines:]))
+    return "".join(out)
 
 
 def _describe(failures: dict[int, str]) -> str:
