@@ -38,6 +38,17 @@ def test_all_reduce_over_four_ranks() -> None:
     assert run_distributed(_all_reduce, 4) == [[6.0, 4.0]] * 4
 
 
+def _threads(ctx: RankContext) -> int:
+    return torch.get_num_threads()
+
+
+def test_ranks_run_the_thread_count_asked_for() -> None:
+    # One thread each by default, however many cores the machine has: ten test workers of four ranks each would
+    # otherwise run 40 x cores threads (a 16-core machine slowed ranks from seconds to minutes that way).
+    assert run_distributed(_threads, 2) == [1, 1]
+    assert run_distributed(_threads, 2, env={"OMP_NUM_THREADS": "3"}) == [3, 3]
+
+
 def test_failing_rank_surfaces_its_traceback() -> None:
     with pytest.raises(DistributedTestError, match="rank two is broken on purpose"):
         run_distributed(_fail_on_rank_2, 3, timeout=30)

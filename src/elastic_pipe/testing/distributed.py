@@ -43,6 +43,7 @@ from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from elastic_pipe.types import ElasticPipeError
@@ -103,6 +104,9 @@ def _child(
         raise SystemExit(1)
     results = channels.results
     os.environ.update(env)
+    if threads := env.get("OMP_NUM_THREADS"):
+        # torch read the variable when this process imported it, before the update: size its pool as asked
+        torch.set_num_threads(int(threads))
     os.environ.update(
         {
             "MASTER_ADDR": ctx.master_addr,
@@ -154,7 +158,9 @@ def run_distributed(
         *args: extra positional arguments for ``fn`` (must be picklable for the local spawn).
         timeout: seconds allowed for every collective and for the whole run, counted from the moment every rank
             has started.
-        env: extra environment variables for the children (e.g. thread counts).
+        env: extra environment variables for the children (e.g. thread counts). ``OMP_NUM_THREADS`` (default 1)
+            also sizes each rank's torch thread pool (the variable alone would come too late: the rank has
+            imported torch by then).
         startup_timeout: seconds allowed for every rank to start (spawn and import), before ``timeout`` runs.
 
     Returns:
