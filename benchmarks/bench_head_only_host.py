@@ -64,7 +64,7 @@ import torch.distributed as dist
 
 import elastic_pipe
 from elastic_pipe import freeze, models
-from elastic_pipe.orchestrator import config_from_tables, prefix_reads, step_data, trainer, workload
+from elastic_pipe.orchestrator import config_from_tables, epoch_steps, prefix_reads, trainer, workload
 from elastic_pipe.orchestrator import step_loop as loop
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
@@ -175,7 +175,7 @@ _END = object()
 
 def instrument(probe: Probe) -> None:
     """Wrap the step loop's calls at each component's boundary (see the module docstring)."""
-    probe.iterator(step_data.ElasticBatchSampler, "__iter__", "batch_sampler")
+    probe.iterator(epoch_steps.ElasticBatchSampler, "__iter__", "batch_sampler")
     probe.iterator(workload.Split, "batches", "batch_assembly")
     probe.method(prefix_reads.PrefetchedBatches, "__next__", "cache_prefetch")
     probe.method(StageRuntime, "frozen_prefix", "cache_read")

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from elastic_pipe.data import ElasticSampler
+from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.step_data import ElasticBatchSampler, epoch_plan, split_unit
 from elastic_pipe.orchestrator.workload import split_dataset
 from elastic_pipe.testing import RankContext, run_distributed
 

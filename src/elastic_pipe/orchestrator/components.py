@@ -24,10 +24,10 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, models, partition
 from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
-from elastic_pipe.orchestrator.step_data import epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.text_data import bbcnews
 from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy, eval_count, num_samples
 from elastic_pipe.types import ElasticPipeError
@@ -173,7 +173,7 @@ def load_samples(config: TrainConfig) -> Samples | Any:
 
 def epoch_steps(config: TrainConfig, samples: int) -> int | None:
     """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
-    (:func:`.step_data.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
+    (:func:`.epoch_steps.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
     trainer's own check names that)."""
     unit = split_unit(
         config.world_size,

@@ -1,4 +1,4 @@
-"""What a rank reads: the training and evaluation parts of the data, the steps of an epoch, the check of the items.
+"""What a rank reads: the training and evaluation parts of the data, and the check of their items.
 
 Two kinds of data, one interface (:class:`StepData`):
 
@@ -12,47 +12,31 @@ Two kinds of data, one interface (:class:`StepData`):
   or ``labels`` when it has them (:func:`label_table`), decoding nothing.
 
 Either way a step's indices come from the :class:`~elastic_pipe.data.ElasticSampler` through
-:class:`ElasticBatchSampler`, which walks a snapshot of the sampler (the loader's workers read ahead of the
-training loop; the sampler itself advances only when a step is done). A new layout builds a new batch sampler from
-the sampler's position, so the position survives a re-shard.
-
-Epoch length (:func:`epoch_plan`). Every step but the last takes ``global_batch`` samples. The ``N mod B`` left
-over form one short last step of the largest multiple of the *split unit* that fits (the unit: the least common
-multiple of ``replicas x microbatches`` over every layout the job can reach, so that the short step splits into
-equal micro-batches on every replica, whatever the layout, and the number of steps per epoch never depends on the
-layout); the fewer than ``unit`` samples left after it are dropped this epoch and counted (``dropped`` in the
-epoch record; a different random tail every epoch). ``[data] drop_last = true`` keeps whole steps only and drops
-the ``N mod B`` rest instead.
+:class:`~elastic_pipe.orchestrator.epoch_steps.ElasticBatchSampler`; :mod:`~elastic_pipe.orchestrator.epoch_steps`
+cuts the epoch into steps.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.utils.data
 
-from elastic_pipe import data as edata
+from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.loader_pool import LoaderKey, LoaderPool
 
 __all__ = [
     "Batch",
     "DatasetSplit",
-    "ElasticBatchSampler",
-    "EpochPlan",
     "ItemSpec",
     "StepData",
-    "epoch_plan",
     "item_spec",
     "label_table",
-    "reachable_pipe_lens",
-    "split_unit",
 ]
 
 
@@ -90,104 +74,6 @@ class StepData(Protocol):
     ) -> Iterator[Batch]:
         """One :class:`Batch` per list of positions, in order."""
         ...
-
-
-# --------------------------------------------------------------------------------------------- the epoch's steps
-def reachable_pipe_lens(pipe_len: int, world_size: int) -> tuple[int, ...]:
-    """Every pipeline length a job may reach: divisors of the world size up to the initial length, longest first."""
-    return tuple(k for k in range(pipe_len, 0, -1) if world_size % k == 0)
-
-
-def split_unit(world_size: int, pipe_lens: Sequence[int], microbatches_for: Callable[[int], int]) -> int:
-    """The least common multiple of ``replicas x microbatches`` over the reachable pipeline lengths.
-
-    A step of a multiple of it splits into equal micro-batches on every replica of every reachable layout.
-    """
-    return math.lcm(*(world_size // k * microbatches_for(k) for k in pipe_lens))
-
-
-@dataclass(frozen=True)
-class EpochPlan:
-    """How one epoch of ``samples`` training samples is cut into steps.
-
-    Attributes:
-        samples: training samples.
-        batch: the global batch of a full step.
-        last: samples of the short last step (0: none).
-        dropped: samples left out every epoch (the last of the epoch's order).
-    """
-
-    samples: int
-    batch: int
-    last: int
-    dropped: int
-
-    @property
-    def full_steps(self) -> int:
-        """Steps of ``batch`` samples."""
-        return self.samples // self.batch
-
-    @property
-    def steps(self) -> int:
-        """Steps per epoch, the short one included."""
-        return self.full_steps + (1 if self.last else 0)
-
-    @property
-    def used(self) -> int:
-        """Samples each epoch trains on."""
-        return self.samples - self.dropped
-
-    def size(self, step: int) -> int:
-        """Samples (over all replicas) of step ``step`` (0-based) of the epoch."""
-        return self.batch if step < self.full_steps else self.last
-
-    def sizes(self, first: int = 0) -> list[int]:
-        """The sizes of steps ``first, first + 1, ...`` to the epoch's end."""
-        return [self.size(i) for i in range(first, self.steps)]
-
-    def steps_done(self, consumed: int) -> int:
-        """Steps done when the sampler has used ``consumed`` positions of the epoch."""
-        return -(-consumed // self.batch)
-
-
-def epoch_plan(samples: int, batch: int, unit: int, *, drop_last: bool = False) -> EpochPlan:
-    """Cut ``samples`` into steps of ``batch``, then (unless ``drop_last``) one short step of a multiple of ``unit``.
-
-    Args:
-        samples: training samples.
-        batch: the global batch, a multiple of ``unit``.
-        unit: the split unit (:func:`split_unit`).
-        drop_last: no short step: the ``samples mod batch`` rest is dropped.
-    """
-    assert batch % unit == 0, (batch, unit)
-    rest = samples % batch
-    last = 0 if drop_last else rest - rest % unit
-    return EpochPlan(samples, batch, last, rest - last)
-
-
-class ElasticBatchSampler:
-    """A batch sampler over the rest of an epoch: per step, this replica's indices from the elastic sampler.
-
-    It walks a copy of ``sampler`` (``step_indices`` then ``advance``), so iterating it never moves the sampler the
-    training loop advances; build a new one after a re-shard.
-
-    Args:
-        sampler: the job's sampler, at its current position and sharding.
-        sizes: the global size of each remaining step.
-    """
-
-    def __init__(self, sampler: edata.ElasticSampler, sizes: Sequence[int]) -> None:
-        self.sampler = sampler
-        self.sizes = list(sizes)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        walker = copy.copy(self.sampler)
-        for size in self.sizes:
-            yield walker.step_indices(size)
-            walker.advance(size)
 
 
 # --------------------------------------------------------------------------------------------- the items

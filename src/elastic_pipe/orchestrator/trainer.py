@@ -226,7 +226,7 @@ class ElasticTrainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch, a short last step included (:func:`.step_data.epoch_plan`)."""
+        """Optimizer steps per epoch, a short last step included (:func:`.epoch_steps.epoch_plan`)."""
         return self.ctx.epoch.steps
 
     def step_limit_reached(self) -> bool:
