@@ -34,7 +34,7 @@ class _Recording(Drift):
         super().observe_drift(change)
 
 
-def _fit(directory: Path, threshold: float) -> dict[str, Any]:
+def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any]:
     import torch
 
     from elastic_pipe import models
@@ -46,7 +46,7 @@ def _fit(directory: Path, threshold: float) -> dict[str, Any]:
     d = load_digits()
     tables: dict[str, Any] = {
         "model": {"name": "vit"},
-        "train": {"epochs": 3, "global_batch": 16, "lr": 0.01, "seed": 0},
+        "train": {"epochs": 3, "global_batch": 16, "lr": 0.01, "seed": 0, "max_steps": max_steps},
         "freeze": {"decide_every": 2},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "cache": "off"},
         "launch": {"nproc_per_node": 2},
@@ -91,7 +91,7 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
     write_checkpoint(directory, f"{name}.pt", state, {k: meta[k] for k in ("epoch", "step", "fingerprint")})
 
 
-def _runs(ctx: RankContext, tmp: str, threshold: float) -> dict[str, Any]:
+def _runs(ctx: RankContext, tmp: str, threshold: float, stop_at: int = 0) -> dict[str, Any]:
     import torch.distributed as dist
 
     root = Path(tmp)
@@ -103,6 +103,9 @@ def _runs(ctx: RankContext, tmp: str, threshold: float) -> dict[str, Any]:
     dist.barrier()
     out["resumed"] = _fit(root / "resumed", threshold)
     out["old"] = _fit(root / "old", threshold)
+    if stop_at:  # stopped by max_steps at a decision point, and resumed: the decision comes first
+        out["stopped"] = _fit(root / "stopped", threshold, max_steps=stop_at)
+        out["continued"] = _fit(root / "stopped", threshold)
     return out
 
 
@@ -131,12 +134,12 @@ def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(t
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # three runs in a row
+@pytest.mark.slow  # five runs in a row
 def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(tmp_path: Path) -> None:
     # a threshold the clean run's drift never gets below (it stays above 0.09 here), but the shorter first interval
     # of a resume that re-takes the baseline does (about 0.06 for unit 0 after step 6)
     threshold = 0.07
-    out = run_distributed(_runs, 2, str(tmp_path), threshold, timeout=400)[0]
+    out = run_distributed(_runs, 2, str(tmp_path), threshold, 4, timeout=400)[0]
     clean, resumed, old = out["clean"], out["resumed"], out["old"]
     assert len(clean["seen"]) == 4
     assert clean["transitions"] == []
@@ -149,3 +152,10 @@ def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(
     assert [t[:2] for t in old["transitions"]] == [(6, 1)]
     assert old["losses"][:6] == clean["losses"][:6]
     assert old["losses"][6:] != clean["losses"][6:]
+    # a run stopped by max_steps at the decision point after step 4 decides first when resumed: it compares with
+    # the outputs after step 2 (a baseline taken at the resume would read no drift at all, and freeze)
+    stopped, continued = out["stopped"], out["continued"]
+    assert stopped["seen"] == clean["seen"][:1]
+    assert continued["seen"] == clean["seen"][1:]
+    assert continued["transitions"] == []
+    assert continued["losses"] == clean["losses"]
