@@ -117,3 +117,41 @@ class OutputDrift:
     def reset(self) -> None:
         """Forget every kept output."""
         self._prev.clear()
+
+    def state_dict(self) -> dict[int, torch.Tensor]:
+        """The kept outputs, for a checkpoint: layer index -> a CPU copy of its output at the previous decision
+        point (dtype and bits unchanged, so a restored piece measures exactly what this one would)."""
+        return {i: h.detach().to("cpu", copy=True) for i, h in sorted(self._prev.items())}
+
+    def load_state_dict(
+        self,
+        state: Mapping[int, torch.Tensor],
+        *,
+        num_layers: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        """Keep ``state``'s outputs (a :meth:`state_dict`) instead of the current ones, as the baseline of the next
+        :meth:`measure`.
+
+        Args:
+            state: layer index -> that layer's output at the previous decision point; ``{}`` keeps nothing.
+            num_layers: when given, every index must lie in ``[0, num_layers)``.
+            device: where the outputs go (the device the next outputs will be on); default: where they are.
+
+        Raises:
+            FreezeError: naming the bad entry: an index that is not an integer >= 0 (or not below ``num_layers``),
+                or a value that is not a floating-point tensor. Nothing is changed then.
+        """
+        kept: dict[int, torch.Tensor] = {}
+        for index, h in state.items():
+            if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+                raise FreezeError(f"OutputDrift.load_state_dict: layer index {index!r} is not an integer >= 0")
+            if num_layers is not None and index >= num_layers:
+                raise FreezeError(f"OutputDrift.load_state_dict: layer {index} outside [0, {num_layers})")
+            if not isinstance(h, torch.Tensor) or not h.is_floating_point():
+                what = f"a {h.dtype} tensor" if isinstance(h, torch.Tensor) else type(h).__name__
+                raise FreezeError(
+                    f"OutputDrift.load_state_dict: layer {index}'s output is {what}, expected a floating-point tensor"
+                )
+            kept[index] = h.detach().to(device if device is not None else h.device, copy=True)
+        self._prev = kept

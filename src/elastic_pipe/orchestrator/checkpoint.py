@@ -1,11 +1,13 @@
 """Checkpoints: everything a run needs to continue, one shard per pipeline stage plus a main file, with manifests.
 
 What is saved is :meth:`ElasticTrainer.state_dict`, each rank's share: the rank running stage ``s`` of replica 0
-writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - and the
-optimizer state of the parameters it owns, by name); rank 0 then writes the main file: the optimizer's
+writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - the
+optimizer state of the parameters it owns, by name, and, for a probe-driven freeze policy, the probe outputs it
+keeps for the next decision point: :mod:`.probe`); rank 0 then writes the main file: the optimizer's
 hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the
 run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the history so
-far and the shard table. No rank receives another stage's weights or optimizer state.
+far and the shard table (and which shard keeps each stage's probe outputs). No rank receives another stage's
+weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -31,7 +33,10 @@ any process starts.
 
 A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
 divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
-reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns.
+reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns
+(and replica 0's ranks their stage's probe outputs, which stand in for the probe's new baseline: the next drift
+measured is the uninterrupted run's, from any step checkpoint; a checkpoint without them - written before they were
+kept - takes the baseline from its weights).
 """
 
 from __future__ import annotations
@@ -147,8 +152,11 @@ class Checkpointer:
             remove_leftovers(self.directory)
         dist.barrier(group=ctx.groups.control_group)
         if ctx.rank in writers:
+            s = writers.index(ctx.rank)
             shard = {"model": state["model"], "optimizer": {"state": state["optimizer"]["state"]}}
-            write_shard(self.directory, shard_name(name, writers.index(ctx.rank)), shard)
+            if "probe" in state:  # a probe-driven policy's baseline: the outputs of the units ending on this stage
+                shard["probe"] = state["probe"][str(s)]
+            write_shard(self.directory, shard_name(name, s), shard)
         dist.barrier(group=ctx.groups.control_group)
         if ctx.rank == 0:
             files = [shard_name(name, s) for s in range(layout.pipe_len)]
@@ -158,9 +166,11 @@ class Checkpointer:
                 for j in held_sublayers(layout, plan, rank)
                 for k in ctx.sublayer_keys[j]
             }
-            main = {k: v for k, v in state.items() if k != "model"}
+            main = {k: v for k, v in state.items() if k not in ("model", "probe")}
             main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
             main["shards"] = {"files": files, "index": index}
+            if "probe" in state:  # which shard keeps each stage's probe outputs
+                main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
             meta = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
             write_checkpoint(self.directory, name, main, meta)

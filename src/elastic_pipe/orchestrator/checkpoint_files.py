@@ -7,7 +7,8 @@ save and what; this module only writes and reads.
 
 A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSSS].stage-NNNN.pt`` (the stage's
 weights and optimizer state, written by the rank that runs it) with its own manifest; the main file then holds
-everything else and a ``shards`` table (the shard files and which shard holds each model key). Loading checks every
+everything else and a ``shards`` table (the shard files and which shard holds each model key; with a probe-driven
+freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs). Loading checks every
 shard's SHA-256 against its manifest before anything is used, and wraps the shards in a
 :class:`ShardedCheckpoint`, which reads a tensor only when asked for it (the files are memory-mapped), checking its
 CRC-32 and its values then.
@@ -315,6 +316,28 @@ class _ShardView(Mapping[str, Any]):
         return sum(1 for _ in self)
 
 
+class _StagePart(Mapping[str, Any]):
+    """One top-level entry of each stage's shard (``probe``), by stage: read and checked when asked for."""
+
+    def __init__(self, owner: ShardedCheckpoint, part: str, files: dict[str, str]) -> None:
+        self.owner = owner
+        self.part = part
+        self.files = files
+
+    def __getitem__(self, stage: str) -> Any:
+        shard = self.files[stage]
+        value = self.owner.shard(shard).get(self.part)
+        if value is None:
+            raise KeyError(stage)
+        return self.owner.checked(shard, self.part, value)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.files)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
 def _attach_shards(path: Path, state: dict[str, Any], *, allow_nonfinite: bool) -> None:
     """Check the shards ``state`` names and put lazy views of them in its ``model`` and optimizer ``state``."""
     table = state.get("shards")
@@ -328,6 +351,11 @@ def _attach_shards(path: Path, state: dict[str, Any], *, allow_nonfinite: bool) 
     shards = ShardedCheckpoint(path.parent, index, manifests, allow_nonfinite=allow_nonfinite)
     state["model"] = shards.model
     state.setdefault("optimizer", {})["state"] = shards.optimizer_state
+    probe = state.get("probe")  # {stage: shard file}: the probe outputs each stage keeps (a probe-driven policy)
+    if probe is not None:
+        if not isinstance(probe, dict) or not all(isinstance(f, str) and f in files for f in probe.values()):
+            raise CorruptCheckpoint(f"{path}: its probe table names unknown shards")
+        state["probe"] = _StagePart(shards, "probe", probe)
 
 
 def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:

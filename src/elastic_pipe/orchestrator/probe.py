@@ -13,19 +13,28 @@ A rank keeps the outputs of the units it holds, so after a transition (units cha
 baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
 next decision point compares with the same point in time. Cost: one forward of the probe through the watched units
 per decision point (two when the layout changes); nothing per step.
+
+A checkpoint keeps the outputs (:func:`kept`: replica 0's stage ``s`` writes those of the units ending on it into
+the stage's shard) and a resume puts them back (:func:`restore`) instead of taking a new baseline, so a run resumed
+from a step checkpoint between two decision points measures, at the next one, exactly the drift the uninterrupted
+run measures. A checkpoint without them (written before they were kept) falls back to :func:`baseline` at the
+resume: the first interval after it then spans only the steps since the checkpoint.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import recv_activation, send_activation
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 
-__all__ = ["PROBE_SAMPLES", "baseline", "measure"]
+__all__ = ["PROBE_SAMPLES", "baseline", "kept", "measure", "restore"]
 
 #: Samples in the probe batch: enough numbers for a stable relative change (16 x tokens x width), few enough that
 #: its forward costs about 1% of a decision interval's training work in the measured tasks.
@@ -103,3 +112,41 @@ def baseline(ctx: RunContext, stage: StageRuntime) -> None:
     when the policy reads no probe)."""
     if stage.drift is not None:
         _measure_sums(ctx, stage)
+
+
+def kept(stage: StageRuntime) -> dict[str, dict[str, torch.Tensor]] | None:
+    """This rank's kept probe outputs for a checkpoint (no collective): ``{str(stage): {str(unit): CPU tensor}}`` on
+    replica 0 (string keys, as a checkpoint's tensor paths are), ``{}`` on the other replicas, ``None`` when the
+    policy reads no probe."""
+    if stage.drift is None:
+        return None
+    if stage.replica != 0:
+        return {}
+    return {str(stage.stage): {str(u): h for u, h in stage.drift.state_dict().items()}}
+
+
+def restore(ctx: RunContext, stage: StageRuntime, saved: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+    """Keep the saved probe outputs as the next comparison's baseline, instead of :func:`baseline` (no collective;
+    nothing when the policy reads no probe).
+
+    Args:
+        saved: by stage (a string), the kept outputs of that stage's units by unit (a string) - at least this
+            rank's stage when it is on replica 0 (:func:`kept`, or a sharded checkpoint's view of every stage's).
+
+    Raises:
+        OrchestratorError: ``saved`` lacks this rank's stage, or an entry of it is not a unit index (named).
+        FreezeError: a unit outside the model's, or an output that is not a floating-point tensor (named).
+    """
+    if stage.drift is None:
+        return
+    if stage.replica != 0:  # only replica 0 probes: the other replicas keep nothing, as after a baseline
+        stage.drift.reset()
+        return
+    piece = saved.get(str(stage.stage))  # a sharded checkpoint reads (and checks) this stage's piece only
+    if piece is None:
+        raise OrchestratorError(f"no saved probe outputs of stage {stage.stage}: the state has {sorted(saved)}")
+    bad = [u for u in piece if not str(u).isdigit()]
+    if bad:
+        raise OrchestratorError(f"stage {stage.stage}'s saved probe outputs hold entry {bad[0]!r}, not a unit index")
+    outputs = {int(u): h for u, h in piece.items()}
+    stage.drift.load_state_dict(outputs, num_layers=len(ctx.unit_ends), device=ctx.device)

@@ -21,7 +21,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -164,9 +164,12 @@ class ElasticTrainer:
         self.setup()
         self._enter(executor.initial_state(self.ctx), 0)
 
-    def _enter(self, state: RunState, old_frozen: int) -> None:
+    def _enter(
+        self, state: RunState, old_frozen: int, *, probe_outputs: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    ) -> None:
         """Make ``state`` current: hold only its sub-layers, point the optimizer at them, build the stage, carry
-        the cache."""
+        the cache; the probe's baseline is ``probe_outputs`` (a checkpoint's, :func:`.probe.restore`) when given, a
+        new one taken now (a collective) otherwise."""
         ctx = self.ctx
         if self._stage is not None:
             self._stage.close()
@@ -177,7 +180,10 @@ class ElasticTrainer:
             holdings.fuse_on_device(self.optimizer)
         self._state = state
         self._stage = StageRuntime(ctx, state.layout)
-        probe.baseline(ctx, self._stage)  # a probe-driven policy's first comparison starts here
+        if probe_outputs is None:
+            probe.baseline(ctx, self._stage)  # a probe-driven policy's first comparison starts here
+        else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
+            probe.restore(ctx, self._stage, probe_outputs)
         self._stage.setup_cache(self.cache, old_frozen)
         self.sampler.reshard(state.layout.replicas, self._stage.replica)
 
@@ -392,22 +398,22 @@ class ElasticTrainer:
 
         Returns:
             On every rank the run's position and the trainer's state, the weights of the sub-layers this rank
-            holds and the optimizer state of the parameters it owns (tensors on the CPU, plain data otherwise). No
-            rank receives another's optimizer state; a checkpoint writes one share per stage.
+            holds and the optimizer state of the parameters it owns (tensors on the CPU, plain data otherwise), and,
+            for a probe-driven policy, ``probe``: the probe outputs this rank keeps (:func:`.probe.kept`). No rank
+            receives another's optimizer state; a checkpoint writes one share per stage.
         """
         ctx = self.ctx
-        return snapshot.local_state(
-            ctx,
-            self.state,
-            self.optimizer,
-            extra={
-                "scheduler": self.scheduler.state_dict(),
-                "policy": self.parts.policy.state_dict(),
-                "sampler": self.sampler.state_dict(),
-                "history": self.result.history(),
-                "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
-            },
-        )
+        extra: dict[str, Any] = {
+            "scheduler": self.scheduler.state_dict(),
+            "policy": self.parts.policy.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "history": self.result.history(),
+            "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
+        }
+        kept = probe.kept(self.stage)  # a probe-driven policy's baseline: replica 0's outputs, by stage
+        if kept is not None:
+            extra["probe"] = kept
+        return snapshot.local_state(ctx, self.state, self.optimizer, extra=extra)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
@@ -423,7 +429,8 @@ class ElasticTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state (after :meth:`setup`): every rank passes a state holding at least its share
         in the saved layout - a sharded checkpoint's lazy view (:class:`~.checkpoint_files.ShardedCheckpoint`), or
-        one whole state."""
+        one whole state. Saved probe outputs (``probe``) become the probe's baseline; a state without them (older
+        checkpoints) takes a new baseline from the loaded weights."""
         ctx = self.ctx
         run_state = snapshot.restore(ctx, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -434,4 +441,4 @@ class ElasticTrainer:
         if "decision_due" not in state["run"]:  # checkpoints that kept the flag beside the run's position
             run_state = run_state.replace(decision_due=bool(state.get("decision_due", False)))
         ctx.forget_prefix()  # the loaded weights are not those it was taken with
-        self._enter(run_state, 0)
+        self._enter(run_state, 0, probe_outputs=state.get("probe"))

@@ -1,0 +1,161 @@
+"""The probe-driven policy (``drift``) resumed from a step checkpoint between two decision points measures exactly
+the drift of the uninterrupted run: the checkpoint keeps each stage's probe outputs, and the resume compares with
+them instead of a new baseline. A checkpoint without them (written before they were kept) still loads and takes the
+baseline from its weights, so the first interval after the resume is shorter and its drift differs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_pipe.freeze import Drift
+from elastic_pipe.testing import RankContext, run_distributed
+
+#: 64 digits: 3 steps of 16 an epoch, 9 steps in 3 epochs; decision points after steps 2, 4, 6 and 8 of the run.
+SAMPLES = 64
+#: The step checkpoint resumed from: after step 2 of epoch 1 (step 5 of the run), strictly between the decision
+#: points after steps 4 and 6.
+STEP_CHECKPOINT = "epoch-0001-step-000002"
+
+
+class _Recording(Drift):
+    """A Drift that keeps every change vector it observes (rank 0 decides, so only rank 0 sees them)."""
+
+    def __init__(self, num_layers: int, **options: Any) -> None:
+        super().__init__(num_layers, **options)
+        self.seen: list[list[float]] = []
+
+    def observe_drift(self, change: Any) -> None:
+        self.seen.append([float(c) for c in change])
+        super().observe_drift(change)
+
+
+def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any]:
+    import torch
+
+    from elastic_pipe import models
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.workload import Split
+
+    torch.manual_seed(0)
+    d = load_digits()
+    tables: dict[str, Any] = {
+        "model": {"name": "vit"},
+        "train": {"epochs": 3, "global_batch": 16, "lr": 0.01, "seed": 0, "max_steps": max_steps},
+        "freeze": {"decide_every": 2},
+        "pipeline": {"microbatches": 2, "pipe_len": 2, "cache": "off"},
+        "launch": {"nproc_per_node": 2},
+        "log": {"progress": False},
+        "checkpoint": {"dir": str(directory), "steps": 2},
+    }
+    # no dropout, so the probe (eval mode) and the steps depend on the weights only
+    model = models.vit(config="vit-tiny", depth=4, dim=16, heads=2, mlp_dim=32, dropout=0.0)
+    policy = _Recording(4, threshold=threshold, patience=1, tolerance=None)
+    samples = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
+    with ElasticTrainer(config_from_tables(tables), model=model, data=samples, policy=policy, quiet=True) as t:
+        result = t.fit()
+    return {
+        "seen": policy.seen,
+        "transitions": [(e["step"], e["frozen_units"], e["pipe_len"]) for e in result.transitions],
+        "losses": result.losses,
+    }
+
+
+def _copy_checkpoint(source: Path, target: Path, name: str) -> None:
+    """Put checkpoint ``name`` (main file, shards, manifests) of ``source`` alone in ``target`` and name it newest."""
+    target.mkdir(parents=True)
+    for part in source.glob(f"{name}.*"):
+        shutil.copy(part, target / part.name)
+    meta = json.loads((source / "latest.json").read_text())
+    main = json.loads((source / f"{name}.manifest.json").read_text())
+    meta.update(file=f"{name}.pt", epoch=main["epoch"], step=main["step"])
+    (target / "latest.json").write_text(json.dumps(meta))
+
+
+def _without_probe_outputs(directory: Path, name: str) -> None:
+    """Rewrite checkpoint ``name``'s main file without its probe table, as checkpoints before it were written (the
+    shards' outputs are then never read)."""
+    import torch
+
+    from elastic_pipe.orchestrator.checkpoint_files import write_checkpoint
+
+    state = torch.load(directory / f"{name}.pt", map_location="cpu", weights_only=True)
+    assert "probe" in state  # what the change writes: which shard keeps each stage's outputs
+    del state["probe"]
+    meta = json.loads((directory / "latest.json").read_text())
+    write_checkpoint(directory, f"{name}.pt", state, {k: meta[k] for k in ("epoch", "step", "fingerprint")})
+
+
+def _runs(ctx: RankContext, tmp: str, threshold: float, stop_at: int = 0) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    root = Path(tmp)
+    out = {"clean": _fit(root / "clean", threshold)}
+    if ctx.rank == 0:
+        _copy_checkpoint(root / "clean", root / "resumed", STEP_CHECKPOINT)
+        _copy_checkpoint(root / "clean", root / "old", STEP_CHECKPOINT)
+        _without_probe_outputs(root / "old", STEP_CHECKPOINT)
+    dist.barrier()
+    out["resumed"] = _fit(root / "resumed", threshold)
+    out["old"] = _fit(root / "old", threshold)
+    if stop_at:  # stopped by max_steps at a decision point, and resumed: the decision comes first
+        out["stopped"] = _fit(root / "stopped", threshold, max_steps=stop_at)
+        out["continued"] = _fit(root / "stopped", threshold)
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # three runs in a row
+def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(tmp_path: Path) -> None:
+    # every change is below the threshold: one more unit frozen at every decision point, up to the cap (3 units),
+    # so the stage boundary moves and the probe re-bases before the checkpoint
+    out = run_distributed(_runs, 2, str(tmp_path), 10.0, timeout=400)[0]
+    clean, resumed, old = out["clean"], out["resumed"], out["old"]
+    assert len(clean["losses"]) == 9
+    assert [t[:2] for t in clean["transitions"]] == [(2, 1), (4, 2), (6, 3)]  # the cap (3 units) after step 6
+    assert len(clean["seen"]) == 4  # after steps 2, 4, 6 and 8
+    # the decision after step 6 is the first after the resume: unit 2 drifted over steps 5 and 6 - measured
+    assert 0.0 < clean["seen"][2][2] < 10.0
+    # resumed after step 5: the decision points after steps 6 and 8 see exactly the drift the clean run saw
+    assert resumed["seen"] == clean["seen"][2:]
+    assert resumed["losses"] == clean["losses"]
+    assert resumed["transitions"] == clean["transitions"]
+    # a checkpoint without the outputs still resumes: the baseline is taken after step 5, so the first interval
+    # spans step 6 only and measures another drift (smaller, but the same decision here); the steps are unchanged
+    assert old["seen"][0][2] != clean["seen"][2][2]
+    assert old["seen"][0][:2] == clean["seen"][2][:2] == [0.0, 0.0]  # frozen units are not probed
+    assert old["losses"] == clean["losses"]
+    assert old["transitions"] == clean["transitions"]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # five runs in a row
+def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(tmp_path: Path) -> None:
+    # a threshold the clean run's drift never gets below (it stays above 0.09 here), but the shorter first interval
+    # of a resume that re-takes the baseline does (about 0.06 for unit 0 after step 6)
+    threshold = 0.07
+    out = run_distributed(_runs, 2, str(tmp_path), threshold, 4, timeout=400)[0]
+    clean, resumed, old = out["clean"], out["resumed"], out["old"]
+    assert len(clean["seen"]) == 4
+    assert clean["transitions"] == []
+    assert min(min(change[:3]) for change in clean["seen"]) > threshold
+    assert resumed["seen"] == clean["seen"][2:]
+    assert resumed["transitions"] == clean["transitions"] == []
+    assert resumed["losses"] == clean["losses"]
+    # the fallback for a checkpoint without the outputs: unit 0 reads still after step 6 and is frozen there
+    assert old["seen"][0][0] < threshold
+    assert [t[:2] for t in old["transitions"]] == [(6, 1)]
+    assert old["losses"][:6] == clean["losses"][:6]
+    assert old["losses"][6:] != clean["losses"][6:]
+    # a run stopped by max_steps at the decision point after step 4 decides first when resumed: it compares with
+    # the outputs after step 2 (a baseline taken at the resume would read no drift at all, and freeze)
+    stopped, continued = out["stopped"], out["continued"]
+    assert stopped["seen"] == clean["seen"][:1]
+    assert continued["seen"] == clean["seen"][1:]
+    assert continued["transitions"] == []
+    assert continued["losses"] == clean["losses"]
