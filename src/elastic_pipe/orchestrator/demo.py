@@ -36,11 +36,12 @@ from typing import Any
 
 import torch.distributed as dist
 
+from elastic_pipe.orchestrator.components import epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables
+from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.worker import run_rank
-from elastic_pipe.orchestrator.workload import eval_count
 
 __all__ = ["DEMO", "DIGITS_SAMPLES", "REFERENCE", "demo_config", "run_demo", "steps_per_epoch"]
 
@@ -73,8 +74,19 @@ REFERENCE: dict[str, Any] = {"freeze.policy": "never", "freeze.options": {}, "pi
 
 
 def steps_per_epoch(config: TrainConfig, samples: int = DIGITS_SAMPLES) -> int:
-    """Optimizer steps per epoch of ``config`` on a dataset of ``samples`` (the trainer's own rule)."""
-    return (samples - eval_count(samples, config.data.eval_fraction)) // config.train.global_batch
+    """Optimizer steps per epoch of ``config`` on a dataset of ``samples`` (the trainer's own rule,
+    :func:`.components.epoch_steps`).
+
+    Raises:
+        ConfigError: the global batch does not split over the layouts the job can reach.
+    """
+    steps = epoch_steps(config, samples)
+    if steps is None:
+        raise ConfigError(
+            f"train.global_batch = {config.train.global_batch} does not split into equal micro-batches over the "
+            "layouts the demo can reach"
+        )
+    return steps
 
 
 def demo_config(overrides: Mapping[str, Any] | None = None) -> TrainConfig:
