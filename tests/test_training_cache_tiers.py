@@ -17,7 +17,7 @@ import torch
 
 from elastic_pipe import cache as acache
 from elastic_pipe.cache.layout import HEADER_BYTES, SegmentLayout
-from elastic_pipe.orchestrator import config_from_tables, prefix_cache
+from elastic_pipe.orchestrator import config_from_tables, run_cache
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.sections import PipelineSection
 from elastic_pipe.testing import RankContext, run_distributed
@@ -36,7 +36,7 @@ def test_cache_tiers_parse_sizes_and_round_trip() -> None:
     p = PipelineSection(cache_tiers={"device": "20GiB", "host": "1.5 GB", "disk": "/nvme/c", "disk_size": 4096})
     assert p.cache_tiers == {"device": 20 * 2**30, "host": 1_500_000_000, "disk": "/nvme/c", "disk_size": 4096}
     assert PipelineSection(cache_tiers=p.cache_tiers) == p  # to_dict's byte counts read back the same
-    tiers = prefix_cache.cache_tiers(p)
+    tiers = run_cache.cache_tiers(p)
     assert (tiers.device_bytes, tiers.host_bytes, tiers.disk_dir, tiers.disk_bytes) == (
         20 * 2**30,
         1_500_000_000,
@@ -47,9 +47,9 @@ def test_cache_tiers_parse_sizes_and_round_trip() -> None:
 
 
 def test_without_cache_tiers_the_device_tier_is_cache_mb_and_a_disk_without_size_is_unbounded() -> None:
-    assert prefix_cache.cache_tiers(PipelineSection(cache_mb=3)) == acache.CacheTiers(3 << 20)
-    tiers = prefix_cache.cache_tiers(PipelineSection(cache_tiers={"disk": "/scratch", "host_kind": "pinned"}))
-    assert tiers.disk_bytes == prefix_cache.UNBOUNDED_DISK and tiers.host_kind is acache.HostKind.PINNED
+    assert run_cache.cache_tiers(PipelineSection(cache_mb=3)) == acache.CacheTiers(3 << 20)
+    tiers = run_cache.cache_tiers(PipelineSection(cache_tiers={"disk": "/scratch", "host_kind": "pinned"}))
+    assert tiers.disk_bytes == run_cache.UNBOUNDED_DISK and tiers.host_kind is acache.HostKind.PINNED
 
 
 @pytest.mark.parametrize(

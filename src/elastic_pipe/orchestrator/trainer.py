@@ -33,7 +33,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, prefix_cache, probe, snapshot
+from elastic_pipe.orchestrator import executor, holdings, probe, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config
@@ -150,7 +150,7 @@ class ElasticTrainer:
             total = min(total, c.train.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
-        self.cache = prefix_cache.build_cache(
+        self.cache = run_cache.build_cache(
             c,
             rank=ctx.rank,
             device=ctx.device,
@@ -195,7 +195,7 @@ class ElasticTrainer:
             self._stage.close()
             self._stage = None
         if self.cache is not None:
-            prefix_cache.release_cache(self.cache)
+            run_cache.release_cache(self.cache)
             self.cache = None
         if self._ctx is not None:
             for part in (self._ctx.train_set, self._ctx.eval_set):
