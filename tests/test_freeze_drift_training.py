@@ -8,20 +8,8 @@ from typing import Any
 
 import pytest
 
-from elastic_pipe.freeze import Drift
 from elastic_pipe.testing import RankContext, run_distributed
-
-
-class _Recording(Drift):
-    """A Drift that keeps every change vector it observes (rank 0 decides, so only rank 0 sees them)."""
-
-    def __init__(self, num_layers: int, **options: Any) -> None:
-        super().__init__(num_layers, **options)
-        self.seen: list[list[float]] = []
-
-    def observe_drift(self, change: Any) -> None:
-        self.seen.append([float(c) for c in change])
-        super().observe_drift(change)
+from recording_drift import RecordingDrift
 
 
 def _train(ctx: RankContext, pipe_len: int, threshold: float) -> dict[str, Any]:
@@ -44,7 +32,7 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float) -> dict[str, Any]:
     }
     # no dropout: the masks are drawn per rank, so two layouts would train differently
     model = models.vit(config="vit-tiny", depth=4, dim=16, heads=2, mlp_dim=32, dropout=0.0)
-    policy = _Recording(4, threshold=threshold, patience=1, tolerance=None)
+    policy = RecordingDrift(4, threshold=threshold, patience=1, tolerance=None)
     samples = Split(d.inputs[:64], d.labels[:64], d.sample_ids[:64])
     with ElasticTrainer(config_from_tables(tables), model=model, data=samples, policy=policy, quiet=True) as t:
         result = t.fit()

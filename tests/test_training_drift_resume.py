@@ -12,26 +12,14 @@ from typing import Any
 
 import pytest
 
-from elastic_pipe.freeze import Drift
 from elastic_pipe.testing import RankContext, run_distributed
+from recording_drift import RecordingDrift
 
 #: 64 digits: 3 steps of 16 an epoch, 9 steps in 3 epochs; decision points after steps 2, 4, 6 and 8 of the run.
 SAMPLES = 64
 #: The step checkpoint resumed from: after step 2 of epoch 1 (step 5 of the run), strictly between the decision
 #: points after steps 4 and 6.
 STEP_CHECKPOINT = "epoch-0001-step-000002"
-
-
-class _Recording(Drift):
-    """A Drift that keeps every change vector it observes (rank 0 decides, so only rank 0 sees them)."""
-
-    def __init__(self, num_layers: int, **options: Any) -> None:
-        super().__init__(num_layers, **options)
-        self.seen: list[list[float]] = []
-
-    def observe_drift(self, change: Any) -> None:
-        self.seen.append([float(c) for c in change])
-        super().observe_drift(change)
 
 
 def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any]:
@@ -55,7 +43,7 @@ def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any
     }
     # no dropout, so the probe (eval mode) and the steps depend on the weights only
     model = models.vit(config="vit-tiny", depth=4, dim=16, heads=2, mlp_dim=32, dropout=0.0)
-    policy = _Recording(4, threshold=threshold, patience=1, tolerance=None)
+    policy = RecordingDrift(4, threshold=threshold, patience=1, tolerance=None)
     samples = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
     with ElasticTrainer(config_from_tables(tables), model=model, data=samples, policy=policy, quiet=True) as t:
         result = t.fit()

@@ -1,0 +1,20 @@
+"""A :class:`~elastic_pipe.freeze.Drift` that keeps every change vector it observes, for the tests that compare the
+drift two runs measure (tests/test_freeze_drift_training.py, tests/test_training_drift_resume.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastic_pipe.freeze import Drift
+
+
+class RecordingDrift(Drift):
+    """A Drift that keeps every change vector it observes (rank 0 decides, so only rank 0 sees them)."""
+
+    def __init__(self, num_layers: int, **options: Any) -> None:
+        super().__init__(num_layers, **options)
+        self.seen: list[list[float]] = []
+
+    def observe_drift(self, change: Any) -> None:
+        self.seen.append([float(c) for c in change])
+        super().observe_drift(change)
