@@ -97,6 +97,22 @@ def _first_holder(model: SubLayerModel) -> dict[int, tuple[int, str]]:
     return first
 
 
+def _initial_value(
+    name: str, p: torch.Tensor, *, dtype: torch.dtype, norm: bool, generator: torch.Generator
+) -> torch.Tensor:
+    """The built-in initial value of parameter ``name``: a norm's weight 1 and bias 0, other biases (and
+    non-floating tensors) 0, everything else a truncated normal (std :data:`INIT_STD`) drawn from ``generator``."""
+    value = torch.empty(p.shape, dtype=dtype)
+    if norm:
+        value.fill_(1.0 if name.endswith("weight") else 0.0)
+    elif name.endswith("bias") or not p.is_floating_point():
+        value.zero_()
+    else:
+        limit = _TRUNCATE_STDS * INIT_STD
+        nn.init.trunc_normal_(value, std=INIT_STD, a=-limit, b=limit, generator=generator)
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class SeededInit:
     """The built-in builders' initialization, one generator per sub-layer.
@@ -123,19 +139,16 @@ class SeededInit:
         prefix = _child_names(model)[index] + "."
         generator = torch.Generator().manual_seed(sublayer_seed(self.seed, index))
         norm_params = {id(p) for m in sub.modules() if isinstance(m, self.norms) for p in m.parameters()}
-        out: dict[str, torch.Tensor] = {}
-        limit = _TRUNCATE_STDS * INIT_STD
-        for name, p in sub.named_parameters():
-            dtype = torch.float32 if p.is_floating_point() else p.dtype
-            value = torch.empty(p.shape, dtype=dtype)
-            if id(p) in norm_params:
-                value.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias") or not p.is_floating_point():
-                value.zero_()
-            else:
-                nn.init.trunc_normal_(value, std=INIT_STD, a=-limit, b=limit, generator=generator)
-            out[prefix + name] = value
-        return out
+        return {
+            prefix + name: _initial_value(
+                name,
+                p,
+                dtype=torch.float32 if p.is_floating_point() else p.dtype,
+                norm=id(p) in norm_params,
+                generator=generator,
+            )
+            for name, p in sub.named_parameters()
+        }
 
     def __call__(self, model: SubLayerModel, index: int, keys: Collection[str]) -> None:
         if not keys:
@@ -179,20 +192,11 @@ class MissingInit:
     def _draw(self, model: SubLayerModel) -> dict[str, torch.Tensor]:
         generator = torch.Generator().manual_seed(self.seed)
         norms = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters()}
-        limit = _TRUNCATE_STDS * INIT_STD
-        out: dict[str, torch.Tensor] = {}
-        for name, p in model.named_parameters():
-            if name not in self.missing:
-                continue
-            value = torch.empty(p.shape, dtype=p.dtype)
-            if id(p) in norms:
-                value.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias") or not p.is_floating_point():
-                value.zero_()
-            else:
-                nn.init.trunc_normal_(value, std=INIT_STD, a=-limit, b=limit, generator=generator)
-            out[name] = value
-        return out
+        return {
+            name: _initial_value(name, p, dtype=p.dtype, norm=id(p) in norms, generator=generator)
+            for name, p in model.named_parameters()
+            if name in self.missing
+        }
 
     def __call__(self, model: SubLayerModel, index: int, keys: Collection[str]) -> None:
         if self._values is None:
