@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.setup import compile_enabled, compile_seconds
+from elastic_pipe.orchestrator.setup import compile_enabled, compile_seconds, compile_sublayers
 from elastic_pipe.orchestrator.stage import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -68,6 +68,22 @@ def test_a_compiled_stage_behind_the_frozen_prefix_compiles_nothing_new() -> Non
     assert compile_seconds() > t0  # the first stage's compilation was measured
     # without the gradient-carrying input the block's code is compiled a second time (the guard the trick avoids)
     assert _new_graphs_for_a_later_stage(grad_input=False) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")
+def test_each_micro_batch_size_runs_code_compiled_for_that_size_alone() -> None:
+    # torch's default would compile batch 4 statically, recompile at 3 with a symbolic batch and run 5 and 4 on
+    # that (2 graphs): the code a step runs would depend on the sizes seen before, and a resumed run's would differ
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    (layer,) = compile_sublayers(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        outputs = {n: layer(torch.ones(n, 4)) for n in (4, 3, 5)}
+        again = layer(torch.ones(4, 4))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before == 3
+    assert torch.equal(again, outputs[4])
 
 
 def _losses(ctx: RankContext, mode: str) -> list[float]:

@@ -79,11 +79,31 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
     write_checkpoint(directory, f"{name}.pt", state, {k: meta[k] for k in ("epoch", "step", "fingerprint")})
 
 
-def _runs(ctx: RankContext, tmp: str, threshold: float, stop_at: int = 0) -> dict[str, Any]:
+def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0) -> dict[str, Any]:
+    """The clean run, then the resumes from its step checkpoint. ``threshold=None`` places the threshold from
+    measured drift (its values differ between torch versions) between what a resume without the probe outputs reads
+    first and the least the clean run reads, from a calibration run and such a resume, both with threshold 0 (never
+    freezes)."""
+    import torch
     import torch.distributed as dist
 
     root = Path(tmp)
-    out = {"clean": _fit(root / "clean", threshold)}
+    out: dict[str, Any] = {}
+    if threshold is None:
+        out["calibration"] = _fit(root / "calibration", 0.0)
+        if ctx.rank == 0:
+            _copy_checkpoint(root / "calibration", root / "old-measured", STEP_CHECKPOINT)
+            _without_probe_outputs(root / "old-measured", STEP_CHECKPOINT)
+        dist.barrier()
+        out["old-measured"] = _fit(root / "old-measured", 0.0)
+        placed = torch.zeros((), dtype=torch.float64)
+        if ctx.rank == 0:  # rank 0 decides, so only its policy sees the drift
+            least_clean = min(min(change[:3]) for change in out["calibration"]["seen"])
+            placed.fill_((out["old-measured"]["seen"][0][0] + least_clean) / 2)
+        dist.broadcast(placed, 0)
+        threshold = float(placed)
+    out["threshold"] = threshold
+    out["clean"] = _fit(root / "clean", threshold)
     if ctx.rank == 0:
         _copy_checkpoint(root / "clean", root / "resumed", STEP_CHECKPOINT)
         _copy_checkpoint(root / "clean", root / "old", STEP_CHECKPOINT)
@@ -122,22 +142,22 @@ def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(t
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # five runs in a row
+@pytest.mark.slow  # seven runs in a row
 def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(tmp_path: Path) -> None:
-    # a threshold the clean run's drift never gets below (it stays above 0.09 here), but the shorter first interval
-    # of a resume that re-takes the baseline does (about 0.06 for unit 0 after step 6)
-    threshold = 0.07
-    out = run_distributed(_runs, 2, str(tmp_path), threshold, 4, timeout=400)[0]
-    clean, resumed, old = out["clean"], out["resumed"], out["old"]
+    # a threshold the clean run's drift never gets below, but the shorter first interval of a resume that re-takes
+    # the baseline does (torch 2.13 on the CPU: above 0.09, and about 0.06 for unit 0 after step 6)
+    out = run_distributed(_runs, 2, str(tmp_path), None, 4, timeout=500)[0]
+    clean, resumed, old, threshold = out["clean"], out["resumed"], out["old"], out["threshold"]
     assert len(clean["seen"]) == 4
     assert clean["transitions"] == []
-    assert min(min(change[:3]) for change in clean["seen"]) > threshold
+    assert out["old-measured"]["seen"][0][0] < threshold < min(min(change[:3]) for change in clean["seen"])
+    assert clean["seen"] == out["calibration"]["seen"]  # no freezing either way, so the same drift
     assert resumed["seen"] == clean["seen"][2:]
     assert resumed["transitions"] == clean["transitions"] == []
     assert resumed["losses"] == clean["losses"]
     # the fallback for a checkpoint without the outputs: unit 0 reads still after step 6 and is frozen there
     assert old["seen"][0][0] < threshold
-    assert [t[:2] for t in old["transitions"]] == [(6, 1)]
+    assert [t[:2] for t in old["transitions"]][:1] == [(6, 1)]  # (what it decides later depends on the torch)
     assert old["losses"][:6] == clean["losses"][:6]
     assert old["losses"][6:] != clean["losses"][6:]
     # a run stopped by max_steps at the decision point after step 4 decides first when resumed: it compares with

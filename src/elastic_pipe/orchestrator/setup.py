@@ -229,8 +229,13 @@ def compile_sublayers(model: nn.Module) -> list[nn.Module]:
     stage's first sub-layer stops receiving a gradient-carrying input. The model itself stays eager: the frozen
     prefix (run once per transition to fill the cache, or per step without it) and the evaluation run it, which
     measured faster on short runs than compiling their ``no_grad`` variants (docs/benchmarks.md).
+
+    Shapes are static (``dynamic=False``): each micro-batch size gets its own compiled code, chosen by that size
+    alone. With torch's default (a second size recompiles the region with a symbolic batch, which then serves every
+    size) the code a step runs would depend on the sizes the process saw before it, so a run resumed inside an
+    epoch would run other kernels (other reduction orders on CUDA) than the uninterrupted run at the same step.
     """
-    return [cast(nn.Module, torch.compile(sub)) for sub in model.children()]
+    return [cast(nn.Module, torch.compile(sub, dynamic=False)) for sub in model.children()]
 
 
 def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False) -> RunContext:
