@@ -130,22 +130,32 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
 
     The config's AdamW runs fused on a GPU (:func:`~elastic_pipe.orchestrator.optim.optimizer_factory`), but the
     trainer builds it over the whole model (on the meta device, or the CPU), before the rank's sub-layers reach the
-    device; this turns fusion on
-    when they have, before the first step creates any state. Returns whether it did.
+    device; this turns fusion on when they have. State it already holds (a checkpoint's, restored before the stage
+    is built) keeps its values, its step counts moved to the parameter's device as float32, where a fused step keeps
+    them: a resumed run then steps as the uninterrupted one did (fused and multi-tensor AdamW differ in the last
+    bits). Returns whether it turned fusion on.
     """
     params = [p for g in optimizer.param_groups for p in g["params"]]
     if (
         not isinstance(optimizer, torch.optim.AdamW)
         or optimizer.defaults.get("fused") is not None
-        or optimizer.state
         or not params
-        or not all(p.is_cuda and p.is_floating_point() for p in params)
+        or not _on_gpu(params)
     ):
         return False
     optimizer.defaults["fused"] = True
     for group in optimizer.param_groups:
         group["fused"], group["foreach"] = True, None
+    for p, state in optimizer.state.items():
+        step = state.get("step")
+        if isinstance(step, torch.Tensor):
+            state["step"] = step.to(device=p.device, dtype=torch.float32)
     return True
+
+
+def _on_gpu(params: Sequence[nn.Parameter]) -> bool:
+    """Whether every parameter is a floating-point tensor on a GPU (where AdamW can run fused)."""
+    return all(p.is_cuda and p.is_floating_point() for p in params)
 
 
 def hold(ctx: RunContext, layout: Layout, *, fill: bool = True) -> tuple[int, ...]:
