@@ -233,7 +233,7 @@ def compile_sublayers(model: nn.Module) -> list[nn.Module]:
     Shapes are static (``dynamic=False``): each micro-batch size gets its own compiled code, chosen by that size
     alone. With torch's default (a second size recompiles the region with a symbolic batch, which then serves every
     size) the code a step runs would depend on the sizes the process saw before it, so a run resumed inside an
-    epoch would run other kernels (other reduction orders on CUDA) than the uninterrupted run at the same step.
+    epoch could run other kernels (other reduction orders) than the uninterrupted run at the same step.
     """
     return [cast(nn.Module, torch.compile(sub, dynamic=False)) for sub in model.children()]
 
