@@ -115,15 +115,14 @@ class GradNormTracker:
         if not present:
             return LayerStats.zeros(num_layers, self._steps)
         tensors = [s for _, s in present]
-        device = tensors[0].device
-        # per-tensor norms in one fused launch each, without float64 copies of the sums; the per-layer
-        # combination (sum of L1s, root of the sum of squared L2s) is done in float64 on the device, and the
-        # result crosses to the host once
-        l1_parts = torch.stack(torch._foreach_norm(tensors, 1)).double()
-        l2_parts = torch.stack(torch._foreach_norm(tensors, 2)).double()
-        owners = torch.tensor([i for i, _ in present], dtype=torch.int64, device=device)
-        l1 = torch.zeros(num_layers, dtype=torch.float64, device=device).index_add_(0, owners, l1_parts)
-        l2 = torch.zeros(num_layers, dtype=torch.float64, device=device).index_add_(0, owners, l2_parts.square())
+        # per-tensor norms in one fused launch each, without float64 copies of the sums; the per-tensor norms
+        # cross to the host once, where the per-layer combination (sum of L1s, root of the sum of squared L2s) is
+        # done in float64 in a fixed order (a GPU's index_add_ adds with atomics, in an order that can change the
+        # last bits between runs, and so a decision at a threshold)
+        parts = torch.stack([torch.stack(torch._foreach_norm(tensors, order)) for order in (1, 2)]).double().cpu()
+        owners = torch.tensor([i for i, _ in present], dtype=torch.int64)
+        l1 = torch.zeros(num_layers, dtype=torch.float64).index_add_(0, owners, parts[0])
+        l2 = torch.zeros(num_layers, dtype=torch.float64).index_add_(0, owners, parts[1].square())
         values = torch.cat([l1, l2.sqrt()]).tolist()
         return LayerStats(tuple(values[:num_layers]), tuple(values[num_layers:]), self._steps)
 
