@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,63 @@ def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
         assert _listening(info.store.underlying_store.port) == {LOOPBACK}  # type: ignore[attr-defined]  # rendezvous
     finally:
         handler.shutdown()
+
+
+class _Payload:
+    """What an attacker would store: unpickling it makes the directory ``marker`` (code run in the job)."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (self.marker,)
+
+
+def _poison_and_read(run_id: str, marker: Path) -> None:
+    """Meet a single-node rendezvous under ``run_id`` as the launcher does, then write a pickled payload under
+    the key the fixed run id "elastic-pipe" used (``torch.rendezvous.elastic-pipe``) from another client of the
+    rendezvous store, and let the handler read its state again (torch's c10d backend unpickles what it reads)."""
+    import base64
+    import pickle
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from elastic_pipe.orchestrator.launch import _create_loopback_handler
+
+    params = RendezvousParameters(
+        backend=LOOPBACK_BACKEND,
+        endpoint=f"{LOOPBACK}:0",
+        run_id=run_id,
+        min_nodes=1,
+        max_nodes=1,
+        local_addr=LOOPBACK,
+        timeout=30,
+        is_host=True,
+    )
+    handler = _create_loopback_handler(params)
+    try:
+        info = handler.next_rendezvous()
+        port = info.store.underlying_store.port  # type: ignore[attr-defined]
+        attacker = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=timedelta(seconds=10))
+        attacker.set("torch.rendezvous.elastic-pipe", base64.b64encode(pickle.dumps(_Payload(str(marker)))))
+        time.sleep(1.2)  # past the handler's cached state (1 s), so the next call reads the store
+        handler.num_nodes_waiting()
+    finally:
+        handler.shutdown()
+
+
+@needs_proc
+def test_a_write_to_the_old_predictable_key_never_reaches_the_job(tmp_path: Path) -> None:
+    marker = tmp_path / "payload-ran"
+    _poison_and_read(resolve_run_id(1, environ={}), marker)  # the job's own run id: random, never guessed
+    assert not marker.exists()
+    # the control: a job under the fixed run id of before reads (and unpickles) that key, so the payload runs
+    with pytest.raises(Exception):  # noqa: B017 - the handler then chokes on what it unpickled
+        _poison_and_read("elastic-pipe", marker)
+    assert marker.is_dir()
 
 
 # --- worker threads ---------------------------------------------------------------------------------------------
