@@ -122,8 +122,8 @@ def test_loopback_store_listens_on_loopback_only() -> None:
     assert _listening(store.port) == {LOOPBACK}  # type: ignore[attr-defined]
 
 
-@needs_proc
-def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
+def _loopback_handler(run_id: str) -> Any:
+    """The single-node rendezvous handler the launcher builds (``LOOPBACK_BACKEND``), for ``run_id``."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from elastic_pipe.orchestrator.launch import _create_loopback_handler
@@ -131,14 +131,19 @@ def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
     params = RendezvousParameters(
         backend=LOOPBACK_BACKEND,
         endpoint=f"{LOOPBACK}:0",
-        run_id=resolve_run_id(1, environ={}),
+        run_id=run_id,
         min_nodes=1,
         max_nodes=1,
         local_addr=LOOPBACK,
         timeout=30,
         is_host=True,
     )
-    handler = _create_loopback_handler(params)
+    return _create_loopback_handler(params)
+
+
+@needs_proc
+def test_loopback_rendezvous_keeps_both_stores_on_loopback() -> None:
+    handler = _loopback_handler(resolve_run_id(1, environ={}))
     try:
         info = handler.next_rendezvous()
         assert (info.rank, info.world_size) == (0, 1)
@@ -171,21 +176,8 @@ def _poison_and_read(run_id: str, marker: Path) -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from elastic_pipe.orchestrator.launch import _create_loopback_handler
-
-    params = RendezvousParameters(
-        backend=LOOPBACK_BACKEND,
-        endpoint=f"{LOOPBACK}:0",
-        run_id=run_id,
-        min_nodes=1,
-        max_nodes=1,
-        local_addr=LOOPBACK,
-        timeout=30,
-        is_host=True,
-    )
-    handler = _create_loopback_handler(params)
+    handler = _loopback_handler(run_id)
     try:
         info = handler.next_rendezvous()
         port = info.store.underlying_store.port  # type: ignore[attr-defined]
