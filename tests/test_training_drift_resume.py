@@ -79,6 +79,12 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
     write_checkpoint(directory, f"{name}.pt", state, {k: meta[k] for k in ("epoch", "step", "fingerprint")})
 
 
+def _copy_as_written_before(source: Path, target: Path) -> None:
+    """The step checkpoint of ``source`` alone in ``target``, without its probe outputs (an older checkpoint)."""
+    _copy_checkpoint(source, target, STEP_CHECKPOINT)
+    _without_probe_outputs(target, STEP_CHECKPOINT)
+
+
 def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0) -> dict[str, Any]:
     """The clean run, then the resumes from its step checkpoint. ``threshold=None`` places the threshold from
     measured drift (its values differ between torch versions) between what a resume without the probe outputs reads
@@ -92,8 +98,7 @@ def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0)
     if threshold is None:
         out["calibration"] = _fit(root / "calibration", 0.0)
         if ctx.rank == 0:
-            _copy_checkpoint(root / "calibration", root / "old-measured", STEP_CHECKPOINT)
-            _without_probe_outputs(root / "old-measured", STEP_CHECKPOINT)
+            _copy_as_written_before(root / "calibration", root / "old-measured")
         dist.barrier()
         out["old-measured"] = _fit(root / "old-measured", 0.0)
         placed = torch.zeros((), dtype=torch.float64)
@@ -106,8 +111,7 @@ def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0)
     out["clean"] = _fit(root / "clean", threshold)
     if ctx.rank == 0:
         _copy_checkpoint(root / "clean", root / "resumed", STEP_CHECKPOINT)
-        _copy_checkpoint(root / "clean", root / "old", STEP_CHECKPOINT)
-        _without_probe_outputs(root / "old", STEP_CHECKPOINT)
+        _copy_as_written_before(root / "clean", root / "old")
     dist.barrier()
     out["resumed"] = _fit(root / "resumed", threshold)
     out["old"] = _fit(root / "old", threshold)
