@@ -161,7 +161,10 @@ def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(
     assert resumed["losses"] == clean["losses"]
     # the fallback for a checkpoint without the outputs: unit 0 reads still after step 6 and is frozen there
     assert old["seen"][0][0] < threshold
-    assert [t[:2] for t in old["transitions"]][:1] == [(6, 1)]  # (what it decides later depends on the torch)
+    # and after step 8 unit 1 is frozen exactly when its measured drift is below the threshold (patience 1; how far
+    # it drifted depends on the torch version)
+    later = [(8, 2)] if old["seen"][1][1] <= threshold else []
+    assert [t[:2] for t in old["transitions"]] == [(6, 1), *later]
     assert old["losses"][:6] == clean["losses"][:6]
     assert old["losses"][6:] != clean["losses"][6:]
     # a run stopped by max_steps at the decision point after step 4 decides first when resumed: it compares with
