@@ -77,6 +77,7 @@ def prepare_cache(
     run: RunSublayers,
     peers: FillPeers | None = None,
     example: torch.Tensor | None = None,
+    fill: bool = True,
 ) -> tuple[bool, str]:
     """Carry cached entries from ``old_frozen`` to ``frozen``, decide whether reading pays, fill when it does.
 
@@ -95,6 +96,8 @@ def prepare_cache(
             the old one's memory. ``None``: this rank does it all alone.
         example: the prefix's output at ``frozen`` for one sample, if the caller has it (the shared fill needs
             the entry's shape and dtype, and otherwise runs the whole prefix once to learn them).
+        fill: ``False``: a rank alone (no ``peers``) that reads the cache does not fill it here; the steps store
+            what they miss (the caller's choice, when a pass over the split would cost more than it saves).
 
     Returns:
         Whether stage 0 reads the cache, and why (the same answer on every peer).
@@ -126,6 +129,8 @@ def prepare_cache(
         cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen))
         cache.drop(old_frozen)
     enabled, reason = _decide(cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run)
+    if enabled and not fill:
+        return True, f"{reason}; filled by the steps as they miss"
     if enabled:
         # Every rank may be handed any sample in a later epoch, so the whole training split is cached.
         for view in range(views):

@@ -261,10 +261,12 @@ class _Collate:
             ys.append(y)
         if self.scan:
             return None
-        x_all = torch.stack(xs) if self.inputs else None
+        # default_collate stacks into shared memory when it runs in a loader worker, so the batch reaches the
+        # training process without the extra copy torch.stack's private result takes on its way there
+        x_all = torch.utils.data.default_collate(xs) if self.inputs else None
         if x_all is not None and x_all.is_floating_point():
             x_all = x_all.to(self.dtype)
-        return x_all, torch.stack(ys) if self.labels else None
+        return x_all, torch.utils.data.default_collate(ys) if self.labels else None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,136 @@
+"""One GPU: what a batch read from the pinned host tier of the activation cache costs, and how to make it cheaper.
+
+    python benchmarks/gpu/bench_host_gather_gpu.py --out $OUT/host_gather.json
+
+A pinned host slab of ViT-B/16 boundary entries (197 x 768 float32, 605 KB each; ``--entries``, 4 GB by default)
+and batches of ``--batch`` random slots. Each variant is timed over ``--repeats`` batches after a warm-up (median
+milliseconds per batch, the batch on the device and the host synchronised with it):
+
+* ``gather``: ``torch.index_select`` into a pinned staging buffer (the cache's read as it is), host side only;
+* ``h2d``: the staging buffer's copy to the device alone;
+* ``gather_h2d``: the two in turn (what a read costs when nothing overlaps it);
+* ``chunked_<k>``: the batch split into ``k`` slices, each gathered by one of ``k`` threads into its part of the
+  staging buffer and copied to the device as soon as it is ready (gather and copy overlap);
+* ``rows``: one copy per run of consecutive slots straight from the pinned slab to the device
+  (:func:`elastic_pipe.cache.segments.copy_rows`, the cache's read now): no host gather, the host only issues the
+  copies (``rows_issue``: the host's time to issue them, without waiting for them);
+* ``device_gather``: the same batch gathered from a slab on the device (the device tier's read, for scale).
+
+On the CPU (no GPU) only the host-side variants run, on a smaller slab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from elastic_pipe.cache.segments import copy_rows
+
+ENTRY = (197, 768)
+
+
+def _time(fn, repeats: int, sync) -> float:  # type: ignore[no-untyped-def]
+    fn()
+    sync()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append(1000 * (time.perf_counter() - t0))
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entries", type=int, default=6600)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    entries = args.entries if cuda else min(args.entries, 512)
+    batch = min(args.batch, entries)
+    slab = torch.empty((entries, *ENTRY), pin_memory=cuda)
+    slab.view(-1)[::4096].fill_(1.0)  # touch every page
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.randperm(entries, generator=gen)[:batch]
+    staging = torch.empty((batch, *ENTRY), pin_memory=cuda)
+    target = torch.empty((batch, *ENTRY), device=device)
+    stream = torch.cuda.Stream() if cuda else None
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def gather() -> None:
+        torch.index_select(slab, 0, slots, out=staging)
+
+    def h2d() -> None:
+        target.copy_(staging, non_blocking=True)
+
+    def chunked(k: int, pool: ThreadPoolExecutor):  # type: ignore[no-untyped-def]
+        bounds = [(batch * i // k, batch * (i + 1) // k) for i in range(k)]
+
+        def part(lo: int, hi: int) -> None:
+            torch.index_select(slab, 0, slots[lo:hi], out=staging[lo:hi])
+
+        def run() -> None:
+            futures = [pool.submit(part, lo, hi) for lo, hi in bounds]
+            for (lo, hi), f in zip(bounds, futures, strict=True):
+                f.result()
+                if stream is not None:
+                    with torch.cuda.stream(stream):
+                        target[lo:hi].copy_(staging[lo:hi], non_blocking=True)
+
+        return run
+
+    results: dict[str, object] = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "entries": entries,
+        "batch": batch,
+        "batch_MB": round(batch * ENTRY[0] * ENTRY[1] * 4 / 1e6, 1),
+        "ms": {},
+    }
+    ms: dict[str, float] = results["ms"]  # type: ignore[assignment]
+    ms["gather"] = _time(gather, args.repeats, sync)
+    if cuda:
+        ms["h2d"] = _time(h2d, args.repeats, sync)
+        ms["gather_h2d"] = _time(lambda: (gather(), h2d()), args.repeats, sync)
+    for k in (2, 4, 8, 16):
+        with ThreadPoolExecutor(k) as pool:
+            ms[f"chunked_{k}"] = _time(chunked(k, pool), args.repeats, sync)
+    one = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ms["gather_1_thread"] = _time(gather, args.repeats, sync)
+    with ThreadPoolExecutor(8) as pool:
+        ms["chunked_8_1_thread_each"] = _time(chunked(8, pool), args.repeats, sync)
+    torch.set_num_threads(one)
+    if cuda:
+        ms["rows"] = _time(lambda: copy_rows(slab, slots, target), args.repeats, sync)
+        ms["rows_issue"] = _time(lambda: copy_rows(slab, slots, target), args.repeats, lambda: None)
+        sync()
+        dev_slab = slab.to(device)
+        dev_slots = slots.to(device)
+        ms["device_gather"] = _time(lambda: torch.index_select(dev_slab, 0, dev_slots, out=target), args.repeats, sync)
+    gb = batch * ENTRY[0] * ENTRY[1] * 4 / 1e9
+    results["GB_per_s"] = {k: round(gb / (v / 1000), 1) for k, v in ms.items()}
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

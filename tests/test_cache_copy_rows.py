@@ -1,0 +1,32 @@
+"""The pinned host tier's read: rows copied one run of consecutive slots at a time (``copy_rows``) are exactly the
+gather's rows, in batch order, with one copy per run."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from elastic_pipe.cache.segments import copy_rows
+
+
+def _runs(order: list[int]) -> int:
+    return sum(1 for i, s in enumerate(order) if i == 0 or s != order[i - 1] + 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 19), max_size=30))
+def test_copied_rows_are_the_gathered_rows_one_copy_per_run(order: list[int]) -> None:
+    data = torch.arange(20 * 6, dtype=torch.float32).reshape(20, 2, 3)
+    slots = torch.tensor(order, dtype=torch.int64)
+    out = torch.full((len(order), 2, 3), -1.0)
+    copies = copy_rows(data, slots, out)
+    assert torch.equal(out, data.index_select(0, slots))
+    assert copies == _runs(order)
+
+
+def test_a_run_of_consecutive_slots_is_one_copy_and_a_repeat_starts_a_new_one() -> None:
+    data = torch.randn(10, 4)
+    out = torch.empty(7, 4)
+    assert copy_rows(data, torch.tensor([2, 3, 4, 8, 8, 0, 1]), out) == 4
+    assert torch.equal(out, data[[2, 3, 4, 8, 8, 0, 1]])

@@ -1,0 +1,131 @@
+"""The steps fill the cache (``cache = "auto"``, one rank): a boundary whose cache is not read (reading did not pay)
+still stores what its steps compute, so the next boundary is carried from those entries through the newly frozen
+sub-layers alone and its fill runs nothing from the inputs; and a first boundary that is read is filled by its
+steps' misses, not by a pass over the split first. The losses are those of the runs that fill at the
+transition."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from elastic_pipe.orchestrator import config_from_tables
+from elastic_pipe.testing import RankContext, run_distributed
+
+PLUGINS = Path(__file__).parent / "plugins"
+sys.path.insert(0, str(PLUGINS))
+
+#: 300 digits: 240 training samples, 7 steps of 32 and a short one of 16 per epoch.
+SAMPLES = 300
+TRAIN = 240
+
+pytestmark = pytest.mark.distributed
+
+
+def _config(cache: str = "auto") -> Any:
+    return config_from_tables(
+        {
+            "model": {
+                "name": "vit",
+                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
+            },
+            "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+            "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
+            "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": cache},
+            "log": {"progress": False},
+            "data": {"drop_last": False},
+        }
+    )
+
+
+def _runs(ctx: RankContext, read_first: bool) -> dict[str, Any]:
+    from plug_data import Digits
+
+    from elastic_pipe.orchestrator import ElasticTrainer, prefix_cache
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+
+    # reading pays from the first boundary on (read_first), or only from the second (the measured decision is
+    # replaced: the machine's speed must not matter)
+    boundaries: list[int] = []
+
+    def decide(cache: Any, data: Any, *, frozen: int, mode: str, **_: Any) -> tuple[bool, str]:
+        boundaries.append(frozen)
+        return mode == "on" or read_first or frozen > boundaries[0], f"test: frozen {frozen}"
+
+    prefix_cache._decide = decide
+    prefix_runs: list[tuple[int, int, int]] = []
+    run_sublayers = RunContext.run_sublayers
+
+    def counted(self: RunContext, x: Any, lo: int, hi: int) -> Any:
+        prefix_runs.append((lo, hi, int(x.shape[0])))
+        return run_sublayers(self, x, lo, hi)
+
+    RunContext.run_sublayers = counted  # type: ignore[method-assign]
+    fills = StageRuntime._fills_in_steps
+    out: dict[str, Any] = {}
+    for name, in_steps in (("in_steps", True), ("at_transition", False)):
+        StageRuntime._fills_in_steps = fills if in_steps else (lambda self, cache: False)  # type: ignore[method-assign]
+        prefix_runs.clear()
+        boundaries.clear()
+        with ElasticTrainer(_config(), data=Digits(SAMPLES), quiet=True) as trainer:
+            result = trainer.fit().to_dict()
+            out[name] = {
+                "losses": result["losses"],
+                "epochs": [
+                    (e["frozen_units"], e["cache"], e["cache_hits"], e["cache_misses"]) for e in result["epochs"]
+                ],
+                "runs": list(prefix_runs),
+                "stored": trainer.cache.stats.stored if trainer.cache is not None else -1,
+                "boundaries": list(boundaries),
+            }
+    StageRuntime._fills_in_steps = fills  # type: ignore[method-assign]
+    return out
+
+
+def _rows(runs: list[tuple[int, int, int]], lo: int, hi: int) -> int:
+    return sum(rows for a, b, rows in runs if (a, b) == (lo, hi))
+
+
+def test_steps_fill_an_unread_boundary_and_the_next_one_is_carried_from_it() -> None:
+    r = run_distributed(_runs, 1, False, timeout=300)[0]
+    in_steps, at_transition = r["in_steps"], r["at_transition"]
+    expected = [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0)]
+    assert in_steps["epochs"] == at_transition["epochs"] == expected
+    assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
+    first, second = in_steps["boundaries"]  # sub-layer boundaries of epochs 1 and 2
+    assert at_transition["boundaries"] == [first, second] and 0 < first < second
+    # epoch 1's steps ran the first boundary's prefix on each training sample once and stored every output
+    assert _rows(in_steps["runs"], 0, first) == _rows(at_transition["runs"], 0, first) == TRAIN
+    assert in_steps["stored"] == TRAIN
+    # into epoch 2: the carry ran the newly frozen sub-layers alone on the stored entries; the whole prefix ran on
+    # the held-out samples only (the evaluation's outputs)
+    held_out = SAMPLES - TRAIN
+    assert _rows(in_steps["runs"], first, second) == TRAIN
+    assert _rows(in_steps["runs"], 0, second) == held_out
+    # without it, the transition's fill ran the whole prefix over the training split as well
+    assert _rows(at_transition["runs"], 0, second) == TRAIN + held_out
+    assert _rows(at_transition["runs"], first, second) == 0
+
+
+def test_a_first_boundary_that_is_read_is_filled_by_the_steps_misses() -> None:
+    r = run_distributed(_runs, 1, True, timeout=300)[0]
+    in_steps, at_transition = r["in_steps"], r["at_transition"]
+    # epoch 1 reads the cache in both; filled by its steps, every read misses (and is stored), then all hit
+    assert in_steps["epochs"] == [(0, False, 0, 0), (1, True, 0, TRAIN), (2, True, TRAIN, 0)]
+    assert at_transition["epochs"] == [(0, False, 0, 0), (1, True, TRAIN, 0), (2, True, TRAIN, 0)]
+    assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
+    first, second = in_steps["boundaries"]
+    held_out = SAMPLES - TRAIN
+    # the first boundary's prefix ran once per training sample either way: by the steps, or by the fill before
+    # epoch 1 (whose complete cache released the prefix, so the held-out samples' outputs were taken there too)
+    assert _rows(in_steps["runs"], 0, first) == TRAIN
+    assert _rows(at_transition["runs"], 0, first) == TRAIN + held_out
+    assert in_steps["stored"] == at_transition["stored"] == TRAIN
+    # into epoch 2 both carry the training entries; the run that had released the prefix carries the held-out
+    # outputs too, the other takes them once its cache is complete
+    assert _rows(in_steps["runs"], first, second) == TRAIN
+    assert _rows(at_transition["runs"], first, second) == TRAIN + held_out
