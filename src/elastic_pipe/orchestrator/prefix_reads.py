@@ -103,8 +103,8 @@ def read_prefix(
         assert read_inputs is not None, "a step without inputs needs read_inputs"
         device = lookup.values.device if lookup.num_hits else cache.device
         misses = read_inputs(lookup.missing_ids).to(device)
-    else:
-        misses = x[(~lookup.hit).to(x.device)]
+    else:  # nothing cached (the steps filling the cache): the batch as it is, no masked copy (which syncs)
+        misses = x if lookup.num_hits == 0 else x[(~lookup.hit).to(x.device)]
     with torch.no_grad():
         computed = run_prefix(misses)
     cache.put(lookup.missing_ids, frozen, computed)

@@ -1,0 +1,87 @@
+"""One GPU: what the steps' fill of the activation cache costs, apart from the loader and the model.
+
+    python benchmarks/gpu/bench_cache_fill_steps_gpu.py --out $OUT/cache_fill_steps.json
+
+The tiers of ``bench_disk_data_gpu.py``'s ``host_cache`` arm (a quarter of the entries on the device, the rest in
+pinned host memory; ViT-B/16 entries, 197 x 768 float32, 605 KB each), filled as a lone rank's steps fill it
+(``cache = "auto"``): ``--steps`` batches of ``--batch`` shuffled sample ids, each ``put`` from a batch on the
+device, the device synchronised after each (a step's put waits for its rows). Reports the seconds of each put (the
+first ones create the device and host segments: the page-locked allocation), their sum, and, for scale, the
+seconds of one page-locked allocation of the host tier's size alone and of a pass of device-to-host copies into it
+(first touch, then again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from elastic_pipe.cache import ActivationCache, CacheTiers
+
+ENTRY = (197, 768)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samples", type=int, default=47500)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA device")
+    cuda = torch.device("cuda")
+    entry = ENTRY[0] * ENTRY[1] * 4
+    total = entry * args.samples
+    host_bytes = total - total // 4
+    report: dict[str, object] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+
+    t0 = time.perf_counter()
+    arena = torch.empty(host_bytes, dtype=torch.uint8, pin_memory=True)
+    report["pin_alloc_s"] = time.perf_counter() - t0
+    rows = torch.randn(args.batch, *ENTRY, device=cuda)
+    flat = rows.view(torch.uint8).view(-1)
+    for name in ("d2h_first_touch_s", "d2h_again_s"):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for lo in range(0, host_bytes - flat.numel() + 1, flat.numel()):
+            arena[lo : lo + flat.numel()].copy_(flat)
+        torch.cuda.synchronize()
+        report[name] = time.perf_counter() - t0
+    del arena
+    empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # the cache's own allocation must not reuse it
+    if empty_host_cache is not None:
+        empty_host_cache()
+    report["d2h_GB"] = host_bytes / 1e9
+
+    cache = ActivationCache.from_tiers(args.samples, CacheTiers(total // 4, total, host_kind="pinned"), device=cuda)
+    ids = torch.randperm(args.samples, generator=torch.Generator().manual_seed(0))
+    puts = []
+    for lo in range(0, args.samples, args.batch):
+        batch = ids[lo : lo + args.batch]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        cache.put(batch, 4, rows[: batch.numel()])
+        torch.cuda.synchronize()
+        puts.append(time.perf_counter() - t0)
+    report["puts"] = len(puts)
+    report["put_s_total"] = sum(puts)
+    report["put_s_first_three"] = puts[:3]
+    report["put_s_median"] = statistics.median(puts)
+    report["put_s_max"] = max(puts)
+    report["tiers"] = [(t.name, t.entries) for t in cache.stats.tiers]
+    cache.close()
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
