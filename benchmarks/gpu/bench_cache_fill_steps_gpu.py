@@ -14,13 +14,13 @@ seconds of one page-locked allocation of the host tier's size alone and of a pas
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from _report import emit  # this folder
 from elastic_pipe.cache import ActivationCache, CacheTiers
 
 ENTRY = (197, 768)
@@ -75,11 +75,7 @@ def main() -> int:
     report["put_s_max"] = max(puts)
     report["tiers"] = [(t.name, t.entries) for t in cache.stats.tiers]
     cache.close()
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(report, args.out)
     return 0
 
 

@@ -22,7 +22,6 @@ On the CPU (no GPU) only the host-side variants run, on a smaller slab.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from _report import emit  # this folder
 from elastic_pipe.cache.segments import copy_rows
 
 ENTRY = (197, 768)
@@ -124,11 +124,7 @@ def main() -> int:
         ms["device_gather"] = _time(lambda: torch.index_select(dev_slab, 0, dev_slots, out=target), args.repeats, sync)
     gb = batch * ENTRY[0] * ENTRY[1] * 4 / 1e9
     results["GB_per_s"] = {k: round(gb / (v / 1000), 1) for k, v in ms.items()}
-    text = json.dumps(results, indent=1)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(results, args.out)
     return 0
 
 
