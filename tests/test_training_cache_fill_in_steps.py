@@ -25,7 +25,7 @@ TRAIN = 240
 pytestmark = pytest.mark.distributed
 
 
-def _config(cache: str = "auto") -> Any:
+def _config(cache: str = "auto", world: int = 1) -> Any:
     return config_from_tables(
         {
             "model": {
@@ -37,11 +37,12 @@ def _config(cache: str = "auto") -> Any:
             "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": cache},
             "log": {"progress": False},
             "data": {"drop_last": False},
+            "launch": {"nproc_per_node": world},
         }
     )
 
 
-def _runs(ctx: RankContext, read_first: bool) -> dict[str, Any]:
+def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     from plug_data import Digits
 
     from elastic_pipe.orchestrator import ElasticTrainer, prefix_cache
@@ -71,7 +72,7 @@ def _runs(ctx: RankContext, read_first: bool) -> dict[str, Any]:
         StageRuntime._fills_in_steps = fills if in_steps else (lambda self, cache: False)  # type: ignore[method-assign]
         prefix_runs.clear()
         boundaries.clear()
-        with ElasticTrainer(_config(), data=Digits(SAMPLES), quiet=True) as trainer:
+        with ElasticTrainer(_config(world=world), data=Digits(SAMPLES), quiet=True) as trainer:
             result = trainer.fit().to_dict()
             out[name] = {
                 "losses": result["losses"],
@@ -129,3 +130,18 @@ def test_a_first_boundary_that_is_read_is_filled_by_the_steps_misses() -> None:
     # outputs too, the other takes them once its cache is complete
     assert _rows(in_steps["runs"], first, second) == TRAIN
     assert _rows(at_transition["runs"], first, second) == TRAIN + held_out
+
+
+def test_two_replicas_fill_an_unread_boundary_by_their_steps_and_the_shared_fill_carries_them() -> None:
+    for r in run_distributed(_runs, 2, False, 2, timeout=300):
+        in_steps, at_transition = r["in_steps"], r["at_transition"]
+        assert (
+            in_steps["epochs"] == at_transition["epochs"] == [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0)]
+        )
+        assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
+        first, second = in_steps["boundaries"]
+        # each replica's steps ran its half of the split through the first boundary's prefix
+        assert _rows(in_steps["runs"], 0, first) == _rows(at_transition["runs"], 0, first) == TRAIN // 2
+        # the shared fill carries the entries a peer stored among its own chunks and runs the whole prefix on less
+        assert _rows(in_steps["runs"], first, second) > 0 == _rows(at_transition["runs"], first, second)
+        assert _rows(in_steps["runs"], 0, second) < _rows(at_transition["runs"], 0, second)
