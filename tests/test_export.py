@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.cli import main
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -18,7 +19,7 @@ SAMPLES = 320
 
 def _tables(ckpt: Path) -> dict[str, Any]:
     return {
-        "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}},
+        "model": tiny_vit.model_table(),
         "train": {"epochs": 1, "global_batch": 32, "lr": 0.05},
         "freeze": {"policy": "never", "options": {}},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "cache": "off"},

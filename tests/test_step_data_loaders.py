@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -176,10 +177,7 @@ def _train(ctx: RankContext, targets: bool) -> dict[str, Any]:
 
     config = config_from_tables(
         {
-            "model": {
-                "name": "vit",
-                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-            },
+            "model": tiny_vit.model_table(),
             "data": {"drop_last": True},
             "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.step_loop import _zero_grad, reseed, step_loss
 from elastic_pipe.testing import RankContext, run_distributed
@@ -87,10 +88,7 @@ def _train_in_memory(ctx: RankContext, cache: str) -> dict[str, Any]:
 
     config = config_from_tables(
         {
-            "model": {
-                "name": "vit",
-                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-            },
+            "model": tiny_vit.model_table(),
             "data": {"drop_last": True},
             "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.testing import RankContext, run_distributed
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -47,10 +48,7 @@ def _config(**pipeline: Any) -> Any:
 
     return config_from_tables(
         {
-            "model": {
-                "name": "vit",
-                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-            },
+            "model": tiny_vit.model_table(),
             "train": {"dtype": "float64", "epochs": 4, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             # the boundary moves before epochs 1 and 2 (the second move also halves the pipeline: 2 replicas)
             "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},

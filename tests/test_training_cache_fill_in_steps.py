@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import tiny_vit
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -28,10 +29,7 @@ pytestmark = pytest.mark.distributed
 def _config(cache: str = "auto", world: int = 1) -> Any:
     return config_from_tables(
         {
-            "model": {
-                "name": "vit",
-                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-            },
+            "model": tiny_vit.model_table(),
             "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
             "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": cache},

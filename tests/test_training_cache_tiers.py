@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe import cache as acache
 from elastic_pipe.cache.layout import HEADER_BYTES, SegmentLayout
 from elastic_pipe.orchestrator import config_from_tables, run_cache
@@ -128,10 +129,7 @@ def test_a_pinned_host_tier_is_carried_on_the_gpu_through_pinned_staging() -> No
 def _config(**pipeline: Any) -> Any:
     return config_from_tables(
         {
-            "model": {
-                "name": "vit",
-                "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32},
-            },
+            "model": tiny_vit.model_table(),
             "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
             "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", **pipeline},

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.testing import RankContext, run_distributed
 
 #: A 320-sample slice of the digits: 256 training samples, 8 steps of 32 per epoch.
@@ -20,7 +21,7 @@ STEPS_PER_EPOCH = 8
 
 def _tables(**sections: dict[str, Any]) -> dict[str, Any]:
     tables: dict[str, Any] = {
-        "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}},
+        "model": tiny_vit.model_table(),
         "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
         "freeze": {"policy": "alpha", "options": {"alpha": 0.5}},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "cache": "off"},

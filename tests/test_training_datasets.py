@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -135,7 +136,7 @@ def _config(**sections: dict[str, Any]) -> Any:
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
-        "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}},
+        "model": tiny_vit.model_table(),
         "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "compression": "halving"},

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import tiny_vit
 from elastic_pipe.testing import RankContext, run_distributed
 
 #: Runs on a 320-sample slice of the digits so that 3 epochs take a few seconds.
@@ -23,7 +24,7 @@ def _config(**pipeline: Any) -> Any:
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
-        "model": {"name": "vit", "options": {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}},
+        "model": tiny_vit.model_table(),
         "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05, "momentum": 0.9},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
         "pipeline": {"microbatches": 2, "pipe_len": 2, "solver": "optimal", "compression": "halving", **pipeline},

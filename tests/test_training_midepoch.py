@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.orchestrator.faults import FAULT_ENV
 from elastic_pipe.testing import RankContext, run_distributed
 
-MODEL = {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32}
+MODEL = dict(tiny_vit.OPTIONS)
 #: 320 digits: 256 training samples, 8 steps of 32 an epoch.
 SAMPLES = 320
 

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import torch
 
+import tiny_vit
 from elastic_pipe.orchestrator.faults import FAULT_ENV
 
-MODEL = {"preset": "vit-tiny", "depth": 3, "dim": 16, "heads": 2, "mlp_dim": 32, "patch_size": 4}
+MODEL = {**tiny_vit.OPTIONS, "patch_size": 4}
 #: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (6 steps an
 #: epoch), and only the newest 3 checkpoints kept.
 DROPOUT = {

@@ -337,7 +337,8 @@ class ActivationCache:
 
     def prefetch(self, sample_ids: torch.Tensor, boundary: int) -> PendingLookup:
         """Start a lookup now, use it later: on a GPU the host-to-device copies run on a side stream and overlap
-        the current step (the host-side gather into a pinned buffer still happens here).
+        the current step (issued here: from a pinned host tier one copy per run of slots; from ``/dev/shm`` or disk
+        files a host-side gather into a pinned buffer first).
 
         Example::
 
