@@ -1,5 +1,6 @@
 """The pinned host tier's read: rows copied one run of consecutive slots at a time (``copy_rows``) are exactly the
-gather's rows, in batch order, with one copy per run."""
+gather's rows, in batch order, with one copy per run; and since a GPU then reads the slab's slots by DMA on the
+prefetch stream, the cache waits for those copies before it rewrites entries in place or frees them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from elastic_pipe.cache import ActivationCache
 from elastic_pipe.cache.segments import copy_rows
 
 
@@ -30,3 +32,29 @@ def test_a_run_of_consecutive_slots_is_one_copy_and_a_repeat_starts_a_new_one() 
     out = torch.empty(7, 4)
     assert copy_rows(data, torch.tensor([2, 3, 4, 8, 8, 0, 1]), out) == 4
     assert torch.equal(out, data[[2, 3, 4, 8, 8, 0, 1]])
+
+
+class _SideStream:
+    """Stands in for the cache's prefetch stream on the CPU: counts the waits for its copies."""
+
+    def __init__(self) -> None:
+        self.waits = 0
+
+    def synchronize(self) -> None:
+        self.waits += 1
+
+
+def test_lookups_started_ahead_are_waited_for_before_entries_are_rewritten_or_freed() -> None:
+    cache = ActivationCache(8, device_budget=1 << 16)
+    ids = torch.arange(8)
+    cache.put(ids, 1, torch.randn(8, 4))
+    side = _SideStream()
+    cache._side_stream = side  # type: ignore[assignment]  # what prefetch sets up on a GPU
+    cache.get(ids, 1)
+    assert side.waits == 0  # reads and writes of fresh slots need no wait
+    cache.extend(1, 2, lambda v: v * 2)  # rewrites the slots in place
+    assert side.waits == 1
+    cache.drop(2)
+    assert side.waits == 2
+    cache.close()
+    assert side.waits == 3

@@ -488,6 +488,7 @@ class ActivationCache:
             )
         if batch_size < 1:
             raise CacheError(f"batch_size must be >= 1, got {batch_size}")
+        self._settle_reads()
         keep = None
         if only is not None:
             keep = torch.zeros(self._num_keys, dtype=torch.bool)
@@ -535,7 +536,14 @@ class ActivationCache:
             Bytes released by this process (device segments, and shared files when it is the leader).
         """
         self._check_boundary(boundary)
+        self._settle_reads()
         return sum(tier.drop(boundary) for tier in self._tiers)
+
+    def _settle_reads(self) -> None:
+        """Wait for the copies of lookups started ahead (:meth:`prefetch`) before entries are rewritten in place or
+        freed: a pinned host slab is read by DMA on the side stream, straight from its slots."""
+        if self._side_stream is not None:
+            self._side_stream.synchronize()
 
     def boundaries(self) -> list[int]:
         """Boundaries with entries in some tier."""
@@ -640,6 +648,7 @@ class ActivationCache:
 
     def close(self) -> None:
         """Free the device tier and close the file handles; shared files stay for the other processes."""
+        self._settle_reads()
         for tier in self._tiers:
             tier.close()
 
