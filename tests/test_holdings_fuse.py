@@ -1,10 +1,10 @@
 """``holdings.fuse_on_device``: the config's AdamW runs fused once its parameters are on a GPU, also when it already
 holds a checkpoint's state (a resumed run), so the resumed steps are the uninterrupted run's, bit for bit.
 
-The GPU check is ``_on_gpu``; these tests answer it for CPU parameters, where torch runs fused AdamW as well. On a
-GPU, ``tests/test_training_resume.py::test_resume_with_dropout_on_cuda_is_exact`` covers the same path end to end
-(before this, the resumed run stepped with multi-tensor AdamW and ended 1e-17 to 1e-13 away from the
-uninterrupted run)."""
+The GPU check is ``optim.can_fuse`` (as ``holdings`` calls it); these tests answer it for CPU parameters, where
+torch runs fused AdamW as well. On a GPU, ``tests/test_training_resume.py::test_resume_with_dropout_on_cuda_is_exact``
+covers the same path end to end (before this, the resumed run stepped with multi-tensor AdamW and ended 1e-17 to
+1e-13 away from the uninterrupted run)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _as_saved(optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]
 
 @pytest.fixture
 def on_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(holdings, "_on_gpu", lambda params: True)
+    monkeypatch.setattr(holdings, "can_fuse", lambda params: True)
 
 
 @pytest.mark.usefixtures("on_gpu")

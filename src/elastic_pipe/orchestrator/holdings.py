@@ -29,6 +29,7 @@ from torch import nn
 
 from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.models.weights import materialize_sublayers
+from elastic_pipe.orchestrator.optim import can_fuse
 from elastic_pipe.orchestrator.transition import (
     Transfer,
     held_sublayers,
@@ -139,8 +140,7 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
     if (
         not isinstance(optimizer, torch.optim.AdamW)
         or optimizer.defaults.get("fused") is not None
-        or not params
-        or not _on_gpu(params)
+        or not can_fuse(params)
     ):
         return False
     optimizer.defaults["fused"] = True
@@ -151,11 +151,6 @@ def fuse_on_device(optimizer: torch.optim.Optimizer) -> bool:
         if isinstance(step, torch.Tensor):
             state["step"] = step.to(device=p.device, dtype=torch.float32)
     return True
-
-
-def _on_gpu(params: Sequence[nn.Parameter]) -> bool:
-    """Whether every parameter is a floating-point tensor on a GPU (where AdamW can run fused)."""
-    return all(p.is_cuda and p.is_floating_point() for p in params)
 
 
 def hold(ctx: RunContext, layout: Layout, *, fill: bool = True) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig, TrainSection
 
-__all__ = ["OptimizerFactory", "lr_lambda", "optimizer_factory"]
+__all__ = ["OptimizerFactory", "can_fuse", "lr_lambda", "optimizer_factory"]
 
 #: Builds an optimizer over a list of trainable parameters.
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -33,10 +33,14 @@ def optimizer_factory(config: TrainConfig) -> OptimizerFactory:
     def build(params: list[nn.Parameter]) -> torch.optim.Optimizer:
         if c.optimizer == "sgd":
             return torch.optim.SGD(params, lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay)
-        fused = bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
-        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=fused or None)
+        return torch.optim.AdamW(params, lr=c.lr, weight_decay=c.weight_decay, fused=can_fuse(params) or None)
 
     return build
+
+
+def can_fuse(params: list[nn.Parameter]) -> bool:
+    """Whether AdamW can run fused over ``params``: some, and every one a floating-point tensor on a GPU."""
+    return bool(params) and all(p.is_cuda and p.is_floating_point() for p in params)
 
 
 def lr_lambda(train: TrainSection, total_steps: int) -> Callable[[int], float]:
