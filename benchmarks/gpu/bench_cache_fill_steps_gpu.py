@@ -26,6 +26,46 @@ from elastic_pipe.cache import ActivationCache, CacheTiers
 ENTRY = (197, 768)
 
 
+def _timed_fill(arena: torch.Tensor, flat: torch.Tensor) -> float:
+    """Seconds of a pass of device-to-host copies of ``flat`` into ``arena``."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for lo in range(0, arena.numel() - flat.numel() + 1, flat.numel()):
+        arena[lo : lo + flat.numel()].copy_(flat)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def pin_alternatives(host_bytes: int, flat: torch.Tensor) -> dict[str, float]:
+    """Other ways to page-lock ``host_bytes``: torch's pinned allocator in 1 GiB pieces (no rounding of the whole
+    to a power of two), and pageable memory touched by torch's threads (``zero_``) then registered with
+    ``cudaHostRegister``; each timed, then a pass of copies into it."""
+    out: dict[str, float] = {}
+    empty_host_cache = getattr(torch._C, "_host_emptyCache", lambda: None)
+    piece = 1 << 30
+    t0 = time.perf_counter()
+    pieces = [torch.empty(min(piece, host_bytes - lo), dtype=torch.uint8, pin_memory=True)
+              for lo in range(0, host_bytes, piece)]  # fmt: skip
+    out["pin_pieces_1GiB_s"] = time.perf_counter() - t0
+    out["pin_pieces_d2h_s"] = sum(_timed_fill(p, flat) for p in pieces if p.numel() >= flat.numel())
+    del pieces
+    empty_host_cache()
+    t0 = time.perf_counter()
+    arena = torch.empty(host_bytes, dtype=torch.uint8)
+    arena.zero_()
+    out["pageable_touch_s"] = time.perf_counter() - t0
+    cudart = torch.cuda.cudart()
+    t1 = time.perf_counter()
+    rc = cudart.cudaHostRegister(arena.data_ptr(), host_bytes, 0)
+    out["host_register_s"] = time.perf_counter() - t1
+    out["host_register_rc"] = int(rc) if not isinstance(rc, tuple) else int(rc[0])
+    out["host_register_is_pinned"] = float(arena.is_pinned())
+    out["host_register_d2h_s"] = _timed_fill(arena, flat)
+    cudart.cudaHostUnregister(arena.data_ptr())
+    del arena
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samples", type=int, default=47500)
@@ -57,6 +97,7 @@ def main() -> int:
     if empty_host_cache is not None:
         empty_host_cache()
     report["d2h_GB"] = host_bytes / 1e9
+    report.update(pin_alternatives(host_bytes, flat))
 
     cache = ActivationCache.from_tiers(args.samples, CacheTiers(total // 4, total, host_kind="pinned"), device=cuda)
     ids = torch.randperm(args.samples, generator=torch.Generator().manual_seed(0))

@@ -23,6 +23,7 @@ import fcntl
 import mmap
 import os
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from elastic_pipe.cache.layout import (
     encode_invalid,
     entry_seed,
 )
+from elastic_pipe.cache.pinned import page_locked_empty
 
 __all__ = [
     "CorruptSegmentError",
@@ -56,6 +58,10 @@ __all__ = [
 ]
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _nothing() -> None:
+    """The release of a slab that holds no page lock."""
 
 
 class CorruptSegmentError(CacheError):
@@ -248,7 +254,12 @@ class DeviceSegment:
         self.layout = layout
         self.device = device
         shape = (layout.capacity, *layout.shape)
-        self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)
+        self._unlock: Callable[[], None] = _nothing
+        if pin and device.type == "cpu":
+            self._data, release = page_locked_empty(shape, layout.dtype)
+            self._unlock = weakref.finalize(self, release)
+        else:
+            self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)
         self._pinned = pin
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
@@ -329,6 +340,7 @@ class DeviceSegment:
 
     def close(self) -> None:
         self._data = torch.empty(0, dtype=self.layout.dtype, device=self.device)
+        self._unlock()  # a pinned slab's lock, once nothing here holds it (the caller settled its copies)
         self._index = torch.full((self.layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
 

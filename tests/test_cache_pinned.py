@@ -1,0 +1,104 @@
+"""The pinned host tier's slab: pageable memory registered with CUDA (``cudaHostRegister``) instead of torch's
+pinned allocator, locked for exactly its size, released once when the segment closes or is collected, and, where
+registration is refused, taken from torch's pinned allocator instead."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from elastic_pipe.cache import pinned
+from elastic_pipe.cache.layout import SegmentLayout
+from elastic_pipe.cache.segments import DeviceSegment
+
+
+class _FakeRuntime:
+    """Records the register and unregister calls a CUDA runtime would get; answers ``rc`` to registrations."""
+
+    def __init__(self, rc: int = 0) -> None:
+        self.rc = rc
+        self.registered: list[tuple[int, int, int]] = []
+        self.unregistered: list[int] = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+        self.registered.append((ptr, size, flags))
+        return self.rc
+
+    def cudaHostUnregister(self, ptr: int) -> int:
+        self.unregistered.append(ptr)
+        return 0
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> _FakeRuntime:
+    fake = _FakeRuntime()
+    monkeypatch.setattr(pinned, "_cudart", lambda: fake)
+    return fake
+
+
+LAYOUT = SegmentLayout((3, 5), torch.float32, 40, 100)
+
+
+def test_the_slab_is_registered_for_exactly_its_bytes_and_released_once_at_close(runtime: _FakeRuntime) -> None:
+    segment = DeviceSegment(LAYOUT, torch.device("cpu"), pin=True)
+    ptr = segment._data.data_ptr()
+    assert runtime.registered == [(ptr, 40 * 3 * 5 * 4, pinned._PORTABLE)]  # no rounding to a power of two
+    assert not segment._data.any()  # every page touched (zero-filled) before it was locked
+    keys = torch.tensor([7, 3, 99])
+    rows = torch.randn(3, 3, 5)
+    segment.write(keys, rows)
+    assert torch.equal(segment.read(keys, torch.device("cpu")).values, rows)
+    assert runtime.unregistered == []
+    segment.close()
+    assert runtime.unregistered == [ptr]
+    segment.close()
+    assert runtime.unregistered == [ptr]  # once
+
+
+def test_a_segment_collected_without_close_releases_its_lock(runtime: _FakeRuntime) -> None:
+    segment = DeviceSegment(LAYOUT, torch.device("cpu"), pin=True)
+    ptr = segment._data.data_ptr()
+    del segment
+    gc.collect()
+    assert runtime.unregistered == [ptr]
+
+
+def test_an_unpinned_or_device_slab_registers_nothing(runtime: _FakeRuntime) -> None:
+    DeviceSegment(LAYOUT, torch.device("cpu")).close()
+    assert runtime.registered == runtime.unregistered == []
+
+
+def test_a_refused_registration_falls_back_to_torchs_pinned_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeRuntime(rc=1)
+    monkeypatch.setattr(pinned, "_cudart", lambda: fake)
+    asked: list[bool] = []
+    real_empty = torch.empty
+
+    def empty(*args: object, pin_memory: bool = False, **kwargs: object) -> torch.Tensor:
+        asked.append(pin_memory)
+        return real_empty(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(pinned.torch, "empty", empty)
+    data, release = pinned.page_locked_empty((4, 2), torch.float64)
+    release()
+    assert asked == [False, True]  # the pageable try, then torch's pinned allocator
+    assert data.shape == (4, 2) and data.dtype == torch.float64
+    assert fake.unregistered == []  # nothing was registered, so nothing is released
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_registered_slab_is_pinned_copies_by_dma_and_is_unlocked_at_close() -> None:
+    segment = DeviceSegment(LAYOUT, torch.device("cpu"), pin=True)
+    assert segment._data.is_pinned()
+    held = segment._data
+    keys = torch.arange(10)
+    rows = torch.randn(10, 3, 5, device="cuda")
+    segment.write(keys, rows)
+    back = segment.read(keys, torch.device("cuda")).values
+    torch.cuda.synchronize()
+    assert torch.equal(back, rows)
+    segment.close()
+    assert not held.is_pinned()  # the lock went with the segment; the memory lives on with the reference
