@@ -5,6 +5,8 @@ registration is refused, taken from torch's pinned allocator instead."""
 from __future__ import annotations
 
 import gc
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -102,3 +104,32 @@ def test_on_a_gpu_the_registered_slab_is_pinned_copies_by_dma_and_is_unlocked_at
     assert torch.equal(back, rows)
     segment.close()
     assert not held.is_pinned()  # the lock went with the segment; the memory lives on with the reference
+
+
+def _mapped(address: int) -> bool:
+    """Whether ``address`` lies in one of this process's mappings."""
+    with open("/proc/self/maps", encoding="ascii") as maps:
+        for line in maps:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the Linux process maps")
+def test_a_forked_child_such_as_a_loader_worker_does_not_inherit_the_slab(runtime: _FakeRuntime) -> None:
+    """Linux copies pinned pages into a child at fork, so each DataLoader worker forked after the lock would hold
+    a copy of the whole slab; the slab is left out of children instead (the parent keeps using it)."""
+    data, release = pinned.page_locked_empty((1024, 256), torch.float32)
+    gc.collect()  # the tensor alone keeps its mapping alive
+    data[-1, -1] = 3.0
+    address = data.data_ptr()
+    assert _mapped(address)
+    pid = os.fork()
+    if pid == 0:  # the child: report by exit code only
+        os._exit(0 if not _mapped(address) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert float(data[-1, -1]) == 3.0
+    release()
+    assert runtime.unregistered == [address]

@@ -6,11 +6,15 @@ allocator.
 locked). A pageable tensor touched by torch's own threads (``zero_``) and then registered with
 ``cudaHostRegister`` took 0.96 s + 0.86 s, locks exactly its size, and copies to and from the GPU as fast
 (``benchmarks/gpu/bench_cache_fill_steps_gpu.py``, ``benchmarks/results/gpu_1xh200_cache_fill_steps.json``).
-Where registration is refused, the slab falls back to torch's pinned allocator.
+The slab is its own anonymous mapping, left out of forked children (``MADV_DONTFORK``): Linux copies locked pages
+into a child at ``fork``, so each DataLoader worker would otherwise hold a copy. Where registration is refused,
+the slab falls back to torch's pinned allocator.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +35,21 @@ def _unregister(data: torch.Tensor) -> None:
     _cudart().cudaHostUnregister(data.data_ptr())
 
 
+def _unforked(nbytes: int) -> torch.Tensor:
+    """``nbytes`` of fresh anonymous memory (page-aligned, its own mapping) that a forked child does not inherit.
+
+    Linux copies a pinned page into a forked child at ``fork`` rather than sharing it copy-on-write, so every
+    DataLoader worker forked after the lock would get its own copy of the whole slab (on one H200 host, 8 workers x
+    21.6 GB: the job was killed for memory). Workers never read the cache, so the slab is left out of them
+    (``MADV_DONTFORK``). The tensor holds the mapping; it is unmapped when the tensor's memory is freed.
+    """
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    dontfork = getattr(mmap, "MADV_DONTFORK", None)
+    if dontfork is not None:
+        region.madvise(dontfork)
+    return torch.frombuffer(region, dtype=torch.uint8)
+
+
 def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Callable[[], None]]:
     """A page-locked host tensor of ``shape``/``dtype`` (zero-filled) and the call that releases its lock.
 
@@ -38,9 +57,10 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
     owner calls it when done with the slab, or attaches it to its own lifetime (``weakref.finalize(owner,
     release)``, as :class:`~elastic_pipe.cache.segments.DeviceSegment` does).
     """
-    data = torch.empty(shape, dtype=dtype)
-    if data.numel() == 0:
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=True), lambda: None
+    data = _unforked(nbytes).view(dtype).view(shape)
     data.zero_()  # fault the pages in with torch's threads; registering them then only locks them
     rc = _cudart().cudaHostRegister(data.data_ptr(), data.numel() * data.element_size(), _PORTABLE)
     if int(rc) != 0:  # e.g. a locked-memory limit: torch's allocator reports its own error if it fails too
