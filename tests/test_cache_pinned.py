@@ -133,3 +133,42 @@ def test_a_forked_child_such_as_a_loader_worker_does_not_inherit_the_slab(runtim
     assert float(data[-1, -1]) == 3.0
     release()
     assert runtime.unregistered == [address]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_transform_of_the_pinned_slab_with_copies_beside_the_compute_is_exact() -> None:
+    """Runs of consecutive slots go in and out on side streams while the compute runs; a key mask that breaks the
+    runs sends the rest through the staged gather; every entry comes back exactly transformed, once."""
+    layout = SegmentLayout((4, 8), torch.float32, 500, 600)
+    segment = DeviceSegment(layout, torch.device("cpu"), pin=True)
+    keys = torch.randperm(600, generator=torch.Generator().manual_seed(1))[:500]
+    rows = torch.randn(500, 4, 8)
+    for lo in range(0, 500, 64):
+        segment.write(keys[lo : lo + 64], rows[lo : lo + 64].cuda())
+    torch.cuda.synchronize()
+    weight = torch.randn(8, 8, device="cuda")
+    seen: list[str] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.device.type)
+        for _ in range(20):  # long enough that the next chunk's copy runs beside it
+            x = x @ weight / 8**0.5
+        return x
+
+    expected = rows.cuda()
+    for _ in range(20):
+        expected = expected @ weight / 8**0.5
+    assert segment.transform(fn, 48, torch.device("cuda")) == 500
+    got = segment.read(keys, torch.device("cuda")).values
+    torch.cuda.synchronize()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert set(seen) == {"cuda"} and len(seen) == 11  # ceil(500 / 48) chunks, each once
+    keep = torch.zeros(600, dtype=torch.bool)
+    keep[keys[::3]] = True  # every third entry: chunks of scattered slots, through the staged gather
+    before = segment.read(keys, torch.device("cpu")).values
+    segment.transform(lambda x: x + 1, 16, torch.device("cuda"), keep)
+    found = segment.read(keys, torch.device("cpu"))
+    assert torch.equal(found.found, keep[keys])
+    assert torch.equal(found.values, before[keep[keys]] + 1)
+    segment.close()
