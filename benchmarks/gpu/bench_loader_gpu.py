@@ -1,0 +1,117 @@
+"""How fast the disk-data benchmark's loader delivers images, apart from the model (issue #18).
+
+    python benchmarks/gpu/bench_loader_gpu.py --data /tmp/images.npy --out $OUT/loader.json
+    python benchmarks/gpu/bench_loader_gpu.py --tiny --out /tmp/loader.json      # CPU smoke run
+
+``bench_disk_data_gpu.py``'s two loader-bound epochs (nothing cached yet) deliver about 2,200 images/s with 8
+workers, below the model's pace. This times the same ``DataLoader`` over the same ``DiskImages`` file with nothing
+else running, varying one thing at a time, to say which part bounds it:
+
+* ``workers``: the worker count (decode and normalise run in the workers);
+* ``pin``: ``pin_memory`` (the training process's pin thread copies each 308 MB float32 batch into page-locked
+  memory) or not;
+* ``to_device``: each batch copied to the GPU (``non_blocking`` when pinned) and the device synchronised, as a
+  training step would wait for it, or left on the host.
+
+Also the per-image decode time in this process (one thread) and the stack of one batch, for scale. Each
+setting reads ``--batches`` batches after ``--warmup`` batches (the workers' start and the first batches are not
+the steady rate; reported apart as ``first_batch_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from _report import emit  # this folder
+from bench_disk_data_gpu import DiskImages, write_images  # this folder
+
+
+def _rate(
+    dataset: DiskImages, batch: int, workers: int, *, pin: bool, to_device: bool, args: argparse.Namespace
+) -> dict[str, Any]:
+    device = torch.device("cuda") if to_device else None
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True
+    )
+    t_start = time.perf_counter()
+    first = warm_end = None
+    seen = 0
+    for i, (x, _) in enumerate(itertools.islice(loader, args.warmup + args.batches)):
+        if device is not None:
+            x.to(device, non_blocking=pin)
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        if i == 0:
+            first = now - t_start
+        if i == args.warmup - 1:
+            warm_end = now
+        elif i >= args.warmup:
+            seen += x.shape[0]
+    elapsed = time.perf_counter() - (warm_end if warm_end is not None else t_start)
+    return {
+        "workers": workers,
+        "pin": pin,
+        "to_device": to_device,
+        "first_batch_s": first,
+        "images_per_s": seen / elapsed if elapsed > 0 else None,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=Path("/tmp/images.npy"), help="the images file (made if absent)")
+    ap.add_argument("--images", type=int, default=None, help="images in the file (default 50000; --tiny 256)")
+    ap.add_argument("--size", type=int, default=None, help="image side (default 224; --tiny 32)")
+    ap.add_argument("--batch", type=int, default=None, help="batch (default 512; --tiny 32)")
+    ap.add_argument("--workers", default=None, help="comma-separated worker counts (default 8,14; --tiny 1)")
+    ap.add_argument("--batches", type=int, default=None, help="timed batches per setting (default 30; --tiny 3)")
+    ap.add_argument("--warmup", type=int, default=None, help="batches read before timing (default 8; --tiny 1)")
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    tiny = args.tiny
+    n = args.images or (256 if tiny else 50000)
+    size = args.size or (32 if tiny else 224)
+    batch = args.batch or (32 if tiny else 512)
+    workers = [int(w) for w in (args.workers or ("1" if tiny else "8,14")).split(",")]
+    args.batches = args.batches or (3 if tiny else 30)
+    args.warmup = args.warmup or (1 if tiny else 8)
+    cuda = torch.cuda.is_available()
+    if not (cuda or tiny):
+        raise SystemExit("needs a CUDA device (or --tiny)")
+    args.data.parent.mkdir(parents=True, exist_ok=True)
+    write_images(args.data, n, size, classes=1000)
+    dataset = DiskImages(args.data)
+    t0 = time.perf_counter()
+    items = [dataset[i][0] for i in range(batch)]
+    decode_s = (time.perf_counter() - t0) / batch
+    t0 = time.perf_counter()
+    torch.stack(items)
+    report: dict[str, Any] = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "images": n,
+        "size": size,
+        "batch": batch,
+        "decode_ms_per_image_one_thread": decode_s * 1e3,
+        "stack_ms_per_batch": (time.perf_counter() - t0) * 1e3,
+        "settings": [],
+    }
+    for w, pin, to_device in itertools.product(workers, (True, False), (True, False) if cuda else (False,)):
+        if pin and not cuda:
+            continue
+        row = _rate(dataset, batch, w, pin=pin, to_device=to_device, args=args)
+        report["settings"].append(row)
+        print(row, flush=True)
+    emit(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
