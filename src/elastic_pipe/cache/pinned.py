@@ -43,6 +43,8 @@ def _unforked(nbytes: int) -> torch.Tensor:
     21.6 GB: the job was killed for memory). Workers never read the cache, so the slab is left out of them
     (``MADV_DONTFORK``). The tensor holds the mapping; it is unmapped when the tensor's memory is freed.
     """
+    if not hasattr(mmap, "MAP_ANONYMOUS"):  # no POSIX mappings (Windows): no fork either
+        return torch.empty(nbytes, dtype=torch.uint8)
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     dontfork = getattr(mmap, "MADV_DONTFORK", None)
     if dontfork is not None:

@@ -369,21 +369,24 @@ def _transform_overlapped(views: list[torch.Tensor], fn: Transform, device: torc
         return rows, ready
 
     ahead = load(views[0])
-    for i, view in enumerate(views):
-        rows, ready = ahead
-        if i + 1 < len(views):
-            ahead = load(views[i + 1])
-        compute.wait_event(ready)
-        rows.record_stream(compute)  # allocated on copy_in: not reused while the compute still reads it
-        new = fn(rows)
-        _check_same(view, new)
-        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        done.record(compute)
-        copy_out.wait_event(done)
-        with torch.cuda.stream(copy_out):
-            view.copy_(new, non_blocking=True)
-        new.record_stream(copy_out)
-    copy_out.synchronize()
+    try:
+        for i, view in enumerate(views):
+            rows, ready = ahead
+            if i + 1 < len(views):
+                ahead = load(views[i + 1])
+            compute.wait_event(ready)
+            rows.record_stream(compute)  # allocated on copy_in: not reused while the compute still reads it
+            new = fn(rows)
+            _check_same(view, new)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(compute)
+            copy_out.wait_event(done)
+            with torch.cuda.stream(copy_out):
+                view.copy_(new, non_blocking=True)
+            new.record_stream(copy_out)
+    finally:  # also when ``fn`` raised: no copy may still be writing the slab once the caller sees it
+        copy_in.synchronize()
+        copy_out.synchronize()
 
 
 def _check_same(old: torch.Tensor, new: torch.Tensor) -> None:
