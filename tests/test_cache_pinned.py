@@ -83,7 +83,8 @@ def test_a_refused_registration_falls_back_to_torchs_pinned_allocator(monkeypatc
         return real_empty(*args, **kwargs)  # type: ignore[call-overload, no-any-return]
 
     monkeypatch.setattr(pinned.torch, "empty", empty)
-    data, release = pinned.page_locked_empty((4, 2), torch.float64)
+    with pytest.warns(RuntimeWarning, match=r"cudaHostRegister refused 64 bytes \(CUDA error 1\)"):
+        data, release = pinned.page_locked_empty((4, 2), torch.float64)
     release()
     assert asked == [False, True]  # the pageable try, then torch's pinned allocator
     assert data.shape == (4, 2) and data.dtype == torch.float64
@@ -172,3 +173,26 @@ def test_on_a_gpu_a_transform_of_the_pinned_slab_with_copies_beside_the_compute_
     assert torch.equal(found.found, keep[keys])
     assert torch.equal(found.values, before[keep[keys]] + 1)
     segment.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_refused_registration_leaves_no_error_for_the_next_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real refusal (the memory is registered already), whose error the runtime keeps as its last one: the
+    fallback clears it, so the next kernel launch does not raise it as its own."""
+    real = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+    held = torch.empty(1 << 20, dtype=torch.uint8)
+    assert int(real.cudaHostRegister(held.data_ptr(), held.numel(), 0)) == 0
+
+    class _Twice:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+            return int(real.cudaHostRegister(held.data_ptr(), held.numel(), flags))  # already registered
+
+    monkeypatch.setattr(pinned, "_cudart", _Twice)
+    try:
+        with pytest.warns(RuntimeWarning, match="cudaHostRegister refused"):
+            data, _ = pinned.page_locked_empty((16, 4), torch.float32)
+        assert data.is_pinned()  # torch's pinned allocator
+        assert float((torch.ones(8, device="cuda") * 2).sum()) == 16.0
+    finally:
+        real.cudaHostUnregister(held.data_ptr())

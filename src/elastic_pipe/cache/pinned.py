@@ -13,8 +13,10 @@ the slab falls back to torch's pinned allocator.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import mmap
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +35,15 @@ def _cudart() -> Any:
 
 def _unregister(data: torch.Tensor) -> None:
     _cudart().cudaHostUnregister(data.data_ptr())
+
+
+def _absorb_error() -> None:
+    """Clear the CUDA runtime's last error left by a refused registration (torch's binding returns it without
+    clearing it), which the next kernel launch's check would otherwise raise as its own: one tiny launch, whose
+    check reads and clears it."""
+    if torch.cuda.is_available():
+        with contextlib.suppress(RuntimeError):
+            torch.zeros(1, device="cuda")
 
 
 def _unforked(nbytes: int) -> torch.Tensor:
@@ -65,7 +76,14 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
     data = _unforked(nbytes).view(dtype).view(shape)
     data.zero_()  # fault the pages in with torch's threads; registering them then only locks them
     rc = _cudart().cudaHostRegister(data.data_ptr(), data.numel() * data.element_size(), _PORTABLE)
-    if int(rc) != 0:  # e.g. a locked-memory limit: torch's allocator reports its own error if it fails too
+    if int(rc) != 0:  # torch's allocator raises its own error if it cannot lock the memory either
+        _absorb_error()
+        warnings.warn(
+            f"cudaHostRegister refused {nbytes} bytes (CUDA error {int(rc)}); the pinned host tier takes torch's "
+            "pinned allocator instead (slower to allocate, rounded up to a power of two)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return torch.empty(shape, dtype=dtype, pin_memory=True), lambda: None
     done = [False]
 
