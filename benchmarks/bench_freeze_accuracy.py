@@ -13,10 +13,10 @@ Tasks (every arm of a task starts from the same checkpoint; seeds 0, 1, 2 change
 
 Arms: ``none`` (no freezing), ``alpha`` 1/3, 0.2, 0.1 (the PipeTransformer schedule), ``freezeout`` (t0 = 0.5),
 ``autofreeze`` (median), the convergence-aware ``settled`` (its defaults), the proposed default ``freezeout:t0=0.7``,
-plus any ``--arms`` given (``name`` or
-``name:key=value,...`` of a registered policy). Decision points fall four times per epoch (the first step of
-each quarter); statistics-driven policies observe the interval's merged gradient norms there, the held-out guard
-the held-out loss after each epoch (as the trainer's per-epoch evaluation gives it).
+plus any ``--arms`` given (``name`` or ``name:key=value,...`` of a registered policy; ``anneal`` and ``scaled``
+are read by the loop: :data:`LOOP_OPTIONS`). Decision points fall four times per epoch (the first step of each
+quarter); statistics-driven policies observe the interval's merged gradient norms there, the held-out guard the
+held-out loss after each epoch (as the trainer's per-epoch evaluation gives it).
 
 The training loop is the freeze package composed by hand on one device: frozen units leave the optimizer
 (``freeze_modules``), run in eval mode, and their output is cached per sample at the frozen boundary, so a frozen
@@ -106,9 +106,15 @@ def parse_arm(spec: str) -> Arm:
     return Arm(spec if rest else name, name, options)
 
 
+#: Arm options the study's loop reads itself (not the policy's): ``anneal`` gives each unit its own learning rate,
+#: the global schedule times the policy's ``lr_scale(unit, step)`` (FreezeOut's half cosine to 0 at the unit's stop);
+#: ``scaled`` with it starts unit ``i`` at ``1 / t_i`` times the base rate (FreezeOut's scaled variant).
+LOOP_OPTIONS = ("anneal", "scaled")
+
+
 def build_policy(arm: Arm, num_units: int, total_steps: int) -> freeze.FreezePolicy:
     """The arm's policy over ``num_units`` units (FreezeOut learns the run's length)."""
-    options = dict(arm.options)
+    options = {k: v for k, v in arm.options.items() if k not in LOOP_OPTIONS}
     if arm.policy == "freezeout":
         options.setdefault("total_steps", total_steps)
     return freeze.make_policy(arm.policy, num_units, **options)
@@ -448,6 +454,33 @@ def decision_steps(steps_per_epoch: int) -> set[int]:
     return {math.ceil(k * steps_per_epoch / DECISIONS_PER_EPOCH) for k in range(DECISIONS_PER_EPOCH)}
 
 
+def make_optimizer(
+    task: Task, model: SubLayerModel, arm: Arm, policy: freeze.FreezePolicy, total: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW under the task's warm-up + cosine schedule; with the arm's ``anneal`` (:data:`LOOP_OPTIONS`), one
+    parameter group per unit, each also scaled by the policy's ``lr_scale``."""
+    warmup = max(1, round(task.warmup_fraction * total))
+    if not arm.options.get("anneal"):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=task.weight_decay)
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_at(s, total, warmup))
+    lr_scale = getattr(policy, "lr_scale", None)
+    stop_fraction = getattr(policy, "stop_fraction", None)
+    if lr_scale is None or stop_fraction is None:
+        raise SystemExit(f"--arms {arm.name}: anneal needs a policy with per-unit learning rates (freezeout)")
+    units = [[p for m in model.unit_modules(u) for p in m.parameters()] for u in range(model.num_units)]
+    held = {id(p) for ps in units for p in ps}
+    groups = [{"params": ps} for ps in units] + [{"params": [p for p in model.parameters() if id(p) not in held]}]
+    optimizer = torch.optim.AdamW(groups, lr=task.lr, weight_decay=task.weight_decay)
+    scaled = bool(arm.options.get("scaled"))
+
+    def unit_factor(u: int) -> Callable[[int], float]:
+        boost = 1.0 / stop_fraction(u) if scaled else 1.0
+        return lambda s: lr_at(s, total, warmup) * boost * lr_scale(u, s)
+
+    factors = [unit_factor(u) for u in range(model.num_units)] + [lambda s: lr_at(s, total, warmup)]
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factors)
+
+
 def train_arm(
     task: Task,
     model: SubLayerModel,
@@ -468,10 +501,7 @@ def train_arm(
     num_units = model.num_units
     policy = build_policy(arm, num_units, total)
     units_of = [u for u in range(num_units) for _ in range(*model.unit_bounds(u))]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=task.lr, weight_decay=task.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_at(s, total, max(1, round(task.warmup_fraction * total)))
-    )
+    optimizer, scheduler = make_optimizer(task, model, arm, policy, total)
     watched = freeze.signal_layers(policy)  # the units whose signal the policy can still read
     tracker = (
         freeze.GradNormTracker({u: nn.ModuleList(model.unit_modules(u)) for u in range(watched)})

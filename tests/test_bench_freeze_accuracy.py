@@ -70,3 +70,35 @@ def test_compute_saved_counts_skipped_work_exactly() -> None:
     assert bench.compute_saved(costs, probed)[0] == pytest.approx(1 - (done + 6 * 1.0) / full)  # type: ignore[attr-defined]
     nothing = {"samples": 10, "trained": [10, 10], "forward_only": [0, 0], "frozen": [0, 0]}
     assert bench.compute_saved(costs, nothing) == (0.0, 0.0)  # type: ignore[attr-defined]
+
+
+def test_anneal_gives_each_unit_freezeouts_learning_rate() -> None:
+    """``anneal``: one group per unit at base x schedule x ``lr_scale(unit, step)`` (``scaled``: x ``1 / t_i``),
+    the rest at base x schedule; a policy without per-unit rates is refused."""
+    bench = _bench()
+    from elastic_pipe import freeze, models
+
+    model = models.vit(config="vit-tiny", image_size=8, patch_size=4, in_channels=1, num_classes=3)
+    task = bench.Task(  # type: ignore[attr-defined]
+        "t", "", lambda: model, train=(None, None), val=(None, None), test=(None, None), epochs=1, batch=4, lr=0.1
+    )
+    total = 40
+    for scaled in (False, True):
+        arm = bench.Arm("a", "freezeout", {"t0": 0.5, "anneal": True, "scaled": scaled})  # type: ignore[attr-defined]
+        policy = bench.build_policy(arm, model.num_units, total)  # type: ignore[attr-defined]
+        optimizer, scheduler = bench.make_optimizer(task, model, arm, policy, total)  # type: ignore[attr-defined]
+        assert len(optimizer.param_groups) == model.num_units + 1
+        assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+        for step in range(total):
+            base = 0.1 * bench.lr_at(step, total, 4)  # type: ignore[attr-defined]
+            for u in range(model.num_units):
+                boost = 1 / policy.stop_fraction(u) if scaled else 1.0  # type: ignore[attr-defined]
+                want = base * boost * policy.lr_scale(u, step)  # type: ignore[attr-defined]
+                assert optimizer.param_groups[u]["lr"] == pytest.approx(want)
+            assert optimizer.param_groups[-1]["lr"] == pytest.approx(base)
+            optimizer.step()
+            scheduler.step()
+    arm = bench.Arm("a", "alpha", {"alpha": 0.5, "anneal": True})  # type: ignore[attr-defined]
+    policy = freeze.make_policy("alpha", model.num_units, alpha=0.5)
+    with pytest.raises(SystemExit, match="anneal needs a policy with per-unit learning rates"):
+        bench.make_optimizer(task, model, arm, policy, total)  # type: ignore[attr-defined]

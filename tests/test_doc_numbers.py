@@ -30,6 +30,8 @@ DISK_STEPS = "gpu_1xh200_disk_data_torch_pinned_alloc.json"  # the steps' fill, 
 DISK_REGISTER = "gpu_1xh200_disk_data_host_register.json"  # the slab registered, before the overlapped moves
 FILL_STEPS = "gpu_1xh200_cache_fill_steps.json"
 STUDY = "freeze_accuracy.json"
+STANDIN = "freeze_standin_lr_cpu.json"
+SD = "tasks.vit_digits.arms."
 BBC = "tasks.minilm_bbc.arms."
 DIGITS = "tasks.vit_digits.arms."
 W_VIT = "workloads.vit."
@@ -39,6 +41,40 @@ S10 = "steps_per_epoch.10."
 
 #: (doc, quoted text with "{}" for the number, result file, path in it, format spec).
 ROWS: list[tuple[str, str, str, str, str]] = [
+    # docs/freeze.md: FreezeOut's learning rates and one late freeze on the CPU stand-in for task (b)
+    ("docs/freeze.md", "| `none` | {} | 0.0% |", STANDIN, SD + "none.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "stop times only) | {} | 25.9% |", STANDIN, SD + "freezeout.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "| the same, annealed | {} |",
+        STANDIN,
+        SD + "freezeout:t0=0.5,anneal=true.accuracy_mean",
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "| the same, annealed and scaled | {} |",
+        STANDIN,
+        SD + "freezeout:t0=0.5,anneal=true,scaled=true.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "| `freezeout:t0=0.6` | {} |", STANDIN, SD + "freezeout:t0=0.6.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "(`manual`, 70% of the run) | {} | 26.2% |",
+        STANDIN,
+        SD + 'manual:schedule={"7":6}.accuracy_mean',
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "(`manual`, 70% of the run) | 91.92% | {} |",
+        STANDIN,
+        SD + 'manual:schedule={"7":6}.compute_saved',
+        ".1%",
+    ),
+    ("docs/freeze.md", "| the same after epoch 6 | {} |", STANDIN, SD + 'manual:schedule={"6":6}.accuracy_mean', ".2%"),
+    ("docs/freeze.md", "| the same after epoch 5 | {} |", STANDIN, SD + 'manual:schedule={"5":6}.accuracy_mean', ".2%"),
     # README: the accuracy study
     ("README.md", "FreezeOut with `t0 = 0.7` ({} on BBC News", STUDY, BBC + "freezeout:t0=0.7.accuracy_mean", ".2%"),
     ("README.md", "on BBC News against {} without freezing", STUDY, BBC + "none.accuracy_mean", ".2%"),
@@ -556,7 +592,7 @@ def test_lookup_reads_keys_indices_and_reductions() -> None:
 
 def test_rows_are_distinct_and_cover_both_docs() -> None:
     assert len({(doc, text) for doc, text, *_ in ROWS}) == len(ROWS)
-    assert {doc for doc, *_ in ROWS} == {"README.md", "docs/benchmarks.md"}
+    assert {doc for doc, *_ in ROWS} == {"README.md", "docs/benchmarks.md", "docs/freeze.md"}
 
 
 @pytest.mark.parametrize(("doc", "text", "result", "path", "spec"), ROWS, ids=[f"{r[0]}:{r[1][:40]}" for r in ROWS])
