@@ -216,7 +216,8 @@ def _gather(data: torch.Tensor, slots: torch.Tensor, device: torch.device, *, pi
 
 
 def copy_rows(data: torch.Tensor, slots: torch.Tensor, out: torch.Tensor) -> int:
-    """``out[i] = data[slots[i]]``, one ``copy_`` per run of consecutive slots; returns the number of copies.
+    """``out[i] = data[slots[i]]``, one copy per run of consecutive slots, issued together in one
+    ``torch._foreach_copy_``; returns the number of copies.
 
     From a pinned host slab to a GPU each copy is a DMA queued on the current stream: no host thread gathers the
     rows into a buffer first, the host only issues the copies (on an H200, a 310 MB batch of 512 random ViT-B/16
