@@ -184,7 +184,7 @@ def test_on_a_gpu_a_refused_registration_leaves_no_error_for_the_next_kernel(mon
     """A real refusal (the memory is registered already), whose error the runtime keeps as its last one: the
     fallback clears it, so the next kernel launch does not raise it as its own."""
     real = torch.cuda.cudart()  # type: ignore[no-untyped-call]
-    held = torch.empty(1 << 20, dtype=torch.uint8)
+    held = pinned._unforked(1 << 20)  # page-aligned
     assert int(real.cudaHostRegister(held.data_ptr(), held.numel(), 0)) == 0
 
     class _Twice:
