@@ -30,7 +30,7 @@ cat "$parts"/*.log > "$out/study.log"
 $bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"
 echo "study done after $(( $(date +%s) - start )) s"
 if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
-  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --only-arms "${E2E_ARMS:-none;settled;alpha=1/3}" --threads 4 \
+  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
     --out "$out/freeze_accuracy_e2e.json" 2> "$out/e2e.log"
   echo "e2e done after $(( $(date +%s) - start )) s"
 fi
