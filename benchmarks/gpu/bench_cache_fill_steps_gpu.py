@@ -26,6 +26,13 @@ from elastic_pipe.cache import ActivationCache, CacheTiers
 ENTRY = (197, 768)
 
 
+def _empty_host_cache() -> None:
+    """Give torch's cached pinned blocks back (so a later allocation is timed as a new one)."""
+    empty = getattr(torch._C, "_host_emptyCache", None)
+    if empty is not None:
+        empty()
+
+
 def _timed_fill(arena: torch.Tensor, flat: torch.Tensor) -> float:
     """Seconds of a pass of device-to-host copies of ``flat`` into ``arena``."""
     torch.cuda.synchronize()
@@ -41,7 +48,6 @@ def pin_alternatives(host_bytes: int, flat: torch.Tensor) -> dict[str, float]:
     to a power of two), and pageable memory touched by torch's threads (``zero_``) then registered with
     ``cudaHostRegister``; each timed, then a pass of copies into it."""
     out: dict[str, float] = {}
-    empty_host_cache = getattr(torch._C, "_host_emptyCache", lambda: None)
     piece = 1 << 30
     t0 = time.perf_counter()
     pieces = [torch.empty(min(piece, host_bytes - lo), dtype=torch.uint8, pin_memory=True)
@@ -49,7 +55,7 @@ def pin_alternatives(host_bytes: int, flat: torch.Tensor) -> dict[str, float]:
     out["pin_pieces_1GiB_s"] = time.perf_counter() - t0
     out["pin_pieces_d2h_s"] = sum(_timed_fill(p, flat) for p in pieces if p.numel() >= flat.numel())
     del pieces
-    empty_host_cache()
+    _empty_host_cache()
     t0 = time.perf_counter()
     arena = torch.empty(host_bytes, dtype=torch.uint8)
     arena.zero_()
@@ -86,16 +92,9 @@ def main() -> int:
     rows = torch.randn(args.batch, *ENTRY, device=cuda)
     flat = rows.view(torch.uint8).view(-1)
     for name in ("d2h_first_touch_s", "d2h_again_s"):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for lo in range(0, host_bytes - flat.numel() + 1, flat.numel()):
-            arena[lo : lo + flat.numel()].copy_(flat)
-        torch.cuda.synchronize()
-        report[name] = time.perf_counter() - t0
+        report[name] = _timed_fill(arena, flat)
     del arena
-    empty_host_cache = getattr(torch._C, "_host_emptyCache", None)  # the cache's own allocation must not reuse it
-    if empty_host_cache is not None:
-        empty_host_cache()
+    _empty_host_cache()  # the cache's own allocation must not reuse it
     report["d2h_GB"] = host_bytes / 1e9
     report.update(pin_alternatives(host_bytes, flat))
 
