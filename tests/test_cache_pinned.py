@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from elastic_pipe.cache import pinned
+from elastic_pipe.cache import CacheError, pinned
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import DeviceSegment
 
@@ -199,3 +199,29 @@ def test_on_a_gpu_a_refused_registration_leaves_no_error_for_the_next_kernel(mon
         assert float((torch.ones(8, device="cuda") * 2).sum()) == 16.0
     finally:
         real.cudaHostUnregister(held.data_ptr())
+
+
+def test_a_slab_larger_than_the_hosts_available_memory_is_refused_by_name(
+    runtime: _FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Touching more pages than the host has would get the process killed for memory with no message: the slab
+    is refused first, naming the sizes and what to change; nothing is registered."""
+    monkeypatch.setattr(pinned, "available_bytes", lambda: 1000)
+    with pytest.raises(CacheError, match=r"needs 2400 bytes .* host has 1000 available .*cache_tiers\.host"):
+        DeviceSegment(LAYOUT, torch.device("cpu"), pin=True)
+    assert runtime.registered == []
+    monkeypatch.setattr(pinned, "available_bytes", lambda: 2400)
+    DeviceSegment(LAYOUT, torch.device("cpu"), pin=True).close()  # exactly enough
+    assert len(runtime.registered) == 1
+
+
+def test_available_bytes_reads_memavailable(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000 kB\nMemFree:         1000 kB\nMemAvailable:    8000 kB\n")
+    assert pinned.available_bytes(str(meminfo)) == 8000 * 1024
+    meminfo.write_text("MemTotal:       16000 kB\n")
+    assert pinned.available_bytes(str(meminfo)) is None
+    assert pinned.available_bytes(str(tmp_path / "absent")) is None
+    if Path("/proc/meminfo").exists():
+        real = pinned.available_bytes()
+        assert real is not None and real > 0

@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["page_locked_empty"]
+from elastic_pipe.cache.errors import CacheError
+
+__all__ = ["available_bytes", "page_locked_empty"]
 
 #: ``cudaHostRegisterPortable``: page-locked for every CUDA context of the process, not only the current one.
 _PORTABLE = 1
@@ -44,6 +46,18 @@ def _absorb_error() -> None:
     if torch.cuda.is_available():
         with contextlib.suppress(RuntimeError):
             torch.zeros(1, device="cuda")
+
+
+def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """The memory the host can give without swapping (Linux's ``MemAvailable``), or ``None`` where unknown."""
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _unforked(nbytes: int) -> torch.Tensor:
@@ -69,10 +83,20 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
     The release holds the tensor, so its memory outlives the lock; it runs once (later calls do nothing). The
     owner calls it when done with the slab, or attaches it to its own lifetime (``weakref.finalize(owner,
     release)``, as :class:`~elastic_pipe.cache.segments.DeviceSegment` does).
+
+    Raises:
+        CacheError: more bytes than the host has available (a slab touched beyond that would get the process
+            killed for memory, with no message).
     """
     nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=True), lambda: None
+    available = available_bytes()
+    if available is not None and nbytes > available:  # touching the pages would get the process killed instead
+        raise CacheError(
+            f"the pinned host tier needs {nbytes} bytes of page-locked memory for this boundary, but the host has "
+            f'{available} available (MemAvailable); lower [pipeline] cache_tiers.host or use host_kind = "shared"'
+        )
     data = _unforked(nbytes).view(dtype).view(shape)
     data.zero_()  # fault the pages in with torch's threads; registering them then only locks them
     rc = _cudart().cudaHostRegister(data.data_ptr(), data.numel() * data.element_size(), _PORTABLE)
