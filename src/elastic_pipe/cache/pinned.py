@@ -88,7 +88,7 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
         CacheError: more bytes than the host has available (a slab touched beyond that would get the process
             killed for memory, with no message).
     """
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize  # as SegmentLayout.entry_bytes counts it
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, pin_memory=True), lambda: None
     available = available_bytes()
@@ -99,7 +99,7 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
         )
     data = _unforked(nbytes).view(dtype).view(shape)
     data.zero_()  # fault the pages in with torch's threads; registering them then only locks them
-    rc = _cudart().cudaHostRegister(data.data_ptr(), data.numel() * data.element_size(), _PORTABLE)
+    rc = _cudart().cudaHostRegister(data.data_ptr(), nbytes, _PORTABLE)
     if int(rc) != 0:  # torch's allocator raises its own error if it cannot lock the memory either
         _absorb_error()
         warnings.warn(
