@@ -61,6 +61,8 @@ ALPHA = 1 / 3
 MEAN, STD = 0.5, 0.2887
 #: Share held out for evaluation by elastic_pipe (the plain loop trains on the same number of images).
 EVAL_FRACTION = 0.05
+#: ``--input-dtype``: what the dataset's transform returns.
+INPUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: Images written per chunk when the file is generated (bounds the generator's memory).
 WRITE_CHUNK = 2048
 
@@ -97,18 +99,22 @@ def write_images(path: Path, n: int, size: int, classes: int, *, seed: int = 0) 
     np.save(labels_path, np.random.default_rng(seed).integers(0, classes, size=n, dtype=np.int64))
 
 
-def normalise(pixels: torch.Tensor) -> torch.Tensor:
+def normalise(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 pixels as float32 ``(p / 255 - MEAN) / STD``, in one new tensor (the rest in place: a per-item
-    transform that allocates one 600 KB tensor instead of four keeps the loader workers out of the allocator)."""
-    return pixels.float().sub_(255.0 * MEAN).div_(255.0 * STD)
+    transform that allocates one 600 KB tensor instead of four keeps the loader workers out of the allocator),
+    then rounded to ``dtype`` (bfloat16: what bf16 autocast rounds the first layer's input to anyway, at half the
+    bytes through the loader and the host-to-device copy)."""
+    x = pixels.float().sub_(255.0 * MEAN).div_(255.0 * STD)
+    return x if dtype == torch.float32 else x.to(dtype)
 
 
 class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     """The images of :func:`write_images`, decoded and normalised one at a time (the file is opened lazily, in
     each loader worker)."""
 
-    def __init__(self, path: Path, n: int | None = None) -> None:
+    def __init__(self, path: Path, n: int | None = None, dtype: torch.dtype = torch.float32) -> None:
         self.path = path
+        self.dtype = dtype
         self.labels = np.load(path.with_suffix(".labels.npy"))
         self.n = len(self.labels) if n is None else n
         self.targets = self.labels[: self.n]  # every item's label, read without decoding (elastic_pipe's data.md)
@@ -124,7 +130,7 @@ class DiskImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         pixels = torch.from_numpy(np.array(self.images()[index]))  # one copy out of the file
-        return normalise(pixels), int(self.labels[index])
+        return normalise(pixels, self.dtype), int(self.labels[index])
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_images": None}  # each worker maps the file itself
@@ -142,10 +148,10 @@ class DeviceImages(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
     def __init__(self, dataset: DiskImages, device: torch.device) -> None:
         n = len(dataset)
         images = dataset.images()
-        self.inputs = torch.empty((n, *images.shape[1:]), dtype=torch.float32, device=device)
+        self.inputs = torch.empty((n, *images.shape[1:]), dtype=dataset.dtype, device=device)
         for start in range(0, n, WRITE_CHUNK):
             chunk = torch.from_numpy(np.array(images[start : min(n, start + WRITE_CHUNK)])).to(device)
-            self.inputs[start : start + chunk.shape[0]] = normalise(chunk)
+            self.inputs[start : start + chunk.shape[0]] = normalise(chunk, dataset.dtype)
         self.targets = dataset.targets
 
     def __len__(self) -> int:
@@ -340,7 +346,7 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if arm != "plain":
         dist.init_process_group("gloo", rank=0, world_size=1)
-    dataset = DiskImages(Path(args.data), args.images)
+    dataset = DiskImages(Path(args.data), args.images, INPUT_DTYPES[args.input_dtype])
     torch.manual_seed(0)
     if device.type == "cuda":
         torch.zeros(1, device=device)  # CUDA initialised: torch 2.11 refuses to reset the stats before
@@ -365,6 +371,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=None, help="global batch (default 512; --tiny: 32)")
     ap.add_argument("--workers", type=int, default=None, help="loader workers (default min(8, cores - 2); --tiny: 1)")
     ap.add_argument("--model-preset", choices=("vit-b16", "tiny"), default=None, help="default vit-b16; --tiny: tiny")
+    ap.add_argument(
+        "--input-dtype",
+        choices=tuple(INPUT_DTYPES),
+        default="float32",
+        help="what the dataset's transform returns, in every arm (bfloat16: half the bytes per image)",
+    )
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: 256 images of 32 px, a 3-block ViT")
@@ -412,6 +424,7 @@ def main() -> int:
         "epochs": args.epochs,
         "global_batch": args.batch,
         "workers": args.workers,
+        "input_dtype": args.input_dtype,
         "alpha": ALPHA,
         "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
@@ -452,7 +465,7 @@ def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, 
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
-    cmd += [f"--model-preset={args.model_preset}"]
+    cmd += [f"--model-preset={args.model_preset}", f"--input-dtype={args.input_dtype}"]
     log_path = out / f"{arm}.stderr.log"
     t_arm = time.perf_counter()
     epochs: list[dict[str, Any]] = []

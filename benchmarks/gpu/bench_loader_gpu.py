@@ -11,7 +11,10 @@ else running, varying one thing at a time, to say which part bounds it:
 * ``pin``: ``pin_memory`` (the training process's pin thread copies each 308 MB float32 batch into page-locked
   memory) or not;
 * ``to_device``: each batch copied to the GPU (``non_blocking`` when pinned) and the device synchronised, as a
-  training step would wait for it, or left on the host.
+  training step would wait for it, or left on the host;
+* ``dtype``: what the transform returns (float32, or bfloat16 at half the bytes);
+* ``collate``: torch's ``default_collate`` over the dataset, or elastic_pipe's own reading of a dataset split
+  (its items as ``(index, item)`` pairs and its checking collate step, as ``DatasetSplit`` reads them).
 
 Also the per-image decode time in this process (one thread) and the stack of one batch, for scale. Each
 setting reads ``--batches`` batches after ``--warmup`` batches (the workers' start and the first batches are not
@@ -29,16 +32,54 @@ from typing import Any
 import torch
 
 from _report import emit  # this folder
-from bench_disk_data_gpu import DiskImages, write_images  # this folder
+from bench_disk_data_gpu import INPUT_DTYPES, DiskImages, write_images  # this folder
+from elastic_pipe.orchestrator import step_data
+
+#: ``(workers, pin, to_device, dtype, collate)`` per setting; ``W`` stands for the largest ``--workers`` count.
+SETTINGS: tuple[tuple[str, bool, bool, str, str], ...] = (
+    ("8", True, True, "float32", "torch"),
+    ("8", False, False, "float32", "torch"),
+    ("8", True, False, "float32", "torch"),
+    ("8", True, True, "float32", "elastic"),
+    ("W", True, True, "float32", "torch"),
+    ("W", False, False, "float32", "torch"),
+    ("8", True, True, "bfloat16", "torch"),
+    ("W", True, True, "bfloat16", "torch"),
+    ("W", True, True, "bfloat16", "elastic"),
+)
+
+
+def _loader(dataset: DiskImages, batch: int, workers: int, pin: bool, collate: str) -> Any:
+    if collate == "torch":
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True
+        )
+    spec = step_data.item_spec(dataset)
+    items = step_data._Items(dataset, torch.arange(len(dataset)))
+    order = torch.randperm(len(dataset)).tolist()
+    lists = [order[i : i + batch] for i in range(0, len(order) - batch + 1, batch)]
+    check = step_data._Collate(spec, spec.input_dtype, inputs=True, labels=True)
+    return torch.utils.data.DataLoader(
+        items,
+        batch_sampler=lists,  # type: ignore[arg-type]  # any iterable of index lists works
+        num_workers=workers,
+        collate_fn=check,
+        pin_memory=pin,
+    )
 
 
 def _rate(
-    dataset: DiskImages, batch: int, workers: int, *, pin: bool, to_device: bool, args: argparse.Namespace
+    dataset: DiskImages,
+    batch: int,
+    workers: int,
+    *,
+    pin: bool,
+    to_device: bool,
+    collate: str,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
     device = torch.device("cuda") if to_device else None
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True
-    )
+    loader = _loader(dataset, batch, workers, pin, collate)
     t_start = time.perf_counter()
     first = warm_end = None
     seen = 0
@@ -58,6 +99,8 @@ def _rate(
         "workers": workers,
         "pin": pin,
         "to_device": to_device,
+        "dtype": str(dataset.dtype).removeprefix("torch."),
+        "collate": collate,
         "first_batch_s": first,
         "images_per_s": seen / elapsed if elapsed > 0 else None,
     }
@@ -69,7 +112,7 @@ def main() -> int:
     ap.add_argument("--images", type=int, default=None, help="images in the file (default 50000; --tiny 256)")
     ap.add_argument("--size", type=int, default=None, help="image side (default 224; --tiny 32)")
     ap.add_argument("--batch", type=int, default=None, help="batch (default 512; --tiny 32)")
-    ap.add_argument("--workers", default=None, help="comma-separated worker counts (default 8,14; --tiny 1)")
+    ap.add_argument("--workers", type=int, default=None, help="the largest worker count (default 14; --tiny 2)")
     ap.add_argument("--batches", type=int, default=None, help="timed batches per setting (default 30; --tiny 3)")
     ap.add_argument("--warmup", type=int, default=None, help="batches read before timing (default 8; --tiny 1)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run")
@@ -79,7 +122,7 @@ def main() -> int:
     n = args.images or (256 if tiny else 50000)
     size = args.size or (32 if tiny else 224)
     batch = args.batch or (32 if tiny else 512)
-    workers = [int(w) for w in (args.workers or ("1" if tiny else "8,14")).split(",")]
+    most = args.workers or (2 if tiny else 14)
     args.batches = args.batches or (3 if tiny else 30)
     args.warmup = args.warmup or (1 if tiny else 8)
     cuda = torch.cuda.is_available()
@@ -87,7 +130,8 @@ def main() -> int:
         raise SystemExit("needs a CUDA device (or --tiny)")
     args.data.parent.mkdir(parents=True, exist_ok=True)
     write_images(args.data, n, size, classes=1000)
-    dataset = DiskImages(args.data)
+    datasets = {name: DiskImages(args.data, dtype=dtype) for name, dtype in INPUT_DTYPES.items()}
+    dataset = datasets["float32"]
     t0 = time.perf_counter()
     items = [dataset[i][0] for i in range(batch)]
     decode_s = (time.perf_counter() - t0) / batch
@@ -103,10 +147,11 @@ def main() -> int:
         "stack_ms_per_batch": (time.perf_counter() - t0) * 1e3,
         "settings": [],
     }
-    for w, pin, to_device in itertools.product(workers, (True, False), (True, False) if cuda else (False,)):
-        if pin and not cuda:
+    for w, pin, to_device, dtype, collate in SETTINGS:
+        if (pin or to_device) and not cuda:
             continue
-        row = _rate(dataset, batch, w, pin=pin, to_device=to_device, args=args)
+        workers = most if w == "W" else min(int(w), most)
+        row = _rate(datasets[dtype], batch, workers, pin=pin, to_device=to_device, collate=collate, args=args)
         report["settings"].append(row)
         print(row, flush=True)
     emit(report, args.out)
