@@ -206,3 +206,41 @@ def test_a_dataset_with_targets_trains_without_reading_items_once_the_cache_hold
     assert with_targets["complete"] == [True, True, True]  # after the transition before epoch 1
     assert without["reads"] > 0  # the fallback decodes the items for their labels
     assert with_targets["losses"] == without["losses"]  # the same labels either way
+
+
+class HalfItems(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Item ``i``: a bfloat16 input ``[i + 1/3, -i]``, label ``i % 10``."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([index + 1 / 3, -index], dtype=torch.bfloat16), index % 10
+
+
+def test_floating_inputs_leave_the_workers_as_the_dataset_made_them_and_are_cast_after_the_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    part = _split(HalfItems(), workers=1)  # parameters in float64
+    handed_over: list[torch.dtype] = []
+    build = DatasetSplit._loader
+
+    def recording(self: DatasetSplit, *args: Any, **kwargs: Any) -> Any:
+        loader = build(self, *args, **kwargs)
+
+        class Recorded:
+            def __iter__(self) -> Any:
+                for x, y in loader:
+                    handed_over.append(x.dtype)
+                    yield x, y
+
+        return Recorded()
+
+    monkeypatch.setattr(DatasetSplit, "_loader", recording)
+    batches = list(part.batches([[0, 5, 7], [23]], inputs=True, labels=True, device=CPU))
+    part.close()
+    assert handed_over == [torch.bfloat16, torch.bfloat16]  # half the bytes out of the workers
+    for (pos, x, _), expected in zip(batches, ([0, 5, 7], [23]), strict=True):
+        assert pos.tolist() == expected and x is not None and x.dtype == torch.float64
+        want = torch.stack([HalfItems()[i][0] for i in expected]).to(torch.float64)
+        assert torch.equal(x, want)

@@ -251,7 +251,9 @@ def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.devic
     for epoch in range(args.epochs):
         te = time.perf_counter()
         for images, labels in loader:
-            x, y = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            # the parameters' dtype once on the device (bfloat16 items cross at half the bytes)
+            x = images.to(device, non_blocking=True).float()
+            y = labels.to(device, non_blocking=True)
             with autocast:
                 loss = cross_entropy(model(x), y)
             loss.backward()
@@ -301,10 +303,12 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
     )
     data = dataset if host else DeviceImages(dataset, device)
     reasons: list[str] = []
+    elapsed: list[float] = []  # from fit's start to each epoch's end (its evaluation and transition included)
     t0 = time.perf_counter()
 
     def on_epoch_end(t: Any) -> None:
         reasons.append(t.stage.cache_reason)
+        elapsed.append(time.perf_counter() - t0)
         e = t.result.epochs[-1]
         last = t.result.transitions[-1]["seconds"] if t.result.transitions else 0.0
         progress(
@@ -331,6 +335,8 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
         "cache_hits": [e["cache_hits"] for e in epochs],
         "cache_misses": [e["cache_misses"] for e in epochs],
         "transition_seconds": [t["seconds"] for t in result["transitions"]],
+        "transition_phases": [t["phases"] for t in result["transitions"]],
+        "elapsed_at_epoch_end": elapsed,
         "cache_tiers": tiers,
         "cache_entry_bytes": entry,
         "cache_stats": stats,
