@@ -4,6 +4,9 @@ prefetch stream, the cache waits for those copies before it rewrites entries in 
 
 from __future__ import annotations
 
+import time
+
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -58,3 +61,34 @@ def test_lookups_started_ahead_are_waited_for_before_entries_are_rewritten_or_fr
     assert side.waits == 2
     cache.close()
     assert side.waits == 3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_lookup_over_two_tiers_is_issued_without_waiting_for_the_device() -> None:
+    """A batch served partly by the device tier and partly by the pinned host tier: the two tiers' rows are put in
+    batch order through an index in pinned memory, so starting the lookup returns while the device is still busy
+    (a pageable index held the host until the stream's queued copies had run: a step's whole read, every step)."""
+    device = torch.device("cuda")
+    row = 1024
+    cache = ActivationCache(16, device_budget=8 * row * 4, host_budget=16 * row * 4, host_kind="pinned", device=device)
+    values = torch.randn(16, row, device=device)
+    cache.put(torch.arange(16), 3, values)
+    assert [t.entries for t in cache.stats.tiers] == [8, 8]
+    ids = torch.tensor([12, 0, 9, 3, 15, 7, 8, 1])  # both tiers, interleaved
+    cache.prefetch(ids, 3).result()  # the first call's set-up (the side stream, the pinned index) out of the timing
+    torch.cuda.synchronize()
+    cycles = 1 << 31
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    busy_s = time.perf_counter() - t0
+    torch.cuda._sleep(cycles)  # the device busy again; the side stream waits for it before its copies
+    t0 = time.perf_counter()
+    pending = cache.prefetch(ids, 3)
+    issue_s = time.perf_counter() - t0
+    lookup = pending.result()
+    torch.cuda.synchronize()
+    assert issue_s < busy_s / 4, (issue_s, busy_s)
+    assert bool(lookup.hit.all()) and torch.equal(lookup.values, values[ids.to(device)])
+    cache.close()

@@ -313,8 +313,9 @@ class ActivationCache:
         first = parts[0][1]
         values = torch.empty((num_hits, *first.shape[1:]), dtype=first.dtype, device=self.device)
         rank = torch.cumsum(hit.to(torch.int64), 0) - 1
-        for positions, rows in parts:
-            values[rank[positions].to(self.device)] = rows
+        for positions, rows in parts:  # each tier's rows into their batch positions, the index through pinned
+            # memory: a pageable index would hold the host until the stream's copies queued before it had run
+            values.index_copy_(0, index_on(rank[positions], self.device), rows)
         return CacheLookup(ids, hit, values)
 
     def cached(self, sample_ids: torch.Tensor, boundary: int) -> torch.Tensor:
