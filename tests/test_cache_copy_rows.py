@@ -63,6 +63,17 @@ def test_lookups_started_ahead_are_waited_for_before_entries_are_rewritten_or_fr
     assert side.waits == 3
 
 
+def _keep_busy(cycles: int = 1 << 31) -> float:
+    """Time ``cycles`` of device sleep, then queue as many again (the device is busy on return); the seconds."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    busy_s = time.perf_counter() - t0
+    torch.cuda._sleep(cycles)
+    return busy_s
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_a_lookup_over_two_tiers_is_issued_without_waiting_for_the_device() -> None:
@@ -77,13 +88,7 @@ def test_on_a_gpu_a_lookup_over_two_tiers_is_issued_without_waiting_for_the_devi
     assert [t.entries for t in cache.stats.tiers] == [8, 8]
     ids = torch.tensor([12, 0, 9, 3, 15, 7, 8, 1])  # both tiers, interleaved
     cache.prefetch(ids, 3).result()  # the first call's set-up (the side stream, the pinned index) out of the timing
-    torch.cuda.synchronize()
-    cycles = 1 << 31
-    t0 = time.perf_counter()
-    torch.cuda._sleep(cycles)
-    torch.cuda.synchronize()
-    busy_s = time.perf_counter() - t0
-    torch.cuda._sleep(cycles)  # the device busy again; the side stream waits for it before its copies
+    busy_s = _keep_busy()  # the device busy again; the side stream waits for it before its copies
     t0 = time.perf_counter()
     pending = cache.prefetch(ids, 3)
     issue_s = time.perf_counter() - t0
@@ -91,4 +96,30 @@ def test_on_a_gpu_a_lookup_over_two_tiers_is_issued_without_waiting_for_the_devi
     torch.cuda.synchronize()
     assert issue_s < busy_s / 4, (issue_s, busy_s)
     assert bool(lookup.hit.all()) and torch.equal(lookup.values, values[ids.to(device)])
+    cache.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_fill_into_the_pinned_host_tier_does_not_hold_the_host() -> None:
+    """Fresh consecutive slots of the pinned host slab are written by a DMA queued on the current stream: the put
+    returns while the device is busy, and every later reader (a lookup, a move of the boundary, a read to the
+    host) sees the rows."""
+    device = torch.device("cuda")
+    row = 1024
+    cache = ActivationCache(16, host_budget=16 * row * 4, host_kind="pinned", device=device)
+    values = torch.randn(16, row, device=device)
+    cache.put(torch.arange(2), 1, values[:2])  # the slab's allocation out of the timing
+    busy_s = _keep_busy()
+    t0 = time.perf_counter()
+    stored = cache.put(torch.arange(2, 16), 1, values[2:] * 1)  # the values computed behind the sleep
+    issue_s = time.perf_counter() - t0
+    assert stored == 14 and issue_s < busy_s / 4, (issue_s, busy_s)
+    ids = torch.tensor([15, 3, 0, 9])
+    assert torch.equal(cache.get(ids, 1).values, values[ids.to(device)])
+    cache.drop(1)
+    _keep_busy()
+    assert cache.put(torch.arange(2, 16), 2, values[2:] * 3) == 14  # another boundary, behind another sleep
+    cache.extend(2, 3, lambda v: v + 1)  # a move over the slab: it reads the rows just written
+    assert torch.equal(cache.get(ids[:2], 3).values, values[ids[:2].to(device)] * 3 + 1)
     cache.close()

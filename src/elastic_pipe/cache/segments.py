@@ -268,6 +268,13 @@ class DeviceSegment:
         self._pinned = pin
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
+        self._landing: torch.cuda.Event | None = None  # the last asynchronous copy into a pinned host slab
+
+    def _settle(self) -> None:
+        """Wait for the copies still landing in a pinned host slab (before the host touches the slab)."""
+        if self._landing is not None:
+            self._landing.synchronize()
+            self._landing = None
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         return self._index[keys] >= 0
@@ -275,6 +282,8 @@ class DeviceSegment:
     def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:
         slots = self._index[keys]
         found = slots >= 0
+        if device.type != "cuda":  # a GPU reads a pinned slab by DMA on a stream queued after the writes
+            self._settle()
         return ReadResult(found, _gather(self._data, slots[found], device, pinned=self._pinned), 0)
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -282,12 +291,20 @@ class DeviceSegment:
         slots, write, self._used = _assign_slots(current, self._used, self.layout.capacity)
         run = _run_of(slots) if values.shape[1:] == self._data.shape[1:] and values.dtype == self._data.dtype else None
         if run is not None and bool(write.all()):  # fresh consecutive slots (a fill): one copy, no scatter
-            self._data[run[0] : run[1]].copy_(values)  # straight into a pinned slab from a GPU (DMA, no bounce)
+            # straight into a pinned slab from a GPU: a DMA queued on the current stream, the host not held (a
+            # blocking copy waited for the whole step queued before it, every step of the fill)
+            landing = self._pinned and values.is_cuda and self.device.type == "cpu"
+            self._data[run[0] : run[1]].copy_(values, non_blocking=landing)
+            if landing:
+                self._landing = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stub
+                self._landing.record(torch.cuda.current_stream(values.device))
             self._index[keys] = slots
         elif bool(write.all()):  # the usual case (a batch of new keys): no masked select, which would synchronise
+            self._settle()  # a host-side write: no copy may still be landing in the rows it reuses
             self._data.index_copy_(0, index_on(slots, self.device), values.to(self.device))
             self._index[keys] = slots
         elif bool(write.any()):
+            self._settle()
             target = slots[write]
             rows = values.index_select(0, index_on(write.nonzero().flatten(), values.device))
             self._data.index_copy_(0, index_on(target, self.device), rows.to(self.device))
@@ -299,6 +316,7 @@ class DeviceSegment:
         return keys[torch.argsort(self._index[keys])]
 
     def transform(self, fn: Transform, batch_size: int, device: torch.device, keep: torch.Tensor | None = None) -> int:
+        self._settle()
         keys = self.valid_keys()
         others = torch.empty(0, dtype=torch.int64)
         if keep is not None:
@@ -345,6 +363,7 @@ class DeviceSegment:
         return self.layout.capacity * self.layout.entry_bytes
 
     def close(self) -> None:
+        self._settle()
         self._data = torch.empty(0, dtype=self.layout.dtype, device=self.device)
         self._unlock()  # a pinned slab's lock, once nothing here holds it (the caller settled its copies)
         self._index = torch.full((self.layout.num_keys,), ABSENT, dtype=torch.int64)
