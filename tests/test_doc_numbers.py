@@ -28,6 +28,10 @@ DISK_GATHER = "gpu_1xh200_disk_data_host_gather_reads.json"  # the same job befo
 DISK_PASS = "gpu_1xh200_disk_data_fill_at_transition.json"  # after them, before the steps' fill
 DISK_STEPS = "gpu_1xh200_disk_data_torch_pinned_alloc.json"  # the steps' fill, torch's pinned allocator
 DISK_REGISTER = "gpu_1xh200_disk_data_host_register.json"  # the slab registered, before the overlapped moves
+LOADER = "gpu_1xh200_loader.json"  # the loader alone, by setting (bench_loader_gpu.py's SETTINGS order)
+TWO_W8, TWO_W14 = "gpu_1xh200_disk_data_two_epochs_w8.json", "gpu_1xh200_disk_data_two_epochs_w14.json"
+DISK_MOVES = "gpu_1xh200_disk_data_overlapped_moves.json"  # the overlapped moves, float32 items
+DISK_INDEX = "gpu_1xh200_disk_data_pinned_index.json"  # bfloat16 items, the pinned merge index; blocking fill copies
 FILL_STEPS = "gpu_1xh200_cache_fill_steps.json"
 STUDY = "freeze_accuracy.json"
 STANDIN = "freeze_standin_lr_cpu.json"
@@ -519,9 +523,25 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         ".2f",
     ),
     ("docs/benchmarks.md", "and is **{}x** faster than the plain loop", DISK, "host_cache_speedup_over_plain", ".2f"),
-    ("docs/benchmarks.md", "| {} | 22.05, 18.07, 18.23, 17.76 |", DISK, "arms.plain.total_s", ".1f"),
-    ("docs/benchmarks.md", "| {} | 16.94, 12.86, 6.59, 0.11 |", DISK, "arms.device_cache.total_s", ".1f"),
-    ("docs/benchmarks.md", "| {} | 22.64, 17.77, 7.08, 0.78 |", DISK, "arms.host_cache.total_s", ".1f"),
+    ("docs/benchmarks.md", "| {} | 19.26, 17.26, 17.08, 17.28 |", DISK, "arms.plain.total_s", ".1f"),
+    ("docs/benchmarks.md", "| {} | 16.85, 12.74, 6.64, 0.18 |", DISK, "arms.device_cache.total_s", ".1f"),
+    ("docs/benchmarks.md", "| {} | 19.91, 16.88, 6.68, 0.60 |", DISK, "arms.host_cache.total_s", ".1f"),
+    (
+        "docs/benchmarks.md",
+        "float32 items reach {} images/s through 8 workers",
+        LOADER,
+        "settings.0.images_per_s",
+        ",.0f",
+    ),
+    ("docs/benchmarks.md", "({} without pinning or the copy:", LOADER, "settings.1.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "first limit; {} with 14 workers)", LOADER, "settings.4.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "items {} images/s (8 workers)", LOADER, "settings.6.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "with float32 items ({} images/s)", LOADER, "settings.3.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "none with bfloat16 ({} against", LOADER, "settings.8.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "against {} with 14 workers)", LOADER, "settings.7.images_per_s", ",.0f"),
+    ("docs/benchmarks.md", "file-fed epoch 1 took {} s", TWO_W8, "arms.file_device_cache.epoch_seconds.1", ".2f"),
+    ("docs/benchmarks.md", "with the host tier it took {} s", TWO_W8, "arms.host_cache.epoch_seconds.1", ".1f"),
+    ("docs/benchmarks.md", "(below), {} s with 14 workers", TWO_W14, "arms.host_cache.epoch_seconds.1", ".1f"),
     ("docs/benchmarks.md", "page-locked the 21.6 GB slab in **{} s**", FILL_STEPS, "pin_alloc_s", ".1f"),
     ("docs/benchmarks.md", "(`zero_`, {} s)", FILL_STEPS, "pageable_touch_s", ".2f"),
     ("docs/benchmarks.md", "registered with `cudaHostRegister` ({} s)", FILL_STEPS, "host_register_s", ".2f"),
@@ -535,7 +555,9 @@ DISK_CHANGES = [
     (DISK_PASS, ["119.8", "67.7", "1.77x", "1.53x"]),
     (DISK_STEPS, ["111.1", "65.1", "1.71x", "1.68x"]),
     (DISK_REGISTER, ["99.5", "64.2", "1.55x", "1.86x"]),
-    (DISK, ["88.3", "70.9", "1.25x", "2.10x"]),
+    (DISK_MOVES, ["88.3", "70.9", "1.25x", "2.10x"]),
+    (DISK_INDEX, ["81.8", "63.8", "1.28x", "2.11x"]),
+    (DISK, ["75.6", "62.5", "1.21x", "2.29x"]),
 ]
 #: Where each of those columns' numbers is in a result file, and its format.
 DISK_COLUMNS = [
