@@ -539,6 +539,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("docs/benchmarks.md", "with float32 items ({} images/s)", LOADER, "settings.3.images_per_s", ",.0f"),
     ("docs/benchmarks.md", "none with bfloat16 ({} against", LOADER, "settings.8.images_per_s", ",.0f"),
     ("docs/benchmarks.md", "against {} with 14 workers)", LOADER, "settings.7.images_per_s", ",.0f"),
+    ("docs/data.md", "loader from {} to", LOADER, "settings.0.images_per_s", ",.0f"),
+    ("docs/data.md", "to {} images/s with 8 workers", LOADER, "settings.6.images_per_s", ",.0f"),
     ("docs/benchmarks.md", "file-fed epoch 1 took {} s", TWO_W8, "arms.file_device_cache.epoch_seconds.1", ".2f"),
     ("docs/benchmarks.md", "with the host tier it took {} s", TWO_W8, "arms.host_cache.epoch_seconds.1", ".1f"),
     ("docs/benchmarks.md", "(below), {} s with 14 workers", TWO_W14, "arms.host_cache.epoch_seconds.1", ".1f"),
