@@ -282,8 +282,10 @@ class DeviceSegment:
     def read(self, keys: torch.Tensor, device: torch.device) -> ReadResult:
         slots = self._index[keys]
         found = slots >= 0
-        if device.type != "cuda":  # a GPU reads a pinned slab by DMA on a stream queued after the writes
+        if device.type != "cuda":
             self._settle()
+        elif self._landing is not None:  # a GPU reads by DMA: its stream waits for the copies, the host does not
+            torch.cuda.current_stream(device).wait_event(self._landing)
         return ReadResult(found, _gather(self._data, slots[found], device, pinned=self._pinned), 0)
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -296,8 +298,11 @@ class DeviceSegment:
             landing = self._pinned and values.is_cuda and self.device.type == "cpu"
             self._data[run[0] : run[1]].copy_(values, non_blocking=landing)
             if landing:
+                stream = torch.cuda.current_stream(values.device)
+                if self._landing is not None:  # one event for every copy still landing, whichever stream queued it
+                    stream.wait_event(self._landing)
                 self._landing = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch stub
-                self._landing.record(torch.cuda.current_stream(values.device))
+                self._landing.record(stream)
             self._index[keys] = slots
         elif bool(write.all()):  # the usual case (a batch of new keys): no masked select, which would synchronise
             self._settle()  # a host-side write: no copy may still be landing in the rows it reuses
