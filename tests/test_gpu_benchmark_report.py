@@ -148,3 +148,21 @@ def test_arms_are_sectioned_configs_and_policy_specs_override_them() -> None:
     assert (elastic.pipeline.compression, elastic.pipeline.cache) == ("halving", "on")
     freezeout = elastic.override(bench.policy_settings("freezeout=0.5", 200)).freeze
     assert (freezeout.policy, freezeout.options) == ("freezeout", {"t0": 0.5, "total_steps": 200})
+
+
+def test_the_disk_benchmarks_epoch_profile_covers_only_its_epoch(tmp_path: Path) -> None:
+    bench = _load("bench_disk_data_gpu")
+    path = tmp_path / "profile.txt"
+    profile = bench.EpochProfile(1, path)
+    profile.after(0)  # epoch 0 not profiled
+    torch.cumsum(torch.ones(64), 0)
+    profile.after(1)  # epoch 1 starts
+    torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+    assert not path.exists()
+    profile.after(2)  # epoch 1 done
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# epoch 1,")
+    assert "## by self_cpu_time_total" in text and "## by self_cuda_time_total" in text
+    assert "aten::mm" in text and "aten::cumsum" not in text
+    profile.after(3)  # nothing more
+    assert path.read_text(encoding="utf-8") == text

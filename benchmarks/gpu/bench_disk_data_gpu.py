@@ -269,6 +269,33 @@ def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.devic
     return {"total_s": time.perf_counter() - t0, "epoch_seconds": epoch_s, "final_loss": float(loss)}
 
 
+class EpochProfile:
+    """``torch.profiler`` over one epoch of an elastic arm (``--profile-epoch``): the epoch's steps, its evaluation
+    and the transition after it; the operators' totals, by host time and by device time, go to ``path``."""
+
+    def __init__(self, epoch: int, path: Path) -> None:
+        self.epoch = epoch
+        self.path = path
+        self._prof: Any = None
+
+    def after(self, epochs_done: int) -> None:
+        """Called with the epochs finished so far (0 before the first): starts or stops the profile."""
+        if self._prof is not None and epochs_done == self.epoch + 1:
+            self._prof.stop()
+            averages = self._prof.key_averages()
+            tables = [f"# epoch {self.epoch}, its evaluation and the transition after it"]
+            for key in ("self_cpu_time_total", "self_cuda_time_total"):
+                tables += [f"## by {key}", averages.table(sort_by=key, row_limit=40)]
+            self.path.write_text("\n".join(tables) + "\n", encoding="utf-8")
+            self._prof = None
+        elif self._prof is None and epochs_done == self.epoch:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self._prof = torch.profiler.profile(activities=activities)
+            self._prof.start()
+
+
 def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """elastic_pipe with alpha = 1/3 and the cache: on the dataset from disk (host tier), or in device memory."""
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
@@ -309,11 +336,16 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
     data = dataset if from_file else DeviceImages(dataset, device)
     reasons: list[str] = []
     elapsed: list[float] = []  # from fit's start to each epoch's end (its evaluation and transition included)
+    profile = (
+        EpochProfile(args.profile_epoch, Path(args.out) / f"profile_{arm}.txt") if args.profile_epoch >= 0 else None
+    )
     t0 = time.perf_counter()
 
     def on_epoch_end(t: Any) -> None:
         reasons.append(t.stage.cache_reason)
         elapsed.append(time.perf_counter() - t0)
+        if profile is not None:
+            profile.after(len(t.result.epochs))
         e = t.result.epochs[-1]
         last = t.result.transitions[-1]["seconds"] if t.result.transitions else 0.0
         progress(
@@ -329,6 +361,8 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
         )
 
     with ElasticTrainer(config, model=model, data=data, quiet=True) as trainer:
+        if profile is not None:
+            profile.after(0)
         result = trainer.fit(on_epoch_end=on_epoch_end).to_dict()
         stats = trainer.cache.stats.to_dict() if trainer.cache is not None else {}
     epochs = result["epochs"]
@@ -394,6 +428,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: 256 images of 32 px, a 3-block ViT")
     ap.add_argument("--budget-s", type=float, default=570.0, help="seconds for the whole run (arms then stop)")
+    ap.add_argument(
+        "--profile-epoch",
+        type=int,
+        default=-1,
+        help="profile this epoch of each elastic arm (its steps, evaluation and transition): profile_<arm>.txt",
+    )
     ap.add_argument("--name", default="", help="results file name (default: by device, and the arms if not all)")
     ap.add_argument("--arm", default="", help=argparse.SUPPRESS)  # internal: run one arm, print its JSON
     ap.add_argument("--out", default="benchmarks/results")
@@ -479,6 +519,7 @@ def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, 
     cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
     cmd += [f"--model-preset={args.model_preset}", f"--input-dtype={args.input_dtype}"]
+    cmd += [f"--profile-epoch={args.profile_epoch}"]
     log_path = out / f"{arm}.stderr.log"
     t_arm = time.perf_counter()
     epochs: list[dict[str, Any]] = []
