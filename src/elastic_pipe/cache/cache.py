@@ -393,6 +393,13 @@ class ActivationCache:
         rows = torch.from_numpy(np.sort(first))
         return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
 
+    def _prepare_after(self, tier: Tier, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Have the tier after ``tier`` start making its segment of ``boundary`` (a pinned host slab takes
+        seconds, which the steps filling ``tier`` then hide)."""
+        after = self._tiers.index(tier) + 1
+        if after < len(self._tiers):
+            self._tiers[after].prepare(boundary, shape, dtype)
+
     def _put_keys(self, keys: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
         shape, dtype = tuple(values.shape[1:]), values.dtype
         segments: list[tuple[Tier, Segment | None]] = [(t, t.segment(boundary)) for t in self._tiers]
@@ -409,6 +416,8 @@ class ActivationCache:
             segment = existing if existing is not None else tier.create(boundary, shape, dtype)
             if segment is None:
                 continue
+            if existing is None and segment.layout.capacity < tier.num_keys:
+                self._prepare_after(tier, boundary, shape, dtype)  # this tier overflows: the next one is needed
             _check_layout(segment, shape, dtype, boundary)
             rows = values if todo.numel() == keys.numel() else values.index_select(0, index_on(todo, values.device))
             present, written = segment.write(keys[todo], rows)

@@ -14,8 +14,11 @@ the slab falls back to torch's pinned allocator.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import mmap
+import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +28,8 @@ import torch
 from elastic_pipe.cache.errors import CacheError
 
 __all__ = ["available_bytes", "page_locked_empty"]
+
+log = logging.getLogger(__name__)
 
 #: ``cudaHostRegisterPortable``: page-locked for every CUDA context of the process, not only the current one.
 _PORTABLE = 1
@@ -74,6 +79,10 @@ def _unforked(nbytes: int) -> torch.Tensor:
     dontfork = getattr(mmap, "MADV_DONTFORK", None)
     if dontfork is not None:
         region.madvise(dontfork)
+    huge = getattr(mmap, "MADV_HUGEPAGE", None)
+    if huge is not None:  # 2 MiB pages where the kernel has them: 512x fewer faults to touch, pages to lock
+        with contextlib.suppress(OSError):
+            region.madvise(huge)
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
@@ -97,9 +106,18 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
             f"the pinned host tier needs {nbytes} bytes of page-locked memory for this boundary, but the host has "
             f'{available} available (MemAvailable); lower [pipeline] cache_tiers.host or use host_kind = "shared"'
         )
+    t0 = time.perf_counter()
     data = _unforked(nbytes).view(dtype).view(shape)
     data.zero_()  # fault the pages in with torch's threads; registering them then only locks them
+    t1 = time.perf_counter()
     rc = _cudart().cudaHostRegister(data.data_ptr(), nbytes, _PORTABLE)
+    log.debug(
+        "pinned host slab of %d bytes: pages touched in %.3f s, locked in %.3f s (%s thread)",
+        nbytes,
+        t1 - t0,
+        time.perf_counter() - t1,
+        threading.current_thread().name,
+    )
     if int(rc) != 0:  # torch's allocator raises its own error if it cannot lock the memory either
         _absorb_error()
         warnings.warn(
