@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import signal
@@ -392,6 +393,9 @@ def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if arm != "plain":
         dist.init_process_group("gloo", rank=0, world_size=1)
+        slab_log = logging.getLogger("elastic_pipe.cache.pinned")  # when the host slab is made, and how fast
+        slab_log.setLevel(logging.DEBUG)
+        slab_log.addHandler(logging.StreamHandler(sys.stderr))
     dataset = DiskImages(Path(args.data), args.images, INPUT_DTYPES[args.input_dtype])
     torch.manual_seed(0)
     if device.type == "cuda":
@@ -451,6 +455,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def transparent_hugepage() -> dict[str, str]:
+    """The kernel's transparent huge page settings (the pinned host slab asks for 2 MiB pages)."""
+    found = {}
+    for name in ("enabled", "defrag"):
+        path = Path("/sys/kernel/mm/transparent_hugepage") / name
+        found[name] = path.read_text(encoding="ascii").strip() if path.exists() else "unknown"
+    return found
+
+
 def main() -> int:
     args = parse_args()
     out = Path(args.out)
@@ -480,6 +493,7 @@ def main() -> int:
         "alpha": ALPHA,
         "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
+        "transparent_hugepage": transparent_hugepage(),
         "arms": {},
     }
     name = args.name or _default_name(args)
