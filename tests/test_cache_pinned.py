@@ -292,7 +292,8 @@ def test_the_host_slab_is_prepared_when_the_device_tier_overflows_and_filled_in_
     runtime: _FakeRuntime,
 ) -> None:
     """The first put of a boundary creates the device segment, too small for every sample: the cache then has the
-    pinned host tier make its slab in the background, and the put that overflows the device tier lands in it."""
+    pinned host tier make its slab in the background, for the keys the device tier cannot hold (not one slot more),
+    and the put that overflows the device tier lands in it."""
     entry = 4 * 4
     cache = ActivationCache(40, device_budget=10 * entry, host_budget=40 * entry, host_kind="pinned")
     host = cache._tiers[1]
@@ -301,10 +302,24 @@ def test_the_host_slab_is_prepared_when_the_device_tier_overflows_and_filled_in_
     values = torch.arange(40, dtype=torch.float32)[:, None] * torch.ones(4)
     ids = torch.arange(40)
     assert cache.put(ids[:5], 3, values[:5]) == 5
-    assert host.segment(3) is None and host.used_bytes() == 40 * entry  # on its way
+    assert host.segment(3) is None and host.used_bytes() == 30 * entry  # on its way, for 40 - 10 keys
     assert cache.put(ids[5:25], 3, values[5:25]) == 20  # 5 to the device tier, 15 to the prepared slab
     assert len(runtime.registered) == 1 and runtime.threads[0] != threading.main_thread().name
     assert [(t.name, t.entries) for t in cache.stats.tiers] == [("device", 10), ("host", 15)]
-    assert torch.equal(cache.get(ids[:25], 3).values, values[:25])
+    assert cache.put(ids, 3, values) == 15 and cache.stats.rejected == 0  # every key has its slot
+    assert torch.equal(cache.get(ids, 3).values, values)
     cache.close()
     assert runtime.unregistered == [runtime.registered[0][0]]
+
+
+def test_a_private_host_tier_after_the_device_tier_takes_only_the_keys_the_device_cannot_hold() -> None:
+    entry = 4 * 4
+    cache = ActivationCache(10, device_budget=4 * entry, host_budget=100 * entry, host_kind="pinned")
+    ids = torch.arange(10)
+    values = ids.float()[:, None] * torch.ones(4)
+    assert cache.put(ids, 1, values) == 10
+    assert [(t.name, t.entries, t.used_bytes) for t in cache.stats.tiers] == [
+        ("device", 4, 4 * entry),
+        ("host", 6, 6 * entry),  # not a slot per key: the device tier holds 4 of them
+    ]
+    cache.close()

@@ -393,12 +393,12 @@ class ActivationCache:
         rows = torch.from_numpy(np.sort(first))
         return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
 
-    def _prepare_after(self, tier: Tier, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Have the tier after ``tier`` start making its segment of ``boundary`` (a pinned host slab takes
-        seconds, which the steps filling ``tier`` then hide)."""
+    def _prepare_after(self, tier: Tier, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, most: int) -> None:
+        """Have the tier after ``tier`` start making its segment of ``boundary``, for at most ``most`` entries (a
+        pinned host slab takes seconds, which the steps filling ``tier`` then hide)."""
         after = self._tiers.index(tier) + 1
         if after < len(self._tiers):
-            self._tiers[after].prepare(boundary, shape, dtype)
+            self._tiers[after].prepare(boundary, shape, dtype, most=most)
 
     def _put_keys(self, keys: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
         shape, dtype = tuple(values.shape[1:]), values.dtype
@@ -409,15 +409,20 @@ class ActivationCache:
                 _check_layout(segment, shape, dtype, boundary)
                 pending &= ~segment.contains(keys)
         stored = 0
+        # the keys the private tiers so far have no slot for (a key is held once: a private tier after them never
+        # needs more; a reused slot keeps its key, so the count holds across in-place extensions)
+        unheld = self._num_keys
         for tier, existing in segments:
             todo = pending.nonzero().flatten()
             if todo.numel() == 0:
                 break
-            segment = existing if existing is not None else tier.create(boundary, shape, dtype)
+            segment = existing if existing is not None else tier.create(boundary, shape, dtype, most=unheld)
             if segment is None:
                 continue
-            if existing is None and segment.layout.capacity < tier.num_keys:
-                self._prepare_after(tier, boundary, shape, dtype)  # this tier overflows: the next one is needed
+            if isinstance(tier, DeviceTier):
+                unheld -= segment.layout.capacity
+            if existing is None and unheld > 0:
+                self._prepare_after(tier, boundary, shape, dtype, unheld)  # this tier overflows: the next is needed
             _check_layout(segment, shape, dtype, boundary)
             rows = values if todo.numel() == keys.numel() else values.index_select(0, index_on(todo, values.device))
             present, written = segment.write(keys[todo], rows)

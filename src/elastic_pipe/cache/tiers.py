@@ -70,28 +70,34 @@ class DeviceTier:
         """The segment of ``boundary``, if any (one still being prepared is not: it holds nothing yet)."""
         return self._segments.get(boundary)
 
-    def _fitting(self, shape: tuple[int, ...], dtype: torch.dtype) -> SegmentLayout | None:
-        """The layout of a new segment sized to the remaining budget, or ``None`` if not one entry fits."""
+    def _fitting(self, shape: tuple[int, ...], dtype: torch.dtype, most: int | None = None) -> SegmentLayout | None:
+        """The layout of a new segment sized to the remaining budget (at most ``most`` entries, one per key
+        without it), or ``None`` if not one entry fits."""
         entry = SegmentLayout(shape, dtype, 0, self.num_keys).entry_bytes
-        capacity = min(self.num_keys, max(0, self.budget - self.used_bytes()) // max(entry, 1))
-        return SegmentLayout(shape, dtype, capacity, self.num_keys) if capacity else None
+        cap = self.num_keys if most is None else min(self.num_keys, most)
+        capacity = min(cap, max(0, self.budget - self.used_bytes()) // max(entry, 1))
+        return SegmentLayout(shape, dtype, capacity, self.num_keys) if capacity > 0 else None
 
-    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        """Start making ``boundary``'s segment in a background thread, sized to the remaining budget now (which it
-        holds from now on), so the :meth:`create` that needs it finds it made. Only a pinned host tier prepares
-        (device memory comes at once); nothing happens if the boundary has a segment or one is on its way."""
+    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None) -> None:
+        """Start making ``boundary``'s segment in a background thread, sized as :meth:`create` would size it now
+        (the budget it takes is held from now on), so the :meth:`create` that needs it finds it made. Only a pinned
+        host tier prepares (device memory comes at once); nothing happens if the boundary has a segment or one is
+        on its way."""
         if not self.pin or self.device.type != "cpu" or boundary in self._segments or boundary in self._pending:
             return
-        layout = self._fitting(shape, dtype)
+        layout = self._fitting(shape, dtype, most)
         if layout is None:
             return
         if self._maker is None:
             self._maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"elastic_pipe-{self.name}-slab")
         self._pending[boundary] = (layout, self._maker.submit(DeviceSegment, layout, self.device, pin=True))
 
-    def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
-        """A new segment for ``boundary`` sized to the remaining budget (the prepared one, when :meth:`prepare`
-        was asked for these entries; waiting for it if it is still being made), or ``None`` if not one entry fits.
+    def create(
+        self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None
+    ) -> Segment | None:
+        """A new segment for ``boundary`` sized to the remaining budget, at most ``most`` entries (the keys the
+        tiers before this private one cannot hold; one per key without it), or ``None`` if not one entry fits. The
+        prepared one, when :meth:`prepare` was asked for these entries (waited for if it is still being made).
 
         Raises:
             CacheError: the host cannot give a pinned slab that much memory (from a prepared one, too).
@@ -103,7 +109,7 @@ class DeviceTier:
                 self._segments[boundary] = prepared
                 return prepared
             prepared.close()  # prepared for other entries: made again below, for these
-        layout = self._fitting(shape, dtype)
+        layout = self._fitting(shape, dtype, most)
         if layout is None:
             return None
         segment = DeviceSegment(layout, self.device, pin=self.pin)
@@ -238,8 +244,14 @@ class FileTier:
             self._open[boundary] = handle
         return handle
 
-    def create(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> Segment | None:
-        """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files."""
+    def create(
+        self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None
+    ) -> Segment | None:
+        """Create (or attach to) ``boundary``'s file, sized to the budget left by the other segment files.
+
+        ``most`` is not applied: the file is shared by the node's processes, and holds what any of them misses
+        (their private tiers before it hold different keys).
+        """
         others = self.used_bytes(excluding=self.path(boundary))
         layout = SegmentLayout.fitting(
             self.budget - others, shape, dtype, self.num_keys, checksum=self.checksum, fingerprint=self.fingerprint
@@ -269,7 +281,7 @@ class FileTier:
         self._open[boundary] = handle
         return handle
 
-    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None) -> None:
         """Nothing: a segment file is quick to create (its pages are allocated as they are written)."""
 
     def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
