@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 import warnings
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import torch
 from elastic_pipe.cache import ActivationCache, CacheError, pinned
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import DeviceSegment
-from elastic_pipe.cache.tiers import DeviceTier
 
 
 class _FakeRuntime:
@@ -25,12 +23,10 @@ class _FakeRuntime:
     def __init__(self, rc: int = 0) -> None:
         self.rc = rc
         self.registered: list[tuple[int, int, int]] = []
-        self.threads: list[str] = []  # the thread of each registration
         self.unregistered: list[int] = []
 
     def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
         self.registered.append((ptr, size, flags))
-        self.threads.append(threading.current_thread().name)
         return self.rc
 
     def cudaHostUnregister(self, ptr: int) -> int:
@@ -230,86 +226,6 @@ def test_available_bytes_reads_memavailable(tmp_path: Path) -> None:
     if Path("/proc/meminfo").exists():
         real = pinned.available_bytes()
         assert real is not None and real > 0
-
-
-def _pinned_tier(budget: int) -> DeviceTier:
-    return DeviceTier(budget, torch.device("cpu"), 100, name="host", pin=True)
-
-
-def test_a_prepared_slab_is_made_in_the_background_and_is_the_one_create_returns(runtime: _FakeRuntime) -> None:
-    tier = _pinned_tier(1 << 20)
-    tier.prepare(4, (3, 5), torch.float32)
-    assert tier.segment(4) is None  # holds nothing yet: not a segment to read
-    assert tier.used_bytes() == 100 * 60  # its budget is held from the request on
-    assert tier.capacity_for(4, (3, 5), torch.float32) == 100
-    tier.prepare(4, (3, 5), torch.float32)  # asked twice: one slab
-    segment = tier.create(4, (3, 5), torch.float32)
-    assert segment is not None and tier.segment(4) is segment
-    assert [size for _, size, _ in runtime.registered] == [100 * 60]
-    assert runtime.threads[0] != threading.main_thread().name  # locked off the caller's thread
-    assert runtime.registered[0][0] == segment._data.data_ptr()  # type: ignore[attr-defined]
-    assert tier.used_bytes() == 100 * 60
-    tier.close()
-    assert runtime.unregistered == [runtime.registered[0][0]]
-
-
-def test_a_prepared_slab_dropped_renamed_or_of_other_entries_is_released(runtime: _FakeRuntime) -> None:
-    tier = _pinned_tier(1 << 20)
-    tier.prepare(2, (3, 5), torch.float32)
-    assert tier.drop(2) == 100 * 60 and tier.used_bytes() == 0  # its budget comes back
-    tier.prepare(3, (3, 5), torch.float32)
-    tier.rename(3, 6)  # an in-place extension: the slab waits for the new boundary
-    assert tier.capacity_for(3, (3, 5), torch.float32) == 100 and tier.used_bytes() == 100 * 60
-    other = tier.create(6, (7,), torch.float32)  # entries of another shape: the prepared slab is not theirs
-    assert other is not None and other.layout.shape == (7,)
-    assert tier.boundaries() == [6] and tier.used_bytes() == 100 * 28
-    tier.close()
-    assert sorted(runtime.unregistered) == sorted(ptr for ptr, _, _ in runtime.registered)
-    assert len(runtime.registered) == 3
-
-
-def test_a_prepared_slab_that_cannot_be_made_fails_at_create_by_name(
-    runtime: _FakeRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pinned, "available_bytes", lambda: 1000)
-    tier = _pinned_tier(1 << 20)
-    tier.prepare(1, (3, 5), torch.float32)
-    with pytest.raises(CacheError, match="needs 6000 bytes"):
-        tier.create(1, (3, 5), torch.float32)
-    tier.prepare(2, (3, 5), torch.float32)
-    assert tier.drop(2) == 6000  # a failed slab that nobody asked for stops nothing
-    tier.close()
-    assert runtime.registered == []
-
-
-def test_a_device_or_unpinned_tier_prepares_nothing(runtime: _FakeRuntime) -> None:
-    tier = DeviceTier(1 << 20, torch.device("cpu"), 100)
-    tier.prepare(1, (3, 5), torch.float32)
-    assert tier.used_bytes() == 0 and runtime.registered == []
-
-
-def test_the_host_slab_is_prepared_when_the_device_tier_overflows_and_filled_in_order(
-    runtime: _FakeRuntime,
-) -> None:
-    """The first put of a boundary creates the device segment, too small for every sample: the cache then has the
-    pinned host tier make its slab in the background, for the keys the device tier cannot hold (not one slot more),
-    and the put that overflows the device tier lands in it."""
-    entry = 4 * 4
-    cache = ActivationCache(40, device_budget=10 * entry, host_budget=40 * entry, host_kind="pinned")
-    host = cache._tiers[1]
-    assert isinstance(host, DeviceTier)
-    host.pin = True  # what a GPU run has (on the CPU the host tier is plain memory)
-    values = torch.arange(40, dtype=torch.float32)[:, None] * torch.ones(4)
-    ids = torch.arange(40)
-    assert cache.put(ids[:5], 3, values[:5]) == 5
-    assert host.segment(3) is None and host.used_bytes() == 30 * entry  # on its way, for 40 - 10 keys
-    assert cache.put(ids[5:25], 3, values[5:25]) == 20  # 5 to the device tier, 15 to the prepared slab
-    assert len(runtime.registered) == 1 and runtime.threads[0] != threading.main_thread().name
-    assert [(t.name, t.entries) for t in cache.stats.tiers] == [("device", 10), ("host", 15)]
-    assert cache.put(ids, 3, values) == 15 and cache.stats.rejected == 0  # every key has its slot
-    assert torch.equal(cache.get(ids, 3).values, values)
-    cache.close()
-    assert runtime.unregistered == [runtime.registered[0][0]]
 
 
 def test_a_private_host_tier_after_the_device_tier_takes_only_the_keys_the_device_cannot_hold() -> None:

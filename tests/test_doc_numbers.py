@@ -33,6 +33,7 @@ TWO_W8, TWO_W14 = "gpu_1xh200_disk_data_two_epochs_w8.json", "gpu_1xh200_disk_da
 DISK_MOVES = "gpu_1xh200_disk_data_overlapped_moves.json"  # the overlapped moves, float32 items
 DISK_INDEX = "gpu_1xh200_disk_data_pinned_index.json"  # bfloat16 items, the pinned merge index; blocking fill copies
 DISK_HUGE = "gpu_1xh200_disk_data_hugepages.json"  # the slab made ahead, with 2 MiB pages
+DISK_AHEAD = "gpu_1xh200_disk_data_made_ahead.json"  # the slab made ahead, 4 KiB pages
 FILL_STEPS = "gpu_1xh200_cache_fill_steps.json"
 STUDY = "freeze_accuracy.json"
 STANDIN = "freeze_standin_lr_cpu.json"
@@ -565,6 +566,7 @@ DISK_CHANGES = [
     (DISK_INDEX, ["81.8", "63.8", "1.28x", "2.11x"]),
     (DISK, ["75.6", "62.5", "1.21x", "2.29x"]),
     (DISK_HUGE, ["78.1", "62.8", "1.24x", "2.25x"]),
+    (DISK_AHEAD, ["88.6", "64.9", "1.36x", "1.97x"]),
 ]
 #: Where each of those columns' numbers is in a result file, and its format.
 DISK_COLUMNS = [

@@ -393,13 +393,6 @@ class ActivationCache:
         rows = torch.from_numpy(np.sort(first))
         return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
 
-    def _prepare_after(self, tier: Tier, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, most: int) -> None:
-        """Have the tier after ``tier`` start making its segment of ``boundary``, for at most ``most`` entries (a
-        pinned host slab takes seconds, which the steps filling ``tier`` then hide)."""
-        after = self._tiers.index(tier) + 1
-        if after < len(self._tiers):
-            self._tiers[after].prepare(boundary, shape, dtype, most=most)
-
     def _put_keys(self, keys: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
         shape, dtype = tuple(values.shape[1:]), values.dtype
         segments: list[tuple[Tier, Segment | None]] = [(t, t.segment(boundary)) for t in self._tiers]
@@ -421,8 +414,6 @@ class ActivationCache:
                 continue
             if isinstance(tier, DeviceTier):
                 unheld -= segment.layout.capacity
-            if existing is None and unheld > 0:
-                self._prepare_after(tier, boundary, shape, dtype, unheld)  # this tier overflows: the next is needed
             _check_layout(segment, shape, dtype, boundary)
             rows = values if todo.numel() == keys.numel() else values.index_select(0, index_on(todo, values.device))
             present, written = segment.write(keys[todo], rows)

@@ -7,10 +7,6 @@
 
 A segment's size is fixed when it is created: as many slots as the tier's remaining budget allows (at most one per
 key). For a file tier the remaining budget counts every segment file of the cache name, whichever process made it.
-
-A pinned host slab takes seconds to make (its pages are faulted in and page-locked: 5-6 s for 15 GB inside a
-training run on one H200 host), so the cache asks for it ahead (:meth:`DeviceTier.prepare`) once the tier before
-it is known to overflow, and a background thread makes it while the steps fill that tier.
 """
 
 from __future__ import annotations
@@ -19,13 +15,12 @@ import logging
 import os
 import tempfile
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeAlias
 
 import torch
 
-from elastic_pipe.cache.errors import CacheDirError, CacheError
+from elastic_pipe.cache.errors import CacheDirError
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
@@ -51,7 +46,7 @@ def check_writable(tier: str, directory: Path) -> None:
 
 class DeviceTier:
     """Segments as tensors on ``device``, within ``budget`` bytes of entry data; with ``pin``, page-locked CPU
-    tensors (the pinned host tier), which :meth:`prepare` can have made ahead in a background thread."""
+    tensors (the pinned host tier)."""
 
     def __init__(
         self, budget: int, device: torch.device, num_keys: int, *, name: str = "device", pin: bool = False
@@ -62,12 +57,9 @@ class DeviceTier:
         self.pin = pin
         self.num_keys = num_keys
         self._segments: dict[int, DeviceSegment] = {}
-        #: Segments being made in the background (:meth:`prepare`), by boundary, with the layout each will have.
-        self._pending: dict[int, tuple[SegmentLayout, Future[DeviceSegment]]] = {}
-        self._maker: ThreadPoolExecutor | None = None
 
     def segment(self, boundary: int) -> Segment | None:
-        """The segment of ``boundary``, if any (one still being prepared is not: it holds nothing yet)."""
+        """The segment of ``boundary``, if any."""
         return self._segments.get(boundary)
 
     def _fitting(self, shape: tuple[int, ...], dtype: torch.dtype, most: int | None = None) -> SegmentLayout | None:
@@ -78,37 +70,15 @@ class DeviceTier:
         capacity = min(cap, max(0, self.budget - self.used_bytes()) // max(entry, 1))
         return SegmentLayout(shape, dtype, capacity, self.num_keys) if capacity > 0 else None
 
-    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None) -> None:
-        """Start making ``boundary``'s segment in a background thread, sized as :meth:`create` would size it now
-        (the budget it takes is held from now on), so the :meth:`create` that needs it finds it made. Only a pinned
-        host tier prepares (device memory comes at once); nothing happens if the boundary has a segment or one is
-        on its way."""
-        if not self.pin or self.device.type != "cpu" or boundary in self._segments or boundary in self._pending:
-            return
-        layout = self._fitting(shape, dtype, most)
-        if layout is None:
-            return
-        if self._maker is None:
-            self._maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"elastic_pipe-{self.name}-slab")
-        self._pending[boundary] = (layout, self._maker.submit(DeviceSegment, layout, self.device, pin=True))
-
     def create(
         self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None
     ) -> Segment | None:
         """A new segment for ``boundary`` sized to the remaining budget, at most ``most`` entries (the keys the
-        tiers before this private one cannot hold; one per key without it), or ``None`` if not one entry fits. The
-        prepared one, when :meth:`prepare` was asked for these entries (waited for if it is still being made).
+        tiers before this private one cannot hold; one per key without it), or ``None`` if not one entry fits.
 
         Raises:
-            CacheError: the host cannot give a pinned slab that much memory (from a prepared one, too).
+            CacheError: the host cannot give a pinned slab that much memory.
         """
-        pending = self._pending.pop(boundary, None)
-        if pending is not None:
-            prepared = pending[1].result()
-            if pending[0].shape == shape and pending[0].dtype == dtype:
-                self._segments[boundary] = prepared
-                return prepared
-            prepared.close()  # prepared for other entries: made again below, for these
         layout = self._fitting(shape, dtype, most)
         if layout is None:
             return None
@@ -117,13 +87,11 @@ class DeviceTier:
         return segment
 
     def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
-        """Entries of ``shape``/``dtype`` a segment of ``boundary`` holds here: an existing (or prepared) one's
-        slots, else what :meth:`create` would give now."""
+        """Entries of ``shape``/``dtype`` a segment of ``boundary`` holds here: an existing one's slots, else what
+        :meth:`create` would give now."""
         existing = self._segments.get(boundary)
         if existing is not None:
             return existing.layout.capacity
-        if boundary in self._pending:
-            return self._pending[boundary][0].capacity
         layout = self._fitting(shape, dtype)
         return 0 if layout is None else layout.capacity
 
@@ -132,50 +100,32 @@ class DeviceTier:
         return DeviceSegment(layout, self.device, pin=self.pin)
 
     def drop(self, boundary: int) -> int:
-        """Free the segment of ``boundary`` (or the one being prepared for it); returns the bytes returned to the
-        budget."""
-        freed = 0
-        pending = self._pending.pop(boundary, None)
-        if pending is not None:
-            freed += pending[0].entry_bytes * pending[0].capacity
-            if not pending[1].cancel():
-                try:
-                    pending[1].result().close()
-                except (CacheError, OSError, RuntimeError) as exc:  # never used: its failure stops nothing
-                    log.debug(
-                        "activation cache: the %s segment prepared for boundary %d failed: %s", self.name, boundary, exc
-                    )
+        """Free the segment of ``boundary``; returns the bytes returned to the budget."""
         segment = self._segments.pop(boundary, None)
-        if segment is not None:
-            freed += segment.nbytes()
-            segment.close()
+        if segment is None:
+            return 0
+        freed = segment.nbytes()
+        segment.close()
         return freed
 
     def rename(self, old: int, new: int) -> None:
-        """Relabel the entries of ``old`` as ``new`` (after an in-place extension); a segment prepared for ``old``
-        is prepared for ``new``."""
+        """Relabel the entries of ``old`` as ``new`` (after an in-place extension)."""
         self.drop(new)
         if old in self._segments:
             self._segments[new] = self._segments.pop(old)
-        if old in self._pending:
-            self._pending[new] = self._pending.pop(old)
 
     def boundaries(self) -> list[int]:
         """Boundaries with a segment here."""
         return sorted(self._segments)
 
     def used_bytes(self) -> int:
-        """Bytes reserved by this process's segments, those being prepared included."""
-        made = sum(s.nbytes() for s in self._segments.values())
-        return made + sum(layout.entry_bytes * layout.capacity for layout, _ in self._pending.values())
+        """Bytes reserved by this process's segments."""
+        return sum(s.nbytes() for s in self._segments.values())
 
     def close(self) -> None:
-        """Free everything (waiting for a segment still being prepared)."""
-        for boundary in [*self._segments, *self._pending]:
+        """Free everything."""
+        for boundary in list(self._segments):
             self.drop(boundary)
-        if self._maker is not None:
-            self._maker.shutdown(wait=True)
-            self._maker = None
 
 
 class FileTier:
@@ -280,9 +230,6 @@ class FileTier:
             return None
         self._open[boundary] = handle
         return handle
-
-    def prepare(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None) -> None:
-        """Nothing: a segment file is quick to create (its pages are allocated as they are written)."""
 
     def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Entries of ``shape``/``dtype`` a segment file of ``boundary`` holds here: what :meth:`create` would
