@@ -80,7 +80,8 @@ def _unforked(nbytes: int) -> torch.Tensor:
     if dontfork is not None:
         region.madvise(dontfork)
     # Not MADV_HUGEPAGE: on one H200 host (transparent huge pages "madvise", defrag "madvise") 2 MiB pages locked
-    # 23 GB in 0.70 s rather than ~2 s, but touching them (compacting memory for them) took 6.4 s rather than ~2.
+    # 23 GB in 0.70 s, but touching them (the kernel compacting memory for them) took 6.4 s, longer than a 28.7 GB
+    # slab of 4 KiB pages took to make in the training thread (benchmarks/results/gpu_1xh200_disk_data_hugepages.json).
     return torch.frombuffer(region, dtype=torch.uint8)
 
 
