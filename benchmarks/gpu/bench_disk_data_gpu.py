@@ -456,7 +456,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def transparent_hugepage() -> dict[str, str]:
-    """The kernel's transparent huge page settings (the pinned host slab asks for 2 MiB pages)."""
+    """The kernel's transparent huge page settings (the pinned host slab's make time depends on them)."""
     found = {}
     for name in ("enabled", "defrag"):
         path = Path("/sys/kernel/mm/transparent_hugepage") / name

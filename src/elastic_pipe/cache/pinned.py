@@ -17,7 +17,6 @@ import contextlib
 import logging
 import math
 import mmap
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -111,11 +110,10 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
     t1 = time.perf_counter()
     rc = _cudart().cudaHostRegister(data.data_ptr(), nbytes, _PORTABLE)
     log.debug(
-        "pinned host slab of %d bytes: pages touched in %.3f s, locked in %.3f s (%s thread)",
+        "pinned host slab of %d bytes: pages touched in %.3f s, locked in %.3f s",
         nbytes,
         t1 - t0,
         time.perf_counter() - t1,
-        threading.current_thread().name,
     )
     if int(rc) != 0:  # torch's allocator raises its own error if it cannot lock the memory either
         _absorb_error()
