@@ -244,3 +244,39 @@ def test_floating_inputs_leave_the_workers_as_the_dataset_made_them_and_are_cast
         assert pos.tolist() == expected and x is not None and x.dtype == torch.float64
         want = torch.stack([HalfItems()[i][0] for i in expected]).to(torch.float64)
         assert torch.equal(x, want)
+
+
+def test_a_steps_batch_is_read_in_parts_by_several_workers_at_once_and_comes_back_whole_and_in_order() -> None:
+    part = _split(Pids(256), workers=2)
+    sampler = ElasticSampler(256, 1, 0, seed=3)
+    plan = epoch_plan(256, 96, 1)  # steps of 96, 96 and 64 positions: each cut in two parts of >= 32
+    try:
+        sampler.set_epoch(0)
+        got = _epoch(part, sampler, plan.sizes())  # checks each row's index and label against its position
+        assert [len(pos) for pos, _ in got] == [96, 96, 64]
+        assert sorted(p for pos, _ in got for p in pos) == list(range(256))
+        for pos, x in got:
+            half = len(pos) // 2
+            first, second = {int(v) for v in x[:half, 0].tolist()}, {int(v) for v in x[half:, 0].tolist()}
+            assert len(first) == len(second) == 1 and first != second  # each half read by another worker
+        assert part.loaders_built == 1
+    finally:
+        part.close()
+
+
+def test_input_rows_are_read_by_the_workers_of_a_kept_loader_and_equal_the_rows_read_in_process() -> None:
+    in_process = _split(Pids(200), workers=0)
+    part = _split(Pids(200), workers=2)
+    try:
+        rows = part.input_rows(10, 150)
+        assert rows.dtype == torch.float64 and rows[:, 1].tolist() == [float(i) for i in range(10, 150)]
+        pids = {int(v) for v in rows[:, 0].tolist()}
+        assert len(pids) == 2 and os.getpid() not in pids  # two workers, side by side
+        again = part.input_rows(0, 200)
+        assert {int(v) for v in again[:, 0].tolist()} == pids  # the same workers: one loader, kept
+        assert part.loaders_built == 1
+        assert torch.equal(again[:, 1], in_process.input_rows(0, 200)[:, 1])
+        small = part.input_rows(0, 40)  # too few rows for two parts: read in this process
+        assert {int(v) for v in small[:, 0].tolist()} == {os.getpid()} and part.loaders_built == 1
+    finally:
+        part.close()

@@ -19,7 +19,7 @@ Rules that keep this safe:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,9 @@ __all__ = ["Feed", "LoaderKey", "LoaderPool", "stop_workers"]
 #: ``build(batch_sampler, persistent)``: a ``DataLoader`` over the split reading ``batch_sampler``'s lists.
 BuildLoader = Callable[[Iterable[Sequence[int]], bool], Any]
 
-#: The kinds of reads: the training steps (an ``ElasticBatchSampler``) and plain index lists (the cache fill).
-KINDS = ("steps", "lists")
+#: The kinds of reads: the training steps (an ``ElasticBatchSampler``), plain index lists (the cache fill), and the
+#: rows a rank reads for itself (``input_rows``: the set-up's profile, the cache's payoff measure and shared fill).
+KINDS = ("steps", "lists", "rows")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class LoaderPool:
     built: int = 0
     _entries: dict[LoaderKey, _Entry] = field(default_factory=dict)
 
-    def read(self, key: LoaderKey, lists: Iterable[Sequence[int]], build: BuildLoader) -> Iterator[Any]:
+    def read(self, key: LoaderKey, lists: Iterable[Sequence[int]], build: BuildLoader) -> Generator[Any, None, None]:
         """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent)."""
         entry = self._entries.get(key)
         if entry is not None and entry.busy:  # another reader of this key is open: a loader of its own

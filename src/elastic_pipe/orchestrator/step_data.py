@@ -19,7 +19,7 @@ cuts the epoch into steps.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -277,6 +277,40 @@ def cast_floating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype) if x.is_floating_point() else x
 
 
+#: The fewest positions a worker reads of one list (:meth:`DatasetSplit._cut`): smaller parts cost more in
+#: hand-offs between processes than reading them side by side saves.
+MIN_PART = 32
+
+
+class _Parts:
+    """The parts of each of ``lists``, in order: what a split's loader reads (its batch sampler's lists)."""
+
+    def __init__(self, lists: Iterable[Sequence[int]], cut: Callable[[Sequence[int]], list[Sequence[int]]]) -> None:
+        self.lists, self.cut = lists, cut
+
+    def __iter__(self) -> Iterator[Sequence[int]]:
+        for positions in self.lists:
+            yield from self.cut(positions)
+
+
+def _joined(parts: list[torch.Tensor | None], device: torch.device) -> torch.Tensor | None:
+    """The parts of one list's batch, one after the other in one tensor on ``device`` (copied there without
+    waiting, from pinned memory when the loader pins)."""
+    if parts[0] is None:
+        return None
+    if len(parts) == 1:
+        return parts[0].to(device, non_blocking=True)
+    tensors = [p for p in parts if p is not None]
+    first = tensors[0]
+    rows = sum(int(p.shape[0]) for p in tensors)
+    out = torch.empty((rows, *first.shape[1:]), dtype=first.dtype, device=device)
+    row = 0
+    for part in tensors:
+        out[row : row + part.shape[0]].copy_(part, non_blocking=True)
+        row += int(part.shape[0])
+    return out
+
+
 @dataclass(frozen=True)
 class DatasetSplit:
     """An index subset of a map-style dataset (train or eval part), read through a ``DataLoader``.
@@ -341,6 +375,8 @@ class DatasetSplit:
     def _loader(
         self, batch_sampler: Iterable[Sequence[int]], collate: _Collate, pin: bool, *, persistent: bool = False
     ) -> Any:
+        # A list is read in up to ``workers`` parts (:meth:`_cut`), so twice as many parts per worker as lists
+        # keep as many lists read ahead as one part per list would.
         return torch.utils.data.DataLoader(
             _Items(self.dataset, self.indices),
             batch_sampler=batch_sampler,  # type: ignore[arg-type]  # any iterable of index lists works
@@ -348,7 +384,34 @@ class DatasetSplit:
             collate_fn=collate,
             pin_memory=pin,
             persistent_workers=persistent and self.workers > 0,
+            prefetch_factor=2 * self.workers if self.workers > 1 else None,
         )
+
+    def _cut(self, positions: Sequence[int]) -> list[Sequence[int]]:
+        """``positions`` in consecutive parts of nearly equal length, one per worker but at least
+        :data:`MIN_PART` positions each (one part without workers): the parts of one list are read by different
+        workers at the same time, so a list's batch is ready in a fraction of the time one worker takes for all
+        of it (the first step of an epoch waits for it)."""
+        k = max(1, min(self.workers, len(positions) // MIN_PART))
+        q, r = divmod(len(positions), k)
+        bounds = [i * q + min(i, r) for i in range(k + 1)]
+        return [positions[bounds[i] : bounds[i + 1]] for i in range(k)]
+
+    def _read(
+        self, key: LoaderKey, lists: Iterable[Sequence[int]], collate: _Collate
+    ) -> Iterator[tuple[Sequence[int], list[Any]]]:
+        """Per list, the list and the collated batches of its parts (:meth:`_cut`), from the pool's loader for
+        ``key``."""
+
+        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
+            return self._loader(batch_sampler, collate, key.pin, persistent=persistent)
+
+        reader = self._pool.read(key, _Parts(lists, self._cut), build)
+        try:
+            for positions in lists:
+                yield positions, [next(reader) for _ in self._cut(positions)]
+        finally:
+            reader.close()
 
     def batches(
         self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
@@ -376,19 +439,24 @@ class DatasetSplit:
             shard = (lists.sampler.num_replicas, lists.sampler.rank)
         key = LoaderKey("steps" if steps else "lists", inputs, labels, pin, shard)
         collate = _Collate(self.spec, None, inputs, labels)  # cast on the device, below
-
-        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
-            return self._loader(batch_sampler, collate, pin, persistent=persistent)
-
-        for positions, (x, y) in zip(lists, self._pool.read(key, lists, build), strict=True):
+        for positions, parts in self._read(key, lists, collate):
+            x = _joined([p[0] for p in parts], device)
+            y = _joined([p[1] for p in parts], device)
             yield Batch(
                 torch.tensor(positions, dtype=torch.long),
-                None if x is None else cast_floating(x.to(device, non_blocking=True), self.dtype),
-                None if y is None else y.to(device, non_blocking=True),
+                None if x is None else cast_floating(x, self.dtype),
+                y,
             )
 
     def input_rows(self, start: int, stop: int) -> torch.Tensor:
-        """The inputs of positions ``start:stop``, read in this process (the cache fill's chunks)."""
+        """The inputs of positions ``start:stop`` on the host (the set-up's profile, the cache's payoff measure and
+        fill chunks): read in parts by the split's workers when it has several (a kept loader of its own, so its
+        workers start once), in this process otherwise."""
+        positions = list(range(start, min(stop, len(self))))
+        if len(self._cut(positions)) > 1:
+            key = LoaderKey("rows", inputs=True, labels=False, pin=False)
+            ((_, parts),) = self._read(key, [positions], _Collate(self.spec, None, inputs=True, labels=False))
+            return cast_floating(torch.cat([x for x, _ in parts]), self.dtype)
         items = [(int(i), _read_item(self.dataset, int(i))) for i in self.indices[start:stop]]
         x, _ = _Collate(self.spec, self.dtype, inputs=True, labels=False)(items)
         assert x is not None
