@@ -2,7 +2,8 @@
 that halves the bytes per entry, and so the memory, the copies and the disk traffic, for a rounding.
 
 bfloat16 keeps float32's exponent range with 8 significant bits: a stored value's relative error is at most
-``2**-9`` (round to nearest). float16 keeps 11 bits (``2**-12``) but overflows past 65504.
+``2**-8`` (round to nearest: half a unit in the last place). float16 keeps 11 bits (``2**-11``) but overflows
+past 65504.
 """
 
 from __future__ import annotations

@@ -360,7 +360,7 @@ class PipelineSection:
         views: augmented views cached per sample under ``cache_policy = "views"``.
         cache_dtype: the dtype the cache stores its entries in: "auto" (the default: the frozen prefix output's
             own, exact) or "bfloat16", "float16", "float32", used only where it is narrower than a floating prefix
-            output (half the bytes of float32 entries, each rounded: a relative error up to ``2**-9`` in
+            output (half the bytes of float32 entries, each rounded: a relative error up to ``2**-8`` in
             bfloat16); an output it would widen, or an integer one, is kept as it is. Reads are cast back to the
             output's dtype on the device, and a step's recomputed misses are rounded the same way.
         memory_budget: the most bytes of training state one rank may hold ("40GiB", "512MiB", "2.5GB", a byte
