@@ -32,7 +32,9 @@ device memory (``torch.cuda.max_memory_allocated``/``reserved``). Every arm prin
 The results JSON (``--name``, under ``--out``) is rewritten after each arm; ``--budget-s`` bounds the whole run: an
 arm still running when it is spent is stopped and recorded with the epochs it finished (so one device call of at
 most 600 s always leaves a JSON). ``--arms`` splits the arms over several calls (each then writes its own
-``--name``).
+``--name``). ``--cache-dtype`` (default ``auto``: the prefix output's float32) is both elastic arms' ``[pipeline]
+cache_dtype``; their tiers are sized by the stored entry, so ``bfloat16`` keeps the same split over the tiers in
+half the bytes (``cache_entry_bytes`` is the stored entry's, ``prefix_output_bytes`` the output's).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+#: ``--cache-dtype``: the values of ``[pipeline] cache_dtype``.
+CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 ARMS = ("plain", "device_cache", "host_cache", "host_cache_on", "file_device_cache")
 #: What runs unless ``--arms`` says otherwise: the arms the targets compare, the slowest last.
 DEFAULT_ARMS = ("host_cache", "device_cache", "plain")
@@ -298,6 +302,7 @@ class EpochProfile:
 
 def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """elastic_pipe with alpha = 1/3 and the cache: on the dataset from disk (host tier), or in device memory."""
+    from elastic_pipe import cache as acache
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
 
     host = arm.startswith("host_cache")
@@ -305,7 +310,9 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
     model = build_model(args.model_preset, args.size)
     example = torch.zeros((1, 3, args.size, args.size))
     with torch.no_grad():  # one entry: the prefix output's size is the same at every boundary of a ViT
-        entry = model.children().__next__()(example).numel() * 4  # float32 under bf16 autocast (the residual)
+        numel = model.children().__next__()(example).numel()
+    output = torch.float32  # under bf16 autocast too (the residual stream)
+    entry = numel * acache.stored_dtype(output, acache.parse_storage_dtype(args.cache_dtype)).itemsize
     n_train = len(dataset) - max(1, round(len(dataset) * EVAL_FRACTION))
     cache_bytes = entry * n_train
     tiers: dict[str, Any] = {"device": 2 * cache_bytes}
@@ -329,6 +336,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
                 "microbatches": 1,
                 "cache": "on" if arm == "host_cache_on" else "auto",
                 "cache_tiers": tiers,
+                "cache_dtype": args.cache_dtype,
             },
             "log": {"progress": False},
         }
@@ -380,6 +388,8 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
         "elapsed_at_epoch_end": elapsed,
         "cache_tiers": tiers,
         "cache_entry_bytes": entry,
+        "prefix_output_bytes": numel * output.itemsize,
+        "cache_dtype": args.cache_dtype,
         "cache_stats": stats,
         "cache_reasons": reasons,
         "final_loss": result["losses"][-1],
@@ -426,6 +436,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=tuple(INPUT_DTYPES),
         default="float32",
         help="what the dataset's transform returns, in every arm (bfloat16: half the bytes per image)",
+    )
+    ap.add_argument(
+        "--cache-dtype",
+        choices=CACHE_DTYPES,
+        default="auto",
+        help="[pipeline] cache_dtype of the elastic arms (auto: the prefix output's own; bfloat16: half the bytes)",
     )
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
@@ -490,6 +506,7 @@ def main() -> int:
         "global_batch": args.batch,
         "workers": args.workers,
         "input_dtype": args.input_dtype,
+        "cache_dtype": args.cache_dtype,
         "alpha": ALPHA,
         "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
@@ -523,7 +540,8 @@ def main() -> int:
 
 def _default_name(args: argparse.Namespace) -> str:
     base = "gpu_1xh200_disk_data" if torch.cuda.is_available() and not args.tiny else "disk_data_cpu"
-    return base + ("" if tuple(args.arm_list) == DEFAULT_ARMS else "_" + "_".join(args.arm_list)) + ".json"
+    dtype = "" if args.cache_dtype == "auto" else f"_cache_{args.cache_dtype}"
+    return base + dtype + ("" if tuple(args.arm_list) == DEFAULT_ARMS else "_" + "_".join(args.arm_list)) + ".json"
 
 
 def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, timeout: float) -> dict[str, Any]:
@@ -532,6 +550,7 @@ def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, 
     cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
     cmd += [f"--model-preset={args.model_preset}", f"--input-dtype={args.input_dtype}"]
+    cmd += [f"--cache-dtype={args.cache_dtype}"]
     cmd += [f"--profile-epoch={args.profile_epoch}"]
     log_path = out / f"{arm}.stderr.log"
     t_arm = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from elastic_pipe.cache.cache import ActivationCache
 from elastic_pipe.cache.config import Augmentation, CacheConfig, CacheTiers, HostKind, OnRandomAugmentation
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
+from elastic_pipe.cache.dtypes import STORAGE_DTYPES, parse_storage_dtype, stored_dtype
 from elastic_pipe.cache.errors import CacheDirError, CacheError
 from elastic_pipe.cache.fingerprint import prefix_fingerprint
 from elastic_pipe.cache.payoff import expected_read_seconds, measure_payoff, measure_tiered_payoff
@@ -16,6 +17,7 @@ from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, T
 from elastic_pipe.cache.sizes import parse_bytes
 
 __all__ = [
+    "STORAGE_DTYPES",
     "ActivationCache",
     "Augmentation",
     "CacheConfig",
@@ -34,7 +36,9 @@ __all__ = [
     "measure_payoff",
     "measure_tiered_payoff",
     "parse_bytes",
+    "parse_storage_dtype",
     "payoff_threshold",
     "prefix_fingerprint",
+    "stored_dtype",
     "time_call",
 ]

@@ -36,6 +36,7 @@ from elastic_pipe.cache.config import (
     parse_choice,
 )
 from elastic_pipe.cache.decision import time_call
+from elastic_pipe.cache.dtypes import stored_dtype
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
@@ -70,6 +71,9 @@ class ActivationCache:
             (:func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files of another one are never read.
         host_kind: ``"shared"`` (files under ``host_dir``, shared by the node) or ``"pinned"`` (page-locked memory
             private to the process).
+        storage_dtype: a narrower floating dtype every tier stores the entries in (``None``: as they are put;
+            see :meth:`stored_dtype`). Reads then return the stored dtype; :meth:`rounded` gives a computed
+            value the rounding a stored one has.
 
     Raises:
         CacheDirError: the host (shared) or disk directory of an enabled tier cannot be created or written.
@@ -101,6 +105,7 @@ class ActivationCache:
         leader: bool = True,
         fingerprint: str = "",
         host_kind: str = "shared",
+        storage_dtype: torch.dtype | None = None,
     ) -> None:
         config = CacheConfig(
             num_samples=num_samples,
@@ -117,6 +122,7 @@ class ActivationCache:
             leader=leader,
             fingerprint=fingerprint,
             host_kind=parse_choice(HostKind, host_kind, "host_kind"),
+            storage_dtype=storage_dtype,
         )
         self._setup(config)
 
@@ -144,6 +150,7 @@ class ActivationCache:
         augmentation: str = "none",
         on_random_augmentation: str = "error",
         views: int = 1,
+        storage_dtype: torch.dtype | None = None,
     ) -> ActivationCache:
         """Build a cache from a run's :class:`CacheTiers`.
 
@@ -158,6 +165,7 @@ class ActivationCache:
             augmentation: as for the constructor.
             on_random_augmentation: as for the constructor.
             views: as for the constructor.
+            storage_dtype: as for the constructor.
 
         Raises:
             CacheDirError: the disk (or shared host) directory cannot be created or written.
@@ -183,6 +191,7 @@ class ActivationCache:
             leader=leader,
             fingerprint=fingerprint,
             host_kind=tiers.host_kind,
+            storage_dtype=storage_dtype,
         )
         return cls.from_config(config)
 
@@ -241,6 +250,19 @@ class ActivationCache:
         """Where reads land."""
         return self.config.device
 
+    def stored_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype entries put in ``dtype`` are stored (and read) in: the config's ``storage_dtype`` where it
+        narrows a floating ``dtype``, else ``dtype`` (:func:`~elastic_pipe.cache.stored_dtype`)."""
+        return stored_dtype(dtype, self.config.storage_dtype)
+
+    def rounded(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` as a read of their stored entries would give them back once cast to ``values.dtype``:
+        rounded through the storage dtype (``values`` itself when entries are stored as given). A batch that
+        mixes hits with recomputed misses rounds the misses too, so a sample's value does not depend on whether
+        it hit."""
+        narrow = self.stored_dtype(values.dtype)
+        return values if narrow == values.dtype else values.to(narrow).to(values.dtype)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the per-epoch view (``epoch % views``) that reads and writes use; a no-op without views."""
         if epoch < 0:
@@ -275,7 +297,8 @@ class ActivationCache:
             boundary: the frozen boundary (number of frozen layers) whose output is wanted.
 
         Returns:
-            The hit mask and the hits' values on :attr:`device`.
+            The hit mask and the hits' values on :attr:`device`, in the dtype they are stored in
+            (:meth:`stored_dtype`; :meth:`CacheLookup.to` casts them back).
 
         Raises:
             CacheError: ids outside ``[0, num_samples)``, not a 1-D integer tensor, or a negative boundary.
@@ -370,7 +393,8 @@ class ActivationCache:
             sample_ids: 1-D integer tensor of dataset ids (duplicates keep their first row; on the CPU, as for
                 :meth:`get`).
             boundary: the frozen boundary the values belong to.
-            values: ``len(sample_ids)`` rows; every row of one boundary must share shape and dtype.
+            values: ``len(sample_ids)`` rows; every row of one boundary must share shape and dtype. They are
+                stored in :meth:`stored_dtype` (cast where they are, before any copy to another tier).
 
         Returns:
             The number of entries newly stored; ids that fit in no tier count in ``stats.rejected``.
@@ -394,6 +418,7 @@ class ActivationCache:
         return self._put_keys(keys[rows], boundary, values.detach()[rows.to(values.device)])
 
     def _put_keys(self, keys: torch.Tensor, boundary: int, values: torch.Tensor) -> int:
+        values = values.to(self.stored_dtype(values.dtype))
         shape, dtype = tuple(values.shape[1:]), values.dtype
         segments: list[tuple[Tier, Segment | None]] = [(t, t.segment(boundary)) for t in self._tiers]
         pending = torch.ones(keys.numel(), dtype=torch.bool)
@@ -436,7 +461,9 @@ class ActivationCache:
             prefix: runs the frozen layers ``0..boundary-1``.
 
         Returns:
-            ``len(sample_ids)`` rows on the device of the computed rows (or the cache's device if all hit).
+            ``len(sample_ids)`` rows on the device of the computed rows (or the cache's device, in the stored
+            dtype, if all hit); with a narrower ``storage_dtype`` the hits are cast to the computed rows' dtype
+            and the computed rows are :meth:`rounded` like them.
         """
         lookup = self.get(sample_ids, boundary)
         if lookup.num_hits == sample_ids.numel():
@@ -445,7 +472,7 @@ class ActivationCache:
         with torch.no_grad():
             computed = prefix(inputs[miss.to(inputs.device)])
         self.put(lookup.missing_ids, boundary, computed)
-        return lookup.merge(computed)
+        return lookup.to(computed.dtype).merge(self.rounded(computed))
 
     # ------------------------------------------------------------------------------------------------ boundaries
     def extend(
@@ -474,7 +501,8 @@ class ActivationCache:
         Args:
             old_boundary: the cached boundary ``b``.
             new_boundary: the new boundary ``b' > b``.
-            fn: maps a chunk of ``b`` outputs to ``b'`` outputs (``fn`` sees tensors on :attr:`device`).
+            fn: maps a chunk of ``b`` outputs to ``b'`` outputs (``fn`` sees tensors on :attr:`device`, in the
+                stored dtype: cast them to what the layers expect; its outputs are stored in :meth:`stored_dtype`).
             batch_size: entries per chunk.
             only: sample ids (1-D, on the CPU) whose entries are extended; ``None``: every entry.
 
@@ -495,6 +523,7 @@ class ActivationCache:
         if batch_size < 1:
             raise CacheError(f"batch_size must be >= 1, got {batch_size}")
         self._settle_reads()
+        fn = functools.partial(_narrowed, fn, self.stored_dtype)
         keep = None
         if only is not None:
             keep = torch.zeros(self._num_keys, dtype=torch.bool)
@@ -560,12 +589,14 @@ class ActivationCache:
         """Where a fill of ``samples`` samples' entries (every view of each) at ``boundary`` would land.
 
         Writes fill the tiers in order while their budgets last (:meth:`put`), so this is arithmetic over the
-        budgets left now; nothing is allocated.
+        budgets left now; nothing is allocated. ``dtype`` is the entries' as put: they are sized as stored
+        (:meth:`stored_dtype`).
 
         Returns:
             Entries per tier name, in fill order, and under ``"none"`` those that fit nowhere (recomputed).
         """
         self._check_boundary(boundary)
+        dtype = self.stored_dtype(dtype)
         left = samples * self.config.views_per_sample if self.enabled else 0
         spread: dict[str, int] = {}
         for tier in self._tiers:
@@ -577,8 +608,9 @@ class ActivationCache:
     def time_reads(self, rows: torch.Tensor, *, repeats: int = 5, warmup: int = 1) -> dict[str, float]:
         """Seconds to read a batch like ``rows`` from each tier, through a scratch segment outside the budgets.
 
-        Each tier's scratch segment holds ``rows`` (device: on the device; host: pinned memory or a ``/dev/shm``
-        file; disk: a checksummed file, warm in the page cache) and is read back with the gather a step does.
+        Each tier's scratch segment holds ``rows`` as the tier would store them (:meth:`stored_dtype`; device: on
+        the device; host: pinned memory or a ``/dev/shm`` file; disk: a checksummed file, warm in the page cache)
+        and is read back with the gather a step does.
 
         Returns:
             Seconds per batch read (the minimum over ``repeats``), per tier name; ``inf`` for a tier whose
@@ -590,6 +622,7 @@ class ActivationCache:
         n = int(rows.shape[0])
         if n == 0:
             raise CacheError("time_reads needs at least one row")
+        rows = rows.detach().to(self.stored_dtype(rows.dtype))
         layout = SegmentLayout(tuple(rows.shape[1:]), rows.dtype, n, n)
         keys = torch.arange(n)
         seconds: dict[str, float] = {}
@@ -676,10 +709,17 @@ class ActivationCache:
         policy = "" if c.augmentation is Augmentation.NONE else f", augmentation={c.on_random_augmentation.value}"
         if c.on_random_augmentation is OnRandomAugmentation.VIEWS:
             policy += f"x{c.views}"
+        stored = "" if c.storage_dtype is None else f", storage_dtype={c.storage_dtype}"
         return (
             f"ActivationCache(num_samples={c.num_samples}, device={c.device}, budgets=device:{c.device_budget} "
-            f"host:{c.host_budget} disk:{c.disk_budget}, name={c.name!r}{policy})"
+            f"host:{c.host_budget} disk:{c.disk_budget}, name={c.name!r}{policy}{stored})"
         )
+
+
+def _narrowed(fn: Transform, stored: Callable[[torch.dtype], torch.dtype], values: torch.Tensor) -> torch.Tensor:
+    """``fn(values)`` in the dtype the cache stores it in (what :meth:`ActivationCache.extend` writes back)."""
+    out = fn(values)
+    return out.to(stored(out.dtype))
 
 
 def _check_layout(segment: Segment, shape: tuple[int, ...], dtype: torch.dtype, boundary: int) -> None:

@@ -13,6 +13,7 @@ from typing import TypeVar
 
 import torch
 
+from elastic_pipe.cache.dtypes import check_storage_dtype
 from elastic_pipe.cache.errors import CacheError
 from elastic_pipe.cache.sizes import parse_bytes
 
@@ -103,6 +104,8 @@ class CacheConfig:
         fingerprint: names the model whose frozen prefix produces the entries (see
             :func:`~elastic_pipe.cache.prefix_fingerprint`); host and disk files carrying another one are
             deleted unread. ``""``: no fingerprint (files of a reused name are then trusted).
+        storage_dtype: a narrower floating dtype to store entries in (:func:`~elastic_pipe.cache.stored_dtype`:
+            it only ever narrows a floating entry); ``None``: each entry in the dtype it is put in (exact).
     """
 
     num_samples: int
@@ -119,6 +122,7 @@ class CacheConfig:
     leader: bool = True
     fingerprint: str = ""
     host_kind: HostKind = HostKind.SHARED
+    storage_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -136,6 +140,7 @@ class CacheConfig:
             )
         if self.views < 1:
             raise CacheError(f"views must be >= 1, got {self.views}")
+        check_storage_dtype(self.storage_dtype)
         object.__setattr__(self, "augmentation", parse_choice(Augmentation, self.augmentation, "augmentation"))
         object.__setattr__(
             self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,13 @@ class CacheLookup:
     def missing_ids(self) -> torch.Tensor:
         """Ids to recompute."""
         return self.sample_ids[~self.hit]
+
+    def to(self, dtype: torch.dtype) -> CacheLookup:
+        """The lookup with its hits cast to ``dtype`` where they are (on the device: entries stored narrower than
+        the layers after the boundary expect are widened after the copy, not before); ``self`` when they are."""
+        if self.values.dtype == dtype:
+            return self
+        return dataclasses.replace(self, values=self.values.to(dtype))
 
     def merge(self, computed: torch.Tensor) -> torch.Tensor:
         """The whole batch: cached rows for hits, ``computed`` (the misses, in order) for the rest.

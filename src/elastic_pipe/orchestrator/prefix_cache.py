@@ -8,6 +8,10 @@ are keyed by ``data.sample_ids``. A dataset that declares random transforms (``r
 served by ``[pipeline] cache_policy``: ``bypass`` builds the cache disabled (the prefix is recomputed from each
 step's augmented input), ``views`` fills ``views`` draws of the transforms per sample and epoch ``e`` reads draw
 ``e % views``.
+
+With ``[pipeline] cache_dtype`` narrower than the prefix output, the entries are stored (and all-gathered and
+broadcast between peers) in the narrower dtype; sub-layers that run on cached entries take them widened back
+(:func:`widening`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ __all__ = [
     "fill_cache",
     "fill_shared",
     "prepare_cache",
+    "widening",
 ]
 
 #: Why stage 0 does not read a cache that bypasses itself.
@@ -44,6 +49,20 @@ _all_gather_into = getattr(dist, "all_gather_single", None) or dist.all_gather_i
 
 #: Runs sub-layers ``lo:hi`` on a batch (``run(x, lo, hi)``), under ``no_grad``.
 RunSublayers = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+def widening(run: RunSublayers, dtype_at: Callable[[int], torch.dtype]) -> RunSublayers:
+    """``run`` with its input cast to ``dtype_at(lo)`` first when it starts past the model's input (``lo > 0``).
+
+    Sub-layers that carry cached entries to a new boundary (:meth:`~elastic_pipe.cache.ActivationCache.extend`)
+    get them as stored, which ``[pipeline] cache_dtype`` may make narrower than the prefix output they expect
+    (``dtype_at(lo)``: the dtype of the activation entering sub-layer ``lo``); a cast to the same dtype is free.
+    """
+
+    def run_widened(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        return run(x.to(dtype_at(lo)) if lo > 0 else x, lo, hi)
+
+    return run_widened
 
 
 @dataclass(frozen=True)
@@ -217,11 +236,11 @@ def fill_shared(
             cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=mine_ids)
         dist.barrier(group=peers.group)
     rejected = cache.stats.rejected
-    shape = (chunk, *probe.shape[1:])
+    shape, dtype = (chunk, *probe.shape[1:]), cache.stored_dtype(probe.dtype)  # the rows travel as they are stored
     # Two sets of buffers, used in turn: round r's all-gather runs while round r+1 computes, and is waited for
     # (then stored) only after that compute is queued. The stream orders each buffer's reuse two rounds later.
-    mine = [torch.zeros(shape, dtype=probe.dtype, device=device) for _ in range(2)]
-    gathered = [torch.empty((peers.count * chunk, *shape[1:]), dtype=probe.dtype, device=device) for _ in range(2)]
+    mine = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
+    gathered = [torch.empty((peers.count * chunk, *shape[1:]), dtype=dtype, device=device) for _ in range(2)]
     in_flight: tuple[Any, torch.Tensor, int] | None = None  # (all-gather, its output, first row of its round)
 
     def store(flight: tuple[Any, torch.Tensor, int]) -> None:
@@ -242,7 +261,7 @@ def fill_shared(
                 run=run,
                 device=device,
             )
-            mine[buf][: rows.shape[0]] = rows
+            mine[buf][: rows.shape[0]] = rows  # cast to the stored dtype as a put would
         # Peer p's chunk lands at rows p*chunk: the round's samples, in order (only the split's last chunk
         # is short, and it is the round's last valid one).
         work = _all_gather_into(gathered[buf], mine[buf], group=peers.group, async_op=True)
@@ -285,7 +304,8 @@ def carry_released(
     arguments.
 
     Args:
-        example: the prefix output at ``frozen`` for one sample (the broadcast rows' shape and dtype).
+        example: the prefix output at ``frozen`` for one sample (the broadcast rows' shape; their dtype is the
+            one the entries are stored in).
 
     Returns:
         Whether every peer's cache now holds every training sample (every view) at ``frozen``, the same answer
@@ -310,16 +330,16 @@ def carry_released(
     if not whole.item():
         return False
     if lacking.item():
-        ids_all = data.sample_ids.to("cpu", torch.int64)
+        ids_all, dtype = data.sample_ids.to("cpu", torch.int64), cache.stored_dtype(example.dtype)
         for view in range(cache.config.views_per_sample):
             cache.set_epoch(view)
             for lo in range(0, int(ids_all.shape[0]), chunk):
                 ids = ids_all[lo : lo + chunk]
                 if peers.index == 0:
                     with cache.uncounted():
-                        rows = cache.get(ids, frozen).values.to(device, example.dtype)
+                        rows = cache.get(ids, frozen).values.to(device, dtype)
                 else:
-                    rows = torch.empty((ids.shape[0], *example.shape[1:]), dtype=example.dtype, device=device)
+                    rows = torch.empty((ids.shape[0], *example.shape[1:]), dtype=dtype, device=device)
                 dist.broadcast(rows, src=src, group=peers.group)
                 if peers.index != 0:
                     cache.put(ids, frozen, rows)  # ids already cached here (node-shared files) are skipped
@@ -339,7 +359,7 @@ def _prefix_rows(
     device: torch.device,
 ) -> torch.Tensor:
     """Prefix outputs at ``frozen`` for one chunk: the cached entries where present (carried there by ``extend``),
-    the whole prefix on the inputs (``read()``, read only then) for the rest."""
+    the whole prefix on the inputs (``read()``, read only then) for the rest; mixed, in the stored dtype."""
     with cache.uncounted():
         lookup = cache.get(ids, frozen)
     if lookup.num_hits == ids.shape[0]:  # the usual case after a carry: no compute, no scatter, no read

@@ -87,6 +87,7 @@ def read_prefix(
     frozen: int,
     run_prefix: Callable[[torch.Tensor], torch.Tensor],
     read_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """A batch's prefix output from its (prefetched) lookup; only the misses run the prefix, and are stored.
 
@@ -94,9 +95,15 @@ def read_prefix(
         x: the batch's inputs on the device, or ``None`` when the step did not load them (a complete cache):
             ``read_inputs(missing_ids)`` then reads the inputs of the misses alone (an entry that failed its
             crc32, say).
+        dtype: the dtype the layers after the boundary expect (the prefix output's): hits stored narrower
+            (``[pipeline] cache_dtype``) are cast back to it on the device, and the recomputed misses are
+            rounded through the storage dtype (:meth:`~elastic_pipe.cache.ActivationCache.rounded`), so a
+            sample's value does not depend on whether it hit. ``None``: the hits as stored.
     """
     if lookup is None:
         lookup = cache.get(ids, frozen)
+    if dtype is not None:
+        lookup = lookup.to(dtype)
     if lookup.num_hits == ids.numel():
         return lookup.values
     if x is None:
@@ -108,7 +115,7 @@ def read_prefix(
     with torch.no_grad():
         computed = run_prefix(misses)
     cache.put(lookup.missing_ids, frozen, computed)
-    return lookup.merge(computed)
+    return lookup.merge(cache.rounded(computed))
 
 
 def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:

@@ -38,7 +38,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe.models.residency import materialize
 from elastic_pipe.models.residency import release as release_to_meta
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, carry_released
+from elastic_pipe.orchestrator.prefix_cache import FillPeers, carry_released, widening
 from elastic_pipe.orchestrator.prefix_reads import covers
 from elastic_pipe.orchestrator.transition import recv_tensors, send_tensors
 from elastic_pipe.types import Layout
@@ -183,7 +183,7 @@ def carry(
         layout.frozen,
         chunk=chunk,
         device=ctx.device,
-        run=ctx.run_sublayers,
+        run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
         example=ctx.prefix_example(layout.frozen),
         peers=peers,
     )

@@ -56,7 +56,8 @@ def build_cache(
 
     The ranks of a node share one name, so a ``/dev/shm`` host tier and the disk tier hold each entry once per
     node; local rank 0 is the node's leader (it deletes the node's files). The name carries the node's index, so
-    nodes that share a disk directory do not share files.
+    nodes that share a disk directory do not share files. ``[pipeline] cache_dtype`` is the dtype every tier
+    stores the entries in (``"auto"``: the prefix output's own).
 
     Raises:
         CacheDirError: the disk (or shared host) directory cannot be created or written.
@@ -76,6 +77,7 @@ def build_cache(
         augmentation="random" if random_transforms else "none",
         on_random_augmentation=policy,
         views=p.views if random_transforms and policy == "views" else 1,
+        storage_dtype=acache.parse_storage_dtype(p.cache_dtype),
     )
 
 

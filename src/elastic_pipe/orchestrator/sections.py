@@ -54,6 +54,8 @@ COST_METRICS = ("params", "time")
 CACHE_MODES = ("auto", "on", "off")
 #: What the activation cache does for a dataset that declares random transforms.
 CACHE_POLICIES = ("bypass", "views")
+#: ``[pipeline] cache_dtype``: the dtype the activation cache stores entries in ("auto": the prefix output's own).
+CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 #: Keys of ``[pipeline] cache_tiers``.
 CACHE_TIER_KEYS = ("device", "host", "disk", "disk_size", "host_kind", "host_dir")
 HOST_KINDS = ("shared", "pinned")
@@ -356,6 +358,11 @@ class PipelineSection:
             "views" (``views`` augmented views per sample are cached, epoch ``e`` reads view ``e % views``).
             A dataset without random transforms is cached exactly, whatever this says.
         views: augmented views cached per sample under ``cache_policy = "views"``.
+        cache_dtype: the dtype the cache stores its entries in: "auto" (the default: the frozen prefix output's
+            own, exact) or "bfloat16", "float16", "float32", used only where it is narrower than a floating prefix
+            output (half the bytes of float32 entries, each rounded: a relative error up to ``2**-8`` in
+            bfloat16); an output it would widen, or an integer one, is kept as it is. Reads are cast back to the
+            output's dtype on the device, and a step's recomputed misses are rounded the same way.
         memory_budget: the most bytes of training state one rank may hold ("40GiB", "512MiB", "2.5GB", a byte
             count; "" for no limit): an active sub-layer costs its weights, gradients and optimizer state, a frozen
             one (on stage 0) its weights. The initial pipeline is the shortest that fits, compression never picks
@@ -374,6 +381,7 @@ class PipelineSection:
     cache_tiers: Mapping[str, Any] = field(default_factory=dict)
     cache_policy: str = "bypass"
     views: int = 1
+    cache_dtype: str = "auto"
     memory_budget: str | int = ""
 
     @property
@@ -393,6 +401,7 @@ class PipelineSection:
             _one_of("pipeline.compression", self.compression, COMPRESSIONS)
         _one_of("pipeline.cache", self.cache, CACHE_MODES)
         _one_of("pipeline.cache_policy", self.cache_policy, CACHE_POLICIES)
+        _one_of("pipeline.cache_dtype", self.cache_dtype, CACHE_DTYPES)
         if self.views > 1 and self.cache_policy != "views":
             raise ConfigError(f"pipeline.views = {self.views} needs cache_policy = 'views', got {self.cache_policy!r}")
         object.__setattr__(self, "cache_tiers", _cache_tiers(self.cache_tiers))

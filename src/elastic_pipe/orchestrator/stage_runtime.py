@@ -22,7 +22,7 @@ from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
-from elastic_pipe.orchestrator.prefix_cache import BYPASS_REASON, FillPeers, prepare_cache
+from elastic_pipe.orchestrator.prefix_cache import BYPASS_REASON, FillPeers, prepare_cache, widening
 from elastic_pipe.orchestrator.prefix_reads import PrefetchedBatches, complete, counters, epoch_counts, read_prefix
 from elastic_pipe.orchestrator.prefix_residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.stage import build_runner, unit_modules
@@ -175,6 +175,7 @@ class StageRuntime:
             peers = FillPeers(group, dist.get_rank(group), layout.replicas)
         if ctx.prefix.released and carry(ctx, layout, cache, old_frozen, chunk=per_replica, peers=peers):
             self.cache_on, self.cache_reason = True, KEPT_REASON  # only the newly frozen sub-layers ran
+            self.cache_reason += self._stored_as(cache)
             self.cache_complete = complete(cache, ctx.train_set, layout.frozen)
             return
         # With "auto" a rank alone fills a boundary it has nothing to carry to by its steps, not by a pass over the
@@ -196,13 +197,24 @@ class StageRuntime:
             # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
             chunk=per_replica,
             device=ctx.device,
-            run=ctx.run_sublayers,
+            run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
             peers=peers,
             example=ctx.prefix_example(layout.frozen),
             fill=not in_steps,
         )
+        self.cache_reason += self._stored_as(cache)
         self.cache_complete = self.cache_on and complete(cache, ctx.train_set, layout.frozen)
         self.fills_in_steps = not self.cache_on and self._fills_in_steps(cache)
+
+    def _stored_as(self, cache: acache.ActivationCache) -> str:
+        """What the cache reason adds when ``[pipeline] cache_dtype`` stores the entries narrower than the prefix
+        outputs (their bytes are the stored dtype's), ``""`` when they are stored as they are."""
+        example = self.ctx.prefix_example(self.layout.frozen)
+        stored = cache.stored_dtype(example.dtype)
+        if stored == example.dtype:
+            return ""
+        name, entry = str(stored).removeprefix("torch."), example[0].numel() * stored.itemsize
+        return f"; entries stored as {name} ({entry} bytes each), read as {str(example.dtype).removeprefix('torch.')}"
 
     def _fills_in_steps(self, cache: acache.ActivationCache) -> bool:
         """Whether this layout's steps may store the frozen prefix's outputs they compute: those they compute anyway
@@ -273,6 +285,7 @@ class StageRuntime:
                 frozen=frozen,
                 run_prefix=lambda v: self.ctx.run_sublayers(v, 0, frozen),
                 read_inputs=self._read_inputs,
+                dtype=self.ctx.prefix_example(frozen).dtype,  # the hits as the stage after the prefix takes them
             )
         assert x is not None
         out = self.ctx.run_sublayers(x, 0, frozen)
