@@ -6,15 +6,19 @@ the first 2 of 6 blocks freeze, epoch 1 computes their output once and caches it
 blocks freeze and the cache is extended by running only those 2 blocks on the cached values (epoch 3). Prints the
 cache's counters and the measured pay-off decision.
 
-Run: ``python examples/cache_frozen_prefix.py`` (needs ``pip install "elastic-pipe[datasets]"``).
+Run: ``python examples/cache_frozen_prefix.py`` (needs ``pip install "elastic-pipe[datasets]"``);
+``--storage-dtype bfloat16`` stores the entries in bfloat16 (half the bytes per entry: the tiers' lines at the end
+show it; the training then reads rounded activations).
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from torch import nn
 
-from elastic_pipe.cache import ActivationCache, measure_payoff
+from elastic_pipe.cache import ActivationCache, measure_payoff, parse_storage_dtype
 from elastic_pipe.data import ElasticSampler, IndexedDataset, load_digits
 from elastic_pipe.models import SubLayerModel, vit
 
@@ -37,8 +41,9 @@ def train_epochs(
         while not sampler.exhausted:
             x, y, ids = data.batch(sampler.step_indices(BATCH))
             sampler.advance(BATCH)
-            # the frozen prefix: computed on a miss, read from the cache on a hit
-            hidden = x if prefix is None else cache.get_or_compute(ids, frozen, x, prefix)
+            # the frozen prefix: computed on a miss, read from the cache on a hit (hits come back in the dtype the
+            # cache stores them in, bfloat16 with --storage-dtype bfloat16: cast to what the next layers take)
+            hidden = x if prefix is None else cache.get_or_compute(ids, frozen, x, prefix).float()
             logits = rest(hidden)
             loss = nn.functional.cross_entropy(logits, y)
             optimizer.zero_grad()
@@ -51,10 +56,15 @@ def train_epochs(
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--storage-dtype", default="auto", help="auto (exact), bfloat16, float16 or float32")
+    args = ap.parse_args()
     model = vit("vit-tiny", seed=0)
     data = load_digits().subset(list(range(SAMPLES)))
     # a small device budget and a shared-memory tier behind it: part of the cache spills to /dev/shm
-    cache = ActivationCache(data.num_ids, device_budget=1 << 20, host_budget=16 << 20)
+    cache = ActivationCache(
+        data.num_ids, device_budget=1 << 20, host_budget=16 << 20, storage_dtype=parse_storage_dtype(args.storage_dtype)
+    )
     train_epochs(model, data, 0, cache, epochs=1, first_epoch=0)
     for p in model.slice(0, model.prefix_len(2)).parameters():
         p.requires_grad_(False)
@@ -62,7 +72,7 @@ def main() -> None:
 
     # freeze blocks 2 and 3 as well: extend the cached entries by running only those two blocks
     extra = model.slice(model.prefix_len(2), model.prefix_len(4)).eval()
-    moved = cache.extend(2, 4, extra)
+    moved = cache.extend(2, 4, lambda v: extra(v.float()))  # the stored entries, widened for the blocks
     print(f"extended {moved} entries from boundary 2 to 4; boundaries now {cache.boundaries()}")
     for p in extra.parameters():
         p.requires_grad_(False)
