@@ -34,6 +34,7 @@ DISK_MOVES = "gpu_1xh200_disk_data_overlapped_moves.json"  # the overlapped move
 DISK_INDEX = "gpu_1xh200_disk_data_pinned_index.json"  # bfloat16 items, the pinned merge index; blocking fill copies
 DISK_HUGE = "gpu_1xh200_disk_data_hugepages.json"  # the slab made ahead, with 2 MiB pages
 DISK_AHEAD = "gpu_1xh200_disk_data_made_ahead.json"  # the slab made ahead, 4 KiB pages
+DRIFT = "freeze_accuracy_drift.json"  # the drift policy at full size, both tasks
 DISK_QUEUED = "gpu_1xh200_disk_data_queued_fill.json"  # the fill's copies queued (one worker per batch)
 DISK_BF16 = "gpu_1xh200_disk_data_cache_bf16.json"  # cache entries stored as bfloat16 (no plain arm)
 FILL_STEPS = "gpu_1xh200_cache_fill_steps.json"
@@ -585,6 +586,41 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("docs/benchmarks.md", "registered with `cudaHostRegister` ({} s)", FILL_STEPS, "host_register_s", ".2f"),
     ("docs/benchmarks.md", "In 1 GiB pieces it took {} s.", FILL_STEPS, "pin_pieces_1GiB_s", ".1f"),
     ("docs/benchmarks.md", "puts took {} s of the puts'", FILL_STEPS, "put_s_max", ".1f"),
+]
+
+ROWS += [
+    # docs/freeze.md: the drift policy at full size on one H200
+    (
+        "docs/freeze.md",
+        "| `drift:threshold=0.03` | {} | -0.15 | 22.2% |",
+        DRIFT,
+        BBC + "drift:threshold=0.03.accuracy_mean",
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "| -0.15 | {} | 94.06% | -0.46 | 12.4% |",
+        DRIFT,
+        BBC + "drift:threshold=0.03.compute_saved",
+        ".1%",
+    ),
+    ("docs/freeze.md", "| 22.2% | {} | -0.46 | 12.4% |", DRIFT, DIGITS + "drift:threshold=0.03.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "| 94.06% | -0.46 | {} |", DRIFT, DIGITS + "drift:threshold=0.03.compute_saved", ".1%"),
+    (
+        "docs/freeze.md",
+        "| `drift:threshold=0.05` | 96.63% | -0.15 | {} |",
+        DRIFT,
+        BBC + "drift:threshold=0.05.compute_saved",
+        ".1%",
+    ),
+    ("docs/freeze.md", "| 93.96% | -0.56 | {} |", DRIFT, DIGITS + "drift:threshold=0.05.compute_saved", ".1%"),
+    (
+        "docs/freeze.md",
+        "| `none` | 96.78% | +0.00 | 0.0% | {} | +0.00 | 0.0% |",
+        DRIFT,
+        DIGITS + "none.accuracy_mean",
+        ".2%",
+    ),
 ]
 
 #: The disk benchmark's table of changes in docs/benchmarks.md: a result file per row, the row's cells as written.
