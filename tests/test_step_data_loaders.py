@@ -4,6 +4,7 @@ reads them from the dataset's ``targets``/``labels`` without reading an item."""
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -280,3 +281,85 @@ def test_input_rows_are_read_by_the_workers_of_a_kept_loader_and_equal_the_rows_
         assert {int(v) for v in small[:, 0].tolist()} == {os.getpid()} and part.loaders_built == 1
     finally:
         part.close()
+
+
+def test_start_steps_starts_the_workers_that_the_steps_then_read_through() -> None:
+    part = _split(Pids(48), workers=1)
+    sampler = ElasticSampler(48, 1, 0, seed=0)
+    plan = epoch_plan(48, 8, 2)
+    try:
+        assert part.start_steps(inputs=True, labels=True, device=CPU, shard=(1, 0))
+        ((key, entry),) = part._pool._entries.items()  # the pool's one loader: its workers are up, nothing read
+        workers = entry.loader._iterator._workers
+        assert key.kind == "steps" and key.shard == (1, 0) and [w.is_alive() for w in workers] == [True]
+        assert not part.start_steps(inputs=True, labels=True, device=CPU, shard=(1, 0))  # already kept
+        sampler.set_epoch(0)
+        got = _epoch(part, sampler, plan.sizes())
+        assert sorted(p for pos, _ in got for p in pos) == list(range(48))
+        assert {int(v) for _, x in got for v in x[:, 0].tolist()} == {workers[0].pid}  # the worker started above
+        assert part.loaders_built == 1
+        # another shard replaces it (its worker shut down); one that reads other parts of the items likewise
+        assert part.start_steps(inputs=True, labels=True, device=CPU, shard=(2, 1))
+        workers[0].join(10)
+        assert part.loaders_built == 2 and not workers[0].is_alive()
+        # a reader of the kind still open: nothing is started beside it
+        sampler.reshard(2, 1)
+        sampler.set_epoch(1)
+        open_reader = part.batches(ElasticBatchSampler(sampler, plan.sizes()), inputs=True, labels=True, device=CPU)
+        next(open_reader)
+        assert not part.start_steps(inputs=True, labels=False, device=CPU, shard=(2, 1))
+        open_reader.close()
+        assert part.loaders_built == 2
+    finally:
+        part.close()
+
+
+def test_start_steps_does_nothing_without_workers_or_without_items_to_read() -> None:
+    assert not _split(Pids(16), workers=0).start_steps(inputs=True, labels=True, device=CPU, shard=(1, 0))
+    ds = Targets(40, targets=True, strict=False)
+    part = _split(ds, workers=1)
+    try:
+        assert not part.start_steps(inputs=False, labels=True, device=CPU, shard=(1, 0))  # labels from targets
+        assert not part.start_steps(inputs=False, labels=False, device=CPU, shard=(1, 0))  # a middle stage
+        assert part.loaders_built == 0
+    finally:
+        part.close()
+
+
+def test_the_trainer_starts_the_steps_loader_as_it_enters_the_layout_and_the_epochs_read_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # in this process, one rank of its own (a rank of run_distributed is a daemon, which may not start workers)
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+
+    config = config_from_tables(
+        {
+            "model": tiny_vit.model_table(),
+            "data": {"drop_last": True, "workers": 1},
+            "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+            "freeze": {"policy": "never"},
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "off"},
+            "launch": {"nproc_per_node": 1},
+            "log": {"progress": False},
+        }
+    )
+    calls: list[tuple[bool, bool, tuple[int, int], bool]] = []
+    start = DatasetSplit.start_steps
+
+    def recording(self: DatasetSplit, **kwargs: Any) -> bool:
+        started = start(self, **kwargs)
+        calls.append((kwargs["inputs"], kwargs["labels"], kwargs["shard"], started))
+        return started
+
+    monkeypatch.setattr(DatasetSplit, "start_steps", recording)
+    built: list[int] = []
+    with ElasticTrainer(config, data=Digits(96), quiet=True) as trainer:
+        trainer.fit(on_epoch_end=lambda t: built.append(t.ctx.train_set.loaders_built))
+    assert calls == [(True, True, (1, 0), True)]
+    assert built == [1, 1]  # the steps of both epochs read through the loader started as the trainer entered

@@ -122,6 +122,20 @@ class LoaderPool:
                 del self._entries[key]
                 stop_workers(entry.loader)
 
+    def start(self, key: LoaderKey, build: BuildLoader) -> bool:
+        """Build the loader for ``key`` and start its workers now, reading nothing yet, so that their start-up
+        overlaps whatever the caller does next instead of the first :meth:`read` (a loader for ``key`` already
+        kept, or another reader of its kind still open: nothing is done). Returns whether a loader was built."""
+        if key in self._entries or any(e.busy for k, e in self._entries.items() if k.kind == key.kind):
+            return False
+        for old in [k for k in self._entries if k.kind == key.kind]:
+            stop_workers(self._entries.pop(old).loader)
+        feed = Feed()
+        entry = self._entries[key] = _Entry(build(feed, True), feed)
+        self.built += 1
+        iter(entry.loader)  # forks the workers (a persistent loader keeps this iterator); the feed is empty
+        return True
+
     def _one_shot(self, lists: Iterable[Sequence[int]], build: BuildLoader) -> Iterator[Any]:
         loader = build(lists, False)
         self.built += 1

@@ -413,6 +413,28 @@ class DatasetSplit:
         finally:
             reader.close()
 
+    def _key(
+        self, kind: str, inputs: bool, labels: bool, device: torch.device, shard: tuple[int, int] | None
+    ) -> LoaderKey:
+        return LoaderKey(kind, inputs, labels, device.type == "cuda" and self.spec.on_host, shard)
+
+    def start_steps(self, *, inputs: bool, labels: bool, device: torch.device, shard: tuple[int, int]) -> bool:
+        """Start the workers of the loader that :meth:`batches` will read the training steps through, for a
+        sampler sharded ``shard`` (``(replicas, rank)``), before the first step asks for a batch: the trainer
+        calls it as it enters a layout, so the workers start while it builds the stage and the cache rather than
+        at the epoch's first step. Nothing happens without workers, for a step that reads nothing or only labels
+        the dataset has (:meth:`labels_by_position`), or when that loader is already kept. Returns whether
+        workers were started."""
+        if self.workers == 0 or not (inputs or (labels and self.labels_by_position() is None)):
+            return False
+        key = self._key("steps", inputs, labels, device, shard)
+        collate = _Collate(self.spec, None, inputs, labels)
+
+        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
+            return self._loader(batch_sampler, collate, key.pin, persistent=persistent)
+
+        return self._pool.start(key, build)
+
     def batches(
         self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
     ) -> Iterator[Batch]:
@@ -433,11 +455,10 @@ class DatasetSplit:
                 pos = torch.tensor(positions, dtype=torch.long)
                 yield Batch(pos, None, table[pos].to(device, non_blocking=True))
             return
-        pin = device.type == "cuda" and self.spec.on_host
         shard = None
         if isinstance(lists, ElasticBatchSampler):
             shard = (lists.sampler.num_replicas, lists.sampler.rank)
-        key = LoaderKey("steps" if steps else "lists", inputs, labels, pin, shard)
+        key = self._key("steps" if steps else "lists", inputs, labels, device, shard)
         collate = _Collate(self.spec, None, inputs, labels)  # cast on the device, below
         for positions, parts in self._read(key, lists, collate):
             x = _joined([p[0] for p in parts], device)

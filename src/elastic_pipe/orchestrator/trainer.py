@@ -53,6 +53,7 @@ from elastic_pipe.orchestrator.setup import (
 )
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.step_data import DatasetSplit
 from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
 from elastic_pipe.orchestrator.workload import Loss, Samples
 
@@ -171,7 +172,9 @@ class ElasticTrainer:
         the cache; the probe's baseline is ``probe_outputs`` (a checkpoint's, :func:`.probe.restore`) when given, a
         new one taken now (a collective) otherwise."""
         ctx = self.ctx
+        served = False  # whether the layout left held every sample's prefix output (no inputs read since)
         if self._stage is not None:
+            served = self._stage.cache_complete
             self._stage.close()
         holdings.hold(ctx, state.layout)
         ctx.restore_modes(state.layout, True)
@@ -180,6 +183,15 @@ class ElasticTrainer:
             holdings.fuse_on_device(self.optimizer)
         self._state = state
         self._stage = StageRuntime(ctx, state.layout)
+        if isinstance(ctx.train_set, DatasetSplit):
+            # the steps' loader workers start now, beside the probe and the cache's set-up, not at the first step
+            # (the cache's set-up decides whether inputs are read; a cache that served every sample goes on to)
+            ctx.train_set.start_steps(
+                inputs=self._stage.is_first and not served,
+                labels=self._stage.is_last,
+                device=ctx.device,
+                shard=(state.layout.replicas, self._stage.replica),
+            )
         if probe_outputs is None:
             probe.baseline(ctx, self._stage)  # a probe-driven policy's first comparison starts here
         else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
