@@ -94,16 +94,29 @@ def standard_arms() -> list[Arm]:
 
 
 def parse_arm(spec: str) -> Arm:
-    """``name`` or ``name:key=value,key=value`` (values are JSON: numbers, ``null``, ``true``)."""
+    """``name`` or ``name:key=value,key=value`` (values are JSON: numbers, ``null``, ``true``, objects such as
+    ``schedule={"1":3,"2":5}``: a comma inside braces or brackets belongs to the value)."""
     name, _, rest = spec.partition(":")
     options: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
+    for item in filter(None, _top_level_items(rest)):
         key, _, value = item.partition("=")
         try:
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             raise SystemExit(f"--arms: cannot read {item!r} in {spec!r}; expected key=<JSON value>") from None
     return Arm(spec if rest else name, name, options)
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at the commas outside braces and brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch in "{[") - (ch in "}]")
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 #: Arm options the study's loop reads itself (not the policy's): ``anneal`` gives each unit its own learning rate,

@@ -102,3 +102,10 @@ def test_anneal_gives_each_unit_freezeouts_learning_rate() -> None:
     policy = freeze.make_policy("alpha", model.num_units, alpha=0.5)
     with pytest.raises(SystemExit, match="anneal needs a policy with per-unit learning rates"):
         bench.make_optimizer(task, model, arm, policy, total)  # type: ignore[attr-defined]
+
+
+def test_an_arm_option_may_be_a_json_object_with_commas() -> None:
+    bench = _bench()
+    arm = bench.parse_arm('manual:schedule={"1":3,"2":5},tolerance=null')  # type: ignore[attr-defined]
+    assert arm.policy == "manual" and arm.options == {"schedule": {"1": 3, "2": 5}, "tolerance": None}
+    assert bench.parse_arm("drift:threshold=0.05,max_step=2").options == {"threshold": 0.05, "max_step": 2}  # type: ignore[attr-defined]
