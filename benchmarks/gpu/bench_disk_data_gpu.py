@@ -338,7 +338,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
                 "cache_tiers": tiers,
                 "cache_dtype": args.cache_dtype,
             },
-            "log": {"progress": False},
+            "log": {"progress": False, "eval_every": args.eval_every},
         }
     )
     data = dataset if from_file else DeviceImages(dataset, device)
@@ -443,6 +443,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="auto",
         help="[pipeline] cache_dtype of the elastic arms (auto: the prefix output's own; bfloat16: half the bytes)",
     )
+    ap.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        help="[log] eval_every of the elastic arms (default 1: after every epoch; any value: after the last one "
+        "too); the plain loop evaluates nothing",
+    )
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     ap.add_argument("--data", default="", help="the images file (default: <out>/images.npy, generated if absent)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run: 256 images of 32 px, a 3-block ViT")
@@ -507,6 +514,7 @@ def main() -> int:
         "workers": args.workers,
         "input_dtype": args.input_dtype,
         "cache_dtype": args.cache_dtype,
+        "eval_every": args.eval_every,
         "alpha": ALPHA,
         "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
@@ -550,7 +558,7 @@ def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, 
     cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
     cmd += [f"--model-preset={args.model_preset}", f"--input-dtype={args.input_dtype}"]
-    cmd += [f"--cache-dtype={args.cache_dtype}"]
+    cmd += [f"--cache-dtype={args.cache_dtype}", f"--eval-every={args.eval_every}"]
     cmd += [f"--profile-epoch={args.profile_epoch}"]
     log_path = out / f"{arm}.stderr.log"
     t_arm = time.perf_counter()
