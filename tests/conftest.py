@@ -13,6 +13,8 @@ a job with more local ranks than GPUs (``tests/test_launch_failures.py``).
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 
@@ -27,3 +29,14 @@ def _no_cuda_unless_marked_gpu(request: pytest.FixtureRequest, monkeypatch: pyte
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.fixture
+def one_rank_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment of a one-rank job in this process (a rank of ``run_distributed`` is a daemonic process,
+    which may not start ``DataLoader`` workers): ``RANK``, ``WORLD_SIZE`` and a free local port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)

@@ -4,7 +4,6 @@ reads them from the dataset's ``targets``/``labels`` without reading an item."""
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -327,16 +326,9 @@ def test_start_steps_does_nothing_without_workers_or_without_items_to_read() -> 
 
 
 def test_the_trainer_starts_the_steps_loader_as_it_enters_the_layout_and_the_epochs_read_through_it(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, one_rank_here: None
 ) -> None:
-    # in this process, one rank of its own (a rank of run_distributed is a daemon, which may not start workers)
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
-        monkeypatch.setenv(name, value)
 
     config = config_from_tables(
         {
