@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import os
-import threading
 import warnings
 from pathlib import Path
 
@@ -16,7 +15,6 @@ import torch
 from elastic_pipe.cache import ActivationCache, CacheError, pinned
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.segments import DeviceSegment
-from elastic_pipe.cache.tiers import DeviceTier
 
 
 class _FakeRuntime:
@@ -240,108 +238,4 @@ def test_a_private_host_tier_after_the_device_tier_takes_only_the_keys_the_devic
         ("device", 4, 4 * entry),
         ("host", 6, 6 * entry),  # not a slot per key: the device tier holds 4 of them
     ]
-    cache.close()
-
-
-class _ThreadedRuntime(_FakeRuntime):
-    """A fake runtime that also records which thread registered each slab."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.threads: list[str] = []
-
-    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
-        self.threads.append(threading.current_thread().name)
-        return super().cudaHostRegister(ptr, size, flags)
-
-
-@pytest.fixture
-def threaded(monkeypatch: pytest.MonkeyPatch) -> _ThreadedRuntime:
-    fake = _ThreadedRuntime()
-    monkeypatch.setattr(pinned, "_cudart", lambda: fake)
-    return fake
-
-
-def _host_tier() -> DeviceTier:
-    return DeviceTier(100 * 60, torch.device("cpu"), 100, name="host", pin=True)  # room for 100 entries of 60 B
-
-
-def test_a_slab_prepared_ahead_is_made_in_another_thread_and_taken_by_the_next_segment(
-    threaded: _ThreadedRuntime,
-) -> None:
-    tier = _host_tier()
-    assert tier.prepare((3, 5), torch.float32, most=40)
-    assert not tier.prepare((3, 5), torch.float32, most=40)  # one at a time
-    segment = tier.create(1, (3, 5), torch.float32, most=40)
-    assert segment is not None and segment.layout.capacity == 40
-    assert threaded.threads == ["elastic_pipe-slab-ahead"]  # made (and locked) once, not in this thread
-    ((ptr, size, _),) = threaded.registered
-    data = segment._data  # type: ignore[attr-defined]
-    assert data.data_ptr() == ptr and size == 40 * 60 and tuple(data.shape) == (40, 3, 5)
-    keys = torch.tensor([0, 42, 99])
-    rows = torch.randn(3, 3, 5)
-    segment.write(keys, rows)
-    assert torch.equal(segment.read(keys, torch.device("cpu")).values, rows)
-    assert tier.prepare((3, 5), torch.float32)  # the next boundary's, in what the budget has left
-    second = tier.create(2, (3, 5), torch.float32)
-    assert second is not None and second.layout.capacity == 60
-    assert threaded.threads == ["elastic_pipe-slab-ahead"] * 2
-    tier.close()
-    assert sorted(threaded.unregistered) == sorted(p for p, _, _ in threaded.registered)  # every lock released
-
-
-def test_a_prepared_slab_too_small_for_the_segment_is_released_and_a_fitting_one_made(
-    threaded: _ThreadedRuntime,
-) -> None:
-    tier = _host_tier()
-    assert tier.prepare((3, 5), torch.float32, most=10)
-    segment = tier.create(1, (3, 5), torch.float32, most=40)
-    assert segment is not None
-    (small, _, _), (fitting, size, _) = threaded.registered
-    assert threaded.unregistered == [small] and size == 40 * 60
-    assert segment._data.data_ptr() == fitting  # type: ignore[attr-defined]
-    assert threaded.threads == ["elastic_pipe-slab-ahead", threading.current_thread().name]
-    tier.close()
-
-
-def test_a_prepared_slab_never_taken_is_released_at_close_and_only_a_pinned_host_tier_prepares(
-    threaded: _ThreadedRuntime,
-) -> None:
-    tier = _host_tier()
-    assert tier.prepare((3, 5), torch.float32)
-    tier.close()
-    ((ptr, size, _),) = threaded.registered
-    assert size == 100 * 60 and threaded.unregistered == [ptr]
-    assert not DeviceTier(6000, torch.device("cpu"), 100).prepare((3, 5), torch.float32)  # pageable: no need
-    assert not _host_tier().prepare((3, 5000), torch.float32)  # not one entry fits
-    cpu_cache = ActivationCache(10, device_budget=0, host_budget=10**6, host_kind="pinned")  # no GPU: not pinned
-    assert not cpu_cache.prepare((4,), torch.float32)
-    cpu_cache.close()
-
-
-def test_an_error_making_the_slab_ahead_is_raised_by_the_put_that_takes_it(
-    threaded: _ThreadedRuntime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(pinned, "available_bytes", lambda: 100)
-    tier = _host_tier()
-    assert tier.prepare((3, 5), torch.float32)
-    with pytest.raises(CacheError, match="page-locked memory"):
-        tier.create(1, (3, 5), torch.float32)
-    assert threaded.registered == []
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_a_gpu_the_cache_prepares_the_host_slab_for_the_keys_the_device_tier_cannot_hold() -> None:
-    entry = 4 * 4
-    cache = ActivationCache(
-        10, device=torch.device("cuda"), device_budget=4 * entry, host_budget=100 * entry, host_kind="pinned"
-    )
-    assert cache.prepare((4,), torch.float32)
-    ids = torch.arange(10)
-    values = ids.float()[:, None].cuda() * torch.ones(4, device="cuda")
-    assert cache.put(ids, 1, values) == 10
-    host = cache._tiers[1].segment(1)  # type: ignore[attr-defined]
-    assert host is not None and host.layout.capacity == 6 and host._data.is_pinned()
-    assert torch.equal(cache.get(ids, 1).values.cuda(), values)
     cache.close()

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -214,65 +213,3 @@ def test_tiers_spread_the_entries_and_a_corrupt_disk_entry_is_recomputed(tmp_pat
     assert [e["cache_corrupt"] for e in disk] == [0, 0, flipped]
     assert disk[2]["cache_misses"] == flipped and disk[2]["cache_hits"] == 240 - flipped
     assert results[1]["disk"]["losses"] == r0["disk"]["losses"]
-
-
-def _prepared_run(monkeypatch: pytest.MonkeyPatch, tiers: dict[str, Any]) -> dict[str, Any]:
-    """3 epochs on one rank in this process (on the GPU where the test sees one); what ``ActivationCache.prepare``
-    was asked (and when), and which threads made page-locked slabs."""
-    from plug_data import Digits
-
-    from elastic_pipe.cache import pinned
-    from elastic_pipe.orchestrator import ElasticTrainer
-
-    config = config_from_tables(
-        {
-            "model": tiny_vit.model_table(),
-            "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
-            "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},
-            "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": "on", "cache_tiers": tiers},
-            "launch": {"nproc_per_node": 1},
-            "log": {"progress": False},
-        }
-    )
-    asked: list[tuple[tuple[int, ...], torch.dtype, bool]] = []
-    prepare = acache.ActivationCache.prepare
-
-    def recording(self: acache.ActivationCache, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-        started = prepare(self, shape, dtype)
-        asked.append((shape, dtype, started))
-        return started
-
-    makers: list[str] = []
-    make = pinned.page_locked_empty
-
-    def recording_make(shape: tuple[int, ...], dtype: torch.dtype) -> Any:
-        makers.append(threading.current_thread().name)
-        return make(shape, dtype)
-
-    monkeypatch.setattr(acache.ActivationCache, "prepare", recording)
-    monkeypatch.setattr(pinned, "page_locked_empty", recording_make)
-    asked_by_epoch: list[int] = []
-    with ElasticTrainer(config, data=Digits(SAMPLES), quiet=True) as trainer:
-        result = trainer.fit(on_epoch_end=lambda t: asked_by_epoch.append(len(asked))).to_dict()
-        held = [(t.name, t.entries) for t in trainer.cache.stats.tiers] if trainer.cache is not None else []
-    return {"asked": asked, "by_epoch": asked_by_epoch, "makers": makers, "held": held, "losses": result["losses"]}
-
-
-def test_the_trainer_asks_the_cache_to_prepare_its_host_slab_as_the_run_starts(
-    monkeypatch: pytest.MonkeyPatch, one_rank_here: None
-) -> None:
-    got = _prepared_run(monkeypatch, {"device": 40 * ENTRY, "host": 1 << 20, "host_kind": "pinned"})
-    assert got["asked"] == [((17, 16), torch.float64, False)]  # no GPU: nothing to pin, so nothing made ahead
-    assert got["by_epoch"] == [1, 1, 1]  # once, before epoch 0
-    assert got["makers"] == []
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_a_gpu_the_host_slab_is_made_ahead_in_another_thread_and_holds_the_entries(
-    monkeypatch: pytest.MonkeyPatch, one_rank_here: None
-) -> None:
-    got = _prepared_run(monkeypatch, {"device": 40 * ENTRY, "host": 1 << 20, "host_kind": "pinned"})
-    assert got["asked"] == [((17, 16), torch.float64, True)]
-    assert got["makers"] == ["elastic_pipe-slab-ahead"]  # the only slab, made beside epoch 0
-    assert got["held"] == [("device", 40), ("host", 200)]  # 240 training samples

@@ -585,24 +585,6 @@ class ActivationCache:
         return sorted({b for tier in self._tiers for b in tier.boundaries()})
 
     # ------------------------------------------------------------------------------------------------ planning
-    def prepare(self, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
-        """Start making the pinned host tier's slab for a boundary not yet cached, whose entries the prefix computes
-        as ``shape``/``dtype``, in a background thread (:meth:`~elastic_pipe.cache.tiers.DeviceTier.prepare`):
-        sized as the first put at that boundary would size it (the keys the device tier cannot hold), and taken by
-        that put. The trainer calls it as the run starts, so that the seconds a large slab takes to touch and lock
-        pass during the epochs before the cache turns on. Returns whether a slab is being made (not without a
-        pinned host tier on a GPU).
-        """
-        stored = self.stored_dtype(dtype)
-        unheld = self._num_keys
-        for tier in self._tiers:
-            if not isinstance(tier, DeviceTier):
-                return False
-            if tier.pin:
-                return tier.prepare(shape, stored, most=unheld)
-            unheld -= tier.room_for(shape, stored)
-        return False
-
     def placement(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, samples: int) -> dict[str, int]:
         """Where a fill of ``samples`` samples' entries (every view of each) at ``boundary`` would land.
 

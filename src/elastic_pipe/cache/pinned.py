@@ -17,7 +17,6 @@ import contextlib
 import logging
 import math
 import mmap
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -27,7 +26,7 @@ import torch
 
 from elastic_pipe.cache.errors import CacheError
 
-__all__ = ["SlabAhead", "available_bytes", "page_locked_empty"]
+__all__ = ["available_bytes", "page_locked_empty"]
 
 log = logging.getLogger(__name__)
 
@@ -133,52 +132,3 @@ def page_locked_empty(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch
             _unregister(data)
 
     return data, unlock
-
-
-class SlabAhead:
-    """A page-locked slab of ``nbytes`` being made in a background thread, for a segment that is created later
-    (:meth:`~elastic_pipe.cache.tiers.DeviceTier.prepare`).
-
-    Touching and locking a slab of 11.5 GB took 1.35 s + 0.90 s in the training thread on one H200 host, inside the
-    first steps that filled the host tier; made ahead, it overlaps whatever the process does meanwhile (the
-    steps of the epoch before the cache turns on run on the GPU, the training thread mostly waits for them). The
-    thread only touches and registers fresh memory of its own; nothing else reads the slab until :meth:`take`
-    has joined it.
-    """
-
-    def __init__(self, nbytes: int) -> None:
-        self.nbytes = nbytes
-        self._slab: tuple[torch.Tensor, Callable[[], None]] | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._make, name="elastic_pipe-slab-ahead", daemon=True)
-        self._thread.start()
-
-    def _make(self) -> None:
-        try:
-            self._slab = page_locked_empty((self.nbytes,), torch.uint8)
-        except BaseException as exc:  # handed to the taker, raised in its thread
-            self._error = exc
-
-    def take(self, nbytes: int) -> tuple[torch.Tensor, Callable[[], None]] | None:
-        """The slab (``uint8``, at least ``nbytes`` long, zero-filled) and its release, once made; ``None``, with
-        the slab released, when it is smaller than ``nbytes``.
-
-        Raises:
-            CacheError: what making it raised (more bytes than the host has available).
-        """
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._slab is not None
-        slab, self._slab = self._slab, None
-        if slab[0].numel() < nbytes:
-            slab[1]()
-            return None
-        return slab
-
-    def discard(self) -> None:
-        """Wait for the slab and release its lock (its memory goes with the last reference)."""
-        self._thread.join()
-        if self._slab is not None:
-            self._slab[1]()
-            self._slab = None

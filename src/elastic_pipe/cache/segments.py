@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import math
 import mmap
 import os
 import uuid
@@ -256,27 +255,13 @@ class DeviceSegment:
     """A slab tensor on the compute device with a CPU index; private to one process (methods as in
     :class:`Segment`)."""
 
-    def __init__(
-        self,
-        layout: SegmentLayout,
-        device: torch.device,
-        *,
-        pin: bool = False,
-        slab: tuple[torch.Tensor, Callable[[], None]] | None = None,
-    ) -> None:
-        """``slab``: a page-locked ``uint8`` slab made ahead (:class:`~elastic_pipe.cache.pinned.SlabAhead`), at
-        least the segment's size, and its release; a pinned host segment without one makes its own."""
+    def __init__(self, layout: SegmentLayout, device: torch.device, *, pin: bool = False) -> None:
         self.layout = layout
         self.device = device
         shape = (layout.capacity, *layout.shape)
         self._unlock: Callable[[], None] = _nothing
         if pin and device.type == "cpu":
-            if slab is None:
-                self._data, release = page_locked_empty(shape, layout.dtype)
-            else:
-                data, release = slab
-                nbytes = math.prod(shape) * layout.dtype.itemsize
-                self._data = data[:nbytes].view(layout.dtype).view(shape)
+            self._data, release = page_locked_empty(shape, layout.dtype)
             self._unlock = weakref.finalize(self, release)
         else:
             self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)

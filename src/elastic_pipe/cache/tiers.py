@@ -22,7 +22,6 @@ import torch
 
 from elastic_pipe.cache.errors import CacheDirError
 from elastic_pipe.cache.layout import SegmentLayout
-from elastic_pipe.cache.pinned import SlabAhead
 from elastic_pipe.cache.segments import CorruptSegmentError, DeviceSegment, FileSegment, Segment, StaleSegmentError
 
 __all__ = ["DeviceTier", "FileTier", "Tier", "check_writable"]
@@ -58,7 +57,6 @@ class DeviceTier:
         self.pin = pin
         self.num_keys = num_keys
         self._segments: dict[int, DeviceSegment] = {}
-        self._ahead: SlabAhead | None = None  # a pinned slab being made for the next segment (prepare)
 
     def segment(self, boundary: int) -> Segment | None:
         """The segment of ``boundary``, if any."""
@@ -84,40 +82,16 @@ class DeviceTier:
         layout = self._fitting(shape, dtype, most)
         if layout is None:
             return None
-        slab = None
-        if self._ahead is not None:  # made ahead: used when large enough, released otherwise
-            ahead, self._ahead = self._ahead, None
-            slab = ahead.take(layout.capacity * layout.entry_bytes)
-        segment = DeviceSegment(layout, self.device, pin=self.pin, slab=slab)
+        segment = DeviceSegment(layout, self.device, pin=self.pin)
         self._segments[boundary] = segment
         return segment
-
-    def prepare(self, shape: tuple[int, ...], dtype: torch.dtype, *, most: int | None = None) -> bool:
-        """Start making, in a background thread, the page-locked slab that :meth:`create` would make now for
-        entries of ``shape``/``dtype`` (at most ``most`` of them); the next :meth:`create` takes it (waiting for
-        it if need be) when it is large enough. Only a pinned host tier does this (its slab takes seconds to
-        make; device memory does not). Returns whether a slab is being made (not when one already is, or when
-        not one entry fits).
-
-        Its pages are held from now on (the budget is what the cache may use); :meth:`close` releases a slab
-        never taken.
-        """
-        if not (self.pin and self.device.type == "cpu") or self._ahead is not None:
-            return False
-        layout = self._fitting(shape, dtype, most)
-        if layout is None:
-            return False
-        self._ahead = SlabAhead(layout.capacity * layout.entry_bytes)
-        return True
 
     def capacity_for(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         """Entries of ``shape``/``dtype`` a segment of ``boundary`` holds here: an existing one's slots, else what
         :meth:`create` would give now."""
         existing = self._segments.get(boundary)
-        return existing.layout.capacity if existing is not None else self.room_for(shape, dtype)
-
-    def room_for(self, shape: tuple[int, ...], dtype: torch.dtype) -> int:
-        """Entries of ``shape``/``dtype`` a new segment would hold now."""
+        if existing is not None:
+            return existing.layout.capacity
         layout = self._fitting(shape, dtype)
         return 0 if layout is None else layout.capacity
 
@@ -149,12 +123,9 @@ class DeviceTier:
         return sum(s.nbytes() for s in self._segments.values())
 
     def close(self) -> None:
-        """Free everything (a slab made ahead and never taken too)."""
+        """Free everything."""
         for boundary in list(self._segments):
             self.drop(boundary)
-        if self._ahead is not None:
-            self._ahead.discard()
-            self._ahead = None
 
 
 class FileTier:

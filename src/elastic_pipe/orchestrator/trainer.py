@@ -173,7 +173,6 @@ class ElasticTrainer:
         new one taken now (a collective) otherwise."""
         ctx = self.ctx
         served = False  # whether the layout left held every sample's prefix output (no inputs read since)
-        starting = self._stage is None
         if self._stage is not None:
             served = self._stage.cache_complete
             self._stage.close()
@@ -198,10 +197,6 @@ class ElasticTrainer:
         else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
             probe.restore(ctx, self._stage, probe_outputs)
         self._stage.setup_cache(self.cache, old_frozen)
-        if starting and state.layout.frozen == 0 and self.cache is not None and self._stage.is_first:
-            # a pinned host tier's slab is made in the background during the epochs before the cache turns on
-            example = max(ctx.examples[1:], key=lambda e: e.numel() * e.element_size())
-            self.cache.prepare(tuple(example.shape[1:]), example.dtype)
         self.sampler.reshard(state.layout.replicas, self._stage.replica)
 
     def close(self) -> None:
