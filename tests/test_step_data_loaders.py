@@ -355,3 +355,43 @@ def test_the_trainer_starts_the_steps_loader_as_it_enters_the_layout_and_the_epo
         trainer.fit(on_epoch_end=lambda t: built.append(t.ctx.train_set.loaders_built))
     assert calls == [(True, True, (1, 0), True)]
     assert built == [1, 1]  # the steps of both epochs read through the loader started as the trainer entered
+
+
+#: Set by the reading process before its loader starts: a forked worker sees the value, a spawned one imports this
+#: module again and sees 0.
+MARK = [0]
+
+
+class Marked(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
+    """Item ``i``: input ``[MARK as the reading process sees it, i]``."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor([float(MARK[0]), float(index)], dtype=torch.float64), index % 10
+
+
+def _read_in_a_spawned_process(queue: Any) -> None:
+    import multiprocessing
+
+    MARK[0] = 7
+    part = _split(Marked(), workers=1)
+    batch = next(part.batches([[0, 1]], inputs=True, labels=False, device=CPU))
+    part.close()
+    assert batch.inputs is not None
+    queue.put((multiprocessing.get_start_method(), batch.inputs[:, 0].tolist()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork is the workers' start on Linux only")
+def test_loader_workers_are_forked_even_in_a_spawned_process_such_as_a_cli_rank() -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # as elastic-pipe train starts its ranks
+    queue = ctx.Queue()
+    child = ctx.Process(target=_read_in_a_spawned_process, args=(queue,))
+    child.start()
+    method, marks = queue.get(timeout=240)
+    child.join(60)
+    assert method == "spawn"  # the process's own default: what a loader would have used
+    assert marks == [7.0, 7.0]  # yet its worker saw the reader's memory: forked
