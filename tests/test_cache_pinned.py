@@ -47,7 +47,7 @@ LAYOUT = SegmentLayout((3, 5), torch.float32, 40, 100)
 def test_the_slab_is_registered_for_exactly_its_bytes_and_released_once_at_close(runtime: _FakeRuntime) -> None:
     segment = DeviceSegment(LAYOUT, torch.device("cpu"), pin=True)
     ptr = segment._data.data_ptr()
-    assert runtime.registered == [(ptr, 40 * 3 * 5 * 4, pinned._PORTABLE)]  # no rounding to a power of two
+    assert runtime.registered == [(ptr, 40 * 3 * 5 * 4, pinned._PORTABLE_MAPPED)]  # no rounding to a power of two
     assert not segment._data.any()  # every page touched (zero-filled) before it was locked
     keys = torch.tensor([7, 3, 99])
     rows = torch.randn(3, 3, 5)
@@ -239,3 +239,42 @@ def test_a_private_host_tier_after_the_device_tier_takes_only_the_keys_the_devic
         ("host", 6, 6 * entry),  # not a slot per key: the device tier holds 4 of them
     ]
     cache.close()
+
+
+def test_no_device_view_is_made_for_a_cpu_reader_or_pageable_memory() -> None:
+    """A view on the GPU exists only for page-locked host memory read by a GPU; a CPU reader reads the slab itself."""
+    assert pinned.device_view(torch.zeros(4), torch.device("cpu")) is None
+    assert pinned.device_view(torch.zeros(4), torch.device("cuda")) is None  # pageable (or no CUDA at all)
+    assert pinned.device_view(torch.zeros(0), torch.device("cuda")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_a_read_through_the_device_view_equals_the_copies_and_aliases_the_slab(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype
+) -> None:
+    """The pinned host slab read by one gather kernel on its device view (``HOST_READS = "mapped"``) returns what
+    one copy per run of slots returns, and the view is the slab's own memory (a host write shows through it, no
+    copy was made); closing the segment drops the view before it unlocks the slab."""
+    from elastic_pipe.cache import segments
+
+    device = torch.device("cuda")
+    layout = SegmentLayout((3, 5), dtype, 64, 100)
+    segment = DeviceSegment(layout, torch.device("cpu"), pin=True)
+    keys = torch.randperm(100)[:64]
+    rows = torch.randn(64, 3, 5).to(dtype)
+    segment.write(keys, rows)
+    wanted = keys[torch.tensor([5, 0, 63, 7, 8, 9, 31])]
+    mapped = segment.read(wanted, device)
+    view = segment._mapped[device]
+    assert view is not None and view.device.type == "cuda" and view.data_ptr() == segment._data.data_ptr()
+    monkeypatch.setattr(segments, "HOST_READS", "copies")
+    copied = segment.read(wanted, device)
+    assert mapped.values.device.type == "cuda" and mapped.values.dtype == dtype
+    assert torch.equal(mapped.values, copied.values) and torch.equal(mapped.found, copied.found)
+    assert torch.equal(mapped.values.cpu(), rows[[5, 0, 63, 7, 8, 9, 31]])
+    segment._data[0].fill_(7)  # the host writes the slab: the GPU sees it through the view
+    torch.testing.assert_close(view[0].float().cpu(), torch.full((3, 5), 7.0))
+    segment.close()
+    assert segment._mapped == {}

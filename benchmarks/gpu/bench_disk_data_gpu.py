@@ -307,10 +307,12 @@ class EpochProfile:
 def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """elastic_pipe with alpha = 1/3 and the cache: on the dataset from disk (host tier), or in device memory."""
     from elastic_pipe import cache as acache
+    from elastic_pipe.cache import segments
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
 
     host = arm.startswith("host_cache")
     from_file = arm != "device_cache"
+    segments.HOST_READS = args.host_reads
     model = build_model(args.model_preset, args.size)
     example = torch.zeros((1, 3, args.size, args.size))
     with torch.no_grad():  # one entry: the prefix output's size is the same at every boundary of a ViT
@@ -401,15 +403,16 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
 
 
 def warm_up(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """A few steps of the model on random images, so that the job's first arm does not pay the machine's first use
-    of CUDA (the driver's start, the CUDA libraries read from a cold disk: 2.6 s more in the first step of the first
-    arm on a fresh H200 machine than in the same arm run next)."""
+    """A few steps of the model on random images at the arms' batch, so that the job's first arm does not pay the
+    machine's first use of CUDA (the driver's start, the CUDA libraries and the kernels the arms' shapes pick read
+    from a cold disk: 2.6 s more in the first step of the first arm on a fresh H200 machine than in the same arm
+    run next; still 1.2 s more after a warm-up at batch 64, ``gpu_1xh200_disk_data_cache_bf16_warm.json``)."""
     t0 = time.perf_counter()
     model = build_model(args.model_preset, args.size).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
     classes = 10 if args.model_preset == "tiny" else 1000
     for _ in range(3):
-        x = torch.randn(min(64, args.batch), 3, args.size, args.size, device=device)
+        x = torch.randn(args.batch, 3, args.size, args.size, device=device).to(INPUT_DTYPES[args.input_dtype]).float()
         y = torch.randint(0, classes, (x.shape[0],), device=device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             loss = torch.nn.functional.cross_entropy(model(x), y)
@@ -468,6 +471,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=CACHE_DTYPES,
         default="auto",
         help="[pipeline] cache_dtype of the elastic arms (auto: the prefix output's own; bfloat16: half the bytes)",
+    )
+    ap.add_argument(
+        "--host-reads",
+        choices=("mapped", "copies"),
+        default="mapped",
+        help="how a step reads the pinned host tier (elastic_pipe.cache.segments.HOST_READS): one gather kernel on "
+        "the slab's device view, or one copy per run of slots",
     )
     ap.add_argument(
         "--eval-every",
@@ -541,6 +551,7 @@ def main() -> int:
         "input_dtype": args.input_dtype,
         "cache_dtype": args.cache_dtype,
         "eval_every": args.eval_every,
+        "host_reads": args.host_reads,
         "alpha": ALPHA,
         "budget_s": args.budget_s,
         "note": "the file is written in the same job, so its pages start warm in the OS page cache",
@@ -549,7 +560,7 @@ def main() -> int:
     }
     if torch.cuda.is_available():  # in a process of its own, as the arms run, and outside their times
         cmd = [sys.executable, __file__, "--arm", "warmup", "--out", str(out), f"--model-preset={args.model_preset}"]
-        cmd += [f"--size={args.size}", f"--batch={args.batch}"]
+        cmd += [f"--size={args.size}", f"--batch={args.batch}", f"--input-dtype={args.input_dtype}"]
         lines = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.splitlines()
         report["warmup_s"] = json.loads(next(x for x in lines if x.startswith("RESULT "))[7:])["seconds"]
         print(f"CUDA warmed up in a process of its own in {report['warmup_s']:.1f} s", flush=True)
@@ -590,7 +601,7 @@ def _run_arm_process(arm: str, args: argparse.Namespace, data: Path, out: Path, 
     cmd = [sys.executable, __file__, "--arm", arm, "--data", str(data), "--out", str(out)]
     cmd += [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in ("images", "size", "epochs", "batch", "workers")]
     cmd += [f"--model-preset={args.model_preset}", f"--input-dtype={args.input_dtype}"]
-    cmd += [f"--cache-dtype={args.cache_dtype}", f"--eval-every={args.eval_every}"]
+    cmd += [f"--cache-dtype={args.cache_dtype}", f"--eval-every={args.eval_every}", f"--host-reads={args.host_reads}"]
     cmd += [f"--profile-epoch={args.profile_epoch}"]
     log_path = out / f"{arm}.stderr.log"
     t_arm = time.perf_counter()

@@ -14,7 +14,14 @@ milliseconds per batch, the batch on the device and the host synchronised with i
 * ``rows``: one copy per run of consecutive slots straight from the pinned slab to the device
   (:func:`elastic_pipe.cache.segments.copy_rows`, the cache's read now): no host gather, the host only issues the
   copies (``rows_issue``: the host's time to issue them, without waiting for them);
-* ``device_gather``: the same batch gathered from a slab on the device (the device tier's read, for scale).
+* ``mapped``: one gather kernel on the pinned slab's device view (:func:`elastic_pipe.cache.pinned.device_view`,
+  the cache's read with ``HOST_READS = "mapped"``): the kernel reads the rows over PCIe, the host launches one kernel
+  (``mapped_issue``: the host's time to launch it);
+* ``device_gather``: the same batch gathered from a slab on the device (the device tier's read, for scale);
+* ``compute_alone``, ``compute_beside_rows``, ``compute_beside_mapped``: ``--matmuls`` bf16 matrix products on the
+  current stream alone, and with a batch read (``rows`` or ``mapped``) on a side stream at the same time: what each
+  read costs the compute it overlaps (a gather kernel holds streaming multiprocessors while it waits on PCIe; the
+  copies run on the copy engines).
 
 On the CPU (no GPU) only the host-side variants run, on a smaller slab.
 """
@@ -30,6 +37,7 @@ from pathlib import Path
 import torch
 
 from _report import emit  # this folder
+from elastic_pipe.cache.pinned import device_view
 from elastic_pipe.cache.segments import copy_rows
 
 ENTRY = (197, 768)
@@ -52,18 +60,21 @@ def main() -> int:
     ap.add_argument("--entries", type=int, default=6600)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="the entries' dtype")
+    ap.add_argument("--matmuls", type=int, default=8, help="bf16 8192^2 products beside each read (compute_*)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     entries = args.entries if cuda else min(args.entries, 512)
     batch = min(args.batch, entries)
-    slab = torch.empty((entries, *ENTRY), pin_memory=cuda)
+    dtype = getattr(torch, args.dtype)
+    slab = torch.empty((entries, *ENTRY), dtype=dtype, pin_memory=cuda)
     slab.view(-1)[::4096].fill_(1.0)  # touch every page
     gen = torch.Generator().manual_seed(0)
     slots = torch.randperm(entries, generator=gen)[:batch]
-    staging = torch.empty((batch, *ENTRY), pin_memory=cuda)
-    target = torch.empty((batch, *ENTRY), device=device)
+    staging = torch.empty((batch, *ENTRY), dtype=dtype, pin_memory=cuda)
+    target = torch.empty((batch, *ENTRY), dtype=dtype, device=device)
     stream = torch.cuda.Stream() if cuda else None
 
     def sync() -> None:
@@ -98,7 +109,8 @@ def main() -> int:
         "threads": torch.get_num_threads(),
         "entries": entries,
         "batch": batch,
-        "batch_MB": round(batch * ENTRY[0] * ENTRY[1] * 4 / 1e6, 1),
+        "dtype": args.dtype,
+        "batch_MB": round(batch * ENTRY[0] * ENTRY[1] * dtype.itemsize / 1e6, 1),
         "ms": {},
     }
     ms: dict[str, float] = results["ms"]  # type: ignore[assignment]
@@ -122,8 +134,37 @@ def main() -> int:
         dev_slab = slab.to(device)
         dev_slots = slots.to(device)
         ms["device_gather"] = _time(lambda: torch.index_select(dev_slab, 0, dev_slots, out=target), args.repeats, sync)
-    gb = batch * ENTRY[0] * ENTRY[1] * 4 / 1e9
-    results["GB_per_s"] = {k: round(gb / (v / 1000), 1) for k, v in ms.items()}
+        del dev_slab
+        view = device_view(slab, device)
+        results["device_view"] = view is not None
+        if view is not None:
+
+            def mapped() -> None:
+                torch.index_select(view, 0, dev_slots, out=target)
+
+            ms["mapped"] = _time(mapped, args.repeats, sync)
+            ms["mapped_issue"] = _time(mapped, args.repeats, lambda: None)
+            sync()
+            assert torch.equal(target.cpu(), slab[slots]), "the mapped gather read other rows"
+        a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+
+        def compute() -> None:
+            for _ in range(args.matmuls):
+                a @ a
+
+        def beside(read) -> None:  # type: ignore[no-untyped-def]
+            assert stream is not None
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                read()
+            compute()
+
+        ms["compute_alone"] = _time(compute, args.repeats, sync)
+        ms["compute_beside_rows"] = _time(lambda: beside(lambda: copy_rows(slab, slots, target)), args.repeats, sync)
+        if view is not None:
+            ms["compute_beside_mapped"] = _time(lambda: beside(mapped), args.repeats, sync)
+    gb = batch * ENTRY[0] * ENTRY[1] * dtype.itemsize / 1e9
+    results["GB_per_s"] = {k: round(gb / (v / 1000), 1) for k, v in ms.items() if not k.startswith("compute")}
     emit(results, args.out)
     return 0
 

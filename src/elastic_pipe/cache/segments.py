@@ -43,7 +43,7 @@ from elastic_pipe.cache.layout import (
     encode_invalid,
     entry_seed,
 )
-from elastic_pipe.cache.pinned import page_locked_empty
+from elastic_pipe.cache.pinned import device_view, page_locked_empty
 
 __all__ = [
     "CorruptSegmentError",
@@ -58,6 +58,12 @@ __all__ = [
 ]
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
+
+#: How a GPU reads a batch from a pinned host slab: ``"mapped"``, one gather kernel on the slab's device view
+#: (:func:`~elastic_pipe.cache.pinned.device_view`: the rows cross PCIe as the kernel reads them, the host launches
+#: one kernel); ``"copies"``, one DMA copy per run of consecutive slots (:func:`copy_rows`: the host issues every
+#: copy). ``"mapped"`` falls back to ``"copies"`` where CUDA gives no device view.
+HOST_READS = "mapped"
 
 
 def _nothing() -> None:
@@ -266,6 +272,7 @@ class DeviceSegment:
         else:
             self._data = torch.empty(shape, dtype=layout.dtype, device=device, pin_memory=pin)
         self._pinned = pin
+        self._mapped: dict[torch.device, torch.Tensor | None] = {}  # the pinned host slab's views on GPUs, by reader
         self._index = torch.full((layout.num_keys,), ABSENT, dtype=torch.int64)
         self._used = 0
         self._landing: torch.cuda.Event | None = None  # the last asynchronous copy into a pinned host slab
@@ -286,7 +293,19 @@ class DeviceSegment:
             self._settle()
         elif self._landing is not None:  # a GPU reads by DMA: its stream waits for the copies, the host does not
             torch.cuda.current_stream(device).wait_event(self._landing)
+        mapped = self._device_view(device)
+        if mapped is not None:
+            return ReadResult(found, mapped.index_select(0, index_on(slots[found], device)), 0)
         return ReadResult(found, _gather(self._data, slots[found], device, pinned=self._pinned), 0)
+
+    def _device_view(self, device: torch.device) -> torch.Tensor | None:
+        """The pinned host slab's view on the GPU ``device`` (:data:`HOST_READS`), made once; ``None`` for a slab
+        on the device, a pageable one, or where CUDA gives none."""
+        if HOST_READS != "mapped" or not self._pinned or self.device.type != "cpu" or device.type != "cuda":
+            return None
+        if device not in self._mapped:
+            self._mapped[device] = device_view(self._data, device)
+        return self._mapped[device]
 
     def write(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, int]:
         current = self._index[keys]
@@ -369,6 +388,7 @@ class DeviceSegment:
 
     def close(self) -> None:
         self._settle()
+        self._mapped = {}  # no kernel may read the slab through its view once its lock is released
         self._data = torch.empty(0, dtype=self.layout.dtype, device=self.device)
         self._unlock()  # a pinned slab's lock, once nothing here holds it (the caller settled its copies)
         self._index = torch.full((self.layout.num_keys,), ABSENT, dtype=torch.int64)
