@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -641,36 +642,46 @@ DRIFT_345 = "freeze_accuracy_drift_seeds345.json"  # the drift policy's second j
 MANUAL_BBC = "freeze_accuracy_manual_bbc.json"  # hand-written schedules on task (a)
 
 
-def arm_rows(
-    doc: str, result: str, rows: list[tuple[str, str, list[str]]], columns: list[tuple[str, str] | None]
-) -> list[tuple[str, ...]]:
-    """``ROWS`` entries for a table with one arm per row (``(first cell, arm key, other cells)``) from one result
-    file: each column ``(path under the arm, format)`` is checked (``None``: a cell not checked)."""
-    out: list[tuple[str, ...]] = []
-    for first, arm, cells in rows:
+def table_rows(
+    doc: str, rows: list[tuple[str, str, list[str]]], columns: Sequence[tuple[str, str] | None]
+) -> list[tuple[str, str, str, str, str]]:
+    """One ``ROWS`` entry per number of each table row a doc quotes whole: the row's text with that cell's number
+    as the ``{}``. A row is ``(result file, arm key, cells as written)``; a column is ``(path in the result file,
+    format)``, ``{arm}`` in the path standing for the row's arm key (a column ``None``, or a cell ``-``: a cell not
+    checked)."""
+    out: list[tuple[str, str, str, str, str]] = []
+    for result, arm, cells in rows:
         for i, column in enumerate(columns):
-            if column is None:
+            if column is None or cells[i] == "-":
                 continue
             quoted = [re.sub(r"^[0-9.]+%?", "{}", c) if j == i else c for j, c in enumerate(cells)]
             path, spec = column
-            out.append((doc, "| " + " | ".join([first, *quoted]) + " |", result, path.format(arm=arm), spec))
+            out.append((doc, "| " + " | ".join(quoted) + " |", result, path.format(arm=arm), spec))
     return out
 
 
-ROWS += arm_rows(
+ROWS += table_rows(
     "docs/freeze.md",
-    DRIFT_345,
     [
-        ("`none`", "none", ["96.48%", "+0.00", "0.0%", "95.08%", "+0.00", "0.0%"]),
+        (DRIFT_345, "none", ["`none`", "96.48%", "+0.00", "0.0%", "95.08%", "+0.00", "0.0%"]),
         (
-            "`freezeout:t0=0.7` (the default)",
+            DRIFT_345,
             "freezeout:t0=0.7",
-            ["96.70%", "+0.22", "8.5%", "94.89%", "-0.19", "13.1%"],
+            ["`freezeout:t0=0.7` (the default)", "96.70%", "+0.22", "8.5%", "94.89%", "-0.19", "13.1%"],
         ),
-        ("`drift:threshold=0.03`", "drift:threshold=0.03", ["96.48%", "+0.00", "25.1%", "94.80%", "-0.28", "15.3%"]),
-        ("`drift:threshold=0.05`", "drift:threshold=0.05", ["96.70%", "+0.22", "29.8%", "93.87%", "-1.21", "38.6%"]),
+        (
+            DRIFT_345,
+            "drift:threshold=0.03",
+            ["`drift:threshold=0.03`", "96.48%", "+0.00", "25.1%", "94.80%", "-0.28", "15.3%"],
+        ),
+        (
+            DRIFT_345,
+            "drift:threshold=0.05",
+            ["`drift:threshold=0.05`", "96.70%", "+0.22", "29.8%", "93.87%", "-1.21", "38.6%"],
+        ),
     ],
     [
+        None,
         (BBC + "{arm}.accuracy_mean", ".2%"),
         None,
         (BBC + "{arm}.compute_saved", ".1%"),
@@ -678,32 +689,45 @@ ROWS += arm_rows(
         None,
         (DIGITS + "{arm}.compute_saved", ".1%"),
     ],
-)  # type: ignore[arg-type]
-ROWS += arm_rows(
+)
+ROWS += table_rows(
     "docs/freeze.md",
-    MANUAL_BBC,
     [
-        ("`none`", "none", ["96.78%", "+0.00", "0.0%", "-"]),
+        (MANUAL_BBC, "none", ["`none`", "96.78%", "+0.00", "0.0%", "-"]),
         (
-            '4 of 6 blocks from the first decision point (`manual:schedule={"0":4}`)',
+            MANUAL_BBC,
             'manual:schedule={"0":4}',
-            ["96.25%", "-0.52", "52.5%", "13: 4"],
+            [
+                '4 of 6 blocks from the first decision point (`manual:schedule={"0":4}`)',
+                "96.25%",
+                "-0.52",
+                "52.5%",
+                "13: 4",
+            ],
         ),
         (
-            '2, then 4, then 5 blocks (`{"0":2,"1":4,"2":5}`)',
+            MANUAL_BBC,
             'manual:schedule={"0":2,"1":4,"2":5}',
-            ["95.88%", "-0.90", "53.2%", "13: 2, 50: 4, 100: 5"],
+            ['2, then 4, then 5 blocks (`{"0":2,"1":4,"2":5}`)', "95.88%", "-0.90", "53.2%", "13: 2, 50: 4, 100: 5"],
         ),
-        ('5 blocks after epoch 1 (`{"1":5}`)', 'manual:schedule={"1":5}', ["95.36%", "-1.42", "50.8%", "50: 5"]),
-        ('4 blocks after epoch 1 (`{"1":4}`)', 'manual:schedule={"1":4}', ["95.28%", "-1.50", "40.8%", "50: 4"]),
         (
-            "`drift:threshold=0.1,max_step=2`",
+            MANUAL_BBC,
+            'manual:schedule={"1":5}',
+            ['5 blocks after epoch 1 (`{"1":5}`)', "95.36%", "-1.42", "50.8%", "50: 5"],
+        ),
+        (
+            MANUAL_BBC,
+            'manual:schedule={"1":4}',
+            ['4 blocks after epoch 1 (`{"1":4}`)', "95.28%", "-1.50", "40.8%", "50: 4"],
+        ),
+        (
+            MANUAL_BBC,
             "drift:threshold=0.1,max_step=2",
-            ["96.10%", "-0.67", "42.5%", "25: 1, 50: 2, 75: 3, 100: 5"],
+            ["`drift:threshold=0.1,max_step=2`", "96.10%", "-0.67", "42.5%", "25: 1, 50: 2, 75: 3, 100: 5"],
         ),
     ],
-    [(BBC + "{arm}.accuracy_mean", ".2%"), None, (BBC + "{arm}.compute_saved", ".1%"), None],
-)  # type: ignore[arg-type]
+    [None, (BBC + "{arm}.accuracy_mean", ".2%"), None, (BBC + "{arm}.compute_saved", ".1%"), None],
+)
 
 #: The disk benchmark's table of changes in docs/benchmarks.md: a result file per row, the row's cells as written.
 DISK_CHANGES = [
@@ -730,20 +754,7 @@ DISK_COLUMNS = [
 ]
 
 
-def table_rows(doc: str, rows: list[tuple[str, list[str]]], columns: list[tuple[str, str]]) -> list[tuple[str, ...]]:
-    """One ``ROWS`` entry per number of each table row a doc quotes whole: the row's text with that cell's number
-    as the ``{}`` (a cell ``-`` quotes none)."""
-    out: list[tuple[str, ...]] = []
-    for result, cells in rows:
-        for i, (path, spec) in enumerate(columns):
-            if cells[i] == "-":
-                continue
-            quoted = [re.sub(r"^[0-9.]+", "{}", c) if j == i else c for j, c in enumerate(cells)]
-            out.append((doc, "| " + " | ".join(quoted) + " |", result, path, spec))
-    return out
-
-
-ROWS += table_rows("docs/benchmarks.md", DISK_CHANGES, DISK_COLUMNS)  # type: ignore[arg-type]
+ROWS += table_rows("docs/benchmarks.md", [(result, "", cells) for result, cells in DISK_CHANGES], DISK_COLUMNS)
 
 
 @cache

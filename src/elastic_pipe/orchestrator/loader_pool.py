@@ -101,11 +101,7 @@ class LoaderPool:
             yield from self._one_shot(lists, build)
             return
         if entry is None:
-            for old in [k for k in self._entries if k.kind == key.kind]:
-                stop_workers(self._entries.pop(old).loader)
-            feed = Feed()
-            entry = self._entries[key] = _Entry(build(feed, True), feed)
-            self.built += 1
+            entry = self._replace(key, build)
         entry.feed.lists = lists
         entry.busy = True
         failed = True
@@ -128,13 +124,19 @@ class LoaderPool:
         kept, or another reader of its kind still open: nothing is done). Returns whether a loader was built."""
         if key in self._entries or any(e.busy for k, e in self._entries.items() if k.kind == key.kind):
             return False
+        entry = self._replace(key, build)
+        iter(entry.loader)  # forks the workers (a persistent loader keeps this iterator); the feed is empty
+        return True
+
+    def _replace(self, key: LoaderKey, build: BuildLoader) -> _Entry:
+        """Shut down the kept loader of ``key``'s kind, then build the persistent loader for ``key`` over a new
+        :class:`Feed` and keep it. Returns its entry."""
         for old in [k for k in self._entries if k.kind == key.kind]:
             stop_workers(self._entries.pop(old).loader)
         feed = Feed()
         entry = self._entries[key] = _Entry(build(feed, True), feed)
         self.built += 1
-        iter(entry.loader)  # forks the workers (a persistent loader keeps this iterator); the feed is empty
-        return True
+        return entry
 
     def _one_shot(self, lists: Iterable[Sequence[int]], build: BuildLoader) -> Iterator[Any]:
         loader = build(lists, False)

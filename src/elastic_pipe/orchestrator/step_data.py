@@ -29,7 +29,7 @@ import torch.utils.data
 
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.loader_pool import LoaderKey, LoaderPool
+from elastic_pipe.orchestrator.loader_pool import BuildLoader, LoaderKey, LoaderPool
 
 __all__ = [
     "Batch",
@@ -397,6 +397,15 @@ class DatasetSplit:
             multiprocessing_context=WORKER_START if self.workers > 0 else None,
         )
 
+    def _build(self, key: LoaderKey, collate: _Collate) -> BuildLoader:
+        """What the pool calls to build a loader for ``key`` (:meth:`_loader` with ``collate``, pinned as ``key``
+        says)."""
+
+        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
+            return self._loader(batch_sampler, collate, key.pin, persistent=persistent)
+
+        return build
+
     def _cut(self, positions: Sequence[int]) -> list[Sequence[int]]:
         """``positions`` in consecutive parts of nearly equal length, one per worker but at least
         :data:`MIN_PART` positions each (one part without workers): the parts of one list are read by different
@@ -412,11 +421,7 @@ class DatasetSplit:
     ) -> Iterator[tuple[Sequence[int], list[Any]]]:
         """Per list, the list and the collated batches of its parts (:meth:`_cut`), from the pool's loader for
         ``key``."""
-
-        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
-            return self._loader(batch_sampler, collate, key.pin, persistent=persistent)
-
-        reader = self._pool.read(key, _Parts(lists, self._cut), build)
+        reader = self._pool.read(key, _Parts(lists, self._cut), self._build(key, collate))
         try:
             for positions in lists:
                 yield positions, [next(reader) for _ in self._cut(positions)]
@@ -438,12 +443,7 @@ class DatasetSplit:
         if self.workers == 0 or not (inputs or (labels and self.labels_by_position() is None)):
             return False
         key = self._key("steps", inputs, labels, device, shard)
-        collate = _Collate(self.spec, None, inputs, labels)
-
-        def build(batch_sampler: Iterable[Sequence[int]], persistent: bool) -> Any:
-            return self._loader(batch_sampler, collate, key.pin, persistent=persistent)
-
-        return self._pool.start(key, build)
+        return self._pool.start(key, self._build(key, _Collate(self.spec, None, inputs, labels)))
 
     def batches(
         self, index_lists: Iterable[Sequence[int]], *, inputs: bool, labels: bool, device: torch.device
