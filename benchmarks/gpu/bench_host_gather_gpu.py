@@ -12,8 +12,8 @@ milliseconds per batch, the batch on the device and the host synchronised with i
 * ``chunked_<k>``: the batch split into ``k`` slices, each gathered by one of ``k`` threads into its part of the
   staging buffer and copied to the device as soon as it is ready (gather and copy overlap);
 * ``rows``: one copy per run of consecutive slots straight from the pinned slab to the device
-  (:func:`elastic_pipe.cache.segments.copy_rows`, the cache's read now): no host gather, the host only issues the
-  copies (``rows_issue``: the host's time to issue them, without waiting for them);
+  (:func:`elastic_pipe.cache.segments.copy_rows`, the cache's read where no device view exists): no host gather,
+  the host only issues the copies (``rows_issue``: the host's time to issue them, without waiting for them);
 * ``mapped``: one gather kernel on the pinned slab's device view (:func:`elastic_pipe.cache.pinned.device_view`,
   the cache's read with ``HOST_READS = "mapped"``): the kernel reads the rows over PCIe, the host launches one kernel
   (``mapped_issue``: the host's time to launch it);
