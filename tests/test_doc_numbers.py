@@ -749,6 +749,33 @@ ROWS += table_rows(
     [None, (BBC + "{arm}.accuracy_mean", ".2%"), None, (BBC + "{arm}.compute_saved", ".1%"), None],
 )
 
+LATE_ALL = "freeze_accuracy_late_all_vit.json"  # task (b): every block frozen at once, late
+ROWS += table_rows(
+    "docs/freeze.md",
+    [
+        (LATE_ALL, "none", ["`none`", "94.52%", "+0.00", "94.7, 94.7, 94.2", "0.0%", "-"]),
+        *(
+            (
+                LATE_ALL,
+                f'manual:schedule={{"{epoch}":12}}',
+                [
+                    f'all 12 blocks from epoch {epoch} (`manual:schedule={{"{epoch}":12}}`)',
+                    *cells,
+                    f"{20 * epoch}: 12",
+                ],
+            )
+            for epoch, cells in (
+                (5, ["94.06%", "-0.46", "93.9, 94.4, 93.9", "45.2%"]),
+                (6, ["94.71%", "+0.19", "94.2, 95.5, 94.4", "35.5%"]),
+                (7, ["93.78%", "-0.74", "93.9, 93.3, 94.2", "25.8%"]),
+            )
+        ),
+    ],
+    [None, (DIGITS + "{arm}.accuracy_mean", ".2%"), None, None, (DIGITS + "{arm}.compute_saved", ".1%"), None],
+)
+
+ROWS += [("README.md", "half-way lost 0.46 for {}", LATE_ALL, DIGITS + 'manual:schedule={"5":12}.compute_saved', ".0%")]
+
 #: The disk benchmark's table of changes in docs/benchmarks.md: a result file per row, the row's cells as written.
 DISK_CHANGES = [
     (DISK_GATHER, ["143.3", "67.7", "2.12x", "-"]),

@@ -166,10 +166,11 @@ def device_view(data: torch.Tensor, device: torch.device) -> torch.Tensor | None
     if not data.is_contiguous() or not data.is_pinned():
         return None
     try:  # torch asks CUDA which device the pointer belongs to, and refuses memory that CUDA has not registered
-        raw = torch.as_tensor(_MappedBytes(data), device=device)
+        raw = torch.as_tensor(_MappedBytes(data))  # no device named: naming one could copy instead of alias
     except (RuntimeError, TypeError, ValueError) as err:
         log.debug("no device view of a page-locked slab of %d bytes: %s", data.numel() * data.element_size(), err)
         return None
-    if raw.device.index != (torch.cuda.current_device() if device.index is None else device.index):
-        return None  # memory CUDA attributes to another device: a kernel here cannot read it
+    wanted = torch.cuda.current_device() if device.index is None else device.index
+    if raw.device.type != "cuda" or raw.device.index != wanted or raw.data_ptr() != data.data_ptr():
+        return None  # memory CUDA attributes to another device, or not the slab's own bytes: no view
     return raw.view(data.dtype).view(data.shape)
