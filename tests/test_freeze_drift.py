@@ -135,6 +135,47 @@ def test_one_decision_per_observation_and_the_guard_holds() -> None:
     assert policy.propose(3, 30, 1) == 2
 
 
+def test_relative_freezes_the_layers_that_move_much_less_than_the_top_from_the_first_interval() -> None:
+    """With ``relative``, a layer is still while it moves by at most that share of the highest watched layer, at
+    any learning rate: here layers 0 and 1 move by a tenth and a quarter of layer 3, layer 2 by two thirds."""
+    policy = Drift(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, max_step=4, tolerance=None)
+    rounds = [[0.03, 0.075, 0.2, 0.3], [0.0, 0.0, 0.2, 0.3], [0.0, 0.0, 0.05, 0.3]]
+    assert _run(policy, rounds) == [2, 2, 3]
+    first = Drift(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, tolerance=None)
+    assert _run(first, [[0.0001, 0.0001, 0.2, math.inf]]) == [0]  # the top has no baseline: nothing relative
+    top = Drift(2, threshold=0.0, relative=0.9, patience=1, max_fraction=1.0, tolerance=None)
+    assert _run(top, [[0.1, 0.1]]) == [0]  # the top layer is never still relative to itself (nor layer 0 here)
+
+
+def test_settle_freezes_everything_once_the_top_has_slowed_to_a_share_of_its_peak() -> None:
+    """With ``settle``, every layer is still in an interval where the highest watched layer moves by at most that
+    share of the most it has moved; with ``max_step`` L everything below the head freezes at once."""
+    policy = Drift(3, threshold=0.0, settle=0.2, patience=2, max_fraction=1.0, max_step=3, tolerance=None)
+    tops = [math.inf, 1.0, 0.5, 0.15, 0.3, 0.18, 0.1]
+    # peak 1.0 from the second interval: still at 0.15, moving at 0.3 (streak reset), still at 0.18 and 0.1
+    assert _run(policy, [[0.5, 0.5, t] for t in tops]) == [0, 0, 0, 0, 0, 0, 3]
+    state = json.loads(json.dumps(policy.state_dict(), allow_nan=False))
+    assert state["settle"] == 0.2 and state["top_peak"] == 1.0 and "relative" not in state
+
+
+def test_a_snapshot_keeps_relative_settle_and_the_peak_and_old_snapshots_still_load() -> None:
+    policy = Drift(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
+    policy.observe_drift([0.01, 0.5, 0.8])
+    state = json.loads(json.dumps(policy.state_dict(), allow_nan=False))
+    again = Drift(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
+    again.load_state_dict(state)
+    assert again.state_dict() == state and again._top_peak == 0.8
+    with pytest.raises(FreezeError, match="settle"):
+        Drift(3, relative=0.3, settle=0.5, patience=1, max_fraction=1.0).load_state_dict(state)
+    with pytest.raises(FreezeError, match="top_peak"):
+        again.load_state_dict({**state, "top_peak": -1.0})
+    plain = Drift(3, patience=1)
+    plain.observe_drift([0.0, 0.5, 0.8])
+    old = json.loads(json.dumps(plain.state_dict()))  # a snapshot from before the options existed
+    assert "relative" not in old and "settle" not in old and "top_peak" not in old
+    Drift(3, patience=1).load_state_dict(old)
+
+
 def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
     policy = make_policy("drift", 12)
     assert POLICIES["drift"] is Drift and isinstance(policy, Drift)
@@ -161,6 +202,9 @@ def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
         ({"max_step": 0}, "max_step must be an integer >= 1"),
         ({"tolerance": -1.0}, "tolerance must be a finite number >= 0 or None"),
         ({"tolerance": None, "plateau": 0.1}, "needs the guard on"),
+        ({"relative": 0.0}, r"relative must be a number in \(0, 1\) or None"),
+        ({"relative": 1.0}, r"relative must be a number in \(0, 1\) or None"),
+        ({"settle": True}, r"settle must be a number in \(0, 1\) or None"),
     ],
 )
 def test_bad_options_are_refused_naming_the_value(options: dict[str, Any], match: str) -> None:
@@ -205,16 +249,34 @@ configs = st.fixed_dictionaries(
         "max_step": st.integers(1, 3),
         "tolerance": st.sampled_from([None, 0.0, 0.05]),
         "plateau": st.sampled_from([None, 0.03]),
+        "relative": st.sampled_from([None, 0.3, 0.6]),
+        "settle": st.sampled_from([None, 0.2, 0.5]),
     }
 ).filter(lambda c: c["tolerance"] is not None or c["plateau"] is None)
 losses = st.lists(st.floats(min_value=0.0, max_value=10.0, allow_nan=False), min_size=12, max_size=12)
 
 
 def _signal(config: dict[str, Any], rounds: list[list[float]]) -> list[tuple[int, ...]]:
-    """Per decision, each layer's still streak by the definition (the signal), computed independently."""
-    streaks, out = [0] * len(rounds[0]), []
+    """Per decision, each layer's still streak by the definition (the signal), computed independently: still when
+    at most ``threshold``, or at most ``relative`` times the highest watched layer's change, or when that layer's
+    change is at most ``settle`` times the largest it has shown."""
+    n = len(rounds[0])
+    top = int(config["max_fraction"] * n + 1e-9) - 1
+    relative, settle = config.get("relative"), config.get("settle")
+    streaks, out, peak = [0] * n, [], 0.0
     for change in rounds:
-        streaks = [s + 1 if c <= config["threshold"] else 0 for s, c in zip(streaks, change, strict=True)]
+        c_top = change[top] if top >= 0 else math.inf
+        settled = False
+        if settle is not None and math.isfinite(c_top):
+            peak = max(peak, c_top)
+            settled = c_top <= settle * peak
+        still = [
+            c <= config["threshold"]
+            or settled
+            or (relative is not None and math.isfinite(c_top) and c_top > 0 and layer < top and c <= relative * c_top)
+            for layer, c in enumerate(change)
+        ]
+        streaks = [s + 1 if ok else 0 for s, ok in zip(streaks, still, strict=True)]
         out.append(tuple(streaks))
     return out
 

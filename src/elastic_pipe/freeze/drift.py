@@ -8,12 +8,21 @@ and its output stops moving. In fine-tuning from a pre-trained checkpoint the lo
 all, and this signal sees it from the first interval::
 
     c_l(t)    = ||H_l(t) - H_l(t-1)||_F / ||H_l(t-1)||_F     H_l: layer l's output on the probe batch, eval mode
-    streak_l  = consecutive observations with c_l(t) <= threshold           (reset to 0 by any other one)
+    still_l   = c_l(t) <= threshold
+                or c_l(t) <= relative * c_top(t)        (relative; top = cap - 1, the highest watched layer)
+                or c_top(t) <= settle * max_s c_top(s)  (settle: the whole network has slowed down)
+    streak_l  = consecutive observations with still_l                       (reset to 0 by any other one)
     ready     = leading active layers current, current+1, ... with streak >= patience, stopping at the first other
     proposal  = current + min(ready, max_step, cap - current)               cap = floor(max_fraction * L)
 
 (Egeria, Wang et al. 2023, compares a layer with a slowly updated reference copy for the same purpose.)
 ``H_l`` depends on every layer up to ``l``, so ``c_l`` is the drift of the prefix ``0..l`` that freezing would fix.
+
+The two optional tests read the drift against the network's own: ``relative`` calls a layer still while it moves
+much less than the highest watched one (a pre-trained encoder's lower blocks, from the first interval on, whatever
+the learning rate), ``settle`` calls every layer still once the highest one's drift has fallen to a small share of
+the largest it has shown (late in a decaying schedule, when freezing everything left costs little). Both came
+from the two study tasks' probe drifts (docs/freeze.md, "The drift policy on the two tasks").
 
 The runtime computes the numbers (:class:`~elastic_pipe.freeze.probe.OutputDrift` and
 :func:`~elastic_pipe.freeze.probe.relative_change`, merged over stages) and hands them to :meth:`Drift.observe_drift`
@@ -90,6 +99,11 @@ class Drift(StreakPolicy):
     Args:
         num_layers: freezable layers L (the options after it are keyword-only).
         threshold: an interval is still when the layer's relative output change is at most this, finite, >= 0.
+        relative: an interval is also still when the layer's change is at most this share of the highest watched
+            layer's change in the same interval, in (0, 1); None: no relative test.
+        settle: every layer's interval is also still once the highest watched layer's change is at most this
+            share of the largest it has shown, in (0, 1); None: no such test. With ``max_step`` of L and
+            ``max_fraction`` 1.0, everything below the head freezes at once when the network settles.
         patience: consecutive still intervals a layer needs (>= 1).
         max_fraction: never freeze more than ``floor(max_fraction * L)`` layers, in (0, 1].
         max_step: at most this many new layers per decision (>= 1).
@@ -113,6 +127,8 @@ class Drift(StreakPolicy):
         num_layers: int,
         *,
         threshold: float = DEFAULT_THRESHOLD,
+        relative: float | None = None,
+        settle: float | None = None,
         patience: int = DEFAULT_PATIENCE,
         max_fraction: float = DEFAULT_MAX_FRACTION,
         max_step: int = DEFAULT_MAX_STEP,
@@ -122,7 +138,13 @@ class Drift(StreakPolicy):
         check_num_layers("Drift", num_layers)
         if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0.0):
             raise FreezeError(f"Drift: threshold must be a finite number >= 0, got {threshold!r}")
+        for option, value in (("relative", relative), ("settle", settle)):
+            if value is not None and (isinstance(value, bool) or not 0.0 < value < 1.0):
+                raise FreezeError(f"Drift: {option} must be a number in (0, 1) or None, got {value!r}")
         self.threshold = float(threshold)
+        self.relative = None if relative is None else float(relative)
+        self.settle = None if settle is None else float(settle)
+        self._top_peak = 0.0  # the largest finite drift of the highest watched layer so far (settle)
         super().__init__(
             num_layers,
             patience=patience,
@@ -144,7 +166,22 @@ class Drift(StreakPolicy):
         """
         if len(change) != self.num_layers:
             raise FreezeError(f"Drift.observe_drift: got {len(change)} changes, expected {self.num_layers}")
-        self._streaks = quiet_streaks(self._streaks, [float(c) for c in change], self.threshold)
+        values = [float(c) for c in change]
+        streaks = quiet_streaks(self._streaks, values, self.threshold)  # also checks the values
+        top = self.signal_layers - 1  # the highest watched layer (-1: a cap of 0, nothing ever freezes)
+        c_top = values[top] if top >= 0 else math.inf
+        if math.isfinite(c_top):  # inf: the top layer has no baseline yet, so nothing is relative to it
+            if self.settle is not None:
+                self._top_peak = max(self._top_peak, c_top)
+                if c_top <= self.settle * self._top_peak:
+                    streaks = tuple(s + 1 for s in self._streaks)  # the whole network is still this interval
+            if self.relative is not None and c_top > 0.0:
+                bound = self.relative * c_top
+                streaks = tuple(
+                    new if new > 0 or layer >= top or values[layer] > bound else old + 1
+                    for layer, (new, old) in enumerate(zip(streaks, self._streaks, strict=True))
+                )
+        self._streaks = streaks
         self._fresh = True
 
     def observe_eval(self, loss: float) -> None:
@@ -152,7 +189,13 @@ class Drift(StreakPolicy):
         self.guard.observe(loss)
 
     def _signal_config(self) -> dict[str, Any]:
-        return {"threshold": self.threshold}
+        config: dict[str, Any] = {"threshold": self.threshold}
+        # only when set, so that the snapshots of runs without them still load
+        config.update({k: v for k, v in (("relative", self.relative), ("settle", self.settle)) if v is not None})
+        return config
+
+    def _signal_state(self) -> dict[str, Any]:
+        return {} if self.settle is None else {"top_peak": self._top_peak}
 
     def _load_signal(self, state: dict[str, Any]) -> tuple[int, ...]:
         streaks = tuple(int(s) for s in state["streaks"])
@@ -161,4 +204,9 @@ class Drift(StreakPolicy):
                 f"Drift.load_state_dict: streaks {list(streaks)} in the snapshot, expected {self.num_layers} "
                 "counts >= 0"
             )
+        if self.settle is not None:
+            peak = state.get("top_peak")
+            if isinstance(peak, bool) or not isinstance(peak, int | float) or not (math.isfinite(peak) and peak >= 0):
+                raise FreezeError(f"Drift.load_state_dict: top_peak {peak!r} in the snapshot, expected a number >= 0")
+            self._top_peak = float(peak)
         return streaks
