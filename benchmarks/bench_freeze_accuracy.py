@@ -708,7 +708,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tasks = report["tasks"]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5), squeeze=False)
+    # each point is labelled by a number, the arms listed under the panels: long arm names would squeeze the axes
+    numbers: dict[str, int] = {}
+    for t in tasks.values():
+        for arm in t["arms"]:
+            numbers.setdefault(arm, len(numbers))
+    legend_in = 0.2 * len(numbers)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.5 + legend_in), squeeze=False)
     for ax, (name, t) in zip(axes[0], tasks.items(), strict=True):
         for arm, a in t["arms"].items():
             accs = [100 * v for v in a["accuracy_by_seed"].values()]
@@ -716,7 +722,13 @@ def plot(report: dict[str, Any], path: Path) -> None:
             err = [[mean - min(accs)], [max(accs) - mean]]
             marker = "*" if arm == report["default_arm"] else "o"
             ax.errorbar(100 * a["compute_saved"], mean, yerr=err, fmt=marker, ms=12 if marker == "*" else 6, capsize=3)
-            ax.annotate(arm, (100 * a["compute_saved"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            ax.annotate(
+                str(numbers[arm]),
+                (100 * a["compute_saved"], mean),
+                textcoords="offset points",
+                xytext=(5, 4),
+                fontsize=8,
+            )
         if "none" in t["arms"]:
             none = 100 * t["arms"]["none"]["accuracy_mean"]
             ax.axhline(none - 0.5, color="grey", ls=":", lw=1)
@@ -724,7 +736,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("forward+backward compute saved (%)")
         ax.set_ylabel("held-out accuracy (%), mean and range over seeds")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    listing = "\n".join(f"{i}: {arm}" for arm, i in numbers.items())
+    fig.text(0.01, 0.01, listing, fontsize=8, va="bottom", family="monospace")
+    fig.tight_layout(rect=(0, legend_in / (4.5 + legend_in) + 0.02, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
