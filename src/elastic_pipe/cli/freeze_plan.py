@@ -83,7 +83,10 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if args.policy == "never":
         return {}
     if args.policy in POLICIES:
-        reason = "decides from gradient statistics, so it has no plan without training"
+        reason = (
+            "decides from signals measured in training (gradient statistics or probe drift), so it has no plan "
+            "without training"
+        )
     else:
         reason = "is not a known freeze policy"
     raise FreezeError(f"--policy {args.policy!r} {reason}; expected one of {', '.join(SCHEDULE_POLICIES)}")
