@@ -54,7 +54,7 @@ def _train_both(ctx: RankContext, threshold: float) -> tuple[dict[str, Any], dic
 @pytest.mark.slow
 def test_probe_drift_is_the_same_through_a_pipeline_and_across_transitions() -> None:
     # every change is below this threshold: one more unit frozen at every decision point
-    piped, replicated = run_distributed(_train_both, 2, 10.0, timeout=600)[0]
+    piped, replicated = run_distributed(_train_both, 2, 10.0, timeout=500)[0]
     assert len(piped["losses"]) == 6  # 2 epochs of 3 steps (the training part of 64 samples, batch 16)
     assert piped["frozen"] == replicated["frozen"] == [1, 2]  # after steps 2 and 4 (6 is the run's last)
     assert piped["pipe_lens"][0] == 2  # the first transition moves the stage boundary: units change owners
