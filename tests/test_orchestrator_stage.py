@@ -76,10 +76,24 @@ def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
     return out
 
 
+def _each_microbatches(ctx: RankContext, counts: list[int]) -> dict[int, dict[str, Any]]:
+    return {m: _one_stage_runners(ctx, m) for m in counts}
+
+
+@pytest.fixture(scope="module")
+def one_stage_runners() -> dict[int, dict[str, Any]]:
+    """``_one_stage_runners`` for 1 and 2 micro-batches, one after the other in one 1-rank job (starting a rank
+    costs more than both runs)."""
+    (results,) = run_distributed(_each_microbatches, 1, [1, 2], timeout=120.0)
+    return results  # type: ignore[no-any-return]
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("microbatches", [1, 2])
-def test_one_stage_runner_computes_what_the_torch_schedule_computes(microbatches: int) -> None:
-    (result,) = run_distributed(_one_stage_runners, 1, microbatches, timeout=60.0)
+def test_one_stage_runner_computes_what_the_torch_schedule_computes(
+    one_stage_runners: dict[int, dict[str, Any]], microbatches: int
+) -> None:
+    result = one_stage_runners[microbatches]
     assert result["local"] == (microbatches == 1)  # one micro-batch: nothing to schedule
     torch.testing.assert_close(result["built"]["loss"], result["torch"]["loss"], rtol=1e-12, atol=1e-12)
     for a, b in zip(result["built"]["grads"], result["torch"]["grads"], strict=True):
@@ -116,8 +130,8 @@ def _train_then_look_at_hooks(ctx: RankContext) -> dict[str, int]:
 
 
 @pytest.mark.distributed
-def test_a_finished_run_leaves_no_hooks_on_the_model() -> None:
-    for result in run_distributed(_train_then_look_at_hooks, 2, timeout=120):
+def test_a_finished_run_leaves_no_hooks_on_the_model(two_rank_runs: list[dict[str, Any]]) -> None:
+    for result in (r["hooks"] for r in two_rank_runs):
         assert result["params"] > 0 and result["hooked"] == 0
 
 
@@ -134,15 +148,34 @@ def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
 
     executor.decide = spy  # type: ignore[assignment]
     options = {"alpha": 0.5} if policy == "alpha" else {}
-    _, result = _train_tiny({"train.epochs": 2, "freeze.policy": policy, "freeze.options": options})
+    try:
+        _, result = _train_tiny({"train.epochs": 2, "freeze.policy": policy, "freeze.options": options})
+    finally:
+        executor.decide = original  # the rank runs the next training of the job without the spy
     seen["frozen"] = [e["frozen_units"] for e in result["epochs"]]
     return seen
 
 
+def _two_rank_runs(ctx: RankContext) -> dict[str, Any]:
+    return {
+        "hooks": _train_then_look_at_hooks(ctx),
+        **{policy: _what_is_tracked(ctx, policy) for policy in ("alpha", "autofreeze")},
+    }
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs() -> list[dict[str, Any]]:
+    """The three trainings of the 2-rank tests below, one after the other in one 2-rank job (each test had a job
+    of its own: starting the ranks cost more than the training)."""
+    return run_distributed(_two_rank_runs, 2, timeout=360)
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize(("policy", "tracked"), [("alpha", False), ("autofreeze", True)])
-def test_gradient_statistics_are_collected_only_for_policies_that_read_them(policy: str, tracked: bool) -> None:
-    for result in run_distributed(_what_is_tracked, 2, policy, timeout=120):
+def test_gradient_statistics_are_collected_only_for_policies_that_read_them(
+    two_rank_runs: list[dict[str, Any]], policy: str, tracked: bool
+) -> None:
+    for result in (r[policy] for r in two_rank_runs):
         assert result["track"] is tracked
         assert (result["held"] > 0) is tracked
     if policy == "alpha":  # the schedule still freezes without them

@@ -85,12 +85,35 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     return out
 
 
+def _each_read_first(ctx: RankContext) -> dict[bool, dict[str, Any]]:
+    """``_runs`` with ``read_first`` false, then true, in one 1-rank job (starting the rank costs more than the
+    runs); what ``_runs`` patches is put back after each, so the second starts from the real functions as it would
+    in a job of its own."""
+    from elastic_pipe.orchestrator import prefix_cache
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+
+    out = {}
+    for read_first in (False, True):
+        originals = (prefix_cache._decide, RunContext.run_sublayers, StageRuntime._fills_in_steps)
+        try:
+            out[read_first] = _runs(ctx, read_first)
+        finally:
+            prefix_cache._decide, RunContext.run_sublayers, StageRuntime._fills_in_steps = originals  # type: ignore[method-assign]
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> dict[bool, dict[str, Any]]:
+    return run_distributed(_each_read_first, 1, timeout=500)[0]  # type: ignore[no-any-return]
+
+
 def _rows(runs: list[tuple[int, int, int]], lo: int, hi: int) -> int:
     return sum(rows for a, b, rows in runs if (a, b) == (lo, hi))
 
 
-def test_steps_fill_an_unread_boundary_and_the_next_one_is_carried_from_it() -> None:
-    r = run_distributed(_runs, 1, False, timeout=300)[0]
+def test_steps_fill_an_unread_boundary_and_the_next_one_is_carried_from_it(one_rank: dict[bool, Any]) -> None:
+    r = one_rank[False]
     in_steps, at_transition = r["in_steps"], r["at_transition"]
     expected = [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0)]
     assert in_steps["epochs"] == at_transition["epochs"] == expected
@@ -110,8 +133,8 @@ def test_steps_fill_an_unread_boundary_and_the_next_one_is_carried_from_it() -> 
     assert _rows(at_transition["runs"], first, second) == 0
 
 
-def test_a_first_boundary_that_is_read_is_filled_by_the_steps_misses() -> None:
-    r = run_distributed(_runs, 1, True, timeout=300)[0]
+def test_a_first_boundary_that_is_read_is_filled_by_the_steps_misses(one_rank: dict[bool, Any]) -> None:
+    r = one_rank[True]
     in_steps, at_transition = r["in_steps"], r["at_transition"]
     # epoch 1 reads the cache in both; filled by its steps, every read misses (and is stored), then all hit
     assert in_steps["epochs"] == [(0, False, 0, 0), (1, True, 0, TRAIN), (2, True, TRAIN, 0)]

@@ -65,16 +65,34 @@ def _shapes(result: dict[str, Any]) -> list[tuple[int, int, int]]:
     return [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in result["epochs"]]
 
 
+def _clipping_runs() -> list[dict[str, Any]]:
+    common: dict[str, Any] = {"train": {"epochs": 1, "max_steps": 3, "momentum": 0.0, "lr": 0.5, "max_grad_norm": 0.05}}
+    return [
+        _tables(**common, freeze={"policy": "never", "options": {}}),  # 2 stages x 1 replica
+        _tables(**common, freeze={"policy": "never", "options": {}}, pipeline={"pipe_len": 1}),  # 1 stage x 2
+        _tables(
+            train={"epochs": 1, "max_steps": 3, "momentum": 0.0, "lr": 0.5}, freeze={"policy": "never", "options": {}}
+        ),
+        _tables(train={"max_steps": 2 * STEPS_PER_EPOCH + 3}, log={"eval_every": 2, "progress": False}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def rank0_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """The runs of both tests (the resume's 3, then the clipping's 4), one after the other in one 2-rank job (each
+    test started its own: the ranks' start-up cost about as much as the runs); rank 0's reports, and the directory
+    that holds the resume test's checkpoints. Timeout: the two jobs' 240 s each."""
+    tmp_path = tmp_path_factory.mktemp("conveniences")
+    ckpt = {"dir": str(tmp_path / "ckpt")}
+    resume = [_tables(), _tables(train={"epochs": 2}, checkpoint=ckpt), _tables(checkpoint=ckpt)]
+    return tmp_path, run_distributed(_runs, 2, resume + _clipping_runs(), timeout=480)[0]
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # > 20 s on 2 shared cores
-def test_resume_with_more_epochs_makes_the_skipped_decision(tmp_path: Path) -> None:
-    ckpt = {"dir": str(tmp_path / "ckpt")}
-    fresh, short, grown = run_distributed(
-        _runs,
-        2,
-        [_tables(), _tables(train={"epochs": 2}, checkpoint=ckpt), _tables(checkpoint=ckpt)],
-        timeout=240,
-    )[0]
+def test_resume_with_more_epochs_makes_the_skipped_decision(rank0_runs: tuple[Path, list[dict[str, Any]]]) -> None:
+    tmp_path, runs = rank0_runs
+    fresh, short, grown = runs[:3]
     expected = _shapes(fresh["result"])
     assert expected[2] != expected[1], "the 3-epoch run must reshape before epoch 3 for this test to mean anything"
     assert _shapes(short["result"]) == expected[:2]
@@ -92,17 +110,8 @@ def test_resume_with_more_epochs_makes_the_skipped_decision(tmp_path: Path) -> N
 
 @pytest.mark.distributed
 @pytest.mark.slow  # > 20 s on 2 shared cores
-def test_clipping_is_global_and_max_steps_eval_every() -> None:
-    common: dict[str, Any] = {"train": {"epochs": 1, "max_steps": 3, "momentum": 0.0, "lr": 0.5, "max_grad_norm": 0.05}}
-    runs = [
-        _tables(**common, freeze={"policy": "never", "options": {}}),  # 2 stages x 1 replica
-        _tables(**common, freeze={"policy": "never", "options": {}}, pipeline={"pipe_len": 1}),  # 1 stage x 2
-        _tables(
-            train={"epochs": 1, "max_steps": 3, "momentum": 0.0, "lr": 0.5}, freeze={"policy": "never", "options": {}}
-        ),
-        _tables(train={"max_steps": 2 * STEPS_PER_EPOCH + 3}, log={"eval_every": 2, "progress": False}),
-    ]
-    two_stages, one_stage, unclipped, stopped = (r for r in run_distributed(_runs, 2, runs, timeout=240)[0])
+def test_clipping_is_global_and_max_steps_eval_every(rank0_runs: tuple[Path, list[dict[str, Any]]]) -> None:
+    two_stages, one_stage, unclipped, stopped = rank0_runs[1][3:]
     assert len(two_stages["result"]["losses"]) == 3  # max_steps stopped the epoch after 3 of its 8 steps
     assert two_stages["result"]["epochs"][0]["steps"] == 3
     clipped = _weights(two_stages)

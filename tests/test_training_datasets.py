@@ -125,8 +125,8 @@ def _count_ids(ctx: RankContext) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
-def test_every_sample_is_read_once_per_epoch_across_a_reshard() -> None:
-    result = run_distributed(_count_ids, 2, timeout=120)[0]
+def test_every_sample_is_read_once_per_epoch_across_a_reshard(two_ranks: list[dict[str, Any]]) -> None:
+    result = two_ranks[0]["count_ids"]
     assert result["plan"] == (8, 16, 0)
     ids = [i for rank in result["ids"] for i in rank]
     assert sorted(ids) == sorted(result["train"])  # 240 ids, none twice, none missing, the short step included
@@ -161,8 +161,10 @@ def _equivalent_runs(ctx: RankContext) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
-def test_a_dataset_trains_elastically_with_a_short_last_step_and_the_cache_filled_from_it() -> None:
-    results = run_distributed(_equivalent_runs, 2, timeout=240)
+def test_a_dataset_trains_elastically_with_a_short_last_step_and_the_cache_filled_from_it(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    results = [r["equivalent_runs"] for r in two_ranks]
     elastic, fixed = results[0]["elastic"], results[0]["fixed"]
     assert results[0]["elastic_kind"] == "DatasetSplit"  # read through the loader, not stacked
     assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in elastic["epochs"]] == [
@@ -194,9 +196,9 @@ def _flipped(ctx: RankContext, workers: int) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
-def test_a_randomly_flipped_dataset_trains_by_object() -> None:
+def test_a_randomly_flipped_dataset_trains_by_object(two_ranks: list[dict[str, Any]]) -> None:
     # the test harness's ranks are daemonic processes, which cannot start loader workers: the CLI test runs them
-    results = run_distributed(_flipped, 2, 0, timeout=240)
+    results = [r["flipped"] for r in two_ranks]
     result = results[0]["result"]
     assert [(e["pipe_len"], e["replicas"]) for e in result["epochs"]] == [(2, 1), (2, 1), (1, 2)]
     assert [(e["steps"], e["samples"], e["dropped"]) for e in result["epochs"]] == [(7, 224, 16)] * 3  # drop_last
@@ -226,8 +228,30 @@ def _bad(ctx: RankContext, kind: str) -> str:
         ("unreadable", "dataset item 201 cannot be read: FileNotFoundError: [Errno 2] No such file: '/data/201.png'"),
     ],
 )
-def test_a_bad_item_fails_every_rank_before_the_first_step(kind: str, message: str) -> None:
-    assert [message in m for m in run_distributed(_bad, 2, kind, timeout=120)] == [True, True]
+def test_a_bad_item_fails_every_rank_before_the_first_step(
+    two_ranks: list[dict[str, Any]], kind: str, message: str
+) -> None:
+    assert [message in m for m in (r["bad:" + kind] for r in two_ranks)] == [True, True]
+
+
+def _two_rank_tasks(ctx: RankContext) -> dict[str, Any]:
+    """Every 2-rank task above, one after the other in one job (each built its own dataset and trainers, and so it
+    does here); starting the ranks (spawn, import torch) cost more than most of the tasks."""
+    out: dict[str, Any] = {
+        "count_ids": _count_ids(ctx),
+        "equivalent_runs": _equivalent_runs(ctx),
+        "flipped": _flipped(ctx, 0),
+    }
+    for kind in ("shape", "label", "unreadable"):
+        out["bad:" + kind] = _bad(ctx, kind)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    """``_two_rank_tasks`` on 2 ranks, the results by rank (the 6 jobs it replaces had 960 s together; the suite caps
+    a job at 500 s, and the tasks take seconds)."""
+    return run_distributed(_two_rank_tasks, 2, timeout=500)
 
 
 CONFIG = """

@@ -121,12 +121,28 @@ def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0)
     return out
 
 
+def _both_thresholds(ctx: RankContext, tmp: str) -> dict[str, Any]:
+    """Both tests' runs, one after the other in one 2-rank job (starting the ranks costs about as much as a few
+    runs), each in its own directory as in a job of its own."""
+    return {
+        "fixed": _runs(ctx, str(Path(tmp) / "fixed"), 10.0),
+        "measured": _runs(ctx, str(Path(tmp) / "measured"), None, 4),
+    }
+
+
+@pytest.fixture(scope="module")
+def rank0(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    # the jobs had 400 s and 500 s; the suite caps a job at 500 s, and the ten runs take seconds each
+    out: dict[str, Any] = run_distributed(_both_thresholds, 2, str(tmp_path_factory.mktemp("drift")), timeout=500)[0]
+    return out
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # three runs in a row
-def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(tmp_path: Path) -> None:
+def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(rank0: dict[str, Any]) -> None:
     # every change is below the threshold: one more unit frozen at every decision point, up to the cap (3 units),
     # so the stage boundary moves and the probe re-bases before the checkpoint
-    out = run_distributed(_runs, 2, str(tmp_path), 10.0, timeout=400)[0]
+    out = rank0["fixed"]
     clean, resumed, old = out["clean"], out["resumed"], out["old"]
     assert len(clean["losses"]) == 9
     assert [t[:2] for t in clean["transitions"]] == [(2, 1), (4, 2), (6, 3)]  # the cap (3 units) after step 6
@@ -147,10 +163,10 @@ def test_drift_resumed_from_a_step_checkpoint_between_decision_points_is_exact(t
 
 @pytest.mark.distributed
 @pytest.mark.slow  # seven runs in a row
-def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(tmp_path: Path) -> None:
+def test_drift_resumed_from_a_step_checkpoint_makes_the_uninterrupted_decisions(rank0: dict[str, Any]) -> None:
     # a threshold the clean run's drift never gets below, but the shorter first interval of a resume that re-takes
     # the baseline does (torch 2.13 on the CPU: above 0.09, and about 0.06 for unit 0 after step 6)
-    out = run_distributed(_runs, 2, str(tmp_path), None, 4, timeout=500)[0]
+    out = rank0["measured"]
     clean, resumed, old, threshold = out["clean"], out["resumed"], out["old"], out["threshold"]
     assert len(clean["seen"]) == 4
     assert clean["transitions"] == []

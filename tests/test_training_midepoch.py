@@ -181,10 +181,22 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
     return {"seen": seen, "result": result}
 
 
+def _two_rank_tasks(ctx: RankContext, tmp: str) -> dict[str, Any]:
+    """The 2-rank tests' work, one after the other in one job (starting the ranks costs about as much as a run):
+    ``_record_ids`` (which puts back what it patches), then ``_stop_at_a_decision_point_and_resume`` in ``tmp``."""
+    return {"record_ids": _record_ids(ctx), "stop_and_resume": _stop_at_a_decision_point_and_resume(ctx, tmp)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    # the two jobs had 180 s and 300 s: the job gets their sum
+    return run_distributed(_two_rank_tasks, 2, str(tmp_path_factory.mktemp("decide")), timeout=480)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # > 20 s on 2 shared cores
-def test_every_sample_once_in_an_epoch_with_a_mid_epoch_reshard() -> None:
-    results = run_distributed(_record_ids, 2, timeout=180)
+def test_every_sample_once_in_an_epoch_with_a_mid_epoch_reshard(two_ranks: list[dict[str, Any]]) -> None:
+    results = [r["record_ids"] for r in two_ranks]
     result = results[0]["result"]
     assert [(t["epoch_step"], t["frozen_units"], t["pipe_len"], t["replicas"]) for t in result["transitions"]] == [
         (4, 2, 1, 2)
@@ -227,8 +239,8 @@ def _stop_at_a_decision_point_and_resume(ctx: RankContext, tmp: str) -> dict[str
 
 @pytest.mark.distributed
 @pytest.mark.slow  # three runs in a row
-def test_a_run_stopped_at_a_decision_point_decides_first_when_resumed(tmp_path: Path) -> None:
-    results = run_distributed(_stop_at_a_decision_point_and_resume, 2, str(tmp_path), timeout=300)
+def test_a_run_stopped_at_a_decision_point_decides_first_when_resumed(two_ranks: list[dict[str, Any]]) -> None:
+    results = [r["stop_and_resume"] for r in two_ranks]
     out = results[0]
     clean, stopped, resumed = out["clean"], out["stopped"], out["resumed"]
     # max_steps = 15 stops right at the decision point that freezes unit 0: it is left for the resumed run

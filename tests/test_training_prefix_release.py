@@ -168,10 +168,29 @@ def _both(ctx: RankContext) -> dict[str, Any]:
     return {"released": _train(True), "resident": _train(False)}
 
 
+def _small_cache(ctx: RankContext) -> dict[str, Any]:
+    # room for 100 of the 256 training samples' entries (17 tokens x 16 dims, float64)
+    return _train(True, {"pipeline.cache_tiers": {"device": 100 * 17 * 16 * 8}})
+
+
+def _all_runs(ctx: RankContext) -> dict[str, Any]:
+    return {"both": _both(ctx), "small_cache": _small_cache(ctx)}
+
+
+@pytest.fixture(scope="module")
+def two_ranks() -> list[dict[str, Any]]:
+    """The three trainings of the tests below, one after the other in one 2-rank job (each test started its own:
+    the ranks' start-up cost about as much as a training); each builds its own trainer, and ``_train`` puts back
+    what it patches. Timeout: the suite's 500 s cap (400 s + 300 s before; the trainings take seconds)."""
+    return run_distributed(_all_runs, 2, timeout=500)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # ~2 minutes on 2 shared cores
-def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_changes() -> None:
-    results = run_distributed(_both, 2, timeout=400)
+def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_changes(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    results = [r["both"] for r in two_ranks]
     for rank, r in enumerate(results):
         rel, res = r["released"], r["resident"]
         assert [s["layout"] for s in rel["snaps"]] == [[3, 2, 1], [5, 1, 2], [5, 1, 2]]
@@ -214,14 +233,9 @@ def test_the_prefix_is_released_while_the_cache_serves_it_and_nothing_else_chang
     assert back and all(back[k] == full[k] for k in back)
 
 
-def _small_cache(ctx: RankContext) -> dict[str, Any]:
-    # room for 100 of the 256 training samples' entries (17 tokens x 16 dims, float64)
-    return _train(True, {"pipeline.cache_tiers": {"device": 100 * 17 * 16 * 8}})
-
-
 @pytest.mark.distributed
-def test_a_cache_too_small_for_the_training_split_keeps_the_prefix_resident() -> None:
-    results = run_distributed(_small_cache, 2, timeout=300)
+def test_a_cache_too_small_for_the_training_split_keeps_the_prefix_resident(two_ranks: list[dict[str, Any]]) -> None:
+    results = [r["small_cache"] for r in two_ranks]
     for rank, r in enumerate(results):
         assert [s["released"] for s in r["snaps"]] == [0, 0, 0]
         assert all(s["eval_bytes"] == 0 for s in r["snaps"])

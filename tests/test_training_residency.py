@@ -243,10 +243,25 @@ def _train_and_measure(ctx: RankContext) -> dict[str, Any]:
     return out
 
 
+def _four_rank_runs(ctx: RankContext, tight: int, roomy: int) -> dict[str, Any]:
+    """The 4-rank trainings of this module, one after the other in one job (starting 4 ranks on 2 cores costs about
+    as much as a training); each builds its own trainers, as in a job of its own."""
+    return {"measure": _train_and_measure(ctx), "within": _train_within(ctx, tight, roomy)}
+
+
+@pytest.fixture(scope="module")
+def four_ranks() -> list[dict[str, Any]]:
+    tight, roomy, _ = _budgets()
+    # the two jobs had 300 s and 400 s; the suite caps a job at 500 s, and both trainings take well under a minute
+    return run_distributed(_four_rank_runs, 4, tight, roomy, timeout=500)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow  # ~1 minute on 2 shared cores
-def test_each_rank_holds_its_stage_and_transitions_move_only_what_new_holders_lack() -> None:
-    results = run_distributed(_train_and_measure, 4, timeout=300)
+def test_each_rank_holds_its_stage_and_transitions_move_only_what_new_holders_lack(
+    four_ranks: list[dict[str, Any]],
+) -> None:
+    results = [r["measure"] for r in four_ranks]
     first = results[0]["result"]
     assert [(e["pipe_len"], e["replicas"]) for e in first["epochs"]] == [(4, 1), (2, 2), (1, 4)]
     for rank, r in enumerate(results):
@@ -356,9 +371,9 @@ def _train_within(ctx: RankContext, tight: int, roomy: int) -> dict[str, Any]:
 
 @pytest.mark.distributed
 @pytest.mark.slow  # two 4-rank runs
-def test_a_model_over_the_budget_trains_on_4_ranks_within_it() -> None:
+def test_a_model_over_the_budget_trains_on_4_ranks_within_it(four_ranks: list[dict[str, Any]]) -> None:
     tight, roomy, memory = _budgets()
-    results = run_distributed(_train_within, 4, tight, roomy, timeout=400)
+    results = [r["within"] for r in four_ranks]
     tight_run, roomy_run = results[0]["tight"], results[0]["roomy"]
     # the whole training state is over the budget, yet every layout the run took fits it on every rank
     assert sum(memory.active) > tight
