@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -10,6 +11,7 @@ import torch.distributed as dist
 
 import harness_slow_start
 from elastic_pipe.testing import DistributedTestError, RankContext, run_distributed
+from elastic_pipe.testing.distributed import START_ENV
 
 pytestmark = pytest.mark.distributed
 
@@ -82,3 +84,29 @@ def test_ranks_that_do_not_start_in_time_are_named(monkeypatch: pytest.MonkeyPat
     with pytest.raises(DistributedTestError, match=r"ranks \[0, 1\] did not start within 2s"):
         run_distributed(harness_slow_start.rank_number, 2, timeout=60, startup_timeout=2)
     assert time.monotonic() - start < 20  # the sleeping ranks are ended, not waited for
+
+
+def _environment(ctx: RankContext) -> tuple[str | None, str | None, int]:
+    return os.environ.get("ELASTIC_PIPE_TEST_MARK"), os.environ.get("CUDA_VISIBLE_DEVICES"), torch.get_num_threads()
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_ranks_start_either_way_with_the_test_processs_environment(
+    monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    """Ranks forked from the fork server (``ELASTIC_PIPE_TEST_START=forkserver``) as well as spawned ones see the
+    environment of the test process at the call (the server's own was fixed when it started), one torch thread,
+    and a module that reads the environment as it is imported sees it too (its import sleeps as asked)."""
+    monkeypatch.setenv(START_ENV, method)
+    monkeypatch.setenv("ELASTIC_PIPE_TEST_MARK", f"set by the test for {method}")
+    assert run_distributed(_environment, 2) == [(f"set by the test for {method}", "", 1)] * 2
+    monkeypatch.setenv(harness_slow_start.DELAY_ENV, "3")
+    start = time.monotonic()
+    assert run_distributed(harness_slow_start.rank_number, 2, timeout=2) == [0, 1]  # start-up outside the deadline
+    assert time.monotonic() - start >= 3  # the module's import slept: the rank had the variable before it
+
+
+def test_an_unknown_start_method_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(START_ENV, "fork")
+    with pytest.raises(DistributedTestError, match="must be 'forkserver' or 'spawn', got 'fork'"):
+        run_distributed(_all_reduce, 1)

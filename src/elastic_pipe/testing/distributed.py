@@ -11,8 +11,16 @@ Why a helper: multi-process tests are where hangs and leaked ports come from. Th
 * turns a failing rank into a :class:`DistributedTestError` carrying that rank's traceback, and terminates the
   other ranks instead of waiting for them; a run that times out carries the stacks of the ranks still running.
 
-The function must be importable by a spawned child (a module-level function) and receives a
+The function must be importable by a child process (a module-level function) and receives a
 :class:`RankContext` followed by ``args``. Return values come back to the parent, indexed by rank.
+
+Each rank is a fresh interpreter (``multiprocessing``'s ``spawn``), which imports torch and the orchestrator again
+(about 5 s of CPU a rank on the 2-core CI machine). ``ELASTIC_PIPE_TEST_START=forkserver`` forks the ranks from a
+*fork server* that has imported them once (:data:`PRELOAD`) instead: on this machine three files of multi-process
+tests took 35 s instead of 85 s; one run in seven of them failed a timing-sensitive test (the silent-peer barrier
+of ``tests/test_groups_distributed.py``), not yet explained, so it is not the default. Either way each rank takes
+the test process's environment as it is at the call, before it imports the function's module (a fork server's
+rank would otherwise have the server's, ``CUDA_VISIBLE_DEVICES`` included).
 
 Example::
 
@@ -29,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import faulthandler
+import importlib
 import multiprocessing as mp
 import os
 import queue
@@ -53,10 +62,25 @@ __all__ = ["DistributedTestError", "RankContext", "run_distributed"]
 _HOST = "127.0.0.1"
 #: Seconds to keep collecting reports from other ranks after the first failure.
 _FAILURE_GRACE_S = 3.0
-#: Default seconds allowed for every rank to start (spawn, import), before the run's own deadline begins.
+#: Default seconds allowed for every rank to start (start, import), before the run's own deadline begins.
 STARTUP_TIMEOUT_S = 120.0
 #: Seconds the ranks get to write their stacks when a run times out.
 _STACK_DUMP_S = 1.0
+#: Modules the fork server imports once, before it forks any rank.
+PRELOAD = ["torch", "torch.distributed", "elastic_pipe.orchestrator"]
+#: Environment variable choosing how ranks start: ``spawn`` (the default) or ``forkserver``.
+START_ENV = "ELASTIC_PIPE_TEST_START"
+
+
+def _start_context() -> Any:
+    """The multiprocessing context the ranks start from (see the module docstring)."""
+    method = os.environ.get(START_ENV, "spawn")
+    if method not in ("forkserver", "spawn"):
+        raise DistributedTestError(f"{START_ENV} must be 'forkserver' or 'spawn', got {method!r}")
+    context = mp.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(PRELOAD)
+    return context
 
 
 class DistributedTestError(ElasticPipeError, RuntimeError):
@@ -90,9 +114,38 @@ class _Channels:
         self.started.close()
 
 
+def _by_name(fn: Callable[..., Any]) -> Callable[..., Any] | tuple[str, str]:
+    """How ``fn`` travels to a rank: by module and name, so that the rank imports its module only once it has the
+    test process's environment (a fork server's rank starts with the server's, and a module may read the
+    environment as it is imported); a function of a script (``__main__``) travels as itself, which
+    ``multiprocessing`` resolves through the script it runs again in the rank."""
+    if fn.__module__ == "__main__":
+        return fn
+    return (fn.__module__, fn.__qualname__)
+
+
+def _resolve(target: Callable[..., Any] | tuple[str, str]) -> Callable[..., Any]:
+    if callable(target):
+        return target
+    value: Any = importlib.import_module(target[0])
+    for part in target[1].split("."):
+        value = getattr(value, part)
+    return value  # type: ignore[no-any-return]
+
+
 def _child(
-    fn: Callable[..., Any], ctx: RankContext, args: tuple[Any, ...], channels: _Channels, env: dict[str, str]
+    target: Callable[..., Any] | tuple[str, str],
+    ctx: RankContext,
+    args: tuple[Any, ...],
+    channels: _Channels,
+    env: dict[str, str],
 ) -> None:
+    os.environ.clear()  # exactly the test process's environment at the call (see run_distributed)
+    os.environ.update(env)
+    if threads := env.get("OMP_NUM_THREADS"):
+        # torch read the variable when this process imported it, before the update: size its pool as asked
+        torch.set_num_threads(int(threads))
+    fn = _resolve(target)  # its module's import is part of this rank's start
     parent = os.getppid()
     stacks = open(os.path.join(channels.stacks, f"rank{ctx.rank}.txt"), "w")  # noqa: SIM115 - open until exit
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
@@ -103,10 +156,6 @@ def _child(
     if channels.abort.is_set():  # another rank never started: the run will not happen
         raise SystemExit(1)
     results = channels.results
-    os.environ.update(env)
-    if threads := env.get("OMP_NUM_THREADS"):
-        # torch read the variable when this process imported it, before the update: size its pool as asked
-        torch.set_num_threads(int(threads))
     os.environ.update(
         {
             "MASTER_ADDR": ctx.master_addr,
@@ -153,15 +202,15 @@ def run_distributed(
     """Run ``fn(ctx, *args)`` on ``world_size`` gloo ranks and return the per-rank results.
 
     Args:
-        fn: a module-level function (spawned children import it by name).
+        fn: a module-level function (the ranks import it by name).
         world_size: number of processes, >= 1.
-        *args: extra positional arguments for ``fn`` (must be picklable for the local spawn).
+        *args: extra positional arguments for ``fn`` (must be picklable: they are sent to the ranks).
         timeout: seconds allowed for every collective and for the whole run, counted from the moment every rank
             has started.
         env: extra environment variables for the children (e.g. thread counts). ``OMP_NUM_THREADS`` (default 1)
             also sizes each rank's torch thread pool (the variable alone would come too late: the rank has
             imported torch by then).
-        startup_timeout: seconds allowed for every rank to start (spawn and import), before ``timeout`` runs.
+        startup_timeout: seconds allowed for every rank to start (start and import), before ``timeout`` runs.
 
     Returns:
         ``fn``'s return values, indexed by rank.
@@ -172,7 +221,8 @@ def run_distributed(
     """
     if world_size < 1:
         raise DistributedTestError(f"world_size must be >= 1, got {world_size}")
-    child_env = {"OMP_NUM_THREADS": "1", **(env or {})}
+    # the whole environment: a rank forked from the fork server has the server's, not this process's
+    child_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     store = dist.TCPStore(  # type: ignore[attr-defined]
         _HOST,
         0,
@@ -182,14 +232,14 @@ def run_distributed(
         wait_for_workers=False,
     )
     port = store.port
-    ctx_mp = mp.get_context("spawn")
+    ctx_mp = _start_context()
     stacks = tempfile.mkdtemp(prefix="elastic_pipe-test-stacks-")
     channels = _Channels(ctx_mp.Queue(), ctx_mp.Queue(), ctx_mp.Event(), ctx_mp.Event(), stacks)
     results = channels.results
     procs = [
         ctx_mp.Process(
             target=_child,
-            args=(fn, RankContext(r, world_size, _HOST, port, timeout), args, channels, child_env),
+            args=(_by_name(fn), RankContext(r, world_size, _HOST, port, timeout), args, channels, child_env),
             name=f"rank{r}",
             daemon=True,
         )
