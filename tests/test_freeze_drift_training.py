@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from recording_drift import RecordingDrift
 
 
@@ -44,17 +44,14 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float) -> dict[str, Any]:
     }
 
 
-def _train_both(ctx: RankContext, threshold: float) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The piped run (2 stages), then the replicated one (1 stage x 2): one job, since starting the ranks costs more
-    than a run; each run seeds and builds its own model, policy and trainer, as it would in a job of its own."""
-    return _train(ctx, 2, threshold), _train(ctx, 1, threshold)
-
-
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_probe_drift_is_the_same_through_a_pipeline_and_across_transitions() -> None:
     # every change is below this threshold: one more unit frozen at every decision point
-    piped, replicated = run_distributed(_train_both, 2, 10.0, timeout=500)[0]
+    # the piped run (2 stages), then the replicated one (1 stage x 2), in one job: starting the ranks costs more
+    # than a run; each seeds and builds its own model, policy and trainer
+    runs = run_distributed(run_tasks, 2, {"piped": (_train, (2, 10.0)), "replicated": (_train, (1, 10.0))}, timeout=500)
+    piped, replicated = runs[0]["piped"], runs[0]["replicated"]
     assert len(piped["losses"]) == 6  # 2 epochs of 3 steps (the training part of 64 samples, batch 16)
     assert piped["frozen"] == replicated["frozen"] == [1, 2]  # after steps 2 and 4 (6 is the run's last)
     assert piped["pipe_lens"][0] == 2  # the first transition moves the stage boundary: units change owners

@@ -12,7 +12,7 @@ from torch import nn
 
 from elastic_pipe.orchestrator.stage import LocalStep, build_runner
 from elastic_pipe.orchestrator.workload import cross_entropy
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 
 def test_stage_examples_are_the_boundary_activations_widened() -> None:
@@ -76,15 +76,11 @@ def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
     return out
 
 
-def _each_microbatches(ctx: RankContext, counts: list[int]) -> dict[int, dict[str, Any]]:
-    return {m: _one_stage_runners(ctx, m) for m in counts}
-
-
 @pytest.fixture(scope="module")
 def one_stage_runners() -> dict[int, dict[str, Any]]:
     """``_one_stage_runners`` for 1 and 2 micro-batches, one after the other in one 1-rank job (starting a rank
     costs more than both runs)."""
-    (results,) = run_distributed(_each_microbatches, 1, [1, 2], timeout=120.0)
+    (results,) = run_distributed(run_tasks, 1, {m: (_one_stage_runners, (m,)) for m in (1, 2)}, timeout=120.0)
     return results  # type: ignore[no-any-return]
 
 
@@ -156,18 +152,13 @@ def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
     return seen
 
 
-def _two_rank_runs(ctx: RankContext) -> dict[str, Any]:
-    return {
-        "hooks": _train_then_look_at_hooks(ctx),
-        **{policy: _what_is_tracked(ctx, policy) for policy in ("alpha", "autofreeze")},
-    }
-
-
 @pytest.fixture(scope="module")
 def two_rank_runs() -> list[dict[str, Any]]:
     """The three trainings of the 2-rank tests below, one after the other in one 2-rank job (each test had a job
     of its own: starting the ranks cost more than the training)."""
-    return run_distributed(_two_rank_runs, 2, timeout=360)
+    tasks: dict[str, tuple[Any, tuple[Any, ...]]] = {"hooks": (_train_then_look_at_hooks, ())}
+    tasks.update({policy: (_what_is_tracked, (policy,)) for policy in ("alpha", "autofreeze")})
+    return run_distributed(run_tasks, 2, tasks, timeout=360)
 
 
 @pytest.mark.distributed

@@ -16,7 +16,7 @@ from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.step_data import DatasetSplit, item_spec, label_table
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 PLUGINS = Path(__file__).parent / "plugins"
 sys.path.insert(0, str(PLUGINS))
@@ -199,15 +199,11 @@ def _train(ctx: RankContext, targets: bool) -> dict[str, Any]:
     return {"losses": result["losses"], "complete": complete, "reads": ds.reads}
 
 
-def _train_both(ctx: RankContext) -> tuple[dict[str, Any], dict[str, Any]]:
-    """With targets, then without: one job, since starting the rank costs more than a run (each run has its own
-    dataset and trainer, as in a job of its own)."""
-    return _train(ctx, True), _train(ctx, False)
-
-
 @pytest.mark.distributed
 def test_a_dataset_with_targets_trains_without_reading_items_once_the_cache_holds_them() -> None:
-    with_targets, without = run_distributed(_train_both, 1, timeout=480)[0]
+    # with targets, then without, in one job (each run has its own dataset and trainer)
+    (runs,) = run_distributed(run_tasks, 1, {True: (_train, (True,)), False: (_train, (False,))}, timeout=480)
+    with_targets, without = runs[True], runs[False]
     assert with_targets["complete"] == [True, True, True]  # after the transition before epoch 1
     assert without["reads"] > 0  # the fallback decodes the items for their labels
     assert with_targets["losses"] == without["losses"]  # the same labels either way

@@ -11,7 +11,7 @@ import torch
 import tiny_vit
 from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.step_loop import _zero_grad, reseed, step_loss
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 
 def test_reseed_leaves_the_cpu_generator_as_manual_seed_does() -> None:
@@ -115,15 +115,12 @@ def _train_in_memory(ctx: RankContext, cache: str) -> dict[str, Any]:
     return {"losses": result["losses"], "needs_inputs": needs, "read_error": read}
 
 
-def _train_both(ctx: RankContext) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Cache on, then off: one job, since starting the rank costs more than a run (each run has its own samples and
-    trainer, as in a job of its own)."""
-    return _train_in_memory(ctx, "on"), _train_in_memory(ctx, "off")
-
-
 @pytest.mark.distributed
 def test_samples_in_memory_load_no_inputs_once_the_cache_holds_them_all() -> None:
-    cached, off = run_distributed(_train_both, 1, timeout=480)[0]
+    # cache on, then off, in one job (each run has its own samples and trainer)
+    tasks = {cache: (_train_in_memory, (cache,)) for cache in ("on", "off")}
+    (runs,) = run_distributed(run_tasks, 1, tasks, timeout=480)
+    cached, off = runs["on"], runs["off"]
     assert cached["needs_inputs"] == [False, False, False]  # after the transition before epoch 1
     assert off["needs_inputs"] == [True, True, True]
     assert cached["read_error"] == [0.0]  # a miss's inputs, read by sample id

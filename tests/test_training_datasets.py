@@ -19,7 +19,7 @@ from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.workload import split_dataset
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 PLUGINS = Path(__file__).parent / "plugins"
 sys.path.insert(0, str(PLUGINS))
@@ -234,24 +234,18 @@ def test_a_bad_item_fails_every_rank_before_the_first_step(
     assert [message in m for m in (r["bad:" + kind] for r in two_ranks)] == [True, True]
 
 
-def _two_rank_tasks(ctx: RankContext) -> dict[str, Any]:
-    """Every 2-rank task above, one after the other in one job (each built its own dataset and trainers, and so it
-    does here); starting the ranks (spawn, import torch) cost more than most of the tasks."""
-    out: dict[str, Any] = {
-        "count_ids": _count_ids(ctx),
-        "equivalent_runs": _equivalent_runs(ctx),
-        "flipped": _flipped(ctx, 0),
-    }
-    for kind in ("shape", "label", "unreadable"):
-        out["bad:" + kind] = _bad(ctx, kind)
-    return out
-
-
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict[str, Any]]:
-    """``_two_rank_tasks`` on 2 ranks, the results by rank (the 6 jobs it replaces had 960 s together; the suite caps
-    a job at 500 s, and the tasks take seconds)."""
-    return run_distributed(_two_rank_tasks, 2, timeout=500)
+    """Every 2-rank task above, one after the other in one job (each builds its own dataset and trainers; starting
+    the ranks cost more than most of the tasks), the results by rank (the 6 jobs it replaces had 960 s together; the
+    suite caps a job at 500 s, and the tasks take seconds)."""
+    tasks: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "count_ids": (_count_ids, ()),
+        "equivalent_runs": (_equivalent_runs, ()),
+        "flipped": (_flipped, (0,)),
+        **{"bad:" + kind: (_bad, (kind,)) for kind in ("shape", "label", "unreadable")},
+    }
+    return run_distributed(run_tasks, 2, tasks, timeout=500)
 
 
 CONFIG = """

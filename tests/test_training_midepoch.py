@@ -21,7 +21,7 @@ import torch
 
 import tiny_vit
 from elastic_pipe.orchestrator.faults import FAULT_ENV
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 MODEL = dict(tiny_vit.OPTIONS)
 #: 320 digits: 256 training samples, 8 steps of 32 an epoch.
@@ -181,16 +181,14 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
     return {"seen": seen, "result": result}
 
 
-def _two_rank_tasks(ctx: RankContext, tmp: str) -> dict[str, Any]:
-    """The 2-rank tests' work, one after the other in one job (starting the ranks costs about as much as a run):
-    ``_record_ids`` (which puts back what it patches), then ``_stop_at_a_decision_point_and_resume`` in ``tmp``."""
-    return {"record_ids": _record_ids(ctx), "stop_and_resume": _stop_at_a_decision_point_and_resume(ctx, tmp)}
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The 2-rank tests' work, one after the other in one job (starting the ranks costs about as much as a run):
+    ``_record_ids`` (which puts back what it patches), then ``_stop_at_a_decision_point_and_resume``."""
+    tmp = str(tmp_path_factory.mktemp("decide"))
+    tasks = {"record_ids": (_record_ids, ()), "stop_and_resume": (_stop_at_a_decision_point_and_resume, (tmp,))}
     # the two jobs had 180 s and 300 s: the job gets their sum
-    return run_distributed(_two_rank_tasks, 2, str(tmp_path_factory.mktemp("decide")), timeout=480)
+    return run_distributed(run_tasks, 2, tasks, timeout=480)
 
 
 @pytest.mark.distributed

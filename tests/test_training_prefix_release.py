@@ -16,7 +16,7 @@ import tiny_vit
 from elastic_pipe.groups import plan_spmd
 from elastic_pipe.orchestrator import OrchestratorError
 from elastic_pipe.orchestrator.transition import Transfer, plan_transfers
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from elastic_pipe.types import Layout
 
 
@@ -173,16 +173,12 @@ def _small_cache(ctx: RankContext) -> dict[str, Any]:
     return _train(True, {"pipeline.cache_tiers": {"device": 100 * 17 * 16 * 8}})
 
 
-def _all_runs(ctx: RankContext) -> dict[str, Any]:
-    return {"both": _both(ctx), "small_cache": _small_cache(ctx)}
-
-
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict[str, Any]]:
     """The three trainings of the tests below, one after the other in one 2-rank job (each test started its own:
     the ranks' start-up cost about as much as a training); each builds its own trainer, and ``_train`` puts back
     what it patches. Timeout: the suite's 500 s cap (400 s + 300 s before; the trainings take seconds)."""
-    return run_distributed(_all_runs, 2, timeout=500)
+    return run_distributed(run_tasks, 2, {"both": (_both, ()), "small_cache": (_small_cache, ())}, timeout=500)
 
 
 @pytest.mark.distributed

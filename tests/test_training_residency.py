@@ -23,7 +23,7 @@ from elastic_pipe.orchestrator.layout_rule import (
 )
 from elastic_pipe.orchestrator.sections import size_bytes
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
-from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from elastic_pipe.types import Layout
 
 
@@ -243,17 +243,14 @@ def _train_and_measure(ctx: RankContext) -> dict[str, Any]:
     return out
 
 
-def _four_rank_runs(ctx: RankContext, tight: int, roomy: int) -> dict[str, Any]:
-    """The 4-rank trainings of this module, one after the other in one job (starting 4 ranks on 2 cores costs about
-    as much as a training); each builds its own trainers, as in a job of its own."""
-    return {"measure": _train_and_measure(ctx), "within": _train_within(ctx, tight, roomy)}
-
-
 @pytest.fixture(scope="module")
 def four_ranks() -> list[dict[str, Any]]:
+    """The 4-rank trainings of this module, one after the other in one job (starting 4 ranks on 2 cores costs about
+    as much as a training); each builds its own trainers, as in a job of its own."""
     tight, roomy, _ = _budgets()
+    tasks = {"measure": (_train_and_measure, ()), "within": (_train_within, (tight, roomy))}
     # the two jobs had 300 s and 400 s; the suite caps a job at 500 s, and both trainings take well under a minute
-    return run_distributed(_four_rank_runs, 4, tight, roomy, timeout=500)
+    return run_distributed(run_tasks, 4, tasks, timeout=500)
 
 
 @pytest.mark.distributed

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from elastic_pipe.testing.distributed import DistributedTestError, RankContext, run_distributed
+from elastic_pipe.testing.distributed import DistributedTestError, RankContext, run_distributed, run_tasks
 
-__all__ = ["DistributedTestError", "RankContext", "run_distributed"]
+__all__ = ["DistributedTestError", "RankContext", "run_distributed", "run_tasks"]

@@ -46,7 +46,7 @@ import signal
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
@@ -57,7 +57,7 @@ import torch.distributed as dist
 
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["DistributedTestError", "RankContext", "run_distributed"]
+__all__ = ["DistributedTestError", "RankContext", "run_distributed", "run_tasks"]
 
 _HOST = "127.0.0.1"
 #: Seconds to keep collecting reports from other ranks after the first failure.
@@ -184,6 +184,20 @@ def _child(
         results.put((ctx.rank, False, traceback.format_exc()))
         raise SystemExit(1) from None
     results.put((ctx.rank, True, value))
+
+
+def run_tasks(ctx: RankContext, tasks: Mapping[Hashable, tuple[Callable[..., Any], tuple[Any, ...]]]) -> dict[Any, Any]:
+    """Run several rank functions one after the other in one job: ``run_distributed(run_tasks, n, tasks)``.
+
+    Starting the ranks (an interpreter, torch, the orchestrator) often costs more than what a test's ranks do, so
+    tests of one module that need jobs of the same size can share one (a module-scoped fixture). Each task is
+    ``fn(ctx, *args)`` and builds what it needs, as in a job of its own; a task that patches a library function
+    puts it back before it returns, since the next task runs in the same process.
+
+    Returns:
+        Per key of ``tasks``, what its function returned on this rank.
+    """
+    return {key: fn(ctx, *args) for key, (fn, args) in tasks.items()}
 
 
 def _destroy_group() -> None:
