@@ -126,9 +126,9 @@ LOOP_OPTIONS = ("anneal", "scaled")
 
 
 def build_policy(arm: Arm, num_units: int, total_steps: int) -> freeze.FreezePolicy:
-    """The arm's policy over ``num_units`` units (FreezeOut learns the run's length)."""
+    """The arm's policy over ``num_units`` units (a policy that takes ``total_steps`` learns the run's length)."""
     options = {k: v for k, v in arm.options.items() if k not in LOOP_OPTIONS}
-    if arm.policy == "freezeout":
+    if arm.policy in freeze.POLICIES and freeze.takes_total_steps(freeze.POLICIES[arm.policy]):
         options.setdefault("total_steps", total_steps)
     return freeze.make_policy(arm.policy, num_units, **options)
 
@@ -441,23 +441,23 @@ def evaluate(
 
 @torch.no_grad()
 def probe_outputs(
-    model: SubLayerModel, probe: torch.Tensor, first: int, limit: int, autocast: bool
+    model: SubLayerModel, h: torch.Tensor, first: int, limit: int, autocast: bool
 ) -> dict[int, torch.Tensor]:
-    """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout)."""
+    """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout), from
+    ``h``, the probe's activation where unit ``first`` starts (the frozen prefix's output never changes, so it is
+    kept rather than run again)."""
     if first >= limit:
         return {}
     was = model.training
     model.eval()
     out: dict[int, torch.Tensor] = {}
-    h = probe
-    start = 0
-    with torch.autocast(probe.device.type, torch.bfloat16, enabled=autocast):
-        for u in range(limit):
+    start = model.prefix_len(first)
+    with torch.autocast(h.device.type, torch.bfloat16, enabled=autocast):
+        for u in range(first, limit):
             end = model.unit_bounds(u)[1]
             h = model.slice(start, end)(h)
             start = end
-            if u >= first:
-                out[u] = h
+            out[u] = h
     model.train(was)
     return out
 
@@ -540,10 +540,18 @@ def train_arm(
     quarters = decision_steps(spe)
     gen = torch.Generator().manual_seed(seed)
     t_start = time.perf_counter()
-    if drift is not None:  # the baseline: the checkpoint's outputs
-        drift.measure(probe_outputs(model, probe, 0, watched, autocast), num_units)
-        for u in range(watched):
+    probe_out: dict[int, torch.Tensor] = {}  # the probe's unit outputs at the last decision point
+
+    def run_probe() -> dict[int, torch.Tensor]:
+        # from the frozen boundary: the frozen units' outputs were measured with the weights they froze with
+        outputs = probe_outputs(model, probe_out.get(frozen - 1, probe), frozen, watched, autocast)
+        for u in outputs:
             work["probe"][u] += len(probe)
+        return outputs
+
+    if drift is not None:  # the baseline: the checkpoint's outputs
+        probe_out = run_probe()
+        drift.measure(probe_out, num_units)
     step = 0
     for epoch in range(task.epochs):
         order = torch.randperm(n, generator=gen)
@@ -553,13 +561,11 @@ def train_arm(
                 if tracker is not None and tracker.steps:
                     policy.observe(tracker.local_stats(num_units))
                     tracker.reset()
-                if drift is not None:
-                    change = freeze.relative_change(
-                        *drift.measure(probe_outputs(model, probe, frozen, watched, autocast), num_units)
-                    )
+                if drift is not None and frozen < watched:  # once every watched unit is frozen, nothing to read
+                    fresh = run_probe()
+                    probe_out = {**probe_out, **fresh}
+                    change = freeze.relative_change(*drift.measure(fresh, num_units))
                     policy.observe_drift(change)  # type: ignore[attr-defined]
-                    for u in range(watched):  # the probe runs through the frozen units too
-                        work["probe"][u] += len(probe)
                     drift_log.append([round(c, 6) if math.isfinite(c) else -1.0 for c in change[:watched]])
                     set_modes(model, frozen)
                 signal_s += time.perf_counter() - t0

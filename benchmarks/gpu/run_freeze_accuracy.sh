@@ -3,8 +3,10 @@
 # Usage: benchmarks/gpu/run_freeze_accuracy.sh OUT_DIR [EXTRA_ARMS]
 #   env ONLY_ARMS="none;..." limits the study to those arms, E2E_ARMS the timed runs (default: none, the default
 #   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds,
-#   QUICK=1 runs the tiny sizes (a smoke test of the command on CPU), PARTS the scratch folder.
-# The tasks' seeds run side by side (one process each) to fill the GPU; their wall times are therefore contended.
+#   QUICK=1 runs the tiny sizes (a smoke test of the command on CPU), PARTS the scratch folder, SPLIT=K (with
+#   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2).
+# The tasks' seeds (and arm groups) run side by side, one process each, to fill the GPU; their wall times are
+# therefore contended.
 # The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
 set -u
 out=$1
@@ -16,15 +18,29 @@ mkdir -p "$parts"
 start=$(date +%s)
 $bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &
 pre=$!
-for s in 0 1 2; do
-  $bench --tasks minilm_bbc --seeds $s --arms "$extra" --only-arms "$only" --threads 2 \
-    --out "$parts/study_bbc$s.json" 2> "$parts/bbc$s.log" &
-done
+split=${SPLIT:-1}
+groups=("$only")  # one group: every arm ("" = the study's standard arms)
+if [[ -n $only ]] && (( split > 1 )); then
+  IFS=';' read -r -a arms <<< "$only"
+  groups=()
+  for ((g = 0; g < split; g++)); do
+    group=""
+    for ((i = g; i < ${#arms[@]}; i += split)); do group+="${group:+;}${arms[i]}"; done
+    [[ -n $group ]] && groups+=("$group")
+  done
+fi
+run_task() {  # task, extra flags...: every seed x arm group, side by side
+  local task=$1; shift
+  for s in 0 1 2; do
+    for g in "${!groups[@]}"; do
+      $bench --tasks "$task" --seeds $s --arms "$extra" --only-arms "${groups[g]}" --threads "${THREADS:-2}" "$@" \
+        --out "$parts/study_${task}_$s.$g.json" 2> "$parts/${task}_$s.$g.log" &
+    done
+  done
+}
+run_task minilm_bbc
 wait $pre
-for s in 0 1 2; do
-  $bench --tasks vit_digits --seeds $s --arms "$extra" --only-arms "$only" --threads 2 \
-    --vit-checkpoint "$parts/vit_mnist5k.safetensors" --out "$parts/study_vit$s.json" 2> "$parts/vit$s.log" &
-done
+run_task vit_digits --vit-checkpoint "$parts/vit_mnist5k.safetensors"
 wait
 cat "$parts"/*.log > "$out/study.log"
 $bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"

@@ -31,7 +31,7 @@ from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.plan import frozen_by_epoch
 from elastic_pipe.freeze.policy import FreezePolicy, decide, needs_probe, signal_layers
 from elastic_pipe.freeze.probe import OutputDrift, relative_change
-from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy
+from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy, takes_total_steps
 from elastic_pipe.freeze.settled import Settled
 from elastic_pipe.freeze.stats import LayerStats, merge_stats
 from elastic_pipe.freeze.tracker import GradNormTracker
@@ -66,4 +66,5 @@ __all__ = [
     "register_policy",
     "relative_change",
     "signal_layers",
+    "takes_total_steps",
 ]

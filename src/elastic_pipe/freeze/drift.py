@@ -10,7 +10,8 @@ all, and this signal sees it from the first interval::
     c_l(t)    = ||H_l(t) - H_l(t-1)||_F / ||H_l(t-1)||_F     H_l: layer l's output on the probe batch, eval mode
     still_l   = c_l(t) <= threshold
                 or c_l(t) <= relative * c_top(t)        (relative; top = cap - 1, the highest watched layer)
-                or c_top(t) <= settle * max_s c_top(s)  (settle: the whole network has slowed down)
+                or c_top(t) <= settle * max_s c_top(s)  (settle: the whole network has slowed down;
+                                                         with settle_after, only from that share of the run on)
     streak_l  = consecutive observations with still_l                       (reset to 0 by any other one)
     ready     = leading active layers current, current+1, ... with streak >= patience, stopping at the first other
     proposal  = current + min(ready, max_step, cap - current)               cap = floor(max_fraction * L)
@@ -22,7 +23,10 @@ The two optional tests read the drift against the network's own: ``relative`` ca
 much less than the highest watched one (a pre-trained encoder's lower blocks, from the first interval on, whatever
 the learning rate), ``settle`` calls every layer still once the highest one's drift has fallen to a small share of
 the largest it has shown (late in a decaying schedule, when freezing everything left costs little). Both came
-from the two study tasks' probe drifts (docs/freeze.md, "The drift policy on the two tasks").
+from the two study tasks' probe drifts (docs/freeze.md, "The drift policy on the two tasks"). ``settle_after``
+keeps the settle test out of the first part of the run (a share of ``total_steps``, which a runtime fills in with
+the run's length, as for FreezeOut): a fine-tune whose top layers settle early may still need them (docs/freeze.md,
+"Settling, not before").
 
 The runtime computes the numbers (:class:`~elastic_pipe.freeze.probe.OutputDrift` and
 :func:`~elastic_pipe.freeze.probe.relative_change`, merged over stages) and hands them to :meth:`Drift.observe_drift`
@@ -38,8 +42,9 @@ import math
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from elastic_pipe.freeze._numeric import reached
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.policy import check_num_layers
+from elastic_pipe.freeze.policy import check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
 from elastic_pipe.freeze.streaks import StreakPolicy
 
@@ -104,6 +109,10 @@ class Drift(StreakPolicy):
         settle: every layer's interval is also still once the highest watched layer's change is at most this
             share of the largest it has shown, in (0, 1); None: no such test. With ``max_step`` of L and
             ``max_fraction`` 1.0, everything below the head freezes at once when the network settles.
+        settle_after: the settle test counts only at decision points from this share of ``total_steps`` on, in
+            (0, 1]; None: from the start. Needs ``settle`` and ``total_steps``.
+        total_steps: optimizer steps of the whole run (>= 1); read only with ``settle_after`` (a runtime fills it
+            in with the run's length).
         patience: consecutive still intervals a layer needs (>= 1).
         max_fraction: never freeze more than ``floor(max_fraction * L)`` layers, in (0, 1].
         max_step: at most this many new layers per decision (>= 1).
@@ -129,6 +138,8 @@ class Drift(StreakPolicy):
         threshold: float = DEFAULT_THRESHOLD,
         relative: float | None = None,
         settle: float | None = None,
+        settle_after: float | None = None,
+        total_steps: int | None = None,
         patience: int = DEFAULT_PATIENCE,
         max_fraction: float = DEFAULT_MAX_FRACTION,
         max_step: int = DEFAULT_MAX_STEP,
@@ -141,10 +152,23 @@ class Drift(StreakPolicy):
         for option, value in (("relative", relative), ("settle", settle)):
             if value is not None and (isinstance(value, bool) or not 0.0 < value < 1.0):
                 raise FreezeError(f"Drift: {option} must be a number in (0, 1) or None, got {value!r}")
+        if settle_after is not None:
+            if isinstance(settle_after, bool) or not (math.isfinite(settle_after) and 0.0 < settle_after <= 1.0):
+                raise FreezeError(f"Drift: settle_after must be a number in (0, 1] or None, got {settle_after!r}")
+            if settle is None:
+                raise FreezeError("Drift: settle_after needs settle (the test it delays)")
+            if total_steps is None:
+                raise FreezeError("Drift: settle_after needs total_steps (the run's optimizer steps)")
+        if total_steps is not None:
+            check_positive_int("Drift", "total_steps", total_steps)
         self.threshold = float(threshold)
         self.relative = None if relative is None else float(relative)
         self.settle = None if settle is None else float(settle)
+        self.settle_after = None if settle_after is None else float(settle_after)
+        self.total_steps = total_steps
         self._top_peak = 0.0  # the largest finite drift of the highest watched layer so far (settle)
+        # with settle_after: the streaks without the settle test, which decide before settle_after of the run
+        self._unsettled: tuple[int, ...] = (0,) * num_layers
         super().__init__(
             num_layers,
             patience=patience,
@@ -167,22 +191,37 @@ class Drift(StreakPolicy):
         if len(change) != self.num_layers:
             raise FreezeError(f"Drift.observe_drift: got {len(change)} changes, expected {self.num_layers}")
         values = [float(c) for c in change]
-        streaks = quiet_streaks(self._streaks, values, self.threshold)  # also checks the values
+        quiet_streaks(self._streaks, values, self.threshold)  # checks the values
         top = self.signal_layers - 1  # the highest watched layer (-1: a cap of 0, nothing ever freezes)
         c_top = values[top] if top >= 0 else math.inf
-        if math.isfinite(c_top):  # inf: the top layer has no baseline yet, so nothing is relative to it
-            if self.settle is not None:
-                self._top_peak = max(self._top_peak, c_top)
-                if c_top <= self.settle * self._top_peak:
-                    streaks = tuple(s + 1 for s in self._streaks)  # the whole network is still this interval
-            if self.relative is not None and c_top > 0.0:
-                bound = self.relative * c_top
-                streaks = tuple(
-                    new if new > 0 or layer >= top or values[layer] > bound else old + 1
-                    for layer, (new, old) in enumerate(zip(streaks, self._streaks, strict=True))
-                )
-        self._streaks = streaks
+        settled = False
+        if self.settle is not None and math.isfinite(c_top):  # inf: the top layer has no baseline yet
+            self._top_peak = max(self._top_peak, c_top)
+            settled = c_top <= self.settle * self._top_peak
+        if self.settle_after is not None:
+            self._unsettled = self._advance(self._unsettled, values, c_top, settled=False)
+        self._streaks = self._advance(self._streaks, values, c_top, settled=settled)
         self._fresh = True
+
+    def _advance(
+        self, streaks: tuple[int, ...], values: Sequence[float], c_top: float, *, settled: bool
+    ) -> tuple[int, ...]:
+        """``streaks`` after one interval: each layer still by the threshold, by ``settled`` (every layer) or by
+        the relative test (a layer below the top that moved by at most ``relative`` times the top)."""
+        new = tuple(s + 1 for s in streaks) if settled else quiet_streaks(streaks, values, self.threshold)
+        top = self.signal_layers - 1
+        if self.relative is None or not (math.isfinite(c_top) and c_top > 0.0):
+            return new
+        bound = self.relative * c_top
+        return tuple(
+            n if n > 0 or layer >= top or values[layer] > bound else old + 1
+            for layer, (n, old) in enumerate(zip(new, streaks, strict=True))
+        )
+
+    def _ready_streaks(self, step: int) -> tuple[int, ...]:
+        if self.settle_after is None or self.total_steps is None:
+            return self._streaks
+        return self._streaks if reached(step, self.settle_after * self.total_steps) else self._unsettled
 
     def observe_eval(self, loss: float) -> None:
         """Update the held-out guard with a held-out loss."""
@@ -191,11 +230,17 @@ class Drift(StreakPolicy):
     def _signal_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"threshold": self.threshold}
         # only when set, so that the snapshots of runs without them still load
-        config.update({k: v for k, v in (("relative", self.relative), ("settle", self.settle)) if v is not None})
+        options = (("relative", self.relative), ("settle", self.settle), ("settle_after", self.settle_after))
+        config.update({k: v for k, v in options if v is not None})
+        if self.settle_after is not None:
+            config["total_steps"] = self.total_steps
         return config
 
     def _signal_state(self) -> dict[str, Any]:
-        return {} if self.settle is None else {"top_peak": self._top_peak}
+        state: dict[str, Any] = {} if self.settle is None else {"top_peak": self._top_peak}
+        if self.settle_after is not None:
+            state["unsettled"] = list(self._unsettled)
+        return state
 
     def _load_signal(self, state: dict[str, Any]) -> tuple[int, ...]:
         streaks = tuple(int(s) for s in state["streaks"])
@@ -209,4 +254,14 @@ class Drift(StreakPolicy):
             if isinstance(peak, bool) or not isinstance(peak, int | float) or not (math.isfinite(peak) and peak >= 0):
                 raise FreezeError(f"Drift.load_state_dict: top_peak {peak!r} in the snapshot, expected a number >= 0")
             self._top_peak = float(peak)
+        if self.settle_after is not None:
+            unsettled = state.get("unsettled")
+            if not isinstance(unsettled, list) or len(unsettled) != self.num_layers or any(
+                isinstance(u, bool) or not isinstance(u, int) or u < 0 for u in unsettled
+            ):
+                raise FreezeError(
+                    f"Drift.load_state_dict: unsettled {unsettled!r} in the snapshot, expected {self.num_layers} "
+                    "counts >= 0"
+                )
+            self._unsettled = tuple(unsettled)
         return streaks

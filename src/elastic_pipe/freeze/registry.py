@@ -17,7 +17,7 @@ from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.policy import FreezePolicy, check_policy
 from elastic_pipe.freeze.settled import Settled
 
-__all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy"]
+__all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy", "takes_total_steps"]
 
 #: Builds a policy from ``num_layers`` and keyword options.
 PolicyFactory: TypeAlias = Callable[..., FreezePolicy]
@@ -49,6 +49,15 @@ def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False)
     if name in POLICIES and not replace:
         raise FreezeError(f"register_policy: {name!r} is already registered (pass replace=True to override)")
     POLICIES[name] = factory
+
+
+def takes_total_steps(factory: PolicyFactory) -> bool:
+    """Whether ``factory`` has a ``total_steps`` parameter (FreezeOut, Drift): a runtime fills it in with the run's
+    optimizer steps when the options leave it out."""
+    try:
+        return "total_steps" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # no introspectable signature
+        return False
 
 
 def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:

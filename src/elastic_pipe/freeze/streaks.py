@@ -133,7 +133,11 @@ class StreakPolicy(ABC):
         fresh, self._fresh = self._fresh, False
         if not fresh or self.guard.held:
             return current
-        return converged_prefix(self._streaks, current, self.patience, self.signal_layers, self.max_step)
+        return converged_prefix(self._ready_streaks(step), current, self.patience, self.signal_layers, self.max_step)
+
+    def _ready_streaks(self, step: int) -> tuple[int, ...]:
+        """The streaks a decision at ``step`` reads: ``_streaks`` unless the signal says otherwise."""
+        return self._streaks
 
     @abstractmethod
     def _signal_config(self) -> dict[str, Any]:

@@ -201,8 +201,8 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     Args:
         config: the run's config.
         num_units: the model's freeze units.
-        total_steps: the run's optimizer steps (:func:`run_steps`): FreezeOut's ``total_steps`` when the config
-            gives none.
+        total_steps: the run's optimizer steps (:func:`run_steps`): the ``total_steps`` of a policy that takes one
+            (FreezeOut, Drift) when the config gives none.
 
     Raises:
         ConfigError: an unknown name, options the factory does not take, or an object that is not a policy.
@@ -210,7 +210,7 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     spec = config.freeze.policy
     factory = resolve(spec, freeze.POLICIES, "freeze policy")
     options = config.freeze.policy_options
-    if spec == "freezeout" and "total_steps" not in options and total_steps is not None:
+    if "total_steps" not in options and total_steps is not None and freeze.takes_total_steps(factory):
         options["total_steps"] = max(1, total_steps)
     try:
         if spec in freeze.POLICIES:
