@@ -215,9 +215,16 @@ SMALL_LR = 3e-4
 
 
 def vit_digits(
-    quick: bool, device: torch.device, checkpoint: Path | None, autocast: bool, *, small: bool = False
+    quick: bool,
+    device: torch.device,
+    checkpoint: Path | None,
+    autocast: bool,
+    *,
+    small: bool = False,
+    pretrain: bool = True,
 ) -> Task:
-    """A ViT pre-trained on MNIST-5k, fine-tuned on digits (see the module docstring)."""
+    """A ViT pre-trained on MNIST-5k, fine-tuned on digits (see the module docstring); without ``pretrain`` the
+    model keeps its initial weights (enough to time its units)."""
     tiny = quick or small
     preset: dict[str, Any] = {"config": "vit-tiny"} if tiny else {"config": "vit-tiny", **VIT_DIGITS}
     side = 8 if tiny else int(VIT_DIGITS["image_size"])
@@ -230,11 +237,12 @@ def vit_digits(
     if quick:
         train_l, test_l = train_l[:256], test_l[:96]
     parts = _split(x, y, train_l, test_l)
-    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side, small=small)
+    state = pretrained_vit(preset, quick, device, checkpoint, autocast, side, small=small) if pretrain else None
 
     def build() -> SubLayerModel:
         model = models.vit(**preset)
-        model.load_state_dict(state)
+        if state is not None:
+            model.load_state_dict(state)
         return model
 
     return Task(
@@ -637,12 +645,29 @@ def log(msg: str) -> None:
     print(f"[freeze-accuracy {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def run_task(task: Task, arms: list[Arm], seeds: list[int], device: torch.device, autocast: bool) -> dict[str, Any]:
-    """Every arm and seed of ``task`` from the same checkpoint; per-arm summaries."""
-    example = task.train[0][: task.batch]
-    costs = unit_costs(task.build(), example, device, autocast)
+def task_costs(task: Task, device: torch.device, autocast: bool, shared: Path | None) -> dict[str, list[float]]:
+    """The unit costs of ``task``: read from ``shared`` (a JSON file of costs by task name) when it holds them, else
+    measured (and added to ``shared``). Runs side by side time each other's kernels too, so a study that runs them
+    so measures the costs first, alone (``--costs-only``), and shares them."""
+    known = json.loads(shared.read_text()) if shared is not None and shared.is_file() else {}
+    if task.name in known:
+        costs: dict[str, list[float]] = known[task.name]
+        origin = f"from {shared}"
+    else:
+        costs = unit_costs(task.build(), task.train[0][: task.batch], device, autocast)
+        origin = "measured"
+        if shared is not None:
+            shared.write_text(json.dumps({**known, task.name: costs}, indent=2) + "\n")
     ms = {k: [round(c * 1e3, 2) for c in v] for k, v in costs.items()}
-    log(f"{task.name}: unit costs (ms) forward {ms['forward']} backward {ms['backward']} head {ms['head']}")
+    log(f"{task.name}: unit costs (ms, {origin}) forward {ms['forward']} backward {ms['backward']} head {ms['head']}")
+    return costs
+
+
+def run_task(
+    task: Task, arms: list[Arm], seeds: list[int], device: torch.device, autocast: bool, costs: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Every arm and seed of ``task`` from the same checkpoint, ``costs`` its units' (:func:`task_costs`);
+    per-arm summaries."""
     out: dict[str, Any] = {}
     for arm in arms:
         runs = {}
@@ -786,6 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minilm-dir", default=None, help="MiniLM files instead of the bundled ones")
     ap.add_argument("--vit-checkpoint", type=Path, default=None, help="share the MNIST-5k pre-training via a file")
     ap.add_argument("--pretrain-only", action="store_true")
+    ap.add_argument("--unit-costs", type=Path, default=None, help="read (or write) the units' costs in this JSON file")
+    ap.add_argument(
+        "--costs-only", action="store_true", help="only measure the tasks' unit costs into --unit-costs (no training)"
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--plot", type=Path, default=None, help=f"default with the full study: {PLOT}")
@@ -814,8 +843,12 @@ def main(argv: list[str] | None = None) -> int:
         arms = [a for a in arms if a.name in keep]
     builders: dict[str, Callable[[], Task]] = {
         "minilm_bbc": lambda: minilm_bbc(args.quick, args.minilm_dir),
-        "vit_digits": lambda: vit_digits(args.quick, device, args.vit_checkpoint, autocast, small=args.small),
+        "vit_digits": lambda: vit_digits(
+            args.quick, device, args.vit_checkpoint, autocast, small=args.small, pretrain=not args.costs_only
+        ),
     }
+    if args.costs_only and args.unit_costs is None:
+        raise SystemExit("--costs-only needs --unit-costs FILE (where the costs go)")
     report: dict[str, Any] = {
         "default_policy": DEFAULT_POLICY,
         "default_options": DEFAULT_OPTIONS,
@@ -833,9 +866,14 @@ def main(argv: list[str] | None = None) -> int:
         if name not in builders:
             raise SystemExit(f"--tasks: unknown task {name!r}; expected {', '.join(builders)}")
         task = builders[name]()
-        report["tasks"][name] = run_task(task, arms, seeds, device, autocast)
+        costs = task_costs(task, device, autocast, args.unit_costs)
+        if args.costs_only:
+            continue
+        report["tasks"][name] = run_task(task, arms, seeds, device, autocast, costs)
         if name == "vit_digits":
             report["tasks"][name]["pretrain_accuracy"] = PRETRAIN_ACCURACY[0]
+    if args.costs_only:
+        return 0
     if report["tasks"] and all("none" in t["arms"] for t in report["tasks"].values()):
         safety(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,8 @@
 #   env ONLY_ARMS="none;..." limits the study to those arms, E2E_ARMS the timed runs (default: none, the default
 #   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds,
 #   QUICK=1 runs the tiny sizes (a smoke test of the command on CPU), PARTS the scratch folder, SPLIT=K (with
-#   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2).
+#   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2), SEEDS the
+#   seeds (default "0 1 2"). The units' costs are measured once, alone, before the runs start.
 # The tasks' seeds (and arm groups) run side by side, one process each, to fill the GPU; their wall times are
 # therefore contended.
 # The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
@@ -16,6 +17,8 @@ bench="python3 benchmarks/bench_freeze_accuracy.py ${QUICK:+--quick}"
 parts=${PARTS:-/tmp/freeze_parts}
 mkdir -p "$parts"
 start=$(date +%s)
+# the units' costs first, with nothing else on the GPU: the runs side by side would time each other's kernels
+$bench --costs-only --unit-costs "$parts/costs.json" 2> "$parts/costs.log"
 $bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &
 pre=$!
 split=${SPLIT:-1}
@@ -31,9 +34,10 @@ if [[ -n $only ]] && (( split > 1 )); then
 fi
 run_task() {  # task, extra flags...: every seed x arm group, side by side
   local task=$1; shift
-  for s in 0 1 2; do
+  for s in ${SEEDS:-0 1 2}; do
     for g in "${!groups[@]}"; do
       $bench --tasks "$task" --seeds $s --arms "$extra" --only-arms "${groups[g]}" --threads "${THREADS:-2}" "$@" \
+        --unit-costs "$parts/costs.json" \
         --out "$parts/study_${task}_$s.$g.json" 2> "$parts/${task}_$s.$g.log" &
     done
   done
@@ -46,7 +50,7 @@ cat "$parts"/*.log > "$out/study.log"
 $bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"
 echo "study done after $(( $(date +%s) - start )) s"
 if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
-  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
+  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --unit-costs "$parts/costs.json" --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
     --out "$out/freeze_accuracy_e2e.json" 2> "$out/e2e.log"
   echo "e2e done after $(( $(date +%s) - start )) s"
 fi
