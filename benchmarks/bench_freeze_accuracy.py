@@ -12,7 +12,7 @@ Tasks (every arm of a task starts from the same checkpoint; seeds 0, 1, 2 change
   fine-tuned on scikit-learn's digits (same fixed-split scheme).
 
 Arms: ``none`` (no freezing), ``alpha`` 1/3, 0.2, 0.1 (the PipeTransformer schedule), ``freezeout`` (t0 = 0.5),
-``autofreeze`` (median), the convergence-aware ``settled`` (its defaults), the proposed default ``freezeout:t0=0.7``,
+``autofreeze`` (median), the convergence-aware ``settled`` (its defaults), the default ``drift`` (its defaults),
 plus any ``--arms`` given (``name`` or ``name:key=value,...`` of a registered policy; ``anneal`` and ``scaled``
 are read by the loop: :data:`LOOP_OPTIONS`). Decision points fall four times per epoch (the first step of each
 quarter); statistics-driven policies observe the interval's merged gradient norms there, the held-out guard the
@@ -52,11 +52,11 @@ from elastic_pipe.models.sublayer import SubLayerModel
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "freeze_accuracy.json"
 PLOT = ROOT / "docs" / "img" / "freeze_frontier.png"
-#: The proposed default: the policy with the most compute saved of those within 0.5 points of no freezing on both
-#: tasks in the measured study (benchmarks/results/freeze_accuracy.json). No convergence-aware policy qualified.
-DEFAULT_POLICY = "freezeout"
-DEFAULT_OPTIONS: dict[str, Any] = {"t0": 0.7}
-DEFAULT_ARM = "freezeout:t0=0.7"
+#: The trainer's default: the probe-drift policy with its own defaults (measured within 0.5 points of no freezing on
+#: both tasks while skipping 51-52% and 34% of the compute; docs/freeze.md, "The default policy").
+DEFAULT_POLICY = "drift"
+DEFAULT_OPTIONS: dict[str, Any] = {}
+DEFAULT_ARM = "drift"
 #: Decision points per epoch.
 DECISIONS_PER_EPOCH = 4
 #: Share of each task's training part held out for the guard (the test part is never seen in training).

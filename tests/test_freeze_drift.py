@@ -158,6 +158,45 @@ def test_settle_freezes_everything_once_the_top_has_slowed_to_a_share_of_its_pea
     assert state["settle"] == 0.2 and state["top_peak"] == 1.0 and "relative" not in state
 
 
+def test_settle_after_keeps_the_settle_test_out_of_the_first_part_of_the_run() -> None:
+    """With ``settle_after``, the settle test counts only at decision points from that share of ``total_steps``
+    on (steps 10, 20, ... here, of 100: from step 60); before it, a layer is still only by its own tests."""
+    rounds = [[0.5, 0.5, t] for t in [1.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]
+    early = Drift(3, threshold=0.0, settle=0.2, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
+    assert _run(early, rounds) == [0, 3, 3, 3, 3, 3, 3]  # settled from the second interval on
+    late = Drift(
+        3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0, max_step=3,
+        tolerance=None,
+    )  # fmt: skip
+    assert _run(late, rounds) == [0, 0, 0, 0, 0, 3, 3]
+    # the layers' own tests go on deciding before it: layer 0 is still by the threshold from the start
+    own = Drift(3, threshold=0.6, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
+                max_step=3, tolerance=None)  # fmt: skip
+    assert _run(own, [[0.5, 0.7, t] for t in [1.0, 0.1, 0.1, 0.1, 0.1, 0.1]]) == [1, 1, 1, 1, 1, 3]
+    # with patience 2 the settled intervals before the floor count once the floor is reached
+    patient = Drift(3, threshold=0.0, settle=0.2, settle_after=0.5, total_steps=100, patience=2, max_fraction=1.0,
+                    max_step=3, tolerance=None)  # fmt: skip
+    assert _run(patient, rounds) == [0, 0, 0, 0, 3, 3, 3]
+    state = json.loads(json.dumps(late.state_dict(), allow_nan=False))
+    assert (state["settle_after"], state["total_steps"], state["unsettled"]) == (0.6, 100, [0, 0, 0])
+    again = Drift(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
+                  max_step=3, tolerance=None)  # fmt: skip
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    with pytest.raises(FreezeError, match="total_steps=100 in the snapshot, expected 200"):
+        Drift(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=200, patience=1, max_fraction=1.0,
+              max_step=3, tolerance=None).load_state_dict(state)  # fmt: skip
+    with pytest.raises(FreezeError, match="unsettled"):
+        again.load_state_dict({**state, "unsettled": [0, -1, 0]})
+
+
+def test_the_runtime_fills_in_total_steps_for_a_policy_that_takes_it() -> None:
+    from elastic_pipe.freeze import takes_total_steps
+
+    assert takes_total_steps(Drift) and takes_total_steps(POLICIES["freezeout"])
+    assert not takes_total_steps(POLICIES["alpha"]) and not takes_total_steps(len)
+
+
 def test_a_snapshot_keeps_relative_settle_and_the_peak_and_old_snapshots_still_load() -> None:
     policy = Drift(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
     policy.observe_drift([0.01, 0.5, 0.8])
@@ -205,6 +244,11 @@ def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
         ({"relative": 0.0}, r"relative must be a number in \(0, 1\) or None"),
         ({"relative": 1.0}, r"relative must be a number in \(0, 1\) or None"),
         ({"settle": True}, r"settle must be a number in \(0, 1\) or None"),
+        ({"settle": 0.2, "settle_after": 0.0, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
+        ({"settle": 0.2, "settle_after": 1.5, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
+        ({"settle_after": 0.5, "total_steps": 10}, "settle_after needs settle"),
+        ({"settle": 0.2, "settle_after": 0.5}, "settle_after needs total_steps"),
+        ({"settle": 0.2, "settle_after": 0.5, "total_steps": 0}, "total_steps must be an integer >= 1"),
     ],
 )
 def test_bad_options_are_refused_naming_the_value(options: dict[str, Any], match: str) -> None:
@@ -241,43 +285,51 @@ changes = st.one_of(st.floats(min_value=0.0, max_value=0.05, allow_nan=False), s
 rounds_of = st.integers(min_value=1, max_value=6).flatmap(
     lambda n: st.lists(st.lists(changes, min_size=n, max_size=n), min_size=1, max_size=12)
 )
-configs = st.fixed_dictionaries(
-    {
-        "threshold": st.sampled_from([0.0, 0.01, 0.03]),
-        "patience": st.integers(1, 3),
-        "max_fraction": st.sampled_from([0.5, 0.85, 1.0]),
-        "max_step": st.integers(1, 3),
-        "tolerance": st.sampled_from([None, 0.0, 0.05]),
-        "plateau": st.sampled_from([None, 0.03]),
-        "relative": st.sampled_from([None, 0.3, 0.6]),
-        "settle": st.sampled_from([None, 0.2, 0.5]),
-    }
-).filter(lambda c: c["tolerance"] is not None or c["plateau"] is None)
+configs = (
+    st.fixed_dictionaries(
+        {
+            "threshold": st.sampled_from([0.0, 0.01, 0.03]),
+            "patience": st.integers(1, 3),
+            "max_fraction": st.sampled_from([0.5, 0.85, 1.0]),
+            "max_step": st.integers(1, 3),
+            "tolerance": st.sampled_from([None, 0.0, 0.05]),
+            "plateau": st.sampled_from([None, 0.03]),
+            "relative": st.sampled_from([None, 0.3, 0.6]),
+            "settle": st.sampled_from([None, 0.2, 0.5]),
+            "settle_after": st.sampled_from([None, 0.5]),
+        }
+    )
+    .filter(lambda c: c["tolerance"] is not None or c["plateau"] is None)
+    .map(lambda c: {**c, "settle_after": None} if c["settle"] is None else c)
+    .map(lambda c: {**c, "total_steps": 12} if c["settle_after"] is not None else c)
+)
 losses = st.lists(st.floats(min_value=0.0, max_value=10.0, allow_nan=False), min_size=12, max_size=12)
 
 
 def _signal(config: dict[str, Any], rounds: list[list[float]]) -> list[tuple[int, ...]]:
-    """Per decision, each layer's still streak by the definition (the signal), computed independently: still when
-    at most ``threshold``, or at most ``relative`` times the highest watched layer's change, or when that layer's
-    change is at most ``settle`` times the largest it has shown."""
+    """Per decision (at steps 1, 2, ...), each layer's still streak by the definition (the signal), computed
+    independently: still when at most ``threshold``, or at most ``relative`` times the highest watched layer's
+    change, or when that layer's change is at most ``settle`` times the largest it has shown (with ``settle_after``,
+    the streaks without that test decide before ``settle_after * total_steps``)."""
     n = len(rounds[0])
     top = int(config["max_fraction"] * n + 1e-9) - 1
     relative, settle = config.get("relative"), config.get("settle")
-    streaks, out, peak = [0] * n, [], 0.0
-    for change in rounds:
+    floor = (config["settle_after"] or 0.0) * config.get("total_steps", 0)
+    streaks, unsettled, out, peak = [0] * n, [0] * n, [], 0.0
+    for t, change in enumerate(rounds, start=1):
         c_top = change[top] if top >= 0 else math.inf
         settled = False
         if settle is not None and math.isfinite(c_top):
             peak = max(peak, c_top)
             settled = c_top <= settle * peak
-        still = [
+        own = [
             c <= config["threshold"]
-            or settled
             or (relative is not None and math.isfinite(c_top) and c_top > 0 and layer < top and c <= relative * c_top)
             for layer, c in enumerate(change)
         ]
-        streaks = [s + 1 if ok else 0 for s, ok in zip(streaks, still, strict=True)]
-        out.append(tuple(streaks))
+        streaks = [s + 1 if ok or settled else 0 for s, ok in zip(streaks, own, strict=True)]
+        unsettled = [s + 1 if ok else 0 for s, ok in zip(unsettled, own, strict=True)]
+        out.append(tuple(streaks if t >= floor else unsettled))
     return out
 
 
