@@ -448,6 +448,7 @@ def evaluate(
 
 
 @torch.no_grad()
+@torch.no_grad()
 def probe_outputs(
     model: SubLayerModel, h: torch.Tensor, first: int, limit: int, autocast: bool
 ) -> dict[int, torch.Tensor]:
@@ -664,7 +665,13 @@ def task_costs(task: Task, device: torch.device, autocast: bool, shared: Path | 
 
 
 def run_task(
-    task: Task, arms: list[Arm], seeds: list[int], device: torch.device, autocast: bool, costs: dict[str, list[float]]
+    task: Task,
+    arms: list[Arm],
+    seeds: list[int],
+    device: torch.device,
+    autocast: bool,
+    *,
+    costs: dict[str, list[float]],
 ) -> dict[str, Any]:
     """Every arm and seed of ``task`` from the same checkpoint, ``costs`` its units' (:func:`task_costs`);
     per-arm summaries."""
@@ -869,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         costs = task_costs(task, device, autocast, args.unit_costs)
         if args.costs_only:
             continue
-        report["tasks"][name] = run_task(task, arms, seeds, device, autocast, costs)
+        report["tasks"][name] = run_task(task, arms, seeds, device, autocast, costs=costs)
         if name == "vit_digits":
             report["tasks"][name]["pretrain_accuracy"] = PRETRAIN_ACCURACY[0]
     if args.costs_only:

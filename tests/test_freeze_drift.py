@@ -28,6 +28,24 @@ from elastic_pipe.freeze.drift import quiet_streaks
 
 FAST = settings(max_examples=60, deadline=None)
 
+#: Drift's defaults before the accuracy study's setting replaced them (no relative or settle test, one layer per
+#: decision, the guard on): the tests of each piece of the signal start from them and add the piece they test.
+PLAIN: dict[str, Any] = {
+    "threshold": 0.01,
+    "relative": None,
+    "settle": None,
+    "settle_after": None,
+    "patience": 2,
+    "max_fraction": 0.85,
+    "max_step": 1,
+    "tolerance": 0.01,
+}
+
+
+def plain(num_layers: int, **options: Any) -> Drift:
+    """A :class:`Drift` with :data:`PLAIN` options, ``options`` overriding them."""
+    return Drift(num_layers, **{**PLAIN, **options})
+
 
 def _run(policy: Drift, rounds: list[list[float]]) -> list[int]:
     frozen, plan = 0, []
@@ -107,22 +125,22 @@ def test_quiet_streaks_count_still_intervals_inclusively() -> None:
 
 
 def test_freezes_one_still_layer_per_decision_after_patience() -> None:
-    policy = Drift(4, threshold=0.01, patience=2, max_fraction=1.0, tolerance=None)
+    policy = plain(4, threshold=0.01, patience=2, max_fraction=1.0, tolerance=None)
     rounds = [[0.005, 0.008, 0.02, 0.3]] + [[0.004, 0.006, 0.009, 0.2]] * 4
     # streaks: 1100, 2210 (layer 0 ready), 3320, 4430, 5540; layer 3 keeps moving
     assert _run(policy, rounds) == [0, 1, 2, 3, 3]
 
 
 def test_a_still_layer_waits_for_the_moving_layer_before_it_and_the_cap_binds() -> None:
-    policy = Drift(3, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
+    policy = plain(3, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
     assert _run(policy, [[0.5, 0.0, 0.0], [0.0, 0.0, 0.0]]) == [0, 3]
-    capped = Drift(6, patience=1, max_step=2, tolerance=None)  # cap floor(0.85 * 6) = 5
+    capped = plain(6, patience=1, max_step=2, tolerance=None)  # cap floor(0.85 * 6) = 5
     assert capped.signal_layers == 5 and signal_layers(capped) == 5
     assert _run(capped, [[0.0] * 6] * 4) == [2, 4, 5, 5]
 
 
 def test_one_decision_per_observation_and_the_guard_holds() -> None:
-    policy = Drift(2, patience=1, max_fraction=1.0, tolerance=0.01)
+    policy = plain(2, patience=1, max_fraction=1.0, tolerance=0.01)
     policy.observe_drift([0.0, 0.0])
     policy.observe_eval(1.0)
     assert policy.propose(1, 10, 0) == 1
@@ -138,19 +156,19 @@ def test_one_decision_per_observation_and_the_guard_holds() -> None:
 def test_relative_freezes_the_layers_that_move_much_less_than_the_top_from_the_first_interval() -> None:
     """With ``relative``, a layer is still while it moves by at most that share of the highest watched layer, at
     any learning rate: here layers 0 and 1 move by a tenth and a quarter of layer 3, layer 2 by two thirds."""
-    policy = Drift(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, max_step=4, tolerance=None)
+    policy = plain(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, max_step=4, tolerance=None)
     rounds = [[0.03, 0.075, 0.2, 0.3], [0.0, 0.0, 0.2, 0.3], [0.0, 0.0, 0.05, 0.3]]
     assert _run(policy, rounds) == [2, 2, 3]
-    first = Drift(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, tolerance=None)
+    first = plain(4, threshold=0.0, relative=0.3, patience=1, max_fraction=1.0, tolerance=None)
     assert _run(first, [[0.0001, 0.0001, 0.2, math.inf]]) == [0]  # the top has no baseline: nothing relative
-    top = Drift(2, threshold=0.0, relative=0.9, patience=1, max_fraction=1.0, tolerance=None)
+    top = plain(2, threshold=0.0, relative=0.9, patience=1, max_fraction=1.0, tolerance=None)
     assert _run(top, [[0.1, 0.1]]) == [0]  # the top layer is never still relative to itself (nor layer 0 here)
 
 
 def test_settle_freezes_everything_once_the_top_has_slowed_to_a_share_of_its_peak() -> None:
     """With ``settle``, every layer is still in an interval where the highest watched layer moves by at most that
     share of the most it has moved; with ``max_step`` L everything below the head freezes at once."""
-    policy = Drift(3, threshold=0.0, settle=0.2, patience=2, max_fraction=1.0, max_step=3, tolerance=None)
+    policy = plain(3, threshold=0.0, settle=0.2, patience=2, max_fraction=1.0, max_step=3, tolerance=None)
     tops = [math.inf, 1.0, 0.5, 0.15, 0.3, 0.18, 0.1]
     # peak 1.0 from the second interval: still at 0.15, moving at 0.3 (streak reset), still at 0.18 and 0.1
     assert _run(policy, [[0.5, 0.5, t] for t in tops]) == [0, 0, 0, 0, 0, 0, 3]
@@ -162,29 +180,29 @@ def test_settle_after_keeps_the_settle_test_out_of_the_first_part_of_the_run() -
     """With ``settle_after``, the settle test counts only at decision points from that share of ``total_steps``
     on (steps 10, 20, ... here, of 100: from step 60); before it, a layer is still only by its own tests."""
     rounds = [[0.5, 0.5, t] for t in [1.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]]
-    early = Drift(3, threshold=0.0, settle=0.2, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
+    early = plain(3, threshold=0.0, settle=0.2, patience=1, max_fraction=1.0, max_step=3, tolerance=None)
     assert _run(early, rounds) == [0, 3, 3, 3, 3, 3, 3]  # settled from the second interval on
-    late = Drift(
+    late = plain(
         3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0, max_step=3,
         tolerance=None,
     )  # fmt: skip
     assert _run(late, rounds) == [0, 0, 0, 0, 0, 3, 3]
     # the layers' own tests go on deciding before it: layer 0 is still by the threshold from the start
-    own = Drift(3, threshold=0.6, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
+    own = plain(3, threshold=0.6, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
                 max_step=3, tolerance=None)  # fmt: skip
     assert _run(own, [[0.5, 0.7, t] for t in [1.0, 0.1, 0.1, 0.1, 0.1, 0.1]]) == [1, 1, 1, 1, 1, 3]
     # with patience 2 the settled intervals before the floor count once the floor is reached
-    patient = Drift(3, threshold=0.0, settle=0.2, settle_after=0.5, total_steps=100, patience=2, max_fraction=1.0,
+    patient = plain(3, threshold=0.0, settle=0.2, settle_after=0.5, total_steps=100, patience=2, max_fraction=1.0,
                     max_step=3, tolerance=None)  # fmt: skip
     assert _run(patient, rounds) == [0, 0, 0, 0, 3, 3, 3]
     state = json.loads(json.dumps(late.state_dict(), allow_nan=False))
     assert (state["settle_after"], state["total_steps"], state["unsettled"]) == (0.6, 100, [0, 0, 0])
-    again = Drift(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
+    again = plain(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=100, patience=1, max_fraction=1.0,
                   max_step=3, tolerance=None)  # fmt: skip
     again.load_state_dict(state)
     assert again.state_dict() == state
     with pytest.raises(FreezeError, match="total_steps=100 in the snapshot, expected 200"):
-        Drift(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=200, patience=1, max_fraction=1.0,
+        plain(3, threshold=0.0, settle=0.2, settle_after=0.6, total_steps=200, patience=1, max_fraction=1.0,
               max_step=3, tolerance=None).load_state_dict(state)  # fmt: skip
     with pytest.raises(FreezeError, match="unsettled"):
         again.load_state_dict({**state, "unsettled": [0, -1, 0]})
@@ -198,34 +216,56 @@ def test_the_runtime_fills_in_total_steps_for_a_policy_that_takes_it() -> None:
 
 
 def test_a_snapshot_keeps_relative_settle_and_the_peak_and_old_snapshots_still_load() -> None:
-    policy = Drift(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
+    policy = plain(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
     policy.observe_drift([0.01, 0.5, 0.8])
     state = json.loads(json.dumps(policy.state_dict(), allow_nan=False))
-    again = Drift(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
+    again = plain(3, relative=0.3, settle=0.25, patience=1, max_fraction=1.0)
     again.load_state_dict(state)
     assert again.state_dict() == state and again._top_peak == 0.8
     with pytest.raises(FreezeError, match="settle"):
-        Drift(3, relative=0.3, settle=0.5, patience=1, max_fraction=1.0).load_state_dict(state)
+        plain(3, relative=0.3, settle=0.5, patience=1, max_fraction=1.0).load_state_dict(state)
     with pytest.raises(FreezeError, match="top_peak"):
         again.load_state_dict({**state, "top_peak": -1.0})
-    plain = Drift(3, patience=1)
-    plain.observe_drift([0.0, 0.5, 0.8])
-    old = json.loads(json.dumps(plain.state_dict()))  # a snapshot from before the options existed
+    before = plain(3, patience=1)
+    before.observe_drift([0.0, 0.5, 0.8])
+    old = json.loads(json.dumps(before.state_dict()))  # a snapshot from before the options existed
     assert "relative" not in old and "settle" not in old and "top_peak" not in old
-    Drift(3, patience=1).load_state_dict(old)
+    plain(3, patience=1).load_state_dict(old)
 
 
 def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
-    policy = make_policy("drift", 12)
+    policy = make_policy("drift", 12, total_steps=200)
     assert POLICIES["drift"] is Drift and isinstance(policy, Drift)
-    assert policy.needs_stats is False and needs_probe(policy)
-    assert (policy.threshold, policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (
-        0.01,
-        2,
-        0.85,
-        1,
-        0.01,
-    )
+    assert policy.needs_stats is False and needs_probe(policy) and policy.decisions_per_epoch == 4
+
+
+def test_the_defaults_are_the_setting_the_study_measured() -> None:
+    """relative 0.15, settle 0.3 from 60% of the run, threshold 0.01, patience 1, every layer, no step limit, no
+    guard (docs/freeze.md, "The default policy"); the run's length is needed for settle_after."""
+    policy = Drift(12, total_steps=200)
+    assert (policy.threshold, policy.relative, policy.settle, policy.settle_after) == (0.01, 0.15, 0.3, 0.6)
+    assert (policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (1, 1.0, 12, None)
+    with pytest.raises(FreezeError, match=r"settle_after = 0\.6 needs total_steps"):
+        Drift(12)
+    assert Drift(12, settle_after=None).settle_after is None  # no floor: no run length needed
+    assert Drift(12, settle=None).settle_after is None  # nothing to delay
+    # the two tasks' shapes, in miniature: a network whose lower layers barely move freezes them at once, the
+    # others only once the top has settled, from step 120 of 200 on; one that moves as a whole waits for that
+    encoder, whole = Drift(4, total_steps=200), Drift(4, total_steps=200)
+    tops = [1.0, 0.8, 0.5, 0.2, 0.2, 0.2]
+    steps = [20, 40, 80, 100, 120, 140]
+    assert _decide(encoder, [[0.05, 0.1, 0.6, t] for t in tops], steps) == [2, 2, 2, 2, 4, 4]
+    assert _decide(whole, [[0.5 * t, 0.7 * t, 0.9 * t, t] for t in tops], steps) == [0, 0, 0, 0, 4, 4]
+
+
+def _decide(policy: Drift, rounds: list[list[float]], steps: list[int]) -> list[int]:
+    frozen, plan = 0, []
+    for change, step in zip(rounds, steps, strict=True):
+        policy.observe_drift(change)
+        frozen = decide(policy, 0, step, frozen)
+        plan.append(frozen)
+    return plan
+
     assert not needs_probe(make_policy("settled", 12))
     assert signal_layers(make_policy("autofreeze", 12)) == 12
 
@@ -246,18 +286,17 @@ def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
         ({"settle": True}, r"settle must be a number in \(0, 1\) or None"),
         ({"settle": 0.2, "settle_after": 0.0, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
         ({"settle": 0.2, "settle_after": 1.5, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
-        ({"settle_after": 0.5, "total_steps": 10}, "settle_after needs settle"),
-        ({"settle": 0.2, "settle_after": 0.5}, "settle_after needs total_steps"),
+        ({"settle": 0.2, "settle_after": 0.5}, "settle_after = 0.5 needs total_steps"),
         ({"settle": 0.2, "settle_after": 0.5, "total_steps": 0}, "total_steps must be an integer >= 1"),
     ],
 )
 def test_bad_options_are_refused_naming_the_value(options: dict[str, Any], match: str) -> None:
     with pytest.raises(FreezeError, match=match):
-        Drift(4, **options)
+        plain(4, **options)
 
 
 def test_observe_drift_checks_its_input() -> None:
-    policy = Drift(3)
+    policy = plain(3)
     with pytest.raises(FreezeError, match="got 2 changes, expected 3"):
         policy.observe_drift([0.0, 0.0])
     with pytest.raises(FreezeError, match="change\\[1\\]"):
@@ -265,18 +304,18 @@ def test_observe_drift_checks_its_input() -> None:
 
 
 def test_snapshot_is_plain_json_and_refuses_another_configuration() -> None:
-    policy = Drift(3, patience=1, max_fraction=1.0)
+    policy = plain(3, patience=1, max_fraction=1.0)
     policy.observe_drift([0.001, 0.5, math.inf])
     policy.observe_eval(0.7)
     state = json.loads(json.dumps(policy.state_dict(), allow_nan=False))
     assert state["streaks"] == [1, 0, 0] and state["fresh"] is True and state["best"] == 0.7
-    again = Drift(3, patience=1, max_fraction=1.0)
+    again = plain(3, patience=1, max_fraction=1.0)
     again.load_state_dict(state)
     assert again.state_dict() == policy.state_dict() and again.propose(1, 1, 0) == 1
     with pytest.raises(FreezeError, match="patience=1 in the snapshot, expected 2"):
-        Drift(3, max_fraction=1.0).load_state_dict(state)
+        plain(3, max_fraction=1.0).load_state_dict(state)
     with pytest.raises(FreezeError, match="streaks"):
-        Drift(3, patience=1, max_fraction=1.0).load_state_dict({**state, "streaks": [1, 0]})
+        plain(3, patience=1, max_fraction=1.0).load_state_dict({**state, "streaks": [1, 0]})
 
 
 # --- properties -------------------------------------------------------------------------------------------------
@@ -390,4 +429,4 @@ def test_a_dry_run_refuses_the_probe_driven_policy() -> None:
     from elastic_pipe.freeze import frozen_by_epoch
 
     with pytest.raises(FreezeError, match="drift of a probe batch's outputs"):
-        frozen_by_epoch(Drift(4), 3)
+        frozen_by_epoch(plain(4), 3)

@@ -341,7 +341,7 @@ def test_make_policy_builds_every_builtin() -> None:
         "autofreeze": {},
         "converged": {},
         "settled": {},
-        "drift": {},
+        "drift": {"total_steps": 10},
         "freezeout": {"t0": 0.5, "total_steps": 10},
         "manual": {"schedule": {1: 2}},
         "never": {},

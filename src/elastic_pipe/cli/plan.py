@@ -319,8 +319,9 @@ def run_config(args: argparse.Namespace) -> int:
     epochs = planned_epochs(config)
     doc: dict[str, Any] = {"config": args.config, "epochs": epochs}
     text = render_layouts(epochs)
-    if config.freeze.decide_every:  # decision points inside epochs: list them too
-        doc["decisions"] = decisions = planned_decisions(config)
+    decisions = planned_decisions(config)
+    if decisions:  # decision points inside epochs ([freeze] decide_every): list them too
+        doc["decisions"] = decisions
         text += "\n\n" + render_decisions(decisions)
     emit(args, doc, text)
     return 0

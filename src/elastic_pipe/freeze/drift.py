@@ -283,8 +283,10 @@ class Drift(StreakPolicy):
             self._top_peak = float(peak)
         if self.settle_after is not None:
             unsettled = state.get("unsettled")
-            if not isinstance(unsettled, list) or len(unsettled) != self.num_layers or any(
-                isinstance(u, bool) or not isinstance(u, int) or u < 0 for u in unsettled
+            if (
+                not isinstance(unsettled, list)
+                or len(unsettled) != self.num_layers
+                or any(isinstance(u, bool) or not isinstance(u, int) or u < 0 for u in unsettled)
             ):
                 raise FreezeError(
                     f"Drift.load_state_dict: unsettled {unsettled!r} in the snapshot, expected {self.num_layers} "

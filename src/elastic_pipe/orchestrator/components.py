@@ -12,6 +12,7 @@ user's own policy, model or dataset without anything being registered.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from torch import nn
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, models, partition
 from elastic_pipe import schedule as sched
-from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.config import DECIDE_AUTO, TrainConfig
 from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
@@ -38,11 +39,13 @@ __all__ = [
     "Components",
     "build_model",
     "components_from_config",
+    "decision_interval",
     "epoch_steps",
     "load_samples",
     "make_policy",
     "resolve",
     "run_steps",
+    "with_decisions",
 ]
 
 T = TypeVar("T")
@@ -193,6 +196,31 @@ def run_steps(config: TrainConfig, samples: int) -> int | None:
         return None
     total = per_epoch * config.train.epochs
     return min(total, config.train.max_steps) if config.train.max_steps else total
+
+
+def decision_interval(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> int:
+    """``[freeze] decide_every`` in optimizer steps (0: a decision point after every epoch).
+
+    An integer is taken as it is. ``"auto"`` is the policy's rhythm: a policy with ``decisions_per_epoch = n``
+    (Drift: 4, the rhythm its defaults were measured at) decides every ``steps_per_epoch // n`` steps, any other
+    after every epoch (the published rhythm).
+    """
+    every = config.freeze.decide_every
+    if every != DECIDE_AUTO:
+        return int(every)
+    n = getattr(policy, "decisions_per_epoch", None)
+    per_epoch = epoch_steps(config, samples)
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 1 or not per_epoch:
+        return 0
+    return max(1, per_epoch // n)
+
+
+def with_decisions(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> TrainConfig:
+    """``config`` with ``[freeze] decide_every`` resolved to steps (:func:`decision_interval`): what a run reads."""
+    every = decision_interval(config, policy, samples)
+    if every == config.freeze.decide_every:
+        return config
+    return dataclasses.replace(config, freeze=dataclasses.replace(config.freeze, decide_every=every))
 
 
 def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None = None) -> freeze.FreezePolicy:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
+from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import (
@@ -40,8 +40,9 @@ def _row(units: int, layout: Layout) -> dict[str, Any]:
     }
 
 
-def _plannable(config: TrainConfig) -> tuple[Components, int]:
-    """The built components and the steps per epoch, or why the run cannot be planned."""
+def _plannable(config: TrainConfig) -> tuple[TrainConfig, Components, int]:
+    """The config with ``[freeze] decide_every`` in steps, the built components and the steps per epoch, or why the
+    run cannot be planned."""
     parts = components_from_config(config)
     if parts.policy.needs_stats or freeze.needs_probe(parts.policy):
         raise ConfigError(
@@ -53,14 +54,14 @@ def _plannable(config: TrainConfig) -> tuple[Components, int]:
     steps = epoch_steps(config, num_samples(parts.data))
     if steps is None:
         raise ConfigError(f"train.global_batch = {config.train.global_batch} does not split over the layouts")
-    return parts, steps
+    return with_decisions(config, parts.policy, num_samples(parts.data)), parts, steps
 
 
 def _every_n_steps(
     config: TrainConfig, parts: Components, steps: int
 ) -> tuple[list[dict[str, Any]], list[tuple[int, Layout]]]:
     """The decision points of ``[freeze] decide_every`` and ``(frozen units, layout)`` of each epoch's last step."""
-    every = config.freeze.decide_every
+    every = config.freeze.every_steps
     costs = sublayer_costs(parts.model)
     unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
     memory = memory_budget(config, parts.model)
@@ -122,9 +123,9 @@ def planned_decisions(config: TrainConfig) -> list[dict[str, Any]]:
     Raises:
         ConfigError: as :func:`planned_epochs`.
     """
-    if not config.freeze.decide_every:
+    config, parts, steps = _plannable(config)
+    if not config.freeze.every_steps:
         return []
-    parts, steps = _plannable(config)
     return _every_n_steps(config, parts, steps)[0]
 
 
@@ -136,8 +137,8 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
         ConfigError: the policy decides from measured statistics (its decisions exist only once training runs),
             or the config prices sub-layers by profiled time (measured on the run's own device).
     """
-    parts, steps = _plannable(config)
-    if config.freeze.decide_every:
+    config, parts, steps = _plannable(config)
+    if config.freeze.every_steps:
         sequence = _every_n_steps(config, parts, steps)[1]
     else:
         sequence = layout_sequence(

@@ -24,6 +24,7 @@ __all__ = [
     "COMPRESSIONS",
     "COST_METRICS",
     "CUDA_GRAPH_MODES",
+    "DECIDE_AUTO",
     "DEFAULT_ALPHA",
     "DEFAULT_POLICY",
     "DEFAULT_T0",
@@ -71,12 +72,15 @@ MAX_TIMEOUT_S = 86_400.0
 MAX_EPOCHS = 100_000
 #: The alpha policy's default: 1/3, the published trade-off (2.83x at 90.78% on CIFAR-100).
 DEFAULT_ALPHA = 1 / 3
-#: The default freeze policy: FreezeOut with ``t0 = 0.7``, the one setting of the accuracy study that stayed within
-#: 0.5 points of no freezing on both of its tasks (``benchmarks/results/freeze_accuracy.json``, docs/freeze.md). It
-#: skips less compute than the published alpha = 1/3, which lost 0.9 and 14 points there. Two later jobs measured
-#: ``drift`` with ``threshold = 0.03`` (at 4 decision points per epoch) safe in both and saving more, and this
-#: default 0.56 points down on one task in one of them; docs/freeze.md says why it has not moved yet.
-DEFAULT_POLICY = "freezeout"
+#: The default freeze policy: ``drift`` with its own defaults (:mod:`elastic_pipe.freeze.drift`): the lower blocks
+#: freeze once they move much less than the top one, everything once the top has settled, not before 60% of the run.
+#: The accuracy study measured it within 0.5 points of no freezing on both of its tasks while skipping 52% and 34% of
+#: the forward+backward compute (``benchmarks/results/freeze_accuracy.json``, docs/freeze.md, "The default policy").
+#: It reads a probe batch while training, so a run under it cannot be planned ahead (plan with a schedule).
+DEFAULT_POLICY = "drift"
+#: ``[freeze] decide_every`` by default: the policy's own rhythm (:func:`elastic_pipe.orchestrator.components.
+#: decision_interval`).
+DECIDE_AUTO = "auto"
 #: FreezeOut's default ``t0`` (the first unit stops at 70% of the run, the last one trains to the end).
 DEFAULT_T0 = 0.7
 
@@ -273,24 +277,48 @@ class FreezeSection:
     Attributes:
         policy: a name of :data:`elastic_pipe.freeze.POLICIES` or an import path ``"module:attr"`` of a policy
             factory, called as ``factory(num_layers, **options)`` (a policy class is such a factory). Default:
-            ``"freezeout"`` (:data:`DEFAULT_POLICY`, the accuracy-safe setting of the study).
-        options: keyword arguments for the policy (alpha defaults to ``alpha = 1/3``, FreezeOut to ``t0 = 0.7``
-            and ``total_steps`` = the run's optimizer steps).
+            ``"drift"`` (:data:`DEFAULT_POLICY`, the setting the accuracy study measured within 0.5 points of no
+            freezing on both of its tasks).
+        options: keyword arguments for the policy (alpha defaults to ``alpha = 1/3``, FreezeOut to ``t0 = 0.7``;
+            a policy that takes ``total_steps``, as FreezeOut and Drift do, gets the run's optimizer steps).
         decide_every: a decision point after every ``decide_every`` optimizer steps of the run (counted over the
             whole run, across epoch boundaries), the transition applied inside the epoch when one falls there;
-            0, the default, keeps the published rhythm: one decision point after every epoch.
+            0 keeps the published rhythm, one decision point after every epoch; ``"auto"``, the default, is the
+            policy's own: ``decisions_per_epoch`` times per epoch for a policy that says it (Drift: 4), after every
+            epoch for any other.
     """
 
     policy: str = DEFAULT_POLICY
     options: Mapping[str, Any] = field(default_factory=dict)
-    decide_every: int = 0
+    decide_every: int | str = DECIDE_AUTO
 
     def __post_init__(self) -> None:
         _string("freeze.policy", self.policy)
         if not self.policy:
             raise ConfigError("freeze.policy must name a policy (e.g. 'alpha') or 'module:attr'")
         object.__setattr__(self, "options", _table("freeze.options", self.options))
-        _nonnegative_int("freeze.decide_every", self.decide_every)
+        if self.decide_every != DECIDE_AUTO:
+            try:
+                _nonnegative_int("freeze.decide_every", self.decide_every)
+            except ConfigError:
+                raise ConfigError(
+                    f"freeze.decide_every must be an integer >= 0 or {DECIDE_AUTO!r}, got {self.decide_every!r}"
+                ) from None
+
+    @property
+    def every_steps(self) -> int:
+        """``decide_every`` in optimizer steps (0: after every epoch), once resolved: a run's config always is
+        (:func:`elastic_pipe.orchestrator.components.with_decisions`).
+
+        Raises:
+            ConfigError: it is still ``"auto"``, which only the policy and the data resolve.
+        """
+        if isinstance(self.decide_every, str):
+            raise ConfigError(
+                "freeze.decide_every = 'auto' is the policy's rhythm, known once the policy and the data are built "
+                "(elastic_pipe.orchestrator.components.with_decisions)"
+            )
+        return self.decide_every
 
     @property
     def policy_options(self) -> dict[str, Any]:

@@ -215,7 +215,7 @@ def run_epoch(
     """
     c, device, layout = ctx.config, ctx.device, stage.layout
     plan = ctx.epoch
-    every = c.freeze.decide_every
+    every = c.freeze.every_steps
     steps_per_epoch = plan.steps
     sampler.set_epoch(state.epoch)  # the same epoch again keeps the sampler's progress (mid-epoch resume)
     first = plan.steps_done(sampler.consumed)

@@ -36,7 +36,7 @@ from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, probe, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
-from elastic_pipe.orchestrator.components import Components, components_from_config
+from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
@@ -55,7 +55,7 @@ from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_data import DatasetSplit
 from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
-from elastic_pipe.orchestrator.workload import Loss, Samples
+from elastic_pipe.orchestrator.workload import Loss, Samples, num_samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
@@ -96,7 +96,6 @@ class ElasticTrainer:
         loss: Loss | None = None,
         quiet: bool = False,
     ) -> None:
-        self.config = config
         self.parts: Components = components_from_config(
             config,
             model=model,
@@ -108,6 +107,8 @@ class ElasticTrainer:
             optimizer=optimizer,
             loss=loss,
         )
+        # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
+        self.config = with_decisions(config, self.parts.policy, num_samples(self.parts.data))
         self.quiet = quiet
         #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
         self._config_optimizer = optimizer is None
@@ -369,7 +370,7 @@ class ElasticTrainer:
             self.losses.partial = losses
             self._state = state
             return
-        every = c.freeze.decide_every
+        every = c.freeze.every_steps
         self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or decision_point(state.step, every))
 
     @property
