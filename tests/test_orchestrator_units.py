@@ -399,19 +399,23 @@ def test_timed_steps_skip_the_first_and_cover_every_epoch(steps: int, interval: 
     assert [i for i in range(steps) if _timed_step(i, steps, interval)] == timed
 
 
-def test_the_default_policy_is_freezeout_over_the_run_s_steps() -> None:
-    from elastic_pipe.freeze import FreezeOut
+def test_the_default_policy_is_drift_over_the_run_s_steps() -> None:
+    from elastic_pipe.freeze import Drift, FreezeOut
     from elastic_pipe.orchestrator.components import components_from_config, run_steps
 
     tables = {"model": {"name": "vit", "options": {"preset": "vit-tiny"}}, "train": {"epochs": 3}}
     config = config_from_tables(tables)
-    assert (config.freeze.policy, config.freeze.policy_options) == ("freezeout", {"t0": 0.7})
+    assert (config.freeze.policy, config.freeze.policy_options, config.freeze.decide_every) == ("drift", {}, "auto")
     # digits: 1,797 samples, 20% held out -> 1,437 training samples, 22 whole steps of 64 an epoch (drop_last)
     assert run_steps(config, 1797) == 22 * 3
     policy = components_from_config(config).policy
-    assert isinstance(policy, FreezeOut) and (policy.t0, policy.total_steps) == (0.7, 66)
+    assert isinstance(policy, Drift) and (policy.total_steps, policy.settle_after, policy.relative) == (66, 0.6, 0.15)
     capped = components_from_config(config.override({"train.max_steps": 10})).policy
-    assert isinstance(capped, FreezeOut) and capped.total_steps == 10
-    given = components_from_config(config.override({"freeze.options": {"t0": 0.5, "total_steps": 7}})).policy
+    assert isinstance(capped, Drift) and capped.total_steps == 10
+    freezeout = config.override({"freeze.policy": "freezeout"})
+    assert freezeout.freeze.policy_options == {"t0": 0.7}
+    built = components_from_config(freezeout).policy
+    assert isinstance(built, FreezeOut) and (built.t0, built.total_steps) == (0.7, 66)
+    given = components_from_config(freezeout.override({"freeze.options": {"t0": 0.5, "total_steps": 7}})).policy
     assert isinstance(given, FreezeOut) and (given.t0, given.total_steps) == (0.5, 7)
     assert config.override({"freeze.policy": "alpha"}).freeze.policy_options == {"alpha": 1 / 3}

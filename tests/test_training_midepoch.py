@@ -67,14 +67,36 @@ def test_decision_points_fall_on_multiples_of_decide_every() -> None:
     assert not any(decision_point(s, 0) for s in range(13))  # 0: epoch ends only, which the trainer decides
 
 
-@pytest.mark.parametrize("bad", [-1, 2.5, "3", True, None])
-def test_decide_every_must_be_a_nonnegative_integer(bad: object) -> None:
+@pytest.mark.parametrize("bad", [-1, 2.5, "3", "Auto", True, None])
+def test_decide_every_must_be_a_nonnegative_integer_or_auto(bad: object) -> None:
     from elastic_pipe.orchestrator import ConfigError, config_from_tables
 
-    with pytest.raises(ConfigError, match=rf"freeze.decide_every must be an integer >= 0, got {bad!r}"):
+    with pytest.raises(ConfigError, match=rf"freeze.decide_every must be an integer >= 0 or 'auto', got {bad!r}"):
         config_from_tables({"model": {"name": "vit"}, "freeze": {"decide_every": bad}})
-    assert config_from_tables({"model": {"name": "vit"}}).freeze.decide_every == 0
+    assert config_from_tables({"model": {"name": "vit"}}).freeze.decide_every == "auto"
     assert config_from_tables({"model": {"name": "vit"}, "freeze": {"decide_every": 5}}).freeze.decide_every == 5
+
+
+def test_auto_takes_the_policys_rhythm() -> None:
+    """``"auto"`` (the default) resolves once the policy and the data are built: ``steps_per_epoch // 4`` under
+    ``drift`` (the default policy, ``decisions_per_epoch = 4``), after every epoch under a policy without the
+    attribute; an integer stays as given. Until resolved, ``every_steps`` refuses to guess."""
+    from elastic_pipe import freeze
+    from elastic_pipe.orchestrator import ConfigError, config_from_tables
+    from elastic_pipe.orchestrator.components import decision_interval, epoch_steps, with_decisions
+
+    config = config_from_tables({k: v for k, v in _tables().items() if k != "freeze"})
+    assert (config.freeze.policy, config.freeze.decide_every) == ("drift", "auto")
+    per_epoch = epoch_steps(config, SAMPLES)
+    assert per_epoch == 8  # 256 training samples, batch 32
+    drift = freeze.make_policy("drift", 3, total_steps=24)
+    assert decision_interval(config, drift, SAMPLES) == 2
+    resolved = with_decisions(config, drift, SAMPLES)
+    assert resolved.freeze.decide_every == resolved.freeze.every_steps == 2 and resolved.train == config.train
+    assert decision_interval(config, freeze.make_policy("alpha", 3, alpha=0.5), SAMPLES) == 0
+    assert with_decisions(config.override({"freeze.decide_every": 3}), drift, SAMPLES).freeze.every_steps == 3
+    with pytest.raises(ConfigError, match="'auto' is the policy's rhythm"):
+        _ = config.freeze.every_steps
 
 
 def test_cli_refuses_a_negative_decide_every_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -87,7 +109,7 @@ def test_cli_refuses_a_negative_decide_every_in_one_line(tmp_path: Path, capsys:
     assert captured.out == ""
     assert captured.err.count("\n") == 1
     assert captured.err.startswith("elastic-pipe train: error: ")
-    assert "freeze.decide_every must be an integer >= 0, got -1" in captured.err
+    assert "freeze.decide_every must be an integer >= 0 or 'auto', got -1" in captured.err
 
 
 def test_run_state_keeps_decision_due() -> None:
