@@ -12,31 +12,54 @@ from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from recording_drift import RecordingDrift
 
 
-def _train(ctx: RankContext, pipe_len: int, threshold: float) -> dict[str, Any]:
+def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off", epochs: int = 2) -> dict[str, Any]:
     import torch
 
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, probe
     from elastic_pipe.orchestrator.workload import Split
 
     torch.manual_seed(0)
     d = load_digits()
     tables: dict[str, Any] = {
         "model": {"name": "vit"},
-        "train": {"epochs": 2, "global_batch": 16, "lr": 0.01, "seed": 0},
+        "train": {"epochs": epochs, "global_batch": 16, "lr": 0.01, "seed": 0},
         "freeze": {"decide_every": 2},
-        "pipeline": {"microbatches": 2, "pipe_len": pipe_len, "cache": "off"},
-        "launch": {"nproc_per_node": 2},
+        "pipeline": {"microbatches": 2, "pipe_len": pipe_len, "cache": cache},
+        "launch": {"nproc_per_node": ctx.world_size},  # one rank on a GPU machine: that GPU (NCCL)
         "log": {"progress": False},
     }
     # no dropout: the masks are drawn per rank, so two layouts would train differently
     model = models.vit(config="vit-tiny", depth=4, dim=16, heads=2, mlp_dim=32, dropout=0.0)
     policy = RecordingDrift(4, threshold=threshold, patience=1, tolerance=None)
     samples = Split(d.inputs[:64], d.labels[:64], d.sample_ids[:64])
-    with ElasticTrainer(config_from_tables(tables), model=model, data=samples, policy=policy, quiet=True) as t:
-        result = t.fit()
+    released: list[int] = []  # per probe on this rank: the leading sub-layers whose weights were released
+    unit_outputs = probe._unit_outputs
+
+    def recording(run: Any, stage: Any, watched: int) -> Any:
+        # the released sub-layers must not run: NaN weights while the probe runs would make its drift NaN
+        released.append(run.prefix.released)
+        held = [p for m in run.sublayers[: run.prefix.released] for p in m.parameters() if p.device.type != "meta"]
+        saved = [p.detach().clone() for p in held]
+        with torch.no_grad():
+            for p in held:
+                p.fill_(float("nan"))
+        try:
+            return unit_outputs(run, stage, watched)
+        finally:
+            with torch.no_grad():
+                for p, v in zip(held, saved, strict=True):
+                    p.copy_(v)
+
+    probe._unit_outputs = recording  # type: ignore[assignment]
+    try:
+        with ElasticTrainer(config_from_tables(tables), model=model, data=samples, policy=policy, quiet=True) as t:
+            result = t.fit()
+    finally:
+        probe._unit_outputs = unit_outputs  # type: ignore[assignment]
     return {
+        "released": released,
         "seen": policy.seen,
         "frozen": [e["frozen_units"] for e in result.transitions],
         "pipe_lens": [e["pipe_len"] for e in result.transitions],
@@ -64,3 +87,40 @@ def test_probe_drift_is_the_same_through_a_pipeline_and_across_transitions() -> 
     for a, b in zip(piped["seen"], replicated["seen"], strict=True):
         assert a == pytest.approx(b, rel=1e-4, abs=1e-9)
     assert piped["losses"] == pytest.approx(replicated["losses"], rel=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_probe_reads_the_kept_prefix_outputs_once_the_prefix_is_released() -> None:
+    """With the activation cache on, the stage-0 ranks release the frozen prefix's weights once the cache serves
+    it (on a GPU rank 0 keeps them in host memory, where a forward pass cannot run them); the probe then starts
+    from the prefix outputs kept for the evaluation, and reads exactly the drift the run without a cache reads."""
+    # 1 stage x 2 replicas, 4 epochs of 3 steps, a decision point every 2 steps; a tiny threshold freezes one unit
+    # at the first decision points, then the cache fills and the prefix is released before later ones
+    runs = run_distributed(
+        run_tasks,
+        2,
+        {"cached": (_train, (1, 10.0, "on", 4)), "plain": (_train, (1, 10.0, "off", 4))},
+        timeout=500,
+    )
+    cached, plain = runs[0]["cached"], runs[0]["plain"]
+    assert cached["frozen"] == plain["frozen"] and cached["frozen"]
+    assert any(r > 0 for r in cached["released"]), cached["released"]  # some probe ran with the prefix released
+    assert not any(plain["released"])
+    assert len(cached["seen"]) == len(plain["seen"])
+    for a, b in zip(cached["seen"], plain["seen"], strict=True):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-12)
+    assert cached["losses"] == pytest.approx(plain["losses"], rel=1e-6)
+
+
+def _one_gpu(ctx: RankContext) -> dict[str, Any]:
+    return _train(ctx, 1, 10.0, "on", 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_the_probe_runs_on_a_gpu_with_the_prefix_released() -> None:
+    """On a GPU rank 0 keeps the released prefix in host memory: a probe that ran it would fail."""
+    out = run_distributed(_one_gpu, 1, timeout=400)[0]
+    assert out["frozen"] and any(r > 0 for r in out["released"]), out["released"]
+    assert all(math.isfinite(c) for change in out["seen"] for c in change)

@@ -3,11 +3,12 @@ output on a fixed batch changed since the previous decision point, measured thro
 
 The probe is the first :data:`PROBE_SAMPLES` samples of the evaluation split (no augmentation, so only the weights
 move the result). At a decision point replica 0's pipeline runs it in eval mode: stage 0 reads the inputs and runs
-the frozen prefix and its own sub-layers, every stage sends its output to the next one (point to point, as the
-evaluation does), and each rank hands the outputs of the watched units that end on it to its stage's
-:class:`~elastic_pipe.freeze.OutputDrift`. The other replicas hold the same weights and add nothing. One all-reduce
-on the control group sums the pieces (squares of disjoint parts add), and rank 0 turns them into the relative
-changes the policy observes.
+the frozen prefix and its own sub-layers (while the prefix's weights are released, :mod:`.prefix_residency`, it
+starts from the prefix outputs kept for the evaluation instead, as the evaluation does), every stage sends its
+output to the next one (point to point, as the evaluation does), and each rank hands the outputs of the watched
+units that end on it to its stage's :class:`~elastic_pipe.freeze.OutputDrift`. The other replicas hold the same
+weights and add nothing. One all-reduce on the control group sums the pieces (squares of disjoint parts add), and
+rank 0 turns them into the relative changes the policy observes.
 
 A rank keeps the outputs of the units it holds, so after a transition (units change owners) every rank takes a new
 baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
@@ -59,15 +60,23 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     needed = ctx.unit_ends[watched - 1]
     if s > 0 and lo >= needed:
         return {}
-    if s == 0:
-        rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
+    rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
+    if s == 0 and ctx.prefix.released > 0:
+        # the prefix's weights are released and its evaluation outputs kept (the probe is evaluation rows): start
+        # from them, as the evaluation does; right after a transition they are still at the old boundary, and the
+        # newly frozen sub-layers after it are resident (the transition carries the outputs on after the baseline)
+        state = ctx.prefix
+        assert state.released <= state.eval_frozen <= layout.frozen, (state.released, state.eval_frozen, layout)
+        x = state.eval_rows(torch.tensor(rows, dtype=torch.int64), ctx.device)
+        start = state.eval_frozen
+    elif s == 0:
         batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
-        x = next(iter(batches)).inputs
+        inputs = next(iter(batches)).inputs
         close = getattr(batches, "close", None)
         if close is not None:  # a data loader's workers go now
             close()
-        assert x is not None  # asked for inputs
-        start = 0  # stage 0 runs the frozen prefix too
+        assert inputs is not None  # asked for inputs
+        x, start = inputs, 0  # stage 0 runs the frozen prefix too
     else:
         x = recv_activation(pipeline[s - 1], ctx.device, group)
         start = lo
