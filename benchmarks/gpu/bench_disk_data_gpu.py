@@ -300,7 +300,8 @@ class EpochProfile:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self._prof = torch.profiler.profile(activities=activities)
+            # acc_events: keep the events of the whole window (torch 2.11 warns that a cycle clears them otherwise)
+            self._prof = torch.profiler.profile(activities=activities, acc_events=True)
             self._prof.start()
 
 
