@@ -38,3 +38,21 @@ def test_example_policy_plugs_in_and_resumes() -> None:
         assert decide(policy, 2, 21, 1) == 1  # no new observation, no new decision
     finally:
         POLICIES.pop("plateau-test", None)
+
+
+def test_the_default_policy_example_freezes_everything_only_after_the_settle_floor(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("drift_default_policy", EXAMPLE.parent / "drift_default_policy.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    out = tmp_path / "runs.json"
+    assert example.main(["--epochs", "4", "--pretrain-epochs", "1", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())
+    assert set(runs) == {"pre-trained on 0-4", "initial weights"}
+    for run in runs.values():
+        steps, timeline = run["steps"], run["timeline"]
+        assert run["decide_every"] == (steps // 4) // 4  # four decision points per epoch
+        assert [f for _, f in timeline] == sorted({f for _, f in timeline})  # monotone, one entry per change
+        assert all(f < 6 for s, f in timeline if s < 0.6 * steps)  # the settle test waits for 60% of the run
+        assert timeline and timeline[-1][1] == 6  # and then freezes what is left
+        assert 0.0 <= run["accuracy"] <= 1.0
