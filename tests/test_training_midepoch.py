@@ -203,14 +203,29 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
     return {"seen": seen, "result": result}
 
 
+def _default_rhythm(ctx: RankContext) -> dict[str, Any]:
+    """The config without a [freeze] table: the default policy (drift) at its own rhythm (decide_every "auto")."""
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    tables = {k: v for k, v in _tables(**{"train.epochs": 4, "train.lr_schedule": "cosine"}).items() if k != "freeze"}
+    with ElasticTrainer(config_from_tables(tables), data=_samples(), quiet=True) as t:
+        every = t.config.freeze.decide_every
+        result = t.fit().to_dict()
+    return {"every": every, "transitions": result["transitions"]}
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     """The 2-rank tests' work, one after the other in one job (starting the ranks costs about as much as a run):
     ``_record_ids`` (which puts back what it patches), then ``_stop_at_a_decision_point_and_resume``."""
     tmp = str(tmp_path_factory.mktemp("decide"))
-    tasks = {"record_ids": (_record_ids, ()), "stop_and_resume": (_stop_at_a_decision_point_and_resume, (tmp,))}
-    # the two jobs had 180 s and 300 s: the job gets their sum
-    return run_distributed(run_tasks, 2, tasks, timeout=480)
+    tasks = {
+        "record_ids": (_record_ids, ()),
+        "stop_and_resume": (_stop_at_a_decision_point_and_resume, (tmp,)),
+        "default_rhythm": (_default_rhythm, ()),
+    }
+    # the two jobs had 180 s and 300 s: the job gets their sum, and a minute for the third
+    return run_distributed(run_tasks, 2, tasks, timeout=540)
 
 
 @pytest.mark.distributed
@@ -422,3 +437,18 @@ progress = false
     ran = [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in trained["epochs"]]
     assert ran == [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in planned["epochs"]]
     assert ran == [(0, 2, 1), (2, 1, 2)]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_default_policy_decides_four_times_an_epoch_and_settles_after_60_percent(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    # 8 steps an epoch, 4 epochs: a decision point every 2 steps; the tiny ViT from its initial weights adapts as a
+    # whole, so its units freeze together once the top has settled, at the first decision point from step 19.2 on
+    out = two_ranks[0]["default_rhythm"]
+    assert out["every"] == 2
+    transitions = out["transitions"]
+    assert transitions and all(t["step"] % 2 == 0 for t in transitions)
+    assert all(t["frozen_units"] < 3 for t in transitions if t["step"] < 0.6 * 32)
+    assert [(t["step"], t["epoch"], t["epoch_step"], t["frozen_units"]) for t in transitions][-1] == (20, 2, 4, 3)
