@@ -25,8 +25,8 @@ the learning rate), ``settle`` calls every layer still once the highest one's dr
 the largest it has shown (late in a decaying schedule, when freezing everything left costs little). Both came
 from the two study tasks' probe drifts (docs/freeze.md, "The drift policy on the two tasks"). ``settle_after``
 keeps the settle test out of the first part of the run (a share of ``total_steps``, which a runtime fills in with
-the run's length, as for FreezeOut): a fine-tune whose top layers settle early may still need them (docs/freeze.md,
-"Settling, not before").
+the run's length, as for FreezeOut): a fine-tune whose top layers settle early may still need them. The defaults
+are the setting the accuracy study chose (docs/freeze.md, "The default policy").
 
 The runtime computes the numbers (:class:`~elastic_pipe.freeze.probe.OutputDrift` and
 :func:`~elastic_pipe.freeze.probe.relative_change`, merged over stages) and hands them to :meth:`Drift.observe_drift`
