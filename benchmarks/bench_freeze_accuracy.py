@@ -448,7 +448,6 @@ def evaluate(
 
 
 @torch.no_grad()
-@torch.no_grad()
 def probe_outputs(
     model: SubLayerModel, h: torch.Tensor, first: int, limit: int, autocast: bool
 ) -> dict[int, torch.Tensor]:
