@@ -48,6 +48,7 @@ from torch import nn
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, models
 from elastic_pipe.models.sublayer import SubLayerModel
+from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "freeze_accuracy.json"
@@ -449,23 +450,23 @@ def evaluate(
 
 @torch.no_grad()
 def probe_outputs(
-    model: SubLayerModel, h: torch.Tensor, first: int, limit: int, autocast: bool
+    model: SubLayerModel, h: torch.Tensor, first: int, limit: int, graphs: ForwardGraphs
 ) -> dict[int, torch.Tensor]:
     """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout), from
     ``h``, the probe's activation where unit ``first`` starts (the frozen prefix's output never changes, so it is
-    kept rather than run again)."""
+    kept rather than run again). Each unit's forward is one of ``graphs``' segments: on CUDA replayed as a graph
+    once captured, as the trainer's probe does; its output is overwritten only when that unit runs again."""
     if first >= limit:
         return {}
     was = model.training
     model.eval()
     out: dict[int, torch.Tensor] = {}
     start = model.prefix_len(first)
-    with torch.autocast(h.device.type, torch.bfloat16, enabled=autocast):
-        for u in range(first, limit):
-            end = model.unit_bounds(u)[1]
-            h = model.slice(start, end)(h)
-            start = end
-            out[u] = h
+    for u in range(first, limit):
+        end = model.unit_bounds(u)[1]
+        h = graphs.run(u, model.slice(start, end), h)
+        start = end
+        out[u] = h
     model.train(was)
     return out
 
@@ -511,8 +512,10 @@ def train_arm(
     device: torch.device,
     autocast: bool,
     costs: dict[str, list[float]] | None,
+    probe_graphs: bool = True,
 ) -> dict[str, Any]:
-    """Fine-tune ``model`` under ``arm``'s policy; accuracy, freeze timeline, compute saved and timings."""
+    """Fine-tune ``model`` under ``arm``'s policy; accuracy, freeze timeline, compute saved and timings (the probe's
+    forwards replayed as CUDA graphs unless ``probe_graphs`` is off)."""
     torch.manual_seed(seed)
     model = model.to(device).train()
     x_train, y_train = task.train
@@ -548,18 +551,24 @@ def train_arm(
     quarters = decision_steps(spe)
     gen = torch.Generator().manual_seed(seed)
     t_start = time.perf_counter()
-    probe_out: dict[int, torch.Tensor] = {}  # the probe's unit outputs at the last decision point
+    # the probe's unit outputs at the last decision point (static outputs of graphs; a frozen unit's is never
+    # overwritten, since the probe starts after it)
+    probe_out: dict[int, torch.Tensor] = {}
+    graphs = ForwardGraphs(device, autocast_dtype=torch.bfloat16 if autocast else None, enabled=probe_graphs)
 
     def run_probe() -> dict[int, torch.Tensor]:
         # from the frozen boundary: the frozen units' outputs were measured with the weights they froze with
-        outputs = probe_outputs(model, probe_out.get(frozen - 1, probe), frozen, watched, autocast)
+        outputs = probe_outputs(model, probe_out.get(frozen - 1, probe), frozen, watched, graphs)
         for u in outputs:
             work["probe"][u] += len(probe)
         return outputs
 
-    if drift is not None:  # the baseline: the checkpoint's outputs
+    if drift is not None:  # the baseline: the checkpoint's outputs (timed with the signals, as every probe)
+        t0 = time.perf_counter()
         probe_out = run_probe()
         drift.measure(probe_out, num_units)
+        set_modes(model, frozen)
+        signal_s += time.perf_counter() - t0
     step = 0
     for epoch in range(task.epochs):
         order = torch.randperm(n, generator=gen)
@@ -635,6 +644,8 @@ def train_arm(
         "wall_seconds": wall,
         "step_seconds": step_s,
         "signal_seconds": signal_s,
+        "probe_captures": graphs.captures,
+        "probe_capture_seconds": graphs.capture_s,
         "work": work,
         **({"probe_drift": drift_log} if drift is not None else {}),
     }
@@ -671,6 +682,7 @@ def run_task(
     autocast: bool,
     *,
     costs: dict[str, list[float]],
+    probe_graphs: bool = True,
 ) -> dict[str, Any]:
     """Every arm and seed of ``task`` from the same checkpoint, ``costs`` its units' (:func:`task_costs`);
     per-arm summaries."""
@@ -678,7 +690,10 @@ def run_task(
     for arm in arms:
         runs = {}
         for seed in seeds:
-            r = train_arm(task, task.build(), arm, seed=seed, device=device, autocast=autocast, costs=costs)
+            r = train_arm(
+                task, task.build(), arm, seed=seed, device=device, autocast=autocast, costs=costs,
+                probe_graphs=probe_graphs,
+            )  # fmt: skip
             runs[seed] = r
             log(f"{task.name} {arm.name:28s} seed {seed}: accuracy {r['accuracy']:.4f} saved {r['compute_saved']:.3f} "
                 f"frozen {r['timeline']} {r['wall_seconds']:.1f}s")  # fmt: skip
@@ -821,6 +836,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--costs-only", action="store_true", help="only measure the tasks' unit costs into --unit-costs (no training)"
     )
+    ap.add_argument(
+        "--probe-graphs",
+        choices=("on", "off"),
+        default="on",
+        help="replay the probe's forwards as CUDA graphs (on CUDA; 'off': eager, to compare their cost)",
+    )
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--plot", type=Path, default=None, help=f"default with the full study: {PLOT}")
@@ -865,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "autocast": "bf16" if autocast else "none",
+        "probe_graphs": args.probe_graphs == "on" and device.type == "cuda",
         "command": "python benchmarks/bench_freeze_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "tasks": {},
     }
@@ -875,7 +897,9 @@ def main(argv: list[str] | None = None) -> int:
         costs = task_costs(task, device, autocast, args.unit_costs)
         if args.costs_only:
             continue
-        report["tasks"][name] = run_task(task, arms, seeds, device, autocast, costs=costs)
+        report["tasks"][name] = run_task(
+            task, arms, seeds, device, autocast, costs=costs, probe_graphs=args.probe_graphs == "on"
+        )
         if name == "vit_digits":
             report["tasks"][name]["pretrain_accuracy"] = PRETRAIN_ACCURACY[0]
     if args.costs_only:

@@ -16,7 +16,9 @@ it costs the run:
   listed anew each step), for comparison;
 * each accumulation alone on one step's gradients (``accumulate_alone_ms``; steadier than a difference of steps);
 * per decision point: ``local_stats`` (the norms, one read-back) and the probe of ``drift`` (16 samples through the
-  watched units in eval mode, ``OutputDrift.measure``).
+  watched units in eval mode, ``OutputDrift.measure``), eagerly and replayed as one CUDA graph per unit
+  (``ForwardGraphs``, as the trainer runs it on CUDA; ``probe_capture_ms`` is the call that captured them, paid
+  once per layout).
 
 The fractions: per-step overhead / plain step, plus the per-decision costs spread over ``--interval`` steps.
 """
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 
 from elastic_pipe import freeze, models
+from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
 
 #: The GPU configuration: ViT-B/16 at 224 px (12 blocks, width 768, 197 tokens), batch 512.
 GPU = {"config": "vit-b16", "batch": 512, "overrides": {}}
@@ -136,26 +139,39 @@ def measure(config: dict[str, Any], device: torch.device, steps: int, warmup: in
     optimizer.zero_grad(set_to_none=True)
     local_stats_s = statistics.median(_timed(lambda: tracked.local_stats(units), device) for _ in range(5))
 
-    drift = freeze.OutputDrift()
     probe = example[:PROBE_SAMPLES]
+    probed = freeze.signal_layers(freeze.make_policy("drift", units, total_steps=steps))  # the default: all units
+    dtype = torch.bfloat16 if autocast else None
+    eager_graphs = ForwardGraphs(device, autocast_dtype=dtype, enabled=False)
+    replayed = ForwardGraphs(device, autocast_dtype=dtype)
 
-    @torch.no_grad()
-    def probe_once() -> None:
-        model.eval()
-        outputs: dict[int, torch.Tensor] = {}
-        h = probe
-        start = 0
-        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
-            for u in range(watched):
+    def prober(graphs: ForwardGraphs) -> Callable[[], None]:
+        drift = freeze.OutputDrift()
+
+        @torch.no_grad()
+        def probe_once() -> None:
+            model.eval()
+            outputs: dict[int, torch.Tensor] = {}
+            h = probe
+            start = 0
+            for u in range(probed):
                 end = model.unit_bounds(u)[1]
-                h = model.slice(start, end)(h)
+                h = graphs.run(u, model.slice(start, end), h)
                 start = end
                 outputs[u] = h
-        freeze.relative_change(*drift.measure(outputs, units))
-        model.train()
+            freeze.relative_change(*drift.measure(outputs, units))
+            model.train()
 
-    probe_once()
-    probe_s = statistics.median(_timed(probe_once, device) for _ in range(5))
+        return probe_once
+
+    probe_eager, probe_replayed = prober(eager_graphs), prober(replayed)
+    probe_eager()
+    probe_replayed()  # the warm-up (eager); the next call captures
+    capture_s = _timed(probe_replayed, device)
+    probe_s = statistics.median(_timed(probe_eager, device) for _ in range(5))
+    replay_s = statistics.median(_timed(probe_replayed, device) for _ in range(5))
+    if replayed.enabled and (replayed.captures != probed or replayed.failures):
+        raise RuntimeError(f"the probe did not capture all {probed} units: {replayed.failures}")
     plain = median["plain"]
 
     def fraction(per_step: float, per_decision: float) -> float:
@@ -167,6 +183,7 @@ def measure(config: dict[str, Any], device: torch.device, steps: int, warmup: in
         "batch": config["batch"],
         "units": units,
         "watched_units": watched,
+        "probed_units": probed,
         "params": sum(p.numel() for p in model.parameters()),
         "autocast": "bf16" if autocast else "none",
         "steps_timed": steps,
@@ -175,11 +192,14 @@ def measure(config: dict[str, Any], device: torch.device, steps: int, warmup: in
         "accumulate_alone_ms": {name: 1e3 * v for name, v in alone.items()},
         "local_stats_ms": 1e3 * local_stats_s,
         "probe_ms": 1e3 * probe_s,
+        "probe_replayed_ms": 1e3 * replay_s,
+        "probe_capture_ms": 1e3 * capture_s,
         "signal_fraction": {
             "settled (tracked, floor(0.85 L) units)": fraction(median["tracked"] - plain, local_stats_s),
             "autofreeze (tracked, all units)": fraction(median["tracked_all"] - plain, local_stats_s),
             "before: one add per unit": fraction(median["per_layer"] - plain, local_stats_s),
-            "drift (probe per decision point)": fraction(0.0, probe_s),
+            "drift (probe per decision point, replayed)": fraction(0.0, replay_s),
+            "drift (probe per decision point, eager)": fraction(0.0, probe_s),
             "freezeout / alpha": 0.0,
         },
         "signal_fraction_alone": {

@@ -109,6 +109,26 @@ def test_pieces_of_two_stages_sum_to_the_whole_model_measurement() -> None:
     assert relative_change(*w) == pytest.approx(expected, rel=1e-6)
 
 
+def test_outputs_of_several_shapes_and_dtypes_are_each_measured_against_their_own_previous_output() -> None:
+    # measure stacks the outputs that share a shape and dtype: mixed kinds (an embedding's output, blocks in
+    # bfloat16, a pooled head) must still each meet their own previous output, in any key order
+    torch.manual_seed(1)
+    kinds = {0: (2, 3, 4), 1: (2, 3, 4), 2: (5,), 3: (2, 3, 4), 4: ()}
+    dtypes = {0: torch.float32, 1: torch.bfloat16, 2: torch.float32, 3: torch.bfloat16, 4: torch.float64}
+    before = {i: torch.randn(kinds[i]).to(dtypes[i]) for i in (3, 0, 4, 2, 1)}
+    after = {i: (h.double() + (i + 1) * 0.05 * torch.randn(kinds[i])).to(dtypes[i]) for i, h in before.items()}
+    drift = OutputDrift()
+    drift.measure(before, 5)
+    diff_sq, ref_sq = drift.measure(after, 5)
+    for i in range(5):
+        old, new = before[i].float(), after[i].float()
+        assert diff_sq[i] == pytest.approx(float((new - old).square().sum()), rel=1e-6), i
+        assert ref_sq[i] == pytest.approx(float(old.square().sum()), rel=1e-6), i
+    # the kept outputs keep their dtype and bits, not a shared one
+    assert {i: h.dtype for i, h in drift.state_dict().items()} == dtypes
+    assert all(torch.equal(drift.state_dict()[i], after[i]) for i in range(5))
+
+
 # --- the pure pieces --------------------------------------------------------------------------------------------
 
 

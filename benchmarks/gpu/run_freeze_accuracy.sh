@@ -5,7 +5,9 @@
 #   policy, alpha 1/3), E2E_BEFORE skips the timed runs when the study took longer than that many seconds,
 #   QUICK=1 runs the tiny sizes (a smoke test of the command on CPU), PARTS the scratch folder, SPLIT=K (with
 #   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2), SEEDS the
-#   seeds (default "0 1 2"). The units' costs are measured once, alone, before the runs start.
+#   seeds (default "0 1 2"), SIGNAL_COST=1 adds timed runs of the default policy on both tasks with the probe
+#   replayed as CUDA graphs and eager (freeze_signal_cost_{on,off}.json: what the signals cost, alone on the GPU).
+#   The units' costs are measured once, alone, before the runs start.
 # The tasks' seeds (and arm groups) run side by side, one process each, to fill the GPU; their wall times are
 # therefore contended.
 # The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
@@ -53,5 +55,14 @@ if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
   $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --unit-costs "$parts/costs.json" --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
     --out "$out/freeze_accuracy_e2e.json" 2> "$out/e2e.log"
   echo "e2e done after $(( $(date +%s) - start )) s"
+fi
+if [[ -n ${SIGNAL_COST:-} ]]; then
+  seeds=${SEEDS:-0 1 2}
+  for mode in on off; do  # one run at a time, nothing else on the GPU
+    $bench --tasks minilm_bbc,vit_digits --vit-checkpoint "$parts/vit_mnist5k.safetensors" --seeds "${seeds// /,}" \
+      --only-arms drift --probe-graphs $mode --unit-costs "$parts/costs.json" --threads 4 \
+      --out "$out/freeze_signal_cost_$mode.json" --plot "$parts/signal_cost_$mode.png" 2> "$out/signal_cost_$mode.log"
+  done
+  echo "signal cost done after $(( $(date +%s) - start )) s"
 fi
 tar czf "$out/parts.tgz" -C "$parts" --exclude '*.safetensors' .

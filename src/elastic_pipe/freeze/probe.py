@@ -101,17 +101,33 @@ class OutputDrift:
                     f"expected {tuple(old.shape)} as at the previous decision point"
                 )
         diff_sq, ref_sq = [0.0] * num_layers, [0.0] * num_layers
-        pairs = [(i, self._prev[i], h) for i, h in sorted(outputs.items()) if i in self._prev]
         for i in outputs:
             if i not in self._prev:
                 diff_sq[i] = math.inf
-        self._prev = {i: h.detach().clone() for i, h in outputs.items()}
-        if pairs:
-            diff = torch.stack([(h.float() - old.float()).square().sum() for _, old, h in pairs]).double()
-            ref = torch.stack([old.float().square().sum() for _, old, _ in pairs]).double()
-            values = torch.cat([diff, ref]).tolist()
-            for k, (i, _, _) in enumerate(pairs):
-                diff_sq[i], ref_sq[i] = values[k], values[len(pairs) + k]
+        # One stacked reduction per kind of output (a transformer's blocks share one shape): a few kernel launches
+        # per decision point instead of several per layer. The stack of the new outputs is also their kept copy.
+        groups: dict[tuple[object, ...], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
+        for i, h in sorted(outputs.items()):
+            old = self._prev.get(i)
+            if old is not None:
+                groups.setdefault((h.shape, h.dtype, old.dtype, h.device), []).append((i, old, h.detach()))
+        kept: dict[int, torch.Tensor] = {}
+        order: list[int] = []
+        diffs: list[torch.Tensor] = []
+        refs: list[torch.Tensor] = []
+        for members in groups.values():
+            now = torch.stack([h for _, _, h in members])
+            before = torch.stack([old for _, old, _ in members]).float()
+            diffs.append((now.float() - before).square().reshape(len(members), -1).sum(1))
+            refs.append(before.square().reshape(len(members), -1).sum(1))
+            for k, (i, _, _) in enumerate(members):
+                kept[i] = now[k]
+                order.append(i)
+        self._prev = {i: kept[i] if i in kept else h.detach().clone() for i, h in outputs.items()}
+        if order:
+            values = torch.cat([*diffs, *refs]).double().tolist()
+            for k, i in enumerate(order):
+                diff_sq[i], ref_sq[i] = values[k], values[len(order) + k]
         return tuple(diff_sq), tuple(ref_sq)
 
     def reset(self) -> None:

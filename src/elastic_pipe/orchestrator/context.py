@@ -132,11 +132,21 @@ class RunContext:
         """The autocast context the forward passes run in."""
         return self.autocast_for(self.config, self.device)()
 
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype the forward passes autocast to (``None``: no autocast)."""
+        return self.autocast_dtype_for(self.config)
+
+    @staticmethod
+    def autocast_dtype_for(config: TrainConfig) -> torch.dtype | None:
+        """The dtype ``config``'s forward passes autocast to (``None``: no autocast)."""
+        return torch.bfloat16 if config.train.autocast == "bf16" else None
+
     @staticmethod
     def autocast_for(config: TrainConfig, device: torch.device) -> Any:
         """A function returning the autocast context ``config`` asks for on ``device``."""
-        enabled = config.train.autocast == "bf16"
-        return lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+        dtype = RunContext.autocast_dtype_for(config)
+        return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
     def run_sublayers(self, x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         """Sub-layers ``lo:hi`` on ``x`` without gradients (the frozen prefix's forward)."""

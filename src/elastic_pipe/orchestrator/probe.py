@@ -24,7 +24,8 @@ resume: the first interval after it then spans only the steps since the checkpoi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,12 @@ __all__ = ["PROBE_SAMPLES", "baseline", "kept", "measure", "restore"]
 #: Samples in the probe batch: enough numbers for a stable relative change (16 x tokens x width), few enough that
 #: its forward costs about 1% of a decision interval's training work in the measured tasks.
 PROBE_SAMPLES = 16
+
+
+def _chain(sublayers: Sequence[torch.nn.Module], lo: int, hi: int, x: torch.Tensor) -> torch.Tensor:
+    for j in range(lo, hi):
+        x = sublayers[j](x)
+    return x
 
 
 @torch.no_grad()
@@ -84,12 +91,16 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     ctx.model.eval()
     out: dict[int, torch.Tensor] = {}
     sublayers = ctx.sublayers
-    with ctx.autocast():
-        for j in range(start, min(hi, needed)):
-            x = sublayers[j](x)
-            u = ends.get(j + 1)
-            if u is not None and frozen_units <= u < watched:
-                out[u] = x
+    graphs = stage.probe_graphs
+    assert graphs is not None  # built with the drift
+    stop = min(hi, needed)
+    # one segment per unit (cut at the stage's ends), each replayed as a CUDA graph once captured (.forward_graphs)
+    cuts = sorted({e for e in ctx.unit_ends if start < e < stop} | {stop}) if start < stop else []
+    for lo_j, hi_j in zip([start, *cuts[:-1]][: len(cuts)], cuts, strict=True):
+        x = graphs.run((lo_j, hi_j), functools.partial(_chain, sublayers, lo_j, hi_j), x)
+        u = ends.get(hi_j)
+        if u is not None and frozen_units <= u < watched:
+            out[u] = x  # a graph's static output: measure copies what it keeps
     ctx.restore_modes(layout, was)
     if hi < needed and s + 1 < layout.pipe_len:
         send_activation(x, pipeline[s + 1], group)

@@ -21,6 +21,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
+from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
 from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
 from elastic_pipe.orchestrator.prefix_cache import BYPASS_REASON, FillPeers, prepare_cache, widening
 from elastic_pipe.orchestrator.prefix_reads import PrefetchedBatches, complete, counters, epoch_counts, read_prefix
@@ -73,6 +74,12 @@ class StageRuntime:
         self.tracker = freeze.GradNormTracker({u: m for u, m in tracked.items() if u < watched})
         #: The probe outputs of the units this rank holds, for a probe-driven policy (:mod:`.probe`); else None.
         self.drift = freeze.OutputDrift() if freeze.needs_probe(ctx.parts.policy) else None
+        #: The probe's forwards, replayed as CUDA graphs once captured (:mod:`.forward_graphs`); with the drift.
+        self.probe_graphs = (
+            ForwardGraphs(ctx.device, autocast_dtype=ctx.autocast_dtype, enabled=ctx.config.train.cuda_graphs != "off")
+            if self.drift is not None
+            else None
+        )
         self.averager: OverlappedAverager | None = None
         if layout.replicas > 1 and layout.microbatches == 1:
             # With one micro-batch and several replicas, gradients are averaged while the backward pass runs.
@@ -345,3 +352,4 @@ class StageRuntime:
         self.runner = None
         self._runners.clear()
         self.drift = None
+        self.probe_graphs = None

@@ -1,0 +1,166 @@
+"""CUDA-graph replay of the freeze probe's forwards: each segment of sub-layers the probe runs (one freeze unit, or
+the part of one on a stage) captured once for its input shape and replayed at every later decision point.
+
+The probe of a probe-driven policy (:class:`~elastic_pipe.freeze.Drift`, :mod:`.probe`) runs 16 samples through
+the watched units in eval mode, without gradients: a few hundred tiny kernels whose launches set the pace. On one
+H200 the eager probe took 3.5 ms through MiniLM-L6's 6 blocks and 5.1 ms through a 12-block width-192 ViT, of
+which the GPU worked 0.7-0.8 ms; replayed as one graph per unit it took those 0.7-0.8 ms (with 0.07-0.13 ms of host
+work), and its outputs were bitwise those of the eager forward (``docs/freeze.md``, "What the signals cost").
+
+One graph per segment, not one per layout: the frozen boundary moves at a transition, and a graph per unit lets
+the probe start from any boundary without a new capture. The recipe is torch's (``torch.cuda.graph``): the first
+call of a segment runs eagerly on a side stream (the warm-up: lazy initialisation happens outside a capture), the
+second captures it on that stream with a static input buffer (autocast's weight-cast cache off, so every replay
+casts the current weights) and replays it; later calls copy the input in and replay. Whatever fails to capture
+runs eagerly from then on, and :attr:`ForwardGraphs.failures` says why.
+
+A graph reads the parameters' memory, not the modules: update parameters in place (an optimizer step, freezing,
+``load_state_dict``), or start a new :class:`ForwardGraphs` when modules are rebuilt (the trainer keeps one per
+stage, which a transition rebuilds). A segment's output is a static tensor that its next replay overwrites: copy
+it to keep it (:meth:`elastic_pipe.freeze.OutputDrift.measure` does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["ForwardGraphs"]
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    input: torch.Tensor
+    output: torch.Tensor
+
+
+class ForwardGraphs:
+    """No-grad forwards of fixed-shape segments, each captured once as a CUDA graph and replayed (CUDA only).
+
+    Example::
+
+        graphs = ForwardGraphs(torch.device("cuda"), autocast_dtype=torch.bfloat16)
+        model.eval()
+        h = probe
+        for u in range(first, watched):                  # at every decision point
+            h = graphs.run(u, model.unit(u), h)           # eager, then captured, then replayed
+            outputs[u] = h                                # overwritten by unit u's next replay
+
+    Args:
+        device: where the segments run; on anything but CUDA every call runs eagerly.
+        autocast_dtype: the forward's autocast dtype (``None``: no autocast). The segments run in it: do not wrap
+            :meth:`run` in an autocast of your own (its weight-cast cache would be read by a capture).
+        enabled: ``False`` runs every call eagerly (the trainer's ``[train] cuda_graphs = "off"``).
+    """
+
+    def __init__(
+        self, device: torch.device, *, autocast_dtype: torch.dtype | None = None, enabled: bool = True
+    ) -> None:
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.enabled = enabled and device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self.enabled else None  # type: ignore[no-untyped-call]
+        self._captured: dict[Hashable, _Captured] = {}
+        self._warm: set[Hashable] = set()
+        #: Segments (key, input shape, dtype) that run eagerly because their capture failed, and why.
+        self.failures: dict[Hashable, str] = {}
+        #: Seconds spent capturing (host wall time, device synchronised), and the number of captures.
+        self.capture_s = 0.0
+        self.captures = 0
+
+    @property
+    def replaying(self) -> int:
+        """How many segments replay a graph now."""
+        return len(self._captured)
+
+    def clear(self) -> None:
+        """Drop every graph (their memory goes back to the allocator): the next calls warm up and capture anew."""
+        self._captured.clear()
+        self._warm.clear()
+        self.failures.clear()
+
+    def _autocast(self, *, cache: bool = True) -> torch.autocast:
+        dtype = self.autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=cache)
+
+    @torch.no_grad()
+    def run(self, key: Hashable, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``fn(x)`` without gradients under the autocast dtype: eagerly the first time a segment (``key`` with
+        ``x``'s shape and dtype) is seen, captured and replayed the second time, replayed afterwards.
+
+        Args:
+            key: names the segment (e.g. its unit index or sub-layer range); ``fn`` must compute the same thing
+                each time the key is given.
+            fn: the segment's forward (modules in the mode they should be captured in: eval for the probe).
+            x: its input, on :attr:`device`.
+
+        Returns:
+            The segment's output; once replaying, a static tensor that the segment's next replay overwrites.
+        """
+        segment = (key, tuple(x.shape), x.dtype)
+        captured = self._captured.get(segment)
+        if captured is None:
+            if not self.enabled or segment in self.failures:
+                with self._autocast():
+                    return fn(x)
+            if segment not in self._warm:
+                self._warm.add(segment)
+                return self._on_side_stream(fn, x)
+            captured = self._capture(segment, fn, x)
+            if captured is None:
+                with self._autocast():
+                    return fn(x)
+        captured.input.copy_(x)
+        captured.graph.replay()
+        return captured.output
+
+    def _on_side_stream(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        assert self._stream is not None
+        main = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(main)
+        with torch.cuda.stream(self._stream), self._autocast():
+            out = fn(x)
+        main.wait_stream(self._stream)
+        return out
+
+    def _capture(
+        self, segment: Hashable, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+    ) -> _Captured | None:
+        assert self._stream is not None
+        t0 = time.perf_counter()
+        static_x = x.detach().clone()
+        graph = torch.cuda.CUDAGraph()
+        main = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(main)
+        error: BaseException | None = None
+        out: torch.Tensor | None = None
+        # thread_local: a data loader's pinning thread may touch CUDA while this thread captures
+        with torch.cuda.stream(self._stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                with self._autocast(cache=False):
+                    out = fn(static_x)
+            except Exception as e:  # anything failing inside a capture means: run this segment eagerly
+                error = e
+            finally:
+                try:
+                    graph.capture_end()
+                except RuntimeError as e:
+                    error = error or e
+        main.wait_stream(self._stream)
+        if error is None and not isinstance(out, torch.Tensor):
+            error = TypeError(f"the segment returned {type(out).__name__}, not a tensor")
+        if error is not None or out is None:
+            text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
+            self.failures[segment] = f"capture failed: {text}"
+            return None
+        captured = _Captured(graph, static_x, out)
+        self._captured[segment] = captured
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - t0
+        self.captures += 1
+        return captured
