@@ -67,7 +67,11 @@ VAL_FRACTION = 0.1
 PROBE_SAMPLES = 16
 #: Timed repetitions per unit-cost measurement after one warm-up; the fastest is kept, since interference from
 #: other work on the machine only ever adds time.
-COST_REPEATS = 5
+COST_REPEATS = 10
+#: Whole-model forward + backward passes before anything is timed (unit costs, a process's first run): lazy
+#: initialisation and a GPU still at idle clocks otherwise inflate the first times (one job timed MiniLM's six
+#: identical blocks at 1.5-1.9 ms each, the job before at 1.03-1.09 ms).
+WARMUP_PASSES = 10
 
 
 # ------------------------------------------------------------------------------------------------------ arms
@@ -319,9 +323,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def warm_up(model: SubLayerModel, x: torch.Tensor, device: torch.device, autocast: bool) -> None:
+    """:data:`WARMUP_PASSES` forward + backward passes of ``model`` (on ``device``) on batch ``x``, then an eval
+    forward of a probe-sized batch; the gradients are dropped (the weights do not change)."""
+    model = model.to(device).train()
+    x = x.to(device)
+    for _ in range(WARMUP_PASSES):
+        with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+            out = model(x)
+        out.float().square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+        model(x[:PROBE_SAMPLES])
+    model.train()
+    _sync(device)
+
+
 def unit_costs(model: SubLayerModel, x: torch.Tensor, device: torch.device, autocast: bool) -> dict[str, list[float]]:
     """Fastest-of-a-few forward and backward seconds of each unit and of the head on batch ``x`` (training mode)."""
     model = model.to(device).train()
+    warm_up(model, x, device, autocast)
     spans = [model.unit_bounds(u) for u in range(model.num_units)] + [(model.head_start(), model.num_sublayers)]
     fwd: list[float] = []
     bwd: list[float] = []
@@ -454,20 +476,15 @@ def probe_outputs(
 ) -> dict[int, torch.Tensor]:
     """Each unit's output on the probe batch for units ``first .. limit - 1``, in eval mode (no dropout), from
     ``h``, the probe's activation where unit ``first`` starts (the frozen prefix's output never changes, so it is
-    kept rather than run again). Each unit's forward is one of ``graphs``' segments: on CUDA replayed as a graph
-    once captured, as the trainer's probe does; its output is overwritten only when that unit runs again."""
+    kept rather than run again). Each unit's forward is one of ``graphs``' segments (eval mode is theirs): on CUDA
+    replayed as a graph once captured, as the trainer's probe does; its output is overwritten only when that unit
+    runs again."""
     if first >= limit:
         return {}
-    was = model.training
-    model.eval()
     out: dict[int, torch.Tensor] = {}
-    start = model.prefix_len(first)
     for u in range(first, limit):
-        end = model.unit_bounds(u)[1]
-        h = graphs.run(u, model.slice(start, end), h)
-        start = end
+        h = graphs.run(u, h, lambda u=u: model.slice(*model.unit_bounds(u)))
         out[u] = h
-    model.train(was)
     return out
 
 
@@ -567,7 +584,6 @@ def train_arm(
         t0 = time.perf_counter()
         probe_out = run_probe()
         drift.measure(probe_out, num_units)
-        set_modes(model, frozen)
         signal_s += time.perf_counter() - t0
     step = 0
     for epoch in range(task.epochs):
@@ -584,7 +600,6 @@ def train_arm(
                     change = freeze.relative_change(*drift.measure(fresh, num_units))
                     policy.observe_drift(change)  # type: ignore[attr-defined]
                     drift_log.append([round(c, 6) if math.isfinite(c) else -1.0 for c in change[:watched]])
-                    set_modes(model, frozen)
                 signal_s += time.perf_counter() - t0
                 new = freeze.decide(policy, epoch, step, frozen)
                 if new > frozen:
@@ -687,6 +702,8 @@ def run_task(
     """Every arm and seed of ``task`` from the same checkpoint, ``costs`` its units' (:func:`task_costs`);
     per-arm summaries."""
     out: dict[str, Any] = {}
+    # the process's lazy initialisation and the GPU's clocks, before the first timed run (a throwaway model)
+    warm_up(task.build(), task.train[0][: task.batch], device, autocast)
     for arm in arms:
         runs = {}
         for seed in seeds:

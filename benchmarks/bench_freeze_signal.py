@@ -125,7 +125,7 @@ def measure(config: dict[str, Any], device: torch.device, steps: int, warmup: in
     times: dict[str, list[float]] = {name: [] for name in hooks}
     for _ in range(steps):
         for name, hook in hooks.items():
-            times[name].append(_timed(lambda h=hook: step(h), device))  # type: ignore[misc]
+            times[name].append(_timed(lambda h=hook: step(h), device))
     median = {name: statistics.median(v) for name, v in times.items()}
     # the accumulations alone, on one step's gradients: less noisy than a difference of two step times
     with torch.autocast(device.type, torch.bfloat16, enabled=autocast):
@@ -150,17 +150,12 @@ def measure(config: dict[str, Any], device: torch.device, steps: int, warmup: in
 
         @torch.no_grad()
         def probe_once() -> None:
-            model.eval()
             outputs: dict[int, torch.Tensor] = {}
             h = probe
-            start = 0
             for u in range(probed):
-                end = model.unit_bounds(u)[1]
-                h = graphs.run(u, model.slice(start, end), h)
-                start = end
+                h = graphs.run(u, h, lambda u=u: model.slice(*model.unit_bounds(u)))
                 outputs[u] = h
             freeze.relative_change(*drift.measure(outputs, units))
-            model.train()
 
         return probe_once
 

@@ -11,7 +11,9 @@ One graph per segment, not one per layout: the frozen boundary moves at a transi
 the probe start from any boundary without a new capture. The recipe is torch's (``torch.cuda.graph``): the first
 call of a segment runs eagerly on a side stream (the warm-up: lazy initialisation happens outside a capture), the
 second captures it on that stream with a static input buffer (autocast's weight-cast cache off, so every replay
-casts the current weights) and replays it; later calls copy the input in and replay. Whatever fails to capture
+casts the current weights) and replays it; later calls copy the input in and replay. Modules are put in eval mode
+(and back) only for the eager and captured calls: a replay runs no Python, and switching a whole model's modes
+costs about as much as the replay itself. Whatever fails to capture
 runs eagerly from then on, and :attr:`ForwardGraphs.failures` says why.
 
 A graph reads the parameters' memory, not the modules: update parameters in place (an optimizer step, freezing,
@@ -23,12 +25,26 @@ it to keep it (:meth:`elastic_pipe.freeze.OutputDrift.measure` does).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 __all__ = ["ForwardGraphs"]
+
+
+@contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    """``module`` in eval mode, each of its modules' own mode put back after."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 @dataclass
@@ -44,11 +60,10 @@ class ForwardGraphs:
     Example::
 
         graphs = ForwardGraphs(torch.device("cuda"), autocast_dtype=torch.bfloat16)
-        model.eval()
         h = probe
-        for u in range(first, watched):                  # at every decision point
-            h = graphs.run(u, model.unit(u), h)           # eager, then captured, then replayed
-            outputs[u] = h                                # overwritten by unit u's next replay
+        for u in range(first, watched):                           # at every decision point
+            h = graphs.run(u, h, lambda u=u: model.unit(u))       # eager, then captured, then replayed
+            outputs[u] = h                                        # overwritten by unit u's next replay
 
     Args:
         device: where the segments run; on anything but CUDA every call runs eagerly.
@@ -88,15 +103,18 @@ class ForwardGraphs:
         return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None, cache_enabled=cache)
 
     @torch.no_grad()
-    def run(self, key: Hashable, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """``fn(x)`` without gradients under the autocast dtype: eagerly the first time a segment (``key`` with
-        ``x``'s shape and dtype) is seen, captured and replayed the second time, replayed afterwards.
+    def run(self, key: Hashable, x: torch.Tensor, build: Callable[[], nn.Module]) -> torch.Tensor:
+        """The segment's output on ``x``: its forward in eval mode without gradients under the autocast dtype, run
+        eagerly the first time the segment (``key`` with ``x``'s shape and dtype) is seen, captured and replayed
+        the second time, replayed afterwards.
 
         Args:
-            key: names the segment (e.g. its unit index or sub-layer range); ``fn`` must compute the same thing
+            key: names the segment (e.g. its unit index or sub-layer range); ``build`` must give the same modules
                 each time the key is given.
-            fn: the segment's forward (modules in the mode they should be captured in: eval for the probe).
-            x: its input, on :attr:`device`.
+            x: the segment's input, on :attr:`device`.
+            build: returns the segment's module; called only when the segment runs eagerly or is captured, which
+                is also the only time its modules are put in eval mode (each module's own mode is put back after,
+                so a replay - which runs no Python - costs no mode switch).
 
         Returns:
             The segment's output; once replaying, a static tensor that the segment's next replay overwrites.
@@ -105,31 +123,31 @@ class ForwardGraphs:
         captured = self._captured.get(segment)
         if captured is None:
             if not self.enabled or segment in self.failures:
-                with self._autocast():
-                    return fn(x)
+                return self._eager(build(), x)
             if segment not in self._warm:
                 self._warm.add(segment)
-                return self._on_side_stream(fn, x)
-            captured = self._capture(segment, fn, x)
+                return self._on_side_stream(build(), x)
+            captured = self._capture(segment, build(), x)
             if captured is None:
-                with self._autocast():
-                    return fn(x)
+                return self._eager(build(), x)
         captured.input.copy_(x)
         captured.graph.replay()
         return captured.output
 
-    def _on_side_stream(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def _eager(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with _eval_mode(module), self._autocast():
+            return module(x)  # type: ignore[no-any-return]
+
+    def _on_side_stream(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         assert self._stream is not None
         main = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(main)
-        with torch.cuda.stream(self._stream), self._autocast():
-            out = fn(x)
+        with torch.cuda.stream(self._stream):
+            out = self._eager(module, x)
         main.wait_stream(self._stream)
         return out
 
-    def _capture(
-        self, segment: Hashable, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
-    ) -> _Captured | None:
+    def _capture(self, segment: Hashable, module: nn.Module, x: torch.Tensor) -> _Captured | None:
         assert self._stream is not None
         t0 = time.perf_counter()
         static_x = x.detach().clone()
@@ -142,8 +160,8 @@ class ForwardGraphs:
         with torch.cuda.stream(self._stream):
             graph.capture_begin(capture_error_mode="thread_local")
             try:
-                with self._autocast(cache=False):
-                    out = fn(static_x)
+                with _eval_mode(module), self._autocast(cache=False):
+                    out = module(static_x)
             except Exception as e:  # anything failing inside a capture means: run this segment eagerly
                 error = e
             finally:

@@ -43,10 +43,8 @@ __all__ = ["PROBE_SAMPLES", "baseline", "kept", "measure", "restore"]
 PROBE_SAMPLES = 16
 
 
-def _chain(sublayers: Sequence[torch.nn.Module], lo: int, hi: int, x: torch.Tensor) -> torch.Tensor:
-    for j in range(lo, hi):
-        x = sublayers[j](x)
-    return x
+def _segment(sublayers: Sequence[torch.nn.Module], lo: int, hi: int) -> torch.nn.Module:
+    return torch.nn.Sequential(*sublayers[lo:hi])
 
 
 @torch.no_grad()
@@ -87,21 +85,19 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     else:
         x = recv_activation(pipeline[s - 1], ctx.device, group)
         start = lo
-    was = ctx.model.training
-    ctx.model.eval()
     out: dict[int, torch.Tensor] = {}
     sublayers = ctx.sublayers
     graphs = stage.probe_graphs
     assert graphs is not None  # built with the drift
     stop = min(hi, needed)
-    # one segment per unit (cut at the stage's ends), each replayed as a CUDA graph once captured (.forward_graphs)
+    # one segment per unit (cut at the stage's ends), in eval mode, each replayed as a CUDA graph once captured
+    # (.forward_graphs)
     cuts = sorted({e for e in ctx.unit_ends if start < e < stop} | {stop}) if start < stop else []
     for lo_j, hi_j in zip([start, *cuts[:-1]][: len(cuts)], cuts, strict=True):
-        x = graphs.run((lo_j, hi_j), functools.partial(_chain, sublayers, lo_j, hi_j), x)
+        x = graphs.run((lo_j, hi_j), x, functools.partial(_segment, sublayers, lo_j, hi_j))
         u = ends.get(hi_j)
         if u is not None and frozen_units <= u < watched:
             out[u] = x  # a graph's static output: measure copies what it keeps
-    ctx.restore_modes(layout, was)
     if hi < needed and s + 1 < layout.pipe_len:
         send_activation(x, pipeline[s + 1], group)
     return out
