@@ -48,7 +48,14 @@ AB_MAPPED = "gpu_1xh200_disk_data_host_reads_mapped.json"  # the next job: the s
 GATHER_BF16 = "gpu_1xh200_host_gather_bf16.json"  # a batch read from the pinned host tier, by method, bf16 entries
 FILL_STEPS = "gpu_1xh200_cache_fill_steps.json"
 STUDY = "freeze_accuracy.json"  # the study with the default policy (drift), every arm in one job
-E2E = "freeze_accuracy_e2e.json"  # task (a) end to end in the same job, timed
+E2E = "freeze_accuracy_e2e.json"  # task (a) end to end, timed seed by seed, its own job
+E2E_STUDY_JOB = "freeze_accuracy_e2e_study_job.json"  # the same timed arm by arm after the study, in its job
+E2E_PREVIOUS = "freeze_accuracy_e2e_previous.json"  # the same in the previous study's job (eager probe)
+PROBE_GRAPHS = "freeze_signal_cost_probe_graphs.json"  # the default policy timed alone, the probe replayed
+PROBE_EAGER = "freeze_signal_cost_probe_eager.json"  # the same with the eager probe
+NOISY_COSTS = "freeze_accuracy_noisy_costs.json"  # the study with unit costs timed without warm-up passes
+SIGNAL_B16 = "gpu_1xh200_freeze_signal_vitb16_replayed.json"  # bench_freeze_signal on ViT-B/16, replayed probe
+SIGNAL_DIGITS = "gpu_1xh200_freeze_signal_vit_digits_shape.json"  # the same at task (b)'s shape, every 5 steps
 SETTLE_AFTER = "freeze_accuracy_settle_after.json"  # the settle floor over six seeds (how the default was chosen)
 STANDIN = "freeze_standin_lr_cpu.json"
 SD = "tasks.vit_digits.arms."
@@ -106,10 +113,12 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ("README.md", "against {} on BBC News, 94.71%", STUDY, BBC + "none.accuracy_mean", ".2%"),
     ("README.md", "on BBC News, {} against 94.52% on digits", STUDY, DIGITS + "drift.accuracy_mean", ".2%"),
     ("README.md", "against {} on digits) while skipping", STUDY, DIGITS + "none.accuracy_mean", ".2%"),
-    ("README.md", "skipping **{} and 34.2% of the forward+backward", STUDY, BBC + "drift.compute_saved", ".1%"),
+    ("README.md", "skipping **{} and 34.3% of the forward+backward", STUDY, BBC + "drift.compute_saved", ".1%"),
     ("README.md", "skipping **52.2% and {} of the forward+backward", STUDY, DIGITS + "drift.compute_saved", ".1%"),
-    ("README.md", "freezing, {} s with the default (2.0x)**", E2E, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
-    ("README.md", "**{} s without freezing, 1.96 s", E2E, BBC + "none.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "costs **{} and 1.7% of the step time**", PROBE_GRAPHS, BBC + "drift.signal_cost_fraction", ".1%"),
+    ("README.md", "costs **1.1% and {} of the step time**", PROBE_GRAPHS, DIGITS + "drift.signal_cost_fraction", ".1%"),
+    ("README.md", "freezing, {} s with the default (1.19x;", E2E, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "time: {} s without freezing, 3.06 s", E2E, BBC + "none.wall_seconds_by_seed.median", ".2f"),
     # README: 2x H200, ViT-B/16
     (
         "README.md",
@@ -831,16 +840,16 @@ ROWS += table_rows(  # the study's table (every arm in one job); the former defa
         (STUDY, arm, [shown, *cells.split(), safe])
         for arm, shown, cells, safe in (
             ("none", "`none`", "96.78% +0.00 0.0% 94.52% +0.00 0.0%", "yes"),
-            ("alpha=1/3", "`alpha=1/3`", "95.88% -0.90 37.1% 85.79% -8.73 69.0%", "no"),
-            ("alpha=0.2", "`alpha=0.2`", "96.25% -0.52 28.7% 87.74% -6.78 56.3%", "no"),
-            ("alpha=0.1", "`alpha=0.1`", "96.63% -0.15 19.1% 89.51% -5.01 38.2%", "no"),
-            ("freezeout", "`freezeout` (t0 = 0.5)", "96.40% -0.37 19.7% 93.87% -0.65 23.4%", "no"),
-            ("autofreeze", "`autofreeze` (median)", "94.91% -1.87 65.8% 75.21% -19.31 83.1%", "no"),
-            ("settled", "`settled` (its defaults)", "96.70% -0.07 2.1% 87.84% -6.69 61.5%", "no"),
+            ("alpha=1/3", "`alpha=1/3`", "95.88% -0.90 37.6% 85.79% -8.73 69.4%", "no"),
+            ("alpha=0.2", "`alpha=0.2`", "96.25% -0.52 30.2% 87.74% -6.78 57.1%", "no"),
+            ("alpha=0.1", "`alpha=0.1`", "96.63% -0.15 21.2% 89.51% -5.01 39.8%", "no"),
+            ("freezeout", "`freezeout` (t0 = 0.5)", "96.40% -0.37 19.8% 93.87% -0.65 23.9%", "no"),
+            ("autofreeze", "`autofreeze` (median)", "94.91% -1.87 64.9% 75.21% -19.31 83.3%", "no"),
+            ("settled", "`settled` (its defaults)", "96.70% -0.07 2.3% 87.84% -6.69 61.7%", "no"),
             (
                 "freezeout:t0=0.7",
                 "`freezeout:t0=0.7` (the default until this release)",
-                "96.55% -0.22 9.0% 93.96% -0.56 13.3%",
+                "96.55% -0.22 8.9% 93.96% -0.56 13.6%",
                 "no",
             ),
         )
@@ -873,7 +882,7 @@ ROWS += [
     ),
     (
         "docs/freeze.md",
-        "| **52.2%** | {} | +0.19 | **34.2%** | **yes** |",
+        "| **52.2%** | {} | +0.19 | **34.3%** | **yes** |",
         STUDY,
         DIGITS + "drift.accuracy_mean",
         ".2%",
@@ -882,21 +891,103 @@ ROWS += [
     ("docs/freeze.md", "| `none` | 96.78% | {} s | 0% |", E2E, BBC + "none.wall_seconds_by_seed.median", ".2f"),
     (
         "docs/freeze.md",
-        "| `drift` (the default) | 96.40% | {} s (2.00x)",
+        "| `drift` (the default) | 96.40% | {} s (1.19x)",
         E2E,
         BBC + "drift.wall_seconds_by_seed.median",
         ".2f",
     ),
     (
         "docs/freeze.md",
-        "| `alpha=1/3` | 95.88% | {} s (2.08x)",
+        "| `alpha=1/3` | 95.88% | {} s (1.54x)",
         E2E,
         BBC + "alpha=1/3.wall_seconds_by_seed.median",
         ".2f",
     ),
-    ("docs/freeze.md", "| `drift` (the default) | {} | 1.96 s", E2E, BBC + "drift.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "| `drift` (the default) | {} | 3.06 s", E2E, BBC + "drift.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "| 3.06 s (1.19x) | {} |", E2E, BBC + "drift.compute_saved", ".1%"),
+    (
+        "docs/freeze.md",
+        "job: `none` {} s, `drift` 2.57 s",
+        E2E_STUDY_JOB,
+        BBC + "none.wall_seconds_by_seed.median",
+        ".2f",
+    ),
+    ("docs/freeze.md", "`drift` {} s (1.10x)", E2E_STUDY_JOB, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("docs/freeze.md", "`alpha=1/3` {} s (1.16x)", E2E_STUDY_JOB, BBC + "alpha=1/3.wall_seconds_by_seed.median", ".2f"),
+    (
+        "docs/freeze.md",
+        "eager probe: {} s, 1.96 s (2.00x)",
+        E2E_PREVIOUS,
+        BBC + "none.wall_seconds_by_seed.median",
+        ".2f",
+    ),
+    ("docs/freeze.md", "probe: 3.91 s, {} s (2.00x)", E2E_PREVIOUS, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("docs/freeze.md", "(2.00x), {} s (2.08x)", E2E_PREVIOUS, BBC + "alpha=1/3.wall_seconds_by_seed.median", ".2f"),
+    (
+        "docs/freeze.md",
+        "(the default's: {} and 34.2% there)",
+        "freeze_accuracy_previous.json",
+        BBC + "drift.compute_saved",
+        ".1%",
+    ),
+    (
+        "docs/freeze.md",
+        "(the default's: 52.2% and {} there)",
+        "freeze_accuracy_previous.json",
+        DIGITS + "drift.compute_saved",
+        ".1%",
+    ),
+    ("docs/freeze.md", "on (a) at **{}** from the same", NOISY_COSTS, BBC + "drift.compute_saved", ".1%"),
+    # the probe at the default rhythm: the study's runs of the default, alone, replayed and eager
+    (
+        "docs/freeze.md",
+        "| **{}** (by seed 0.80, 1.34, 1.16%) |",
+        PROBE_GRAPHS,
+        BBC + "drift.signal_cost_fraction",
+        ".2%",
+    ),
+    ("docs/freeze.md", "| **{}** (1.63, 1.62, 1.86%) |", PROBE_GRAPHS, DIGITS + "drift.signal_cost_fraction", ".2%"),
+    (
+        "docs/freeze.md",
+        "| eager probe | {} (1.43, 2.30, 2.29%) |",
+        PROBE_EAGER,
+        BBC + "drift.signal_cost_fraction",
+        ".2%",
+    ),
+    ("docs/freeze.md", "| {} (7.13, 8.09, 7.65%) |", PROBE_EAGER, DIGITS + "drift.signal_cost_fraction", ".2%"),
+    ("docs/freeze.md", "measured {} on (a) and 3.67% on (b)", STUDY, BBC + "drift.signal_cost_fraction", ".2%"),
+    ("docs/freeze.md", "measured 1.47% on (a) and {} on (b)", STUDY, DIGITS + "drift.signal_cost_fraction", ".2%"),
+    ("docs/freeze.md", "| plain step | {} ms | 30.4 ms |", SIGNAL_B16, "step_ms.plain", ".1f"),
+    ("docs/freeze.md", "| plain step | 179.5 ms | {} ms |", SIGNAL_DIGITS, "step_ms.plain", ".1f"),
+    ("docs/freeze.md", "| eager probe (share of the steps) | {} ms (0.15%)", SIGNAL_B16, "probe_ms", ".1f"),
+    ("docs/freeze.md", "| {} ms (8.17%) |", SIGNAL_DIGITS, "probe_ms", ".1f"),
+    ("docs/freeze.md", "13.5 ms ({}) |", SIGNAL_B16, "signal_fraction.drift (probe per decision point, eager)", ".2%"),
+    (
+        "docs/freeze.md",
+        "12.4 ms ({}) |",
+        SIGNAL_DIGITS,
+        "signal_fraction.drift (probe per decision point, eager)",
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "3.07 ms (**{}**)",
+        SIGNAL_B16,
+        "signal_fraction.drift (probe per decision point, replayed)",
+        ".3%",
+    ),
+    (
+        "docs/freeze.md",
+        "1.00 ms (**{}**)",
+        SIGNAL_DIGITS,
+        "signal_fraction.drift (probe per decision point, replayed)",
+        ".2%",
+    ),
+    ("docs/freeze.md", "| replayed probe | {} ms (**0.034%**)", SIGNAL_B16, "probe_replayed_ms", ".2f"),
+    ("docs/freeze.md", "(**0.034%**) | {} ms (**0.66%**) |", SIGNAL_DIGITS, "probe_replayed_ms", ".2f"),
+    ("docs/freeze.md", "(once per layout) | {} ms | 62.0 ms |", SIGNAL_B16, "probe_capture_ms", ".1f"),
+    ("docs/freeze.md", "(once per layout) | 67.6 ms | {} ms |", SIGNAL_DIGITS, "probe_capture_ms", ".1f"),
 ]
-
 #: The disk benchmark's table of changes in docs/benchmarks.md: a result file per row, the row's cells as written.
 DISK_CHANGES = [
     (DISK_GATHER, ["143.3", "67.7", "2.12x", "-"]),
@@ -991,3 +1082,25 @@ def test_doc_number_matches_result_file(doc: str, text: str, result: str, path: 
     assert text.count("{}") == 1, "a row quotes exactly one number"
     expected = _squash(text.replace("{}", format(lookup(_result(result), path), spec)))
     assert expected in _text(doc), f"{doc} should say {expected!r} ({result}: {path})"
+
+
+#: Speedups the docs quote from the end-to-end runs of task (a): (doc, text with ``{}`` for the ratio, result file,
+#: arm), the ratio being the median wall time of ``none`` over the arm's.
+E2E_SPEEDUPS = [
+    ("docs/freeze.md", "3.06 s ({}x)", E2E, "drift"),
+    ("docs/freeze.md", "2.38 s ({}x)", E2E, "alpha=1/3"),
+    ("docs/freeze.md", "`drift` 2.57 s ({}x)", E2E_STUDY_JOB, "drift"),
+    ("docs/freeze.md", "`alpha=1/3` 2.44 s ({}x)", E2E_STUDY_JOB, "alpha=1/3"),
+    ("docs/freeze.md", "1.96 s ({}x)", E2E_PREVIOUS, "drift"),
+    ("docs/freeze.md", "1.88 s ({}x)", E2E_PREVIOUS, "alpha=1/3"),
+    ("README.md", "3.06 s with the default ({}x;", E2E, "drift"),
+    ("docs/minilm_bbc.md", "the default 3.06 s ({}x)", E2E, "drift"),
+]
+
+
+@pytest.mark.parametrize(("doc", "text", "result", "arm"), E2E_SPEEDUPS, ids=[f"{r[0]}:{r[1]}" for r in E2E_SPEEDUPS])
+def test_end_to_end_speedups_are_the_result_files_ratios(doc: str, text: str, result: str, arm: str) -> None:
+    arms = _result(result)["tasks"]["minilm_bbc"]["arms"]
+    ratio = lookup(arms, "none.wall_seconds_by_seed.median") / lookup(arms, arm + ".wall_seconds_by_seed.median")
+    expected = _squash(text.replace("{}", f"{ratio:.2f}"))
+    assert expected in _text(doc), f"{doc} should say {expected!r} ({result}: none / {arm})"

@@ -7,10 +7,12 @@
 #   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2), SEEDS the
 #   seeds (default "0 1 2"), SIGNAL_COST=1 adds timed runs of the default policy on both tasks with the probe
 #   replayed as CUDA graphs and eager (freeze_signal_cost_{on,off}.json: what the signals cost, alone on the GPU).
-#   The units' costs are measured once, alone, before the runs start.
+#   E2E_ONLY=1 skips the study (the timed runs only). The units' costs are measured once, alone, before the runs
+#   start.
 # The tasks' seeds (and arm groups) run side by side, one process each, to fill the GPU; their wall times are
 # therefore contended.
-# The timed end-to-end runs come last, one at a time, with nothing else on the GPU.
+# The timed end-to-end runs come last, one at a time, with nothing else on the GPU, seed by seed (each seed's arms
+# in turn).
 set -u
 out=$1
 extra=${2:-}
@@ -21,39 +23,46 @@ mkdir -p "$parts"
 start=$(date +%s)
 # the units' costs first, with nothing else on the GPU: the runs side by side would time each other's kernels
 $bench --costs-only --unit-costs "$parts/costs.json" 2> "$parts/costs.log"
-$bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &
-pre=$!
-split=${SPLIT:-1}
-groups=("$only")  # one group: every arm ("" = the study's standard arms)
-if [[ -n $only ]] && (( split > 1 )); then
-  IFS=';' read -r -a arms <<< "$only"
-  groups=()
-  for ((g = 0; g < split; g++)); do
-    group=""
-    for ((i = g; i < ${#arms[@]}; i += split)); do group+="${group:+;}${arms[i]}"; done
-    [[ -n $group ]] && groups+=("$group")
-  done
-fi
-run_task() {  # task, extra flags...: every seed x arm group, side by side
-  local task=$1; shift
-  for s in ${SEEDS:-0 1 2}; do
-    for g in "${!groups[@]}"; do
-      $bench --tasks "$task" --seeds $s --arms "$extra" --only-arms "${groups[g]}" --threads "${THREADS:-2}" "$@" \
-        --unit-costs "$parts/costs.json" \
-        --out "$parts/study_${task}_$s.$g.json" 2> "$parts/${task}_$s.$g.log" &
+if [[ -z ${E2E_ONLY:-} ]]; then
+  $bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 2 2> "$parts/pretrain.log" &
+  pre=$!
+  split=${SPLIT:-1}
+  groups=("$only")  # one group: every arm ("" = the study's standard arms)
+  if [[ -n $only ]] && (( split > 1 )); then
+    IFS=';' read -r -a arms <<< "$only"
+    groups=()
+    for ((g = 0; g < split; g++)); do
+      group=""
+      for ((i = g; i < ${#arms[@]}; i += split)); do group+="${group:+;}${arms[i]}"; done
+      [[ -n $group ]] && groups+=("$group")
     done
-  done
-}
-run_task minilm_bbc
-wait $pre
-run_task vit_digits --vit-checkpoint "$parts/vit_mnist5k.safetensors"
-wait
-cat "$parts"/*.log > "$out/study.log"
-$bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"
-echo "study done after $(( $(date +%s) - start )) s"
+  fi
+  run_task() {  # task, extra flags...: every seed x arm group, side by side
+    local task=$1; shift
+    for s in ${SEEDS:-0 1 2}; do
+      for g in "${!groups[@]}"; do
+        $bench --tasks "$task" --seeds $s --arms "$extra" --only-arms "${groups[g]}" --threads "${THREADS:-2}" "$@" \
+          --unit-costs "$parts/costs.json" \
+          --out "$parts/study_${task}_$s.$g.json" 2> "$parts/${task}_$s.$g.log" &
+      done
+    done
+  }
+  run_task minilm_bbc
+  wait $pre
+  run_task vit_digits --vit-checkpoint "$parts/vit_mnist5k.safetensors"
+  wait
+  cat "$parts"/*.log > "$out/study.log"
+  $bench --merge "$parts"/study_*.json --out "$out/freeze_accuracy.json" --plot "$out/freeze_frontier.png"
+  echo "study done after $(( $(date +%s) - start )) s"
+fi
 if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
-  $bench --tasks minilm_bbc --seeds 0,1,2 --arms "$extra" --unit-costs "$parts/costs.json" --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
-    --out "$out/freeze_accuracy_e2e.json" 2> "$out/e2e.log"
+  # one seed at a time, every arm of it in turn: a machine that speeds up or slows down meets every arm alike
+  for s in ${SEEDS:-0 1 2}; do
+    $bench --tasks minilm_bbc --seeds "$s" --arms "$extra" --unit-costs "$parts/costs.json" \
+      --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
+      --out "$parts/e2e_$s.json" --plot "$parts/e2e_$s.png" 2>> "$out/e2e.log"
+  done
+  $bench --merge "$parts"/e2e_*.json --out "$out/freeze_accuracy_e2e.json" > /dev/null
   echo "e2e done after $(( $(date +%s) - start )) s"
 fi
 if [[ -n ${SIGNAL_COST:-} ]]; then

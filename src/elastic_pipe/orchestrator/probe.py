@@ -13,7 +13,9 @@ rank 0 turns them into the relative changes the policy observes.
 A rank keeps the outputs of the units it holds, so after a transition (units change owners) every rank takes a new
 baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
 next decision point compares with the same point in time. Cost: one forward of the probe through the watched units
-per decision point (two when the layout changes); nothing per step.
+per decision point (two when the layout changes); nothing per step. Each unit's forward (the part of it on this
+stage) is a segment of the stage's :class:`~.forward_graphs.ForwardGraphs`: on a GPU, eager at a layout's baseline,
+captured at its first decision point and replayed after (``[train] cuda_graphs = "off"``: always eager).
 
 A checkpoint keeps the outputs (:func:`kept`: replica 0's stage ``s`` writes those of the units ending on it into
 the stage's shard) and a resume puts them back (:func:`restore`) instead of taking a new baseline, so a run resumed
