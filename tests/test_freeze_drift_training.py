@@ -12,7 +12,9 @@ from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from recording_drift import RecordingDrift
 
 
-def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off", epochs: int = 2) -> dict[str, Any]:
+def _train(  # noqa: PLR0917 - run_tasks hands the arguments over as a tuple
+    ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off", epochs: int = 2, graphs: str = "auto"
+) -> dict[str, Any]:
     import torch
 
     from elastic_pipe import models
@@ -24,7 +26,7 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off"
     d = load_digits()
     tables: dict[str, Any] = {
         "model": {"name": "vit"},
-        "train": {"epochs": epochs, "global_batch": 16, "lr": 0.01, "seed": 0},
+        "train": {"epochs": epochs, "global_batch": 16, "lr": 0.01, "seed": 0, "cuda_graphs": graphs},
         "freeze": {"decide_every": 2},
         "pipeline": {"microbatches": 2, "pipe_len": pipe_len, "cache": cache},
         "launch": {"nproc_per_node": ctx.world_size},  # one rank on a GPU machine: that GPU (NCCL)
@@ -35,6 +37,7 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off"
     policy = RecordingDrift(4, threshold=threshold, patience=1, tolerance=None)
     samples = Split(d.inputs[:64], d.labels[:64], d.sample_ids[:64])
     released: list[int] = []  # per probe on this rank: the leading sub-layers whose weights were released
+    captures: list[int] = []  # per probe on this rank: the segments its stage's ForwardGraphs had captured
     unit_outputs = probe._unit_outputs
 
     def recording(run: Any, stage: Any, watched: int) -> Any:
@@ -48,6 +51,7 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off"
         try:
             return unit_outputs(run, stage, watched)
         finally:
+            captures.append(stage.probe_graphs.captures)
             with torch.no_grad():
                 for p, v in zip(held, saved, strict=True):
                     p.copy_(v)
@@ -60,6 +64,7 @@ def _train(ctx: RankContext, pipe_len: int, threshold: float, cache: str = "off"
         probe._unit_outputs = unit_outputs  # type: ignore[assignment]
     return {
         "released": released,
+        "captures": captures,
         "seen": policy.seen,
         "frozen": [e["frozen_units"] for e in result.transitions],
         "pipe_lens": [e["pipe_len"] for e in result.transitions],
@@ -113,14 +118,18 @@ def test_the_probe_reads_the_kept_prefix_outputs_once_the_prefix_is_released() -
     assert cached["losses"] == pytest.approx(plain["losses"], rel=1e-6)
 
 
-def _one_gpu(ctx: RankContext) -> dict[str, Any]:
-    return _train(ctx, 1, 10.0, "on", 4)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-def test_the_probe_runs_on_a_gpu_with_the_prefix_released() -> None:
-    """On a GPU rank 0 keeps the released prefix in host memory: a probe that ran it would fail."""
-    out = run_distributed(_one_gpu, 1, timeout=400)[0]
-    assert out["frozen"] and any(r > 0 for r in out["released"]), out["released"]
-    assert all(math.isfinite(c) for change in out["seen"] for c in change)
+def test_the_probe_runs_on_a_gpu_with_the_prefix_released_replayed_as_graphs_or_eagerly() -> None:
+    """On a GPU rank 0 keeps the released prefix in host memory: a probe that ran it would fail. The probe's
+    segments are captured and replayed as CUDA graphs (``[train] cuda_graphs`` not "off"), and read the drift the
+    eager probe reads."""
+    tasks = {"graphs": (_train, (1, 10.0, "on", 4, "auto")), "eager": (_train, (1, 10.0, "on", 4, "off"))}
+    out = run_distributed(run_tasks, 1, tasks, timeout=500)[0]
+    graphs, eager = out["graphs"], out["eager"]
+    assert graphs["frozen"] and any(r > 0 for r in graphs["released"]), graphs["released"]
+    assert all(math.isfinite(c) for change in graphs["seen"] for c in change)
+    assert max(graphs["captures"]) > 0 and max(eager["captures"]) == 0, (graphs["captures"], eager["captures"])
+    assert graphs["frozen"] == eager["frozen"]
+    for a, b in zip(graphs["seen"], eager["seen"], strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-9)
