@@ -20,6 +20,13 @@ A graph reads the parameters' memory, not the modules: update parameters in plac
 ``load_state_dict``), or start a new :class:`ForwardGraphs` when modules are rebuilt (the trainer keeps one per
 stage, which a transition rebuilds). A segment's output is a static tensor that its next replay overwrites: copy
 it to keep it (:meth:`elastic_pipe.freeze.OutputDrift.measure` does).
+
+Memory: each segment's graph keeps a private memory pool holding its activations for the captured input, so the
+graphs of a stage together hold about what one forward of the probe batch through the stage would hold if nothing
+were freed along the way (the 16-sample probe: a few percent of a training step's activations at ViT-B/16's batch
+512, but several times a micro-batch's for a long-sequence model trained at one or two sequences per micro-batch).
+Sharing one pool across a stage's segments (they always replay in the order they were captured) would bound it by
+one segment's activations plus the outputs; until then, ``[train] cuda_graphs = "off"`` runs the probe eagerly.
 """
 
 from __future__ import annotations
