@@ -27,6 +27,7 @@ resume: the first interval after it then spans only the steps since the checkpoi
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -94,8 +95,8 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     stop = min(hi, needed)
     # one segment per unit (cut at the stage's ends), in eval mode, each replayed as a CUDA graph once captured
     # (.forward_graphs)
-    cuts = sorted({e for e in ctx.unit_ends if start < e < stop} | {stop}) if start < stop else []
-    for lo_j, hi_j in zip([start, *cuts[:-1]][: len(cuts)], cuts, strict=True):
+    bounds = [start, *sorted(e for e in ctx.unit_ends if start < e < stop), stop] if start < stop else []
+    for lo_j, hi_j in itertools.pairwise(bounds):
         x = graphs.run((lo_j, hi_j), x, functools.partial(_segment, sublayers, lo_j, hi_j))
         u = ends.get(hi_j)
         if u is not None and frozen_units <= u < watched:
