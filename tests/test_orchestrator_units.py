@@ -316,7 +316,9 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         bytes_moved=1_000_000,
         cache=False,
         seconds=0.25,
-        phases={"decide": 0.05, "moves": 0.1, "rebuild": 0.05, "cache": 0.05},
+        cache_entries=120,
+        cache_bytes=120 * 64,
+        phases={"decide": 0.05, "moves": 0.1, "freeze": 0.01, "runner": 0.04, "cache": 0.05},
     )
     log.record(event.to_dict(), event.human())
     lines = (tmp_path / "logs" / "events.jsonl").read_text().splitlines()
@@ -334,9 +336,11 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         "bytes_moved": 1_000_000,
         "cache": False,
         "seconds": 0.25,
-        "phases": {"decide": 0.05, "moves": 0.1, "rebuild": 0.05, "cache": 0.05},
+        "phases": {"decide": 0.05, "moves": 0.1, "freeze": 0.01, "runner": 0.04, "cache": 0.05},
         "epoch_step": 0,
         "prefix_released_bytes": 0,
+        "cache_entries": 120,
+        "cache_bytes": 120 * 64,
     }
     assert stream.getvalue() == (
         "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"

@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30 --out $OUT
     torchrun --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --tiny   # CPU smoke run
 
-Arms, all from the same initial weights, data (synthetic, resident on the device), global batch, optimizer
-(AdamW, fused on GPUs), bf16 autocast and epochs:
+Arms, all from the same initial weights, data (synthetic, resident on the device: :func:`learnable_samples`, noise
+over a class's template, so every arm can learn it and each reports the held-out accuracy it reached), global
+batch, optimizer (AdamW, fused on GPUs), bf16 autocast and epochs:
 
 * ``plain_eager`` / ``plain_compiled``: the loop a careful user writes (``torch.compile(model)`` for the second);
 * ``static_eager`` / ``static_compiled``: elastic_pipe without freezing (``policy = "never"``), compiled the
@@ -46,8 +47,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import provenance  # this folder
 from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
-from elastic_pipe.orchestrator import config_from_tables, run_rank
+from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
 from elastic_pipe.orchestrator.setup import compile_seconds
 from elastic_pipe.orchestrator.workload import Split, cross_entropy
 
@@ -63,6 +65,38 @@ ARMS = (
 )
 #: The elastic arm the issue's speedup target is read from: the fastest compiled one.
 TARGET_ARM = "elastic_compiled_graphs"
+#: Classes of :func:`learnable_samples` (the model's head has more outputs; the unused ones learn to stay low).
+CLASSES = 10
+#: The template's blocks: 16 px, one ViT-B/16 patch, so each patch carries one value of the class's pattern.
+BLOCK = 16
+
+
+def learnable_samples(n: int, shape: tuple[int, ...], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` images a model can learn to classify: Gaussian noise plus the template of the image's class, a fixed
+    random pattern constant over each :data:`BLOCK`-pixel block (one value per patch of ViT-B/16; per pixel for
+    small inputs). The label is a function of the image: chance accuracy is 1/:data:`CLASSES`."""
+    gen = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, CLASSES, (n,), generator=gen)
+    c, h, w = shape
+    block = BLOCK if h % BLOCK == 0 and h >= 4 * BLOCK else 1
+    templates = torch.randn((CLASSES, c, h // block, w // block), generator=gen)
+    templates = templates.repeat_interleave(block, dim=2).repeat_interleave(block, dim=3)
+    inputs = torch.randn((n, *shape), generator=gen)
+    inputs += templates[labels]
+    return inputs, labels
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, held_out: Split, device: torch.device, batch: int) -> float:
+    """Top-1 accuracy on ``held_out`` (bf16 autocast, eval mode; not timed)."""
+    model.eval()
+    right = 0
+    for lo in range(0, len(held_out), batch):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = model(held_out.inputs[lo : lo + batch])
+        right += int((logits.argmax(-1) == held_out.labels[lo : lo + batch]).sum())
+    model.train()
+    return right / max(len(held_out), 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -71,9 +105,17 @@ def _sync(device: torch.device) -> None:
 
 
 def plain_loop(
-    model: torch.nn.Module, samples: Split, *, batch: int, steps: int, device: torch.device, compiled: bool
+    model: torch.nn.Module,
+    samples: Split,
+    *,
+    batch: int,
+    steps: int,
+    device: torch.device,
+    compiled: bool,
+    held_out: Split,
 ) -> dict[str, Any]:
-    """The plain loop: shuffled batches from device-resident tensors, bf16 autocast, fused AdamW."""
+    """The plain loop: shuffled batches from device-resident tensors, bf16 autocast, fused AdamW; its accuracy on
+    ``held_out`` is measured after the timed run."""
     model = model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
@@ -109,15 +151,14 @@ def plain_loop(
         "compile_s_first_steps": max(0.0, step_times[0] - steady) if compiled else 0.0,
         "epoch_seconds": epoch_s,
         "final_loss": float(loss),
+        "final_accuracy": accuracy(model, held_out, device, batch),
     }
 
 
-def elastic_arm(
-    model: torch.nn.Module, samples: Split, *, batch: int, freeze: bool, compiled: bool, graphs: bool, cache_mb: int
-) -> dict[str, Any]:
-    """elastic_pipe on this one process: freezing (alpha = 1/3) with the cache, or no freezing."""
+def elastic_config(*, batch: int, freeze: bool, compiled: bool, graphs: bool, cache_mb: int) -> TrainConfig:
+    """The elastic arms' run: freezing (alpha = 1/3) with the activation cache, or no freezing."""
     policy = {"policy": "alpha", "options": {"alpha": ALPHA}} if freeze else {"policy": "never"}
-    config = config_from_tables(
+    return config_from_tables(
         {
             "model": {"name": "vit"},  # labels the run; the model itself is passed in
             "data": {"eval_fraction": 0.05},
@@ -135,6 +176,13 @@ def elastic_arm(
             "log": {"progress": False},
         }
     )
+
+
+def elastic_arm(
+    model: torch.nn.Module, samples: Split, *, batch: int, freeze: bool, compiled: bool, graphs: bool, cache_mb: int
+) -> dict[str, Any]:
+    """elastic_pipe on this one process: freezing (alpha = 1/3) with the cache, or no freezing."""
+    config = elastic_config(batch=batch, freeze=freeze, compiled=compiled, graphs=graphs, cache_mb=cache_mb)
     result = run_rank(config, model=model, samples=samples, quiet=True).to_dict()
     epochs = result["epochs"]
     steady = epochs[-1]["seconds"] / epochs[-1]["steps"]
@@ -157,7 +205,9 @@ def elastic_arm(
         "frozen_units": [e["frozen_units"] for e in epochs],
         "cache": [e["cache"] for e in epochs],
         "transition_seconds": [t["seconds"] for t in result["transitions"]],
+        "transitions": result["transitions"],
         "final_loss": result["losses"][-1],
+        "final_accuracy": result["final_accuracy"],
     }
 
 
@@ -268,8 +318,8 @@ def main() -> int:
     dist.init_process_group("gloo")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        **provenance(),
+        "labels": f"learnable: noise over one of {CLASSES} class templates (chance {1 / CLASSES:.2f})",
         "epochs": EPOCHS,
         "steps_per_epoch": {},
     }
@@ -279,12 +329,11 @@ def main() -> int:
         w = workload("vit", args.tiny, device, 1)
         batch = w["global_batch"]
         n = int(batch * steps / 0.95) + 1
-        x = torch.randn((n, *w["samples"].inputs.shape[1:]), generator=torch.Generator().manual_seed(0))
-        y = torch.randint(0, 10 if args.tiny else 1000, (n,), generator=torch.Generator().manual_seed(1))
+        x, y = learnable_samples(n, tuple(w["samples"].inputs.shape[1:]))
         samples = Split(x.to(device), y.to(device), torch.arange(n, device=device))
-        train = Split(
-            samples.inputs[: batch * steps], samples.labels[: batch * steps], samples.sample_ids[: batch * steps]
-        )
+        cut = batch * steps
+        train = Split(samples.inputs[:cut], samples.labels[:cut], samples.sample_ids[:cut])
+        held_out = Split(samples.inputs[cut:], samples.labels[cut:], samples.sample_ids[cut:])
         try:
             gpu_ms = head_only_gpu_ms(w["build"], samples.inputs[:batch], device)
         except Exception as e:  # keep the arms' numbers whatever happens here
@@ -298,7 +347,13 @@ def main() -> int:
             t0 = time.perf_counter()
             if arm.startswith("plain"):
                 arms[arm] = plain_loop(
-                    model, train, batch=batch, steps=steps, device=device, compiled="compiled" in arm
+                    model,
+                    train,
+                    batch=batch,
+                    steps=steps,
+                    device=device,
+                    compiled="compiled" in arm,
+                    held_out=held_out,
                 )
             else:
                 arms[arm] = elastic_arm(
@@ -329,7 +384,8 @@ def main() -> int:
         for arm, r in entry["arms"].items():
             print(
                 f"{arm:>24}: total {r['total_s']:8.2f} s  compile {r['compile_s']:6.2f} s  "
-                f"without {r['total_without_compile_s']:8.2f} s"
+                f"without {r['total_without_compile_s']:8.2f} s  loss {r['final_loss']:.3f}  "
+                f"accuracy {r['final_accuracy']:.3f}"
             )
         for key in ("speedup_elastic_over_plain_compiled", "speedup_elastic_over_plain_eager", "fraction_of_ideal"):
             if key in entry:

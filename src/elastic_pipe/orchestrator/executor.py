@@ -50,8 +50,12 @@ __all__ = [
     "timed_decision",
 ]
 
-#: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`).
-TRANSITION_PHASES = ("moves", "rebuild", "cache")
+#: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`; the
+#: decision before them is ``decide``): weights and optimizer state to new owners, freezing the new prefix,
+#: building the new stage, the probe's baseline, carrying or filling the activation cache, refreshing the
+#: evaluation outputs kept for a released prefix, and releasing or restoring the prefix's weights. The first steps
+#: of the new layout add ``compile`` and ``capture`` to the run's result (:meth:`.trainer.ElasticTrainer.fit`).
+TRANSITION_PHASES = ("moves", "freeze", "runner", "probe", "cache", "eval_store", "prefix")
 
 
 def initial_state(ctx: RunContext) -> RunState:
@@ -193,12 +197,16 @@ class Applied:
         stage: the new stage (the old one is closed).
         bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
         phases: seconds per part of :data:`TRANSITION_PHASES`.
+        cache_entries: training entries this rank's cache holds at the new boundary after the transition.
+        cache_bytes: their bytes, as stored.
     """
 
     state: RunState
     stage: StageRuntime
     bytes_moved: int
     phases: dict[str, float]
+    cache_entries: int = 0
+    cache_bytes: int = 0
 
 
 def apply(
@@ -233,14 +241,22 @@ def apply(
         freeze.freeze_modules(sublayers[old.frozen : new.frozen], optimizer)
     ctx.restore_modes(new, True)
     drop_foreign_state(optimizer, sublayers, new_owned)
+    clock.lap("freeze")
     stage.close()
     frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
     new_stage = StageRuntime(ctx, new)
+    clock.lap("runner")
     probe.baseline(ctx, new_stage)  # the units changed owners: each rank keeps the outputs of those it holds now
-    clock.lap("rebuild")
-    new_stage.setup_cache(cache, old.frozen)
-    clock.lap("cache")
-    return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals))
+    clock.lap("probe")
+    new_stage.setup_cache(cache, old.frozen, clock=clock)
+    return Applied(
+        state.replace(layout=new, frozen_units=frozen_units),
+        new_stage,
+        moved,
+        dict(clock.totals),
+        cache_entries=new_stage.cache_entries,
+        cache_bytes=new_stage.cache_bytes,
+    )
 
 
 def timed_decision(
@@ -288,4 +304,6 @@ def event_for(
         seconds=seconds,
         phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
         epoch_step=epoch_step,
+        cache_entries=applied.cache_entries,
+        cache_bytes=applied.cache_bytes,
     )

@@ -138,13 +138,20 @@ class TransitionEvent:
         cache: whether stage 0 reads the frozen prefix from the activation cache after it.
         seconds: wall time from the decision to the first step of the new layout (stats gathering, decision,
             broadcast, state moves, freezing, rebuilding the stage), measured on rank 0.
-        phases: ``seconds`` split: ``decide`` (statistics, policy, compression, message broadcast), ``moves``
-            (weights and optimizer state to new owners), ``rebuild`` (freezing, pipeline stage and schedule,
-            data re-shard), ``cache`` (extending cached activations, timing the cache against recomputation).
+        phases: ``seconds`` split: ``decide`` (statistics, probe drift, policy, compression, message broadcast),
+            ``moves`` (weights and optimizer state to new owners), ``freeze`` (the new prefix leaves the
+            optimizer, modes), ``runner`` (the new pipeline stage and schedule), ``probe`` (a probe-driven
+            policy's new baseline), ``cache`` (carrying cached activations to the new boundary, or filling them,
+            timing the cache against recomputation), ``eval_store`` (the evaluation split's prefix outputs kept
+            while the prefix is released), ``prefix`` (releasing or restoring the prefix's weights). The run's
+            result adds ``compile`` and ``capture`` once the layout's first epoch ran: the compilation and CUDA
+            graph capture its first steps paid (seconds on rank 0).
         epoch_step: steps of ``epoch`` completed before it: 0 at an epoch's start, more for a transition inside the
             epoch (``[freeze] decide_every``).
         prefix_released_bytes: device bytes of frozen-prefix weights the stage-0 ranks do without after it, because
             the activation cache serves the prefix completely, summed over the job (0: the prefix is resident).
+        cache_entries: training entries rank 0's activation cache holds at the new boundary (carried or filled).
+        cache_bytes: their bytes as stored.
     """
 
     epoch: int
@@ -162,6 +169,8 @@ class TransitionEvent:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
     epoch_step: int = 0
     prefix_released_bytes: int = 0
+    cache_entries: int = 0
+    cache_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "transition"``)."""

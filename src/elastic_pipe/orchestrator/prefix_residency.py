@@ -46,6 +46,7 @@ from elastic_pipe.types import Layout
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+    from elastic_pipe.orchestrator.timing import PhaseClock
 
 __all__ = ["KEEPER", "KEPT_REASON", "PrefixState", "carry", "eligible", "release", "restore", "settle"]
 
@@ -232,9 +233,13 @@ def _fill_eval(ctx: RunContext, layout: Layout, group: Any) -> None:
     state.eval_frozen, state.eval_values = frozen, values
 
 
-def settle(ctx: RunContext, stage: StageRuntime) -> int:
+def settle(ctx: RunContext, stage: StageRuntime, *, clock: PhaseClock | None = None) -> int:
     """After the cache is set up for ``stage``'s layout: release the frozen prefix on every stage-0 rank when all
     of them are :func:`eligible`, else make sure it is resident (a collective on the control group).
+
+    Args:
+        clock: a transition's clock: laps ``eval_store`` (the evaluation outputs) and ``prefix`` (release or
+            restore).
 
     Returns:
         The device bytes of frozen-prefix weights the job's stage-0 ranks do without in this layout (summed over
@@ -253,6 +258,8 @@ def settle(ctx: RunContext, stage: StageRuntime) -> int:
             group = ctx.groups.dp_group(layout.pipe_len) if layout.replicas > 1 else None
             with torch.no_grad():
                 _fill_eval(ctx, layout, group)
+            if clock is not None:
+                clock.lap("eval_store")
             freed = release(ctx, frozen)
         state.released = frozen
     else:
@@ -261,4 +268,6 @@ def settle(ctx: RunContext, stage: StageRuntime) -> int:
         state.forget()
     total = torch.tensor([freed], dtype=torch.int64)
     dist.all_reduce(total, group=control)
+    if clock is not None:
+        clock.lap("prefix")
     return int(total)

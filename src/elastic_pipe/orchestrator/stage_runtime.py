@@ -28,7 +28,7 @@ from elastic_pipe.orchestrator.prefix_reads import PrefetchedBatches, complete, 
 from elastic_pipe.orchestrator.prefix_residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.stage import build_runner, unit_modules
 from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
-from elastic_pipe.orchestrator.timing import ForwardTimer
+from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
 from elastic_pipe.types import Layout
 
 __all__ = ["StageRuntime"]
@@ -91,6 +91,8 @@ class StageRuntime:
         self._ahead: PrefetchedBatches | None = None
         #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
         self.cache_complete = False
+        #: Entries this rank's cache holds at the boundary after :meth:`setup_cache`, and their bytes as stored.
+        self.cache_entries = self.cache_bytes = 0
         #: Whether steps store the prefix outputs they compute (the cache is not read here: :meth:`_fills_in_steps`).
         self.fills_in_steps = False
         #: Device bytes of frozen-prefix weights the job's stage-0 ranks do without in this layout (released).
@@ -158,12 +160,31 @@ class StageRuntime:
         return _widen(x, mb, lo > 0 and x.is_floating_point()), _widen(y, mb, False)
 
     # ------------------------------------------------------------------------------------------------ the cache
-    def setup_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:
+    def setup_cache(
+        self, cache: acache.ActivationCache | None, old_frozen: int, *, clock: PhaseClock | None = None
+    ) -> None:
         """On stage-0 ranks: carry cached entries to the new boundary, then decide whether reading pays; then, on
         every rank (a collective), release the frozen prefix where the cache serves it
-        (:func:`.prefix_residency.settle`; the bytes it saves go to :attr:`prefix_released_bytes`)."""
+        (:func:`.prefix_residency.settle`; the bytes it saves go to :attr:`prefix_released_bytes`).
+
+        Args:
+            clock: a transition's clock: the carry or fill laps ``cache``, then :func:`.prefix_residency.settle`
+                laps ``eval_store`` and ``prefix``.
+        """
         self._prepare_cache(cache, old_frozen)
-        self.prefix_released_bytes = settle(self.ctx, self)
+        self.cache_entries, self.cache_bytes = self._held_at_boundary()
+        if clock is not None:
+            clock.lap("cache")
+        self.prefix_released_bytes = settle(self.ctx, self, clock=clock)
+
+    def _held_at_boundary(self) -> tuple[int, int]:
+        """Entries this rank's cache holds at the layout's boundary (every tier) and their bytes as stored."""
+        cache, frozen = self.cache, self.layout.frozen
+        if cache is None or not self.cache_on or frozen == 0:
+            return 0, 0
+        entries = int(cache.cached(self.ctx.train_set.sample_ids.to("cpu", torch.int64), frozen).sum())
+        example = self.ctx.prefix_example(frozen)
+        return entries, entries * example[0].numel() * cache.stored_dtype(example.dtype).itemsize
 
     def _prepare_cache(self, cache: acache.ActivationCache | None, old_frozen: int) -> None:
         ctx, layout = self.ctx, self.layout

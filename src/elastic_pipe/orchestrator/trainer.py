@@ -120,6 +120,9 @@ class ElasticTrainer:
         self._groups: GroupManager | None = None
         self.cache: acache.ActivationCache | None = None
         self.losses = EpochLosses()
+        #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
+        #: and graph capture its first steps paid to the record's phases).
+        self._fresh_layout: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> ElasticTrainer:
@@ -363,6 +366,11 @@ class ElasticTrainer:
         del self.result.losses[state.step - len(losses) :]
         self.result.losses.extend(losses)
         self.result.epochs.append(metrics.to_dict())
+        if self._fresh_layout is not None:  # what the layout's first steps paid belongs to the transition before
+            self._fresh_layout["phases"].update(
+                compile=round(metrics.compile_s, 6), capture=round(metrics.capture_s, 6)
+            )
+            self._fresh_layout = None
         if scores[0] is not None:
             self.result.final_accuracy, self.result.final_eval_loss = scores[1], scores[0]
         ctx.log.record(metrics.to_dict(), metrics.human(c.train.epochs))
@@ -401,7 +409,8 @@ class ElasticTrainer:
         self._state, self._stage = applied.state, applied.stage
         self.sampler.reshard(applied.state.layout.replicas, applied.stage.replica)
         event = executor.event_for(msg, applied, decide_s=decide_s, seconds=seconds, epoch_step=epoch_step)
-        self.result.transitions.append(event.to_dict())
+        self._fresh_layout = event.to_dict()
+        self.result.transitions.append(self._fresh_layout)
         ctx.log.record(event.to_dict(), event.human())
         return event
 
