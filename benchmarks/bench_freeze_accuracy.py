@@ -50,6 +50,9 @@ from elastic_pipe import freeze, models
 from elastic_pipe.models.sublayer import SubLayerModel
 from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+from _report import provenance  # benchmarks/gpu: the commit, the torch version and the device of a result
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "freeze_accuracy.json"
 PLOT = ROOT / "docs" / "img" / "freeze_frontier.png"
@@ -894,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.costs_only and args.unit_costs is None:
         raise SystemExit("--costs-only needs --unit-costs FILE (where the costs go)")
     report: dict[str, Any] = {
+        **provenance(),
         "default_policy": DEFAULT_POLICY,
         "default_options": DEFAULT_OPTIONS,
         "default_arm": DEFAULT_ARM,
@@ -901,7 +905,6 @@ def main(argv: list[str] | None = None) -> int:
         "small": args.small,
         "seeds": seeds,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__,
         "autocast": "bf16" if autocast else "none",
         "probe_graphs": args.probe_graphs == "on" and device.type == "cuda",
         "command": "python benchmarks/bench_freeze_accuracy.py " + " ".join(sys.argv[1:] if argv is None else argv),

