@@ -232,3 +232,22 @@ def test_preprocess_repeats_the_trainers_standardisation_and_refuses_bare_files(
     (tmp_path / "junk.safetensors").write_text("junk")
     with pytest.raises(ExportError, match=r"cannot read .*junk\.safetensors as safetensors"):
         load_exported(tmp_path / "junk.safetensors")
+
+
+def test_text_preprocess_tokenises_as_the_bbcnews_dataset_did() -> None:
+    from elastic_pipe import data as edata
+    from elastic_pipe.orchestrator import config_from_tables
+    from elastic_pipe.orchestrator.exported import ExportError, Preprocess, inference_record
+    from elastic_pipe.orchestrator.text_data import bbcnews
+
+    held = bbcnews(16, "test")
+    config = config_from_tables({"model": {"name": "minilm", "options": {"num_classes": 5}}})
+    record = json.loads(json.dumps(inference_record(config, object(), held)))
+    assert record["preprocess"] == {"kind": "tokenize", "tokenizer": "minilm", "directory": None, "max_tokens": 16}
+    corpus = edata.load_bbcnews()
+    texts = [corpus.texts[i] for i in corpus.split()[1][:12]]
+    preprocess = Preprocess(record["preprocess"])
+    assert torch.equal(preprocess(texts), held.ids[:12])
+    assert torch.equal(preprocess(texts[0]), held.ids[:1])
+    with pytest.raises(ExportError, match="takes a text or a list of texts"):
+        preprocess([1, 2])
