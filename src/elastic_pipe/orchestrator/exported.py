@@ -75,7 +75,11 @@ def inference_record(config: TrainConfig, train_set: Any, data: Any) -> dict[str
     else:
         preprocess = {"kind": "none"}
     return {
-        "model": {"name": config.model.name, "options": json.loads(json.dumps(dict(config.model.options)))},
+        # plain data only (a TOML date would not survive torch.load(weights_only=True) or the JSON metadata)
+        "model": {
+            "name": config.model.name,
+            "options": json.loads(json.dumps(dict(config.model.options), default=str)),
+        },
         "train": {"dtype": config.train.dtype, "seed": config.train.seed},
         "preprocess": preprocess,
     }
