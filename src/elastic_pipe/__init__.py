@@ -17,7 +17,15 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["ElasticPipeError", "ElasticTrainer", "LayerCost", "Layout", "TrainConfig", "__version__"]
+__all__ = [
+    "ElasticPipeError",
+    "ElasticTrainer",
+    "LayerCost",
+    "Layout",
+    "TrainConfig",
+    "__version__",
+    "load_exported",
+]
 
 
 def __getattr__(name: str) -> object:
@@ -27,4 +35,8 @@ def __getattr__(name: str) -> object:
         from elastic_pipe import orchestrator  # noqa: PLC0415
 
         return getattr(orchestrator, name)
+    if name == "load_exported":  # an exported model and its preprocessing (elastic-pipe export)
+        from elastic_pipe.orchestrator.exported import load_exported  # noqa: PLC0415
+
+        return load_exported
     raise AttributeError(f"module 'elastic_pipe' has no attribute {name!r}")

@@ -7,7 +7,16 @@ by the names of the model the config builds - with ``safetensors.torch.save_file
 the model (tied embeddings) are written as separate copies, since safetensors refuses shared storage; loading the
 file with ``load_state_dict`` ties nothing back, which gives the same outputs.
 
-Load it into the model the same config builds::
+The file's metadata also keeps what inference needs (``elastic_pipe.inference``, JSON: the ``[model]`` table and
+how training prepared the inputs - the standardisation of the built-in image datasets, the tokenizer of text;
+:mod:`elastic_pipe.orchestrator.exported`), so the model and its preprocessing load back in one call::
+
+    import elastic_pipe
+
+    model, preprocess = elastic_pipe.load_exported("model.safetensors")
+    logits = model(preprocess(raw_inputs))
+
+Or load the weights alone into the model the same config builds::
 
     from safetensors.torch import load_file
     from elastic_pipe.orchestrator import load_config
@@ -106,8 +115,14 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     tensors = {name: t.detach().contiguous().clone() for name, t in weights.items()}
     run = state.get("run", {})
     epoch, step = run.get("epoch"), run.get("step")
+    metadata = {"source": "elastic-pipe", "epoch": str(epoch), "step": str(step)}
+    inference = state.get("inference")  # absent from checkpoints written before it was kept
+    if isinstance(inference, dict):
+        from elastic_pipe.orchestrator.exported import METADATA_KEY  # noqa: PLC0415
+
+        metadata[METADATA_KEY] = json.dumps(inference, sort_keys=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata={"source": "elastic-pipe", "epoch": str(epoch), "step": str(step)})
+    save_file(tensors, str(out), metadata=metadata)
     return {
         "checkpoint": str(source),
         "out": str(out),
@@ -116,6 +131,7 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
         "bytes": out.stat().st_size,
         "epoch": epoch,
         "step": step,
+        "preprocess": inference["preprocess"]["kind"] if isinstance(inference, dict) else None,
     }
 
 
@@ -123,9 +139,10 @@ def run(args: argparse.Namespace) -> int:
     """Export the weights and say what was written."""
     doc = export_weights(checkpoint_file(args.checkpoint), Path(args.out))
     when = "" if doc["epoch"] is None else f" (after {doc['epoch']} epochs, {doc['step']} steps)"
+    how = "" if doc["preprocess"] is None else f"; preprocess: {doc['preprocess']} (elastic_pipe.load_exported)"
     text = (
         f"wrote {doc['tensors']} tensors ({doc['parameters']:,} values, {doc['bytes'] / 1e6:.2f} MB) to {doc['out']} "
-        f"from {doc['checkpoint']}{when}"
+        f"from {doc['checkpoint']}{when}{how}"
     )
     emit(args, doc, text)
     return 0

@@ -17,6 +17,7 @@ import torch
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.exported import inference_record
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.types import Layout
@@ -34,8 +35,10 @@ def local_state(
     """This rank's share of the training state (no collective), tensors on the CPU.
 
     Returns:
-        ``{"run", "rng", "model", "optimizer", **extra}``: ``model`` holds the weights of the sub-layers this rank
-        holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters. A released
+        ``{"run", "rng", "model", "optimizer", "inference", **extra}``: ``model`` holds the weights of the sub-layers
+        this rank holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters,
+        ``inference`` what an exported model needs (:func:`.exported.inference_record`: its ``[model]`` table and
+        the input standardisation or tokenizer; a resume ignores it). A released
         frozen prefix (:mod:`.prefix_residency`) is in rank 0's share only, which keeps it in host memory: rank 0
         writes the stage-0 shard.
     """
@@ -52,6 +55,7 @@ def local_state(
             },
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
         },
+        "inference": inference_record(ctx.config, ctx.train_set, ctx.parts.data),
         **extra,
     }
 

@@ -9,13 +9,14 @@ have one shape.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 import torch.utils.data
 
 from elastic_pipe import data as edata
-from elastic_pipe.models.minilm import minilm_tokenize
+from elastic_pipe.models.minilm import MINILM_DIR_ENV, minilm_tokenize
 from elastic_pipe.orchestrator.errors import ConfigError
 
 __all__ = ["BBC_MAX_TOKENS", "SPLITS", "TokenizedText", "bbcnews"]
@@ -35,15 +36,27 @@ class TokenizedText(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         labels: ``int64`` labels ``(N,)``.
         num_classes: number of classes.
         name: what the data is, for messages.
+        tokenizer: how texts became ``ids``, for an exported model to do the same
+            (:mod:`elastic_pipe.orchestrator.exported`): ``{"tokenizer": "minilm", "directory": DIR or None (the
+            bundled one), "max_tokens": T}``; ``None`` when unknown.
     """
 
-    def __init__(self, ids: torch.Tensor, labels: torch.Tensor, num_classes: int, name: str = "text") -> None:
+    def __init__(
+        self,
+        ids: torch.Tensor,
+        labels: torch.Tensor,
+        num_classes: int,
+        name: str = "text",
+        *,
+        tokenizer: dict[str, str | int | None] | None = None,
+    ) -> None:
         if ids.dim() != 2 or ids.dtype != torch.int64 or labels.shape != (ids.shape[0],):
             raise ConfigError(
                 f"{name}: token ids must be int64 (N, T) with N labels, got {tuple(ids.shape)} {ids.dtype} "
                 f"and {tuple(labels.shape)} labels"
             )
         self.ids, self.labels, self.num_classes, self.name = ids, labels.to(torch.int64), num_classes, name
+        self.tokenizer = tokenizer
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -75,4 +88,10 @@ def bbcnews(max_tokens: int = BBC_MAX_TOKENS, split: str = "all", directory: str
     texts = [corpus.texts[i] for i in indices]
     ids = minilm_tokenize(texts, max_tokens, pad_to=max_tokens, directory=directory)
     labels = torch.tensor([corpus.labels[i] for i in indices], dtype=torch.int64)
-    return TokenizedText(ids, labels, corpus.num_classes, f"bbcnews[{split}]")
+    chosen = directory if directory is not None else os.environ.get(MINILM_DIR_ENV) or None
+    tokenizer: dict[str, str | int | None] = {
+        "tokenizer": "minilm",
+        "directory": None if chosen is None else str(Path(chosen).resolve()),
+        "max_tokens": max_tokens,
+    }
+    return TokenizedText(ids, labels, corpus.num_classes, f"bbcnews[{split}]", tokenizer=tokenizer)

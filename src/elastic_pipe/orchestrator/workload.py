@@ -20,6 +20,7 @@ __all__ = [
     "Loss",
     "Samples",
     "Split",
+    "Standardization",
     "as_data",
     "cross_entropy",
     "eval_count",
@@ -47,13 +48,51 @@ class Samples(Protocol):
     def sample_ids(self) -> torch.Tensor: ...
 
 
+#: Floor of the standard deviation used to standardise inputs (a constant image would divide by zero).
+_MIN_STD = 1e-8
+
+
+@dataclass(frozen=True)
+class Standardization:
+    """How floating inputs held in memory were standardised: ``(x - mean) / std`` in float64, then cast.
+
+    An exported model carries it (:mod:`elastic_pipe.orchestrator.exported`), so that raw inputs reach it as they
+    reached it in training.
+
+    Attributes:
+        mean: the training part's mean, over every input value.
+        std: the training part's standard deviation (at least ``1e-8``).
+    """
+
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, inputs: torch.Tensor) -> Standardization:
+        """The mean and standard deviation of ``inputs`` (computed in float64)."""
+        x = inputs.double()
+        return cls(float(x.mean()), float(x.std().clamp_min(_MIN_STD)))
+
+    def apply(self, inputs: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``inputs`` standardised and cast to ``dtype``: the same bits wherever it runs."""
+        return ((inputs.double() - self.mean) / self.std).to(dtype)
+
+
 @dataclass(frozen=True)
 class Split:
-    """A subset of a dataset held in memory (train or eval part)."""
+    """A subset of a dataset held in memory (train or eval part).
+
+    Attributes:
+        inputs: the inputs, standardised when :func:`split_samples` made the split.
+        labels: the labels.
+        sample_ids: a stable id per sample.
+        standardization: how :func:`split_samples` standardised ``inputs`` (``None``: they are as given).
+    """
 
     inputs: torch.Tensor
     labels: torch.Tensor
     sample_ids: torch.Tensor
+    standardization: Standardization | None = None
 
     def __post_init__(self) -> None:
         n = self.inputs.shape[0]
@@ -84,10 +123,6 @@ class Split:
             x = self.inputs[idx].to(device, non_blocking=True) if inputs else None
             y = self.labels[idx].to(device, non_blocking=True) if labels else None
             yield Batch(host_idx, x, y)
-
-
-#: Floor of the standard deviation used to standardise inputs (a constant image would divide by zero).
-_MIN_STD = 1e-8
 
 
 def is_samples(data: Any) -> bool:
@@ -125,20 +160,20 @@ def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torc
 
     Floating inputs are cast to ``dtype`` and standardised with the training part's mean and standard deviation
     (a transformer initialised with small weights barely sees raw [0, 1] pixels); integer inputs (token ids) are
-    left alone.
+    left alone. Both parts record the standardisation (:class:`Standardization`).
     """
     n = int(samples.inputs.shape[0])
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_eval = eval_count(n, eval_fraction)
     inputs = samples.inputs
+    standardization = None
     if inputs.is_floating_point():
-        train_inputs = inputs[order[n_eval:]].double()
-        mean, std = train_inputs.mean(), train_inputs.std()
-        inputs = ((inputs.double() - mean) / std.clamp_min(_MIN_STD)).to(dtype)
+        standardization = Standardization.of(inputs[order[n_eval:]])
+        inputs = standardization.apply(inputs, dtype)
 
     def part(idx: torch.Tensor) -> Split:
         idx = idx.sort().values
-        return Split(inputs[idx], samples.labels[idx], samples.sample_ids[idx])
+        return Split(inputs[idx], samples.labels[idx], samples.sample_ids[idx], standardization)
 
     return part(order[n_eval:]), part(order[:n_eval])
 

@@ -1,0 +1,201 @@
+"""What an exported model needs at inference, and loading it back with its preprocessing.
+
+A checkpoint keeps an ``inference`` record beside the run's state (:func:`inference_record`): the ``[model]``
+table and the ``[train]`` dtype and seed the model is built from, and how the trainer turned raw inputs into what
+the model saw:
+
+* ``{"kind": "standardize", "mean": m, "std": s, "dtype": "float32"}``: floating inputs held in memory (the
+  built-in image datasets, a user's samples) were standardised with the training part's statistics
+  (:class:`~elastic_pipe.orchestrator.workload.Standardization`);
+* ``{"kind": "tokenize", "tokenizer": "minilm", "directory": DIR or None, "max_tokens": T}``: texts were
+  tokenised to ``T`` ids by the MiniLM tokenizer (``directory`` ``None``: the bundled one) - the ``bbcnews``
+  dataset;
+* ``{"kind": "none"}``: inputs reached the model as the data gave them (integer inputs held in memory, a
+  map-style dataset, whose own transforms are its business).
+
+``elastic-pipe export`` writes the record into the safetensors file's metadata under :data:`METADATA_KEY` (JSON),
+and :func:`load_exported` reads it back::
+
+    import elastic_pipe
+    from elastic_pipe.data import load_digits
+
+    model, preprocess = elastic_pipe.load_exported("model.safetensors")
+    logits = model(preprocess(load_digits().inputs[:8]))
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.workload import Standardization
+
+__all__ = ["METADATA_KEY", "ExportError", "Exported", "Preprocess", "inference_record", "load_exported"]
+
+#: The safetensors metadata key under which an export keeps its inference record (a JSON string).
+METADATA_KEY = "elastic_pipe.inference"
+#: What a preprocessing record's ``kind`` may be.
+KINDS = ("standardize", "tokenize", "none")
+
+
+class ExportError(OrchestratorError):
+    """An exported file that cannot be loaded as a model (no inference record, weights of another model)."""
+
+
+def inference_record(config: TrainConfig, train_set: Any, data: Any) -> dict[str, Any]:
+    """What inference needs to rebuild the model of ``config`` and prepare raw inputs as training did.
+
+    Args:
+        config: the run's config (its ``[model]`` table, ``[train] dtype`` and ``seed``).
+        train_set: the training split: a :class:`~elastic_pipe.orchestrator.workload.Split` records its
+            standardisation.
+        data: the run's data as given: a tokenised text dataset records its tokenizer (``tokenizer``).
+
+    Returns:
+        Plain data (strings, numbers, dicts): ``{"model", "train", "preprocess"}``.
+    """
+    standardization = getattr(train_set, "standardization", None)
+    tokenizer = getattr(data, "tokenizer", None)
+    preprocess: dict[str, Any]
+    if isinstance(standardization, Standardization):
+        preprocess = {
+            "kind": "standardize",
+            "mean": standardization.mean,
+            "std": standardization.std,
+            "dtype": config.train.dtype,
+        }
+    elif isinstance(tokenizer, dict):
+        preprocess = {"kind": "tokenize", **tokenizer}
+    else:
+        preprocess = {"kind": "none"}
+    return {
+        # plain data only (a TOML date would not survive torch.load(weights_only=True) or the JSON metadata)
+        "model": {
+            "name": config.model.name,
+            "options": json.loads(json.dumps(dict(config.model.options), default=str)),
+        },
+        "train": {"dtype": config.train.dtype, "seed": config.train.seed},
+        "preprocess": preprocess,
+    }
+
+
+class Preprocess:
+    """Raw inputs to model inputs, as the trainer prepared them (callable).
+
+    * ``standardize``: a float tensor (or array) shaped like the dataset's inputs - for the built-in image
+      datasets, what :func:`elastic_pipe.data.load_digits` gives (``N x 1 x H x W`` in [0, 1]) - standardised
+      with the training statistics and cast to the training dtype, the same bits as in training;
+    * ``tokenize``: a text or a list of texts to ``(N, max_tokens)`` token ids;
+    * ``none``: the inputs as they are (as a tensor).
+
+    Attributes:
+        spec: the preprocessing record (see the module docstring).
+
+    Raises:
+        ExportError: a record of an unknown kind.
+    """
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        kind = spec.get("kind")
+        if kind not in KINDS:
+            raise ExportError(f"unknown preprocessing kind {kind!r}; expected one of {', '.join(KINDS)}")
+        self.spec = dict(spec)
+
+    def __repr__(self) -> str:
+        return f"Preprocess({self.spec})"
+
+    def __call__(self, raw: Any) -> torch.Tensor:
+        """Model inputs for ``raw`` (see the class docstring)."""
+        kind = self.spec["kind"]
+        if kind == "tokenize":
+            from elastic_pipe.models import minilm_tokenize  # noqa: PLC0415 - only text needs the tokenizer
+
+            texts = [raw] if isinstance(raw, str) else list(raw)
+            if not all(isinstance(t, str) for t in texts):
+                raise ExportError("this model's preprocess takes a text or a list of texts")
+            length = int(self.spec["max_tokens"])
+            return minilm_tokenize(texts, length, pad_to=length, directory=self.spec.get("directory"))
+        x = torch.as_tensor(raw)
+        if kind == "standardize":
+            dtype = getattr(torch, str(self.spec["dtype"]))
+            return Standardization(float(self.spec["mean"]), float(self.spec["std"])).apply(x, dtype)
+        return x
+
+
+class Exported(NamedTuple):
+    """An exported model, ready for inference, and the preprocessing its inputs need."""
+
+    model: nn.Module
+    preprocess: Preprocess
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """The inference record of the safetensors file ``path``.
+
+    Raises:
+        ExportError: the file is not safetensors, or was exported without a record (from an older checkpoint).
+    """
+    from safetensors import safe_open  # noqa: PLC0415 - optional dependency
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+    except Exception as exc:  # safetensors raises its own error types for unreadable files
+        raise ExportError(f"cannot read {path} as safetensors: {' '.join(str(exc).split())[:200]}") from None
+    text = meta.get(METADATA_KEY)
+    if text is None:
+        raise ExportError(
+            f"{path} has no {METADATA_KEY!r} metadata (exported from a checkpoint written before it was kept): "
+            "export again from a new checkpoint, or load the weights into your model with "
+            "safetensors.torch.load_file"
+        )
+    try:
+        record = json.loads(text)
+    except ValueError as exc:
+        raise ExportError(f"{path}: {METADATA_KEY!r} metadata is not JSON: {exc}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("preprocess"), dict):
+        raise ExportError(f"{path}: {METADATA_KEY!r} metadata lacks a preprocess record: {text[:200]}")
+    return record
+
+
+def load_exported(path: str | Path, *, model: nn.Module | None = None) -> Exported:
+    """Load a model written by ``elastic-pipe export``, with the preprocessing its training applied.
+
+    Args:
+        path: the ``.safetensors`` file.
+        model: a model to load the weights into (your own model, trained through the API); default: the model the
+            export's ``[model]`` table builds.
+
+    Returns:
+        ``(model, preprocess)``: the model in eval mode on the CPU, and a :class:`Preprocess` that turns raw
+        inputs into what it takes: ``model(preprocess(raw))``.
+
+    Raises:
+        ExportError: no inference record, or weights that do not fit the model.
+        ConfigError: the recorded ``[model]`` table does not build here (a builder given by import path that
+            does not import).
+    """
+    from safetensors.torch import load_file  # noqa: PLC0415 - optional dependency
+
+    from elastic_pipe.orchestrator.components import build_model  # noqa: PLC0415 - loads every builder
+    from elastic_pipe.orchestrator.config import config_from_tables  # noqa: PLC0415
+
+    record = read_record(path)
+    preprocess = Preprocess(record["preprocess"])
+    if model is None:
+        tables = {"model": record["model"], "train": record.get("train", {})}
+        model = build_model(config_from_tables(tables, source=f"{path} metadata"))
+    try:
+        model.load_state_dict(load_file(str(path)))
+    except RuntimeError as exc:
+        first = " ".join(str(exc).split())[:300]
+        raise ExportError(
+            f"{path}: the weights do not fit the model (trained with a model of your own? pass model=): {first}"
+        ) from None
+    return Exported(model.eval(), preprocess)
