@@ -24,7 +24,7 @@ compiles and the lazy backward compiles, ``setup.compile_seconds``), ``total_wit
 evaluation, which favours them. The report also gives the ideal speedup from measured per-sub-layer costs
 (``bench_elastic_gpu.ideal_speedup``), the fraction of it each elastic arm reaches against its static arm, and
 the head-only steps' wall time against their GPU time (kernel time under ``torch.profiler``).
-Results: ``gpu_1xh200_single.json`` (in ``--out``).
+Results: ``gpu_1xh200_single.json`` (in ``--out``; ``--name`` for another name).
 """
 
 from __future__ import annotations
@@ -313,7 +313,8 @@ def main() -> int:
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ", ".join(ARMS))
     ap.add_argument("--tiny", action="store_true", help="a tiny ViT on the CPU: checks the script runs")
     ap.add_argument("--cache-mb", type=int, default=16384, help="device cache budget (the whole split fits)")
-    ap.add_argument("--out", default="benchmarks/results", help="folder of gpu_1xh200_single.json")
+    ap.add_argument("--out", default="benchmarks/results", help="folder of the results file")
+    ap.add_argument("--name", default="gpu_1xh200_single.json", help="the results file's name in --out")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -371,14 +372,14 @@ def main() -> int:
             )
             # partial, in case
             report["steps_per_epoch"][str(steps)] = {"arms": arms, "global_batch": batch, "head_only_gpu_ms": gpu_ms}
-            (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
+            (out / args.name).write_text(json.dumps(report, indent=1))
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         ideal = ideal_speedup(w["build"], samples.inputs[:batch], device, autocast=True)
         entry = summarize(arms, batch, ideal, gpu_ms)
         report["steps_per_epoch"][str(steps)] = entry
-        (out / "gpu_1xh200_single.json").write_text(json.dumps(report, indent=1))
+        (out / args.name).write_text(json.dumps(report, indent=1))
     for steps, entry in report["steps_per_epoch"].items():
         print(f"--- {steps} steps/epoch x {EPOCHS} epochs, batch {entry['global_batch']}")
         for arm, r in entry["arms"].items():

@@ -57,6 +57,7 @@ cd "$root"
 if [[ $what == single || $what == all ]]; then
   python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30 \
     --arms plain_eager,plain_compiled,static_eager,elastic_eager,elastic_compiled_graphs --out "$out" \
+    --name headline_single.json \
     > "$out/single.log" 2>&1 || { tail -30 "$out/single.log"; exit 1; }
   sed -n '/^--- /,$p' "$out/single.log"
   echo "single-GPU arms done after $(( $(date +%s) - start )) s"
@@ -65,12 +66,19 @@ fi
 if [[ $what == data || $what == all ]]; then
   python3 benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --workers 8 --input-dtype bfloat16 \
     --data /tmp/images.npy --arms host_cache,device_cache,plain --cache-dtype bfloat16 --eval-every 10 \
-    --host-reads mapped --budget-s 405 --out "$out" --name gpu_1xh200_disk_data_mapped.json \
+    --host-reads mapped --budget-s 405 --out "$out" --name headline_disk_data.json \
     > "$out/disk_data.log" 2>&1 || { tail -30 "$out/disk_data.log"; exit 1; }
   tail -3 "$out/disk_data.log"
   echo "disk-data arms done after $(( $(date +%s) - start )) s"
   E2E_ONLY=1 E2E_BEFORE=100000 E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
     benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy.log" 2>&1 \
     || { tail -30 "$out/default_policy.log" "$out/e2e.log"; exit 1; }
+  mv "$out/freeze_accuracy_e2e.json" "$out/headline_default_policy.json"
+  python3 - "$out/headline_default_policy.json" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+for arm, a in r["tasks"]["minilm_bbc"]["arms"].items():
+    print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {a['wall_seconds_by_seed']['median']:.2f} s (median)")
+EOF
   echo "default policy's runs done after $(( $(date +%s) - start )) s"
 fi
