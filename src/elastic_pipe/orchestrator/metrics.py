@@ -68,6 +68,7 @@ class EpochMetrics:
         cache_misses: samples whose prefix output stage 0 looked up and recomputed (not cached, or failed).
         cache_corrupt: disk-tier entries that failed their crc32 check: recomputed, never used (also misses).
         cache_view: the cached augmented view the epoch read (``[pipeline] cache_policy = "views"``); -1 otherwise.
+        eval_s: seconds of the evaluation after the epoch on this rank (0 when none ran; not in ``seconds``).
     """
 
     epoch: int
@@ -102,6 +103,7 @@ class EpochMetrics:
     cache_misses: int = 0
     cache_corrupt: int = 0
     cache_view: int = -1
+    eval_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The record as plain data (with ``"kind": "epoch"``)."""
@@ -261,6 +263,8 @@ class RunResult:
         final_accuracy: evaluation accuracy after the last epoch (``None`` for non-classification).
         final_eval_loss: evaluation loss after the last epoch.
         seconds: wall time of the whole run on this rank.
+        setup_s: of which the set-up before the first step: process groups, the model's sub-layers, the data
+            splits, the activation cache, the initial layout (or the checkpoint's) and its stage.
     """
 
     epochs: list[dict[str, Any]] = field(default_factory=list)
@@ -269,6 +273,7 @@ class RunResult:
     final_accuracy: float | None = None
     final_eval_loss: float = math.nan
     seconds: float = 0.0
+    setup_s: float = 0.0
 
     def history(self) -> dict[str, Any]:
         """The records so far (what a checkpoint keeps)."""
@@ -289,4 +294,5 @@ class RunResult:
             "final_accuracy": self.final_accuracy,
             "final_eval_loss": self.final_eval_loss,
             "seconds": self.seconds,
+            "setup_s": self.setup_s,
         }

@@ -14,6 +14,7 @@ position (re-sharded by the transition), and the transition's time is left out o
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Iterator
@@ -413,8 +414,11 @@ def finish_epoch(
     stopped = bool(c.train.max_steps) and state.step >= c.train.max_steps
     last = stopped or state.epoch + 1 >= c.train.epochs
     scores: tuple[float | None, float | None] = (None, None)
+    eval_s = 0.0
     if last or (state.epoch + 1) % c.log.eval_every == 0:
-        scores = evaluate(ctx, state.layout)
+        t0 = time.perf_counter()
+        scores = evaluate(ctx, state.layout)  # its results are read on the host: the device is done
+        eval_s = time.perf_counter() - t0
     metrics = epoch_metrics(
         state,
         stage,
@@ -428,4 +432,4 @@ def finish_epoch(
         scores=scores,
         lr=lr,
     )
-    return metrics, scores
+    return dataclasses.replace(metrics, eval_s=eval_s), scores

@@ -276,6 +276,7 @@ class ElasticTrainer:
         checkpointer = Checkpointer(c) if c.checkpoint.dir else None
         if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self._resume(checkpointer)):
             self.start()
+        self.result.setup_s = time.perf_counter() - t0
         on_step: StepHook | None = None
         if checkpointer is not None:
 
