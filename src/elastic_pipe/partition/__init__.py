@@ -24,7 +24,6 @@ from elastic_pipe.partition.costs import (
     METRICS,
     TrainingPrecision,
     TransformerShape,
-    parse_bytes,
     training_memory_bytes,
     transformer_costs,
     weights_from_costs,
@@ -46,6 +45,7 @@ from elastic_pipe.partition.profiler import profile_layers
 from elastic_pipe.partition.registry import SOLVERS, Solver, price_frozen, register_solver, solve
 from elastic_pipe.partition.result import Partition
 from elastic_pipe.partition.uniform import uniform
+from elastic_pipe.types import parse_bytes  # the one byte-size grammar, re-exported
 
 __all__ = [
     "DEFAULT_FROZEN_FACTOR",
