@@ -41,6 +41,7 @@ from elastic_pipe.partition.graph import (
 )
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, PUBLISHED_UNIT, greedy
 from elastic_pipe.partition.optimal import optimal, optimal_bottleneck
+from elastic_pipe.partition.pricing import PricedSolver, prices_frozen_itself
 from elastic_pipe.partition.profiler import profile_layers
 from elastic_pipe.partition.registry import SOLVERS, Solver, price_frozen, register_solver, solve
 from elastic_pipe.partition.result import Partition
@@ -56,6 +57,7 @@ __all__ = [
     "Compression",
     "Partition",
     "PartitionError",
+    "PricedSolver",
     "Solver",
     "TrainingPrecision",
     "TransformerShape",
@@ -74,6 +76,7 @@ __all__ = [
     "optimal_bottleneck",
     "parse_bytes",
     "price_frozen",
+    "prices_frozen_itself",
     "profile_layers",
     "register_solver",
     "solve",
