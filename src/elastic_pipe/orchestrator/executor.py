@@ -158,9 +158,16 @@ def decide(
             policy.observe_drift(change)  # type: ignore[attr-defined]  # freeze.needs_probe checked it has one
         if eval_loss is not None:
             policy.observe_eval(eval_loss)
-        units = freeze.decide(policy, state.epoch, state.step, state.frozen_units)
-        cap = layout_rule.max_frozen_units(ctx.unit_ends, len(ctx.costs), current.pipe_len if rule.keeps_length else 1)
-        units = max(min(units, cap), state.frozen_units)
+        units = layout_rule.decide_units(  # the one rule, as the dry run applies it
+            policy,
+            epoch=state.epoch,
+            step=state.step,
+            current=state.frozen_units,
+            unit_ends=ctx.unit_ends,
+            num_sublayers=len(ctx.costs),
+            pipe_len=current.pipe_len,
+            compression=rule,
+        )
         layout = layout_rule.next_layout(
             current,
             layout_rule.frozen_sublayers(ctx.unit_ends, units),
