@@ -36,8 +36,10 @@ from elastic_pipe.types import ElasticPipeError
 __all__ = [
     "DATASETS",
     "MODEL_BUILDERS",
+    "STAGES_PER_RANK",
     "Components",
     "build_model",
+    "check_runnable_schedule",
     "components_from_config",
     "decision_interval",
     "epoch_steps",
@@ -251,6 +253,29 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     return policy
 
 
+#: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
+#: a schedule whose generator needs more (``interleaved``) cannot run.
+STAGES_PER_RANK = 1
+
+
+def check_runnable_schedule(schedule: str) -> None:
+    """Refuse a registered schedule the runtime cannot run, before any process starts.
+
+    The runtime holds :data:`STAGES_PER_RANK` stage per rank; a schedule whose generator refuses that placement
+    (:func:`elastic_pipe.schedule.generate` on one rank and one micro-batch) would fail on every rank at its first
+    runner build.
+
+    Raises:
+        ConfigError: one line naming the schedule and the generator's reason.
+    """
+    try:
+        sched.generate(schedule, 1, 1, STAGES_PER_RANK)
+    except sched.ScheduleError as exc:
+        raise ConfigError(
+            f"pipeline.schedule {schedule!r} cannot run here: the trainer holds one stage per rank and {exc}"
+        ) from None
+
+
 def components_from_config(
     config: TrainConfig,
     *,
@@ -287,6 +312,7 @@ def components_from_config(
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
+    check_runnable_schedule(schedule)
     if policy is None:
         total = run_steps(config, num_samples(samples))
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
