@@ -1,4 +1,5 @@
-"""One of each rule (issue #42): a schedule the runtime cannot run is refused before any process starts."""
+"""One of each rule (issue #42): a schedule the runtime cannot run is refused before any process starts; one dataset
+registry."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from elastic_pipe import data as edata
 from elastic_pipe import orchestrator
 from elastic_pipe import schedule as sched
 from elastic_pipe.cli import main
@@ -50,3 +52,16 @@ def test_train_exits_2_with_one_line_before_any_process_starts(
     assert captured.out == "" and captured.err.count("\n") == 1 and "Traceback" not in captured.err
     assert captured.err.startswith("elastic-pipe train: error: ") and REFUSED in captured.err
     assert launched == []
+
+
+def test_the_config_dataset_names_read_the_one_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.orchestrator import components
+
+    assert all(components.DATASETS[name] is loader for name, loader in edata.DATASETS.items())
+    assert set(components.DATASETS) == {*edata.DATASETS, "bbcnews"}  # plus the tokenised text (needs a model)
+    monkeypatch.setitem(edata.DATASETS, "digits-again", edata.load_digits)  # registered once, in elastic_pipe.data
+    assert components.DATASETS["digits-again"] is edata.load_digits
+    config = config_from_tables({"model": TINY, "data": {"dataset": "digits-again"}})
+    assert len(components.load_samples(config)) == len(edata.load_digits())
+    with pytest.raises(ConfigError, match="unknown dataset 'nope'; expected one of bbcnews, digits, digits-again"):
+        components.load_samples(config_from_tables({"model": TINY, "data": {"dataset": "nope"}}))

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -59,12 +60,16 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "gpt": models.gpt_decoder,
     "minilm": models.load_minilm,  # the pretrained all-MiniLM-L6-v2; options: num_classes (the new head)
 }
-#: Dataset name in a config -> loader in :mod:`elastic_pipe.data`.
-DATASETS: dict[str, Callable[[], Samples | Any]] = {
-    "digits": edata.load_digits,
-    "mnist5k": edata.load_mnist5k,
+#: Datasets that need a model's tokenizer, which :mod:`elastic_pipe.data` (a primitive) may not import.
+_TOKENISED_DATASETS: dict[str, Callable[..., Samples | Any]] = {
     "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.text_data)
 }
+#: Dataset name in a config -> loader: a read-through view of the one registry, :data:`elastic_pipe.data.DATASETS`
+#: (a dataset added there is a config name at once), plus the tokenised text datasets above.
+DATASETS: Mapping[str, Callable[..., Samples | Any]] = ChainMap(
+    _TOKENISED_DATASETS,
+    cast("dict[str, Callable[..., Samples | Any]]", edata.DATASETS),  # read only: a ChainMap writes to its first map
+)
 
 
 def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
