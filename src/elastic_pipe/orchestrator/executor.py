@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
+from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule, probe
 from elastic_pipe.orchestrator.context import RunContext
@@ -154,8 +155,8 @@ def decide(
     def next_message() -> protocol.TransitionMessage:
         if stats is not None:
             policy.observe(stats)
-        if change is not None:
-            policy.observe_drift(change)  # type: ignore[attr-defined]  # freeze.needs_probe checked it has one
+        if change is not None and isinstance(policy, ProbePolicy):  # measured only for a policy that reads it
+            policy.observe_drift(change)
         if eval_loss is not None:
             policy.observe_eval(eval_loss)
         units = layout_rule.decide_units(  # the one rule, as the dry run applies it
