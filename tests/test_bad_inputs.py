@@ -203,6 +203,8 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
     ("out of range", "[data]\neval_fraction = 1.5\n", "got 1.5"),
     ("out of range", "[checkpoint]\nresume = 'sometimes'\n", "'sometimes'"),
     ("out of range", "[checkpoint]\nkeep_last = -2\n", "got -2"),
+    # a registered schedule the runtime cannot run (two stages per rank): refused before any worker starts
+    ("out of range", f"!{TRAIN_HEAD}[pipeline]\nschedule = 'interleaved'\n", "'interleaved' cannot run here"),
     ("bad import path", "[freeze]\npolicy = 'no_such_module_xyz:Plateau'\n", "no_such_module_xyz"),
     ("bad import path", "[freeze]\npolicy = 'os.path:NoSuchPolicy'\n", "NoSuchPolicy"),
     ("bad import path", "[data]\ndataset = 'no_such_module_xyz:train_set'\n", "no_such_module_xyz"),

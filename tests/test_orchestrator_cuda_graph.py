@@ -310,3 +310,46 @@ def test_auto_captures_a_host_bound_layout() -> None:
 def test_a_graphed_step_needs_a_warm_up() -> None:
     with pytest.raises(ValueError, match="warmup must be at least 1, got 0"):
         GraphedStep(LocalStep(_net(), nn.functional.cross_entropy), warmup=0)
+
+
+class _RecordingGraph:
+    """A graph that records the order of the capture calls (and can fail at the end)."""
+
+    def __init__(self, log: list[str], fail_at_end: bool = False) -> None:
+        self.log, self.fail_at_end = log, fail_at_end
+
+    def capture_begin(self, capture_error_mode: str = "global") -> None:
+        self.log.append(f"begin {capture_error_mode}")
+
+    def capture_end(self) -> None:
+        self.log.append("end")
+        if self.fail_at_end:
+            raise RuntimeError("end failed")
+
+
+@pytest.mark.usefixtures("fake_cuda")
+def test_the_one_capture_recipe_runs_the_body_between_begin_and_end_and_keeps_the_first_error() -> None:
+    from elastic_pipe.orchestrator import cuda_graph, forward_graphs
+
+    assert forward_graphs.capture is cuda_graph.capture  # the probe's graphs and the step's share the recipe
+    assert forward_graphs.capture_failure is cuda_graph.capture_failure
+    log: list[str] = []
+
+    def body() -> int:
+        log.append("body")
+        return 7
+
+    assert cuda_graph.capture(_RecordingGraph(log), _FakeStream(), body) == (7, None)  # type: ignore[arg-type]
+    assert log == ["begin thread_local", "body", "end"]
+
+    def fails() -> int:
+        raise ValueError("inside")
+
+    log.clear()
+    result, error = cuda_graph.capture(_RecordingGraph(log, fail_at_end=True), _FakeStream(), fails)  # type: ignore[arg-type]
+    assert result is None and isinstance(error, ValueError) and log == ["begin thread_local", "end"]
+    assert cuda_graph.capture_failure(error) == "capture failed: inside"
+    result, error = cuda_graph.capture(_RecordingGraph(log, fail_at_end=True), _FakeStream(), body)  # type: ignore[arg-type]
+    assert result is None and isinstance(error, RuntimeError)  # a failed end voids the body's result
+    assert cuda_graph.capture_failure(RuntimeError("first\nsecond")) == "capture failed: first"
+    assert cuda_graph.capture_failure(RuntimeError()) == "capture failed: RuntimeError"

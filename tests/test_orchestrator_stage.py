@@ -152,12 +152,32 @@ def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
     return seen
 
 
+def _units_decided_by_the_one_rule(ctx: RankContext) -> dict[str, Any]:
+    from elastic_pipe.orchestrator import layout_rule
+
+    calls: list[dict[str, Any]] = []
+    original = layout_rule.decide_units
+
+    def spy(policy: Any, **kw: Any) -> int:
+        units = original(policy, **kw)
+        calls.append({**{k: v for k, v in kw.items() if k in ("epoch", "current", "pipe_len")}, "units": units})
+        return units
+
+    layout_rule.decide_units = spy  # type: ignore[assignment]
+    try:  # the alpha schedule freezes one unit at the decision point before epoch 2 (as above)
+        _, result = _train_tiny({"train.epochs": 2, "freeze.policy": "alpha", "freeze.options": {"alpha": 0.5}})
+    finally:
+        layout_rule.decide_units = original
+    return {"calls": calls, "frozen": [e["frozen_units"] for e in result["epochs"]]}
+
+
 @pytest.fixture(scope="module")
 def two_rank_runs() -> list[dict[str, Any]]:
     """The three trainings of the 2-rank tests below, one after the other in one 2-rank job (each test had a job
     of its own: starting the ranks cost more than the training)."""
     tasks: dict[str, tuple[Any, tuple[Any, ...]]] = {"hooks": (_train_then_look_at_hooks, ())}
     tasks.update({policy: (_what_is_tracked, (policy,)) for policy in ("alpha", "autofreeze")})
+    tasks["rule"] = (_units_decided_by_the_one_rule, ())
     return run_distributed(run_tasks, 2, tasks, timeout=360)
 
 
@@ -171,3 +191,14 @@ def test_gradient_statistics_are_collected_only_for_policies_that_read_them(
         assert (result["held"] > 0) is tracked
     if policy == "alpha":  # the schedule still freezes without them
         assert result["frozen"] == [0, 1]
+
+
+@pytest.mark.distributed
+def test_the_executor_decides_the_frozen_count_with_the_one_rule(two_rank_runs: list[dict[str, Any]]) -> None:
+    """``executor.decide`` calls ``layout_rule.decide_units`` (as the dry run does), not a clamp of its own."""
+    for result in (r["rule"] for r in two_rank_runs):
+        rank_0_calls = result["calls"]  # rank 0 decides; the other rank applies the broadcast message
+        assert result["frozen"] == [0, 1]
+        assert len(rank_0_calls) <= 1
+    calls = [c for r in two_rank_runs for c in r["rule"]["calls"]]
+    assert calls == [{"epoch": 1, "current": 0, "pipe_len": 1, "units": 1}]

@@ -20,7 +20,7 @@ from elastic_pipe.partition import (
     transformer_costs,
     weights_from_costs,
 )
-from elastic_pipe.types import LayerCost
+from elastic_pipe.types import ByteSizeError, LayerCost
 
 
 @pytest.mark.parametrize(
@@ -143,5 +143,5 @@ def test_parse_bytes(text: str | float, value: float) -> None:
 
 
 def test_parse_bytes_rejects_garbage() -> None:
-    with pytest.raises(PartitionError, match="cannot read '12 parsecs' as a size"):
+    with pytest.raises(ByteSizeError, match="cannot read '12 parsecs' as a size"):
         parse_bytes("12 parsecs")

@@ -37,7 +37,7 @@ from elastic_pipe.planner import (
     to_layer_costs,
 )
 from elastic_pipe.planner.step import gradient_sync_time, ring_allreduce_time, transfer_time
-from elastic_pipe.types import ElasticPipeError, LayerCost
+from elastic_pipe.types import ByteSizeError, ElasticPipeError, LayerCost
 
 # --- model configs -------------------------------------------------------------------------------------------
 
@@ -129,10 +129,16 @@ def test_parse_bytes(text: str | int, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "lots", "-1GB", "0"])
+@pytest.mark.parametrize("text", ["", "lots", "-1GB"])
 def test_parse_bytes_rejects(text: str) -> None:
-    with pytest.raises(PlannerError):
+    with pytest.raises(ByteSizeError):
         parse_bytes(text)
+
+
+def test_a_gpu_of_zero_bytes_is_refused() -> None:
+    # "0" is a byte size (elastic_pipe.types.parse_bytes); the GPU refuses it, as the planner's own parser did
+    with pytest.raises(PlannerError, match="memory"):
+        GpuSpec(memory=parse_bytes("0"))
 
 
 def test_cluster_validation() -> None:

@@ -2,22 +2,29 @@
 
 This is the only module that the primitive packages (``freeze``, ``partition``, ``schedule``, ``groups``,
 ``protocol``, ``cache``, ``data``, ``models``) may import from each other's neighbourhood. It holds data, not
-behaviour: frozen dataclasses, the root of the exception hierarchy, and the one cost fact every cost model shares
-(:data:`BACKWARD_TO_FORWARD`).
+behaviour: frozen dataclasses, the root of the exception hierarchy, the one cost fact every cost model shares
+(:data:`BACKWARD_TO_FORWARD`) and the one grammar of byte sizes (:func:`parse_bytes`), which the planner, the
+partition CLI, the activation cache and every config size read alike.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
+from decimal import Decimal
 
 __all__ = [
     "BACKWARD_TO_FORWARD",
+    "BYTE_UNITS",
+    "MAX_BYTES",
     "TRANSFORMER_FAMILIES",
+    "ByteSizeError",
     "ElasticPipeError",
     "LayerCost",
     "Layout",
     "TransformerShape",
+    "parse_bytes",
 ]
 
 #: A dense layer's backward costs twice its forward: it runs one matrix multiply for the input gradient and one
@@ -37,6 +44,72 @@ class ElasticPipeError(Exception):
     catch a whole package's errors or all of the toolkit's at once. The CLI turns any of them into one line on
     stderr and exit code 2.
     """
+
+
+class ByteSizeError(ElasticPipeError, ValueError):
+    """A byte size :func:`parse_bytes` cannot read; the message names the value and the grammar."""
+
+
+#: Unit -> bytes, matched case-insensitively, a trailing ``B`` optional: a bare SI letter is a power of 1000 and
+#: ``i`` makes it a power of 1024, as Kubernetes writes quantities ("16G" and "16GB" are 16e9 bytes, "16Gi" and
+#: "16GiB" are 16 * 2**30). ``B`` (or no unit) is one byte; a lower-case ``b`` is a byte too, never a bit.
+BYTE_UNITS: dict[str, int] = {
+    "B": 1,
+    **{f"{letter}B": 1000 ** (power + 1) for power, letter in enumerate("KMGTP")},
+    **{f"{letter}iB": 1024 ** (power + 1) for power, letter in enumerate("KMGTP")},
+}
+#: The largest size read, 2**64 bytes (16 EiB): beyond any memory or disk a run holds, and it keeps a text such as
+#: ``"1e999999"`` from building an enormous integer.
+MAX_BYTES = 2**64
+
+_UNIT_FACTORS = {unit.lower(): factor for unit, factor in BYTE_UNITS.items()} | {
+    unit[:-1].lower(): factor for unit, factor in BYTE_UNITS.items() if len(unit) > 1
+}
+_BYTE_SIZE = re.compile(r"\s*(?P<number>(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>[a-zA-Z]*)\s*")
+_GRAMMAR = "a number of bytes with an optional unit B, K(B), M(B), G(B), T(B), P(B) (powers of 1000) or Ki(B), "
+_GRAMMAR += "Mi(B), Gi(B), Ti(B), Pi(B) (powers of 1024), e.g. '16GiB', '16G', '512MB', '1.5e9', 4096"
+
+
+def parse_bytes(size: str | int | float) -> int:
+    """The number of bytes ``size`` names, in the one grammar of byte sizes every part of elastic_pipe reads.
+
+    The grammar: an int or a whole float (bytes, returned as an int), or a string holding a number (digits, an
+    optional fraction and an optional exponent: ``"4096"``, ``"1.5"``, ``".5"``, ``"1.5e9"``) followed by an
+    optional unit of :data:`BYTE_UNITS`, case-insensitive, the ``B`` optional, spaces allowed around both. ``K``,
+    ``M``, ``G``, ``T``, ``P`` (with or without ``B``) are powers of 1000; ``Ki``, ``Mi``, ``Gi``, ``Ti``, ``Pi``
+    (with or without ``B``) powers of 1024. A fraction of a byte is rounded down. Signs, other units and sizes above
+    :data:`MAX_BYTES` are refused. Zero is a size; a caller that needs a positive one checks that itself.
+
+    Args:
+        size: e.g. ``"16GiB"``, ``"16G"``, ``" 512 MB "``, ``"1.5e9"``, ``"0"``, ``4096``.
+
+    Returns:
+        Bytes, rounded down to a whole byte.
+
+    Raises:
+        ByteSizeError: naming ``size``: not an int, float or string, negative, not a whole number of bytes (a
+            float), malformed, an unknown unit, or above :data:`MAX_BYTES`.
+
+    Example:
+        >>> parse_bytes("16GiB"), parse_bytes("16G"), parse_bytes("1.5kB"), parse_bytes(" 64 Mi ")
+        (17179869184, 16000000000, 1500, 67108864)
+    """
+    if isinstance(size, bool) or not isinstance(size, int | float | str):
+        raise ByteSizeError(f"a byte size is an int, a whole float or a string like '16GiB', got {size!r}")
+    if isinstance(size, int | float):
+        if not math.isfinite(size) or size < 0 or size != int(size):
+            raise ByteSizeError(f"a byte size must be a whole number of bytes >= 0, got {size!r}")
+        value = Decimal(int(size))
+    else:
+        match = _BYTE_SIZE.fullmatch(size)
+        factor = _UNIT_FACTORS.get(match["unit"].lower() or "b") if match is not None else None
+        if match is None or factor is None:
+            raise ByteSizeError(f"cannot read {size!r} as a size: a byte size is {_GRAMMAR}")
+        number = Decimal(match["number"])
+        value = number * factor if number <= MAX_BYTES else number  # no huge product: it is refused anyway
+    if value > MAX_BYTES:
+        raise ByteSizeError(f"a byte size must be at most 2**64 bytes, got {size!r}")
+    return int(value)
 
 
 def _check_non_negative(owner: str, **values: float) -> None:

@@ -14,7 +14,7 @@ from elastic_pipe.cache.errors import CacheDirError, CacheError
 from elastic_pipe.cache.fingerprint import prefix_fingerprint
 from elastic_pipe.cache.payoff import expected_read_seconds, measure_payoff, measure_tiered_payoff
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
-from elastic_pipe.cache.sizes import parse_bytes
+from elastic_pipe.types import parse_bytes  # the one byte-size grammar, re-exported
 
 __all__ = [
     "STORAGE_DTYPES",

@@ -15,7 +15,7 @@ import torch
 
 from elastic_pipe.cache.dtypes import check_storage_dtype
 from elastic_pipe.cache.errors import CacheError
-from elastic_pipe.cache.sizes import parse_bytes
+from elastic_pipe.types import ByteSizeError, parse_bytes
 
 __all__ = [
     "Augmentation",
@@ -232,16 +232,20 @@ class CacheTiers:
         host_dir: str = "",
     ) -> CacheTiers:
         """Tiers from sizes written as ``"20GiB"``, ``"512MB"`` or plain byte counts (see
-        :func:`~elastic_pipe.cache.sizes.parse_bytes`).
+        :func:`elastic_pipe.types.parse_bytes`).
 
         Raises:
-            CacheError: a malformed size, or tiers that do not validate.
+            CacheError: a malformed size (naming it), or tiers that do not validate.
         """
+        try:
+            device_bytes, host_bytes, disk_bytes = parse_bytes(device), parse_bytes(host), parse_bytes(disk)
+        except ByteSizeError as exc:
+            raise CacheError(str(exc)) from None
         return cls(
-            device_bytes=parse_bytes(device),
-            host_bytes=parse_bytes(host),
+            device_bytes=device_bytes,
+            host_bytes=host_bytes,
             disk_dir=disk_dir,
-            disk_bytes=parse_bytes(disk),
+            disk_bytes=disk_bytes,
             host_kind=parse_choice(HostKind, host_kind, "host_kind"),
             host_dir=host_dir,
         )

@@ -15,10 +15,11 @@ Prints "pipe_len" and the partition; --json prints {"rule", "pipe_len", "partiti
 from __future__ import annotations
 
 import argparse
+import math
 
 from elastic_pipe.cli._common import CliInputError, add_json_flag, emit
 from elastic_pipe.cli.partition import describe_partition, load_costs
-from elastic_pipe.types import LayerCost
+from elastic_pipe.types import LayerCost, parse_bytes
 
 __all__ = ["HELP", "add_arguments", "run"]
 
@@ -46,13 +47,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json_flag(parser)
 
 
+def _budget(text: str) -> float:
+    """``--budget``: a plain number in the file's unit (``21.3e6`` parameters, ``0.25`` seconds), or a byte size
+    with a unit (``16GiB``, ``16G``: :func:`elastic_pipe.types.parse_bytes`, the grammar of every size)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return float(parse_bytes(text))
+    if not (math.isfinite(value) and value >= 0):
+        raise CliInputError(f"--budget must be a finite number >= 0 or a byte size such as 16GiB, got {text!r}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     """Apply the compression rule and print the chosen pipeline length and partition."""
     from elastic_pipe.partition import (  # noqa: PLC0415 (see add_arguments)
         SOLVERS,
         compress_halving,
         compress_memory,
-        parse_bytes,
         weights_from_costs,
     )
 
@@ -63,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     records = [r for r in raw if isinstance(r, LayerCost)]
     metric = args.metric or _DEFAULT_METRIC[args.rule]
     values = weights_from_costs(records, metric) if records else [float(v) for v in raw if not isinstance(v, LayerCost)]
-    budget = parse_bytes(args.budget)
+    budget = _budget(args.budget)
     options = {"unit": args.unit} if solver == "greedy" else {}
     if args.rule == "halving":
         result = compress_halving(values, args.from_stages, budget, solver, **options)

@@ -12,18 +12,40 @@ merged sums into the numbers the policy reads::
 
 The output of layer ``l`` depends on the layers below it too, so ``change_l`` is the drift of the whole prefix
 ``0..l`` - exactly what freezing that prefix (and caching its output) stops.
+
+A policy reads the drift through an optional capability, declared here as a protocol (:class:`ProbePolicy`) rather
+than found by attribute lookups at the call site.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from elastic_pipe.freeze.errors import FreezeError
 
-__all__ = ["OutputDrift", "relative_change"]
+__all__ = ["OutputDrift", "ProbePolicy", "relative_change"]
+
+
+@runtime_checkable
+class ProbePolicy(Protocol):
+    """The optional capability of a freeze policy that reads the probe's output drift (:class:`~elastic_pipe.freeze.
+    Drift` has it; any object with these members does, no base class needed).
+
+    A runtime runs the probe batch at each decision point for a policy whose ``needs_probe`` is true
+    (:func:`~elastic_pipe.freeze.needs_probe`) and hands the merged :func:`relative_change` to
+    :meth:`observe_drift` before it asks the policy to propose.
+    """
+
+    #: The runtime measures the probe for this policy (False: the member is there but unused).
+    needs_probe: bool
+
+    def observe_drift(self, change: Sequence[float]) -> None:
+        """Per freeze unit, the relative change of its output on the probe batch since the previous decision point."""
+        ...
 
 
 def relative_change(diff_sq: Sequence[float], ref_sq: Sequence[float]) -> tuple[float, ...]:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections import ChainMap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -36,8 +37,10 @@ from elastic_pipe.types import ElasticPipeError
 __all__ = [
     "DATASETS",
     "MODEL_BUILDERS",
+    "STAGES_PER_RANK",
     "Components",
     "build_model",
+    "check_runnable_schedule",
     "components_from_config",
     "decision_interval",
     "epoch_steps",
@@ -57,12 +60,16 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "gpt": models.gpt_decoder,
     "minilm": models.load_minilm,  # the pretrained all-MiniLM-L6-v2; options: num_classes (the new head)
 }
-#: Dataset name in a config -> loader in :mod:`elastic_pipe.data`.
-DATASETS: dict[str, Callable[[], Samples | Any]] = {
-    "digits": edata.load_digits,
-    "mnist5k": edata.load_mnist5k,
+#: Datasets that need a model's tokenizer, which :mod:`elastic_pipe.data` (a primitive) may not import.
+_TOKENISED_DATASETS: dict[str, Callable[..., Samples | Any]] = {
     "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.text_data)
 }
+#: Dataset name in a config -> loader: a read-through view of the one registry, :data:`elastic_pipe.data.DATASETS`
+#: (a dataset added there is a config name at once), plus the tokenised text datasets above.
+DATASETS: Mapping[str, Callable[..., Samples | Any]] = ChainMap(
+    _TOKENISED_DATASETS,
+    cast("dict[str, Callable[..., Samples | Any]]", edata.DATASETS),  # read only: a ChainMap writes to its first map
+)
 
 
 def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
@@ -251,6 +258,29 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     return policy
 
 
+#: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
+#: a schedule whose generator needs more (``interleaved``) cannot run.
+STAGES_PER_RANK = 1
+
+
+def check_runnable_schedule(schedule: str) -> None:
+    """Refuse a registered schedule the runtime cannot run, before any process starts.
+
+    The runtime holds :data:`STAGES_PER_RANK` stage per rank; a schedule whose generator refuses that placement
+    (:func:`elastic_pipe.schedule.generate` on one rank and one micro-batch) would fail on every rank at its first
+    runner build.
+
+    Raises:
+        ConfigError: one line naming the schedule and the generator's reason.
+    """
+    try:
+        sched.generate(schedule, 1, 1, STAGES_PER_RANK)
+    except sched.ScheduleError as exc:
+        raise ConfigError(
+            f"pipeline.schedule {schedule!r} cannot run here: the trainer holds one stage per rank and {exc}"
+        ) from None
+
+
 def components_from_config(
     config: TrainConfig,
     *,
@@ -287,6 +317,7 @@ def components_from_config(
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
+    check_runnable_schedule(schedule)
     if policy is None:
         total = run_steps(config, num_samples(samples))
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]

@@ -9,7 +9,8 @@ clipping and the freeze policy's statistics stay beside the graph, in the step l
 wrote: they see the same tensors an eager step leaves, so nothing else in the loop changes.
 
 Two parts: :func:`decide_graph` is the pure rule (is capture safe for this layout and step size, and if not,
-why), unit-tested on the CPU; :class:`GraphedStep` is the thin shell that captures and replays.
+why), unit-tested on the CPU; :class:`GraphedStep` is the thin shell that captures and replays. :func:`capture`
+is the capture recipe itself, shared with the probe's forward graphs (:mod:`.forward_graphs`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -29,10 +30,14 @@ __all__ = [
     "EagerStep",
     "GraphChoice",
     "GraphedStep",
+    "capture",
+    "capture_failure",
     "decide_graph",
     "graph_pays",
     "step_record",
 ]
+
+T = TypeVar("T")
 
 #: Eager steps a layout runs before its capture: the first one carries lazy initialisation (cuBLAS workspaces,
 #: the autograd engine's device threads, the optimizer's state) and, compiled, the compilation; the second
@@ -136,6 +141,41 @@ class EagerStep(Protocol):
 
     def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
         """One eager forward and backward (gradients accumulate into ``.grad``)."""
+
+
+def capture(
+    graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, body: Callable[[], T]
+) -> tuple[T | None, BaseException | None]:
+    """Record ``body()`` into ``graph`` on ``stream``: the capture recipe every CUDA graph here is made with.
+
+    torch.cuda.graph() would also collect garbage and empty the allocator's cache first, which costs more than a
+    short layout's capture saves; capturing directly skips that. thread_local: a data loader's pinning thread may
+    touch CUDA while this thread captures.
+
+    Returns:
+        ``(body's result, None)``; or ``(None, error)`` when ``body`` raised (any failure inside a capture means:
+        run eagerly) or ending the capture failed, the first error kept.
+    """
+    result: T | None = None
+    error: BaseException | None = None
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            result = body()
+        except Exception as e:  # any failure inside a capture means: run eagerly
+            error = e
+        finally:
+            try:
+                graph.capture_end()
+            except RuntimeError as e:
+                error = error or e
+    return (None, error) if error is not None else (result, None)
+
+
+def capture_failure(error: BaseException | None) -> str:
+    """The reason a failed capture leaves its layout or segment eager: the error's first line (or its type)."""
+    text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
+    return f"capture failed: {text}"
 
 
 @contextmanager
@@ -262,30 +302,20 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         main = torch.cuda.current_stream()
         self._stream.wait_stream(main)
-        error: BaseException | None = None
-        loss: torch.Tensor | None = None
-        # torch.cuda.graph() would also collect garbage and empty the allocator's cache first, which costs more
-        # than a short layout's capture saves; capturing directly skips that. thread_local: a data loader's
-        # pinning thread may touch CUDA while this thread captures.
-        with _forward_hooks_off(self.module), _no_recompile(self.eager.compiled), torch.cuda.stream(self._stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                loss = self.eager.loss_fn(self.module(static_x), static_y)
-                loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-            except Exception as e:  # any failure inside a capture means: run this layout eagerly
-                error = e
-            finally:
-                try:
-                    graph.capture_end()
-                except RuntimeError as e:
-                    error = error or e
+
+        def forward_backward() -> torch.Tensor:
+            loss = self.eager.loss_fn(self.module(static_x), static_y)
+            loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+            return loss
+
+        with _forward_hooks_off(self.module), _no_recompile(self.eager.compiled):
+            loss, error = capture(graph, self._stream, forward_backward)
         main.wait_stream(self._stream)
         grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in zip(params, held, strict=True):
             p.grad = g
         if error is not None or loss is None:
-            text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
-            self.failure = f"capture failed: {text}"
+            self.failure = capture_failure(error)
             return
         self._grads = grads
         self._graph, self._x, self._y, self._loss = graph, static_x, static_y, loss.detach()

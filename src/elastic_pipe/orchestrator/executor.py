@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
+from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule, probe
 from elastic_pipe.orchestrator.context import RunContext
@@ -158,13 +159,20 @@ def decide(
     def next_message() -> protocol.TransitionMessage:
         if stats is not None:
             policy.observe(stats)
-        if change is not None:
-            policy.observe_drift(change)  # type: ignore[attr-defined]  # freeze.needs_probe checked it has one
+        if change is not None and isinstance(policy, ProbePolicy):  # measured only for a policy that reads it
+            policy.observe_drift(change)
         if eval_loss is not None:
             policy.observe_eval(eval_loss)
-        units = freeze.decide(policy, state.epoch, state.step, state.frozen_units)
-        cap = layout_rule.max_frozen_units(ctx.unit_ends, len(ctx.costs), current.pipe_len if rule.keeps_length else 1)
-        units = max(min(units, cap), state.frozen_units)
+        units = layout_rule.decide_units(  # the one rule, as the dry run applies it
+            policy,
+            epoch=state.epoch,
+            step=state.step,
+            current=state.frozen_units,
+            unit_ends=ctx.unit_ends,
+            num_sublayers=len(ctx.costs),
+            pipe_len=current.pipe_len,
+            compression=rule,
+        )
         layout = layout_rule.next_layout(
             current,
             layout_rule.frozen_sublayers(ctx.unit_ends, units),

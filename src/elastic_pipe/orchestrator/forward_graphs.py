@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from elastic_pipe.orchestrator.cuda_graph import capture, capture_failure
+
 __all__ = ["ForwardGraphs"]
 
 
@@ -161,27 +163,17 @@ class ForwardGraphs:
         graph = torch.cuda.CUDAGraph()
         main = torch.cuda.current_stream(self.device)
         self._stream.wait_stream(main)
-        error: BaseException | None = None
-        out: torch.Tensor | None = None
-        # thread_local: a data loader's pinning thread may touch CUDA while this thread captures
-        with torch.cuda.stream(self._stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                with _eval_mode(module), self._autocast(cache=False):
-                    out = module(static_x)
-            except Exception as e:  # anything failing inside a capture means: run this segment eagerly
-                error = e
-            finally:
-                try:
-                    graph.capture_end()
-                except RuntimeError as e:
-                    error = error or e
+
+        def forward() -> torch.Tensor:
+            with _eval_mode(module), self._autocast(cache=False):
+                return module(static_x)  # type: ignore[no-any-return]  # a module's output is untyped
+
+        out, error = capture(graph, self._stream, forward)  # a failure: this segment runs eagerly
         main.wait_stream(self._stream)
         if error is None and not isinstance(out, torch.Tensor):
             error = TypeError(f"the segment returned {type(out).__name__}, not a tensor")
         if error is not None or out is None:
-            text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
-            self.failures[segment] = f"capture failed: {text}"
+            self.failures[segment] = capture_failure(error)
             return None
         captured = _Captured(graph, static_x, out)
         self._captured[segment] = captured

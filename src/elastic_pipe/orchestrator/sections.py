@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_pipe.cache.errors import CacheError
-from elastic_pipe.cache.sizes import parse_bytes
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.types import ByteSizeError, parse_bytes
 
 __all__ = [
     "AUTOCAST",
@@ -86,14 +85,14 @@ DEFAULT_T0 = 0.7
 
 
 def size_bytes(value: object, name: str) -> int:
-    """A config size in bytes: a byte count or a string like ``"40GiB"`` (:func:`elastic_pipe.cache.parse_bytes`).
+    """A config size in bytes: a byte count or a string like ``"40GiB"`` (:func:`elastic_pipe.types.parse_bytes`).
 
     Raises:
         ConfigError: naming ``name`` and the value.
     """
     try:
         return parse_bytes(value)  # type: ignore[arg-type]  # parse_bytes refuses any other type itself
-    except CacheError as exc:
+    except ByteSizeError as exc:
         raise ConfigError(f"{name}: {exc}") from None
 
 
@@ -383,7 +382,7 @@ class PipelineSection:
             files shared by the node's ranks, or with ``host_kind = "pinned"`` page-locked memory per rank),
             ``disk`` (a directory; checksummed files per node) with ``disk_size`` (its budget; default: as much
             as the cache needs, a full file system then leaves the rest uncached), ``host_dir`` (instead of
-            ``/dev/shm``). Sizes are byte counts or strings like ``"512MiB"`` (:func:`elastic_pipe.cache.parse_bytes`).
+            ``/dev/shm``). Sizes are byte counts or strings like ``"512MiB"`` (:func:`elastic_pipe.types.parse_bytes`).
         cache_policy: what the cache does for a dataset that declares random transforms (``random_augmentation =
             True``): "bypass" (the default: the frozen prefix is recomputed every step, nothing is cached) or
             "views" (``views`` augmented views per sample are cached, epoch ``e`` reads view ``e % views``).
@@ -394,7 +393,7 @@ class PipelineSection:
             output (half the bytes of float32 entries, each rounded: a relative error up to ``2**-8`` in
             bfloat16); an output it would widen, or an integer one, is kept as it is. Reads are cast back to the
             output's dtype on the device, and a step's recomputed misses are rounded the same way.
-        memory_budget: the most bytes of training state one rank may hold ("40GiB", "512MiB", "2.5GB", a byte
+        memory_budget: the most bytes of training state one rank may hold ("40GiB", "16G", "512MiB", "2.5GB", a byte
             count; "" for no limit): an active sub-layer costs its weights, gradients and optimizer state, a frozen
             one (on stage 0) its weights. The initial pipeline is the shortest that fits, compression never picks
             one that does not, and a job none fits is refused before any process group forms.

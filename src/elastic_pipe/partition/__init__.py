@@ -24,7 +24,6 @@ from elastic_pipe.partition.costs import (
     METRICS,
     TrainingPrecision,
     TransformerShape,
-    parse_bytes,
     training_memory_bytes,
     transformer_costs,
     weights_from_costs,
@@ -42,10 +41,12 @@ from elastic_pipe.partition.graph import (
 )
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, PUBLISHED_UNIT, greedy
 from elastic_pipe.partition.optimal import optimal, optimal_bottleneck
+from elastic_pipe.partition.pricing import PricedSolver, prices_frozen_itself
 from elastic_pipe.partition.profiler import profile_layers
 from elastic_pipe.partition.registry import SOLVERS, Solver, price_frozen, register_solver, solve
 from elastic_pipe.partition.result import Partition
 from elastic_pipe.partition.uniform import uniform
+from elastic_pipe.types import parse_bytes  # the one byte-size grammar, re-exported
 
 __all__ = [
     "DEFAULT_FROZEN_FACTOR",
@@ -56,6 +57,7 @@ __all__ = [
     "Compression",
     "Partition",
     "PartitionError",
+    "PricedSolver",
     "Solver",
     "TrainingPrecision",
     "TransformerShape",
@@ -74,6 +76,7 @@ __all__ = [
     "optimal_bottleneck",
     "parse_bytes",
     "price_frozen",
+    "prices_frozen_itself",
     "profile_layers",
     "register_solver",
     "solve",

@@ -16,7 +16,6 @@ by their measured frozen cost when known, else by a frozen-cost factor (1/6 as p
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +27,6 @@ __all__ = [
     "METRICS",
     "TrainingPrecision",
     "TransformerShape",
-    "parse_bytes",
     "training_memory_bytes",
     "transformer_costs",
     "weights_from_costs",
@@ -189,40 +187,3 @@ def transformer_costs(
         costs.append(record(f"block{block}.attn", attn_params, attn_macs, attn_stored))
         costs.append(record(f"block{block}.mlp", mlp_params, mlp_macs, mlp_stored))
     return costs
-
-
-_BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-_BYTES_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(text: str | float) -> float:
-    """Parse ``"16GiB"``, ``"1.5e9"``, ``"512 MB"`` or a number into a count of bytes (or plain units).
-
-    Raises:
-        PartitionError: if the text is not a non-negative number with an optional known byte suffix.
-    """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value = float(text)
-    else:
-        match = _BYTES_RE.match(str(text))
-        suffix = match.group(2).lower() if match else ""
-        if match is None or suffix not in _BYTE_UNITS:
-            raise PartitionError(
-                f"cannot read {text!r} as a size: expected a number with an optional suffix "
-                f"({', '.join(k for k in _BYTE_UNITS if k)})"
-            )
-        value = float(match.group(1)) * _BYTE_UNITS[suffix]
-    if not (math.isfinite(value) and value >= 0):
-        raise PartitionError(f"size must be a finite number >= 0, got {text!r}")
-    return value

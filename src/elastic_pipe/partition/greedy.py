@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.pricing import prices_frozen_itself
 
 __all__ = ["DEFAULT_FROZEN_FACTOR", "PUBLISHED_UNIT", "greedy"]
 
@@ -36,6 +37,7 @@ DEFAULT_FROZEN_FACTOR = 1.0 / 6.0
 PUBLISHED_UNIT = 1e6
 
 
+@prices_frozen_itself  # the published rule keeps the frozen entries on device 0, priced there
 def greedy(
     costs: Sequence[float],
     stages: int,

@@ -1,7 +1,9 @@
 """One entry point for every solver: :func:`solve` and the :data:`SOLVERS` registry.
 
 A solver is any function ``(costs, stages, /, **options) -> layers per stage``. :func:`solve` validates the input
-once, prices frozen layers, times the solver alone and wraps its answer in a :class:`Partition`.
+once, prices frozen layers, times the solver alone and wraps its answer in a :class:`Partition`. Whether a solver
+prices the frozen layers itself is a flag the solver object carries (:mod:`elastic_pipe.partition.pricing`), so a
+solver and its registered name give the same partition.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from elastic_pipe.partition.errors import PartitionError
 from elastic_pipe.partition.graph import graph_chain
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, greedy
 from elastic_pipe.partition.optimal import optimal
+from elastic_pipe.partition.pricing import PricedSolver, prices_frozen, solver_name
 from elastic_pipe.partition.result import Partition, stage_sums
 from elastic_pipe.partition.uniform import uniform
 
@@ -36,26 +39,24 @@ class Solver(Protocol):
 #: Name -> solver. ``graph`` here is the chain form; a DAG with skip connections goes to :func:`graph_partition`.
 SOLVERS: dict[str, Solver] = {"uniform": uniform, "greedy": greedy, "optimal": optimal, "graph": graph_chain}
 
-#: Solvers that price frozen layers themselves (the published greedy rule keeps them all on device 0).
-_PRICES_FROZEN_ITSELF: set[str] = {"greedy"}
 
-
-def register_solver(name: str, solver: Solver, *, prices_frozen_itself: bool = False) -> None:
+def register_solver(name: str, solver: Solver, *, prices_frozen_itself: bool | None = None) -> None:
     """Add a solver to :data:`SOLVERS` under ``name`` (replacing one of the same name).
 
     Args:
         name: the name :func:`solve` and the CLI accept.
         solver: the function.
         prices_frozen_itself: pass ``frozen``/``frozen_factor`` to the solver instead of scaling the frozen
-            layers' costs before calling it.
+            layers' costs before calling it. ``None`` (the default) keeps the solver's own flag
+            (:func:`~elastic_pipe.partition.pricing.prices_frozen_itself`, False when unmarked); a value that
+            differs registers a :class:`~elastic_pipe.partition.pricing.PricedSolver` carrying it, so
+            ``solve(..., SOLVERS[name])`` still prices as ``solve(..., name)``.
     """
     if not name or not isinstance(name, str):
         raise PartitionError(f"solver name must be a non-empty string, got {name!r}")
+    if prices_frozen_itself is not None and prices_frozen_itself != prices_frozen(solver):
+        solver = PricedSolver(solver, prices_frozen_itself)
     SOLVERS[name] = solver
-    if prices_frozen_itself:
-        _PRICES_FROZEN_ITSELF.add(name)
-    else:
-        _PRICES_FROZEN_ITSELF.discard(name)
 
 
 def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> list[float]:
@@ -95,10 +96,11 @@ def solve(
     Args:
         costs: one non-negative finite cost per layer, in any unit (stage costs come back in the same unit).
         stages: number of stages K, ``1 <= K <= len(costs)``.
-        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal", "graph"), or a solver function itself
-            (``partition.optimal``), which sees frozen costs scaled like every solver but ``greedy``.
-        frozen: number of frozen leading layers. ``greedy`` applies the published rule to them; every other
-            solver sees their costs scaled by ``frozen_factor`` (and reports stage costs with that pricing).
+        solver: a key of :data:`SOLVERS` ("uniform", "greedy", "optimal", "graph"), or a solver object itself
+            (``partition.greedy``), priced as its name is: the flag is the object's own.
+        frozen: number of frozen leading layers. A solver that prices them itself (``greedy``: the published
+            rule) receives ``frozen`` and ``frozen_factor``; every other solver sees their costs scaled by
+            ``frozen_factor`` (and reports stage costs with that pricing).
         frozen_factor: a frozen layer's cost relative to an active one (1/6 as published).
         **options: solver options, e.g. ``unit`` and ``allow_empty`` for ``greedy``, ``activation_bytes`` and
             ``bandwidth`` for ``graph``.
@@ -111,10 +113,10 @@ def solve(
             ``1..len(costs)``.
     """
     fn = _lookup(solver)
-    name = solver if isinstance(solver, str) else getattr(solver, "__name__", type(solver).__name__)
+    name = solver if isinstance(solver, str) else solver_name(solver)
     values = check_costs(costs)
     check_stages(stages, len(values))
-    if solver in _PRICES_FROZEN_ITSELF:
+    if prices_frozen(fn):
         options = {**options, "frozen": frozen, "frozen_factor": frozen_factor}
         priced = values
     else:

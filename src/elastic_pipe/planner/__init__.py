@@ -18,7 +18,7 @@ cache pay-off rule) over an analytic cost model calibrated on measured H200 runs
 from __future__ import annotations
 
 from elastic_pipe.models.catalogue import MODEL_SHAPES, model_shape
-from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec, parse_bytes
+from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
 from elastic_pipe.planner.errors import PlannerError
 from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
@@ -27,7 +27,7 @@ from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.report import format_table, plan_to_dict, plot_throughput, plot_timeline
 from elastic_pipe.planner.result import EpochPlan, Plan
 from elastic_pipe.planner.step import Mode, StepBreakdown, StepPrediction, predict_step
-from elastic_pipe.types import TransformerShape
+from elastic_pipe.types import TransformerShape, parse_bytes  # parse_bytes: the one byte-size grammar
 
 __all__ = [
     "CACHE_FILLS",

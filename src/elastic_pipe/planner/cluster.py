@@ -12,12 +12,11 @@ Numbers that were not measured here are marked as assumptions.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 from elastic_pipe.planner.errors import PlannerError
 
-__all__ = ["H200", "ClusterSpec", "GpuSpec", "parse_bytes"]
+__all__ = ["H200", "ClusterSpec", "GpuSpec"]
 
 _GIB = 1024**3
 
@@ -186,27 +185,3 @@ class ClusterSpec:
     def gpus_on_a_node(self) -> int:
         """GPUs that actually share one node (fewer than ``gpus_per_node`` on a partial single node)."""
         return min(self.gpus, self.gpus_per_node)
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]?i?B?)?\s*$", re.IGNORECASE)
-_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """Parse a byte size: ``16GiB`` (powers of 1024), ``80GB`` (powers of 1000), ``2.5e9`` or a plain number.
-
-    Raises:
-        PlannerError: not a size, or not positive.
-    """
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value: float = float(text)
-    else:
-        match = _SIZE.match(str(text))
-        if not match:
-            raise PlannerError(f"cannot read {text!r} as a byte size; expected e.g. 16GiB, 80GB or 1.5e10")
-        number, unit = match.group(1), (match.group(2) or "").upper()
-        base = 1024 if "I" in unit else 1000
-        value = float(number) * base ** _POWERS[unit.rstrip("B").rstrip("I")]
-    if not math.isfinite(value) or value <= 0:
-        raise PlannerError(f"a byte size must be a finite number > 0, got {text!r}")
-    return int(value)
