@@ -33,13 +33,14 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Every compiled arm pays its own compilation: no on-disk cache carries one arm's kernels to the next, and
-# torch._dynamo.reset() before each arm drops the in-process one.
+# Every compiled arm pays its own compilation: no on-disk cache carries one arm's graphs or kernels to the next
+# (cold_compile_caches), and torch._dynamo.reset() before each arm drops the in-process state.
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
 
@@ -97,6 +98,21 @@ def accuracy(model: torch.nn.Module, held_out: Split, device: torch.device, batc
         right += int((logits.argmax(-1) == held_out.labels[lo : lo + batch]).sum())
     model.train()
     return right / max(len(held_out), 1)
+
+
+def cold_compile_caches() -> None:
+    """Every compiled arm compiles from nothing: dynamo's in-process state dropped, and fresh on-disk cache folders
+    for Inductor's generated code and Triton's kernels (both read their folder from the environment when they
+    compile). Shared folders let an arm reuse the kernels an earlier arm compiled: with eight arms in one job
+    the last regionally compiled arm paid 3.8 s where the first paid 8.4 s (``gpu_1xh200_single_9338ef0.json``),
+    so an arm's compile time depended on which arms ran before it."""
+    torch._dynamo.reset()
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        os.environ[var] = tempfile.mkdtemp(prefix=var.lower() + "-")
+    code_cache = getattr(getattr(getattr(torch, "_inductor", None), "codecache", None), "PyCodeCache", None)
+    clear = getattr(code_cache, "cache_clear", None)
+    if callable(clear):
+        clear()
 
 
 def _sync(device: torch.device) -> None:
@@ -206,6 +222,8 @@ def elastic_arm(
         "cache": [e["cache"] for e in epochs],
         "transition_seconds": [t["seconds"] for t in result["transitions"]],
         "transitions": result["transitions"],
+        "setup_s": result["setup_s"],
+        "eval_seconds": [e["eval_s"] for e in epochs],
         "final_loss": result["losses"][-1],
         "final_accuracy": result["final_accuracy"],
     }
@@ -344,7 +362,7 @@ def main() -> int:
         for arm in args.arms.split(","):
             model = w["build"]()
             torch.manual_seed(0)
-            torch._dynamo.reset()
+            cold_compile_caches()
             t0 = time.perf_counter()
             if arm.startswith("plain"):
                 arms[arm] = plain_loop(
