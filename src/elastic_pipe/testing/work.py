@@ -11,7 +11,8 @@ question is answered by counting. :func:`count_work` is a context manager that, 
 * the dataset's items read (a :class:`CountedDataset`'s ``__getitem__`` calls);
 * the bytes ``torch.distributed`` copies between ranks, per operation (sent, received, broadcast, all-gathered),
   and the number of one-element signals (flags and counts that collectives agree on);
-* the schedule runners built (:func:`elastic_pipe.orchestrator.stage.build_runner`).
+* the calls of functions the caller names (``calls``: e.g. the stage runtime's ``build_runner``, to count the
+  schedule runners a transition builds).
 
 Work can be put into a named part (``with work.part("probe"): ...``): everything counted inside goes to that part,
 so a test can separate, say, the freeze probe's forwards from the transition's own.
@@ -22,8 +23,9 @@ Example::
         trainer.transition()
     assert work.total.rows[5] == cached_entries
 
-Everything it patches (the ``torch.distributed`` functions, the cache's methods on that one object, the stage
-module's ``build_runner``) is put back when the block ends; the counts stay readable after it.
+Everything it patches (the ``torch.distributed`` functions, the cache's methods on that one object, the named
+functions) is put back when the block ends; the counts stay readable after it. It imports nothing of the toolkit
+(:mod:`elastic_pipe.testing` knows nothing of what it runs): what to count is handed to it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import contextlib
 import functools
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +109,7 @@ class PartCount:
         signals: collectives and point-to-point calls on one-element tensors (flags and counts).
         control_bytes: bytes of the operations on the ``control`` group of :func:`count_work` (decisions, flags,
             statistics: the run's bookkeeping, not its data).
-        runners_built: schedule runners built.
+        called: calls of each function named in ``count_work(calls=...)``, by its key.
     """
 
     calls: list[int]
@@ -121,7 +123,7 @@ class PartCount:
     copied: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     signals: int = 0
     control_bytes: int = 0
-    runners_built: int = 0
+    called: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     @classmethod
     def empty(cls, sublayers: int) -> PartCount:
@@ -147,7 +149,7 @@ class PartCount:
             "copied": dict(self.copied),
             "signals": self.signals,
             "control_bytes": self.control_bytes,
-            "runners_built": self.runners_built,
+            "called": dict(self.called),
         }
 
 
@@ -295,23 +297,27 @@ def _patch_cache(cache: Any, work: WorkCount, stack: contextlib.ExitStack) -> No
         stack.callback(delattr, cache, attr)
 
 
-def _patch_runners(work: WorkCount, stack: contextlib.ExitStack) -> None:
-    """Count the schedule runners built (the stage runtime's ``build_runner``)."""
-    from elastic_pipe.orchestrator import stage_runtime
+def _patch_calls(calls: Mapping[str, tuple[Any, str]], work: WorkCount, stack: contextlib.ExitStack) -> None:
+    """Count the calls of ``holder.name`` for every ``key: (holder, name)`` of ``calls``."""
+    for key, (holder, name) in calls.items():
+        original = getattr(holder, name)
 
-    original = stage_runtime.build_runner
+        def counted(*args: Any, _key: str = key, _fn: Any = original, **kwargs: Any) -> Any:
+            work.now.called[_key] += 1
+            return _fn(*args, **kwargs)
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        work.now.runners_built += 1
-        return original(*args, **kwargs)
-
-    stage_runtime.build_runner = counted  # type: ignore[assignment]
-    stack.callback(setattr, stage_runtime, "build_runner", original)
+        setattr(holder, name, counted)
+        stack.callback(setattr, holder, name, original)
 
 
 @contextlib.contextmanager
 def count_work(
-    model: nn.Module, *, cache: Any = None, dataset: CountedDataset | None = None, control: Any = None
+    model: nn.Module,
+    *,
+    cache: Any = None,
+    dataset: CountedDataset | None = None,
+    control: Any = None,
+    calls: Mapping[str, tuple[Any, str]] | None = None,
 ) -> Iterator[WorkCount]:
     """Count the work done inside the block (see the module docstring).
 
@@ -321,6 +327,9 @@ def count_work(
         dataset: a :class:`CountedDataset` whose reads are counted (``None``: none).
         control: a process group whose operations count as bookkeeping (:attr:`PartCount.control_bytes`), not
             copies: the run's control group.
+        calls: ``key: (holder, name)``: count the calls of ``holder.name`` (a module's function, an object's
+            method) under ``key`` in :attr:`PartCount.called`; the callers must look it up on ``holder`` when they
+            call it (``module.fn(...)``, not a name imported before the block).
 
     Yields:
         The counts, filled in as the block runs.
@@ -339,7 +348,7 @@ def count_work(
         _patch_distributed(work, control, stack)
         if cache is not None:
             _patch_cache(cache, work, stack)
-        _patch_runners(work, stack)
+        _patch_calls(calls or {}, work, stack)
         if dataset is not None:
             dataset.work = work
             stack.callback(setattr, dataset, "work", None)
