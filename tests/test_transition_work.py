@@ -50,6 +50,9 @@ WHEN = {
     # every layer counts as still (threshold), one unit per decision point: steps 2 (inside epoch 0), 4 (its end),
     # 6 (inside epoch 1)
     "drift": {"policy": "drift", "options": {"threshold": 1e9, "max_step": 1}, "decide_every": 2},
+    # 2 ranks as 2 stages, compressed to 1 stage x 2 replicas by the second transition (halving): rank 1 becomes a
+    # stage-0 rank that holds no cache entry
+    "relayout": {"policy": "manual", "options": {"schedule": {1: 1, 2: 3}}, "decide_every": 0},
 }
 
 #: The transitions each run makes: (old frozen, new frozen, steps of its epoch done before it).
@@ -57,6 +60,7 @@ TRANSITIONS = {
     "epoch_end": [(0, 3, 0), (3, 7, 0)],
     "mid_epoch": [(0, 3, 2), (3, 5, 2), (5, 7, 2)],
     "drift": [(0, 3, 2), (3, 5, 0), (5, 7, 2)],
+    "relayout": [(0, 3, 0), (3, 7, 0)],
 }
 
 #: Where the cache lives and whether the prefix is released: "released" (device tier, released once the cache
@@ -66,6 +70,8 @@ RESIDENCY = ("released", "disk", "kept")
 
 def _tables(when: str, residency: str, world: int, disk: str) -> dict[str, Any]:
     pipeline: dict[str, Any] = {"microbatches": 1, "pipe_len": 1, "cache": "on"}
+    if when == "relayout":
+        pipeline.update(pipe_len=2, microbatches=2, compression="halving", solver="optimal")
     if residency == "disk":
         pipeline["cache_tiers"] = {"device": 0, "disk": disk}
     return {
@@ -144,6 +150,7 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
                             "replicas": new.replicas,
                             "released_before": released,
                             "released_after": trainer.ctx.prefix.released,
+                            "pipe_len": new.pipe_len,
                             "bytes_moved": event.bytes_moved,
                             "entry_bytes": example[0].numel() * example.element_size(),
                             "work": work.to_dict(),
@@ -165,6 +172,8 @@ def _tasks(world: int, root: str) -> dict[Any, Any]:
     cases = [(when, res) for res in RESIDENCY for when in ("epoch_end", "mid_epoch")]
     if world == 1:
         cases = [c for c in cases if c[1] != "kept"] + [("drift", "released")]  # "kept" is "disk" on one rank
+    else:
+        cases += [("relayout", "released"), ("relayout", "kept")]
     return {case: (_run, (*case, str(Path(root) / f"{world}-{case[0]}-{case[1]}"))) for case in cases}
 
 
@@ -364,3 +373,78 @@ def test_the_default_policy_adds_only_its_probe_forwards(
         assert probe["cache_put"] == probe["cache_carried"] == probe["cache_got"] == 0 and not probe["copied"], rec
     # the run froze one unit at each decision point, the last one leaving no watched unit active
     assert [sum(e <= t["new"] for e in ends) for t in r["records"]] == [1, 2, watched]
+
+
+# ------------------------------------------------------------------------------------- a layout that changes too
+def _relayout_expected(rec: dict[str, Any], sizes: dict[str, int], released: bool, rank: int) -> dict[str, Any]:
+    """2 stages (rank 0 is stage 0) -> 1 stage x 2 replicas: the first transition fills on rank 0 alone; the second
+    carries rank 0's entries (it holds them all) through the newly frozen sub-layers once and gives rank 1, the new
+    stage-0 rank, the carried entries (and, while the prefix is released, the evaluation outputs), never the inputs
+    or the earlier prefix. ``traffic``: the entries' bytes each rank sends or receives (broadcast or all-gather)."""
+    from elastic_pipe.cache.cache import DEFAULT_EXTEND_BATCH
+    from elastic_pipe.orchestrator.prefix_residency import EVAL_CHUNK, KEEPER
+
+    old, new, entry = rec["old"], rec["new"], rec["entry_bytes"]
+    train, held_out = sizes["train"], sizes["eval"]
+    calls, rows = [0] * SUBLAYERS, [0] * SUBLAYERS
+    exp: dict[str, Any] = {"items_read": 0, "cache_put": 0, "cache_carried": 0, "traffic": 0}
+    evals = released and rank == KEEPER
+    lo = 0 if old == 0 else old
+    if rank == 0:  # the fill from the inputs, then the carry of every entry
+        work = math.ceil(train / GLOBAL_BATCH) if old == 0 else math.ceil(train / DEFAULT_EXTEND_BATCH)
+        for j in range(lo, new):
+            calls[j] = work + (math.ceil(held_out / EVAL_CHUNK) if evals else 0)
+            rows[j] = train + (held_out if evals else 0)
+        if old == 0:
+            exp.update(items_read=train + (held_out if evals else 0), cache_put=train)
+        else:
+            exp["cache_carried"] = train
+    elif old > 0:
+        exp["cache_put"] = train
+    if old > 0:
+        exp["traffic"] = (train + (held_out if released else 0)) * entry
+    return {**exp, "calls": calls, "rows": rows}
+
+
+def _relayout_counted(rec: dict[str, Any]) -> dict[str, Any]:
+    main = rec["work"]["main"]
+    copied = main["copied"]
+    traffic = sum(copied.get(k, 0) for k in ("broadcast_sent", "broadcast_received", "all_gather"))
+    return {**{k: main[k] for k in ("calls", "rows", "items_read", "cache_put", "cache_carried")}, "traffic": traffic}
+
+
+#: The extra work of the resident re-layout: rank 1 (stage 1 before, a stage-0 rank after) holds no entry at the
+#: old boundary, so the shared fill (``prefix_cache.fill_shared`` -> ``_prefix_rows``) reads its chunks from the
+#: dataset and runs the whole prefix on them, while rank 0 holds every entry at the old boundary and carries only
+#: its own chunks (``extend(only=...)``); the released path instead carries all of them and broadcasts them.
+RELAYOUT_RESIDENT = (
+    "2 stages -> 1 stage x 2 replicas, prefix resident: rank 1, the new stage-0 rank, reads its 64 chunk samples "
+    "from the dataset and runs the whole prefix 0:7 on them (fill_shared/_prefix_rows) although rank 0 holds every "
+    "entry at the old boundary and carries only its own chunks"
+)
+
+
+@pytest.mark.parametrize(
+    "released",
+    [True, pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=RELAYOUT_RESIDENT))],
+    ids=["released", "resident"],
+)
+def test_a_transition_that_also_compresses_the_pipeline_recomputes_nothing(
+    runs: dict[tuple[int, str, str], list[dict[str, Any]]], released: bool
+) -> None:
+    results = runs[(2, "relayout", "released" if released else "kept")]
+    for rank, r in enumerate(results):
+        assert [(t["old"], t["new"], t["epoch_step"]) for t in r["records"]] == TRANSITIONS["relayout"], rank
+        assert [(t["pipe_len"], t["replicas"]) for t in r["records"]] == [(2, 1), (1, 2)], rank
+    for i in range(len(TRANSITIONS["relayout"])):
+        recs = [r["records"][i] for r in results]
+        # the weights and optimizer state the event reports are what the ranks received, and the only
+        # point-to-point traffic of the transition
+        received = sum(rec["work"]["main"]["copied"].get("recv", 0) for rec in recs)
+        sent = sum(rec["work"]["main"]["copied"].get("send", 0) for rec in recs)
+        assert recs[0]["bytes_moved"] == received == sent > 0, i
+        counted = [_relayout_counted(rec) for rec in recs]
+        expected = [_relayout_expected(rec, results[0]["sizes"], released, rank) for rank, rec in enumerate(recs)]
+        assert counted == expected, (i, counted)
+        assert [rec["work"]["main"]["called"] for rec in recs] == [{"runners_built": 1}] * 2, i
+        assert [rec["released_after"] for rec in recs] == [recs[0]["new"] if released else 0] * 2, i
