@@ -12,8 +12,10 @@ digits, ``cache = "on"``, one stage; on 1 rank and on 2 ranks (2 replicas, whose
 the frozen prefix released (the default once the cache serves it) or kept resident (the cache on the disk tier,
 which :func:`~elastic_pipe.orchestrator.prefix_residency.eligible` refuses; on 2 ranks also a device tier with the
 release patched off); transitions at epoch ends (``manual``: 1 unit, then 2 more) and inside epochs (FreezeOut,
-``decide_every = 2``: one unit at a time), and one run of the default policy (``drift``) whose probe forwards
-(the measure at the decision point and the new baseline) are counted in a part of their own.
+``decide_every = 2``: one unit at a time), one run of the default policy (``drift``) whose probe forwards (the
+measure at the decision point and the new baseline) are counted in a part of their own, and, on 2 ranks, a
+transition that also compresses 2 stages into 1 stage x 2 replicas (the new stage-0 rank gets the carried
+entries). Two processes run them all: a 1-rank job, then a 2-rank job (about 30 s on 2 cores).
 
 Expected counts are derived from the config and the layouts (training and evaluation sizes, the replicas' fill
 chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. A case that does more
@@ -108,6 +110,7 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
 
     data = CountedDataset(_Digits(SAMPLES))
     records: list[dict[str, Any]] = []
+    unchanged: list[dict[str, Any]] = []
     eligible = prefix_residency.eligible
     if residency == "kept":
         prefix_residency.eligible = lambda *args: False  # type: ignore[assignment]
@@ -139,7 +142,9 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
                         event = transition(epoch_step=epoch_step)
                     finally:
                         probe.measure, probe.baseline = measure, baseline
-                if event is not None:
+                if event is None:  # a decision point that changed nothing
+                    unchanged.append({"epoch_step": epoch_step, "work": work.to_dict()})
+                else:
                     new = trainer.state.layout
                     example = trainer.ctx.prefix_example(new.frozen)
                     records.append(
@@ -165,7 +170,7 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
             units = {"watched": freeze.signal_layers(trainer.parts.policy), "ends": list(trainer.ctx.unit_ends)}
     finally:
         prefix_residency.eligible = eligible
-    return {"records": records, "sizes": sizes, "units": units}
+    return {"records": records, "unchanged": unchanged, "sizes": sizes, "units": units}
 
 
 def _tasks(world: int, root: str) -> dict[Any, Any]:
@@ -345,6 +350,21 @@ def test_no_probe_forward_without_a_probe_driven_policy(
             for rec in r["records"]:
                 probe = rec["work"].get("probe")
                 assert probe is None or (not any(probe["calls"]) and probe["items_read"] == 0), (world, when, rec)
+
+
+def test_a_decision_point_that_changes_nothing_does_nothing(
+    runs: dict[tuple[int, str, str], list[dict[str, Any]]],
+) -> None:
+    """FreezeOut's decision points after steps 4 and 8 (epoch ends) freeze nothing: no forward, no read, no write,
+    no copy, no runner (the control group's decision message aside)."""
+    nothing = {"calls": [0] * SUBLAYERS, "items_read": 0, "cache_put": 0, "cache_carried": 0, "copied": {}}
+    for world in (1, 2):
+        for residency in RESIDENCY if world == 2 else ("released", "disk"):
+            for r in runs[(world, "mid_epoch", residency)]:
+                assert [u["epoch_step"] for u in r["unchanged"]] == [0, 0]
+                for u in r["unchanged"]:
+                    main = u["work"]["main"]
+                    assert {k: main[k] for k in nothing} == nothing and not main["called"], (world, residency, u)
 
 
 def test_the_default_policy_adds_only_its_probe_forwards(
