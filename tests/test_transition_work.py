@@ -147,6 +147,7 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
                 else:
                     new = trainer.state.layout
                     example = trainer.ctx.prefix_example(new.frozen)
+                    ids = trainer.ctx.train_set.sample_ids.to("cpu")
                     records.append(
                         {
                             "old": old.frozen,
@@ -158,6 +159,8 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
                             "pipe_len": new.pipe_len,
                             "bytes_moved": event.bytes_moved,
                             "entry_bytes": example[0].numel() * example.element_size(),
+                            # training samples cached at the new boundary, as this rank sees its cache
+                            "entries": int(trainer.cache.cached(ids, new.frozen).sum()),
                             "work": work.to_dict(),
                         }
                     )
@@ -245,6 +248,7 @@ def _expected(rec: dict[str, Any], sizes: dict[str, int], residency: str, rank: 
         if shared:
             exp["copied"]["broadcast_sent" if rank == KEEPER else "broadcast_received"] = held_out * entry
     exp.update(calls=calls, rows=rows, runners_built=1, bytes_moved=0, released_after=new if released else 0)
+    exp["entries"] = train  # every training sample cached at the new boundary
     exp["cache_put_bytes"] = exp["cache_put"] * entry
     exp["cache_carried_bytes"] = exp["cache_carried"] * entry
     return exp
@@ -255,26 +259,32 @@ def _counted(rec: dict[str, Any]) -> dict[str, Any]:
     keys = ("calls", "rows", "items_read", "cache_put", "cache_put_bytes", "cache_carried", "cache_carried_bytes")
     out = {k: main[k] for k in (*keys, "cache_got", "copied")}
     runners = main["called"].get("runners_built", 0)
-    return {**out, "runners_built": runners, "bytes_moved": rec["bytes_moved"], "released_after": rec["released_after"]}
+    return {
+        **out,
+        "runners_built": runners,
+        "bytes_moved": rec["bytes_moved"],
+        "released_after": rec["released_after"],
+        "entries": rec["entries"],
+    }
 
 
 def _node(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a node's ranks did together: rows per sub-layer, items read, entries stored and carried."""
+    """What a node's ranks did together: rows per sub-layer, items read, entries carried (which rank stores an
+    entry in a shared file is a race: the puts are not compared, the entries each rank finds cached are)."""
     rows = [sum(r["rows"][j] for r in per_rank) for j in range(SUBLAYERS)]
-    return {"rows": rows, **{k: sum(r[k] for r in per_rank) for k in ("items_read", "cache_put", "cache_carried")}}
+    return {"rows": rows, **{k: sum(r[k] for r in per_rank) for k in ("items_read", "cache_carried")}}
 
 
 def _node_expected(rec: dict[str, Any], sizes: dict[str, int]) -> dict[str, Any]:
     """What a node's ranks may do together over a node-shared tier, which holds every entry once per node: a fill
-    reads and stores every training sample once; a carry takes every entry once through the newly frozen
-    sub-layers, in place, and stores and reads nothing."""
+    reads every training sample once; a carry takes every entry once through the newly frozen sub-layers, in
+    place, and reads nothing."""
     old, new, train = rec["old"], rec["new"], sizes["train"]
     rows = [train if old <= j < new else 0 for j in range(SUBLAYERS)]
     fill = old == 0
     return {
         "rows": rows,
         "items_read": train if fill else 0,
-        "cache_put": train if fill else 0,
         "cache_carried": 0 if fill else train,
     }
 
@@ -293,10 +303,9 @@ def _check(results: list[dict[str, Any]], residency: str, when: str, first: bool
             # one file per node, shared: a put or an in-place carry by one rank serves both (which rank writes an
             # entry is a race); each entry is carried once on the node, nothing recomputed or read again
             assert _node(counted) == _node_expected(recs[0], results[0]["sizes"]), (i, counted)
+            same = ("runners_built", "bytes_moved", "released_after", "copied", "entries")
             for c, e in zip(counted, expected, strict=True):
-                assert {k: c[k] for k in ("runners_built", "bytes_moved", "released_after", "copied")} == {
-                    k: e[k] for k in ("runners_built", "bytes_moved", "released_after", "copied")
-                }, (i, c)
+                assert {k: c[k] for k in same} == {k: e[k] for k in same}, (i, c)
             continue
         assert counted == expected, (i, recs[0]["old"], recs[0]["new"])
 
@@ -423,6 +432,7 @@ def _relayout_expected(rec: dict[str, Any], sizes: dict[str, int], released: boo
         exp["cache_put"] = train
     if old > 0:
         exp["traffic"] = (train + (held_out if released else 0)) * entry
+    exp["entries"] = train if rank == 0 or old > 0 else 0  # on every stage-0 rank, every training sample
     return {**exp, "calls": calls, "rows": rows}
 
 
@@ -430,7 +440,8 @@ def _relayout_counted(rec: dict[str, Any]) -> dict[str, Any]:
     main = rec["work"]["main"]
     copied = main["copied"]
     traffic = sum(copied.get(k, 0) for k in ("broadcast_sent", "broadcast_received", "all_gather"))
-    return {**{k: main[k] for k in ("calls", "rows", "items_read", "cache_put", "cache_carried")}, "traffic": traffic}
+    keys = ("calls", "rows", "items_read", "cache_put", "cache_carried")
+    return {**{k: main[k] for k in keys}, "traffic": traffic, "entries": rec["entries"]}
 
 
 #: The extra work of the resident re-layout: rank 1 (stage 1 before, a stage-0 rank after) holds no entry at the
