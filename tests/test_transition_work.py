@@ -34,7 +34,7 @@ import pytest
 import tiny_vit
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # the two jobs: ~35 s on 2 shared cores
 
 #: 160 digits: 128 training samples (4 steps of 32 an epoch), 32 held out.
 SAMPLES = 160
