@@ -18,9 +18,10 @@ transition that also compresses 2 stages into 1 stage x 2 replicas (the new stag
 entries). Two processes run them all: a 1-rank job, then a 2-rank job (about 30 s on 2 cores).
 
 Expected counts are derived from the config and the layouts (training and evaluation sizes, the replicas' fill
-chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. A case that does more
-than the rule allows is marked ``xfail(strict=True)`` with the extra work named: when the code is fixed the mark
-must go.
+chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. Two cases did more than
+the rule allows when this guard was written (2 ranks over a node-shared disk tier, and the resident re-layout: a
+peer re-read its samples and ran the whole prefix); ``prefix_cache.fill_shared`` now carries every entry on the
+holders and sends the rest from peer 0, and both pass.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ def _expected(rec: dict[str, Any], sizes: dict[str, int], residency: str, rank: 
             exp["cache_put"] = train - own
     for j in range(lo, new):
         calls[j], rows[j] = fill_calls, fill_rows
-    if shared and (old == 0 or not released):  # fill_shared: own chunks looked up, the rest all-gathered
+    node_shared = residency == "disk"  # one file per node: the leader carries every entry, nothing is sent
+    if shared and (old == 0 or not (released or node_shared)):  # fill_shared: own chunks looked up, rest gathered
         exp["cache_got"] = own
         rounds = math.ceil(math.ceil(train / (GLOBAL_BATCH // replicas)) / replicas)
         exp["copied"]["all_gather"] = rounds * (replicas - 1) * (GLOBAL_BATCH // replicas) * entry
@@ -318,24 +320,8 @@ CASES = [
     if not (world == 1 and residency == "kept")
 ]
 
-#: The extra work of the disk tier's shared fill on 2 ranks: ``prefix_cache.fill_shared`` has each peer extend its
-#: own chunks (``extend(only=...)``), but an in-place extend of a node-shared file is the leader's alone
-#: (``ActivationCache.extend``: ``mine = ... or tier.leader``), so the other peer's chunks are left reserved-empty
-#: and that peer runs the whole prefix on them, read again from the dataset (``_prefix_rows``).
-DISK_SHARED = (
-    "2 ranks, disk tier (node-shared, prefix resident): rank 1 carries nothing in place (only the leader extends a "
-    "shared file, and fill_shared's extend(only=mine) carries the leader's chunks alone), so it re-reads its 64 "
-    "samples and runs the whole prefix 0:new on them instead of the newly frozen sub-layers"
-)
 
-
-def _marked(world: int, residency: str, when: str) -> Any:
-    if world == 2 and residency == "disk":
-        return pytest.param(world, residency, when, marks=pytest.mark.xfail(strict=True, reason=DISK_SHARED))
-    return pytest.param(world, residency, when)
-
-
-@pytest.mark.parametrize(("world", "residency", "when"), [_marked(*c) for c in CASES])
+@pytest.mark.parametrize(("world", "residency", "when"), CASES)
 def test_a_transition_over_a_complete_cache_runs_only_the_newly_frozen_sublayers(
     runs: dict[tuple[int, str, str], list[dict[str, Any]]], world: int, residency: str, when: str
 ) -> None:
@@ -444,20 +430,9 @@ def _relayout_counted(rec: dict[str, Any]) -> dict[str, Any]:
     return {**{k: main[k] for k in keys}, "traffic": traffic, "entries": rec["entries"]}
 
 
-#: The extra work of the resident re-layout: rank 1 (stage 1 before, a stage-0 rank after) holds no entry at the
-#: old boundary, so the shared fill (``prefix_cache.fill_shared`` -> ``_prefix_rows``) reads its chunks from the
-#: dataset and runs the whole prefix on them, while rank 0 holds every entry at the old boundary and carries only
-#: its own chunks (``extend(only=...)``); the released path instead carries all of them and broadcasts them.
-RELAYOUT_RESIDENT = (
-    "2 stages -> 1 stage x 2 replicas, prefix resident: rank 1, the new stage-0 rank, reads its 64 chunk samples "
-    "from the dataset and runs the whole prefix 0:7 on them (fill_shared/_prefix_rows) although rank 0 holds every "
-    "entry at the old boundary and carries only its own chunks"
-)
-
-
 @pytest.mark.parametrize(
     "released",
-    [True, pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=RELAYOUT_RESIDENT))],
+    [True, False],
     ids=["released", "resident"],
 )
 def test_a_transition_that_also_compresses_the_pipeline_recomputes_nothing(

@@ -584,6 +584,11 @@ class ActivationCache:
         """Boundaries with entries in some tier."""
         return sorted({b for tier in self._tiers for b in tier.boundaries()})
 
+    def shares(self, boundary: int) -> bool:
+        """Whether a node-shared tier (the ``/dev/shm`` host tier or the disk tier, files every process of the node
+        opens) holds entries at ``boundary``: :meth:`extend` rewrites those on the leader only, for every sample."""
+        return any(isinstance(tier, FileTier) and boundary in tier.boundaries() for tier in self._tiers)
+
     # ------------------------------------------------------------------------------------------------ planning
     def placement(self, boundary: int, shape: tuple[int, ...], dtype: torch.dtype, samples: int) -> dict[str, int]:
         """Where a fill of ``samples`` samples' entries (every view of each) at ``boundary`` would land.

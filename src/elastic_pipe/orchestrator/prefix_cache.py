@@ -184,6 +184,50 @@ def _decide(
     return decision.enabled, decision.reason
 
 
+def _all_peers(flag: bool, peers: FillPeers, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every peer (one all-reduce in ``peers.group``)."""
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=peers.group)
+    return bool(t.item() > 0)
+
+
+def _peer_zero(flag: bool, peers: FillPeers, device: torch.device) -> bool:
+    """Peer 0's ``flag``, on every peer (one broadcast in ``peers.group``)."""
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(t, src=dist.get_global_rank(peers.group, 0), group=peers.group)
+    return bool(t.item() > 0)
+
+
+def send_from_peer_zero(
+    cache: acache.ActivationCache,
+    ids_all: torch.Tensor,
+    frozen: int,
+    *,
+    chunk: int,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
+    peers: FillPeers,
+) -> None:
+    """Peer 0, which holds every entry of ``ids_all`` at ``frozen`` (the current view), sends them chunk by chunk
+    to the other peers, which store those they lack (a collective in ``peers.group``; nothing runs a sub-layer).
+
+    Args:
+        shape: one entry's shape; ``dtype``: the dtype the entries are stored in (they travel as stored).
+    """
+    src = dist.get_global_rank(peers.group, 0)
+    for lo in range(0, int(ids_all.shape[0]), chunk):
+        ids = ids_all[lo : lo + chunk]
+        if peers.index == 0:
+            with cache.uncounted():
+                rows = cache.get(ids, frozen).values.to(device, dtype)
+        else:
+            rows = torch.empty((ids.shape[0], *shape), dtype=dtype, device=device)
+        dist.broadcast(rows, src=src, group=peers.group)
+        if peers.index != 0:
+            cache.put(ids, frozen, rows)  # ids already cached here (node-shared files) are skipped
+
+
 def _agree(enabled: bool, peers: FillPeers, device: torch.device) -> bool:
     """Every peer reads the cache only if all of them would (the shared fill is a collective)."""
     flag = torch.tensor([1.0 if enabled else 0.0], device=device)
@@ -227,14 +271,38 @@ def fill_shared(
     if old_frozen and old_frozen != frozen:
         # extend is node-wide for node-shared tiers: every peer lets go of the old files before the leader renames.
         # Every peer meets both barriers, also one that holds nothing at the old boundary (it was not stage 0 in
-        # the old layout), which then fills its chunks from the inputs.
+        # the old layout).
         dist.barrier(group=peers.group)
-        if old_frozen in cache.boundaries():
-            mine_ids = torch.cat(
-                [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
-            )
+        holds = old_frozen in cache.boundaries()
+        # Peers split the carry when each holds its own copy of every entry; where a peer lacks them (it was not
+        # stage 0 before), or a node-shared tier holds them (the leader rewrites those files for every sample),
+        # each holder carries all it holds, and the peers that still lack entries get them from peer 0 below.
+        split = _all_peers(holds and not cache.shares(old_frozen), peers, device)
+        if holds:
+            mine_ids = None
+            if split:
+                mine_ids = torch.cat(
+                    [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
+                )
             cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=mine_ids)
         dist.barrier(group=peers.group)
+        if not split:
+            covered = bool(cache.cached(ids_all, frozen).all())
+            if _all_peers(covered, peers, device):
+                return  # every peer holds every entry: nothing to compute or send
+            if _peer_zero(covered, peers, device):
+                stored = cache.stored_dtype(probe.dtype)
+                send_from_peer_zero(
+                    cache,
+                    ids_all,
+                    frozen,
+                    chunk=chunk,
+                    shape=tuple(probe.shape[1:]),
+                    dtype=stored,
+                    device=device,
+                    peers=peers,
+                )
+                return
     rejected = cache.stats.rejected
     shape, dtype = (chunk, *probe.shape[1:]), cache.stored_dtype(probe.dtype)  # the rows travel as they are stored
     # Two sets of buffers, used in turn: round r's all-gather runs while round r+1 computes, and is waited for
@@ -321,28 +389,25 @@ def carry_released(
         return covers(cache, data, frozen)
     assert peers is not None
     dist.barrier(group=peers.group)
-    src = dist.get_global_rank(peers.group, 0)
     mine = covers(cache, data, frozen)
-    whole = torch.tensor([float(mine)], device=device)
-    dist.broadcast(whole, src=src, group=peers.group)  # does peer 0 hold them all?
-    lacking = torch.tensor([float(not mine)], device=device)
-    dist.all_reduce(lacking, op=dist.ReduceOp.MAX, group=peers.group)  # does any peer lack some?
-    if not whole.item():
+    whole = _peer_zero(mine, peers, device)  # does peer 0 hold them all?
+    lacking = not _all_peers(mine, peers, device)  # does any peer lack some?
+    if not whole:
         return False
-    if lacking.item():
+    if lacking:
         ids_all, dtype = data.sample_ids.to("cpu", torch.int64), cache.stored_dtype(example.dtype)
         for view in range(cache.config.views_per_sample):
             cache.set_epoch(view)
-            for lo in range(0, int(ids_all.shape[0]), chunk):
-                ids = ids_all[lo : lo + chunk]
-                if peers.index == 0:
-                    with cache.uncounted():
-                        rows = cache.get(ids, frozen).values.to(device, dtype)
-                else:
-                    rows = torch.empty((ids.shape[0], *example.shape[1:]), dtype=dtype, device=device)
-                dist.broadcast(rows, src=src, group=peers.group)
-                if peers.index != 0:
-                    cache.put(ids, frozen, rows)  # ids already cached here (node-shared files) are skipped
+            send_from_peer_zero(
+                cache,
+                ids_all,
+                frozen,
+                chunk=chunk,
+                shape=tuple(example.shape[1:]),
+                dtype=dtype,
+                device=device,
+                peers=peers,
+            )
         cache.set_epoch(0)
     done = torch.tensor([1.0 if covers(cache, data, frozen) else 0.0], device=device)
     dist.all_reduce(done, op=dist.ReduceOp.MIN, group=peers.group)
