@@ -6,10 +6,11 @@
 #                                               News corpus package and the MiniLM-L6 weights rounded to float16)
 #   benchmarks/gpu/headline.sh OUT single       the single-GPU arms (bench_single_gpu.py, 30 steps/epoch): plain
 #                                               eager and compiled, static eager, elastic eager, elastic compiled +
-#                                               CUDA graphs (about 5 minutes on one H200)
+#                                               CUDA graphs; then the default policy's accuracy/time runs on BBC
+#                                               News (run_freeze_accuracy.sh E2E_ONLY=1) (about 6 minutes on one
+#                                               H200; carry .device_site)
 #   benchmarks/gpu/headline.sh OUT data         the disk-data arms (bench_disk_data_gpu.py, 50,000 images from a
-#                                               file), then the default policy's accuracy/time runs on BBC News
-#                                               (run_freeze_accuracy.sh E2E_ONLY=1) (about 8 minutes)
+#                                               file) (about 7 minutes)
 #   benchmarks/gpu/headline.sh OUT all          both, one after the other
 #
 # On the lent GPU machine (one call per part; .device_site travels as a carried path):
@@ -61,15 +62,6 @@ if [[ $what == single || $what == all ]]; then
     > "$out/single.log" 2>&1 || { tail -30 "$out/single.log"; exit 1; }
   sed -n '/^--- /,$p' "$out/single.log"
   echo "single-GPU arms done after $(( $(date +%s) - start )) s"
-fi
-
-if [[ $what == data || $what == all ]]; then
-  python3 benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --workers 8 --input-dtype bfloat16 \
-    --data /tmp/images.npy --arms host_cache,device_cache,plain --cache-dtype bfloat16 --eval-every 10 \
-    --host-reads mapped --budget-s 405 --out "$out" --name headline_disk_data.json \
-    > "$out/disk_data.log" 2>&1 || { tail -30 "$out/disk_data.log"; exit 1; }
-  tail -3 "$out/disk_data.log"
-  echo "disk-data arms done after $(( $(date +%s) - start )) s"
   E2E_ONLY=1 E2E_BEFORE=100000 E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
     benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy.log" 2>&1 \
     || { tail -30 "$out/default_policy.log" "$out/e2e.log"; exit 1; }
@@ -81,4 +73,13 @@ for arm, a in r["tasks"]["minilm_bbc"]["arms"].items():
     print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {a['wall_seconds_by_seed']['median']:.2f} s (median)")
 EOF
   echo "default policy's runs done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == data || $what == all ]]; then
+  python3 benchmarks/gpu/bench_disk_data_gpu.py --images 50000 --workers 8 --input-dtype bfloat16 \
+    --data /tmp/images.npy --arms host_cache,device_cache,plain --cache-dtype bfloat16 --eval-every 10 \
+    --host-reads mapped --budget-s 405 --out "$out" --name headline_disk_data.json \
+    > "$out/disk_data.log" 2>&1 || { tail -30 "$out/disk_data.log"; exit 1; }
+  tail -3 "$out/disk_data.log"
+  echo "disk-data arms done after $(( $(date +%s) - start )) s"
 fi

@@ -97,8 +97,10 @@ def parse_bytes(size: str | int | float) -> int:
     if isinstance(size, bool) or not isinstance(size, int | float | str):
         raise ByteSizeError(f"a byte size is an int, a whole float or a string like '16GiB', got {size!r}")
     if isinstance(size, int | float):
-        if not math.isfinite(size) or size < 0 or size != int(size):
-            raise ByteSizeError(f"a byte size must be a whole number of bytes >= 0, got {size!r}")
+        if not math.isfinite(size) or size < 0:
+            raise ByteSizeError(f"a byte size must be >= 0, got {size!r}")
+        if size != int(size):
+            raise ByteSizeError(f"a byte size must be a whole number of bytes, got {size!r}")
         value = Decimal(int(size))
     else:
         match = _BYTE_SIZE.fullmatch(size)
