@@ -23,7 +23,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 VIT = "gpu_2xh200_vit.json"
 GPT = "gpu_2xh200_gpt.json"
-SINGLE = "gpu_1xh200_single.json"
+SINGLE = "gpu_1xh200_single_9338ef0.json"  # the single-GPU arms at 9338ef0 (history)
 POLICIES = "gpu_2xh200_accuracy_policies.json"
 DISK = "gpu_1xh200_disk_data.json"
 DISK_GATHER = "gpu_1xh200_disk_data_host_gather_reads.json"  # the same job before the row copies
