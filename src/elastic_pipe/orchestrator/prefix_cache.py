@@ -202,10 +202,9 @@ def send_from_peer_zero(
     cache: acache.ActivationCache,
     ids_all: torch.Tensor,
     frozen: int,
+    example: torch.Tensor,
     *,
     chunk: int,
-    shape: tuple[int, ...],
-    dtype: torch.dtype,
     device: torch.device,
     peers: FillPeers,
 ) -> None:
@@ -213,9 +212,11 @@ def send_from_peer_zero(
     to the other peers, which store those they lack (a collective in ``peers.group``; nothing runs a sub-layer).
 
     Args:
-        shape: one entry's shape; ``dtype``: the dtype the entries are stored in (they travel as stored).
+        example: the prefix output at ``frozen`` for one sample: the entries' shape; they travel in the dtype
+            they are stored in.
     """
     src = dist.get_global_rank(peers.group, 0)
+    shape, dtype = tuple(example.shape[1:]), cache.stored_dtype(example.dtype)
     for lo in range(0, int(ids_all.shape[0]), chunk):
         ids = ids_all[lo : lo + chunk]
         if peers.index == 0:
@@ -291,17 +292,7 @@ def fill_shared(
             if _all_peers(covered, peers, device):
                 return  # every peer holds every entry: nothing to compute or send
             if _peer_zero(covered, peers, device):
-                stored = cache.stored_dtype(probe.dtype)
-                send_from_peer_zero(
-                    cache,
-                    ids_all,
-                    frozen,
-                    chunk=chunk,
-                    shape=tuple(probe.shape[1:]),
-                    dtype=stored,
-                    device=device,
-                    peers=peers,
-                )
+                send_from_peer_zero(cache, ids_all, frozen, probe, chunk=chunk, device=device, peers=peers)
                 return
     rejected = cache.stats.rejected
     shape, dtype = (chunk, *probe.shape[1:]), cache.stored_dtype(probe.dtype)  # the rows travel as they are stored
@@ -395,19 +386,10 @@ def carry_released(
     if not whole:
         return False
     if lacking:
-        ids_all, dtype = data.sample_ids.to("cpu", torch.int64), cache.stored_dtype(example.dtype)
+        ids_all = data.sample_ids.to("cpu", torch.int64)
         for view in range(cache.config.views_per_sample):
             cache.set_epoch(view)
-            send_from_peer_zero(
-                cache,
-                ids_all,
-                frozen,
-                chunk=chunk,
-                shape=tuple(example.shape[1:]),
-                dtype=dtype,
-                device=device,
-                peers=peers,
-            )
+            send_from_peer_zero(cache, ids_all, frozen, example, chunk=chunk, device=device, peers=peers)
         cache.set_epoch(0)
     done = torch.tensor([1.0 if covers(cache, data, frozen) else 0.0], device=device)
     dist.all_reduce(done, op=dist.ReduceOp.MIN, group=peers.group)
