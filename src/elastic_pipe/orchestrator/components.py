@@ -37,6 +37,7 @@ __all__ = [
     "DATASETS",
     "MODEL_BUILDERS",
     "Components",
+    "adapt_policy",
     "build_model",
     "components_from_config",
     "decision_interval",
@@ -103,7 +104,8 @@ class Components:
             every rank, or on the meta device with a ``sublayer_init`` (what :func:`build_model` gives the trainer).
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids`` tensors), or a map-style dataset of
             ``(input, label)`` pairs, kept as it is (each rank reads it through a ``DataLoader``).
-        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        policy: a full :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units (:func:`adapt_policy`
+            completes what the user gave).
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
         compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
@@ -238,6 +240,13 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     spec = config.freeze.policy
     factory = resolve(spec, freeze.POLICIES, "freeze policy")
     options = config.freeze.policy_options
+    if spec not in freeze.POLICIES and freeze.is_policy_function(factory, **options):
+        if options:
+            raise ConfigError(
+                f"freeze policy {spec!r} is a function (epoch, step, current) -> int, which takes no options; "
+                f"got {options}"
+            )
+        return adapt_policy(factory, num_units, f"freeze policy {spec!r}")
     if "total_steps" not in options and total_steps is not None and freeze.takes_total_steps(factory):
         options["total_steps"] = max(1, total_steps)
     try:
@@ -246,9 +255,28 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
         policy = factory(num_units, **options)
     except (ElasticPipeError, TypeError) as exc:
         raise ConfigError(f"freeze policy {spec!r} with options {options}: {exc}") from None
-    if not isinstance(policy, freeze.FreezePolicy):
-        raise ConfigError(f"freeze policy {spec!r} built {policy!r}, which lacks the FreezePolicy members")
-    return policy
+    return adapt_policy(policy, num_units, f"freeze policy {spec!r}")
+
+
+def adapt_policy(policy: object, num_units: int, what: str = "policy") -> freeze.FreezePolicy:
+    """The one place a user's policy becomes a full :class:`~elastic_pipe.freeze.FreezePolicy`
+    (:func:`elastic_pipe.freeze.as_policy`: an object with ``num_layers`` and ``propose`` gets the documented
+    defaults, a function ``(epoch, step, current) -> int`` is wrapped over the model's units).
+
+    Raises:
+        ConfigError: ``policy`` is none of these, or its ``num_layers`` is not the model's ``num_units`` (it counts
+            freeze units, ``len(model.unit_ends)``).
+    """
+    try:
+        full = freeze.as_policy(policy, num_units)
+    except ElasticPipeError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if full.num_layers != num_units:
+        raise ConfigError(
+            f"{what} {full.name!r} has num_layers={full.num_layers!r}, but the model has {num_units} freeze units; "
+            f"expected num_layers={num_units} (it counts units: len(model.unit_ends))"
+        )
+    return full
 
 
 def components_from_config(
@@ -256,7 +284,7 @@ def components_from_config(
     *,
     model: nn.Module | None = None,
     data: Any = None,
-    policy: freeze.FreezePolicy | None = None,
+    policy: freeze.PolicyLike | None = None,
     partitioner: str | partition.Solver | None = None,
     compression: CompressionRule | None = None,
     schedule: str | None = None,
@@ -290,8 +318,8 @@ def components_from_config(
     if policy is None:
         total = run_steps(config, num_samples(samples))
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
-    elif not isinstance(policy, freeze.FreezePolicy):
-        raise ConfigError(f"policy {policy!r} lacks the FreezePolicy members")
+    else:
+        policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
     return Components(
         model=model,
         data=samples,

@@ -73,7 +73,10 @@ class ElasticTrainer:
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids``), or any map-style dataset of
             ``(input, label)`` (a ``torch.utils.data.Dataset``), read through a ``DataLoader`` with ``[data] workers``
             workers and never stacked into memory.
-        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units, an object with only
+            ``num_layers`` and ``propose`` (a :class:`~elastic_pipe.freeze.Policy` subclass, say: the other members
+            get defaults), or a function ``(epoch, step, current) -> int``. ``num_layers`` must be the model's
+            units (``len(model.unit_ends)``).
         partitioner: a partition solver name or function (``partition.optimal``).
         compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
         schedule: a schedule kind ("gpipe", "1f1b", ...).
@@ -88,7 +91,7 @@ class ElasticTrainer:
         *,
         model: nn.Module | None = None,
         data: Samples | Any = None,
-        policy: freeze.FreezePolicy | None = None,
+        policy: freeze.PolicyLike | None = None,
         partitioner: str | partition.Solver | None = None,
         compression: CompressionRule | None = None,
         schedule: str | None = None,
