@@ -495,6 +495,8 @@ class CheckpointSection:
         keep_last: keep only this many newest checkpoints, deleting older ones after each save (0 keeps all).
         allow_nonfinite: load a checkpoint whose floating-point tensors hold NaN, infinity or magnitudes above
             :data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (refused as corrupt by default).
+        allow_config_change: resume although the config differs from the checkpoint's in more than a resume may
+            change (:mod:`~elastic_pipe.orchestrator.rerun`); the ``resume`` record lists the changes.
     """
 
     dir: str = ""
@@ -503,6 +505,7 @@ class CheckpointSection:
     resume: str = "auto"
     keep_last: int = 0
     allow_nonfinite: bool = False
+    allow_config_change: bool = False
 
     def __post_init__(self) -> None:
         _string("checkpoint.dir", self.dir)
@@ -512,6 +515,8 @@ class CheckpointSection:
         _nonnegative_int("checkpoint.keep_last", self.keep_last)
         if not isinstance(self.allow_nonfinite, bool):
             raise ConfigError(f"checkpoint.allow_nonfinite must be true or false, got {self.allow_nonfinite!r}")
+        if not isinstance(self.allow_config_change, bool):
+            raise ConfigError(f"checkpoint.allow_config_change must be true or false, got {self.allow_config_change!r}")
 
 
 @dataclass(frozen=True)

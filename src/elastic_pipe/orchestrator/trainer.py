@@ -33,7 +33,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, probe, run_cache, snapshot
+from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
@@ -112,6 +112,8 @@ class ElasticTrainer:
         )
         # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
         self.config = with_decisions(config, self.parts.policy, num_samples(self.parts.data))
+        #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.rerun`).
+        self.given_config = config
         self.quiet = quiet
         #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
         self._config_optimizer = optimizer is None
@@ -276,6 +278,8 @@ class ElasticTrainer:
         checkpointer = Checkpointer(c) if c.checkpoint.dir else None
         if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self._resume(checkpointer)):
             self.start()
+        elif self.state.epoch >= c.train.epochs or self.step_limit_reached():
+            self._already_complete()
         on_step: StepHook | None = None
         if checkpointer is not None:
 
@@ -317,15 +321,34 @@ class ElasticTrainer:
         """The held-out loss of the run's latest evaluation (``None`` before the first)."""
         return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
 
+    def _already_complete(self) -> None:
+        """A resumed run with nothing left to train: say so, and report the last evaluation it made (not NaN)."""
+        c = self.config
+        meta = {"epoch": self.state.epoch, "step": self.state.step}
+        self.ctx.log.say(rerun.already_complete(meta, c) or "run already complete")
+        last = next((e for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
+        if last is not None:
+            self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
+
     def _resume(self, checkpointer: Checkpointer) -> bool:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
+        # a config the checkpoint's run did not have is refused before anything loads (unless allowed)
+        changes = rerun.check_config(read_latest(checkpointer.directory), self.given_config)
         if not checkpointer.resume(self):
             return False
+        self._record_resume(changes)
         if self.ctx.log.stream is not None:
             meta = read_latest(checkpointer.directory) or {}
             where = checkpointer.directory / str(meta.get("file", ""))
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
+
+    def _record_resume(self, changes: dict[str, list[Any]]) -> None:
+        """``events.jsonl``: drop the records of what the resumed run does again, then add a ``resume`` record."""
+        log, state = self.ctx.log, self.state
+        log.rewind(state.epoch, state.step)
+        record = {"kind": "resume", "epoch": state.epoch, "step": state.step, "config_changes": changes}
+        log.record(record, f"continuing with a changed config: {rerun.describe(changes)}" if changes else None)
 
     def train_epoch(self, on_step: StepHook | None = None) -> None:
         """Run the current epoch (the rest of it, after a mid-epoch resume) and evaluate (a collective).
