@@ -30,7 +30,15 @@ from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 from elastic_pipe.orchestrator.text_data import bbcnews
-from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy, eval_count, num_samples
+from elastic_pipe.orchestrator.workload import (
+    Loss,
+    Samples,
+    as_data,
+    cross_entropy,
+    eval_count,
+    is_samples,
+    num_samples,
+)
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
@@ -42,6 +50,7 @@ __all__ = [
     "components_from_config",
     "decision_interval",
     "epoch_steps",
+    "load_eval_samples",
     "load_samples",
     "make_policy",
     "resolve",
@@ -112,6 +121,8 @@ class Components:
         schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
         optimizer: builds the optimizer over a list of trainable parameters.
         loss: ``loss(output, target)``, a mean over the micro-batch.
+        eval_data: the user's validation set, of the same kind as ``data``; ``None``: ``[data] eval_fraction`` of
+            ``data`` is held out instead.
     """
 
     model: nn.Module
@@ -122,6 +133,7 @@ class Components:
     schedule: str = "gpipe"
     optimizer: OptimizerFactory | None = None
     loss: Loss = cross_entropy
+    eval_data: Samples | Any | None = None
 
 
 def build_model(config: TrainConfig, *, meta: bool = False) -> nn.Module:
@@ -176,10 +188,37 @@ def load_samples(config: TrainConfig) -> Samples | Any:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None
 
 
-def epoch_steps(config: TrainConfig, samples: int) -> int | None:
+def load_eval_samples(config: TrainConfig) -> Samples | Any | None:
+    """The user's validation set that ``[data] eval_dataset`` names (``None`` when it names none): a dataset
+    object as it is, or what a function returns when called with ``[data] eval_options``.
+
+    Raises:
+        ConfigError: an unknown name, an import path that does not import, or something that is no data.
+    """
+    spec = config.data.eval_dataset
+    if not spec:
+        return None
+    found: Any = resolve(spec, DATASETS, "eval dataset")
+    try:
+        # a function or a Dataset class is called with the options; a dataset object is taken as it is
+        is_data = not isinstance(found, type) and (hasattr(found, "__getitem__") or hasattr(found, "inputs"))
+        loaded = found if is_data else found(**config.data.eval_options)
+        return as_data(loaded)
+    except (ElasticPipeError, TypeError) as exc:
+        raise ConfigError(f"eval dataset {spec!r}: {exc}") from None
+
+
+def epoch_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
     (:func:`.epoch_steps.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
-    trainer's own check names that)."""
+    trainer's own check names that).
+
+    Args:
+        config: the run's config.
+        samples: the training data's size.
+        own_eval: whether the run has its own validation set (nothing held out); default: whether
+            ``[data] eval_dataset`` names one.
+    """
     unit = split_unit(
         config.world_size,
         reachable_pipe_lens(config.pipeline.pipe_len, config.world_size),
@@ -187,20 +226,23 @@ def epoch_steps(config: TrainConfig, samples: int) -> int | None:
     )
     if config.train.global_batch % unit:
         return None
-    train = samples - eval_count(samples, config.data.eval_fraction)
+    own = bool(config.data.eval_dataset) if own_eval is None else own_eval
+    train = samples if own else samples - eval_count(samples, config.data.eval_fraction)
     return epoch_plan(train, config.train.global_batch, unit, drop_last=config.data.drop_last).steps
 
 
-def run_steps(config: TrainConfig, samples: int) -> int | None:
+def run_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """The optimizer steps of the whole run (its epochs, or ``max_steps`` when that comes sooner)."""
-    per_epoch = epoch_steps(config, samples)
+    per_epoch = epoch_steps(config, samples, own_eval=own_eval)
     if per_epoch is None:
         return None
     total = per_epoch * config.train.epochs
     return min(total, config.train.max_steps) if config.train.max_steps else total
 
 
-def decision_interval(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> int:
+def decision_interval(
+    config: TrainConfig, policy: freeze.FreezePolicy, samples: int, *, own_eval: bool | None = None
+) -> int:
     """``[freeze] decide_every`` in optimizer steps (0: a decision point after every epoch).
 
     An integer is taken as it is. ``"auto"`` is the policy's rhythm: a policy with ``decisions_per_epoch = n``
@@ -211,15 +253,17 @@ def decision_interval(config: TrainConfig, policy: freeze.FreezePolicy, samples:
     if every != DECIDE_AUTO:
         return int(every)
     n = getattr(policy, "decisions_per_epoch", None)
-    per_epoch = epoch_steps(config, samples)
+    per_epoch = epoch_steps(config, samples, own_eval=own_eval)
     if isinstance(n, bool) or not isinstance(n, int) or n <= 1 or not per_epoch:
         return 0
     return max(1, per_epoch // n)
 
 
-def with_decisions(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> TrainConfig:
+def with_decisions(
+    config: TrainConfig, policy: freeze.FreezePolicy, samples: int, *, own_eval: bool | None = None
+) -> TrainConfig:
     """``config`` with ``[freeze] decide_every`` resolved to steps (:func:`decision_interval`): what a run reads."""
-    every = decision_interval(config, policy, samples)
+    every = decision_interval(config, policy, samples, own_eval=own_eval)
     if every == config.freeze.decide_every:
         return config
     return dataclasses.replace(config, freeze=dataclasses.replace(config.freeze, decide_every=every))
@@ -290,6 +334,7 @@ def components_from_config(
     schedule: str | None = None,
     optimizer: OptimizerFactory | None = None,
     loss: Loss | None = None,
+    eval_data: Any = None,
 ) -> Components:
     """Build every component a :class:`TrainConfig` names (the only reader of the registries).
 
@@ -302,6 +347,9 @@ def components_from_config(
     # on the meta device: each rank materializes only the sub-layers it holds (holdings.hold)
     model = model if model is not None else build_model(config, meta=True)
     samples = as_data(data) if data is not None else load_samples(config)
+    held = as_data(eval_data) if eval_data is not None else load_eval_samples(config)
+    if held is not None and is_samples(held) != is_samples(samples):
+        raise ConfigError("the evaluation data and the training data must be of one kind: samples or datasets")
     if partitioner is None:
         partitioner = p.solver
         if ":" in p.solver:
@@ -316,7 +364,7 @@ def components_from_config(
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
     if policy is None:
-        total = run_steps(config, num_samples(samples))
+        total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
     else:
         policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
@@ -329,4 +377,5 @@ def components_from_config(
         schedule=schedule,
         optimizer=optimizer if optimizer is not None else optimizer_factory(config),
         loss=loss if loss is not None else cross_entropy,
+        eval_data=held,
     )

@@ -168,7 +168,13 @@ class DataSection:
             (held in memory, standardised), or a map-style dataset of ``(input, label)`` pairs (read through a
             ``DataLoader``, never stacked; its transforms normalise).
         options: keyword arguments for an imported dataset function.
-        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
+        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``), when there is no
+            ``eval_dataset``.
+        eval_dataset: the user's own validation set: an import path ``"module:attr"`` (or a built-in name) of a
+            dataset, or of a function called with ``eval_options`` returning one, of the same kind as ``dataset``
+            (samples in memory, or a map-style dataset). When given, all of ``dataset`` is trained on and nothing
+            is held out ("": hold out ``eval_fraction``).
+        eval_options: keyword arguments for an ``eval_dataset`` function.
         workers: ``DataLoader`` worker processes per rank reading a map-style dataset (0: the training process
             reads).
         drop_last: drop the ``N mod global_batch`` samples left after the full steps of an epoch (the default:
@@ -184,6 +190,8 @@ class DataSection:
     dataset: str = "digits"
     options: Mapping[str, Any] = field(default_factory=dict)
     eval_fraction: float = 0.2
+    eval_dataset: str = ""
+    eval_options: Mapping[str, Any] = field(default_factory=dict)
     workers: int = 0
     drop_last: bool = True
     check: bool = True
@@ -191,6 +199,8 @@ class DataSection:
     def __post_init__(self) -> None:
         _string("data.dataset", self.dataset)
         object.__setattr__(self, "options", _table("data.options", self.options))
+        _string("data.eval_dataset", self.eval_dataset)
+        object.__setattr__(self, "eval_options", _table("data.eval_options", self.eval_options))
         if not isinstance(self.eval_fraction, int | float) or not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         _nonnegative_int("data.workers", self.workers)

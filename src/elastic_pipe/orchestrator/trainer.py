@@ -82,6 +82,9 @@ class ElasticTrainer:
         schedule: a schedule kind ("gpipe", "1f1b", ...).
         optimizer: ``params -> torch.optim.Optimizer``.
         loss: ``loss(output, target)``, a mean over the micro-batch.
+        eval_data: the user's validation set, of the same kind as ``data`` (samples, or a map-style dataset); when
+            given, all of ``data`` is trained on. Default: the config's ``[data] eval_dataset``, else
+            ``[data] eval_fraction`` of ``data`` held out.
         quiet: no human lines on stderr (records still go to ``[log] dir``).
     """
 
@@ -97,6 +100,7 @@ class ElasticTrainer:
         schedule: str | None = None,
         optimizer: OptimizerFactory | None = None,
         loss: Loss | None = None,
+        eval_data: Samples | Any = None,
         quiet: bool = False,
     ) -> None:
         self.parts: Components = components_from_config(
@@ -109,9 +113,12 @@ class ElasticTrainer:
             schedule=schedule,
             optimizer=optimizer,
             loss=loss,
+            eval_data=eval_data,
         )
         # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
-        self.config = with_decisions(config, self.parts.policy, num_samples(self.parts.data))
+        self.config = with_decisions(
+            config, self.parts.policy, num_samples(self.parts.data), own_eval=self.parts.eval_data is not None
+        )
         #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.rerun`).
         self.given_config = config
         self.quiet = quiet
