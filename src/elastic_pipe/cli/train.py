@@ -30,10 +30,13 @@ For several nodes, run the same command on every node with ``--nnodes`` (or ``[l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
+import os
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -217,7 +220,31 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the configuration, launch the workers, print the result."""
-    # torch and the primitives load only when the command runs, so that `elastic-pipe --help` stays fast.
+    # torch and the primitives load only when the command runs (in _run), so that `elastic-pipe --help` stays fast.
+    with user_import_paths(args.config):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def user_import_paths(config_file: str) -> Iterator[list[str]]:
+    """Put the current directory and ``config_file``'s directory first on ``sys.path`` and on the workers'
+    ``PYTHONPATH`` while the run lasts, as ``python -m`` and torchrun put the script's directory: a
+    ``"module:attr"`` in the config then imports in this process (its checks) and in every worker alike."""
+    paths = list(dict.fromkeys([os.getcwd(), str(Path(config_file).resolve().parent)]))
+    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [saved_env])])
+    try:
+        yield paths
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_env
+
+
+def _run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator import launch, load_config, preflight  # noqa: PLC0415
     from elastic_pipe.orchestrator.checkpoint_files import read_latest  # noqa: PLC0415
     from elastic_pipe.orchestrator.rerun import already_complete  # noqa: PLC0415

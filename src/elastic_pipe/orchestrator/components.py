@@ -43,6 +43,7 @@ from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
     "DATASETS",
+    "KEYS",
     "MODEL_BUILDERS",
     "Components",
     "adapt_policy",
@@ -75,6 +76,17 @@ DATASETS: dict[str, Callable[[], Samples | Any]] = {
 }
 
 
+#: What is looked up -> the config key that names it (error messages name the key).
+KEYS = {
+    "model": "[model] name",
+    "dataset": "[data] dataset",
+    "eval dataset": "[data] eval_dataset",
+    "freeze policy": "[freeze] policy",
+    "partition solver": "[pipeline] solver",
+    "compression rule": "[pipeline] compression",
+}
+
+
 def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
     """A registry entry by name, or any object by import path ``"module:attribute"``.
 
@@ -84,7 +96,9 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
         kind: what is looked up, for the error message ("freeze policy", "model", ...).
 
     Raises:
-        ConfigError: an unknown name (listing the valid ones), or an import path that does not import.
+        ConfigError: an unknown name (listing the valid ones), or an import path that does not import (one line
+            naming the config key and the module; ``elastic-pipe train`` puts the current directory and the
+            config file's directory on ``sys.path``, as ``python -m`` and torchrun put the script's).
     """
     if ":" not in spec:
         if spec not in registry:
@@ -93,10 +107,18 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
             )
         return registry[spec]
     module_name, _, attr = spec.partition(":")
+    key = KEYS.get(kind, kind)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{kind} {spec!r}: cannot import {module_name!r}: {exc}") from None
+        raise ConfigError(
+            f"{kind} {spec!r} ({key}): cannot import {module_name!r}: {exc}; it must be importable from the current "
+            "directory, the config file's directory or PYTHONPATH"
+        ) from None
+    except Exception as exc:
+        raise ConfigError(
+            f"{kind} {spec!r} ({key}): importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
     for part in attr.split("."):
         if not part or not hasattr(obj, part):
             raise ConfigError(f"{kind} {spec!r}: module {module_name!r} has no attribute {attr!r}")
