@@ -47,7 +47,14 @@ def test_what_a_resume_may_change() -> None:
     base = config_from_tables({"model": {"name": "vit"}, "checkpoint": {"dir": "c"}})
     saved = json.loads(json.dumps(base.to_dict()))  # as latest.json keeps it
     free = base.override(
-        {"train.epochs": 9, "train.max_steps": 3, "log.dir": "x", "launch.nproc_per_node": 4, "checkpoint.every": 2}
+        {
+            "train.epochs": 9,
+            "train.max_steps": 3,
+            "log.dir": "x",
+            "launch.nproc_per_node": 4,
+            "pipeline.pipe_len": 2,
+            "checkpoint.every": 2,
+        }
     )
     assert config_changes(saved, free.to_dict()) == {}
     changed = base.override({"train.lr": 0.01, "model.options": {"depth": 2}})

@@ -5,6 +5,9 @@ A checkpoint's ``latest.json`` carries the config of the run that wrote it (``"c
 resume may change only how the run is carried out, not what it computes:
 
 * ``[train] epochs`` and ``[train] max_steps`` (to continue a run further),
+* ``[pipeline] pipe_len`` (only the initial layout: a resumed run continues the checkpoint's, and another world size
+  may need another initial length), ``[data] workers`` and ``check``, ``[train] compile`` and ``cuda_graphs`` (how
+  the same computation is carried out),
 * every key of ``[log]``, ``[launch]`` (the world size, restarts, endpoints) and ``[checkpoint]``.
 
 Any other difference is refused with one line listing the differing keys, unless ``[checkpoint]
@@ -23,8 +26,18 @@ from elastic_pipe.orchestrator.errors import ConfigError
 
 __all__ = ["RESUMABLE_KEYS", "RESUMABLE_SECTIONS", "already_complete", "check_config", "config_changes", "describe"]
 
-#: Keys a resume may change (besides whole :data:`RESUMABLE_SECTIONS`).
-RESUMABLE_KEYS = ("train.epochs", "train.max_steps")
+#: Keys a resume may change (besides whole :data:`RESUMABLE_SECTIONS`): how far the run goes, the initial pipeline
+#: length (a resumed run continues the checkpoint's layout; another world size may need another initial length),
+#: and how the same computation is carried out (data loading, compilation).
+RESUMABLE_KEYS = (
+    "train.epochs",
+    "train.max_steps",
+    "pipeline.pipe_len",
+    "data.workers",
+    "data.check",
+    "train.compile",
+    "train.cuda_graphs",
+)
 #: Sections a resume may change as it likes: how the run is carried out, not what it computes.
 RESUMABLE_SECTIONS = ("log", "launch", "checkpoint")
 
@@ -79,8 +92,9 @@ def check_config(meta: Mapping[str, Any] | None, config: TrainConfig) -> dict[st
     if changes and not config.checkpoint.allow_config_change:
         raise ConfigError(
             f"the config differs from the checkpoint's in {', '.join(changes)} ({describe(changes)}); a resume may "
-            "change only train.epochs, train.max_steps, [log], [launch] and [checkpoint]: pass --allow-config-change "
-            "([checkpoint] allow_config_change = true) to continue with it, or --resume never to start afresh"
+            "change only train.epochs, train.max_steps, [log], [launch], [checkpoint] and how the run is carried out "
+            "(pipeline.pipe_len, data.workers, train.compile, ...): pass --allow-config-change ([checkpoint] "
+            "allow_config_change = true) to continue with it, or --resume never to start afresh"
         )
     return changes
 
