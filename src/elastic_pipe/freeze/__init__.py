@@ -24,7 +24,15 @@ from __future__ import annotations
 from elastic_pipe.freeze.alpha import AlphaSchedule, alpha_frozen
 from elastic_pipe.freeze.apply import freeze_modules
 from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
-from elastic_pipe.freeze.base import FunctionPolicy, Policy, PolicyFunction, PolicyLike, Proposer, as_policy, is_policy_function
+from elastic_pipe.freeze.base import (
+    FunctionPolicy,
+    Policy,
+    PolicyFunction,
+    PolicyLike,
+    Proposer,
+    as_policy,
+    is_policy_function,
+)
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.drift import Drift
 from elastic_pipe.freeze.errors import FreezeError

@@ -23,7 +23,16 @@ from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.policy import MEMBERS, FreezePolicy, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
-__all__ = ["REQUIRED", "FunctionPolicy", "Policy", "PolicyFunction", "PolicyLike", "Proposer", "as_policy", "is_policy_function"]
+__all__ = [
+    "REQUIRED",
+    "FunctionPolicy",
+    "Policy",
+    "PolicyFunction",
+    "PolicyLike",
+    "Proposer",
+    "as_policy",
+    "is_policy_function",
+]
 
 #: What a custom policy object must have; every other member of :data:`~.policy.MEMBERS` has a default.
 REQUIRED = ("num_layers", "propose")
