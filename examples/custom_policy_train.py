@@ -2,14 +2,16 @@
 
     python examples/custom_policy_train.py        # two 4-process CPU runs, about a minute each
 
-The policy below is an ordinary class - no base class, nothing registered. It only has to have the members of
-``elastic_pipe.freeze.FreezePolicy``: ``name``, ``needs_stats``, ``num_layers``, ``observe``, ``observe_eval``,
-``propose``, ``state_dict`` and ``load_state_dict``.
+The policy below is an ordinary class - no base class, nothing registered - with every member of
+``elastic_pipe.freeze.FreezePolicy``. Only ``num_layers`` and ``propose`` are required: subclass
+``elastic_pipe.freeze.Policy`` for defaults of the others, or pass a function ``(epoch, step, current) -> int``
+(docs/first_custom_run.md).
 
 1. By object: every worker builds the policy and hands it to ``ElasticTrainer(config, policy=...)``.
 2. By import path: the config says ``[freeze] policy = "custom_policy_train:FreezeWhileImproving"``; every worker
    that ``elastic-pipe train`` (or torchrun) starts imports it itself. The same config works from the command line:
-   ``PYTHONPATH=examples elastic-pipe train --config run.toml``.
+   ``elastic-pipe train --config run.toml`` with this file in the current directory or beside run.toml (both are
+   put on the workers' ``sys.path``), else with ``PYTHONPATH`` set.
 """
 
 from __future__ import annotations

@@ -306,12 +306,21 @@ def test_the_old_protocol_is_refused_by_name() -> None:
     assert not isinstance(old, FreezePolicy)
     with pytest.raises(FreezeError, match=r"\['name', 'needs_stats', 'observe_eval'\]"):
         decide(old, 0, 0, 0)  # type: ignore[arg-type]
+    # a registered factory of such a policy builds it completed with the defaults (issue 45: the earlier protocol
+    # keeps working); decide() itself still checks the whole protocol
     register_policy("test-old", lambda num_layers: _OldProtocol())
     try:
-        with pytest.raises(FreezeError, match=r"freeze policy 'test-old'.*lacks the FreezePolicy members"):
-            make_policy("test-old", 4)
+        built = make_policy("test-old", 4)
+        assert isinstance(built, FreezePolicy) and built.name == "_OldProtocol" and not built.needs_stats
+        assert decide(built, 0, 0, 2) == 2
     finally:
         del POLICIES["test-old"]
+    register_policy("test-none", lambda num_layers: object())
+    try:
+        with pytest.raises(FreezeError, match=r"freeze policy 'test-none'.*lacks \['num_layers', 'propose'\]"):
+            make_policy("test-none", 4)
+    finally:
+        del POLICIES["test-none"]
 
 
 def test_every_builtin_declares_name_and_needs_stats_on_the_class() -> None:

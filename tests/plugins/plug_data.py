@@ -15,12 +15,12 @@ MEAN, STD = 0.3, 0.4
 
 
 class Digits(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
-    """The first ``samples`` digits as ``(image, label)``, normalised by the transform; ``flip``: a random
+    """``samples`` digits from ``start`` on as ``(image, label)``, normalised by the transform; ``flip``: a random
     horizontal flip per read, declared as random (``random_augmentation``)."""
 
-    def __init__(self, samples: int = 320, flip: bool = False) -> None:
+    def __init__(self, samples: int = 320, flip: bool = False, start: int = 0) -> None:
         d = load_digits()
-        self.images, self.labels = d.inputs[:samples], d.labels[:samples]
+        self.images, self.labels = d.inputs[start : start + samples], d.labels[start : start + samples]
         self.flip = flip
         self.random_augmentation = flip
 
@@ -37,6 +37,11 @@ class Digits(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
 def flipped_digits(samples: int = 320) -> Digits:
     """What ``[data] dataset = "plug_data:flipped_digits"`` builds (called with ``[data] options``)."""
     return Digits(samples, flip=True)
+
+
+def held_out_digits(samples: int = 160) -> Digits:
+    """A validation set of its own: the ``samples`` digits after the 320 that :class:`Digits` trains on."""
+    return Digits(samples, start=320)
 
 
 class Broken(Digits):

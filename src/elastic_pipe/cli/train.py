@@ -18,6 +18,11 @@ Examples::
     elastic-pipe train --config run.toml --epochs 8 --resume auto      # continue the run in [checkpoint] dir
     elastic-pipe train --config run.toml --resume runs/a/ckpt          # continue the run checkpointed there
 
+A re-run says what it does: resuming a finished run prints ``run already complete (E epochs); --epochs N to
+continue, --resume never to start afresh`` and exits 0; a config that differs from the checkpoint's in more than a
+resume may change (epochs, max_steps, ``[log]``, ``[launch]``, ``[checkpoint]``) is refused with one line naming the
+keys, unless ``--allow-config-change`` (:mod:`elastic_pipe.orchestrator.rerun`).
+
 For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``) and
 ``--rdzv-endpoint`` set.
 """
@@ -25,9 +30,13 @@ For several nodes, run the same command on every node with ``--nnodes`` (or ``[l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
+import os
+import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: continue from the newest checkpoint in [checkpoint] dir if there is one; never: start afresh; "
         "DIR: continue the run checkpointed in DIR (it must hold one; new checkpoints go there too)",
     )
+    parser.add_argument(
+        "--allow-config-change",
+        action="store_true",
+        default=None,
+        help="resume although the config differs from the checkpoint's in more than epochs, max_steps, [log], "
+        "[launch] and [checkpoint] (the resume record in events.jsonl lists the changes)",
+    )
     parser.add_argument("--run-id", help="job id shared by every node's agent (multi-node runs)")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, accuracy and layout per epoch (matplotlib)")
     add_json_flag(parser)
@@ -77,6 +93,7 @@ FLAG_KEYS = (
     ("rdzv_endpoint", "launch.rdzv_endpoint"),
     ("log_dir", "log.dir"),
     ("checkpoint_dir", "checkpoint.dir"),
+    ("allow_config_change", "checkpoint.allow_config_change"),
 )
 
 
@@ -203,13 +220,46 @@ def plot(result: dict[str, Any], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check the configuration, launch the workers, print the result."""
-    # torch and the primitives load only when the command runs, so that `elastic-pipe --help` stays fast.
+    # torch and the primitives load only when the command runs (in _run), so that `elastic-pipe --help` stays fast.
+    with user_import_paths(args.config):
+        return _run(args)
+
+
+@contextlib.contextmanager
+def user_import_paths(config_file: str) -> Iterator[list[str]]:
+    """Put the current directory and ``config_file``'s directory first on ``sys.path`` and on the workers'
+    ``PYTHONPATH`` while the run lasts, as ``python -m`` and torchrun put the script's directory: a
+    ``"module:attr"`` in the config then imports in this process (its checks) and in every worker alike."""
+    paths = list(dict.fromkeys([os.getcwd(), str(Path(config_file).resolve().parent)]))
+    saved_path, saved_env = list(sys.path), os.environ.get("PYTHONPATH")
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [saved_env])])
+    try:
+        yield paths
+    finally:
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved_env
+
+
+def _run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator import launch, load_config, preflight  # noqa: PLC0415
+    from elastic_pipe.orchestrator.checkpoint_files import read_latest  # noqa: PLC0415
+    from elastic_pipe.orchestrator.rerun import already_complete  # noqa: PLC0415
     from elastic_pipe.orchestrator.worker import entry  # noqa: PLC0415
 
     config = load_config(args.config)
     config = config.override(overrides_from(args, config))
-    preflight(config)
+    preflight(config)  # a config that differs from the checkpoint's is refused there (rerun.check_config)
+    if config.checkpoint.dir and config.checkpoint.resume == "auto":
+        done = already_complete(read_latest(config.checkpoint.dir), config)
+        if done is not None:  # nothing to train: say so, start no process
+            print(done, file=sys.stderr)
+            if args.json:
+                emit(args, {"complete": True, "message": done}, "")
+            return 0
     results = launch(config, entry, config.to_dict(), run_id=args.run_id)
     result: dict[str, Any] = results[min(results)]
     if args.plot:

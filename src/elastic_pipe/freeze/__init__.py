@@ -6,6 +6,9 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 * :class:`FreezePolicy` - the protocol (monotone: thawing is not supported); built-ins :class:`AlphaSchedule`,
   :class:`PaperRule`, :class:`AutoFreeze`, :class:`Converged`, :class:`Settled`, :class:`Drift`, :class:`FreezeOut`,
   :class:`ManualSchedule`, :class:`Never`; by name with :func:`make_policy` / :data:`POLICIES`.
+* :class:`Policy` - a base class giving every member but ``propose`` a documented default; :func:`as_policy`
+  completes an object with only ``num_layers`` and ``propose``, or wraps a plain function
+  ``(epoch, step, current) -> int`` (:class:`FunctionPolicy`).
 * :class:`HeldOutGuard` - the held-out-loss guard of the statistics-driven policies (optionally: wait for a plateau).
 * :class:`GradNormTracker` and :class:`LayerStats` - per-layer gradient norms over an interval, per rank;
   :func:`merge_stats` joins the pieces of a pipeline's stages.
@@ -21,6 +24,15 @@ from __future__ import annotations
 from elastic_pipe.freeze.alpha import AlphaSchedule, alpha_frozen
 from elastic_pipe.freeze.apply import freeze_modules
 from elastic_pipe.freeze.autofreeze import AutoFreeze, change_ratios
+from elastic_pipe.freeze.base import (
+    FunctionPolicy,
+    Policy,
+    PolicyFunction,
+    PolicyLike,
+    Proposer,
+    as_policy,
+    is_policy_function,
+)
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.drift import Drift
 from elastic_pipe.freeze.errors import FreezeError
@@ -45,6 +57,7 @@ __all__ = [
     "FreezeError",
     "FreezeOut",
     "FreezePolicy",
+    "FunctionPolicy",
     "GradNormTracker",
     "HeldOutGuard",
     "LayerStats",
@@ -52,13 +65,19 @@ __all__ = [
     "Never",
     "OutputDrift",
     "PaperRule",
+    "Policy",
     "PolicyFactory",
+    "PolicyFunction",
+    "PolicyLike",
+    "Proposer",
     "Settled",
     "alpha_frozen",
+    "as_policy",
     "change_ratios",
     "decide",
     "freeze_modules",
     "frozen_by_epoch",
+    "is_policy_function",
     "make_policy",
     "merge_stats",
     "needs_probe",

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from elastic_pipe.freeze.base import PolicyLike, as_policy
 from elastic_pipe.freeze.errors import FreezeError
-from elastic_pipe.freeze.policy import FreezePolicy, check_policy, decide, needs_probe
+from elastic_pipe.freeze.policy import decide, needs_probe
 
 __all__ = ["frozen_by_epoch"]
 
 
-def frozen_by_epoch(policy: FreezePolicy, epochs: int, steps_per_epoch: int = 1) -> tuple[int, ...]:
+def frozen_by_epoch(given: PolicyLike, epochs: int, steps_per_epoch: int = 1) -> tuple[int, ...]:
     """Frozen count at the start of epochs ``0 .. epochs-1``, asking ``policy`` exactly as a training loop would.
 
     Args:
-        policy: a schedule-driven policy (one whose ``needs_stats`` is False).
+        given: a schedule-driven policy (one whose ``needs_stats`` is False; completed by
+            :func:`~.base.as_policy`, so an object with ``num_layers`` and ``propose`` will do).
         epochs: number of epochs, >= 1.
         steps_per_epoch: optimizer steps per epoch, passed as ``step = epoch * steps_per_epoch``.
 
@@ -20,7 +22,7 @@ def frozen_by_epoch(policy: FreezePolicy, epochs: int, steps_per_epoch: int = 1)
         FreezeError: a policy that lacks protocol members or needs measured signals, or bad ``epochs`` or
             ``steps_per_epoch``.
     """
-    check_policy("frozen_by_epoch", policy)
+    policy = as_policy(given)
     if policy.needs_stats or needs_probe(policy):
         signal = "gradient statistics" if policy.needs_stats else "the drift of a probe batch's outputs"
         raise FreezeError(

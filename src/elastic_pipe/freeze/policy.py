@@ -1,10 +1,13 @@
 """The freeze-policy protocol: the plug-in point for deciding how many leading layers are frozen.
 
-A policy is any object with these members (no base class needed). The caller - the orchestrator, or a plain
-training loop - feeds it per-layer gradient statistics with :meth:`FreezePolicy.observe` (only if
-:attr:`FreezePolicy.needs_stats`), the held-out loss with :meth:`FreezePolicy.observe_eval`, and asks at a decision
-point (typically the start of an epoch) with :meth:`FreezePolicy.propose`. :func:`decide` asks and checks the
-answer, so a faulty custom policy fails loudly instead of unfreezing layers or freezing past the end.
+A policy is any object with these members (no base class needed); :class:`~elastic_pipe.freeze.Policy` gives all
+but ``propose`` defaults, and :func:`~elastic_pipe.freeze.as_policy` completes an object that has only
+``num_layers`` and ``propose``, or a plain function ``(epoch, step, current) -> int``. The caller - the
+orchestrator, or a plain training loop - feeds it per-layer gradient statistics with
+:meth:`FreezePolicy.observe` (only if :attr:`FreezePolicy.needs_stats`), the held-out loss with
+:meth:`FreezePolicy.observe_eval`, and asks at a decision point (typically the start of an epoch) with
+:meth:`FreezePolicy.propose`. :func:`decide` asks and checks the answer,
+so a faulty custom policy fails loudly instead of unfreezing layers or freezing past the end.
 
 Thawing is not supported: every policy is monotone, and :func:`decide` raises :class:`FreezeError` for a proposal
 below the current count. Freezing is not reversible where it matters: :func:`~elastic_pipe.freeze.freeze_modules`

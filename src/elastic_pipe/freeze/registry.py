@@ -8,13 +8,14 @@ from typing import Any, TypeAlias
 
 from elastic_pipe.freeze.alpha import AlphaSchedule
 from elastic_pipe.freeze.autofreeze import AutoFreeze
+from elastic_pipe.freeze.base import as_policy
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.drift import Drift
 from elastic_pipe.freeze.errors import FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
 from elastic_pipe.freeze.paper import PaperRule
-from elastic_pipe.freeze.policy import FreezePolicy, check_policy
+from elastic_pipe.freeze.policy import FreezePolicy
 from elastic_pipe.freeze.settled import Settled
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy", "takes_total_steps"]
@@ -86,5 +87,7 @@ def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
         except TypeError as exc:
             raise FreezeError(f"freeze policy {name!r}: {exc}; its signature is {signature}") from None
     policy = factory(num_layers, **options)
-    check_policy(f"freeze policy {name!r}", policy)
-    return policy
+    try:  # a registered factory may build a policy with num_layers and propose only: the defaults complete it
+        return as_policy(policy)
+    except FreezeError as exc:
+        raise FreezeError(f"freeze policy {name!r}: {exc}") from None

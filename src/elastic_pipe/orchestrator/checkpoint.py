@@ -173,6 +173,7 @@ class Checkpointer:
                 main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
             meta = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
+            meta["config"] = trainer.given_config.to_dict()  # what a resume compares its config with (rerun.py)
             write_checkpoint(self.directory, name, main, meta)
             prune(self.directory, self.config.checkpoint.keep_last, path)
         dist.barrier(group=ctx.groups.control_group)

@@ -31,19 +31,30 @@ from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 from elastic_pipe.orchestrator.text_data import bbcnews
-from elastic_pipe.orchestrator.workload import Loss, Samples, as_data, cross_entropy, eval_count, num_samples
+from elastic_pipe.orchestrator.workload import (
+    Loss,
+    Samples,
+    as_data,
+    cross_entropy,
+    eval_count,
+    is_samples,
+    num_samples,
+)
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
     "DATASETS",
+    "KEYS",
     "MODEL_BUILDERS",
     "STAGES_PER_RANK",
     "Components",
+    "adapt_policy",
     "build_model",
     "check_runnable_schedule",
     "components_from_config",
     "decision_interval",
     "epoch_steps",
+    "load_eval_samples",
     "load_samples",
     "make_policy",
     "resolve",
@@ -72,6 +83,17 @@ DATASETS: Mapping[str, Callable[..., Samples | Any]] = ChainMap(
 )
 
 
+#: What is looked up -> the config key that names it (error messages name the key).
+KEYS = {
+    "model": "[model] name",
+    "dataset": "[data] dataset",
+    "eval dataset": "[data] eval_dataset",
+    "freeze policy": "[freeze] policy",
+    "partition solver": "[pipeline] solver",
+    "compression rule": "[pipeline] compression",
+}
+
+
 def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
     """A registry entry by name, or any object by import path ``"module:attribute"``.
 
@@ -81,7 +103,9 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
         kind: what is looked up, for the error message ("freeze policy", "model", ...).
 
     Raises:
-        ConfigError: an unknown name (listing the valid ones), or an import path that does not import.
+        ConfigError: an unknown name (listing the valid ones), or an import path that does not import (one line
+            naming the config key and the module; ``elastic-pipe train`` puts the current directory and the
+            config file's directory on ``sys.path``, as ``python -m`` and torchrun put the script's).
     """
     if ":" not in spec:
         if spec not in registry:
@@ -90,10 +114,18 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
             )
         return registry[spec]
     module_name, _, attr = spec.partition(":")
+    key = KEYS.get(kind, kind)
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{kind} {spec!r}: cannot import {module_name!r}: {exc}") from None
+        raise ConfigError(
+            f"{kind} {spec!r} ({key}): cannot import {module_name!r}: {exc}; it must be importable from the current "
+            "directory, the config file's directory or PYTHONPATH"
+        ) from None
+    except Exception as exc:
+        raise ConfigError(
+            f"{kind} {spec!r} ({key}): importing {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from None
     for part in attr.split("."):
         if not part or not hasattr(obj, part):
             raise ConfigError(f"{kind} {spec!r}: module {module_name!r} has no attribute {attr!r}")
@@ -110,13 +142,16 @@ class Components:
             every rank, or on the meta device with a ``sublayer_init`` (what :func:`build_model` gives the trainer).
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids`` tensors), or a map-style dataset of
             ``(input, label)`` pairs, kept as it is (each rank reads it through a ``DataLoader``).
-        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        policy: a full :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units (:func:`adapt_policy`
+            completes what the user gave).
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
         compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
         schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
         optimizer: builds the optimizer over a list of trainable parameters.
         loss: ``loss(output, target)``, a mean over the micro-batch.
+        eval_data: the user's validation set, of the same kind as ``data``; ``None``: ``[data] eval_fraction`` of
+            ``data`` is held out instead.
     """
 
     model: nn.Module
@@ -127,6 +162,7 @@ class Components:
     schedule: str = "gpipe"
     optimizer: OptimizerFactory | None = None
     loss: Loss = cross_entropy
+    eval_data: Samples | Any | None = None
 
 
 def build_model(config: TrainConfig, *, meta: bool = False) -> nn.Module:
@@ -181,10 +217,37 @@ def load_samples(config: TrainConfig) -> Samples | Any:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None
 
 
-def epoch_steps(config: TrainConfig, samples: int) -> int | None:
+def load_eval_samples(config: TrainConfig) -> Samples | Any | None:
+    """The user's validation set that ``[data] eval_dataset`` names (``None`` when it names none): a dataset
+    object as it is, or what a function returns when called with ``[data] eval_options``.
+
+    Raises:
+        ConfigError: an unknown name, an import path that does not import, or something that is no data.
+    """
+    spec = config.data.eval_dataset
+    if not spec:
+        return None
+    found: Any = resolve(spec, DATASETS, "eval dataset")
+    try:
+        # a function or a Dataset class is called with the options; a dataset object is taken as it is
+        is_data = not isinstance(found, type) and (hasattr(found, "__getitem__") or hasattr(found, "inputs"))
+        loaded = found if is_data else found(**config.data.eval_options)
+        return as_data(loaded)
+    except (ElasticPipeError, TypeError) as exc:
+        raise ConfigError(f"eval dataset {spec!r}: {exc}") from None
+
+
+def epoch_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
     (:func:`.epoch_steps.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
-    trainer's own check names that)."""
+    trainer's own check names that).
+
+    Args:
+        config: the run's config.
+        samples: the training data's size.
+        own_eval: whether the run has its own validation set (nothing held out); default: whether
+            ``[data] eval_dataset`` names one.
+    """
     unit = split_unit(
         config.world_size,
         reachable_pipe_lens(config.pipeline.pipe_len, config.world_size),
@@ -192,20 +255,23 @@ def epoch_steps(config: TrainConfig, samples: int) -> int | None:
     )
     if config.train.global_batch % unit:
         return None
-    train = samples - eval_count(samples, config.data.eval_fraction)
+    own = bool(config.data.eval_dataset) if own_eval is None else own_eval
+    train = samples if own else samples - eval_count(samples, config.data.eval_fraction)
     return epoch_plan(train, config.train.global_batch, unit, drop_last=config.data.drop_last).steps
 
 
-def run_steps(config: TrainConfig, samples: int) -> int | None:
+def run_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """The optimizer steps of the whole run (its epochs, or ``max_steps`` when that comes sooner)."""
-    per_epoch = epoch_steps(config, samples)
+    per_epoch = epoch_steps(config, samples, own_eval=own_eval)
     if per_epoch is None:
         return None
     total = per_epoch * config.train.epochs
     return min(total, config.train.max_steps) if config.train.max_steps else total
 
 
-def decision_interval(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> int:
+def decision_interval(
+    config: TrainConfig, policy: freeze.FreezePolicy, samples: int, *, own_eval: bool | None = None
+) -> int:
     """``[freeze] decide_every`` in optimizer steps (0: a decision point after every epoch).
 
     An integer is taken as it is. ``"auto"`` is the policy's rhythm: a policy with ``decisions_per_epoch = n``
@@ -216,15 +282,17 @@ def decision_interval(config: TrainConfig, policy: freeze.FreezePolicy, samples:
     if every != DECIDE_AUTO:
         return int(every)
     n = getattr(policy, "decisions_per_epoch", None)
-    per_epoch = epoch_steps(config, samples)
+    per_epoch = epoch_steps(config, samples, own_eval=own_eval)
     if isinstance(n, bool) or not isinstance(n, int) or n <= 1 or not per_epoch:
         return 0
     return max(1, per_epoch // n)
 
 
-def with_decisions(config: TrainConfig, policy: freeze.FreezePolicy, samples: int) -> TrainConfig:
+def with_decisions(
+    config: TrainConfig, policy: freeze.FreezePolicy, samples: int, *, own_eval: bool | None = None
+) -> TrainConfig:
     """``config`` with ``[freeze] decide_every`` resolved to steps (:func:`decision_interval`): what a run reads."""
-    every = decision_interval(config, policy, samples)
+    every = decision_interval(config, policy, samples, own_eval=own_eval)
     if every == config.freeze.decide_every:
         return config
     return dataclasses.replace(config, freeze=dataclasses.replace(config.freeze, decide_every=every))
@@ -245,6 +313,13 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
     spec = config.freeze.policy
     factory = resolve(spec, freeze.POLICIES, "freeze policy")
     options = config.freeze.policy_options
+    if spec not in freeze.POLICIES and freeze.is_policy_function(factory, **options):
+        if options:
+            raise ConfigError(
+                f"freeze policy {spec!r} is a function (epoch, step, current) -> int, which takes no options; "
+                f"got {options}"
+            )
+        return adapt_policy(factory, num_units, f"freeze policy {spec!r}")
     if "total_steps" not in options and total_steps is not None and freeze.takes_total_steps(factory):
         options["total_steps"] = max(1, total_steps)
     try:
@@ -253,9 +328,28 @@ def make_policy(config: TrainConfig, num_units: int, *, total_steps: int | None 
         policy = factory(num_units, **options)
     except (ElasticPipeError, TypeError) as exc:
         raise ConfigError(f"freeze policy {spec!r} with options {options}: {exc}") from None
-    if not isinstance(policy, freeze.FreezePolicy):
-        raise ConfigError(f"freeze policy {spec!r} built {policy!r}, which lacks the FreezePolicy members")
-    return policy
+    return adapt_policy(policy, num_units, f"freeze policy {spec!r}")
+
+
+def adapt_policy(policy: object, num_units: int, what: str = "policy") -> freeze.FreezePolicy:
+    """The one place a user's policy becomes a full :class:`~elastic_pipe.freeze.FreezePolicy`
+    (:func:`elastic_pipe.freeze.as_policy`: an object with ``num_layers`` and ``propose`` gets the documented
+    defaults, a function ``(epoch, step, current) -> int`` is wrapped over the model's units).
+
+    Raises:
+        ConfigError: ``policy`` is none of these, or its ``num_layers`` is not the model's ``num_units`` (it counts
+            freeze units, ``len(model.unit_ends)``).
+    """
+    try:
+        full = freeze.as_policy(policy, num_units)
+    except ElasticPipeError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
+    if full.num_layers != num_units:
+        raise ConfigError(
+            f"{what} {full.name!r} has num_layers={full.num_layers!r}, but the model has {num_units} freeze units; "
+            f"expected num_layers={num_units} (it counts units: len(model.unit_ends))"
+        )
+    return full
 
 
 #: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
@@ -286,12 +380,13 @@ def components_from_config(
     *,
     model: nn.Module | None = None,
     data: Any = None,
-    policy: freeze.FreezePolicy | None = None,
+    policy: freeze.PolicyLike | None = None,
     partitioner: str | partition.Solver | None = None,
     compression: CompressionRule | None = None,
     schedule: str | None = None,
     optimizer: OptimizerFactory | None = None,
     loss: Loss | None = None,
+    eval_data: Any = None,
 ) -> Components:
     """Build every component a :class:`TrainConfig` names (the only reader of the registries).
 
@@ -304,6 +399,9 @@ def components_from_config(
     # on the meta device: each rank materializes only the sub-layers it holds (holdings.hold)
     model = model if model is not None else build_model(config, meta=True)
     samples = as_data(data) if data is not None else load_samples(config)
+    held = as_data(eval_data) if eval_data is not None else load_eval_samples(config)
+    if held is not None and is_samples(held) != is_samples(samples):
+        raise ConfigError("the evaluation data and the training data must be of one kind: samples or datasets")
     if partitioner is None:
         partitioner = p.solver
         if ":" in p.solver:
@@ -319,10 +417,10 @@ def components_from_config(
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
     check_runnable_schedule(schedule)
     if policy is None:
-        total = run_steps(config, num_samples(samples))
+        total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
-    elif not isinstance(policy, freeze.FreezePolicy):
-        raise ConfigError(f"policy {policy!r} lacks the FreezePolicy members")
+    else:
+        policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
     return Components(
         model=model,
         data=samples,
@@ -332,4 +430,5 @@ def components_from_config(
         schedule=schedule,
         optimizer=optimizer if optimizer is not None else optimizer_factory(config),
         loss=loss if loss is not None else cross_entropy,
+        eval_data=held,
     )

@@ -1,9 +1,11 @@
 """Metrics and events: one JSON object per line in a file, one human line on stderr, every field documented.
 
-Two record kinds (field ``"kind"``), both described field by field in docs/training.md:
+Three record kinds (field ``"kind"``), described field by field in docs/training.md:
 
 * ``"epoch"`` (:class:`EpochMetrics`): throughput and where the step time went, per epoch;
-* ``"transition"`` (:class:`TransitionEvent`): every change of layout, with the seconds it took.
+* ``"transition"`` (:class:`TransitionEvent`): every change of layout, with the seconds it took;
+* ``"resume"``: a run continued from a checkpoint (``epoch``, ``step``, ``config_changes``); the records of what it
+  does again are dropped first (:meth:`EventLog.rewind`), so no epoch appears twice.
 
 A run's summary (:class:`RunResult`) collects both, with the per-step losses and the final evaluation.
 """
@@ -238,6 +240,22 @@ class EventLog:
         for sink in self._sinks:
             sink.write(payload)
         self.say(line)
+
+    def rewind(self, epoch: int, step: int) -> None:
+        """Drop the records a resumed run writes again: those of epochs from ``epoch`` on and of transitions after
+        optimizer step ``step`` (the checkpoint's position). Other records (earlier ``resume`` ones) stay."""
+        if self._path is None or not self._path.exists():
+            return
+        kept = []
+        for line in self._path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            kind = record.get("kind")
+            if (kind == "epoch" and record["epoch"] >= epoch) or (kind == "transition" and record["step"] > step):
+                continue
+            kept.append(line + "\n")
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(self._path)
 
     def close(self) -> None:
         """Close every sink (the JSON lines are appended and closed record by record). Idempotent."""

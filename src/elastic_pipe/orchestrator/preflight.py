@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import components_from_config
@@ -81,4 +82,5 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         meta = read_latest(config.checkpoint.dir)
         if meta is not None:
             check_compatible(meta, model, config.checkpoint.dir)
+            rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line
     return {"sublayers": sublayers, "units": units, "params": sum(q.numel() for q in model.parameters())}

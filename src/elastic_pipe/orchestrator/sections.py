@@ -167,7 +167,13 @@ class DataSection:
             (held in memory, standardised), or a map-style dataset of ``(input, label)`` pairs (read through a
             ``DataLoader``, never stacked; its transforms normalise).
         options: keyword arguments for an imported dataset function.
-        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``).
+        eval_fraction: share of the dataset held out for evaluation (split with ``train.seed``), when there is no
+            ``eval_dataset``.
+        eval_dataset: the user's own validation set: an import path ``"module:attr"`` (or a built-in name) of a
+            dataset, or of a function called with ``eval_options`` returning one, of the same kind as ``dataset``
+            (samples in memory, or a map-style dataset). When given, all of ``dataset`` is trained on and nothing
+            is held out ("": hold out ``eval_fraction``).
+        eval_options: keyword arguments for an ``eval_dataset`` function.
         workers: ``DataLoader`` worker processes per rank reading a map-style dataset (0: the training process
             reads).
         drop_last: drop the ``N mod global_batch`` samples left after the full steps of an epoch (the default:
@@ -183,6 +189,8 @@ class DataSection:
     dataset: str = "digits"
     options: Mapping[str, Any] = field(default_factory=dict)
     eval_fraction: float = 0.2
+    eval_dataset: str = ""
+    eval_options: Mapping[str, Any] = field(default_factory=dict)
     workers: int = 0
     drop_last: bool = True
     check: bool = True
@@ -190,6 +198,8 @@ class DataSection:
     def __post_init__(self) -> None:
         _string("data.dataset", self.dataset)
         object.__setattr__(self, "options", _table("data.options", self.options))
+        _string("data.eval_dataset", self.eval_dataset)
+        object.__setattr__(self, "eval_options", _table("data.eval_options", self.eval_options))
         if not isinstance(self.eval_fraction, int | float) or not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction must be in (0, 1), got {self.eval_fraction!r}")
         _nonnegative_int("data.workers", self.workers)
@@ -494,6 +504,8 @@ class CheckpointSection:
         keep_last: keep only this many newest checkpoints, deleting older ones after each save (0 keeps all).
         allow_nonfinite: load a checkpoint whose floating-point tensors hold NaN, infinity or magnitudes above
             :data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (refused as corrupt by default).
+        allow_config_change: resume although the config differs from the checkpoint's in more than a resume may
+            change (:mod:`~elastic_pipe.orchestrator.rerun`); the ``resume`` record lists the changes.
     """
 
     dir: str = ""
@@ -502,6 +514,7 @@ class CheckpointSection:
     resume: str = "auto"
     keep_last: int = 0
     allow_nonfinite: bool = False
+    allow_config_change: bool = False
 
     def __post_init__(self) -> None:
         _string("checkpoint.dir", self.dir)
@@ -511,6 +524,8 @@ class CheckpointSection:
         _nonnegative_int("checkpoint.keep_last", self.keep_last)
         if not isinstance(self.allow_nonfinite, bool):
             raise ConfigError(f"checkpoint.allow_nonfinite must be true or false, got {self.allow_nonfinite!r}")
+        if not isinstance(self.allow_config_change, bool):
+            raise ConfigError(f"checkpoint.allow_config_change must be true or false, got {self.allow_config_change!r}")
 
 
 @dataclass(frozen=True)

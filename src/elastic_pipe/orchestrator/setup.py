@@ -252,7 +252,9 @@ def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False
         raise OrchestratorError(f"the job has {world} processes but the config describes {c.world_size}")
     device = device_for(c)
     dtype = getattr(torch, c.train.dtype)
-    train_set, eval_set = split_data(parts.data, c.data.eval_fraction, c.train.seed, dtype, workers=c.data.workers)
+    train_set, eval_set = split_data(
+        parts.data, c.data.eval_fraction, c.train.seed, dtype, workers=c.data.workers, eval_data=parts.eval_data
+    )
     if len(train_set) < c.train.global_batch:
         raise OrchestratorError(f"global_batch={c.train.global_batch} exceeds the {len(train_set)} training samples")
     groups = GroupManager(

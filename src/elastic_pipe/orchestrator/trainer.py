@@ -33,7 +33,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, probe, run_cache, snapshot
+from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
@@ -73,12 +73,18 @@ class ElasticTrainer:
         data: samples held in memory (``inputs``, ``labels``, ``sample_ids``), or any map-style dataset of
             ``(input, label)`` (a ``torch.utils.data.Dataset``), read through a ``DataLoader`` with ``[data] workers``
             workers and never stacked into memory.
-        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units.
+        policy: any :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units, an object with only
+            ``num_layers`` and ``propose`` (a :class:`~elastic_pipe.freeze.Policy` subclass, say: the other members
+            get defaults), or a function ``(epoch, step, current) -> int``. ``num_layers`` must be the model's
+            units (``len(model.unit_ends)``).
         partitioner: a partition solver name or function (``partition.optimal``).
         compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
         schedule: a schedule kind ("gpipe", "1f1b", ...).
         optimizer: ``params -> torch.optim.Optimizer``.
         loss: ``loss(output, target)``, a mean over the micro-batch.
+        eval_data: the user's validation set, of the same kind as ``data`` (samples, or a map-style dataset); when
+            given, all of ``data`` is trained on. Default: the config's ``[data] eval_dataset``, else
+            ``[data] eval_fraction`` of ``data`` held out.
         quiet: no human lines on stderr (records still go to ``[log] dir``).
     """
 
@@ -88,12 +94,13 @@ class ElasticTrainer:
         *,
         model: nn.Module | None = None,
         data: Samples | Any = None,
-        policy: freeze.FreezePolicy | None = None,
+        policy: freeze.PolicyLike | None = None,
         partitioner: str | partition.Solver | None = None,
         compression: CompressionRule | None = None,
         schedule: str | None = None,
         optimizer: OptimizerFactory | None = None,
         loss: Loss | None = None,
+        eval_data: Samples | Any = None,
         quiet: bool = False,
     ) -> None:
         self.parts: Components = components_from_config(
@@ -106,9 +113,14 @@ class ElasticTrainer:
             schedule=schedule,
             optimizer=optimizer,
             loss=loss,
+            eval_data=eval_data,
         )
         # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
-        self.config = with_decisions(config, self.parts.policy, num_samples(self.parts.data))
+        self.config = with_decisions(
+            config, self.parts.policy, num_samples(self.parts.data), own_eval=self.parts.eval_data is not None
+        )
+        #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.rerun`).
+        self.given_config = config
         self.quiet = quiet
         #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
         self._config_optimizer = optimizer is None
@@ -276,6 +288,8 @@ class ElasticTrainer:
         checkpointer = Checkpointer(c) if c.checkpoint.dir else None
         if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self._resume(checkpointer)):
             self.start()
+        elif self.state.epoch >= c.train.epochs or self.step_limit_reached():
+            self._already_complete()
         self.result.setup_s = time.perf_counter() - t0
         on_step: StepHook | None = None
         if checkpointer is not None:
@@ -318,15 +332,34 @@ class ElasticTrainer:
         """The held-out loss of the run's latest evaluation (``None`` before the first)."""
         return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
 
+    def _already_complete(self) -> None:
+        """A resumed run with nothing left to train: say so, and report the last evaluation it made (not NaN)."""
+        c = self.config
+        meta = {"epoch": self.state.epoch, "step": self.state.step}
+        self.ctx.log.say(rerun.already_complete(meta, c) or "run already complete")
+        last = next((e for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
+        if last is not None:
+            self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
+
     def _resume(self, checkpointer: Checkpointer) -> bool:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
+        # a config the checkpoint's run did not have is refused before anything loads (unless allowed)
+        changes = rerun.check_config(read_latest(checkpointer.directory), self.given_config)
         if not checkpointer.resume(self):
             return False
+        self._record_resume(changes)
         if self.ctx.log.stream is not None:
             meta = read_latest(checkpointer.directory) or {}
             where = checkpointer.directory / str(meta.get("file", ""))
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
+
+    def _record_resume(self, changes: dict[str, list[Any]]) -> None:
+        """``events.jsonl``: drop the records of what the resumed run does again, then add a ``resume`` record."""
+        log, state = self.ctx.log, self.state
+        log.rewind(state.epoch, state.step)
+        record = {"kind": "resume", "epoch": state.epoch, "step": state.step, "config_changes": changes}
+        log.record(record, f"continuing with a changed config: {rerun.describe(changes)}" if changes else None)
 
     def train_epoch(self, on_step: StepHook | None = None) -> None:
         """Run the current epoch (the rest of it, after a mid-epoch resume) and evaluate (a collective).

@@ -26,6 +26,7 @@ __all__ = [
     "eval_count",
     "is_samples",
     "num_samples",
+    "own_eval_parts",
     "split_data",
     "split_dataset",
     "split_samples",
@@ -214,12 +215,45 @@ def split_data(
     *,
     workers: int = 0,
     num_classes: int | None = None,
+    eval_data: Any = None,
 ) -> tuple[StepData, StepData]:
     """The training and evaluation parts: :func:`split_samples` for samples in memory (standardised as before),
-    :func:`split_dataset` for a map-style dataset."""
+    :func:`split_dataset` for a map-style dataset, or, with the user's ``eval_data``, :func:`own_eval_parts`."""
+    if eval_data is not None:
+        return own_eval_parts(data, eval_data, dtype, workers=workers, num_classes=num_classes)
     if is_samples(data):
         return split_samples(data, eval_fraction, seed, dtype)
     return split_dataset(data, eval_fraction, seed, dtype, workers=workers, num_classes=num_classes)
+
+
+def own_eval_parts(
+    data: Any, eval_data: Any, dtype: torch.dtype, *, workers: int = 0, num_classes: int | None = None
+) -> tuple[StepData, StepData]:
+    """All of ``data`` to train on and all of the user's ``eval_data`` to evaluate on; nothing is held out.
+
+    Samples in memory are both standardised with the training data's mean and standard deviation (as
+    :func:`split_samples` does); datasets are read as they are (their transforms normalise).
+
+    Raises:
+        ConfigError: the two are not of the same kind (samples in memory, or map-style datasets).
+    """
+    if is_samples(data) != is_samples(eval_data):
+        kinds = ["samples in memory" if is_samples(d) else "a map-style dataset" for d in (data, eval_data)]
+        raise ConfigError(f"the evaluation data is {kinds[1]} but the training data is {kinds[0]}; expected the same")
+    if is_samples(data):
+        inputs, eval_inputs = data.inputs, eval_data.inputs
+        if inputs.is_floating_point():
+            train = inputs.double()
+            mean, std = train.mean(), train.std().clamp_min(_MIN_STD)
+            inputs = ((train - mean) / std).to(dtype)
+            eval_inputs = ((eval_inputs.double() - mean) / std).to(dtype)
+        return Split(inputs, data.labels, data.sample_ids), Split(eval_inputs, eval_data.labels, eval_data.sample_ids)
+
+    def whole(dataset: Any) -> DatasetSplit:
+        spec = item_spec(dataset, num_classes)
+        return DatasetSplit(dataset, torch.arange(len(dataset)), spec, dtype, workers)
+
+    return whole(data), whole(eval_data)
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
