@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-#: Set by ``benchmarks/gpu/headline.sh`` where the tree has no ``.git`` (a copy sent to a GPU machine): the commit
-#: it was copied from and whether ``src/`` differed from it (``1``).
+#: Set where the tree's ``.git`` does not describe it (a copy sent to a GPU machine may carry a stale one): the
+#: commit it was copied from and whether ``src/`` differed from it (``1``). They win over ``git`` when set.
 COMMIT_ENV, DIRTY_ENV = "ELASTIC_PIPE_COMMIT", "ELASTIC_PIPE_DIRTY"
 
 
@@ -26,11 +26,14 @@ def _git(*args: str) -> str | None:
 
 
 def provenance() -> dict[str, Any]:
-    """Where a result was measured: ``commit`` (``git rev-parse HEAD``, else :data:`COMMIT_ENV`), ``dirty``
-    (uncommitted changes under ``src/``, else :data:`DIRTY_ENV`), the torch version and the device."""
-    commit = _git("rev-parse", "HEAD") or os.environ.get(COMMIT_ENV)
-    status = _git("status", "--porcelain", "--", "src")
-    dirty = bool(status) if status is not None else os.environ.get(DIRTY_ENV, "") == "1"
+    """Where a result was measured: ``commit`` (:data:`COMMIT_ENV`, else ``git rev-parse HEAD``), ``dirty``
+    (:data:`DIRTY_ENV`, else uncommitted changes under ``src/``), the torch version and the device."""
+    commit = os.environ.get(COMMIT_ENV) or _git("rev-parse", "HEAD")
+    if DIRTY_ENV in os.environ:
+        dirty = os.environ[DIRTY_ENV] == "1"
+    else:
+        status = _git("status", "--porcelain", "--", "src")
+        dirty = bool(status) if status is not None else True
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return {"commit": commit, "dirty": dirty, "torch": torch.__version__, "device": device}
 
