@@ -8,7 +8,7 @@ them; every config keeps the order in which it reports the first bad field.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeAlias
+from typing import Protocol
 
 from torch import nn
 
@@ -16,14 +16,27 @@ from elastic_pipe.models._build import check_probability
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import AttentionSubLayer, MLPSubLayer, activation
 
-if TYPE_CHECKING:  # annotations only: the config modules import this one
-    from elastic_pipe.models.bert import BertConfig
-    from elastic_pipe.models.gpt import GPTConfig
-    from elastic_pipe.models.vit import ViTConfig
+__all__ = ["TransformerConfig", "check_attention", "check_norm_and_activation", "transformer_block"]
 
-    TransformerConfig: TypeAlias = "BertConfig | GPTConfig | ViTConfig"
 
-__all__ = ["check_attention", "check_norm_and_activation", "transformer_block"]
+class TransformerConfig(Protocol):
+    """The fields of a block every transformer config has (``BertConfig``, ``GPTConfig``, ``ViTConfig``): declared
+    here so that this module needs none of the config modules, which import it."""
+
+    @property
+    def dim(self) -> int: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def mlp_dim(self) -> int: ...
+    @property
+    def act(self) -> str: ...
+    @property
+    def eps(self) -> float: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def attention_dropout(self) -> float: ...
 
 
 def check_attention(owner: str, config: TransformerConfig) -> None:

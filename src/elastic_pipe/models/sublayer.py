@@ -15,17 +15,25 @@ from __future__ import annotations
 import builtins
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, overload
+from collections.abc import Collection, Sequence
+from typing import Protocol, overload
 
 from torch import nn
 
 from elastic_pipe.models.errors import ModelError
 
-if TYPE_CHECKING:
-    from elastic_pipe.models.weights import SubLayerInit
+__all__ = ["SubLayerInit", "SubLayerModel", "block_unit_ends"]
 
-__all__ = ["SubLayerModel", "block_unit_ends"]
+
+class SubLayerInit(Protocol):
+    """Writes the initial values of sub-layer ``index``'s tensors named ``keys``.
+
+    ``keys`` are state-dict keys of the whole model, all inside sub-layer ``index``; their tensors already have
+    storage (uninitialized). The values must depend only on ``index`` (and the recipe), never on which other
+    sub-layers this process holds.
+    """
+
+    def __call__(self, model: SubLayerModel, index: int, keys: Collection[str]) -> None: ...
 
 
 class SubLayerModel(nn.Sequential):

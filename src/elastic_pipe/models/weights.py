@@ -23,14 +23,14 @@ import hashlib
 from collections.abc import Callable, Collection, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.residency import TensorReader, WeightMap, load_sublayers, materialize
-from elastic_pipe.models.sublayer import SubLayerModel
+from elastic_pipe.models.sublayer import SubLayerInit, SubLayerModel
 
 __all__ = [
     "INIT_STD",
@@ -58,17 +58,6 @@ M = TypeVar("M", bound=SubLayerModel)
 
 class MaterializeError(ModelError):
     """A sub-layer on the meta device has no way to get its values (the model has no ``sublayer_init``)."""
-
-
-class SubLayerInit(Protocol):
-    """Writes the initial values of sub-layer ``index``'s tensors named ``keys``.
-
-    ``keys`` are state-dict keys of the whole model, all inside sub-layer ``index``; their tensors already have
-    storage (uninitialized). The values must depend only on ``index`` (and the recipe), never on which other
-    sub-layers this process holds.
-    """
-
-    def __call__(self, model: SubLayerModel, index: int, keys: Collection[str]) -> None: ...
 
 
 def sublayer_seed(seed: int, index: int) -> int:

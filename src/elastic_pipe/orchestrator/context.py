@@ -24,7 +24,7 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.epoch_steps import EpochPlan
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.prefix_residency import PrefixState
+from elastic_pipe.orchestrator.prefix_state import PrefixState
 from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 from elastic_pipe.types import Layout

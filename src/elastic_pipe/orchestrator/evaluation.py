@@ -3,7 +3,7 @@
 Replica ``r`` of ``R`` scores samples ``r, r + R, ...`` in batches of :data:`EVAL_BATCH`. Each batch runs down its
 replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its own sub-layers (or, while the
 prefix is released because the activation cache serves it, reads the prefix's outputs kept for the evaluation
-split, :class:`~.prefix_residency.PrefixState`, and runs its own sub-layers on them), every stage sends
+split, :class:`~.prefix_state.PrefixState`, and runs its own sub-layers on them), every stage sends
 its output to the next one (point to point, a small header with the shape and dtype first), and the last stage
 scores the batch. One all-reduce sums the loss, the correct answers and the counts over the world.
 """

@@ -27,7 +27,6 @@ prefix from the checkpoint's stage-0 shard, fills the cache and releases the pre
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,10 +44,9 @@ from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
     from elastic_pipe.orchestrator.timing import PhaseClock
 
-__all__ = ["KEEPER", "KEPT_REASON", "PrefixState", "carry", "eligible", "eval_home", "release", "restore", "settle"]
+__all__ = ["KEEPER", "KEPT_REASON", "carry", "eligible", "eval_home", "release", "restore", "settle"]
 
 #: The rank that keeps the released prefix's weights (in host memory): stage 0 of replica 0 in every layout,
 #: the rank that writes the checkpoint's stage-0 shard and assembles ``full_state_dict``.
@@ -57,41 +55,6 @@ KEEPER = 0
 EVAL_CHUNK = 256
 #: Why stage 0 reads the cache at a boundary reached with the prefix released (nothing was measured).
 KEPT_REASON = "the cache served the previous boundary completely and the frozen prefix stays released"
-
-
-@dataclass
-class PrefixState:
-    """Whether the frozen prefix is released, and the evaluation split's prefix outputs while it is.
-
-    Attributes:
-        released: leading sub-layers whose weights the stage-0 ranks released (0: resident); the same on every
-            rank.
-        eval_frozen: the boundary ``eval_values`` belong to.
-        eval_values: on stage-0 ranks while released, the prefix output at ``eval_frozen`` of every evaluation
-            sample, by position (``None`` otherwise): in device memory when the activation cache keeps entries
-            there (they are a few percent of the training entries' bytes, and a transition carries them in place),
-            else in host memory (page-locked with a GPU), :func:`eval_home`.
-    """
-
-    released: int = 0
-    eval_frozen: int = 0
-    eval_values: torch.Tensor | None = None
-
-    def eval_rows(self, positions: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """The evaluation outputs of the samples at ``positions`` (of the evaluation split), on ``device``."""
-        values = self.eval_values
-        assert values is not None, "no evaluation outputs are kept: the prefix is resident"
-        return values.index_select(0, positions.to(values.device, torch.int64)).to(device, non_blocking=True)
-
-    @property
-    def eval_bytes(self) -> int:
-        """Bytes of host memory the evaluation outputs take on this rank."""
-        v = self.eval_values
-        return 0 if v is None else v.numel() * v.element_size()
-
-    def forget(self) -> None:
-        """The prefix is resident again: drop the evaluation outputs."""
-        self.released, self.eval_frozen, self.eval_values = 0, 0, None
 
 
 def _tensors(modules: Sequence[nn.Module]) -> list[torch.Tensor]:
@@ -258,11 +221,20 @@ def _fill_eval(ctx: RunContext, layout: Layout, group: Any, home: torch.device) 
     state.eval_frozen, state.eval_values = frozen, values
 
 
-def settle(ctx: RunContext, stage: StageRuntime, *, clock: PhaseClock | None = None) -> int:
-    """After the cache is set up for ``stage``'s layout: release the frozen prefix on every stage-0 rank when all
-    of them are :func:`eligible`, else make sure it is resident (a collective on the control group).
+def settle(
+    ctx: RunContext,
+    layout: Layout,
+    *,
+    first: bool,
+    serving: acache.ActivationCache | None,
+    clock: PhaseClock | None = None,
+) -> int:
+    """After the cache is set up for ``layout``: release the frozen prefix on every stage-0 rank when all of them
+    are :func:`eligible`, else make sure it is resident (a collective on the control group).
 
     Args:
+        first: whether this rank runs stage 0 in ``layout``.
+        serving: the cache stage 0 reads in ``layout`` (``None``: it reads none, or this rank is not stage 0).
         clock: a transition's clock: laps ``eval_store`` (the evaluation outputs) and ``prefix`` (release or
             restore).
 
@@ -270,26 +242,26 @@ def settle(ctx: RunContext, stage: StageRuntime, *, clock: PhaseClock | None = N
         The device bytes of frozen-prefix weights the job's stage-0 ranks do without in this layout (summed over
         the job, :func:`release`; 0 when the prefix is resident).
     """
-    layout, frozen, state = stage.layout, stage.layout.frozen, ctx.prefix
+    frozen, state = layout.frozen, ctx.prefix
     mine = True
-    if stage.is_first:
-        mine = stage.cache_on and stage.cache is not None and eligible(ctx, stage.cache, frozen)
+    if first:
+        mine = serving is not None and eligible(ctx, serving, frozen)
     flag = torch.tensor([1.0 if mine and frozen > 0 else 0.0])
     control = ctx.groups.control_group
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=control)
     freed = 0
     if flag.item() > 0:
-        if stage.is_first:
+        if first:
             group = ctx.groups.dp_group(layout.pipe_len) if layout.replicas > 1 else None
-            assert stage.cache is not None  # eligible: the cache serves the prefix
+            assert serving is not None  # eligible: the cache serves the prefix
             with torch.no_grad():
-                _fill_eval(ctx, layout, group, eval_home(stage.cache, ctx.device))
+                _fill_eval(ctx, layout, group, eval_home(serving, ctx.device))
             if clock is not None:
                 clock.lap("eval_store")
             freed = release(ctx, frozen)
         state.released = frozen
     else:
-        if stage.is_first and state.released:
+        if first and state.released:
             restore(ctx, layout, state.released)
         state.forget()
     total = torch.tensor([freed], dtype=torch.int64)

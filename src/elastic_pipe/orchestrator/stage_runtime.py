@@ -175,7 +175,8 @@ class StageRuntime:
         self.cache_entries, self.cache_bytes = self._held_at_boundary()
         if clock is not None:
             clock.lap("cache")
-        self.prefix_released_bytes = settle(self.ctx, self, clock=clock)
+        serving = self.cache if self.is_first and self.cache_on else None
+        self.prefix_released_bytes = settle(self.ctx, self.layout, first=self.is_first, serving=serving, clock=clock)
 
     def _held_at_boundary(self) -> tuple[int, int]:
         """Entries this rank's cache holds at the layout's boundary (every tier) and their bytes as stored."""
