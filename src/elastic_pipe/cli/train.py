@@ -18,8 +18,8 @@ Examples::
     elastic-pipe train --config run.toml --epochs 8 --resume auto      # continue the run in [checkpoint] dir
     elastic-pipe train --config run.toml --resume runs/a/ckpt          # continue the run checkpointed there
 
-For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``) and
-``--rdzv-endpoint`` set.
+For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``),
+``--rdzv-endpoint`` and the same ``--run-id`` and rendezvous secret (``--rdzv-secret-file``) set.
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DIR: continue the run checkpointed in DIR (it must hold one; new checkpoints go there too)",
     )
     parser.add_argument("--run-id", help="job id shared by every node's agent (multi-node runs)")
+    parser.add_argument(
+        "--rdzv-secret-file",
+        metavar="FILE",
+        help="file holding the rendezvous secret shared by every node (hex, at least 128 bits, mode 600; "
+        "multi-node runs; or set ELASTIC_PIPE_RDZV_SECRET_FILE or ELASTIC_PIPE_RDZV_SECRET)",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, accuracy and layout per epoch (matplotlib)")
     add_json_flag(parser)
 
@@ -210,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     config = config.override(overrides_from(args, config))
     preflight(config)
-    results = launch(config, entry, config.to_dict(), run_id=args.run_id)
+    results = launch(config, entry, config.to_dict(), run_id=args.run_id, secret_file=args.rdzv_secret_file)
     result: dict[str, Any] = results[min(results)]
     if args.plot:
         plot(result, args.plot)
