@@ -134,8 +134,10 @@ def overrides_from(args: argparse.Namespace, config: TrainConfig) -> dict[str, A
         overrides["checkpoint.resume"] = resume
     elif resume is not None:
         directory = Path(resume)
-        if not (directory / "latest.json").is_file():
-            raise CliInputError(f"--resume {resume}: no checkpoint there (no latest.json); expected auto, never or DIR")
+        if not (directory / "latest.json").is_file() and not any(directory.glob("epoch-*.pt")):
+            raise CliInputError(
+                f"--resume {resume}: no checkpoint there (no latest.json, no epoch-*.pt); expected auto, never or DIR"
+            )
         given = overrides.get("checkpoint.dir")
         if given and Path(given).resolve() != directory.resolve():
             raise CliInputError(

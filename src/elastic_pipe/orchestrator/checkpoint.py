@@ -50,7 +50,7 @@ from torch import nn
 
 from elastic_pipe.orchestrator.checkpoint_files import (
     FORMATS,
-    load_latest,
+    find_latest,
     prune,
     remove_leftovers,
     shard_name,
@@ -114,6 +114,8 @@ class Checkpointer:
             raise ConfigError("a Checkpointer needs [checkpoint] dir")
         self.config = config
         self.directory = Path(config.checkpoint.dir)
+        #: The checkpoint file the last :meth:`resume` loaded (after any fallback), or ``None``.
+        self.loaded: Path | None = None
 
     def maybe_save(self, trainer: ElasticTrainer) -> bool:
         """Save if the epoch just finished is due (a collective); returns whether a checkpoint was written."""
@@ -179,8 +181,9 @@ class Checkpointer:
         return path
 
     def resume(self, trainer: ElasticTrainer) -> bool:
-        """Load the newest checkpoint into ``trainer`` if there is one (every rank reads the main file and, of the
-        shards, only the tensors it needs).
+        """Load the newest intact checkpoint into ``trainer`` if there is one (every rank reads the main file and, of
+        the shards, only the tensors it needs); :attr:`loaded` names the file. A missing or corrupt ``latest.json``
+        falls back to scanning the directory (:func:`~.checkpoint_files.find_latest`), never to a fresh start.
 
         Returns:
             Whether a checkpoint was loaded.
@@ -189,12 +192,13 @@ class Checkpointer:
             ConfigError: the checkpoint is from another model, or no checkpoint in the directory is intact.
             OrchestratorError: its pipeline length does not fit this world size.
         """
-        found = load_latest(
+        found = find_latest(
             self.directory, allow_nonfinite=self.config.checkpoint.allow_nonfinite, warn=trainer.ctx.rank == 0
         )
         if found is None:
             return False
-        state, manifest = found
-        check_compatible(manifest, trainer.parts.model, str(self.directory))
+        state, manifest, path = found
+        check_compatible(manifest, trainer.parts.model, str(path))
         trainer.load_state_dict(state)
+        self.loaded = path
         return True

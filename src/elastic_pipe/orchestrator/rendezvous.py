@@ -97,6 +97,9 @@ _NULL = b"-"
 _TAG_BYTES = hashlib.sha256().digest_size
 _DOMAIN = b"elastic-pipe rendezvous state v1\0"
 
+#: The authenticated stores made in this process, kept alive (see :func:`authenticated_store`).
+_LIVE_STORES: list[Any] = []
+
 #: The secret of each run id launched from this process (the handler creators get only the parameters, and the
 #: parameters are logged by torch, so the secret does not travel in them).
 _SECRETS: dict[str, bytes] = {}
@@ -424,5 +427,11 @@ def authenticated_store(inner: Store, key: bytes) -> Store:
         def set_timeout(self, timeout: timedelta) -> None:
             inner.set_timeout(timeout)
 
+        def clone(self) -> Store:  # a connection of its own, for a store that wants one
+            return authenticated_store(inner.clone(), key)  # type: ignore[attr-defined]
+
     store: Store = AuthenticatedStore()
+    # torch holds a Python-defined store by its C++ part only: once the Python object is gone, its methods are
+    # too ("Not implemented"), so every store made here lives as long as the process.
+    _LIVE_STORES.append(store)
     return store

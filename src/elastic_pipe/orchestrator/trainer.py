@@ -35,7 +35,6 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, probe, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
-from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -318,9 +317,8 @@ class ElasticTrainer:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
         if not checkpointer.resume(self):
             return False
-        if self.ctx.log.stream is not None:
-            meta = read_latest(checkpointer.directory) or {}
-            where = checkpointer.directory / str(meta.get("file", ""))
+        if self.ctx.log.stream is not None:  # the file actually loaded, after any fallback
+            where = checkpointer.loaded
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
 
