@@ -53,7 +53,14 @@ from elastic_pipe.orchestrator.setup import (
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_data import DatasetSplit
-from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
+from elastic_pipe.orchestrator.step_loop import (
+    EpochLosses,
+    StepHook,
+    check_finite_losses,
+    decision_point,
+    finish_epoch,
+    run_epoch,
+)
 from elastic_pipe.orchestrator.workload import Loss, Samples, num_samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
@@ -414,12 +421,18 @@ class ElasticTrainer:
             receives another's optimizer state; a checkpoint writes one share per stage.
         """
         ctx = self.ctx
+        epoch_losses = self.losses.global_losses(self.stage, ctx.device)
+        if self.config.train.on_nonfinite == "stop":  # never checkpoint a state trained past a non-finite loss
+            before = self.state.step - len(epoch_losses)
+            check_finite_losses(
+                epoch_losses, epoch=self.state.epoch, steps_before=before, steps_per_epoch=ctx.epoch.steps
+            )
         extra: dict[str, Any] = {
             "scheduler": self.scheduler.state_dict(),
             "policy": self.parts.policy.state_dict(),
             "sampler": self.sampler.state_dict(),
             "history": self.result.history(),
-            "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
+            "epoch_losses": epoch_losses,
         }
         kept = probe.kept(self.stage)  # a probe-driven policy's baseline: replica 0's outputs, by stage
         if kept is not None:
