@@ -465,8 +465,9 @@ class LaunchSection:
             :data:`MAX_TIMEOUT_S`).
         max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
-        run_id: the job's id, shared by every node's agent: a secret, since anyone who knows it and reaches the
-            rendezvous can join the job ("" gives a single-node job a fresh random one; several nodes must set it).
+        run_id: the job's id, shared by every node's agent ("" gives a single-node job a fresh random one; several
+            nodes must set it). Not a secret: the rendezvous is authenticated by a separate secret
+            (:mod:`~elastic_pipe.orchestrator.rendezvous`).
     """
 
     nproc_per_node: int = 1
