@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ from elastic_pipe.orchestrator.checkpoint_files import (
     latest_meta,
     load_verified,
     manifest_path,
+    shard_digests,
+    shard_name,
     write_checkpoint,
+    write_shard,
 )
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -145,6 +149,49 @@ def test_resume_dir_accepts_a_directory_whose_index_is_lost(tmp_path: Path) -> N
     assert overrides == {"checkpoint.dir": str(tmp_path / "ckpt"), "checkpoint.resume": "auto"}
 
 
+# --- a shard swapped together with its manifest ---------------------------------------------------------------------
+
+
+def _sharded(directory: Path, name: str, scale: float, *, record: bool = True) -> Path:
+    """A sharded checkpoint as a Checkpointer writes it: one shard per stage (2), then the main file."""
+    files = [shard_name(name, s) for s in range(2)]
+    for s, f in enumerate(files):
+        write_shard(directory, f, {"model": {f"w{s}": torch.full((3,), scale + s)}, "optimizer": {"state": {}}})
+    table: dict[str, Any] = {"files": files, "index": {"w0": files[0], "w1": files[1]}}
+    if record:
+        table["sha256"] = shard_digests(directory, files)
+    main = {"shards": table, "keys": ["w0", "w1"], "run": {"epoch": int(scale)}, "optimizer": {"param_groups": []}}
+    return write_checkpoint(directory, name, main, {"epoch": int(scale), "step": 0, "fingerprint": {}})
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_shard_swapped_with_its_manifest_is_refused_and_the_older_checkpoint_loaded(
+    stage: int, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    older = _sharded(tmp_path, "epoch-0002.pt", 2.0)
+    newer = _sharded(tmp_path, "epoch-0003.pt", 3.0)
+    for suffix in ("", "manifest"):  # epoch 2's shard and its manifest copied over epoch 3's: both consistent
+        src = tmp_path / shard_name(older.name, stage)
+        dst = tmp_path / shard_name(newer.name, stage)
+        if suffix:
+            src, dst = manifest_path(src), manifest_path(dst)
+        shutil.copyfile(src, dst)
+    with pytest.raises(CorruptCheckpoint, match=rf"shard {shard_name(newer.name, stage)} is not the one saved with it"):
+        load_verified(newer)
+    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.checkpoint_files"):
+        found = find_latest(tmp_path)
+    assert found is not None and found[2] == older
+    assert torch.equal(found[0]["model"]["w0"], torch.full((3,), 2.0))
+    assert any("a shard swapped with its manifest" in r.getMessage() for r in caplog.records)
+    _count("shard swapped with its manifest", found[2] == older)
+
+
+def test_a_checkpoint_without_recorded_shard_hashes_still_loads(tmp_path: Path) -> None:
+    path = _sharded(tmp_path, "epoch-0001.pt", 1.0, record=False)  # written before the main file recorded them
+    state, _ = load_verified(path)
+    assert torch.equal(state["model"]["w1"], torch.full((3,), 2.0))
+
+
 # --- a run on two ranks ---------------------------------------------------------------------------------------------
 
 SAMPLES = 160  # 128 training samples: 4 steps of 32 per epoch
@@ -174,6 +221,9 @@ def _resume_after_losing_the_index(ctx: RankContext, ckpt: str) -> list[str]:
     with ElasticTrainer(config_from_tables(_tables(3, ckpt)), data=data, quiet=True) as trainer:
         trainer.fit()
     if ctx.rank == 0:  # the index deleted, the newest checkpoint's main file truncated
+        main = torch.load(Path(ckpt) / "epoch-0002.pt", weights_only=True)  # the shards' SHA-256 are recorded
+        table = main["shards"]
+        assert table["sha256"] == shard_digests(Path(ckpt), table["files"]) and len(table["files"]) == 2
         (Path(ckpt) / LATEST).unlink()
         newest = Path(ckpt) / "epoch-0003.pt"
         newest.write_bytes(newest.read_bytes()[:-10])

@@ -6,8 +6,8 @@ optimizer state of the parameters it owns, by name, and, for a probe-driven free
 keeps for the next decision point: :mod:`.probe`); rank 0 then writes the main file: the optimizer's
 hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the
 run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the history so
-far and the shard table (and which shard keeps each stage's probe outputs). No rank receives another stage's
-weights or optimizer state.
+far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank
+receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -53,6 +53,7 @@ from elastic_pipe.orchestrator.checkpoint_files import (
     find_latest,
     prune,
     remove_leftovers,
+    shard_digests,
     shard_name,
     write_checkpoint,
     write_shard,
@@ -170,7 +171,9 @@ class Checkpointer:
             }
             main = {k: v for k, v in state.items() if k not in ("model", "probe")}
             main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
-            main["shards"] = {"files": files, "index": index}
+            # each shard's SHA-256 (from its fresh manifest): a shard later swapped together with its manifest no
+            # longer matches the main file, and the resume falls back
+            main["shards"] = {"files": files, "index": index, "sha256": shard_digests(self.directory, files)}
             if "probe" in state:  # which shard keeps each stage's probe outputs
                 main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]

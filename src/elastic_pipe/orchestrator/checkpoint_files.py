@@ -8,8 +8,9 @@ save and what; this module only writes and reads.
 A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSSS].stage-NNNN.pt`` (the stage's
 weights and optimizer state, written by the rank that runs it) with its own manifest; the main file then holds
 everything else and a ``shards`` table (the shard files and which shard holds each model key; with a probe-driven
-freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs). Loading checks every
-shard's SHA-256 against its manifest before anything is used, and wraps the shards in a
+freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs) and each shard's SHA-256 as
+its writer recorded it. Loading checks every shard's SHA-256 against its manifest and against the main file's
+record (a shard swapped together with its manifest is refused) before anything is used, and wraps the shards in a
 :class:`ShardedCheckpoint`, which reads a tensor only when asked for it (the files are memory-mapped), checking its
 CRC-32 and its values then.
 """
@@ -46,6 +47,7 @@ __all__ = [
     "prune",
     "read_latest",
     "remove_leftovers",
+    "shard_digests",
     "shard_name",
     "write_checkpoint",
     "write_shard",
@@ -219,7 +221,23 @@ def write_shard(directory: Path, name: str, state: dict[str, Any]) -> Path:
     return path
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def shard_digests(directory: Path, files: list[str]) -> dict[str, str]:
+    """The SHA-256 of each shard ``files`` names, from the manifests its writers just wrote (for the main file's
+    shard table: a shard swapped together with its manifest then no longer matches the main file).
+
+    Raises:
+        CorruptCheckpoint: a shard's manifest is unreadable or has no SHA-256.
+    """
+    digests = {}
+    for name in files:
+        digest = _read_manifest(directory / name, hash_file=False).get("sha256")
+        if not isinstance(digest, str):
+            raise CorruptCheckpoint(f"{directory / name}: its manifest records no SHA-256")
+        digests[name] = digest
+    return digests
+
+
+def _read_manifest(path: Path, *, hash_file: bool = True) -> dict[str, Any]:
     mpath = manifest_path(path)
     try:
         manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
@@ -227,6 +245,8 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise CorruptCheckpoint(f"{path}: no readable manifest {mpath.name} ({exc})") from exc
     if not isinstance(manifest, dict):
         raise CorruptCheckpoint(f"{path}: its manifest {mpath.name} is not a JSON object")
+    if not hash_file:
+        return manifest
     if not path.exists():
         raise CorruptCheckpoint(f"{path}: the file is missing")
     digest = file_sha256(path)
@@ -352,6 +372,17 @@ def _attach_shards(path: Path, state: dict[str, Any], *, allow_nonfinite: bool) 
     if bad or not isinstance(index, dict) or not set(index.values()) <= set(files):
         raise CorruptCheckpoint(f"{path}: its shard table names files outside the directory or unknown shards")
     manifests = {f: _read_manifest(path.parent / f) for f in files}
+    recorded = table.get("sha256")  # absent in checkpoints written before the main file recorded them
+    if recorded is not None:
+        if not isinstance(recorded, dict):
+            raise CorruptCheckpoint(f"{path}: its shard table's 'sha256' must map shard files to digests")
+        for f in files:
+            actual = manifests[f].get("sha256")
+            if recorded.get(f) != actual:
+                raise CorruptCheckpoint(
+                    f"{path}: shard {f} is not the one saved with it (SHA-256 {str(actual)[:12]}... differs from the "
+                    f"main file's record {str(recorded.get(f))[:12]}...): a shard swapped with its manifest"
+                )
     shards = ShardedCheckpoint(path.parent, index, manifests, allow_nonfinite=allow_nonfinite)
     state["model"] = shards.model
     state.setdefault("optimizer", {})["state"] = shards.optimizer_state
