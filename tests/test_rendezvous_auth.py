@@ -59,6 +59,7 @@ def _forgeries(marker: Path) -> list[bytes]:
         base64.b64encode(os.urandom(32) + bits),
         b"not base64 !!",
         b"",
+        b"-",  # the empty key's sentinel, once a state was written
         base64.b64encode(b"short"),
     ]
 

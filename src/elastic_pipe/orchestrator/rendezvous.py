@@ -241,8 +241,8 @@ class AuthenticatedBackend:
         return state
 
     def _read(self, value: bytes) -> tuple[bytes, Any] | None:
-        if value == _NULL:
-            return None
+        if value == _NULL and self._last is None:
+            return None  # no agent wrote a state yet (after one did, none writes the sentinel again: a forgery)
         state = self.open(value)
         if state is None:
             self._forged += 1
