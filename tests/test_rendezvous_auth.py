@@ -172,11 +172,12 @@ def test_the_single_node_handler_never_unpickles_what_another_client_wrote(which
 
 # --- a whole job under attack --------------------------------------------------------------------------------------
 
-#: The attacker: given only the ports, it lists the keys of every store there and overwrites each with a pickled
-#: payload, over and over, until the job ends (its parent kills it). Runs with ``-c`` so that ``nobody`` needs no
-#: access to the test's files.
+#: The attacker: given only the ports (lines on its stdin), it lists the keys of every store there and overwrites
+#: each with a pickled payload, over and over, until the job ends (its parent kills it). It imports torch before
+#: the job starts, so it writes as soon as the job's stores exist. Runs with ``-c`` and talks through pipes, so
+#: that ``nobody`` needs no access to the test's files.
 _ATTACKER = """
-import base64, os, pickle, sys, time
+import base64, os, pickle, sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
 
@@ -186,21 +187,29 @@ class P:
 
 bits = pickle.dumps(P())
 values = [base64.b64encode(bits), bits, base64.b64encode(os.urandom(32) + bits)]
-ports = [int(p) for p in sys.argv[2:]]
-stores, writes = {}, 0
+ports = set()
+
+def read_ports():
+    for line in sys.stdin:
+        ports.update(int(p) for p in line.split())
+
+threading.Thread(target=read_ports, daemon=True).start()
+print("ready", flush=True)
+stores, writes, rounds = {}, 0, 0
 while True:
-    for port in ports:
+    for port in sorted(ports):
         try:
             store = stores.get(port) or dist.TCPStore("127.0.0.1", port, is_master=False,
                                                       timeout=timedelta(seconds=2))
             stores[port] = store
-            for key in store.list_keys():
-                store.set(key, values[writes % len(values)])
+            for key in store.list_keys():  # mostly what torch's backend stores (base64), now and then the others
+                store.set(key, values[0] if rounds % 5 else values[rounds // 5 % len(values)])
                 writes += 1
         except Exception:
             stores.pop(port, None)
+    rounds += 1
     print(writes, flush=True)
-    time.sleep(0.05)
+    time.sleep(0.02)
 """
 
 
@@ -261,43 +270,45 @@ def test_a_local_attacker_writing_under_every_key_never_runs_code_in_a_train_job
         encoding="utf-8",
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    job = subprocess.Popen(
-        [sys.executable, "-m", "elastic_pipe", "train", "--config", str(config), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    attacker: subprocess.Popen[bytes] | None = None
-    user = _attacker_user()
-    attacked: set[int] = set()
     counts = tmp_path / "writes.txt"
-    try:
-        with counts.open("wb") as count_file:
+    attacked: set[int] = set()
+    job: subprocess.Popen[bytes] | None = None
+    with counts.open("wb") as count_file:
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", _ATTACKER, str(marker)],
+            stdin=subprocess.PIPE,
+            stdout=count_file,
+            stderr=subprocess.DEVNULL,
+            env={**env, "PYTHONPATH": ""},
+            user=_attacker_user(),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while b"ready" not in counts.read_bytes() and attacker.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            job = subprocess.Popen(
+                [sys.executable, "-m", "elastic_pipe", "train", "--config", str(config), "--json"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+            )
             deadline = time.monotonic() + 120
             while job.poll() is None and time.monotonic() < deadline:
                 ports = _ports_of(job.pid)  # the agent's two stores: the rendezvous's and the workers'
                 if ports and not ports <= attacked:
                     attacked |= ports
-                    if attacker is not None:
-                        attacker.kill()
-                        attacker.wait()
-                    attacker = subprocess.Popen(
-                        [sys.executable, "-c", _ATTACKER, str(marker), *map(str, sorted(attacked))],
-                        stdout=count_file,
-                        stderr=subprocess.DEVNULL,
-                        env={**env, "PYTHONPATH": ""},
-                        user=user,
-                    )
-                time.sleep(0.05)
+                    assert attacker.stdin is not None
+                    attacker.stdin.write((" ".join(map(str, sorted(ports))) + "\n").encode())
+                    attacker.stdin.flush()
+                time.sleep(0.02)
             _, err = job.communicate(timeout=240)
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.communicate()
-        if attacker is not None:
+        finally:
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.communicate()
             attacker.kill()
-            attacker.wait()
-    writes = counts.read_text().split()
+            attacker.communicate()  # closes its stdin
+    writes = counts.read_text().split()[1:]  # after "ready"
     assert attacked, "the job's stores were never found"
     assert writes and int(writes[-1]) > 0, "the attacker never wrote"  # it did list keys and overwrite them
     assert not marker.exists(), "the attacker's payload ran in the job"
@@ -305,8 +316,9 @@ def test_a_local_attacker_writing_under_every_key_never_runs_code_in_a_train_job
     text = err.decode()
     assert "Fatal Python error" not in text and "Traceback" not in text, text[-3000:]  # no crash, no raw trace
     if job.returncode != 0:  # the job may fail (its workers' values were overwritten), with one line
-        assert job.returncode == 1 and len(lines) == 1, text[-3000:]
-        assert "another process wrote to the" in lines[0], lines[0]
+        assert job.returncode in (1, 2) and len(lines) == 1, text[-3000:]
+        # a worker reading a forged value, or the agent reading torch's unauthenticated rank assignment
+        assert "another process wrote to" in lines[0] or "Expecting value" in lines[0], lines[0]
 
 
 # --- the multi-node secret -----------------------------------------------------------------------------------------
@@ -367,3 +379,33 @@ def test_a_single_node_draws_a_fresh_secret_per_job_and_several_nodes_need_one()
     assert secret_for(2, given, "h:1") == given
     with pytest.raises(ConfigError, match="2 nodes, rendezvous at h:1"):
         secret_for(2, None, "h:1")
+
+
+def test_an_agent_failing_on_forged_store_values_says_so_on_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import torch.distributed.launcher.api as launcher_api
+
+    from elastic_pipe.orchestrator import rendezvous
+    from elastic_pipe.orchestrator.errors import OrchestratorError
+
+    def agent(run_id: str, forged: int) -> Any:
+        def launcher(config: Any, entrypoint: Any) -> Any:
+            def run(*args: Any) -> Any:
+                rendezvous._FORGED[run_id] = forged  # what the backend counts when it meets a forged state
+                json.loads("")  # torch's agent reading a rank assignment another process overwrote
+
+            return run
+
+        return launcher
+
+    config = _config(nproc_per_node=1, run_id="job-a")
+    monkeypatch.setattr(launcher_api, "elastic_launch", agent("job-a", 3))
+    with pytest.raises(OrchestratorError) as caught:
+        launch(config, print, quiet=True)
+    assert str(caught.value).startswith("the elastic agent failed (JSONDecodeError: Expecting value")
+    assert str(caught.value).endswith("another process wrote to this job's stores (3 forged rendezvous states ignored)")
+    assert "\n" not in str(caught.value) and rendezvous.forged_states("job-a") == 0  # forgotten after the launch
+    monkeypatch.setattr(launcher_api, "elastic_launch", agent("job-a", 0))
+    with pytest.raises(json.JSONDecodeError):  # no forgery seen: the agent's own error, as it was
+        launch(config, print, quiet=True)

@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError, WorkerFailedError
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
 from elastic_pipe.orchestrator.rendezvous import (
     AUTH_C10D_BACKEND,
     LOOPBACK,
     LOOPBACK_BACKEND,
     STORE_KEY_ENV,
     _create_loopback_handler,  # noqa: F401 - kept importable from here
+    forged_states,
     forget_secret,
     loopback_store,
     read_secret,
@@ -48,6 +49,7 @@ from elastic_pipe.orchestrator.rendezvous import (
     secret_for,
     store_key,
 )
+from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
     "AUTH_C10D_BACKEND",
@@ -331,6 +333,16 @@ def launch(
         report = write_failure_report(config.log.dir, rank, error, traceback)
         restarts = section.max_restarts
         raise WorkerFailedError(rank, error, traceback=traceback, restarts=restarts, report=report) from None
+    except (RuntimeError, ValueError, TimeoutError) as exc:  # the agent itself (rendezvous, rank assignment)
+        if isinstance(exc, ElasticPipeError) or not forged_states(job_id):
+            raise
+        # torch's agent keeps its rank assignment (JSON) and barrier counters in the store unauthenticated: when
+        # another process wrote there, what fails is the agent's reading of it. Say so, on one line.
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise OrchestratorError(
+            f"the elastic agent failed ({text}): another process wrote to this job's stores "
+            f"({forged_states(job_id)} forged rendezvous states ignored)"
+        ) from exc
     finally:
         forget_secret(job_id)
     return result

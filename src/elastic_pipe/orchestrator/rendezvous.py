@@ -60,6 +60,7 @@ __all__ = [
     "AuthenticatedBackend",
     "ForgedValueError",
     "authenticated_store",
+    "forged_states",
     "forget_secret",
     "fresh_secret",
     "loopback_store",
@@ -99,6 +100,9 @@ _DOMAIN = b"elastic-pipe rendezvous state v1\0"
 
 #: The authenticated stores made in this process, kept alive (see :func:`authenticated_store`).
 _LIVE_STORES: list[Any] = []
+
+#: How many forged rendezvous states each run id's backends met in this process (:func:`forged_states`).
+_FORGED: dict[str, int] = {}
 
 #: The secret of each run id launched from this process (the handler creators get only the parameters, and the
 #: parameters are logged by torch, so the secret does not travel in them).
@@ -246,6 +250,7 @@ class AuthenticatedBackend:
         state = self.open(value)
         if state is None:
             self._forged += 1
+            _FORGED[self._run_id] = _FORGED.get(self._run_id, 0) + 1
             if self._forged == 1:
                 log.warning(
                     "ignored a rendezvous state not sealed with this job's secret (%d bytes under %r): another "
@@ -361,8 +366,14 @@ def register_backends(run_id: str, secret: bytes) -> None:
 
 
 def forget_secret(run_id: str) -> None:
-    """Drop ``run_id``'s secret once its launch is over."""
+    """Drop ``run_id``'s secret (and its forgery count) once its launch is over."""
     _SECRETS.pop(run_id, None)
+    _FORGED.pop(run_id, None)
+
+
+def forged_states(run_id: str) -> int:
+    """How many rendezvous states not sealed with ``run_id``'s secret its agent met (and ignored) so far."""
+    return _FORGED.get(run_id, 0)
 
 
 class ForgedValueError(RuntimeError):
