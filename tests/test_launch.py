@@ -15,6 +15,7 @@ import pytest
 from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import (
+    AUTH_C10D_BACKEND,
     LOOPBACK,
     LOOPBACK_BACKEND,
     RUN_ID_ENV,
@@ -104,14 +105,18 @@ def test_single_node_rendezvous_is_loopback_only() -> None:
 
 def test_multi_node_rendezvous_uses_the_shared_endpoint() -> None:
     options = rendezvous_options(2, "node0:29400")
-    assert options == RendezvousOptions("c10d", "node0:29400", {"timeout": 120}, None)
+    assert options == RendezvousOptions(AUTH_C10D_BACKEND, "node0:29400", {"timeout": 120}, None)
     with pytest.raises(ConfigError, match="rdzv_endpoint"):
         rendezvous_options(2, "")
 
 
 def test_single_node_at_a_chosen_endpoint_hosts_it() -> None:
     options = rendezvous_options(1, "127.0.0.1:29500")
-    assert (options.backend, options.endpoint, options.configs["is_host"]) == ("c10d", "127.0.0.1:29500", True)
+    assert (options.backend, options.endpoint, options.configs["is_host"]) == (
+        AUTH_C10D_BACKEND,
+        "127.0.0.1:29500",
+        True,
+    )
 
 
 @needs_proc
@@ -168,8 +173,9 @@ class _Payload:
 
 def _poison_and_read(run_id: str, marker: Path) -> None:
     """Meet a single-node rendezvous under ``run_id`` as the launcher does, then write a pickled payload under
-    the key the fixed run id "elastic-pipe" used (``torch.rendezvous.elastic-pipe``) from another client of the
-    rendezvous store, and let the handler read its state again (torch's c10d backend unpickles what it reads)."""
+    the key torch's c10d backend used for ``run_id`` (``torch.rendezvous.<run_id>``) and under every key the
+    store lists, from another client of the rendezvous store, and let the handler read its state again (torch's
+    c10d backend unpickled what it read)."""
     import base64
     import pickle
     import time
@@ -182,7 +188,9 @@ def _poison_and_read(run_id: str, marker: Path) -> None:
         info = handler.next_rendezvous()
         port = info.store.underlying_store.port  # type: ignore[attr-defined]
         attacker = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=timedelta(seconds=10))
-        attacker.set("torch.rendezvous.elastic-pipe", base64.b64encode(pickle.dumps(_Payload(str(marker)))))
+        forged = base64.b64encode(pickle.dumps(_Payload(str(marker))))
+        for key in [f"torch.rendezvous.{run_id}", *attacker.list_keys()]:  # and the rendezvous key it lists now
+            attacker.set(key, forged)
         time.sleep(1.2)  # past the handler's cached state (1 s), so the next call reads the store
         handler.num_nodes_waiting()
     finally:
@@ -194,10 +202,10 @@ def test_a_write_to_the_old_predictable_key_never_reaches_the_job(tmp_path: Path
     marker = tmp_path / "payload-ran"
     _poison_and_read(resolve_run_id(1, environ={}), marker)  # the job's own run id: random, never guessed
     assert not marker.exists()
-    # the control: a job under the fixed run id of before reads (and unpickles) that key, so the payload runs
-    with pytest.raises(Exception):  # noqa: B017 - the handler then chokes on what it unpickled
-        _poison_and_read("elastic-pipe", marker)
-    assert marker.is_dir()
+    # Under the fixed run id of before the key was known, and torch's c10d backend unpickled it (the payload ran):
+    # the state is now authenticated (tests/test_rendezvous_auth.py), so even a known run id runs nothing.
+    _poison_and_read("elastic-pipe", marker)
+    assert not marker.exists()
 
 
 # --- worker threads ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -62,11 +63,14 @@ def test_pipelines_stay_inside_a_node() -> None:
 def test_two_nodes_run_a_transition(tmp_path: Path) -> None:
     path = tmp_path / "two_nodes.toml"
     path.write_text(CONFIG.format(port=_free_port()))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    secret = secrets.token_hex(16)  # the rendezvous secret, in the environment, never on the command line
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ELASTIC_PIPE_RDZV_SECRET": secret}
     cmd = [sys.executable, "-m", "elastic_pipe", "train", "--config", str(path), "--run-id", "two-nodes", "--json"]
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
     outputs = []
     try:
+        for p in nodes:  # the secret is nowhere in the agents' command lines (world-readable in /proc)
+            assert secret not in Path(f"/proc/{p.pid}/cmdline").read_text(errors="replace")
         for p in nodes:
             out, err = p.communicate(timeout=240)
             assert p.returncode == 0, err.decode()[-3000:]

@@ -1,11 +1,15 @@
 """Write a trained model's weights from a checkpoint as one safetensors file.
 
-Reads the newest checkpoint of a ``[checkpoint] dir`` (the one its ``latest.json`` names), or a checkpoint file
-given directly, with ``torch.load(weights_only=True)`` - a sharded checkpoint's weights from its stages' shards,
-each checked against its manifest - and writes the model's state dict - weights and buffers,
-by the names of the model the config builds - with ``safetensors.torch.save_file``. Tensors that share memory in
+Reads the newest checkpoint of a ``[checkpoint] dir`` (the one its ``latest.json`` names, read by training's
+reader: a ``file`` outside the directory is refused; without ``latest.json``, the newest ``epoch-*.pt``), or a
+checkpoint file given directly, with ``torch.load(weights_only=True)`` - a sharded checkpoint's weights from its
+stages' shards, each checked against its manifest - and writes the model's state dict - weights and buffers, by the
+names of the model the config builds - with ``safetensors.torch.save_file``. Tensors that share memory in
 the model (tied embeddings) are written as separate copies, since safetensors refuses shared storage; loading the
 file with ``load_state_dict`` ties nothing back, which gives the same outputs.
+
+``--out`` is replaced only when it is a regular file: an existing link, directory or device node there is refused
+(exit 2, one line), and the file is written beside it and renamed over it, so nothing is written through a link.
 
 The file's metadata also keeps what inference needs (``elastic_pipe.inference``, JSON: the ``[model]`` table and
 how training prepared the inputs - the standardisation of the built-in image datasets, the tokenizer of text;
@@ -34,7 +38,10 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,26 +62,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def checkpoint_file(path: str | Path) -> Path:
     """The checkpoint file ``path`` names: itself, or for a directory the one its ``latest.json`` points at.
 
+    ``latest.json`` is read by the reader training uses
+    (:func:`~elastic_pipe.orchestrator.checkpoint_files.read_latest`): its ``file`` must be a plain name inside
+    the directory, not a path or a link out of it. A directory without ``latest.json`` gives its newest
+    ``epoch-*.pt``, as a resume would.
+
     Raises:
-        CliInputError: nothing there, or a directory without a readable ``latest.json``.
+        CliInputError: nothing there, a directory without a checkpoint, or a ``latest.json`` that is unreadable,
+            points outside the directory or names a missing file.
     """
+    from elastic_pipe.orchestrator.checkpoint_files import checkpoint_files, read_latest  # noqa: PLC0415
+    from elastic_pipe.orchestrator.errors import ConfigError  # noqa: PLC0415
+
     p = Path(path)
     if p.is_file():
         return p
     if not p.is_dir():
         raise CliInputError(f"--checkpoint {p}: no such file or directory")
-    index = p / "latest.json"
     try:
-        meta = json.loads(index.read_text(encoding="utf-8"))
-        name = meta["file"]
-    except FileNotFoundError:
-        raise CliInputError(f"--checkpoint {p}: no checkpoint there (no latest.json)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CliInputError(f"--checkpoint {p}: cannot read {index}: {exc}") from None
-    target = p / str(name)
+        meta = read_latest(p)
+    except ConfigError as exc:
+        raise CliInputError(f"--checkpoint {p}: {' '.join(str(exc).split())}") from None
+    if meta is None:
+        files = checkpoint_files(p)
+        if not files:
+            raise CliInputError(f"--checkpoint {p}: no checkpoint there (no latest.json); no epoch-*.pt either")
+        return files[-1]
+    name = str(meta["file"])
+    target = p / name
     if not target.is_file():
         raise CliInputError(f"--checkpoint {p}: latest.json names {name!r}, which is missing")
     return target
+
+
+def check_out(out: Path) -> None:
+    """Refuse an ``--out`` that exists and is not a regular file, or is a symbolic link (to anything).
+
+    Export replaces a regular file only: never a device node, a directory, a socket or what a link points at.
+
+    Raises:
+        CliInputError: naming the path and what it is.
+    """
+    try:
+        info = out.lstat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise CliInputError(f"--out {out}: cannot inspect it ({exc})") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise CliInputError(f"--out {out} is a symbolic link; give the path of a regular file (or a new one)")
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, pipe or socket)"
+        raise CliInputError(f"--out {out} exists and is {kind}; give the path of a regular file (or a new one)")
+
+
+def _write_atomic(out: Path, write: Any) -> None:
+    """``write(tmp_path)`` into a fresh file beside ``out``, then rename it over ``out``.
+
+    The rename replaces ``out`` itself: a link or special file put there after :func:`check_out` is replaced,
+    never written through.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask)  # the mode a plain create gives, not mkstemp's 0600
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -88,7 +147,8 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     """Write the model weights of checkpoint ``source`` to ``out``; returns what was written.
 
     Raises:
-        CliInputError: ``source`` is not a checkpoint of this package (or cannot be read safely).
+        CliInputError: ``source`` is not a checkpoint of this package (or cannot be read safely), or ``out`` exists
+            and is not a regular file or is a symbolic link (:func:`check_out`).
     """
     import torch  # noqa: PLC0415 - torch loads only when the command runs
     from safetensors.torch import save_file  # noqa: PLC0415
@@ -122,7 +182,8 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
         metadata[METADATA_KEY] = json.dumps(inference, sort_keys=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out), metadata=metadata)
+    check_out(out)
+    _write_atomic(out, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     return {
         "checkpoint": str(source),
         "out": str(out),
@@ -137,7 +198,9 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     """Export the weights and say what was written."""
-    doc = export_weights(checkpoint_file(args.checkpoint), Path(args.out))
+    out = Path(args.out)
+    check_out(out)  # before reading the checkpoint: a refused --out costs nothing
+    doc = export_weights(checkpoint_file(args.checkpoint), out)
     when = "" if doc["epoch"] is None else f" (after {doc['epoch']} epochs, {doc['step']} steps)"
     how = "" if doc["preprocess"] is None else f"; preprocess: {doc['preprocess']} (elastic_pipe.load_exported)"
     text = (

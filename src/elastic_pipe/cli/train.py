@@ -18,6 +18,7 @@ Examples::
     elastic-pipe train --config run.toml --epochs 8 --resume auto      # continue the run in [checkpoint] dir
     elastic-pipe train --config run.toml --resume runs/a/ckpt          # continue the run checkpointed there
 
+<<<<<<< HEAD
 A re-run says what it does: resuming a finished run prints ``run already complete (E epochs); --epochs N to
 continue, --resume never to start afresh`` and exits 0; a config that differs from the checkpoint's in more than a
 resume may change (epochs, max_steps, ``[log]``, ``[launch]``, ``[checkpoint]``) is refused with one line naming the
@@ -25,6 +26,10 @@ keys, unless ``--allow-config-change`` (:mod:`elastic_pipe.orchestrator.rerun`).
 
 For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``) and
 ``--rdzv-endpoint`` set.
+=======
+For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``),
+``--rdzv-endpoint`` and the same ``--run-id`` and rendezvous secret (``--rdzv-secret-file``) set.
+>>>>>>> security
 """
 
 from __future__ import annotations
@@ -80,6 +85,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "[launch] and [checkpoint] (the resume record in events.jsonl lists the changes)",
     )
     parser.add_argument("--run-id", help="job id shared by every node's agent (multi-node runs)")
+    parser.add_argument(
+        "--rdzv-secret-file",
+        metavar="FILE",
+        help="file holding the rendezvous secret shared by every node (hex, at least 128 bits, mode 600; "
+        "multi-node runs; or set ELASTIC_PIPE_RDZV_SECRET_FILE or ELASTIC_PIPE_RDZV_SECRET)",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, accuracy and layout per epoch (matplotlib)")
     add_json_flag(parser)
 
@@ -145,8 +156,10 @@ def overrides_from(args: argparse.Namespace, config: TrainConfig) -> dict[str, A
         overrides["checkpoint.resume"] = resume
     elif resume is not None:
         directory = Path(resume)
-        if not (directory / "latest.json").is_file():
-            raise CliInputError(f"--resume {resume}: no checkpoint there (no latest.json); expected auto, never or DIR")
+        if not (directory / "latest.json").is_file() and not any(directory.glob("epoch-*.pt")):
+            raise CliInputError(
+                f"--resume {resume}: no checkpoint there (no latest.json, no epoch-*.pt); expected auto, never or DIR"
+            )
         given = overrides.get("checkpoint.dir")
         if given and Path(given).resolve() != directory.resolve():
             raise CliInputError(
@@ -260,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
             if args.json:
                 emit(args, {"complete": True, "message": done}, "")
             return 0
-    results = launch(config, entry, config.to_dict(), run_id=args.run_id)
+    results = launch(config, entry, config.to_dict(), run_id=args.run_id, secret_file=args.rdzv_secret_file)
     result: dict[str, Any] = results[min(results)]
     if args.plot:
         plot(result, args.plot)

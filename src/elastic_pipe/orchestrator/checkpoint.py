@@ -6,8 +6,8 @@ optimizer state of the parameters it owns, by name, and, for a probe-driven free
 keeps for the next decision point: :mod:`.probe`); rank 0 then writes the main file: the optimizer's
 hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the
 run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the history so
-far and the shard table (and which shard keeps each stage's probe outputs). No rank receives another stage's
-weights or optimizer state.
+far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank
+receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -50,9 +50,10 @@ from torch import nn
 
 from elastic_pipe.orchestrator.checkpoint_files import (
     FORMATS,
-    load_latest,
+    find_latest,
     prune,
     remove_leftovers,
+    shard_digests,
     shard_name,
     write_checkpoint,
     write_shard,
@@ -114,6 +115,8 @@ class Checkpointer:
             raise ConfigError("a Checkpointer needs [checkpoint] dir")
         self.config = config
         self.directory = Path(config.checkpoint.dir)
+        #: The checkpoint file the last :meth:`resume` loaded (after any fallback), or ``None``.
+        self.loaded: Path | None = None
 
     def maybe_save(self, trainer: ElasticTrainer) -> bool:
         """Save if the epoch just finished is due (a collective); returns whether a checkpoint was written."""
@@ -168,7 +171,9 @@ class Checkpointer:
             }
             main = {k: v for k, v in state.items() if k not in ("model", "probe")}
             main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
-            main["shards"] = {"files": files, "index": index}
+            # each shard's SHA-256 (from its fresh manifest): a shard later swapped together with its manifest no
+            # longer matches the main file, and the resume falls back
+            main["shards"] = {"files": files, "index": index, "sha256": shard_digests(self.directory, files)}
             if "probe" in state:  # which shard keeps each stage's probe outputs
                 main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
@@ -180,8 +185,9 @@ class Checkpointer:
         return path
 
     def resume(self, trainer: ElasticTrainer) -> bool:
-        """Load the newest checkpoint into ``trainer`` if there is one (every rank reads the main file and, of the
-        shards, only the tensors it needs).
+        """Load the newest intact checkpoint into ``trainer`` if there is one (every rank reads the main file and, of
+        the shards, only the tensors it needs); :attr:`loaded` names the file. A missing or corrupt ``latest.json``
+        falls back to scanning the directory (:func:`~.checkpoint_files.find_latest`), never to a fresh start.
 
         Returns:
             Whether a checkpoint was loaded.
@@ -190,12 +196,13 @@ class Checkpointer:
             ConfigError: the checkpoint is from another model, or no checkpoint in the directory is intact.
             OrchestratorError: its pipeline length does not fit this world size.
         """
-        found = load_latest(
+        found = find_latest(
             self.directory, allow_nonfinite=self.config.checkpoint.allow_nonfinite, warn=trainer.ctx.rank == 0
         )
         if found is None:
             return False
-        state, manifest = found
-        check_compatible(manifest, trainer.parts.model, str(self.directory))
+        state, manifest, path = found
+        check_compatible(manifest, trainer.parts.model, str(path))
         trainer.load_state_dict(state)
+        self.loaded = path
         return True

@@ -8,8 +8,9 @@ save and what; this module only writes and reads.
 A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSSS].stage-NNNN.pt`` (the stage's
 weights and optimizer state, written by the rank that runs it) with its own manifest; the main file then holds
 everything else and a ``shards`` table (the shard files and which shard holds each model key; with a probe-driven
-freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs). Loading checks every
-shard's SHA-256 against its manifest before anything is used, and wraps the shards in a
+freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs) and each shard's SHA-256 as
+its writer recorded it. Loading checks every shard's SHA-256 against its manifest and against the main file's
+record (a shard swapped together with its manifest is refused) before anything is used, and wraps the shards in a
 :class:`ShardedCheckpoint`, which reads a tensor only when asked for it (the files are memory-mapped), checking its
 CRC-32 and its values then.
 """
@@ -37,6 +38,8 @@ __all__ = [
     "CorruptCheckpoint",
     "ShardedCheckpoint",
     "checkpoint_files",
+    "find_latest",
+    "latest_meta",
     "load_latest",
     "load_verified",
     "load_weights",
@@ -44,6 +47,7 @@ __all__ = [
     "prune",
     "read_latest",
     "remove_leftovers",
+    "shard_digests",
     "shard_name",
     "write_checkpoint",
     "write_shard",
@@ -83,7 +87,7 @@ def read_latest(directory: str | Path) -> dict[str, Any] | None:
         return None
     try:
         meta: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
         raise ConfigError(f"cannot read checkpoint index {path}: {exc}") from exc
     name = meta.get("file") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not _inside(Path(directory), name):
@@ -217,12 +221,32 @@ def write_shard(directory: Path, name: str, state: dict[str, Any]) -> Path:
     return path
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def shard_digests(directory: Path, files: list[str]) -> dict[str, str]:
+    """The SHA-256 of each shard ``files`` names, from the manifests its writers just wrote (for the main file's
+    shard table: a shard swapped together with its manifest then no longer matches the main file).
+
+    Raises:
+        CorruptCheckpoint: a shard's manifest is unreadable or has no SHA-256.
+    """
+    digests = {}
+    for name in files:
+        digest = _read_manifest(directory / name, hash_file=False).get("sha256")
+        if not isinstance(digest, str):
+            raise CorruptCheckpoint(f"{directory / name}: its manifest records no SHA-256")
+        digests[name] = digest
+    return digests
+
+
+def _read_manifest(path: Path, *, hash_file: bool = True) -> dict[str, Any]:
     mpath = manifest_path(path)
     try:
         manifest: dict[str, Any] = json.loads(mpath.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
         raise CorruptCheckpoint(f"{path}: no readable manifest {mpath.name} ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise CorruptCheckpoint(f"{path}: its manifest {mpath.name} is not a JSON object")
+    if not hash_file:
+        return manifest
     if not path.exists():
         raise CorruptCheckpoint(f"{path}: the file is missing")
     digest = file_sha256(path)
@@ -348,6 +372,17 @@ def _attach_shards(path: Path, state: dict[str, Any], *, allow_nonfinite: bool) 
     if bad or not isinstance(index, dict) or not set(index.values()) <= set(files):
         raise CorruptCheckpoint(f"{path}: its shard table names files outside the directory or unknown shards")
     manifests = {f: _read_manifest(path.parent / f) for f in files}
+    recorded = table.get("sha256")  # absent in checkpoints written before the main file recorded them
+    if recorded is not None:
+        if not isinstance(recorded, dict):
+            raise CorruptCheckpoint(f"{path}: its shard table's 'sha256' must map shard files to digests")
+        for f in files:
+            actual = manifests[f].get("sha256")
+            if recorded.get(f) != actual:
+                raise CorruptCheckpoint(
+                    f"{path}: shard {f} is not the one saved with it (SHA-256 {str(actual)[:12]}... differs from the "
+                    f"main file's record {str(recorded.get(f))[:12]}...): a shard swapped with its manifest"
+                )
     shards = ShardedCheckpoint(path.parent, index, manifests, allow_nonfinite=allow_nonfinite)
     state["model"] = shards.model
     state.setdefault("optimizer", {})["state"] = shards.optimizer_state
@@ -402,29 +437,101 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return {}, state
 
 
-def load_latest(
-    directory: Path, *, allow_nonfinite: bool = False, warn: bool = True
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The newest intact checkpoint in ``directory`` and its manifest, or ``None`` when there is none.
+def _candidates(directory: Path, *, warn: bool) -> list[Path] | None:
+    """The checkpoint files to try, in order; ``None`` when the directory holds no checkpoint (a fresh start).
 
-    The file ``latest.json`` names comes first; when it fails a check, the older checkpoints are tried newest
-    first, each failure logged (``warn``) with the file's name and the reason.
+    With a readable ``latest.json``: the file it names, then the older checkpoints newest first. Without one
+    (missing, unreadable, not an object, pointing outside the directory): every checkpoint file, newest first,
+    with a warning (``warn``) - a lost index never makes a run start afresh over its checkpoints.
 
     Raises:
-        ConfigError: ``latest.json`` is unreadable or points outside the directory, or no checkpoint is intact.
+        ConfigError: ``latest.json`` is there but unusable and no checkpoint file is left to fall back to.
     """
-    meta = read_latest(directory)
+    files = checkpoint_files(directory)
+    try:
+        meta = read_latest(directory)
+    except ConfigError as exc:
+        if not files:
+            raise ConfigError(
+                f"{exc}; no checkpoint file in {directory} to fall back to (resume = 'never' starts afresh)"
+            ) from None
+        if warn:
+            log.warning("%s; falling back to the newest intact checkpoint in %s", exc, directory)
+        return files[::-1]
     if meta is None:
-        return None
+        if files and warn:
+            log.warning(
+                "%s is missing; falling back to the newest intact checkpoint in %s", directory / LATEST, directory
+            )
+        return files[::-1] or None
     latest = directory / meta["file"]
     last = _order(latest.name)
-    older = [p for p in reversed(checkpoint_files(directory)) if p != latest and (last is None or _key(p) < last)]
+    older = [p for p in reversed(files) if p != latest and (last is None or _key(p) < last)]
+    return [latest, *older]
+
+
+def find_latest(
+    directory: Path, *, allow_nonfinite: bool = False, warn: bool = True
+) -> tuple[dict[str, Any], dict[str, Any], Path] | None:
+    """The newest intact checkpoint in ``directory``: its state, its manifest and the file actually loaded.
+
+    The file ``latest.json`` names comes first; when it fails a check, the older checkpoints are tried newest
+    first, each failure logged (``warn``) with the file's name and the reason. A missing or unusable
+    ``latest.json`` falls back to every checkpoint file of the directory, newest first (see :func:`_candidates`).
+
+    Returns:
+        ``(state, manifest, path)``, or ``None`` when the directory holds no checkpoint at all.
+
+    Raises:
+        ConfigError: no checkpoint is intact, or ``latest.json`` is unusable and there is none to fall back to.
+    """
+    candidates = _candidates(directory, warn=warn)
+    if candidates is None:
+        return None
     failures = []
-    for path in [latest, *older]:
+    for path in candidates:
         try:
-            return load_verified(path, allow_nonfinite=allow_nonfinite)
+            state, manifest = load_verified(path, allow_nonfinite=allow_nonfinite)
         except CorruptCheckpoint as exc:
             failures.append(str(exc))
             if warn:
                 log.warning("skipping checkpoint %s: %s", path, exc)
+        else:
+            return state, manifest, path
     raise ConfigError(f"no intact checkpoint in {directory}: " + " | ".join(failures))
+
+
+def load_latest(
+    directory: Path, *, allow_nonfinite: bool = False, warn: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """:func:`find_latest` without the path: the newest intact checkpoint's state and manifest, or ``None``."""
+    found = find_latest(directory, allow_nonfinite=allow_nonfinite, warn=warn)
+    return None if found is None else found[:2]
+
+
+def latest_meta(directory: str | Path) -> dict[str, Any] | None:
+    """What a resume from ``directory`` checks the model against, without loading a checkpoint: the manifest of the
+    first checkpoint :func:`find_latest` would try that has a readable one (it repeats ``latest.json``'s format and
+    fingerprint), else ``latest.json`` itself.
+
+    Returns:
+        A dict with ``format`` and ``fingerprint``, or ``None`` when there is no checkpoint.
+
+    Raises:
+        ConfigError: ``latest.json`` is unusable and there is no checkpoint file to fall back to.
+    """
+    directory = Path(directory)
+    candidates = _candidates(directory, warn=False)
+    if candidates is None:
+        return None
+    for path in candidates:
+        try:
+            manifest = json.loads(manifest_path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(manifest, dict):
+            return manifest
+    try:
+        return read_latest(directory)
+    except ConfigError:
+        return None  # no usable index, no readable manifest: the resume names every file that failed

@@ -1,4 +1,5 @@
-"""Checking the data before the first step: every item fits item 0, every class label fits the model's output.
+"""Checking the data before the first step: every item fits item 0, every class label fits the model's output, and
+(``[data] check``) no input or label holds NaN or infinity.
 
 A bad item found only when a step reads it would fail one rank in the middle of a collective, and the others would
 wait for the timeout. So at setup each rank checks a share of the items (a dataset: ``[data] check``; tensors in
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
+
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
+from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, nonfinite_problem
 from elastic_pipe.orchestrator.workload import Split
 
-__all__ = ["first_bad_label", "local_failure", "raise_first_failure"]
+__all__ = ["first_bad_label", "first_nonfinite", "local_failure", "raise_first_failure"]
 
 
 def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:
@@ -33,6 +36,20 @@ def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:
     return first, f"dataset item {first}: label {value} is out of range [0, {classes})"
 
 
+def first_nonfinite(split: Split) -> tuple[int, str] | None:
+    """The first sample of ``split`` (by id) whose floating-point input or label holds NaN or infinity, and why."""
+    bad: torch.Tensor | None = None
+    for t in (split.inputs, split.labels):
+        if t.is_floating_point() and t.numel():
+            rows = ~torch.isfinite(t.reshape(t.shape[0], -1)).all(dim=1)
+            bad = rows if bad is None else bad | rows.to(bad.device)
+    if bad is None or not bool(bad.any()):
+        return None
+    first = int(split.sample_ids[bad.to(split.sample_ids.device)].min())
+    row = int((split.sample_ids == first).nonzero()[0, 0])
+    return first, str(nonfinite_problem(first, split.inputs[row], split.labels[row]))
+
+
 def local_failure(parts: Sequence[StepData], classes: int | None, rank: int, world_size: int, scan: bool) -> str:
     """This rank's share of the check: the first failure as ``"index:reason"``, or ``""``."""
     found: list[tuple[int, str]] = []
@@ -41,8 +58,11 @@ def local_failure(parts: Sequence[StepData], classes: int | None, rank: int, wor
         if isinstance(part, DatasetSplit):
             if scan:
                 failure = part.first_bad_item(rank, world_size)
-        elif isinstance(part, Split) and classes is not None and rank == 0:
-            failure = first_bad_label(part, classes)
+        elif isinstance(part, Split) and rank == 0:
+            failure = first_bad_label(part, classes) if classes is not None else None
+            if scan:  # [data] check: no NaN or infinity in tensors in memory either
+                nonfinite = first_nonfinite(part)
+                failure = nonfinite if failure is None else failure if nonfinite is None else min(failure, nonfinite)
         if failure is not None:
             found.append(failure)
     if not found:

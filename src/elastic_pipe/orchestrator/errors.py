@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["ConfigError", "OrchestratorError", "WorkerFailedError"]
+__all__ = ["ConfigError", "NonFiniteLossError", "OrchestratorError", "WorkerFailedError"]
 
 
 class OrchestratorError(ElasticPipeError, RuntimeError):
     """Something went wrong while training (a peer disagreed, a checkpoint does not fit, a rank failed)."""
+
+
+class NonFiniteLossError(OrchestratorError):
+    """A training step's global loss is NaN or infinite (``[train] on_nonfinite = "stop"``); the message names the
+    epoch and the step."""
 
 
 class ConfigError(ElasticPipeError, ValueError):

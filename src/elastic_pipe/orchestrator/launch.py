@@ -7,7 +7,11 @@ checkpoint.
 What this module adds to a plain ``elastic_launch``, each decided by a pure function the tests check:
 
 * the run id (:func:`resolve_run_id`): a fresh random one per single-node job; a multi-node job must be given the
-  same secret id on every node, since anyone who knows it and reaches the endpoint can join the job;
+  same id on every node;
+* an authenticated rendezvous (:mod:`.rendezvous`): the agents' state carries an HMAC tag under the job's secret
+  and nothing without a valid one is unpickled, so a process that reaches the store cannot run code in the job; a
+  single node draws a fresh secret per launch, several nodes must share one of at least 128 bits given in a file
+  or the environment (:func:`~elastic_pipe.orchestrator.rendezvous.read_secret`), never on a command line;
 * loopback only for a single node (:func:`rendezvous_options`): the rendezvous store and the workers' store listen
   on 127.0.0.1 (torch's c10d stores listen on every interface, so the stores are built on sockets bound here);
 * one OpenMP thread per worker when several share the node and the user set none, and NCCL's asynchronous error
@@ -23,22 +27,32 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError, WorkerFailedError
-
-if TYPE_CHECKING:
-    from torch.distributed.distributed_c10d import Store
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
+from elastic_pipe.orchestrator.rendezvous import (
+    AUTH_C10D_BACKEND,
+    LOOPBACK,
+    LOOPBACK_BACKEND,
+    STORE_KEY_ENV,
+    _create_loopback_handler,  # noqa: F401 - kept importable from here
+    forged_states,
+    forget_secret,
+    loopback_store,
+    read_secret,
+    register_backends,
+    secret_for,
+    store_key,
+)
+from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
+    "AUTH_C10D_BACKEND",
     "LOOPBACK",
     "LOOPBACK_BACKEND",
     "NCCL_ERROR_HANDLING_ENV",
@@ -60,10 +74,6 @@ __all__ = [
 RDZV_TIMEOUT_S = 120
 #: The environment variable that may carry the job's shared run id (``--run-id`` and ``[launch] run_id`` win).
 RUN_ID_ENV = "ELASTIC_PIPE_RUN_ID"
-#: A single-node job's stores listen here only: no other machine can join or read it.
-LOOPBACK = "127.0.0.1"
-#: The rendezvous backend registered for single-node jobs: c10d on stores bound to :data:`LOOPBACK`.
-LOOPBACK_BACKEND = "elastic-pipe-loopback"
 #: How ProcessGroupNCCL's watchdog reacts to a failed or timed-out collective. torch's values: 0 nothing, 1 abort the
 #: communicator and tear the process down, 2 abort the communicator only, 3 tear the process down without aborting
 #: it (torch's own default). torchrun's agent sets 1 for its workers; so do we, for every worker and every process
@@ -75,8 +85,6 @@ NCCL_TEAR_DOWN = "1"
 DEBUG_ENV = "ELASTIC_PIPE_DEBUG"
 #: torch's loggers that print a failed worker's traceback (and the sibling it stops) on the agent's stderr.
 _FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
-#: Pending connections a store's socket queues (torch's own TCPStore backlog is larger; a node has few agents).
-_LISTEN_BACKLOG = 128
 
 
 def resolve_run_id(nnodes: int, run_id: str | None = None, environ: Mapping[str, str] | None = None) -> str:
@@ -129,6 +137,8 @@ class RendezvousOptions:
 def rendezvous_options(nnodes: int, rdzv_endpoint: str) -> RendezvousOptions:
     """The rendezvous of a job: loopback only for one node, the given shared endpoint for several.
 
+    Both are authenticated (:class:`~elastic_pipe.orchestrator.rendezvous.AuthenticatedBackend`).
+
     Raises:
         ConfigError: a multi-node job without an endpoint.
     """
@@ -138,9 +148,9 @@ def rendezvous_options(nnodes: int, rdzv_endpoint: str) -> RendezvousOptions:
                 f"a multi-node run ({nnodes} nodes) needs launch.rdzv_endpoint = 'host:port' (the same on every "
                 "node), or --rdzv-endpoint"
             )
-        return RendezvousOptions("c10d", rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S})
+        return RendezvousOptions(AUTH_C10D_BACKEND, rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S})
     if rdzv_endpoint:  # one node at a user-chosen endpoint: c10d as asked, it hosts the store itself
-        return RendezvousOptions("c10d", rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S, "is_host": True})
+        return RendezvousOptions(AUTH_C10D_BACKEND, rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S, "is_host": True})
     return RendezvousOptions(
         LOOPBACK_BACKEND, f"{LOOPBACK}:0", {"timeout": RDZV_TIMEOUT_S, "is_host": True}, local_addr=LOOPBACK
     )
@@ -250,66 +260,13 @@ def startup_line(config: TrainConfig, options: RendezvousOptions) -> str:
     return f"elastic-pipe: starting {n} worker{'s' if n != 1 else ''} on this node (world size {world}), {where} ..."
 
 
-def loopback_store(timeout_s: float = RDZV_TIMEOUT_S) -> Store:
-    """A c10d TCPStore server that listens on :data:`LOOPBACK` only, on a free port.
-
-    torch's TCPStore binds every interface; handed a socket bound here instead, it listens on that one.
-    """
-    import torch.distributed as dist  # noqa: PLC0415 (torch loads only when a launch starts)
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((LOOPBACK, 0))
-        sock.listen(_LISTEN_BACKLOG)
-        port = int(sock.getsockname()[1])
-    except OSError:
-        sock.close()
-        raise
-    fd = sock.detach()  # the store owns the socket from here on
-    store: Store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
-        LOOPBACK,
-        port,
-        is_master=True,
-        multi_tenant=True,
-        timeout=timedelta(seconds=timeout_s),
-        master_listen_fd=fd,
-    )
-    return store
-
-
-def _create_loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """The rendezvous handler of :data:`LOOPBACK_BACKEND`: torch's c10d handler, both of its stores on loopback."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (  # noqa: PLC0415 (see loopback_store)
-        C10dRendezvousBackend,
-    )
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: PLC0415
-
-    class LoopbackBackend(C10dRendezvousBackend):
-        @property
-        def name(self) -> str:  # torch checks that the handler's backend has the name it was asked for
-            return LOOPBACK_BACKEND
-
-    timeout = float(params.get_as_int("timeout", RDZV_TIMEOUT_S) or RDZV_TIMEOUT_S)
-    store = loopback_store(timeout)
-    handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
-    # The handler starts a second store for the workers (torch >= 2.4 shares it with them) on every interface;
-    # build that one on loopback too. The test suite checks that both stores listen on loopback only.
-    handler._create_tcp_store_server = lambda _addr, _port: loopback_store(timeout)  # type: ignore[method-assign,assignment]
-    return handler
-
-
-def _register_loopback_backend() -> None:
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry  # noqa: PLC0415
-
-    rendezvous_handler_registry.register(LOOPBACK_BACKEND, _create_loopback_handler)  # same creator: a no-op
-
-
 def launch(
     config: TrainConfig,
     entrypoint: Callable[..., Any],
     *args: Any,
     run_id: str | None = None,
     quiet: bool = False,
+    secret_file: str | None = None,
 ) -> dict[int, Any]:
     """Run ``entrypoint(*args)`` on this node's ``nproc_per_node`` ranks under the elastic agent.
 
@@ -321,12 +278,16 @@ def launch(
         run_id: the job id shared by every node's agent (see :func:`resolve_run_id`; required for several nodes,
             through this argument, ``config.launch.run_id``, or :data:`RUN_ID_ENV`).
         quiet: leave out the first line on stderr.
+        secret_file: a file holding the rendezvous secret (hex, at least 128 bits; see
+            :func:`~elastic_pipe.orchestrator.rendezvous.read_secret` for the environment variables). Required,
+            one way or the other, for several nodes; a single node draws a fresh one.
 
     Returns:
         Each local rank's return value.
 
     Raises:
-        ConfigError: a multi-node job without an endpoint or a run id (before anything starts).
+        ConfigError: a multi-node job without an endpoint, a run id or a secret, or a secret that is unreadable,
+            open to other users, not hex or shorter than 128 bits (before anything starts).
         WorkerFailedError: a worker failed after all restarts: one line naming the first failed rank and its
             exception; its traceback is on the error and in ``[log] dir``/error-rank<N>.txt.
     """
@@ -334,6 +295,7 @@ def launch(
     configured = section.run_id or None
     job_id = resolve_run_id(section.nnodes, run_id if run_id is not None else configured)
     options = rendezvous_options(section.nnodes, section.rdzv_endpoint)
+    secret = secret_for(section.nnodes, read_secret(secret_file), options.endpoint)
     if not quiet:
         sys.stderr.write(startup_line(config, options) + "\n")
         sys.stderr.flush()
@@ -341,8 +303,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: PLC0415
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch  # noqa: PLC0415
 
-    if options.backend == LOOPBACK_BACKEND:
-        _register_loopback_backend()
+    register_backends(job_id, secret)
     launch_config = LaunchConfig(
         min_nodes=section.nnodes,
         max_nodes=section.nnodes,
@@ -358,7 +319,7 @@ def launch(
     )
     try:
         with (
-            worker_environ(worker_environment(section.nproc_per_node)),
+            worker_environ({**worker_environment(section.nproc_per_node), STORE_KEY_ENV: store_key(secret).hex()}),
             _quiet_failure_logs(not os.environ.get(DEBUG_ENV)),
         ):
             result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
@@ -372,4 +333,16 @@ def launch(
         report = write_failure_report(config.log.dir, rank, error, traceback)
         restarts = section.max_restarts
         raise WorkerFailedError(rank, error, traceback=traceback, restarts=restarts, report=report) from None
+    except (RuntimeError, ValueError, TimeoutError) as exc:  # the agent itself (rendezvous, rank assignment)
+        if isinstance(exc, ElasticPipeError) or not forged_states(job_id):
+            raise
+        # torch's agent keeps its rank assignment (JSON) and barrier counters in the store unauthenticated: when
+        # another process wrote there, what fails is the agent's reading of it. Say so, on one line.
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise OrchestratorError(
+            f"the elastic agent failed ({text}): another process wrote to this job's stores "
+            f"({forged_states(job_id)} forged rendezvous states ignored)"
+        ) from exc
+    finally:
+        forget_secret(job_id)
     return result

@@ -20,7 +20,7 @@ import torch
 
 from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
-from elastic_pipe.orchestrator.checkpoint_files import read_latest
+from elastic_pipe.orchestrator.checkpoint_files import latest_meta
 from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -79,7 +79,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
     if config.checkpoint.dir and config.checkpoint.resume == "auto":
-        meta = read_latest(config.checkpoint.dir)
+        meta = latest_meta(config.checkpoint.dir)  # latest.json, or the newest manifest when it is lost
         if meta is not None:
             check_compatible(meta, model, config.checkpoint.dir)
             rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line

@@ -17,6 +17,7 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import nccl_error_handling
+from elastic_pipe.orchestrator.rendezvous import STORE_KEY_ENV, authenticated_store
 
 __all__ = ["choose_backend", "device_for", "join_process_group", "local_ranks", "training_backend", "warm_up"]
 
@@ -102,7 +103,11 @@ def join_process_group(config: TrainConfig) -> bool:
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
         )
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        store = dist.PrefixStore(f"elastic_pipe/attempt_{attempt}", agent_store)  # type: ignore[attr-defined]
+        # The launcher hands its workers a key to tag every value with (rendezvous.authenticated_store): another
+        # process that reaches the store cannot feed them forged peer addresses.
+        key = os.environ.get(STORE_KEY_ENV)
+        shared = agent_store if not key else authenticated_store(agent_store, bytes.fromhex(key))
+        store = dist.PrefixStore(f"elastic_pipe/attempt_{attempt}", shared)  # type: ignore[attr-defined]
         dist.init_process_group(spec, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group(spec, timeout=timeout)

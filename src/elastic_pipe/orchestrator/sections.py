@@ -241,6 +241,9 @@ class TrainSection:
             trainable parameter of the whole model, whatever the layout; 0: no clipping).
         max_steps: stop after this many optimizer steps in the whole run, with an evaluation (0: no limit; the
             run also ends after ``epochs``).
+        on_nonfinite: "stop" ends the run at the first NaN or infinite training loss, with one line naming the
+            epoch and step (found where the losses are read back: at the epoch's end or before a transition inside
+            it, before any checkpoint of that state); "continue" trains on.
     """
 
     epochs: int = 6
@@ -258,9 +261,11 @@ class TrainSection:
     cuda_graphs: str = "auto"
     max_grad_norm: float = 0.0
     max_steps: int = 0
+    on_nonfinite: str = "stop"
 
     def __post_init__(self) -> None:
         _positive_int("train.epochs", self.epochs)
+        _one_of("train.on_nonfinite", self.on_nonfinite, ("stop", "continue"))
         _nonnegative_float("train.max_grad_norm", self.max_grad_norm)
         _nonnegative_int("train.max_steps", self.max_steps)
         _positive_int("train.global_batch", self.global_batch)
@@ -469,8 +474,9 @@ class LaunchSection:
             :data:`MAX_TIMEOUT_S`).
         max_restarts: restarts torchrun allows after a failure (the job resumes from the last checkpoint).
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
-        run_id: the job's id, shared by every node's agent: a secret, since anyone who knows it and reaches the
-            rendezvous can join the job ("" gives a single-node job a fresh random one; several nodes must set it).
+        run_id: the job's id, shared by every node's agent ("" gives a single-node job a fresh random one; several
+            nodes must set it). Not a secret: the rendezvous is authenticated by a separate secret
+            (:mod:`~elastic_pipe.orchestrator.rendezvous`).
     """
 
     nproc_per_node: int = 1

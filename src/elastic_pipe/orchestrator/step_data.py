@@ -38,6 +38,7 @@ __all__ = [
     "StepData",
     "item_spec",
     "label_table",
+    "nonfinite_problem",
 ]
 
 
@@ -224,6 +225,18 @@ class _Items(torch.utils.data.Dataset[tuple[int, Any]]):
         return index, _read_item(self.dataset, index)
 
 
+def nonfinite_problem(index: int, x: Any, y: Any) -> str | None:
+    """Why dataset item ``index`` cannot be trained on because of NaN or infinite values, or ``None``."""
+    for what, t in (("input", x), ("label", y)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = t[~torch.isfinite(t)].reshape(-1)[0].item()
+            return (
+                f"dataset item {index}: its {what} holds a non-finite value ({bad}); [data] check refuses NaN "
+                "and infinity"
+            )
+    return None
+
+
 @dataclass(frozen=True)
 class _Collate:
     """Checks and stacks a batch of raw items (in the loader's workers): ``(dataset indices, inputs, labels)``.
@@ -252,6 +265,8 @@ class _Collate:
                     return index, str(exc)
                 raise
             reason = self.spec.check(index, x, y)
+            if reason is None and self.scan:  # the up-front check only: a step never pays for it
+                reason = nonfinite_problem(index, x, y)
             if reason is None and self.table is not None and not torch.equal(y, self.table[index]):
                 reason = (
                     f"dataset item {index}: label {y.tolist()} differs from the dataset's targets/labels "

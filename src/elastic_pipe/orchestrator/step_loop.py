@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from elastic_pipe import data as edata
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import step_record
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
-from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
@@ -40,6 +41,7 @@ __all__ = [
     "DecisionHook",
     "EpochLosses",
     "StepHook",
+    "check_finite_losses",
     "clip_global_grad_norm",
     "decision_point",
     "epoch_metrics",
@@ -150,6 +152,31 @@ class EpochLosses:
         self.partial, self.local = self.global_losses(stage, device), []
 
 
+def check_finite_losses(losses: list[float], *, epoch: int, steps_before: int, steps_per_epoch: int) -> None:
+    """Stop at the first NaN or infinite global loss among an epoch's steps so far (``[train] on_nonfinite``).
+
+    Called where the losses already come back to the host - the epoch's end, and before a transition inside the
+    epoch (:meth:`EpochLosses.fold`) - so the check adds no device-to-host synchronisation to any step; a non-finite
+    step is found at the latest at its epoch's end, before that state is checkpointed or a decision made on it.
+    The losses are global (the same on every rank), so every rank raises the same error.
+
+    Args:
+        losses: the epoch's global losses, from its first step on (0-based step ``j`` at ``losses[j]``).
+        epoch: the epoch (0-based).
+        steps_before: optimizer steps of the run before the epoch's first.
+        steps_per_epoch: the epoch's steps.
+
+    Raises:
+        NonFiniteLossError: naming the epoch, the step in it and in the run, and the value.
+    """
+    for j, value in enumerate(losses):
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"training loss is {value} at epoch {epoch + 1}, step {j + 1} of {steps_per_epoch} (step "
+                f"{steps_before + j + 1} of the run); the run stops (set train.on_nonfinite = 'continue' to train on)"
+            )
+
+
 @torch.no_grad()
 def clip_global_grad_norm(stage: StageRuntime, max_norm: float, device: torch.device) -> float:
     """Scale this rank's gradients so that the whole model's gradient has L2 norm at most ``max_norm`` (a collective).
@@ -254,6 +281,8 @@ def run_epoch(
         steps_per_epoch, label, enabled=stream is not None and c.log.progress, start=first, stream=stream
     )
     max_steps = c.train.max_steps
+    stop_nonfinite = c.train.on_nonfinite == "stop"
+
     for i in range(first, steps_per_epoch):
         if max_steps and state.step >= max_steps:
             break
@@ -308,6 +337,11 @@ def run_epoch(
                 t_pause = time.perf_counter()
                 _close(batches)
                 losses.fold(stage, device)
+                if stop_nonfinite:  # the losses read back so far start at the epoch's first step
+                    done = losses.partial
+                    check_finite_losses(
+                        done, epoch=state.epoch, steps_before=state.step - len(done), steps_per_epoch=steps_per_epoch
+                    )
                 progress.close()
                 old_stage = stage
                 state, stage = on_decision(state, i + 1)
@@ -329,6 +363,9 @@ def run_epoch(
     progress.close()
     epoch_losses = losses.global_losses(stage, device)
     losses.partial, losses.local = [], []
+    if stop_nonfinite:
+        steps_before = state.step - len(epoch_losses)
+        check_finite_losses(epoch_losses, epoch=state.epoch, steps_before=steps_before, steps_per_epoch=steps_per_epoch)
     # Timings are reduced with MAX: the slowest rank sets the pace.
     measured = [clock.totals[p] for p in PHASES] + [seconds, float(sync_ops), first_step_s]
     times = torch.tensor(measured, dtype=torch.float64).to(device)

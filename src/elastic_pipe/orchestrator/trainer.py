@@ -35,7 +35,6 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
-from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -54,7 +53,14 @@ from elastic_pipe.orchestrator.setup import (
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_data import DatasetSplit
-from elastic_pipe.orchestrator.step_loop import EpochLosses, StepHook, decision_point, finish_epoch, run_epoch
+from elastic_pipe.orchestrator.step_loop import (
+    EpochLosses,
+    StepHook,
+    check_finite_losses,
+    decision_point,
+    finish_epoch,
+    run_epoch,
+)
 from elastic_pipe.orchestrator.workload import Loss, Samples, num_samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
@@ -348,9 +354,8 @@ class ElasticTrainer:
         if not checkpointer.resume(self):
             return False
         self._record_resume(changes)
-        if self.ctx.log.stream is not None:
-            meta = read_latest(checkpointer.directory) or {}
-            where = checkpointer.directory / str(meta.get("file", ""))
+        if self.ctx.log.stream is not None:  # the file actually loaded, after any fallback
+            where = checkpointer.loaded
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
 
@@ -459,12 +464,18 @@ class ElasticTrainer:
             receives another's optimizer state; a checkpoint writes one share per stage.
         """
         ctx = self.ctx
+        epoch_losses = self.losses.global_losses(self.stage, ctx.device)
+        if self.config.train.on_nonfinite == "stop":  # never checkpoint a state trained past a non-finite loss
+            before = self.state.step - len(epoch_losses)
+            check_finite_losses(
+                epoch_losses, epoch=self.state.epoch, steps_before=before, steps_per_epoch=ctx.epoch.steps
+            )
         extra: dict[str, Any] = {
             "scheduler": self.scheduler.state_dict(),
             "policy": self.parts.policy.state_dict(),
             "sampler": self.sampler.state_dict(),
             "history": self.result.history(),
-            "epoch_losses": self.losses.global_losses(self.stage, ctx.device),
+            "epoch_losses": epoch_losses,
         }
         kept = probe.kept(self.stage)  # a probe-driven policy's baseline: replica 0's outputs, by stage
         if kept is not None:
