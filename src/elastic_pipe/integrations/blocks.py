@@ -12,6 +12,7 @@ first, so a Lightning module holding a Hugging Face model as ``self.model`` is f
 family                        blocks                       embeddings (frozen with the first block)
 ============================  ===========================  =============================================
 HF BERT / RoBERTa / ViT / ...  ``<base>.encoder.layer``     ``<base>.embeddings``
+HF ViT (transformers >= 5)    ``<base>.layers``            ``<base>.embeddings``
 HF GPT-2                      ``transformer.h``            ``transformer.wte``, ``transformer.wpe``
 HF Llama / Mistral / Qwen     ``model.layers``             ``model.embed_tokens``
 HF DistilBERT                 ``distilbert.transformer.layer``  ``distilbert.embeddings``
@@ -121,6 +122,9 @@ _HF_ENCODER_BASES = ("bert", "roberta", "vit", "deit", "electra", "xlm_roberta",
 ADAPTERS: tuple[Adapter, ...] = (
     Adapter("hf-encoder", "encoder.layer", ("embeddings",)),
     *(Adapter(f"hf-{base}", f"{base}.encoder.layer", (f"{base}.embeddings",)) for base in _HF_ENCODER_BASES),
+    # transformers >= 5 keeps some encoders' blocks on the base model itself (ViT: ``vit.layers``)
+    Adapter("hf-encoder-flat", "layers", ("embeddings",)),
+    *(Adapter(f"hf-{base}-flat", f"{base}.layers", (f"{base}.embeddings",)) for base in _HF_ENCODER_BASES),
     Adapter("hf-distilbert", "transformer.layer", ("embeddings",)),
     Adapter("hf-distilbert-head", "distilbert.transformer.layer", ("distilbert.embeddings",)),
     Adapter("hf-gpt2", "h", ("wte", "wpe")),
@@ -165,7 +169,7 @@ def find_blocks(model: nn.Module, blocks: BlockFn | None = None) -> Blocks:
             found = adapter.match(sub)
             if found is not None:
                 return Blocks(found, f"{adapter.name} at {path or '<model>'}")
-    families = sorted({a.name for a in ADAPTERS})
+    families = sorted({a.name.removesuffix("-flat").removesuffix("-head") for a in ADAPTERS})
     raise IntegrationError(
         f"find_blocks: no known block layout in {type(model).__name__} (tried {families}); pass blocks=<function "
         "model -> its blocks in forward order>"
