@@ -88,7 +88,12 @@ def test_torchvision_vit_layout_freezes_its_parameters_with_the_first_block() ->
     found = find_blocks(vit)
     assert len(found) == 2 and found.outputs() == tuple(vit.encoder.layers)
     first = {id(p) for m in found.units[0] for p in m.parameters()}
-    expected = [vit.class_token, vit.encoder.pos_embedding, *vit.conv_proj.parameters(), *vit.encoder.layers[0].parameters()]
+    expected = [
+        vit.class_token,
+        vit.encoder.pos_embedding,
+        *vit.conv_proj.parameters(),
+        *vit.encoder.layers[0].parameters(),
+    ]
     assert first == {id(p) for p in expected}
     freeze.freeze_modules(found.modules(0, 1), None)
     assert not vit.class_token.requires_grad and not vit.encoder.pos_embedding.requires_grad
@@ -124,7 +129,7 @@ def _adamw_step(params: list[nn.Parameter]) -> None:
 def test_saved_optimizer_state_keeps_the_original_layout_and_loads_into_a_fresh_optimizer() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3), nn.Linear(3, 1))
-    groups = [list(model[0].parameters()) + [model[1].weight], [model[1].bias, *model[2].parameters()]]
+    groups = [[*model[0].parameters(), model[1].weight], [model[1].bias, *model[2].parameters()]]
     optimizer = torch.optim.AdamW([{"params": g} for g in groups], lr=0.1)
     layout = [list(g["params"]) for g in optimizer.param_groups]
     _adamw_step(list(model.parameters()))
@@ -139,7 +144,7 @@ def test_saved_optimizer_state_keeps_the_original_layout_and_loads_into_a_fresh_
     # a resumed run: a fresh model and optimizer over everything, the expanded state, then the restored freeze
     torch.manual_seed(0)
     again = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 3), nn.Linear(3, 1))
-    fresh_groups = [list(again[0].parameters()) + [again[1].weight], [again[1].bias, *again[2].parameters()]]
+    fresh_groups = [[*again[0].parameters(), again[1].weight], [again[1].bias, *again[2].parameters()]]
     fresh = torch.optim.AdamW([{"params": g} for g in fresh_groups], lr=0.1)
     fresh.load_state_dict(saved)
     freeze.freeze_modules([again[0]], fresh)
@@ -174,7 +179,9 @@ def test_the_controller_probes_each_hf_block_and_refuses_a_policy_of_the_wrong_s
 
 def test_a_controller_in_a_plain_loop_freezes_at_epoch_boundaries() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), *(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)), nn.Linear(8, 1))
+    model = nn.Sequential(
+        nn.Linear(4, 8), *(nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)), nn.Linear(8, 1)
+    )
     blocks = lambda m: [[m[0], m[1]], m[2], m[3]]  # noqa: E731
     x, y = torch.randn(32, 4), torch.randn(32, 1)
 

@@ -14,11 +14,11 @@ from torch import nn
 
 pytest.importorskip("lightning")
 
-import lightning.pytorch as pl  # noqa: E402
+import lightning.pytorch as pl
 
-from elastic_pipe import freeze  # noqa: E402
-from elastic_pipe.integrations.lightning import FreezeCallback  # noqa: E402
-from elastic_pipe.testing import RankContext, run_distributed  # noqa: E402
+from elastic_pipe import freeze
+from elastic_pipe.integrations.lightning import FreezeCallback
+from elastic_pipe.testing import RankContext, run_distributed
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::ResourceWarning"
@@ -109,7 +109,7 @@ def test_resume_from_the_trainers_checkpoint_continues_exactly(tmp_path: Path) -
         return freeze.Drift(units, total_steps=total, settle_after=0.3)
 
     full = FreezeCallback(policy, blocks=net_blocks)
-    trainer, model = fit(tmp_path / "full", full, epochs=4, devices=1)
+    _, model = fit(tmp_path / "full", full, epochs=4, devices=1)
     assert full.controller.events, "the drift policy should freeze in this run"
     for ckpt in sorted((tmp_path / "full").glob("epoch=*.ckpt"))[:3]:
         resumed = FreezeCallback(policy, blocks=net_blocks)
@@ -150,7 +150,7 @@ def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:
             seen["find_unused"] = ddp.find_unused_parameters
 
     strategy = DDPStrategy(process_group_backend="gloo", find_unused_parameters=False)
-    trainer, model = fit(Path(root), callback, devices=2, strategy=strategy, extra=[Inspect()])
+    _, model = fit(Path(root), callback, devices=2, strategy=strategy, extra=[Inspect()])
     return {
         **seen,
         "events": [(e["step"], e["frozen"]) for e in callback.controller.events],

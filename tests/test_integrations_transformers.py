@@ -16,12 +16,12 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments  # noqa: E402
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
-from elastic_pipe import freeze  # noqa: E402
-from elastic_pipe.integrations import IntegrationError  # noqa: E402
-from elastic_pipe.integrations.transformers import PROBE_FILE, STATE_FILE, FreezeCallback  # noqa: E402
-from elastic_pipe.testing import RankContext, run_distributed  # noqa: E402
+from elastic_pipe import freeze
+from elastic_pipe.integrations import IntegrationError
+from elastic_pipe.integrations.transformers import PROBE_FILE, STATE_FILE, FreezeCallback
+from elastic_pipe.testing import RankContext, run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 

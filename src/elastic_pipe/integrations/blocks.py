@@ -111,7 +111,7 @@ class Adapter:
         front = [_as_module(e) for e in (_get(module, path) for path in self.embeddings) if e is not None]
         if not front:
             return None
-        units = [(m,) for m in blocks]
+        units: list[tuple[nn.Module, ...]] = [(m,) for m in blocks]
         units[0] = (*front, blocks[0])
         return tuple(units)
 

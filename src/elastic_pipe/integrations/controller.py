@@ -504,4 +504,6 @@ def _agree(proposal: int) -> int:
         return proposal
     box: list[object] = [proposal]
     dist.broadcast_object_list(box, src=0)
-    return int(box[0])  # type: ignore[call-overload]
+    value = box[0]
+    assert isinstance(value, int), value
+    return value

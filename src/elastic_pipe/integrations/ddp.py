@@ -38,7 +38,7 @@ def can_rewrap(ddp: DistributedDataParallel) -> bool:
 
 def reduced_parameters(ddp: DistributedDataParallel) -> list[nn.Parameter]:
     """The parameters ``ddp``'s reducer would be built over now: those that require grad and are not ignored."""
-    params, _ = ddp._build_params_for_reducer()
+    params, _ = ddp._build_params_for_reducer()  # type: ignore[no-untyped-call]
     return list(params)
 
 
@@ -62,7 +62,7 @@ def rewrap_ddp(ddp: DistributedDataParallel, *, find_unused_parameters: bool | N
         raise IntegrationError(f"rewrap_ddp: this torch's DistributedDataParallel lacks {missing}; cannot re-wrap")
     if getattr(ddp, "_delay_all_reduce_all_params", False):
         raise IntegrationError("rewrap_ddp: a DDP that delays the all-reduce of every parameter cannot be re-wrapped")
-    params, expect_sparse = ddp._build_params_for_reducer()
+    params, expect_sparse = ddp._build_params_for_reducer()  # type: ignore[no-untyped-call]
     if not params:
         raise IntegrationError(
             f"rewrap_ddp: no parameter of {type(ddp.module).__name__} requires grad any more; expected at least one"
@@ -70,8 +70,8 @@ def rewrap_ddp(ddp: DistributedDataParallel, *, find_unused_parameters: bool | N
     if find_unused_parameters is not None:
         ddp.find_unused_parameters = find_unused_parameters
     ddp.reducer._remove_autograd_hooks()  # the old reducer's hooks on the parameters go with it
-    mapping = ddp._build_debug_param_to_name_mapping(params)
-    ddp._ddp_init_helper(params, expect_sparse, mapping, ddp.static_graph)
+    mapping = ddp._build_debug_param_to_name_mapping(params)  # type: ignore[no-untyped-call]
+    ddp._ddp_init_helper(params, expect_sparse, mapping, ddp.static_graph)  # type: ignore[no-untyped-call]
     if ddp.static_graph:
         ddp.reducer._set_static_graph()
         ddp.logger._set_static_graph()  # type: ignore[union-attr]

@@ -45,7 +45,7 @@ __all__ = ["FreezeCallback"]
 LOG_KEY = "frozen_blocks"
 
 
-class FreezeCallback(pl.Callback):  # type: ignore[misc]
+class FreezeCallback(pl.Callback):
     """Freeze the LightningModule's leading blocks under a freeze policy while Lightning trains.
 
     Args:

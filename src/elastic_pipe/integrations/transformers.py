@@ -41,6 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from elastic_pipe import freeze
 from elastic_pipe.integrations.blocks import BlockFn
 from elastic_pipe.integrations.controller import PROBE_SAMPLES, FreezeController, PolicySpec
 from elastic_pipe.integrations.ddp import rewrap_ddp
@@ -59,7 +60,7 @@ LOG_KEY = "frozen_blocks"
 _log = logging.getLogger(__name__)
 
 
-class FreezeCallback(TrainerCallback):  # type: ignore[misc]
+class FreezeCallback(TrainerCallback):
     """Freeze the model's leading blocks under a freeze policy while the ``Trainer`` trains.
 
     Args:
@@ -129,7 +130,7 @@ class FreezeCallback(TrainerCallback):  # type: ignore[misc]
         c.build_policy(total)
         c.set_rhythm(per_epoch, total)
         c.attach_optimizer(kwargs["optimizer"], save_full_layout=True)
-        if self._probe is not None or c.policy is not None and _needs_probe(c):
+        if self._probe is not None or (c.policy is not None and _needs_probe(c)):
             batch = self._probe if self._probe is not None else first_samples(loader, self._probe_samples)
             batch = to_device(batch, device_of(model))
             c.set_probe(lambda: self._probe_forward(model, batch))
@@ -149,9 +150,7 @@ class FreezeCallback(TrainerCallback):  # type: ignore[misc]
         if self.controller.step_end(state.global_step) is not None:
             self._after_freeze(state, resumed=False)
 
-    def on_evaluate(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         metrics = kwargs.get("metrics") or {}
         loss = metrics.get("eval_loss")
         if isinstance(loss, int | float) and math.isfinite(loss):
@@ -165,7 +164,7 @@ class FreezeCallback(TrainerCallback):  # type: ignore[misc]
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if not state.is_world_process_zero or self.controller.policy is None:
             return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
         folder.mkdir(parents=True, exist_ok=True)
         snapshot = self.controller.state_dict()
         probe = snapshot.pop("probe", None)
@@ -173,13 +172,15 @@ class FreezeCallback(TrainerCallback):  # type: ignore[misc]
         if probe is not None:
             torch.save(probe, folder / PROBE_FILE)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self._stop_watching()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
     def _read_state(self, args: TrainingArguments, state: TrainerState) -> dict[str, Any]:
-        folder = self._resume_from or Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = self._resume_from or Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
         path = folder / STATE_FILE
         if not path.is_file():
             raise IntegrationError(
@@ -228,10 +229,12 @@ class FreezeCallback(TrainerCallback):  # type: ignore[misc]
 
 
 def _needs_probe(controller: FreezeController) -> bool:
-    from elastic_pipe import freeze
-
     return controller.policy is not None and freeze.needs_probe(controller.policy)
 
 
 def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
