@@ -181,6 +181,7 @@ def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # two spawned ranks importing the trainer: 20-30 s on the shared 2-core machine
 def test_ddp_replicas_stay_identical_and_frozen_blocks_are_not_reduced(tmp_path: Path) -> None:
     results = run_distributed(_ddp_rank, 2, str(tmp_path), timeout=240.0)
     assert [r["events"] for r in results] == [[(4, 2), (6, 3)]] * 2
