@@ -165,7 +165,8 @@ def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
     model = tiny_bert()
     # 3 steps per epoch and rank; decisions after steps 2, 4, 6, 8 (epochs 0, 1, 2, 2)
     callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2, 2: 3}), decide_every=2)
-    args = arguments(Path(out), ddp_backend="gloo", ddp_find_unused_parameters=False)
+    # the Trainer's default for a PreTrainedModel: find_unused_parameters=True, which the callback turns off
+    args = arguments(Path(out), ddp_backend="gloo")
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
     trainer.train()
     ddp = trainer.model_wrapped

@@ -59,8 +59,8 @@ class FreezeCallback(pl.Callback):
         probe_forward: ``(pl_module, batch) -> anything``, runs the module on the probe batch; default: a mapping
             as keywords (labels left out), a tuple's first element, a tensor as it is.
         monitor: the logged metric handed to the policy's held-out guard after each validation.
-        find_unused_parameters: the DDP setting after a freeze's re-wrap (False: no step pays for it; None: keep
-            the strategy's).
+        find_unused_parameters: the DDP wrapper's setting from the first step on and after every freeze's re-wrap
+            (False: no step pays for it; None: keep the strategy's).
     """
 
     def __init__(
@@ -112,7 +112,12 @@ class FreezeCallback(pl.Callback):
         c.attach_optimizer(trainer.optimizers[0])
         before = c.frozen
         c.apply_pending_freeze()  # before Lightning restores the optimizer state, which holds only what trains
-        if c.frozen > before:
+        model = trainer.strategy.model
+        unused = isinstance(model, DistributedDataParallel) and self._find_unused not in (
+            None,
+            model.find_unused_parameters,
+        )
+        if c.frozen > before or unused:
             self._rewrap(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -75,8 +75,9 @@ class FreezeCallback(TrainerCallback):
             without the labels.
         resume_from: where a resumed run's freeze state is; default: ``<output_dir>/checkpoint-<step>``, the
             checkpoint ``resume_from_checkpoint=True`` picks.
-        find_unused_parameters: the DDP setting after a freeze's re-wrap (False: no step pays for it; None: keep
-            the Trainer's).
+        find_unused_parameters: the DDP wrapper's setting, applied at its first forward and at every freeze's
+            re-wrap (False: no step pays for it, whatever ``ddp_find_unused_parameters`` says; None: keep the
+            Trainer's, and re-wrap only at freezes).
     """
 
     def __init__(
@@ -137,6 +138,9 @@ class FreezeCallback(TrainerCallback):
         resumed = state.global_step > 0
         if resumed:
             c.load_state_dict(self._read_state(args, state))
+        # the Trainer's own default for a PreTrainedModel is find_unused_parameters=True: re-wrapped at its first
+        # forward, no step pays for it (find_unused_parameters=None keeps the Trainer's setting)
+        self._rewrap_pending = _distributed() and self._find_unused is not None
         self._watch_for_ddp(model)
         if c.start(resumed=resumed) is not None:
             self._after_freeze(state, resumed=resumed)
