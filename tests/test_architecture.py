@@ -4,6 +4,8 @@
   the package root re-exports nothing but the shared types and the version).
 * The planner composes primitives: it may import any primitive, the shared types and itself, never the
   orchestrator or the CLI (they build on it, not the other way round).
+* The trainer integrations (:mod:`elastic_pipe.integrations`) build on the primitives like the planner, and never
+  import the orchestrator, the planner or the CLI: a callback in someone's HF or Lightning script needs none of them.
 * :mod:`elastic_pipe.testing` (helpers a user's tests can rely on) imports only the shared types: it runs a
   function in processes and knows nothing of what the function does.
 """
@@ -24,6 +26,7 @@ SHARED = {"elastic_pipe", "elastic_pipe.types"}
 #: What each composing or helper package may import besides itself and :data:`SHARED`.
 ALLOWED = {
     "planner": {f"elastic_pipe.{p}" for p in PRIMITIVES},
+    "integrations": {f"elastic_pipe.{p}" for p in PRIMITIVES},
     "testing": set(),
 }
 
@@ -100,7 +103,7 @@ def test_the_checker_catches_a_primitive_imported_from_the_root(tmp_path: Path) 
 
 def test_the_rules_reject_what_they_should(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A fake toolkit tree: a primitive importing another from the root, a planner importing the orchestrator.
-    for name in (*PRIMITIVES, "planner", "orchestrator", "cli", "testing"):
+    for name in (*PRIMITIVES, "planner", "orchestrator", "cli", "testing", "integrations"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text('"""x"""\n')
     (tmp_path / "types.py").write_text("")
@@ -108,7 +111,10 @@ def test_the_rules_reject_what_they_should(tmp_path: Path, monkeypatch: pytest.M
     (tmp_path / "planner" / "bad.py").write_text("from elastic_pipe.orchestrator import decision\n")
     (tmp_path / "planner" / "good.py").write_text("from elastic_pipe import freeze, types\n")
     (tmp_path / "testing" / "bad.py").write_text("import elastic_pipe.groups\n")
+    (tmp_path / "integrations" / "bad.py").write_text("from elastic_pipe.orchestrator import trainer\n")
+    (tmp_path / "integrations" / "good.py").write_text("from elastic_pipe import freeze\n")
     monkeypatch.setattr(f"{__name__}.PACKAGE", tmp_path)
     assert _outside("freeze", set()) == {"freeze/bad.py": {"elastic_pipe.partition"}}
     assert _outside("planner", ALLOWED["planner"]) == {"planner/bad.py": {"elastic_pipe.orchestrator"}}
     assert _outside("testing", ALLOWED["testing"]) == {"testing/bad.py": {"elastic_pipe.groups"}}
+    assert _outside("integrations", ALLOWED["integrations"]) == {"integrations/bad.py": {"elastic_pipe.orchestrator"}}

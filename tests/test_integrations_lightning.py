@@ -1,0 +1,168 @@
+"""The Lightning callback: freezes at the policy's rhythm, resumes exactly from the trainer's own checkpoints, keeps
+DDP replicas identical. A tiny LightningModule with a block function (the user path of find_blocks), on CPU."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("lightning")
+
+import lightning.pytorch as pl
+
+from elastic_pipe import freeze
+from elastic_pipe.integrations.lightning import FreezeCallback
+from elastic_pipe.testing import RankContext, run_distributed
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::ResourceWarning"
+)
+
+BLOCKS, SAMPLES, BATCH = 4, 64, 16
+
+
+class Net(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(BLOCKS)])
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+def net_blocks(module: nn.Module) -> list[Any]:
+    return [[module.embed, module.blocks[0]], *module.blocks[1:]]  # type: ignore[index]
+
+
+def data() -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(SAMPLES, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, (x[:, 0] > 0).long())
+
+
+def fit(
+    root: Path,
+    callback: FreezeCallback,
+    *,
+    epochs: int = 3,
+    ckpt: str | None = None,
+    extra: list[pl.Callback] | None = None,
+    **options: Any,
+) -> tuple[pl.Trainer, Net]:
+    pl.seed_everything(0, verbose=False)
+    model = Net()
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=root, every_n_epochs=1, save_top_k=-1, save_last=False)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        callbacks=[callback, checkpoints, *(extra or [])],
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        **options,
+    )
+    # a fixed order: Lightning does not restore the global RNG a shuffling sampler draws from
+    loader = torch.utils.data.DataLoader(data(), batch_size=BATCH)
+    trainer.fit(model, loader, torch.utils.data.DataLoader(data(), batch_size=SAMPLES), ckpt_path=ckpt)
+    return trainer, model
+
+
+def test_a_schedule_freezes_at_its_epochs_and_logs_it(tmp_path: Path) -> None:
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2, 2: 3}), blocks=net_blocks)
+    trainer, model = fit(tmp_path, callback, devices=1)
+    per_epoch = SAMPLES // BATCH
+    assert callback.controller.every == per_epoch
+    assert [(e["step"], e["frozen"]) for e in callback.controller.events] == [(per_epoch, 2), (2 * per_epoch, 3)]
+    assert not model.embed.weight.requires_grad and not model.blocks[2][0].weight.requires_grad
+    assert model.blocks[3][0].weight.requires_grad
+    held = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
+    assert held == {id(p) for p in model.parameters() if p.requires_grad}
+    assert float(trainer.callback_metrics["frozen_blocks"]) == 3.0
+
+
+def test_resume_from_the_trainers_checkpoint_continues_exactly(tmp_path: Path) -> None:
+    def policy(units: int, total: int) -> freeze.FreezePolicy:
+        return freeze.Drift(units, total_steps=total, settle_after=0.3)
+
+    full = FreezeCallback(policy, blocks=net_blocks)
+    _, model = fit(tmp_path / "full", full, epochs=4, devices=1)
+    assert full.controller.events, "the drift policy should freeze in this run"
+    for ckpt in sorted((tmp_path / "full").glob("epoch=*.ckpt"))[:3]:
+        resumed = FreezeCallback(policy, blocks=net_blocks)
+        _, again = fit(tmp_path / ckpt.stem, resumed, epochs=4, devices=1, ckpt=str(ckpt))
+        assert resumed.frozen == full.frozen
+        assert resumed.controller.events == full.controller.events
+        assert resumed.controller.policy.state_dict() == full.controller.policy.state_dict()  # type: ignore[union-attr]
+        for (name, a), b in zip(model.named_parameters(), again.parameters(), strict=True):
+            assert torch.equal(a, b), f"{name} differs after resuming from {ckpt.name}"
+
+
+def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:
+    os.environ.update(
+        RANK=str(ctx.rank),
+        LOCAL_RANK=str(ctx.rank),
+        WORLD_SIZE=str(ctx.world_size),
+        LOCAL_WORLD_SIZE=str(ctx.world_size),
+        GROUP_RANK="0",
+        MASTER_ADDR=ctx.master_addr,
+        MASTER_PORT=str(ctx.master_port),
+        TORCHELASTIC_RUN_ID="elastic-pipe-test",
+    )
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.nn.parallel import DistributedDataParallel
+
+    from elastic_pipe.integrations import reduced_parameters
+
+    # 2 steps per epoch and rank; decisions after steps 1, 2, 3, ... (epochs 0, 1, 1, 2, 2)
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2, 2: 3}), blocks=net_blocks, decide_every=1)
+    seen: dict[str, Any] = {}
+
+    class Inspect(pl.Callback):  # the strategy unwraps the model at teardown: look while it is wrapped
+        def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            ddp = trainer.strategy.model
+            assert isinstance(ddp, DistributedDataParallel), type(ddp)
+            reduced = {id(p) for p in reduced_parameters(ddp)}
+            seen["reduced_equals_trainable"] = reduced == {id(p) for p in pl_module.parameters() if p.requires_grad}
+            seen["find_unused"] = ddp.find_unused_parameters
+
+    strategy = DDPStrategy(process_group_backend="gloo", find_unused_parameters=True)  # the callback turns it off
+    _, model = fit(Path(root), callback, devices=2, strategy=strategy, extra=[Inspect()])
+    return {
+        **seen,
+        "events": [(e["step"], e["frozen"]) for e in callback.controller.events],
+        "params": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # two spawned ranks importing the trainer: 20-30 s on the shared 2-core machine
+def test_ddp_replicas_stay_identical_and_frozen_blocks_are_not_reduced(tmp_path: Path) -> None:
+    results = run_distributed(_ddp_rank, 2, str(tmp_path), timeout=240.0)
+    assert [r["events"] for r in results] == [[(2, 2), (4, 3)]] * 2
+    assert all(r["reduced_equals_trainable"] for r in results)
+    assert [r["find_unused"] for r in results] == [False, False]
+    assert results[0]["params"] == results[1]["params"]  # bit-identical replicas

@@ -1,0 +1,191 @@
+"""The Hugging Face Trainer callback: freezes at the policy's rhythm, resumes exactly, keeps DDP replicas identical.
+
+Tiny BERTs built from a config (no downloads), on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+from elastic_pipe import freeze
+from elastic_pipe.integrations import IntegrationError
+from elastic_pipe.integrations.transformers import PROBE_FILE, STATE_FILE, FreezeCallback
+from elastic_pipe.testing import RankContext, run_distributed
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+
+LAYERS, SEQ, SAMPLES, BATCH = 4, 8, 48, 8
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Random token sequences labelled by their first token (learnable, fixed by the seed)."""
+
+    def __init__(self, n: int = SAMPLES) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(5, 100, (n, SEQ), generator=g)
+        self.labels = (self.ids[:, 0] >= 50).long()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": self.labels[i]}
+
+
+def tiny_bert() -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=16,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=SEQ,
+        num_labels=2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return BertForSequenceClassification(config)
+
+
+def arguments(out: Path, **overrides: Any) -> TrainingArguments:
+    options: dict[str, Any] = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": BATCH,
+        "num_train_epochs": 3,
+        "learning_rate": 3e-3,
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_steps": 6,
+        "use_cpu": True,
+        "disable_tqdm": True,
+        "seed": 0,
+        "dataloader_num_workers": 0,
+    }
+    options.update(overrides)
+    return TrainingArguments(**options)
+
+
+def drift_policy(units: int, total: int) -> freeze.FreezePolicy:
+    # settle from 30% of the run on, so that this short run freezes in its middle and resumes cross a freeze
+    return freeze.Drift(units, total_steps=total, settle_after=0.3)
+
+
+def test_a_schedule_freezes_at_its_epochs_and_the_optimizer_keeps_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_bert()
+    callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2, 2: 3}))
+    trainer = Trainer(model=model, args=arguments(tmp_path), train_dataset=Tokens(), callbacks=[callback])
+    trainer.train()
+    per_epoch = SAMPLES // BATCH
+    assert callback.controller.every == per_epoch  # a schedule decides once per epoch
+    assert [(e["step"], e["frozen"]) for e in callback.controller.events] == [(per_epoch, 2), (2 * per_epoch, 3)]
+    frozen = [m for unit in callback.controller.blocks.units[:3] for m in unit]  # type: ignore[union-attr]
+    frozen_ids = {id(p) for m in frozen for p in m.parameters()}
+    held = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert frozen_ids and not frozen_ids & {id(p) for p in held}
+    assert all(not p.requires_grad for m in frozen for p in m.parameters())
+    # the embeddings froze with the first block; the 4th block and the head still train, with optimizer state
+    assert not model.bert.embeddings.word_embeddings.weight.requires_grad
+    assert model.bert.encoder.layer[3].output.dense.weight.requires_grad
+    assert all(p in trainer.optimizer.state for p in held)
+    logged = [e for e in trainer.state.log_history if "freeze/frozen_blocks" in e]
+    assert [(e["step"], e["freeze/frozen_blocks"]) for e in logged] == [(per_epoch, 2), (2 * per_epoch, 3)]
+    assert "'frozen_blocks': 3" in capsys.readouterr().out  # the printer, after this callback, shows the count
+
+
+def _run(out: Path, resume: str | None = None, resume_from: Path | None = None) -> tuple[FreezeCallback, Trainer]:
+    model = tiny_bert()
+    callback = FreezeCallback(drift_policy, resume_from=resume_from)
+    args = arguments(out, save_strategy="steps", save_steps=4)
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
+    trainer.train(resume_from_checkpoint=resume)
+    return callback, trainer
+
+
+def test_resume_from_a_checkpoint_continues_exactly(tmp_path: Path) -> None:
+    full, trainer = _run(tmp_path / "full")
+    events = full.controller.events
+    assert events, "the drift policy should freeze in this run"
+    first = events[0]["step"]
+    # a checkpoint before the first freeze and one after it
+    steps = sorted({4 * (first // 4), 4 * (first // 4 + 1)} - {0})
+    for step in steps:
+        ckpt = tmp_path / "full" / f"checkpoint-{step}"
+        saved = json.loads((ckpt / STATE_FILE).read_text())
+        assert (ckpt / PROBE_FILE).is_file()
+        assert saved["frozen"] == max([0] + [e["frozen"] for e in events if e["step"] <= step])
+        if step == steps[0]:  # the checkpoint named to the callback
+            resumed, again = _run(tmp_path / f"from{step}", resume=str(ckpt), resume_from=ckpt)
+        else:  # the checkpoint in the output directory (what resume_from_checkpoint=True picks), found by itself
+            shutil.copytree(ckpt, tmp_path / f"from{step}" / ckpt.name)
+            resumed, again = _run(tmp_path / f"from{step}", resume=str(tmp_path / f"from{step}" / ckpt.name))
+        assert resumed.frozen == full.frozen
+        assert resumed.controller.events == events
+        assert resumed.controller.policy.state_dict() == full.controller.policy.state_dict()  # type: ignore[union-attr]
+        for (name, a), b in zip(trainer.model.named_parameters(), again.model.parameters(), strict=True):
+            assert torch.equal(a, b), f"{name} differs after resuming from step {step}"
+
+
+def test_resume_without_the_callbacks_state_names_the_file(tmp_path: Path) -> None:
+    args = arguments(tmp_path / "a", save_strategy="steps", save_steps=6, max_steps=6)
+    Trainer(model=tiny_bert(), args=args, train_dataset=Tokens()).train()
+    trainer = Trainer(
+        model=tiny_bert(), args=arguments(tmp_path / "a"), train_dataset=Tokens(), callbacks=[FreezeCallback()]
+    )
+    with pytest.raises(IntegrationError, match=STATE_FILE):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-6"))
+
+
+def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
+    os.environ.update(
+        RANK=str(ctx.rank),
+        LOCAL_RANK=str(ctx.rank),
+        WORLD_SIZE=str(ctx.world_size),
+        LOCAL_WORLD_SIZE=str(ctx.world_size),
+        MASTER_ADDR=ctx.master_addr,
+        MASTER_PORT=str(ctx.master_port),
+    )
+    from torch.nn.parallel import DistributedDataParallel
+
+    from elastic_pipe.integrations import reduced_parameters
+
+    model = tiny_bert()
+    # 3 steps per epoch and rank; decisions after steps 2, 4, 6, 8 (epochs 0, 1, 2, 2)
+    callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2, 2: 3}), decide_every=2)
+    # the Trainer's default for a PreTrainedModel: find_unused_parameters=True, which the callback turns off
+    args = arguments(Path(out), ddp_backend="gloo")
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
+    trainer.train()
+    ddp = trainer.model_wrapped
+    assert isinstance(ddp, DistributedDataParallel), type(ddp)
+    reduced = {id(p) for p in reduced_parameters(ddp)}
+    return {
+        "frozen": callback.frozen,
+        "events": [(e["step"], e["frozen"]) for e in callback.controller.events],
+        "reduced_equals_trainable": reduced == {id(p) for p in model.parameters() if p.requires_grad},
+        "find_unused": ddp.find_unused_parameters,
+        "params": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),  # plain data crosses
+    }
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # two spawned ranks importing the trainer: 20-30 s on the shared 2-core machine
+def test_ddp_replicas_stay_identical_and_frozen_blocks_are_not_reduced(tmp_path: Path) -> None:
+    results = run_distributed(_ddp_rank, 2, str(tmp_path), timeout=240.0)
+    assert [r["events"] for r in results] == [[(4, 2), (6, 3)]] * 2
+    assert all(r["reduced_equals_trainable"] for r in results)
+    assert [r["find_unused"] for r in results] == [False, False]
+    assert results[0]["params"] == results[1]["params"]  # bit-identical replicas
