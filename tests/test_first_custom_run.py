@@ -80,6 +80,6 @@ def test_the_api_form_returns_the_same_result_on_every_rank(tmp_path: Path) -> N
         assert result[key] == other[key], key
     fields = ("epoch", "loss", "eval_loss", "eval_accuracy", "frozen_units", "pipe_len", "replicas")
     assert [[e[f] for f in fields] for e in result["epochs"]] == [[e[f] for f in fields] for e in other["epochs"]]
-    assert set(result) == {"epochs", "transitions", "losses", "final_accuracy", "final_eval_loss", "seconds"}
+    assert set(result) == {"epochs", "transitions", "losses", "final_accuracy", "final_eval_loss", "seconds", "setup_s"}
     assert [e["frozen_units"] for e in result["epochs"]] == [0, 0, 0, 1]
     assert result["final_accuracy"] > 0.5 and (tmp_path / "model.safetensors").is_file()

@@ -18,18 +18,13 @@ Examples::
     elastic-pipe train --config run.toml --epochs 8 --resume auto      # continue the run in [checkpoint] dir
     elastic-pipe train --config run.toml --resume runs/a/ckpt          # continue the run checkpointed there
 
-<<<<<<< HEAD
 A re-run says what it does: resuming a finished run prints ``run already complete (E epochs); --epochs N to
 continue, --resume never to start afresh`` and exits 0; a config that differs from the checkpoint's in more than a
 resume may change (epochs, max_steps, ``[log]``, ``[launch]``, ``[checkpoint]``) is refused with one line naming the
 keys, unless ``--allow-config-change`` (:mod:`elastic_pipe.orchestrator.rerun`).
 
-For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``) and
-``--rdzv-endpoint`` set.
-=======
 For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``),
 ``--rdzv-endpoint`` and the same ``--run-id`` and rendezvous secret (``--rdzv-secret-file``) set.
->>>>>>> security
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
+from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
