@@ -11,6 +11,7 @@ import pytest
 
 from elastic_pipe.cli import main
 from elastic_pipe.cli.demo import DEFAULT_PLOT, plot, plot_path, render, summarize
+from elastic_pipe.orchestrator.config import load_config
 from elastic_pipe.orchestrator.demo import REFERENCE, budget_report, demo_config, steps_per_epoch
 from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -93,6 +94,19 @@ BUDGET = {
         {"pipe_len": 2, "replicas": 1, "rank_bytes": 25 * 2**20, "fits": True},
     ],
 }
+
+
+def test_the_example_file_is_the_demos_run() -> None:
+    """examples/vit_digits.toml is the demo's elastic run, so the demo's measured accuracy and times are its own."""
+    example = load_config(Path(__file__).resolve().parents[1] / "examples" / "vit_digits.toml")
+    demo = demo_config()
+    a, b = example.to_dict(), demo.to_dict()
+    assert {s: a[s] for s in a if s not in ("freeze", "launch")} == {
+        s: b[s] for s in b if s not in ("freeze", "launch")
+    }
+    assert (example.freeze.policy, dict(example.freeze.options)) == ("freezeout", {"t0": 0.6})
+    assert example.world_size == demo.world_size == 2
+    assert planned_epochs(example) == planned_epochs(demo)  # the run's total_steps fills FreezeOut's in both
 
 
 def test_document_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
