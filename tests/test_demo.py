@@ -12,7 +12,7 @@ import pytest
 from elastic_pipe.cli import main
 from elastic_pipe.cli.demo import DEFAULT_PLOT, plot, plot_path, render, summarize
 from elastic_pipe.orchestrator.config import load_config
-from elastic_pipe.orchestrator.demo import REFERENCE, budget_report, demo_config, steps_per_epoch
+from elastic_pipe.orchestrator.demo import DEMO, REFERENCE, budget_report, demo_config, steps_per_epoch
 from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.errors import ConfigError
 
@@ -74,14 +74,13 @@ def test_the_budget_allows_a_two_stage_pipeline_and_not_one_stage() -> None:
 def test_the_reference_is_the_two_stage_pipeline_and_the_demo_compresses_it() -> None:
     """The plan (the layout rule the run calls): the reference keeps 2 stages x 1 replica, the best static layout
     the budget allows on 2 processes; the elastic run compresses to 1 stage x 2 replicas once half the blocks are
-    frozen, in the full demo and in the 4-epoch run the end-to-end test trains."""
+    frozen."""
 
     def layouts(config: Any) -> list[tuple[int, int, int]]:
         return [(r["frozen_units"], r["pipe_len"], r["replicas"]) for r in planned_epochs(config)]
 
     assert layouts(demo_config().override(REFERENCE)) == [(0, 2, 1)] * 6
     assert layouts(demo_config()) == [(0, 2, 1)] * 4 + [(2, 2, 1), (4, 1, 2)]
-    assert layouts(demo_config({"train.epochs": 4})) == [(0, 2, 1)] * 3 + [(3, 1, 2)]
     # Under a budget the whole training state fits, the job starts as 1 stage x 2 replicas: 40 MiB makes it a pipeline.
     assert layouts(demo_config({"pipeline.memory_budget": "64MiB"}))[0] == (0, 1, 2)
 
@@ -183,23 +182,28 @@ def test_plot_and_its_path(tmp_path: Path) -> None:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_four_epochs_end_to_end_compress_the_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """4 epochs: FreezeOut freezes blocks 0-2 at three quarters of the run, so the 2-stage pipeline compresses to
-    1 stage x 2 replicas for the last epoch; the reference stays the 2-stage pipeline."""
+def test_two_epochs_end_to_end_compress_the_pipeline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """2 epochs with FreezeOut at ``t0 = 0.25`` (the demo's 0.6 freezes nothing in 2 epochs): blocks 0-2 freeze at
+    half the run, so the 2-stage pipeline compresses to 1 stage x 2 replicas for the second epoch, as the plan
+    says; the reference stays the 2-stage pipeline."""
+    monkeypatch.setitem(DEMO["freeze"], "options", {"t0": 0.25})  # the workers get the config the CLI builds
+    planned = [
+        (r["frozen_units"], r["pipe_len"], r["replicas"]) for r in planned_epochs(demo_config({"train.epochs": 2}))
+    ]
+    assert planned == [(0, 2, 1), (3, 1, 2)]
     png = tmp_path / "demo.png"
-    assert main(["demo", "--epochs", "4", "--json", "--plot", str(png), "--log-dir", str(tmp_path)]) == 0
+    assert main(["demo", "--epochs", "2", "--json", "--plot", str(png), "--log-dir", str(tmp_path)]) == 0
     doc = json.loads(capsys.readouterr().out)
-    shape = [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in doc["epochs"]]
-    assert shape == [(0, 2, 1), (0, 2, 1), (0, 2, 1), (3, 1, 2)]
-    assert [(e["pipe_len"], e["replicas"]) for e in doc["baseline"]["epochs"]] == [(2, 1)] * 4
-    assert doc["baseline"]["frozen_per_epoch"] == [0, 0, 0, 0]
-    assert [(t["epoch"], t["frozen"], t["pipe_len"], t["replicas"]) for t in doc["transitions"]] == [(3, 3, 1, 2)]
+    assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in doc["epochs"]] == planned
+    assert [(e["pipe_len"], e["replicas"]) for e in doc["baseline"]["epochs"]] == [(2, 1)] * 2
+    assert doc["baseline"]["frozen_per_epoch"] == [0, 0]
+    assert [(t["epoch"], t["frozen"], t["pipe_len"], t["replicas"]) for t in doc["transitions"]] == [(1, 3, 1, 2)]
     assert [(s["pipe_len"], s["fits"]) for s in doc["budget"]["start"]] == [(1, False), (2, True)]
     # Same seed, data order and layout: the runs agree until the first freeze.
-    same = doc["same_work"]["epochs"]
-    assert same == 3
-    accuracy = [e["eval_accuracy"] for e in doc["epochs"]]
-    assert accuracy[:same] == [e["eval_accuracy"] for e in doc["baseline"]["epochs"]][:same]
+    assert doc["same_work"]["epochs"] == 1
+    assert doc["epochs"][0]["eval_accuracy"] == doc["baseline"]["epochs"][0]["eval_accuracy"]
     assert doc["wall_seconds"] > doc["train_seconds"] and doc["machine"]["cpus"] >= 1
     assert doc["plot"] == str(png.resolve()) and png.stat().st_size > 1000
     assert (tmp_path / "events.jsonl").exists()
