@@ -45,7 +45,9 @@ EPOCH_KEYS = ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
     parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 6)")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the reference run without freezing")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the reference (the 2-stage pipeline without freezing)"
+    )
     parser.add_argument("--log-dir", default="", help="write events.jsonl (transitions and epoch metrics) here")
     parser.add_argument(
         "--plot", default=None, metavar="PATH", help=f"write the PNG here (default: {DEFAULT_PLOT} in --log-dir or .)"
@@ -239,7 +241,7 @@ def plot(doc: dict[str, Any], path: str) -> None:
     speed.legend(loc="upper left")
     acc.set_ylabel("held-out accuracy")
     acc.legend(loc="lower right")
-    shape.set_ylabel("with freezing")
+    shape.set_ylabel("layout with freezing")
     shape.set_xlabel("epoch")
     shape.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
