@@ -1,6 +1,7 @@
-"""Elastic training from Python: a small ViT on the digits, 4 CPU processes, pipeline 4 -> 2 -> 1.
+"""Elastic training from Python: a ViT on the digits, 2 CPU processes under a 40 MiB per-rank memory budget,
+a 2-stage pipeline that compresses to 1 stage x 2 replicas as FreezeOut freezes blocks.
 
-    python examples/train_digits.py            # about 1-2 minutes on a laptop
+    python examples/train_digits.py
 
 The same as ``elastic-pipe train --config examples/vit_digits.toml``, written out: build a validated
 ``TrainConfig`` from the TOML's tables, check it against the registries and the model (``preflight``), start
@@ -16,18 +17,18 @@ def main() -> None:
 
     config = config_from_tables(
         {
-            "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4}},
+            "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4, "dim": 256, "mlp_dim": 512}},
             "train": {
                 "epochs": 6,
-                "global_batch": 64,
+                "global_batch": 32,
                 "optimizer": "adamw",
-                "lr": 0.006,
+                "lr": 0.001,
                 "lr_schedule": "cosine",
                 "warmup_steps": 10,
             },
-            "freeze": {"policy": "alpha", "options": {"alpha": 1 / 3}},
-            "pipeline": {"pipe_len": 4},
-            "launch": {"nproc_per_node": 4, "backend": "gloo"},
+            "freeze": {"policy": "freezeout", "options": {"t0": 0.6}},
+            "pipeline": {"pipe_len": 2, "memory_budget": "40MiB", "microbatches": 4, "cache": "on"},
+            "launch": {"nproc_per_node": 2, "backend": "gloo"},
         }
     )
     facts = preflight(config)  # a bad configuration fails here, before any process starts

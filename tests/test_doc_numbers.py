@@ -1017,6 +1017,76 @@ DISK_COLUMNS = [
 ROWS += table_rows("docs/benchmarks.md", [(result, "", cells) for result, cells in DISK_CHANGES], DISK_COLUMNS)
 
 
+DEMO_CPU = "demo_cpu.json"  # elastic-pipe demo --json --no-plot on the shared 2-core CPU machine
+
+ROWS += [
+    # README and docs/training.md: the demo, measured by the command beside the numbers
+    ("README.md", "load average {} -> 10.4, other jobs", DEMO_CPU, "machine.load_average_start", ".1f"),
+    ("README.md", "load average 8.0 -> {}, other jobs", DEMO_CPU, "machine.load_average_end", ".1f"),
+    ("README.md", "**{} against 0.950 accuracy", DEMO_CPU, "final_accuracy", ".3f"),
+    ("README.md", "against {} accuracy, 48.1 s", DEMO_CPU, "baseline.final_accuracy", ".3f"),
+    ("README.md", "accuracy, {} s against 59.5 s of training", DEMO_CPU, "train_seconds", ".1f"),
+    ("README.md", "s against {} s of training (1.24x)**", DEMO_CPU, "baseline.train_seconds", ".1f"),
+    ("README.md", "s of training ({}x)**", DEMO_CPU, "speedup", ".2f"),
+    ("README.md", "**, {} s from launch to result", DEMO_CPU, "wall_seconds", ".1f"),
+    ("docs/training.md", "at load average {} -> 10.37", DEMO_CPU, "machine.load_average_start", ".2f"),
+    ("docs/training.md", "at load average 7.99 -> {}", DEMO_CPU, "machine.load_average_end", ".2f"),
+    ("docs/training.md", "**{} with freezing against", DEMO_CPU, "final_accuracy", ".3f"),
+    ("docs/training.md", "against {} without, 48.1 s", DEMO_CPU, "baseline.final_accuracy", ".3f"),
+    ("docs/training.md", "without, {} s against 59.5 s", DEMO_CPU, "train_seconds", ".1f"),
+    ("docs/training.md", "s against {} s of training (1.24x)**", DEMO_CPU, "baseline.train_seconds", ".1f"),
+    ("docs/training.md", "of training ({}x)**, transitions", DEMO_CPU, "speedup", ".2f"),
+    ("docs/training.md", "included ({} s before epoch 5", DEMO_CPU, "transitions.0.seconds", ".2f"),
+    ("docs/training.md", "epoch 5, {} s for the reshape", DEMO_CPU, "transitions.1.seconds", ".2f"),
+    (
+        "docs/training.md",
+        "epoch 6, which fills the cache on both replicas); {} s from",
+        DEMO_CPU,
+        "wall_seconds",
+        ".1f",
+    ),
+    ("docs/training.md", "the same work, took {} s and", DEMO_CPU, "same_work.seconds", ".1f"),
+    ("docs/training.md", "s and {} s, so the load", DEMO_CPU, "same_work.baseline_seconds", ".1f"),
+    ("docs/training.md", "their first {} epochs, the same", DEMO_CPU, "same_work.epochs", ".0f"),
+]
+ROWS += table_rows(
+    "docs/training.md",
+    [
+        (DEMO_CPU, str(i), [str(i + 1), *cells])
+        for i, cells in enumerate(
+            [
+                ["0", "2", "1", "0.788", "9.6", "2", "0.788", "8.8"],
+                ["0", "2", "1", "0.855", "9.1", "2", "0.855", "8.3"],
+                ["0", "2", "1", "0.903", "9.1", "2", "0.903", "7.0"],
+                ["0", "2", "1", "0.939", "7.5", "2", "0.939", "10.5"],
+                ["2", "2", "1", "0.942", "7.7", "2", "0.950", "11.4"],
+                ["4", "1", "2", "0.942", "3.5", "2", "0.950", "13.4"],
+            ]
+        )
+    ],
+    [
+        None,
+        ("epochs.{arm}.frozen_units", ".0f"),
+        ("epochs.{arm}.pipe_len", ".0f"),
+        ("epochs.{arm}.replicas", ".0f"),
+        ("epochs.{arm}.eval_accuracy", ".3f"),
+        ("epochs.{arm}.seconds", ".1f"),
+        ("baseline.epochs.{arm}.pipe_len", ".0f"),
+        ("baseline.epochs.{arm}.eval_accuracy", ".3f"),
+        ("baseline.epochs.{arm}.seconds", ".1f"),
+    ],
+)
+
+#: The demo's memory budget, quoted in MiB: (doc, text with ``{}``, path in demo_cpu.json of a byte count).
+DEMO_MIB = [
+    ("README.md", "budget of {} MiB that the model's", "budget.limit_bytes", ".0f"),
+    ("README.md", "whole training state ({} MiB) does not fit", "budget.training_state_bytes", ".1f"),
+    ("docs/training.md", "the whole training state is {} MiB,", "budget.training_state_bytes", ".1f"),
+    ("docs/training.md", "replicas needs {} MiB a rank and does not fit", "budget.start.0.rank_bytes", ".1f"),
+    ("docs/training.md", "a 2-stage pipeline needs {} MiB on its fuller", "budget.start.1.rank_bytes", ".1f"),
+]
+
+
 @cache
 def _text(doc: str) -> str:
     return _squash((ROOT / doc).read_text(encoding="utf-8"))
@@ -1074,6 +1144,7 @@ def test_rows_are_distinct_and_cover_every_doc_that_quotes_results() -> None:
         "docs/cache.md",
         "docs/data.md",
         "docs/freeze.md",
+        "docs/training.md",
     }
 
 
@@ -1104,3 +1175,9 @@ def test_end_to_end_speedups_are_the_result_files_ratios(doc: str, text: str, re
     ratio = lookup(arms, "none.wall_seconds_by_seed.median") / lookup(arms, arm + ".wall_seconds_by_seed.median")
     expected = _squash(text.replace("{}", f"{ratio:.2f}"))
     assert expected in _text(doc), f"{doc} should say {expected!r} ({result}: none / {arm})"
+
+
+@pytest.mark.parametrize(("doc", "text", "path", "spec"), DEMO_MIB, ids=[f"{r[0]}:{r[1]}" for r in DEMO_MIB])
+def test_demo_budget_in_mib_is_the_result_files(doc: str, text: str, path: str, spec: str) -> None:
+    expected = _squash(text.replace("{}", format(lookup(_result(DEMO_CPU), path) / 2**20, spec)))
+    assert expected in _text(doc), f"{doc} should say {expected!r} ({DEMO_CPU}: {path} in MiB)"
