@@ -37,7 +37,14 @@ from elastic_pipe.integrations.blocks import BlockFn
 from elastic_pipe.integrations.controller import PROBE_SAMPLES, FreezeController, PolicySpec
 from elastic_pipe.integrations.ddp import rewrap_ddp
 from elastic_pipe.integrations.errors import IntegrationError
-from elastic_pipe.integrations.probe import ProbeForward, default_forward, device_of, first_samples, to_device
+from elastic_pipe.integrations.probe import (
+    ProbeForward,
+    checked_probe_samples,
+    default_forward,
+    device_of,
+    first_samples,
+    to_device,
+)
 
 __all__ = ["FreezeCallback"]
 
@@ -76,8 +83,7 @@ class FreezeCallback(pl.Callback):
         monitor: str = "val_loss",
         find_unused_parameters: bool | None = False,
     ) -> None:
-        if isinstance(probe_samples, bool) or not isinstance(probe_samples, int) or probe_samples < 1:
-            raise IntegrationError(f"FreezeCallback: probe_samples must be an integer >= 1, got {probe_samples!r}")
+        probe_samples = checked_probe_samples(probe_samples)  # before anything is built
         self.controller = FreezeController(
             policy, blocks=blocks, decide_every=decide_every, policy_options=policy_options
         )

@@ -26,6 +26,13 @@ ProbeForward: TypeAlias = Callable[[nn.Module, Any], object]
 LABEL_KEYS = frozenset({"labels", "label", "label_ids"})
 
 
+def checked_probe_samples(n: object) -> int:
+    """``n`` as the size of a callback's default probe batch: an integer >= 1, else an IntegrationError naming it."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise IntegrationError(f"FreezeCallback: probe_samples must be an integer >= 1, got {n!r}")
+    return n
+
+
 def first_samples(loader: Any, n: int) -> Any:
     """The first ``n`` samples of ``loader``'s dataset, collated by its ``collate_fn``.
 
