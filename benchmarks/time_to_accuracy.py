@@ -577,6 +577,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="first run each LoRA arm on seed 0 at these rates (comma-separated; default: 2, 5, 10, 20x --lr) and "
         "use the best one's",
     )
+    ap.add_argument("--lora-lr-from", type=Path, default=None, help="the LoRA rates (and tuning) of a report")
     ap.add_argument("--lora-eager", action="store_true", help="LoRA arms not compiled (default: compiled on CUDA)")
     ap.add_argument("--seq", type=int, default=256, help="bbc: word pieces per article")
     ap.add_argument("--max-docs", type=int, default=0, help="bbc: training articles kept (0: all; a smoke test)")
@@ -653,7 +654,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run
         tuning = None
-        if args.tune_lora_lr is not None and lora_arms:
+        if args.lora_lr_from is not None:  # a previous job's choice (say, the seed-0 job that tuned it)
+            chosen = json.loads(args.lora_lr_from.read_text())
+            lora_lr = {a: chosen["lora_lr"][a] for a in lora_arms}
+            tuning = chosen["lora_lr_tuning"]
+        elif args.tune_lora_lr is not None and lora_arms:
             grid = [float(v) for v in args.tune_lora_lr.split(",") if v] or [f * task.lr for f in LORA_LR_FACTORS]
             tuning = tune_lora(task, lora_arms, setting, grid)
             lora_lr = {a: tuning[a]["chosen"] for a in lora_arms}
