@@ -37,6 +37,7 @@ import importlib
 import json
 import math
 import os
+import socket
 import statistics
 import sys
 import time
@@ -84,9 +85,9 @@ LORA_LR_FACTORS = (2.0, 5.0, 10.0, 20.0)
 #: The random crop's padding of the digits task, in pixels per side at 224 px (4 at CIFAR's 32 px, scaled).
 CROP_PAD = 28
 EVAL_BATCH = 256
-#: torchrun's environment for one process (``--standalone``), where the benchmark was started without it.
-SINGLE_RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}  # fmt: skip
+#: torchrun's environment for one process (``--standalone``), where the benchmark was started without it (and a
+#: free port for ``MASTER_PORT``).
+SINGLE_RANK = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
 
 
 def log(msg: str) -> None:
@@ -611,6 +612,10 @@ def main(argv: list[str] | None = None) -> int:
         # the trainer joins a process group from torchrun's environment; a plain `python` run is one rank
         for key, value in SINGLE_RANK.items():
             os.environ.setdefault(key, value)
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
         report = measure(args)
     else:
         report = measure(args)
