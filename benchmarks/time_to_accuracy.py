@@ -498,16 +498,13 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """One report from partial ones of the same task (say one per seed, run in separate jobs): the runs joined and
     summarised again."""
-    report: dict[str, Any] = {}
-    for p in paths:
-        part = json.loads(p.read_text())
-        if not report:
-            report = part
-            continue
-        report["seeds"] = sorted(set(report["seeds"]) | set(part["seeds"]))
+    parts = [json.loads(p.read_text()) for p in paths]
+    report: dict[str, Any] = parts[0]
+    for part in parts[1:]:
         for arm, by_seed in part["runs"].items():
             report["runs"].setdefault(arm, {}).update(by_seed)
-        report.setdefault("parts", []).append({k: part[k] for k in ("commit", "dirty", "device", "torch")})
+    report["seeds"] = sorted({s for part in parts for s in part["seeds"]})
+    report["parts"] = [{k: part[k] for k in ("commit", "dirty", "device", "torch", "seeds")} for part in parts]
     report.update(summarise(report["runs"]))
     return report
 
