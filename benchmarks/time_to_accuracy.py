@@ -188,15 +188,17 @@ def digits_task(args: argparse.Namespace, device: torch.device, autocast: bool) 
     base = models.vit(**preset)
     base.load_state_dict(state)
     digits = edata.load_digits()
-    x, y = study._images(digits, side), digits.labels
+    x, y = study.standardised_images(digits, side), digits.labels
     train_l, test_l = study.digits_split(len(digits))
     if args.tiny:
         train_l, test_l = train_l[:256], test_l[:96]
+    pretrain = study.PRETRAIN_ACCURACY[0]
+    pretrained = "?" if pretrain is None else f"{pretrain:.4f}"
     return Task(
         "digits",
-        f"ViT ({preset['config']}) pre-trained on MNIST-5k at {side} px (held-out accuracy "
-        f"{study.PRETRAIN_ACCURACY[0]}), fine-tuned on scikit-learn's digits at {side}x{side} px with a random "
-        f"crop (padding {pad} px) and horizontal flip, fixed 80/20 split",
+        f"ViT ({preset['config']}) pre-trained on MNIST-5k at {side} px (held-out accuracy {pretrained}), fine-tuned "
+        f"on scikit-learn's digits at {side}x{side} px with a random crop (padding {pad} px) and horizontal flip, "
+        "fixed 80/20 split",
         "vit",
         copies(base),
         TensorSet(x[train_l], y[train_l], pad=pad),
@@ -204,7 +206,7 @@ def digits_task(args: argparse.Namespace, device: torch.device, autocast: bool) 
         epochs=args.epochs or (2 if args.tiny else 10),
         batch=args.batch or (32 if args.tiny else 64),
         lr=args.lr or (1e-3 if args.tiny else 1e-4),
-        extra={"image_size": side, "crop_pad": pad, "pretrain_accuracy": study.PRETRAIN_ACCURACY[0]},
+        extra={"image_size": side, "crop_pad": pad, "pretrain_accuracy": pretrain},
     )
 
 
