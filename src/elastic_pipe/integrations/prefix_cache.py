@@ -74,10 +74,13 @@ class CacheSettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.index_key, bool) or not isinstance(self.index_key, str | int):
-            raise IntegrationError(f"index_key must be a batch key (str) or tuple position (int), got {self.index_key!r}")
+            raise IntegrationError(
+                f"index_key must be a batch key (str) or a tuple position (int), got {self.index_key!r}"
+            )
         if self.augmentation not in AUGMENTATIONS:
             raise IntegrationError(f"augmentation must be one of {AUGMENTATIONS}, got {self.augmentation!r}")
-        if self.views is not None and (isinstance(self.views, bool) or not isinstance(self.views, int) or self.views < 1):
+        views = self.views
+        if views is not None and (isinstance(views, bool) or not isinstance(views, int) or views < 1):
             raise IntegrationError(f"cache_views must be an integer >= 1 or None, got {self.views!r}")
         if self.augmentation == "random" and self.views is None:
             raise IntegrationError(
@@ -96,13 +99,12 @@ class CacheSettings:
         """The activation cache for ``num_samples`` entries of ``entry_bytes`` each on ``device``."""
         keys = num_samples * (self.views or 1)
         budget = keys * entry_bytes if self.budget is None else ep_cache.parse_bytes(self.budget)
-        views = self.views is not None
         return ep_cache.ActivationCache(
             num_samples,
             device_budget=budget,
             device=device,
             augmentation=self.augmentation,
-            on_random_augmentation="views" if views else "error",
+            on_random_augmentation="error" if self.views is None else "views",
             views=self.views or 1,
         )
 
@@ -393,7 +395,7 @@ class PrefixCache:
             first = self._batch if module is last else None
             return _rebuild(skeleton, int(self._batch.shape[0]), first)[0]
 
-        module.forward = forward  # type: ignore[method-assign]
+        module.forward = forward
         self._stubbed[id(module)] = module
 
     def _need_blocks(self) -> Blocks:
