@@ -288,7 +288,9 @@ class PrefixCache:
         for module in self._stubbed.values():
             del module.forward
         self._stubbed.clear()
+        self._skeletons.clear()
         self._batch = None
+        self.boundary = 0  # a later run stubs its frozen modules again
         if self.cache is not None:
             self.cache.close()
             self.cache = None
