@@ -38,6 +38,7 @@ from torch import nn
 from elastic_pipe import cache as ep_cache
 from elastic_pipe.integrations.blocks import Blocks
 from elastic_pipe.integrations.errors import IntegrationError
+from elastic_pipe.integrations.probe import first_tensor
 
 __all__ = []  # internal: the callbacks' cache machinery
 
@@ -173,16 +174,6 @@ def _rebuild(skeleton: Any, rows: int, first: torch.Tensor | None) -> tuple[Any,
             items.append(item)
         return type(skeleton)(items), first
     return skeleton, first
-
-
-def _first_tensor(output: object) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple | list) and output:
-        return _first_tensor(output[0])
-    if isinstance(output, Mapping) and output:
-        return _first_tensor(next(iter(output.values())))
-    return None
 
 
 class PrefixCache:
@@ -340,7 +331,7 @@ class PrefixCache:
         def record(module: nn.Module, _args: object, output: object) -> None:
             self._skeletons[id(module)] = _skeleton(output, rows)
             if module is last:
-                h = _first_tensor(output)
+                h = first_tensor(output)
                 if h is not None:
                     captured.append(h.detach())
                 raise _Stop
