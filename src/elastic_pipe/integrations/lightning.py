@@ -74,16 +74,11 @@ class FreezeCallback(pl.Callback):
         monitor: the logged metric handed to the policy's held-out guard after each validation.
         find_unused_parameters: the DDP wrapper's setting from the first step on and after every freeze's re-wrap
             (False: no step pays for it; None: keep the strategy's).
-        cache: cache the frozen prefix's output per sample (docs/integrations.md, "The frozen-prefix cache");
-            every training batch must carry its samples' dataset positions at ``index_key``.
-        index_key: where a batch holds the sample indices: a mapping's key or a tuple's position.
-        augmentation: what the data pipeline declares, ``"none"`` or ``"random"`` (the cache is refused under
-            random augmentation unless ``cache_views`` is given).
-        cache_views: per-epoch views cached per sample under random augmentation.
-        cache_budget: bytes the cache may hold on the device (``"2GiB"``); default: every sample's entry.
+        cache, index_key, augmentation, cache_views, cache_budget: the frozen-prefix cache and its options
+            (:class:`~.prefix_cache.CacheSettings`; docs/integrations.md, "The frozen-prefix cache").
 
     Raises:
-        IntegrationError: a bad option, including ``cache=True`` with random augmentation and no ``cache_views``.
+        IntegrationError: a bad option (``cache=True`` with random augmentation and no ``cache_views`` too).
     """
 
     def __init__(

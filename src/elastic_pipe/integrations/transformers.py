@@ -91,13 +91,8 @@ class FreezeCallback(TrainerCallback):
         find_unused_parameters: the DDP wrapper's setting, applied at its first forward and at every freeze's
             re-wrap (False: no step pays for it, whatever ``ddp_find_unused_parameters`` says; None: keep the
             Trainer's, and re-wrap only at freezes).
-        cache: cache the frozen prefix's output per sample (docs/integrations.md, "The frozen-prefix cache");
-            every training batch must carry its samples' dataset positions under ``index_key``.
-        index_key: the batch key of the sample indices (the callback removes it from the model's arguments).
-        augmentation: what the data pipeline declares, ``"none"`` or ``"random"`` (the cache is refused under
-            random augmentation unless ``cache_views`` is given).
-        cache_views: per-epoch views cached per sample under random augmentation.
-        cache_budget: bytes the cache may hold on the device (``"2GiB"``); default: every sample's entry.
+        cache, index_key, augmentation, cache_views, cache_budget: the frozen-prefix cache and its options
+            (:class:`~.prefix_cache.CacheSettings`; docs/integrations.md, "The frozen-prefix cache").
 
     Raises:
         IntegrationError: a bad option, including ``cache=True`` with random augmentation and no ``cache_views``.
