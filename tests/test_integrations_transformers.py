@@ -192,10 +192,24 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_to_the_same_weights(tm
     assert model.bert.encoder.layer[0].forward.__self__ is model.bert.encoder.layer[0]  # stubs taken off at the end
 
 
-def test_the_cache_refuses_random_augmentation_and_batches_without_the_index(tmp_path: Path) -> None:
+def test_the_cache_refuses_random_augmentation_unless_views_and_batches_without_the_index(tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="cache_views=V"):
         FreezeCallback(cache=True, augmentation="random")
-    assert FreezeCallback(cache=True, augmentation="random", cache_views=2).cache is not None  # views: on purpose
+    # views on purpose: 2 per sample, epoch e reads view e % 2; frozen after epoch 0, epochs 1 and 2 fill a view each
+    views = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2}), cache=True, augmentation="random", cache_views=2)
+    args = arguments(tmp_path / "views", remove_unused_columns=False, num_train_epochs=4)
+    Trainer(model=tiny_bert(), args=args, train_dataset=Indexed(), callbacks=[views]).train()
+    assert views.cache is not None and views.cache.filled == 2 * SAMPLES  # epoch 3 read epoch 1's view
+
+    class RandomHorizontalFlip:  # a random transform the data did not declare
+        pass
+
+    flipped = Indexed()
+    flipped.transform = RandomHorizontalFlip()  # type: ignore[attr-defined]
+    args = arguments(tmp_path / "flipped", remove_unused_columns=False)
+    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=flipped, callbacks=[FreezeCallback(cache=True)])
+    with pytest.raises(IntegrationError, match="RandomHorizontalFlip"):
+        trainer.train()
     trainer = Trainer(
         model=tiny_bert(), args=arguments(tmp_path), train_dataset=Indexed(), callbacks=[FreezeCallback(cache=True)]
     )  # remove_unused_columns drops idx before the batches reach the model
