@@ -18,6 +18,7 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl
 
 from elastic_pipe import freeze
+from elastic_pipe.integrations import IntegrationError
 from elastic_pipe.integrations.lightning import FreezeCallback
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -131,7 +132,7 @@ def fit(
     )
     # a fixed order: Lightning does not restore the global RNG a shuffling sampler draws from
     train = data()
-    if net is IndexedNet:
+    if issubclass(net, IndexedNet):
         train = torch.utils.data.TensorDataset(*train.tensors, torch.arange(SAMPLES))
     loader = torch.utils.data.DataLoader(train, batch_size=BATCH)
     trainer.fit(model, loader, torch.utils.data.DataLoader(data(), batch_size=SAMPLES), ckpt_path=ckpt)
@@ -182,7 +183,7 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_and_resumes_exactly(tm
     # the embedding and the frozen blocks train on each sample once in epoch 0 and once in the 2 epochs after it
     validated = 3 * SAMPLES
     assert plain == [3 * SAMPLES + validated] * (BLOCKS + 1)
-    assert cached == [2 * SAMPLES + validated] * 3 + [3 * SAMPLES + validated] * 2
+    assert cached == [2 * SAMPLES + validated] * 3 + [3 * SAMPLES + validated + 2 * BATCH] * 2  # + the check
     assert callback.cache is not None and callback.cache.filled == SAMPLES
     for (name, a), b in zip(model.named_parameters(), cached_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=f"{name} differs with the cache")
@@ -192,6 +193,19 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_and_resumes_exactly(tm
     assert resumed.cache is not None and resumed.cache.filled == SAMPLES
     for (name, a), b in zip(cached_model.named_parameters(), again.parameters(), strict=True):
         assert torch.equal(a, b), f"{name} differs after resuming from {ckpt.name} with the cache"
+
+
+class ResidualOutside(IndexedNet):
+    """IndexedNet summing each block's output into the stream outside the block, as Net does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Net.forward(self, x)
+
+
+def test_the_cache_refuses_a_model_that_passes_on_more_than_a_blocks_output(tmp_path: Path) -> None:
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2}), blocks=net_blocks, cache=True, index_key=2)
+    with pytest.raises(IntegrationError, match="residual"):
+        fit(tmp_path, callback, net=ResidualOutside, devices=1)
 
 
 def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:

@@ -11,6 +11,10 @@ the training set, e.g. ``datasets``' ``map(lambda e, i: {"idx": i}, with_indices
             output at the fill (nothing reads them), block ``b - 1`` returns the batch's cached outputs; everything
             the model computes outside the blocks (masks, positions) and every block after ``b - 1`` runs as usual
 
+A boundary's first fill runs the whole forward on its rows instead of stopping, then again served from the outputs
+it just stored, and the two model outputs must agree: a model that passes on more than a block's output (a
+residual sum outside the blocks) is refused with an IntegrationError instead of being trained on wrong inputs.
+
 So a frozen module computes each sample once per boundary. A freeze that moves the boundary drops the old entries
 (extending them would need each sample's side inputs, such as its attention mask) and the new prefix fills once.
 The cache lives in the training process's memory, on the model's device, and is not saved with a checkpoint: a
@@ -44,6 +48,10 @@ __all__ = []  # internal: the callbacks' cache machinery
 
 #: What the data pipeline may declare.
 AUGMENTATIONS = ("none", "random")
+
+#: Relative tolerance of the check that a served forward matches the real one (both run the same layers on the
+#: same values: they agree to rounding, a model passing on more than a block's output differs by far more).
+SERVED_RTOL = 1e-3
 
 #: Names of random transforms (torchvision's ``RandomResizedCrop``, ``RandomHorizontalFlip``, ...).
 _RANDOM_TRANSFORM = re.compile(r"\bRandom[A-Z]\w*")
@@ -196,6 +204,8 @@ class PrefixCache:
         self._batch: torch.Tensor | None = None  # the boundary outputs of the batch being served
         self._skeletons: dict[int, Any] = {}
         self._stubbed: dict[int, nn.Module] = {}
+        self._filling = False
+        self._verified = 0  # the boundary whose served path was checked against the real one
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
@@ -281,7 +291,7 @@ class PrefixCache:
         self._stubbed.clear()
         self._skeletons.clear()
         self._batch = None
-        self.boundary = 0  # a later run stubs its frozen modules again
+        self.boundary = self._verified = 0  # a later run stubs its frozen modules again
         if self.cache is not None:
             self.cache.close()
             self.cache = None
@@ -319,7 +329,23 @@ class PrefixCache:
 
     def release(self) -> None:
         """After a training batch's forward (or for any forward that is not one): the modules compute again."""
-        self._batch = None
+        if not self._filling:  # a fill's own forwards (through the model's hooks) keep what it serves
+            self._batch = None
+
+    def _check_served(self, real: object, served: object) -> None:
+        """The model's output on a fill's rows, computed through the frozen blocks and served from their cached
+        outputs, must agree: else the model passes on more than a block's output (a residual sum outside it)."""
+        a, b = first_tensor(real), first_tensor(served)
+        if a is None or b is None:
+            return
+        scale = max(1.0, float(a.abs().max()))
+        if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=SERVED_RTOL, atol=SERVED_RTOL * scale):
+            gap = float((a.float() - b.float()).abs().max()) if a.shape == b.shape else math.inf
+            raise IntegrationError(
+                f"cache: the model's output changes when blocks 0..{self.boundary - 1} are served from the cache "
+                f"(largest difference {gap:.3g}); a block's output must be all the model passes on - a residual "
+                "sum outside the blocks (h = h + block(h)) needs blocks that hold it, or cache=False"
+            )
 
     def _fill(self, ids: torch.Tensor, miss: torch.Tensor, run: Callable[[torch.Tensor], object]) -> torch.Tensor:
         blocks, root = self._need_blocks(), self.root
@@ -327,6 +353,7 @@ class PrefixCache:
         rows = int(miss.sum())
         last = blocks.outputs()[self.boundary - 1]
         captured: list[torch.Tensor] = []
+        verify = self._verified != self.boundary  # a boundary's first fill runs on and checks the served path
 
         def record(module: nn.Module, _args: object, output: object) -> None:
             self._skeletons[id(module)] = _skeleton(output, rows)
@@ -334,19 +361,28 @@ class PrefixCache:
                 h = first_tensor(output)
                 if h is not None:
                     captured.append(h.detach())
-                raise _Stop
+                if not verify:
+                    raise _Stop
 
         handles = [m.register_forward_hook(record) for m in blocks.modules(0, self.boundary)]
         was = root.training
         root.eval()
+        self._filling = True
         try:
             with torch.no_grad():
-                run(miss)
-        except _Stop:
-            pass
+                try:
+                    real = run(miss)
+                except _Stop:
+                    real = None
+                finally:
+                    for handle in handles:
+                        handle.remove()
+                if verify and captured:
+                    self._batch = captured[0]
+                    self._check_served(real, run(miss))
+                    self._verified = self.boundary
         finally:
-            for handle in handles:
-                handle.remove()
+            self._filling, self._batch = False, None
             root.train(was)
         if not captured:
             raise IntegrationError(
