@@ -20,7 +20,7 @@ import torch
 
 from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
-from elastic_pipe.orchestrator.checkpoint_files import latest_meta
+from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
 from elastic_pipe.orchestrator.components import components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
@@ -28,7 +28,7 @@ from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
 from elastic_pipe.orchestrator.setup import check_memory_budget
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
-__all__ = ["check_writable", "preflight"]
+__all__ = ["check_writable", "preflight", "resume_meta"]
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -51,7 +51,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     """Check ``config`` against the registries, the model and any checkpoint; returns facts about the model.
 
     Returns:
-        ``{"sublayers": n, "units": u, "params": p}``.
+        ``{"sublayers": n, "units": u, "params": p, "resume": manifest or None}`` (:func:`resume_meta`).
 
     Raises:
         ConfigError: naming the bad value and the valid choices.
@@ -78,9 +78,30 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
-    if config.checkpoint.dir and config.checkpoint.resume == "auto":
-        meta = latest_meta(config.checkpoint.dir)  # latest.json, or the newest manifest when it is lost
-        if meta is not None:
+    resume = resume_meta(config, model)
+    facts: dict[str, Any] = {"sublayers": sublayers, "units": units, "params": sum(q.numel() for q in model.parameters())}
+    return {**facts, "resume": resume}
+
+
+def resume_meta(config: TrainConfig, model: torch.nn.Module) -> dict[str, Any] | None:
+    """The manifest of the checkpoint a resume would start from: the newest one made for this model (a newer one
+    whose fingerprint differs is damaged or another run's: the workers skip it, with a warning), checked against the
+    config; ``None`` when there is nothing to resume.
+
+    Raises:
+        ConfigError: the checkpoints there are all another model's, or the config differs from the checkpoint's.
+    """
+    if not config.checkpoint.dir or config.checkpoint.resume != "auto":
+        return None
+    refusals = []
+    for meta in candidate_manifests(config.checkpoint.dir):  # manifests newest first, else latest.json
+        try:
             check_compatible(meta, model, config.checkpoint.dir)
-            rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line
-    return {"sublayers": sublayers, "units": units, "params": sum(q.numel() for q in model.parameters())}
+        except ConfigError as exc:
+            refusals.append(exc)
+            continue
+        rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line
+        return meta
+    if refusals:
+        raise refusals[0]
+    return None

@@ -27,7 +27,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def _rank_and_attempt() -> tuple[int, int]:
     return int(os.environ.get("RANK", "-1")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def _write_json(path: Path, data: dict[str, object]) -> None:
+def _write_json(path: Path, data: Mapping[str, object]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, path)
