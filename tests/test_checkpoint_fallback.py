@@ -385,7 +385,9 @@ def test_preflight_passes_a_newest_checkpoint_whose_fingerprint_flipped_when_an_
     config = config_from_tables(_tables(2, str(tmp_path)))
     mine = fingerprint(build_model(config))
     for epoch in (1, 2):
-        write_checkpoint(tmp_path, f"epoch-{epoch:04d}.pt", _state(1.0), {"epoch": epoch, "step": 4, "fingerprint": mine})
+        write_checkpoint(
+            tmp_path, f"epoch-{epoch:04d}.pt", _state(1.0), {"epoch": epoch, "step": 4, "fingerprint": mine}
+        )
     _edit_json(manifest_path(tmp_path / "epoch-0002.pt"), _flip_fingerprint)
     assert preflight(config)["resume"]["epoch"] == 1  # the workers skip the newest (with a warning), not the run
     _edit_json(manifest_path(tmp_path / "epoch-0001.pt"), _flip_fingerprint)

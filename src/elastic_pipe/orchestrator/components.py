@@ -406,6 +406,11 @@ def components_from_config(
         partitioner = p.solver
         if ":" in p.solver:
             partitioner = resolve(p.solver, partition.SOLVERS, "partition solver")
+            if not callable(partitioner):
+                raise ConfigError(
+                    f"partition solver {p.solver!r} ([pipeline] solver) is a {type(partitioner).__name__}, not "
+                    "callable: expected a function (costs, stages, **options) -> layers per stage"
+                )
         elif p.solver not in partition.SOLVERS:
             raise ConfigError(f"unknown partition solver {p.solver!r}; expected one of {', '.join(partition.SOLVERS)}")
     if compression is None:

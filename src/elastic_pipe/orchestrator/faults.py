@@ -35,7 +35,13 @@ def maybe_fail(where: str, rank: int, epoch: int, step: int | None) -> None:
     action = os.environ.get(FAULT_ACTION_ENV, "exit")
     # the wall-clock time lets a test measure how long the launcher took to name the rank
     log.warning(
-        "fault injection (%s): rank %d %ss at epoch %d step %s (time %.3f)", spec, rank, action, epoch, step, time.time()
+        "fault injection (%s): rank %d %ss at epoch %d step %s (time %.3f)",
+        spec,
+        rank,
+        action,
+        epoch,
+        step,
+        time.time(),
     )
     sys.stderr.flush()
     if action == "stop":

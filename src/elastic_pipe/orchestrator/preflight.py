@@ -5,9 +5,11 @@ group exists.
 above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``, the activation
 cache's ``[pipeline] cache_tiers`` directories) must be creatable and writable, ``[log] tensorboard`` needs the
 ``tensorboard`` package, ``nccl`` needs a CUDA device per local rank, every component the config names is built
-once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, or an
-import path that does not import, is a one-line error), the initial pipeline is checked against the model, and a
-checkpoint to resume from is checked against the model.
+once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, an import
+path that does not import, or a solver that is not callable, is a one-line error), the initial pipeline is checked
+against the model and computed once with the configured solver (a user's solver that raises is named here, not at
+the workers' first layout), the training split must hold one global batch, and a checkpoint to resume from is
+checked against the model.
 """
 
 from __future__ import annotations
@@ -21,14 +23,16 @@ import torch
 from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
 from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
-from elastic_pipe.orchestrator.components import components_from_config
+from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
-from elastic_pipe.orchestrator.setup import check_memory_budget
+from elastic_pipe.orchestrator.layout_rule import start_layout
+from elastic_pipe.orchestrator.setup import candidate_pipe_lens, check_memory_budget, memory_budget, sublayer_costs
+from elastic_pipe.orchestrator.workload import eval_count, num_samples
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
-__all__ = ["check_writable", "preflight", "resume_meta"]
+__all__ = ["check_batch_fits", "check_initial_layout", "check_writable", "preflight", "resume_meta"]
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -78,9 +82,57 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
+    check_initial_layout(config, parts)
+    check_batch_fits(config, parts)
     resume = resume_meta(config, model)
-    facts: dict[str, Any] = {"sublayers": sublayers, "units": units, "params": sum(q.numel() for q in model.parameters())}
+    facts: dict[str, Any] = {
+        "sublayers": sublayers,
+        "units": units,
+        "params": sum(q.numel() for q in model.parameters()),
+    }
     return {**facts, "resume": resume}
+
+
+def check_initial_layout(config: TrainConfig, parts: Components) -> None:
+    """Compute the run's first layout as rank 0 will (the configured solver over the model's sub-layer costs).
+
+    Raises:
+        ConfigError: a user's solver (an import path) raised, naming ``[pipeline] solver`` and its exception.
+    """
+    spec = config.pipeline.solver
+    try:
+        start_layout(
+            sublayer_costs(parts.model),
+            candidate_pipe_lens(config),
+            config.world_size,
+            solver=parts.partitioner,
+            microbatches_for=config.microbatches_for,
+            memory=memory_budget(config, parts.model),
+        )
+    except Exception as exc:  # a user's solver may raise anything
+        if ":" not in spec:
+            raise  # a built-in solver's refusal is already one line about the config
+        raise ConfigError(
+            f"partition solver {spec!r} ([pipeline] solver) failed on the initial layout: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())}"
+        ) from None
+
+
+def check_batch_fits(config: TrainConfig, parts: Components) -> None:
+    """The training split (the dataset less what ``[data] eval_fraction`` holds out, unless there is an
+    ``eval_dataset``) must hold one ``train.global_batch``.
+
+    Raises:
+        ConfigError: naming ``train.global_batch``, the split's size and the dataset.
+    """
+    samples = num_samples(parts.data)
+    held = 0 if parts.eval_data is not None else eval_count(samples, config.data.eval_fraction)
+    if samples - held < config.train.global_batch:
+        out = f", {held} of its {samples} held out by data.eval_fraction" if held else ""
+        raise ConfigError(
+            f"train.global_batch = {config.train.global_batch} exceeds the {samples - held} training samples of "
+            f"[data] dataset {config.data.dataset!r}{out}: lower train.global_batch or give more data"
+        )
 
 
 def resume_meta(config: TrainConfig, model: torch.nn.Module) -> dict[str, Any] | None:

@@ -135,7 +135,11 @@ def first_failure(directory: str | Path) -> FailureReport | None:
             data = json.loads(path.read_text(encoding="utf-8"))
             reports.append(
                 FailureReport(
-                    int(data["rank"]), int(data["attempt"]), int(data["time_ns"]), str(data["error"]), str(data["traceback"])
+                    int(data["rank"]),
+                    int(data["attempt"]),
+                    int(data["time_ns"]),
+                    str(data["error"]),
+                    str(data["traceback"]),
                 )
             )
         except (OSError, ValueError, KeyError, TypeError):
