@@ -342,9 +342,11 @@ def test_a_stopped_rank_is_named_within_the_timeout(
     assert code == 1 and len(summary) == 1, err
     assert summary[0].startswith("elastic-pipe train: error: rank 1 failed: stopped responding: no sign of life"), err
     stopped = float(re.findall(r"rank 1 stops at epoch 0 step 2 \(time ([0-9.]+)\)", err)[0])
-    # named after 0.8 of the timeout, and the job torn down, within about one timeout (not 2x, not the agent's 30 s
-    # wait for a stopped process to handle SIGTERM); a second of slack for a loaded machine
-    assert returned - stopped < timeout + 1.0, returned - stopped
+    silent_for = float(re.findall(r"no sign of life for ([0-9.]+) s", summary[0])[0])
+    assert silent_for < timeout  # named after 0.8 of the timeout, before a peer's collective gives up
+    # and the job ends about then: not at 2x the timeout, nor after the agent's 30 s wait for a stopped process to
+    # handle SIGTERM (slack for the agent's teardown on a loaded machine)
+    assert returned - stopped < 1.5 * timeout, returned - stopped
 
 
 @pytest.mark.gpu
