@@ -1,8 +1,11 @@
 """How a failed run reads: a worker's failure as one line naming its rank, a silent peer named within the timeout.
 
 The pure parts (turning torch's ``ProcessFailure`` into a line, the NCCL error-handling variable, reading the ranks
-out of a monitored barrier's error) are checked directly; then a launch whose rank 1 raises, through ``launch()``
-and through ``elastic-pipe train``, and two gloo ranks of which one is silent at the decision point.
+out of a monitored barrier's error, which worker report names the cause, a DataLoader worker's failure on one line,
+heartbeats and the launcher's watchdog) are checked directly; then a launch whose rank 1 raises, through
+``launch()`` and through ``elastic-pipe train``, two gloo ranks of which one is silent at the decision point, and
+through ``elastic-pipe train`` a rank raising in its share of the setup check (named with its own error, not its
+peer's "Connection closed by peer") and a rank stopped with SIGSTOP (named within the timeout).
 """
 
 from __future__ import annotations
@@ -181,6 +184,24 @@ def test_launch_names_the_failed_rank_and_keeps_its_traceback(
     assert "py_callstack" not in capfd.readouterr().err  # torch's own report stays off stderr
 
 
+def _train(
+    tmp_path: Path, toml: str, capfd: pytest.CaptureFixture[str], model: str = "vit"
+) -> tuple[int, list[str], str, float]:
+    """``elastic-pipe train`` of a tiny ``model`` (a ViT) for one epoch with ``toml`` added; the exit code, the summary
+    lines, stderr, and when it returned (``time.time()``)."""
+    config = tmp_path / "run.toml"
+    options = ", ".join(f"{k} = {v}" for k, v in TINY.items())
+    config.write_text(
+        f'[model]\nname = "{model}"\noptions = {{ {options} }}\n[train]\nepochs = 1\nglobal_batch = 32\n'
+        f'[log]\ndir = "{tmp_path / "log"}"\nprogress = false\n{toml}',
+        encoding="utf-8",
+    )
+    code = main(["train", "--config", str(config)])
+    returned = time.time()
+    err = capfd.readouterr().err
+    return code, [line for line in err.splitlines() if line.startswith("elastic-pipe train:")], err, returned
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("debug", [False, True])
 def test_train_cli_failure_is_one_line_exit_1(
@@ -192,17 +213,9 @@ def test_train_cli_failure_is_one_line_exit_1(
         monkeypatch.setenv("ELASTIC_PIPE_DEBUG", "1")
     else:
         monkeypatch.delenv("ELASTIC_PIPE_DEBUG", raising=False)
-    config = tmp_path / "run.toml"
-    options = ", ".join(f"{k} = {v}" for k, v in TINY.items())
-    config.write_text(
-        f'[model]\nname = "plug_failing:rank_one_fails"\noptions = {{ {options} }}\n'
-        f'[launch]\nnproc_per_node = 2\n[log]\ndir = "{tmp_path / "log"}"\nprogress = false\n',
-        encoding="utf-8",
-    )
-    assert main(["train", "--config", str(config)]) == 1
-    err = capfd.readouterr().err
+    code, summary, err, _ = _train(tmp_path, "[launch]\nnproc_per_node = 2\n", capfd, "plug_failing:rank_one_fails")
+    assert code == 1
     report = tmp_path / "log" / "error-rank1.txt"
-    summary = [line for line in err.splitlines() if line.startswith("elastic-pipe train:")]
     assert len(summary) == 1, err
     # the builder's error reaches the worker wrapped as a ConfigError naming the model
     assert summary[0].startswith("elastic-pipe train: error: rank 1 failed: ConfigError: model 'plug_failing:")
@@ -295,22 +308,6 @@ def test_the_watchdog_kills_a_silent_child_and_names_it(tmp_path: Path) -> None:
         for proc in (silent, busy):
             proc.kill()
             proc.wait()
-
-
-def _train(tmp_path: Path, toml: str, capfd: pytest.CaptureFixture[str]) -> tuple[int, list[str], str, float]:
-    """``elastic-pipe train`` on a tiny ViT over 2 ranks with ``toml`` added; exit code, the summary lines, stderr, and
-    when it returned (``time.time()``)."""
-    config = tmp_path / "run.toml"
-    options = ", ".join(f"{k} = {v}" for k, v in TINY.items())
-    config.write_text(
-        f'[model]\nname = "vit"\noptions = {{ {options} }}\n[train]\nepochs = 1\nglobal_batch = 32\n'
-        f'[log]\ndir = "{tmp_path / "log"}"\nprogress = false\n{toml}',
-        encoding="utf-8",
-    )
-    code = main(["train", "--config", str(config)])
-    returned = time.time()
-    err = capfd.readouterr().err
-    return code, [line for line in err.splitlines() if line.startswith("elastic-pipe train:")], err, returned
 
 
 @pytest.mark.distributed
