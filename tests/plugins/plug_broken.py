@@ -11,3 +11,17 @@ NOT_CALLABLE = 42
 def broken_solver(costs: Sequence[float], stages: int, **options: object) -> list[int]:
     """A solver that divides by zero on every call."""
     return [len(costs) // 0] * stages
+
+
+class BrokenRule:
+    """A compression rule with every member, whose call fails (at a run's first decision point)."""
+
+    name = "broken"
+    keeps_length = False
+
+    def __call__(self, active: Sequence[float], pipe_len: int, budget: float, **options: object) -> object:
+        raise KeyError(f"no rule for {pipe_len} stages")
+
+
+#: What ``[pipeline] compression = "plug_broken:BROKEN_RULE"`` names.
+BROKEN_RULE = BrokenRule()

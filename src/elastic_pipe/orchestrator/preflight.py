@@ -7,8 +7,9 @@ cache's ``[pipeline] cache_tiers`` directories) must be creatable and writable, 
 ``tensorboard`` package, ``nccl`` needs a CUDA device per local rank, every component the config names is built
 once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, an import
 path that does not import, or a solver that is not callable, is a one-line error), the initial pipeline is checked
-against the model and computed once with the configured solver (a user's solver that raises is named here, not at
-the workers' first layout), the training split must hold one global batch, and a checkpoint to resume from is
+against the model and computed once with the configured solver (and, for a user's solver or compression rule, once
+more after a first decision: one that raises is named here, not at the workers' first layout or decision), the
+training split must hold one global batch, and a checkpoint to resume from is
 checked against the model.
 """
 
@@ -26,13 +27,13 @@ from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
 from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import start_layout
+from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout, start_layout
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, check_memory_budget, memory_budget, sublayer_costs
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 from elastic_pipe.orchestrator.workload import eval_count, num_samples
 
-__all__ = ["check_batch_fits", "check_initial_layout", "check_writable", "preflight", "resume_meta"]
+__all__ = ["check_batch_fits", "check_layouts", "check_writable", "preflight", "resume_meta"]
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -82,7 +83,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
-    check_initial_layout(config, parts)
+    check_layouts(config, parts)
     check_batch_fits(config, parts)
     resume = resume_meta(config, model)
     facts: dict[str, Any] = {
@@ -93,28 +94,48 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     return {**facts, "resume": resume}
 
 
-def check_initial_layout(config: TrainConfig, parts: Components) -> None:
-    """Compute the run's first layout as rank 0 will (the configured solver over the model's sub-layer costs).
+def check_layouts(config: TrainConfig, parts: Components) -> None:
+    """Compute the run's first layout as rank 0 will (the configured solver over the model's sub-layer costs) and,
+    when the solver or the compression rule is the user's (an import path), the layout after a first decision that
+    freezes one unit (the rule, then the solver again).
 
     Raises:
-        ConfigError: a user's solver (an import path) raised, naming ``[pipeline] solver`` and its exception.
+        ConfigError: a user's solver or rule raised, naming its key and the exception.
     """
-    spec = config.pipeline.solver
+    p = config.pipeline
+    named = (("solver", p.solver), ("compression", p.compression))
+    users = [f"[pipeline] {key} {spec!r}" for key, spec in named if ":" in spec]  # import paths: the user's code
+    costs = sublayer_costs(parts.model)
+    memory = memory_budget(config, parts.model)
+    where = "the initial layout"
     try:
-        start_layout(
-            sublayer_costs(parts.model),
+        layout, budget = start_layout(
+            costs,
             candidate_pipe_lens(config),
             config.world_size,
             solver=parts.partitioner,
             microbatches_for=config.microbatches_for,
-            memory=memory_budget(config, parts.model),
+            memory=memory,
         )
-    except Exception as exc:  # a user's solver may raise anything
-        if ":" not in spec:
-            raise  # a built-in solver's refusal is already one line about the config
+        unit_ends = list(getattr(parts.model, "unit_ends", ()))
+        if users and len(unit_ends) > 1:
+            where = "the layout after freezing one unit"
+            next_layout(
+                layout,
+                frozen_sublayers(unit_ends, 1),
+                costs,
+                compression=parts.compression,
+                solver=parts.partitioner,
+                budget=budget,
+                world_size=config.world_size,
+                microbatches_for=config.microbatches_for,
+                memory=memory,
+            )
+    except Exception as exc:  # a user's solver or rule may raise anything
+        if not users:
+            raise  # a built-in's refusal is already one line about the config
         raise ConfigError(
-            f"partition solver {spec!r} ([pipeline] solver) failed on the initial layout: {type(exc).__name__}: "
-            f"{' '.join(str(exc).split())}"
+            f"{' or '.join(users)} failed on {where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
 
 
