@@ -290,6 +290,10 @@ WORKER_DAMAGE: dict[str, tuple[Any, str]] = {
         lambda d, n: _edit_json(manifest_path(d / shard_name(n, 1)), _flip_crc),
         "fails its CRC-32",
     ),
+    "a shard manifest whose CRC table is a number": (
+        lambda d, n: _edit_json(manifest_path(d / shard_name(n, 1)), lambda m: m.update(tensors=5)),
+        "cannot be checked",
+    ),
     "non-UTF-8 shard manifest": (
         lambda d, n: manifest_path(d / shard_name(n, 1)).write_bytes(b'{"sha256": "\xff"}'),
         "no readable manifest",

@@ -234,6 +234,8 @@ class Checkpointer:
             verify_shards(state, ctx.rank, ctx.world_size)
         except ConfigError as exc:  # CorruptCheckpoint, or another model's fingerprint
             return None, str(exc)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a manifest of the wrong shape
+            return None, f"{path}: cannot be checked ({type(exc).__name__}: {exc})"
         return Found(state, manifest, path), ""
 
     def find(self, trainer: Checkpointable) -> Found | None:
