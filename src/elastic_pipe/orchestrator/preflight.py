@@ -27,9 +27,9 @@ from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
 from elastic_pipe.orchestrator.components import Components, components_from_config
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout, start_layout
+from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
-from elastic_pipe.orchestrator.setup import candidate_pipe_lens, check_memory_budget, memory_budget, sublayer_costs
+from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, planned_start, sublayer_costs
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 from elastic_pipe.orchestrator.workload import eval_count, num_samples
 
@@ -105,31 +105,22 @@ def check_layouts(config: TrainConfig, parts: Components) -> None:
     p = config.pipeline
     named = (("solver", p.solver), ("compression", p.compression))
     users = [f"[pipeline] {key} {spec!r}" for key, spec in named if ":" in spec]  # import paths: the user's code
-    costs = sublayer_costs(parts.model)
-    memory = memory_budget(config, parts.model)
     where = "the initial layout"
     try:
-        layout, budget = start_layout(
-            costs,
-            candidate_pipe_lens(config),
-            config.world_size,
-            solver=parts.partitioner,
-            microbatches_for=config.microbatches_for,
-            memory=memory,
-        )
+        layout, budget = planned_start(config, parts)
         unit_ends = list(getattr(parts.model, "unit_ends", ()))
         if users and len(unit_ends) > 1:
             where = "the layout after freezing one unit"
             next_layout(
                 layout,
                 frozen_sublayers(unit_ends, 1),
-                costs,
+                sublayer_costs(parts.model),
                 compression=parts.compression,
                 solver=parts.partitioner,
                 budget=budget,
                 world_size=config.world_size,
                 microbatches_for=config.microbatches_for,
-                memory=memory,
+                memory=memory_budget(config, parts.model),
             )
     except Exception as exc:  # a user's solver or rule may raise anything
         if not users:
