@@ -215,8 +215,8 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
     ("bad import path", "[freeze]\npolicy = 'plug_import_fails:Policy'\n", "([freeze] policy): importing"),
     ("bad import path", "[data]\ndataset = 'plug_import_fails:digits'\n", "([data] dataset): importing"),
     ("bad import path", "!\n[model]\nname = 'plug_import_fails:build'\n", "([model] name): importing"),
-    # a solver that is not callable or raises, a compression rule that raises (tests/plugins/plug_broken.py): found
-    # before any worker starts
+    # a solver that is not callable or raises, a compression rule or a policy that raises
+    # (tests/plugins/plug_broken.py): found before any worker starts
     (
         "broken solver",
         "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\nsolver = 'plug_broken:NOT_CALLABLE'"),
@@ -232,6 +232,7 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
         "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\ncompression = 'plug_broken:BROKEN_RULE'"),
         "[pipeline] compression 'plug_broken:BROKEN_RULE' failed on the layout after freezing one unit: KeyError",
     ),
+    ("broken policy", "[freeze]\npolicy = 'plug_broken:undecided'\n", "failed on the first decision (epoch 1"),
     # fewer training samples than one global batch (20 items, 4 held out): before any worker starts
     (
         "dataset shorter than the global batch",

@@ -25,3 +25,8 @@ class BrokenRule:
 
 #: What ``[pipeline] compression = "plug_broken:BROKEN_RULE"`` names.
 BROKEN_RULE = BrokenRule()
+
+
+def undecided(epoch: int, step: int, current: int) -> int:
+    """A policy function that raises when asked (at a run's first decision point)."""
+    raise ValueError(f"no opinion at epoch {epoch}")

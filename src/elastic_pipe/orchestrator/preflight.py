@@ -8,9 +8,9 @@ cache's ``[pipeline] cache_tiers`` directories) must be creatable and writable, 
 once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, an import
 path that does not import, or a solver that is not callable, is a one-line error), the initial pipeline is checked
 against the model and computed once with the configured solver (and, for a user's solver or compression rule, once
-more after a first decision: one that raises is named here, not at the workers' first layout or decision), the
-training split must hold one global batch, and a checkpoint to resume from is
-checked against the model.
+more after a first decision: one that raises is named here, not at the workers' first layout or decision), a user's
+freeze policy that reads no statistics is asked for its first decision, the training split must hold one global
+batch, and a checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Any
 
 import torch
 
+from elastic_pipe import freeze
 from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
 from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
-from elastic_pipe.orchestrator.components import Components, components_from_config
+from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout
@@ -33,7 +34,7 @@ from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, 
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 from elastic_pipe.orchestrator.workload import eval_count, num_samples
 
-__all__ = ["check_batch_fits", "check_layouts", "check_writable", "preflight", "resume_meta"]
+__all__ = ["check_batch_fits", "check_layouts", "check_policy_decides", "check_writable", "preflight", "resume_meta"]
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -84,6 +85,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
     check_layouts(config, parts)
+    check_policy_decides(config, parts)
     check_batch_fits(config, parts)
     resume = resume_meta(config, model)
     facts: dict[str, Any] = {
@@ -127,6 +129,26 @@ def check_layouts(config: TrainConfig, parts: Components) -> None:
             raise  # a built-in's refusal is already one line about the config
         raise ConfigError(
             f"{' or '.join(users)} failed on {where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
+
+
+def check_policy_decides(config: TrainConfig, parts: Components) -> None:
+    """Ask a user's freeze policy (an import path) that reads no statistics for the run's first decision, as the
+    dry run does (the policy object is this check's own; the workers build theirs).
+
+    Raises:
+        ConfigError: the policy raised or answered something that is not a frozen count, naming ``[freeze] policy``.
+    """
+    spec = config.freeze.policy
+    if ":" not in spec or parts.policy.needs_stats:
+        return  # a policy that reads gradient statistics has none to read here
+    step = epoch_steps(config, num_samples(parts.data), own_eval=parts.eval_data is not None) or 1
+    try:
+        freeze.decide(parts.policy, 1, step, 0)
+    except Exception as exc:  # a user's policy may raise anything
+        raise ConfigError(
+            f"freeze policy {spec!r} ([freeze] policy) failed on the first decision (epoch 1, step {step}, nothing "
+            f"frozen): {type(exc).__name__}: {' '.join(str(exc).split())}"
         ) from None
 
 
