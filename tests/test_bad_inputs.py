@@ -232,6 +232,11 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
         "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\ncompression = 'plug_broken:BROKEN_RULE'"),
         "[pipeline] compression 'plug_broken:BROKEN_RULE' failed on the layout after freezing one unit: KeyError",
     ),
+    (
+        "broken solver",
+        "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\ncompression = 'plug_broken:NOT_CALLABLE'"),
+        "([pipeline] compression 'plug_broken:NOT_CALLABLE') lacks the CompressionRule members",
+    ),
     ("broken policy", "[freeze]\npolicy = 'plug_broken:undecided'\n", "failed on the first decision (epoch 1"),
     # fewer training samples than one global batch (20 items, 4 held out): before any worker starts
     (
