@@ -22,7 +22,7 @@ import elastic_pipe
 PACKAGE = Path(elastic_pipe.__file__).resolve().parent
 PRIMITIVES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models")
 #: What any layer may import from the toolkit besides itself: the root (its version) and the shared types.
-SHARED = {"elastic_pipe", "elastic_pipe.types"}
+SHARED = {"elastic_pipe", "elastic_pipe.types", "elastic_pipe._checks"}
 #: What each composing or helper package may import besides itself and :data:`SHARED`.
 ALLOWED = {
     "planner": {f"elastic_pipe.{p}" for p in PRIMITIVES},

@@ -20,7 +20,7 @@ from __future__ import annotations
 from elastic_pipe.models.catalogue import MODEL_SHAPES, model_shape
 from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import PlannerError, PlannerTypeError
 from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
 from elastic_pipe.planner.plan import make_plan
@@ -43,6 +43,7 @@ __all__ = [
     "ModelConfig",
     "Plan",
     "PlannerError",
+    "PlannerTypeError",
     "StepBreakdown",
     "StepPrediction",
     "SubLayerCost",

@@ -6,7 +6,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
-from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError
+from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError, ScheduleTypeError
 from elastic_pipe.schedule.gantt import KIND_COLOURS, gantt
 from elastic_pipe.schedule.generators import (
     GENERATORS,
@@ -46,6 +46,7 @@ __all__ = [
     "MissingExtraError",
     "Schedule",
     "ScheduleError",
+    "ScheduleTypeError",
     "ScheduleGenerator",
     "Simulation",
     "StageTimes",

@@ -1,0 +1,164 @@
+"""Argument checks that public functions run at entry, raising their own package's errors.
+
+Every primitive builds one :class:`Checks` bound to its two error classes - the out-of-range one (a
+``ValueError``) and the wrong-type one (a ``TypeError``), both :class:`~elastic_pipe.types.ElasticPipeError`
+subclasses - so a bad argument reads the same everywhere ("stages must be an int, got 'x'") and a caller can catch
+the package's family, the toolkit's root or the builtin exception it already catches.
+
+This module imports nothing from the toolkit, so every primitive may import it (the layering rules treat it like
+:mod:`elastic_pipe.types`). The checks cost a few ``isinstance`` calls: run them once per public call, never per
+element of a hot loop.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from collections.abc import Iterable, Sequence
+from numbers import Integral, Real
+from typing import Any, TypeVar
+
+__all__ = ["INT64_MAX", "Checks"]
+
+#: The default upper bound of an integer argument: the largest int64, so any count a tensor, a seed or a file can
+#: hold passes and a value such as ``10**30`` is refused before it reaches a loop or an allocation. Functions whose
+#: work grows with an argument set their own, tighter bound.
+INT64_MAX = 2**63 - 1
+
+T = TypeVar("T")
+
+
+class Checks:
+    """The argument checks of one package: ``invalid`` for a value out of range, ``wrong_type`` for a wrong type.
+
+    Each check returns the value (as a plain ``int``, ``float``, ``str`` or list) so a call site reads
+    ``stages = CHECK.int("stages", stages, lo=1)``.
+    """
+
+    def __init__(self, invalid: type[Exception], wrong_type: type[Exception]) -> None:
+        self.invalid = invalid
+        self.wrong_type = wrong_type
+
+    def int(self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX) -> builtins.int:
+        """``value`` as an int in ``[lo, hi]`` (a bool is not an int here; numpy integers are)."""
+        if isinstance(value, bool) or not isinstance(value, Integral):
+            raise self.wrong_type(f"{name} must be an int, got {_show(value)}")
+        number = builtins.int(value)
+        if number < lo:
+            raise self.invalid(f"{name} must be >= {lo}, got {number}")
+        if number > hi:
+            raise self.invalid(f"{name} must be <= {hi}, got {number}")
+        return number
+
+    def optional_int(
+        self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX
+    ) -> builtins.int | None:
+        """``None``, or ``value`` checked by :meth:`int`."""
+        return None if value is None else self.int(name, value, lo, hi)
+
+    def float(
+        self,
+        name: builtins.str,
+        value: object,
+        lo: builtins.float = 0.0,
+        hi: builtins.float = math.inf,
+        *,
+        finite: bool = True,
+    ) -> builtins.float:
+        """``value`` as a float in ``[lo, hi]``; NaN is always refused, infinity unless ``finite`` is false."""
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise self.wrong_type(f"{name} must be a number, got {_show(value)}")
+        number = builtins.float(value)
+        if math.isnan(number) or (finite and math.isinf(number)):
+            raise self.invalid(f"{name} must be a finite number, got {number}")
+        if not lo <= number <= hi:
+            raise self.invalid(f"{name} must be in [{lo}, {hi}], got {number}")
+        return number
+
+    def optional_float(
+        self,
+        name: builtins.str,
+        value: object,
+        lo: builtins.float = 0.0,
+        hi: builtins.float = math.inf,
+        *,
+        finite: bool = True,
+    ) -> builtins.float | None:
+        """``None``, or ``value`` checked by :meth:`float`."""
+        return None if value is None else self.float(name, value, lo, hi, finite=finite)
+
+    def str(self, name: builtins.str, value: object) -> builtins.str:
+        """``value`` if it is a string."""
+        if not isinstance(value, builtins.str):
+            raise self.wrong_type(f"{name} must be a string, got {_show(value)}")
+        return value
+
+    def bool(self, name: builtins.str, value: object) -> builtins.bool:
+        """``value`` if it is a bool (``1`` or ``"yes"`` are refused: a flag is ``True`` or ``False``)."""
+        if not isinstance(value, builtins.bool):
+            raise self.wrong_type(f"{name} must be True or False, got {_show(value)}")
+        return value
+
+    def instance(self, name: builtins.str, value: object, kind: type[T]) -> T:
+        """``value`` if it is an instance of ``kind``."""
+        if not isinstance(value, kind):
+            raise self.wrong_type(f"{name} must be a {kind.__name__}, got {_show(value)}")
+        return value
+
+    def callable(self, name: builtins.str, value: T) -> T:
+        """``value`` if it can be called."""
+        if not builtins.callable(value):
+            raise self.wrong_type(f"{name} must be callable, got {_show(value)}")
+        return value
+
+    def items(self, name: builtins.str, values: object, *, empty: bool = False) -> list[Any]:
+        """``values`` (any iterable but a string, bytes or a mapping) as a list; refused if empty unless
+        ``empty``."""
+        if isinstance(values, builtins.str | bytes | dict) or not isinstance(values, Iterable):
+            raise self.wrong_type(f"{name} must be a sequence, got {_show(values)}")
+        items = list(values)
+        if not items and not empty:
+            raise self.invalid(f"{name} is empty")
+        return items
+
+    def ints(
+        self,
+        name: builtins.str,
+        values: object,
+        lo: builtins.int = 0,
+        hi: builtins.int = INT64_MAX,
+        *,
+        empty: bool = False,
+    ) -> list[builtins.int]:
+        """``values`` as a list of ints, each checked by :meth:`int` (named ``name[i]``)."""
+        return [self.int(f"{name}[{i}]", v, lo, hi) for i, v in enumerate(self.items(name, values, empty=empty))]
+
+    def floats(
+        self,
+        name: builtins.str,
+        values: object,
+        lo: builtins.float = 0.0,
+        hi: builtins.float = math.inf,
+        *,
+        empty: bool = False,
+        finite: bool = True,
+    ) -> list[builtins.float]:
+        """``values`` as a list of floats, each checked by :meth:`float` (named ``name[i]``)."""
+        items = self.items(name, values, empty=empty)
+        return [self.float(f"{name}[{i}]", v, lo, hi, finite=finite) for i, v in enumerate(items)]
+
+    def choice(self, name: builtins.str, value: object, choices: Sequence[builtins.str]) -> builtins.str:
+        """``value`` if it is one of ``choices`` (the message lists them)."""
+        text = self.str(name, value)
+        if text not in choices:
+            raise self.invalid(f"{name} must be one of {', '.join(map(repr, choices))}, got {text!r}")
+        return text
+
+
+def _show(value: object) -> builtins.str:
+    """A short description of a bad value: its repr (cut to 60 characters) and, for non-builtins, its type."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = type(value)
+    return text if kind.__module__ == "builtins" else f"{text} ({kind.__name__})"
