@@ -39,22 +39,25 @@ class Checks:
         self.invalid = invalid
         self.wrong_type = wrong_type
 
-    def int(self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX) -> builtins.int:
+    def int(
+        self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX, *, none: bool = False
+    ) -> builtins.int:
         """``value`` as an int in ``[lo, hi]`` (a bool is not an int here; numpy integers are)."""
+        expected = f"{name} must be an integer {_range(lo, hi, INT64_MAX)}{' or None' if none else ''}"
         if isinstance(value, bool) or not isinstance(value, Integral):
-            raise self.wrong_type(f"{name} must be an int, got {_show(value)}")
+            raise self.wrong_type(f"{expected}, got {_show(value)}")
         number = builtins.int(value)
         if number < lo:
-            raise self.invalid(f"{name} must be >= {lo}, got {number}")
+            raise self.invalid(f"{name} must be an integer >= {lo}, got {number}")
         if number > hi:
-            raise self.invalid(f"{name} must be <= {hi}, got {number}")
+            raise self.invalid(f"{name} must be an integer <= {hi}, got {number}")
         return number
 
     def optional_int(
         self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX
     ) -> builtins.int | None:
         """``None``, or ``value`` checked by :meth:`int`."""
-        return None if value is None else self.int(name, value, lo, hi)
+        return None if value is None else self.int(name, value, lo, hi, none=True)
 
     def float(
         self,
@@ -64,16 +67,24 @@ class Checks:
         hi: builtins.float = math.inf,
         *,
         finite: bool = True,
+        none: bool = False,
     ) -> builtins.float:
         """``value`` as a float in ``[lo, hi]``; NaN is always refused, infinity unless ``finite`` is false."""
+        kind = "a finite number" if finite else "a number"
+        expected = f"{name} must be {kind} {_range(lo, hi, math.inf)}{' or None' if none else ''}"
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise self.wrong_type(f"{expected}, got {_show(value)}")
+        number = builtins.float(value)
+        if math.isnan(number) or (finite and math.isinf(number)) or not lo <= number <= hi:
+            raise self.invalid(f"{expected}, got {number}")
+        return number
+
+    def number(self, name: builtins.str, value: object) -> builtins.float:
+        """``value`` as a float if it is a real number, NaN and infinity included (for a caller whose own range
+        check follows)."""
         if isinstance(value, bool) or not isinstance(value, Real):
             raise self.wrong_type(f"{name} must be a number, got {_show(value)}")
-        number = builtins.float(value)
-        if math.isnan(number) or (finite and math.isinf(number)):
-            raise self.invalid(f"{name} must be a finite number, got {number}")
-        if not lo <= number <= hi:
-            raise self.invalid(f"{name} must be in [{lo}, {hi}], got {number}")
-        return number
+        return builtins.float(value)
 
     def optional_float(
         self,
@@ -85,7 +96,7 @@ class Checks:
         finite: bool = True,
     ) -> builtins.float | None:
         """``None``, or ``value`` checked by :meth:`float`."""
-        return None if value is None else self.float(name, value, lo, hi, finite=finite)
+        return None if value is None else self.float(name, value, lo, hi, finite=finite, none=True)
 
     def str(self, name: builtins.str, value: object) -> builtins.str:
         """``value`` if it is a string."""
@@ -153,6 +164,16 @@ class Checks:
         if text not in choices:
             raise self.invalid(f"{name} must be one of {', '.join(map(repr, choices))}, got {text!r}")
         return text
+
+
+def _range(lo: float, hi: float, top: float) -> str:
+    """``">= lo"`` when ``hi`` is the default ``top``, else ``"in [lo, hi]"`` (numbers as Python writes them, with
+    no trailing ``.0``)."""
+    low = f"{lo:g}" if isinstance(lo, float) and lo.is_integer() else repr(lo)
+    if hi == top:
+        return f">= {low}"
+    high = f"{hi:g}" if isinstance(hi, float) and hi.is_integer() else repr(hi)
+    return f"in [{low}, {high}]"
 
 
 def _show(value: object) -> builtins.str:

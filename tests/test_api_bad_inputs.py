@@ -1,0 +1,331 @@
+"""Bad arguments to the library API, table-driven: every public callable of the primitives and the planner.
+
+The table is built by introspection: each callable in a package's ``__all__`` (classes included: their constructor
+is the call) has its parameters read from its signature, and each parameter whose annotation says what it holds
+(an int, a float, a string, a sequence of numbers, an object of some type) is tried, one at a time, with the bad
+values of each category below while every other argument keeps a valid value (its default, a value in
+:data:`BASELINES`, or one derived from its annotation). Every such call must raise an
+:class:`~elastic_pipe.types.ElasticPipeError` whose message names the parameter, within :data:`HANG_SECONDS` -
+not a raw ``TypeError``/``AttributeError``/``ValueError``, not a silent return, not a hang. A new public callable
+is covered as soon as it is exported; one whose required arguments cannot be derived fails here, naming itself,
+until it has a baseline.
+
+Exempt (listed, with the reason): exceptions, enums, protocols and type aliases (nothing to call), and the
+records a package builds for its caller (:data:`RECORDS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import inspect
+import math
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from elastic_pipe import freeze
+from elastic_pipe.types import ElasticPipeError
+
+PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
+#: A call that has not returned after this long counts as a hang (the slowest valid baseline takes ~0.1 s).
+HANG_SECONDS = 5.0
+
+
+class _Wrong:
+    """An object of no type any parameter accepts."""
+
+    def __repr__(self) -> str:
+        return "<wrong>"
+
+
+WRONG = _Wrong()
+
+#: Bad values per category, per kind of parameter (a kind absent from a category is not tried in it).
+BAD: dict[str, dict[str, list[object]]] = {
+    "wrong type": {
+        "int": ["3", 2.5],
+        "float": ["1.0"],
+        "str": [3],
+        "ints": [3, "12"],
+        "floats": [3, "12"],
+        "object": [WRONG],
+    },
+    "negative size": {"int": [-1], "float": [-1.0], "ints": [[-1]], "floats": [[-1.0]]},
+    "huge size": {"int": [10**30], "ints": [[10**30]]},
+    "NaN/inf": {"float": [math.nan, math.inf], "floats": [[math.nan], [math.inf]]},
+    "empty sequence": {"ints": [[]], "floats": [[]]},
+    "bad element": {"ints": [["x"]], "floats": [["x"]]},
+}
+CATEGORIES = tuple(BAD)
+
+#: Annotation (as written in the source) -> kind; ``| None`` is stripped first (None stays allowed, so is not tried).
+KINDS = {
+    "int": "int",
+    "float": "float",
+    "str": "str",
+    "Sequence[float]": "floats",
+    "tuple[float, ...]": "floats",
+    "Sequence[int]": "ints",
+    "tuple[int, ...]": "ints",
+    "Iterable[int]": "ints",
+}
+#: Annotations that accept anything (nothing is wrong for them) or flags (any value has a truth value).
+UNTYPED = {"Any", "object", "bool", ""}
+
+#: Records a package builds and hands to its caller (results, statistics, plans); users read them, never build
+#: them from their own input, and checking their fields would cost time on every lookup or step.
+RECORDS = {
+    "partition.Partition",
+    "partition.Compression",
+    "partition.PricedSolver",
+    "schedule.Simulation",
+    "schedule.MicrobatchChoice",
+    "schedule.TuningRow",
+    "cache.CacheDecision",
+    "cache.CacheLookup",
+    "cache.CacheStats",
+    "cache.PendingLookup",
+    "cache.TierStats",
+    "planner.EpochPlan",
+    "planner.Plan",
+    "planner.StepBreakdown",
+    "planner.StepPrediction",
+    "models.SubLayerProfile",
+}
+
+#: Valid values of required arguments that cannot be derived from their annotation (built on demand: some are
+#: models or tensors).
+BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
+    "freeze.Drift": lambda: {"total_steps": 100},
+    "freeze.make_policy": lambda: {"name": "never"},
+    "freeze.register_policy": lambda: {"factory": freeze.Never},
+    "freeze.FunctionPolicy": lambda: {"function": lambda epoch, step, current: current},
+    "freeze.frozen_by_epoch": lambda: {"given": freeze.Never(2)},
+    "freeze.decide": lambda: {"policy": freeze.Never(2)},
+    "freeze.ManualSchedule": lambda: {"schedule": {1: 1}},
+}
+
+#: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values and why.
+VALID: dict[tuple[str, str], tuple[tuple[object, ...], str]] = {
+    ("freeze.relative_change", "diff_sq"): ((math.inf,), "an infinite distance is a layer that changed beyond measure"),
+    ("freeze.relative_change", "ref_sq"): ((math.inf,), "an infinite reference norm reads as no change"),
+    ("freeze.needs_probe", "policy"): ((WRONG,), "any object: one without needs_probe and observe_drift reads none"),
+}
+
+
+def _exempt(qualname: str, obj: object) -> str | None:
+    """Why ``obj`` is not in the table, or None when it is."""
+    if inspect.isclass(obj) and issubclass(obj, BaseException):
+        return "exception"
+    if inspect.isclass(obj) and issubclass(obj, enum.Enum):
+        return "enum"
+    if getattr(obj, "_is_protocol", False):
+        return "protocol"
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return "type alias"
+    if qualname in RECORDS:
+        return "record"
+    return None
+
+
+def _public(package: str) -> list[tuple[str, Any]]:
+    module = importlib.import_module(f"elastic_pipe.{package}")
+    return [(f"{package}.{name}", getattr(module, name)) for name in module.__all__ if callable(getattr(module, name))]
+
+
+def _kind(annotation: object) -> str | None:
+    """The kind of a parameter's annotation, ``"object"`` for any other typed one, None for an untyped one."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    parts = [p.strip() for p in str(text).split("|") if p.strip() != "None"]
+    text = " | ".join(parts)
+    if text in UNTYPED or annotation is inspect.Parameter.empty:
+        return None
+    return KINDS.get(text, "object")
+
+
+#: A valid value per kind, for required arguments without a baseline.
+DERIVED = {"int": 2, "float": 1.0, "str": "x", "ints": [1], "floats": [1.0]}
+
+
+def _parameters(obj: Any) -> list[inspect.Parameter]:
+    return [
+        p
+        for p in inspect.signature(obj).parameters.values()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+
+
+def _baseline(qualname: str, params: list[inspect.Parameter]) -> tuple[dict[str, Any], int]:
+    """Valid keyword arguments for every required parameter, and how many parameters (in order) can be tried.
+
+    A required parameter with no valid value (no baseline, an annotation no value derives from) gets :data:`WRONG`:
+    checks run in parameter order, so it is tried itself, but the parameters after it are not (counted as untried).
+    """
+    given = BASELINES[qualname]() if qualname in BASELINES else {}
+    out: dict[str, Any] = {}
+    tried = len(params)
+    for index, p in enumerate(params):
+        if p.name in given:
+            out[p.name] = given[p.name]
+        elif p.default is inspect.Parameter.empty:
+            kind = _kind(p.annotation)
+            if kind in DERIVED:
+                out[p.name] = DERIVED[kind]
+            else:
+                out[p.name] = WRONG
+                tried = min(tried, index + 1)
+    return out, tried
+
+
+def _default_is(p: inspect.Parameter, value: object) -> bool:
+    """Whether ``value`` is the parameter's own default (then it is valid, not bad)."""
+    if p.default is inspect.Parameter.empty:
+        return False
+    try:
+        return bool(p.default == value) or (isinstance(value, float) and isinstance(p.default, float)
+                                            and math.isnan(value) and math.isnan(p.default))
+    except Exception:  # noqa: BLE001 - a default that cannot be compared is not the bad value
+        return False
+
+
+def _valid(qualname: str, param: str, value: object) -> bool:
+    """Whether ``value`` (or, for a sequence, its one element) is in :data:`VALID` for the parameter."""
+    accepted = VALID.get((qualname, param), ((), ""))[0]
+    items = value if isinstance(value, list) and len(value) == 1 else [value]
+    return any(repr(item) == repr(a) for item in items for a in accepted)
+
+
+@dataclasses.dataclass
+class Case:
+    """One bad call: ``target(**kwargs)`` with ``param`` set to a bad value of ``category``."""
+
+    qualname: str
+    target: Any
+    param: str
+    category: str
+    value: object
+    kwargs: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"{self.qualname}({self.param}={self.value!r}) [{self.category}]"
+
+
+def cases(package: str) -> list[Case]:
+    """Every bad call for the package's public callables."""
+    out: list[Case] = []
+    for qualname, obj in _public(package):
+        if _exempt(qualname, obj):
+            continue
+        params = _parameters(obj)
+        base, tried = _baseline(qualname, params)
+        for p in params[:tried]:
+            kind = _kind(p.annotation)
+            if kind is None:
+                continue
+            for category in CATEGORIES:
+                for value in BAD[category].get(kind, []):
+                    if not _default_is(p, value) and not _valid(qualname, p.name, value):
+                        out.append(Case(qualname, obj, p.name, category, value, {**base, p.name: value}))
+    return out
+
+
+def outcome(case: Case, timeout: float = HANG_SECONDS) -> str:
+    """``"handled"`` (an ElasticPipeError naming the parameter) or what went wrong instead."""
+    result: list[object] = []
+
+    def call() -> None:
+        try:
+            case.target(**case.kwargs)
+            result.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the outcome is what is being classified
+            result.append(exc)
+
+    worker = threading.Thread(target=call, daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if not result:
+        return "hang"
+    exc = result[0]
+    if exc is None:
+        return "silently accepted"
+    if not isinstance(exc, ElasticPipeError):
+        return f"raw {type(exc).__name__}: {str(exc)[:120]}"
+    if case.param not in str(exc):
+        return f"{type(exc).__name__} not naming {case.param!r}: {str(exc)[:120]}"
+    return "handled"
+
+
+def tally(package: str) -> tuple[Counter[str], Counter[str], list[str]]:
+    """Tried and handled calls per category, and a line per call that was not handled."""
+    tried: Counter[str] = Counter()
+    handled: Counter[str] = Counter()
+    failures = []
+    torch.manual_seed(0)
+    for case in cases(package):
+        tried[case.category] += 1
+        result = outcome(case)
+        if result == "handled":
+            handled[case.category] += 1
+        else:
+            failures.append(f"{case}: {result}")
+    return tried, handled, failures
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_bad_argument_raises_a_named_error(package: str) -> None:
+    tried, handled, failures = tally(package)
+    table = ", ".join(f"{c} {handled[c]}/{tried[c]}" for c in CATEGORIES if tried[c])
+    print(f"{package}: {table}")  # the tried/handled table the closing note quotes (pytest -s)
+    assert sum(tried.values()) > 0
+    assert not failures, f"{len(failures)} bad calls not handled ({table}):\n" + "\n".join(failures)
+
+
+def test_the_table_covers_every_public_callable() -> None:
+    exempt: Counter[str] = Counter()
+    covered = 0
+    untried: list[str] = []
+    for package in PACKAGES:
+        for qualname, obj in _public(package):
+            reason = _exempt(qualname, obj)
+            if reason:
+                exempt[reason] += 1
+                continue
+            params = _parameters(obj)
+            untried.extend(f"{qualname}.{p.name}" for p in params[_baseline(qualname, params)[1]:])
+            covered += 1
+    assert covered > 150
+    assert set(exempt) <= {"exception", "enum", "protocol", "type alias", "record"}
+    assert exempt["record"] == len(RECORDS)
+    print(f"{covered} callables in the table, exempt {dict(exempt)}; parameters not tried: {len(untried)}")
+
+
+def test_the_harness_tells_a_raw_error_a_silent_accept_and_a_hang_apart() -> None:
+    def raw(n: int) -> None:
+        raise TypeError(n)
+
+    def silent(n: int) -> None:
+        return None
+
+    def hangs(n: int) -> None:
+        threading.Event().wait(1.0)
+
+    def named(n: int) -> None:
+        raise ElasticPipeError(f"n must be an int, got {n!r}")
+
+    def unnamed(n: int) -> None:
+        raise ElasticPipeError("bad")
+
+    results = {f.__name__: outcome(Case(f.__name__, f, "n", "wrong type", "3", {"n": "3"}))
+               for f in (raw, silent, named, unnamed)}
+    assert results["raw"].startswith("raw TypeError")
+    assert results["silent"] == "silently accepted"
+    assert results["named"] == "handled"
+    assert "not naming 'n'" in results["unnamed"]
+    assert outcome(Case("hangs", hangs, "n", "huge size", 10**30, {"n": 10**30}), timeout=0.1) == "hang"
+    assert [c.param for c in cases("groups") if c.qualname == "groups.silent_ranks"] == ["message"]
