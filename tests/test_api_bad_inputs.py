@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze
-from elastic_pipe.types import ElasticPipeError
+from elastic_pipe import freeze, partition
+from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
 #: A call that has not returned after this long counts as a hang (the slowest valid baseline takes ~0.1 s).
@@ -99,6 +99,10 @@ RECORDS = {
     "models.SubLayerProfile",
 }
 
+#: A small valid transformer shape.
+SHAPE = {"name": "t", "family": "gpt", "blocks": 1, "hidden": 4, "heads": 1, "ffn": 4, "seq_len": 4, "vocab": 8,
+         "positions": 8}
+
 #: Valid values of required arguments that cannot be derived from their annotation (built on demand: some are
 #: models or tensors).
 BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
@@ -109,12 +113,28 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "freeze.frozen_by_epoch": lambda: {"given": freeze.Never(2)},
     "freeze.decide": lambda: {"policy": freeze.Never(2)},
     "freeze.ManualSchedule": lambda: {"schedule": {1: 1}},
+    "partition.TransformerShape": lambda: SHAPE,
+    "partition.alive_bytes": lambda: {"graph": partition.chain_graph([1.0]), "order": [0]},
+    "partition.graph_order": lambda: {"graph": partition.chain_graph([1.0])},
+    "partition.graph_partition": lambda: {"graph": partition.chain_graph([1.0])},
+    "partition.graph_stage_costs": lambda: {"graph": partition.chain_graph([1.0])},
+    "partition.profile_layers": lambda: {"layers": [("a", torch.nn.Linear(2, 2))], "example_input": torch.zeros(1, 2)},
+    "partition.register_solver": lambda: {"name": "bad-input-test", "solver": partition.uniform},
+    "partition.prices_frozen_itself": lambda: {"solver": partition.uniform},
+    "partition.training_memory_bytes": lambda: {"precision": partition.TrainingPrecision()},
+    "partition.transformer_costs": lambda: {"shape": partition.TransformerShape(**SHAPE)},
+    "partition.transformer_graph": lambda: {"costs": [LayerCost("a", forward=1.0)], "residual": [False]},
+    "partition.weights_from_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values and why.
 VALID: dict[tuple[str, str], tuple[tuple[object, ...], str]] = {
     ("freeze.relative_change", "diff_sq"): ((math.inf,), "an infinite distance is a layer that changed beyond measure"),
     ("freeze.relative_change", "ref_sq"): ((math.inf,), "an infinite reference norm reads as no change"),
+    ("partition.compress_memory", "budget"): ((math.inf,), "an infinite budget is no memory limit"),
+    ("partition.compress_halving", "budget"): ((math.inf,), "an infinite budget is no memory limit"),
+    ("partition.graph_partition", "bandwidth"): ((math.inf,), "an infinite bandwidth makes transfers free"),
+    ("partition.graph_stage_costs", "bandwidth"): ((math.inf,), "an infinite bandwidth makes transfers free"),
     ("freeze.needs_probe", "policy"): ((WRONG,), "any object: one without needs_probe and observe_drift reads none"),
 }
 
@@ -150,7 +170,7 @@ def _kind(annotation: object) -> str | None:
 
 
 #: A valid value per kind, for required arguments without a baseline.
-DERIVED = {"int": 2, "float": 1.0, "str": "x", "ints": [1], "floats": [1.0]}
+DERIVED = {"int": 1, "float": 1.0, "str": "x", "ints": [1], "floats": [1.0]}
 
 
 def _parameters(obj: Any) -> list[inspect.Parameter]:
@@ -215,6 +235,13 @@ class Case:
     def __str__(self) -> str:
         return f"{self.qualname}({self.param}={self.value!r}) [{self.category}]"
 
+    def call(self) -> object:
+        """Make the call (positional-only parameters passed by position)."""
+        params = _parameters(self.target)
+        positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+        args = [self.kwargs[name] for name in positional]
+        return self.target(*args, **{k: v for k, v in self.kwargs.items() if k not in positional})
+
 
 def cases(package: str) -> list[Case]:
     """Every bad call for the package's public callables."""
@@ -241,7 +268,7 @@ def outcome(case: Case, timeout: float = HANG_SECONDS) -> str:
 
     def call() -> None:
         try:
-            case.target(**case.kwargs)
+            case.call()
             result.append(None)
         except BaseException as exc:  # noqa: BLE001 - the outcome is what is being classified
             result.append(exc)

@@ -32,25 +32,27 @@ class Checks:
     """The argument checks of one package: ``invalid`` for a value out of range, ``wrong_type`` for a wrong type.
 
     Each check returns the value (as a plain ``int``, ``float``, ``str`` or list) so a call site reads
-    ``stages = CHECK.int("stages", stages, lo=1)``.
+    ``stages = CHECK.int("stages", stages, lo=1)``. ``integer`` is how the package's messages name an int (``"an
+    int"`` or ``"an integer"``), so the checks read like the package's other messages.
     """
 
-    def __init__(self, invalid: type[Exception], wrong_type: type[Exception]) -> None:
+    def __init__(self, invalid: type[Exception], wrong_type: type[Exception], integer: builtins.str = "an int") -> None:
         self.invalid = invalid
         self.wrong_type = wrong_type
+        self.integer = integer
 
     def int(
         self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX, *, none: bool = False
     ) -> builtins.int:
         """``value`` as an int in ``[lo, hi]`` (a bool is not an int here; numpy integers are)."""
-        expected = f"{name} must be an integer {_range(lo, hi, INT64_MAX)}{' or None' if none else ''}"
+        expected = f"{name} must be {self.integer} {_range(lo, hi, INT64_MAX)}{' or None' if none else ''}"
         if isinstance(value, bool) or not isinstance(value, Integral):
             raise self.wrong_type(f"{expected}, got {_show(value)}")
         number = builtins.int(value)
         if number < lo:
-            raise self.invalid(f"{name} must be an integer >= {lo}, got {number}")
+            raise self.invalid(f"{name} must be {self.integer} >= {lo}, got {number}")
         if number > hi:
-            raise self.invalid(f"{name} must be an integer <= {hi}, got {number}")
+            raise self.invalid(f"{name} must be {self.integer} <= {hi}, got {number}")
         return number
 
     def optional_int(

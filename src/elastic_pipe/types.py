@@ -18,6 +18,7 @@ __all__ = [
     "BACKWARD_TO_FORWARD",
     "BYTE_UNITS",
     "MAX_BYTES",
+    "MAX_DIMENSION",
     "TRANSFORMER_FAMILIES",
     "ByteSizeError",
     "ElasticPipeError",
@@ -35,6 +36,9 @@ BACKWARD_TO_FORWARD = 2.0
 #: Kinds of transformer a :class:`TransformerShape` describes: image encoder (patch embedding, class-token
 #: head), bidirectional text encoder, causal text decoder.
 TRANSFORMER_FAMILIES = ("vit", "bert", "gpt")
+#: The largest dimension (blocks, width, sequence, vocabulary, image side) a :class:`TransformerShape` takes: no
+#: model comes near it, and sizes computed from such a shape would overflow the int64 counts they feed.
+MAX_DIMENSION = 2**31
 
 
 class ElasticPipeError(Exception):
@@ -256,16 +260,18 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         owner = f"TransformerShape({self.name!r})"
+        if not isinstance(self.name, str):
+            raise ElasticPipeError(f"{owner}.name must be a string, got {type(self.name).__name__}")
         if self.family not in TRANSFORMER_FAMILIES:
             raise ElasticPipeError(f"{owner}.family must be one of {TRANSFORMER_FAMILIES}, got {self.family!r}")
         for key in ("blocks", "hidden", "heads", "ffn", "seq_len"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ElasticPipeError(f"{owner}.{key} must be an int >= 1, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
+                raise ElasticPipeError(f"{owner}.{key} must be an int in [1, {MAX_DIMENSION}], got {value!r}")
         for key in ("vocab", "positions", "type_vocab", "image", "patch", "channels", "classes"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ElasticPipeError(f"{owner}.{key} must be an int >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIMENSION:
+                raise ElasticPipeError(f"{owner}.{key} must be an int in [0, {MAX_DIMENSION}], got {value!r}")
         if self.hidden % self.heads:
             raise ElasticPipeError(f"{owner}: hidden={self.hidden} must be divisible by heads={self.heads}")
         if self.positions < self.seq_len:

@@ -22,4 +22,4 @@ class DataTypeError(DataError, TypeError):
 
 
 #: The package's argument checks: out-of-range values raise :class:`DataError`, wrong types :class:`DataTypeError`.
-CHECK = Checks(DataError, DataTypeError)
+CHECK = Checks(DataError, DataTypeError, integer="an integer")

@@ -21,4 +21,4 @@ class FreezeTypeError(FreezeError, TypeError):
 
 
 #: The package's argument checks: out-of-range values raise :class:`FreezeError`, wrong types :class:`FreezeTypeError`.
-CHECK = Checks(FreezeError, FreezeTypeError)
+CHECK = Checks(FreezeError, FreezeTypeError, integer="an integer")

@@ -8,6 +8,7 @@ give the same partition.
 """
 
 from __future__ import annotations
+from elastic_pipe.partition.errors import CHECK
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ PRICES_FROZEN_ITSELF = "prices_frozen_itself"
 
 def prices_frozen_itself(solver: F) -> F:
     """Mark ``solver`` (a function, decorated) as pricing the frozen layers itself; returns it."""
+    CHECK.callable("solver", solver)
     setattr(solver, PRICES_FROZEN_ITSELF, True)
     return solver
 

@@ -22,4 +22,4 @@ class ScheduleTypeError(ScheduleError, TypeError):
 
 
 #: The package's argument checks: out-of-range values raise :class:`ScheduleError`, wrong types :class:`ScheduleTypeError`.
-CHECK = Checks(ScheduleError, ScheduleTypeError)
+CHECK = Checks(ScheduleError, ScheduleTypeError, integer="an integer")
