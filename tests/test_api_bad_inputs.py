@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze, partition
+from elastic_pipe import freeze, partition, schedule
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
@@ -125,17 +125,28 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "partition.transformer_costs": lambda: {"shape": partition.TransformerShape(**SHAPE)},
     "partition.transformer_graph": lambda: {"costs": [LayerCost("a", forward=1.0)], "residual": [False]},
     "partition.weights_from_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
+    "schedule.Action": lambda: {"kind": schedule.ActionKind.F},
+    "schedule.Schedule": lambda: {"kind": "1f1b", "actions": {0: (schedule.Action(0, "F", 0), schedule.Action(0, "B", 0))}},
+    "schedule.generate": lambda: {"kind": "gpipe"},
+    "schedule.interleaved_1f1b": lambda: {"ranks": 1, "microbatches": 1, "chunks": 2},
+    "schedule.check_structure": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
+    "schedule.validate": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
+    "schedule.peak_activations": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
+    "schedule.torch_actions": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
+    "schedule.simulate": lambda: {"schedule": schedule.generate("1f1b", 1, 1), "forward": 1.0, "backward": 1.0},
+    "schedule.tune_microbatches": lambda: {"cost": schedule.LinearCost((1.0,), (1.0,), (0.0,))},
 }
 
-#: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values and why.
-VALID: dict[tuple[str, str], tuple[tuple[object, ...], str]] = {
-    ("freeze.relative_change", "diff_sq"): ((math.inf,), "an infinite distance is a layer that changed beyond measure"),
-    ("freeze.relative_change", "ref_sq"): ((math.inf,), "an infinite reference norm reads as no change"),
-    ("partition.compress_memory", "budget"): ((math.inf,), "an infinite budget is no memory limit"),
-    ("partition.compress_halving", "budget"): ((math.inf,), "an infinite budget is no memory limit"),
-    ("partition.graph_partition", "bandwidth"): ((math.inf,), "an infinite bandwidth makes transfers free"),
-    ("partition.graph_stage_costs", "bandwidth"): ((math.inf,), "an infinite bandwidth makes transfers free"),
-    ("freeze.needs_probe", "policy"): ((WRONG,), "any object: one without needs_probe and observe_drift reads none"),
+#: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
+VALID: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("freeze.relative_change", "diff_sq"): (("[inf]",), "an infinite distance is a layer that changed beyond measure"),
+    ("freeze.relative_change", "ref_sq"): (("[inf]",), "an infinite reference norm reads as no change"),
+    ("partition.compress_memory", "budget"): (("inf",), "an infinite budget is no memory limit"),
+    ("partition.compress_halving", "budget"): (("inf",), "an infinite budget is no memory limit"),
+    ("partition.graph_partition", "bandwidth"): (("inf",), "an infinite bandwidth makes transfers free"),
+    ("partition.graph_stage_costs", "bandwidth"): (("inf",), "an infinite bandwidth makes transfers free"),
+    ("schedule.Schedule", "placement"): (("[]",), "no placement is the looped one"),
+    ("freeze.needs_probe", "policy"): (("<wrong>",), "any object: one without needs_probe and observe_drift reads none"),
 }
 
 
@@ -215,10 +226,8 @@ def _default_is(p: inspect.Parameter, value: object) -> bool:
 
 
 def _valid(qualname: str, param: str, value: object) -> bool:
-    """Whether ``value`` (or, for a sequence, its one element) is in :data:`VALID` for the parameter."""
-    accepted = VALID.get((qualname, param), ((), ""))[0]
-    items = value if isinstance(value, list) and len(value) == 1 else [value]
-    return any(repr(item) == repr(a) for item in items for a in accepted)
+    """Whether ``value`` is in :data:`VALID` for the parameter."""
+    return repr(value) in VALID.get((qualname, param), ((), ""))[0]
 
 
 @dataclasses.dataclass
