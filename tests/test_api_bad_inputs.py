@@ -5,7 +5,8 @@ is the call) has its parameters read from its signature, and each parameter whos
 (an int, a float, a string, a sequence of numbers, an object of some type) is tried, one at a time, with the bad
 values of each category below while every other argument keeps a valid value (its default, a value in
 :data:`BASELINES`, or one derived from its annotation). Every such call must raise an
-:class:`~elastic_pipe.types.ElasticPipeError` whose message names the parameter, within :data:`HANG_SECONDS` -
+:class:`~elastic_pipe.types.ElasticPipeError` whose message names the parameter (for a wrong type, one that is also
+a ``TypeError``, so code that caught the builtin error keeps working), within :data:`HANG_SECONDS` -
 not a raw ``TypeError``/``AttributeError``/``ValueError``, not a silent return, not a hang. A new public callable
 is covered as soon as it is exported; one whose required arguments cannot be derived fails here, naming itself,
 until it has a baseline.
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze, partition, schedule
+from elastic_pipe import freeze, partition, protocol, schedule
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
@@ -103,6 +104,11 @@ RECORDS = {
 SHAPE = {"name": "t", "family": "gpt", "blocks": 1, "hidden": 4, "heads": 1, "ffn": 4, "seq_len": 4, "vocab": 8,
          "positions": 8}
 
+def TRANSITION() -> Any:  # noqa: N802 - reads as the constant it builds
+    """A valid transition message."""
+    return protocol.TransitionMessage(0, 0, 0, 1, (0, 1), 1, 1.0, ())
+
+
 #: Valid values of required arguments that cannot be derived from their annotation (built on demand: some are
 #: models or tensors).
 BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
@@ -135,6 +141,20 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "schedule.torch_actions": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
     "schedule.simulate": lambda: {"schedule": schedule.generate("1f1b", 1, 1), "forward": 1.0, "backward": 1.0},
     "schedule.tune_microbatches": lambda: {"cost": schedule.LinearCost((1.0,), (1.0,), (0.0,))},
+    "groups.GroupManager": lambda: {"world_size": 1, "rank": 0, "pipe_lens": [1], "backend": "gloo"},
+    "protocol.TransitionMessage": lambda: {"epoch": 0, "step": 0, "frozen": 0, "pipe_len": 1, "boundaries": (0, 1),
+                                          "microbatches": 1, "max_cost_at_start": 1.0, "changed_ranks": ()},
+    "protocol.StateEntry": lambda: {"kind": "int", "value": 1},
+    "protocol.OptimizerStateHeader": lambda: {"params": ()},
+    "protocol.describe": lambda: {"msg": TRANSITION()},
+    "protocol.message_to_dict": lambda: {"msg": TRANSITION()},
+    "protocol.encode": lambda: {"msg": TRANSITION()},
+    "protocol.decode": lambda: {"data": protocol.encode(TRANSITION())},
+    "protocol.decode_any": lambda: {"data": protocol.encode(TRANSITION())},
+    "protocol.describe_legacy": lambda: {"msg": protocol.LegacyMessage(0, 1, 1.0, 0)},
+    "protocol.legacy_to_dict": lambda: {"msg": protocol.LegacyMessage(0, 1, 1.0, 0)},
+    "protocol.encode_legacy": lambda: {"msg": protocol.LegacyMessage(0, 1, 1.0, 0)},
+    "protocol.decode_legacy": lambda: {"values": protocol.encode_legacy(protocol.LegacyMessage(0, 1, 1.0, 0))},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
@@ -146,6 +166,7 @@ VALID: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("partition.graph_partition", "bandwidth"): (("inf",), "an infinite bandwidth makes transfers free"),
     ("partition.graph_stage_costs", "bandwidth"): (("inf",), "an infinite bandwidth makes transfers free"),
     ("schedule.Schedule", "placement"): (("[]",), "no placement is the looped one"),
+    ("groups.GroupManager", "timeout"): (("inf",), "an infinite timeout waits for ever, as asked"),
     ("freeze.needs_probe", "policy"): (("<wrong>",), "any object: one without needs_probe and observe_drift reads none"),
 }
 
@@ -294,6 +315,8 @@ def outcome(case: Case, timeout: float = HANG_SECONDS) -> str:
         return f"raw {type(exc).__name__}: {str(exc)[:120]}"
     if case.param not in str(exc):
         return f"{type(exc).__name__} not naming {case.param!r}: {str(exc)[:120]}"
+    if case.category == "wrong type" and not isinstance(exc, TypeError):
+        return f"{type(exc).__name__} for a wrong type is no TypeError: {str(exc)[:120]}"
     return "handled"
 
 
@@ -351,17 +374,24 @@ def test_the_harness_tells_a_raw_error_a_silent_accept_and_a_hang_apart() -> Non
     def hangs(n: int) -> None:
         threading.Event().wait(1.0)
 
+    class NamedTypeError(ElasticPipeError, TypeError):
+        pass
+
     def named(n: int) -> None:
+        raise NamedTypeError(f"n must be an int, got {n!r}")
+
+    def untyped(n: int) -> None:
         raise ElasticPipeError(f"n must be an int, got {n!r}")
 
     def unnamed(n: int) -> None:
         raise ElasticPipeError("bad")
 
     results = {f.__name__: outcome(Case(f.__name__, f, "n", "wrong type", "3", {"n": "3"}))
-               for f in (raw, silent, named, unnamed)}
+               for f in (raw, silent, named, unnamed, untyped)}
     assert results["raw"].startswith("raw TypeError")
     assert results["silent"] == "silently accepted"
     assert results["named"] == "handled"
     assert "not naming 'n'" in results["unnamed"]
+    assert "is no TypeError" in results["untyped"]
     assert outcome(Case("hangs", hangs, "n", "huge size", 10**30, {"n": 10**30}), timeout=0.1) == "hang"
     assert [c.param for c in cases("groups") if c.qualname == "groups.silent_ranks"] == ["message"]

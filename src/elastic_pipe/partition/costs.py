@@ -80,6 +80,7 @@ def weights_from_costs(
     CHECK.number("frozen_factor", frozen_factor)
     if CHECK.str("metric", metric) not in METRICS:
         raise PartitionError(f"unknown metric {metric!r}; valid metrics: {', '.join(METRICS)}")
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
         raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):

@@ -73,6 +73,7 @@ def greedy(
     CHECK.number("frozen_factor", frozen_factor)
     CHECK.number("unit", unit)
     n = len(costs)
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= n:
         raise PartitionError(f"frozen must be an int in 0..{n} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):

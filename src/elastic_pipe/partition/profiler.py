@@ -141,7 +141,7 @@ def profile_layers(
     CHECK.int("repeats", repeats, lo=1, hi=MAX_REPEATS)
     CHECK.int("warmup", warmup, hi=MAX_REPEATS)
     CHECK.int("optimizer_state_bytes_per_byte", optimizer_state_bytes_per_byte, hi=MAX_REPEATS)
-    if cpu_clock not in ("wall", "thread"):
+    if CHECK.str("cpu_clock", cpu_clock) not in ("wall", "thread"):
         raise PartitionError(f"cpu_clock must be 'wall' or 'thread', got {cpu_clock!r}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CUBLAS_CONTEXT_WARNING, category=UserWarning)

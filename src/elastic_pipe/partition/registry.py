@@ -68,6 +68,7 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
     """
     costs = check_costs(costs)
     CHECK.number("frozen_factor", frozen_factor)
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
         raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
@@ -78,6 +79,8 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
 def _lookup(name: str | Solver) -> Solver:
     if callable(name):
         return name
+    if not isinstance(name, str):
+        raise PartitionTypeError(f"solver must be a solver name or a function, got {name!r}")
     try:
         return SOLVERS[name]
     except (KeyError, TypeError):

@@ -74,6 +74,8 @@ class Action:
 
 
 def _kind(value: str) -> ActionKind:
+    if type(value) is not ActionKind:  # the common case costs one test
+        CHECK.str("Action kind", value)
     try:
         return ActionKind(value)
     except ValueError:
