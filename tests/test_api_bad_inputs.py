@@ -155,6 +155,12 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "protocol.legacy_to_dict": lambda: {"msg": protocol.LegacyMessage(0, 1, 1.0, 0)},
     "protocol.encode_legacy": lambda: {"msg": protocol.LegacyMessage(0, 1, 1.0, 0)},
     "protocol.decode_legacy": lambda: {"values": protocol.encode_legacy(protocol.LegacyMessage(0, 1, 1.0, 0))},
+    "cache.expected_read_seconds": lambda: {"spread": {"device": 1, "none": 0}, "tier_seconds": {"device": 1.0}},
+    "cache.payoff_threshold": lambda: {"read_seconds": 1.0, "recompute_seconds": [2.0]},
+    "cache.prefix_fingerprint": lambda: {"tensors": [torch.zeros(1)]},
+    "cache.stored_dtype": lambda: {"given": torch.float32, "storage": None},
+    "cache.time_call": lambda: {"fn": lambda: None},
+    "cache.parse_storage_dtype": lambda: {"name": "auto"},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
@@ -167,6 +173,7 @@ VALID: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("partition.graph_stage_costs", "bandwidth"): (("inf",), "an infinite bandwidth makes transfers free"),
     ("schedule.Schedule", "placement"): (("[]",), "no placement is the looped one"),
     ("groups.GroupManager", "timeout"): (("inf",), "an infinite timeout waits for ever, as asked"),
+    ("cache.decide", "read_seconds"): (("inf",), "an infinite read time is no cache to read from"),
     ("freeze.needs_probe", "policy"): (("<wrong>",), "any object: one without needs_probe and observe_drift reads none"),
 }
 

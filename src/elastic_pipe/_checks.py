@@ -16,7 +16,8 @@ import builtins
 import math
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
-from typing import Any, TypeVar
+from types import UnionType
+from typing import Any, TypeVar, get_args, overload
 
 __all__ = ["INT64_MAX", "Checks"]
 
@@ -112,10 +113,17 @@ class Checks:
             raise self.wrong_type(f"{name} must be True or False, got {_show(value)}")
         return value
 
-    def instance(self, name: builtins.str, value: object, kind: type[T]) -> T:
-        """``value`` if it is an instance of ``kind``."""
+    @overload
+    def instance(self, name: builtins.str, value: object, kind: type[T]) -> T: ...
+
+    @overload
+    def instance(self, name: builtins.str, value: object, kind: UnionType) -> object: ...
+
+    def instance(self, name: builtins.str, value: object, kind: type[T] | UnionType) -> object:
+        """``value`` if it is an instance of ``kind`` (a class or a union such as ``str | Path``)."""
         if not isinstance(value, kind):
-            raise self.wrong_type(f"{name} must be a {kind.__name__}, got {_show(value)}")
+            names = " or ".join(k.__name__ for k in get_args(kind)) if isinstance(kind, UnionType) else kind.__name__
+            raise self.wrong_type(f"{name} must be a {names}, got {_show(value)}")
         return value
 
     def callable(self, name: builtins.str, value: T) -> T:
