@@ -184,12 +184,11 @@ class CacheConfig:
 
 
 def _check_bytes(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         error = CacheError if isinstance(value, int) and not isinstance(value, bool) else CacheTypeError
-        raise error(
-            f"{name} must be an int >= 0 (bytes), got {value!r} (at most {MAX_BYTES}); parse strings with "
-            "CacheTiers.parse"
-        )
+        raise error(f"{name} must be an int >= 0 (bytes), got {value!r}; parse strings with CacheTiers.parse")
+    if value > MAX_BYTES:
+        raise CacheError(f"{name} must be at most {MAX_BYTES} bytes, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
