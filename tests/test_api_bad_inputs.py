@@ -161,6 +161,10 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "cache.stored_dtype": lambda: {"given": torch.float32, "storage": None},
     "cache.time_call": lambda: {"fn": lambda: None},
     "cache.parse_storage_dtype": lambda: {"name": "auto"},
+    "data.ElasticSampler": lambda: {"num_samples": 4, "num_replicas": 1, "rank": 0},
+    "data.IndexedDataset": lambda: {"inputs": torch.zeros(1, 1, 2, 2), "labels": torch.zeros(1, dtype=torch.int64),
+                                    "sample_ids": torch.zeros(1, dtype=torch.int64)},
+    "data.TextCorpus": lambda: {"texts": ("a",), "labels": (0,), "classes": ("c",)},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
