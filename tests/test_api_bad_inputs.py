@@ -165,6 +165,18 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "data.IndexedDataset": lambda: {"inputs": torch.zeros(1, 1, 2, 2), "labels": torch.zeros(1, dtype=torch.int64),
                                     "sample_ids": torch.zeros(1, dtype=torch.int64)},
     "data.TextCorpus": lambda: {"texts": ("a",), "labels": (0,), "classes": ("c",)},
+    "models.LlamaConfig": lambda: {"dim": 2},
+    "models.MissingInit": lambda: {"missing": ["a"]},
+    "models.CheckpointInit": lambda: {"open_reader": lambda: None, "weight_map": {}},
+    "models.MappingReader": lambda: {"tensors": {}},
+    "models.SubLayerModel": lambda: {"layers": [("a", torch.nn.Identity())], "unit_ends": [1]},
+    "models.analyze": lambda: {"model": [("a", torch.nn.Identity())], "example": torch.zeros(1, 2)},
+    "models.sublayer_costs": lambda: {"model": [("a", torch.nn.Identity())], "example": torch.zeros(1, 2)},
+    "models.next_token_loss": lambda: {"logits": torch.zeros(1, 2, 3), "tokens": torch.zeros(1, 2, dtype=torch.int64)},
+    "models.vit": lambda: {"meta": True},
+    "models.bert_encoder": lambda: {"meta": True},
+    "models.gpt_decoder": lambda: {"meta": True},
+    "models.llama_decoder": lambda: {"meta": True},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
