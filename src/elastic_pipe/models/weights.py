@@ -185,7 +185,7 @@ class MissingInit:
 
     def __init__(self, seed: int, missing: Collection[str]) -> None:
         self.seed = check_seed("seed", seed)
-        self.missing = frozenset(CHECK.str(f"missing[{i}]", k) for i, k in enumerate(CHECK.items("missing", missing)))
+        self.missing = frozenset(CHECK.str(f"missing[{i}]", k) for i, k in enumerate(CHECK.items("missing", missing, empty=True)))
         self._values: dict[str, torch.Tensor] | None = None
 
     def _draw(self, model: SubLayerModel) -> dict[str, torch.Tensor]:
