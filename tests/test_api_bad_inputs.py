@@ -120,6 +120,8 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "freeze.decide": lambda: {"policy": freeze.Never(2)},
     "freeze.ManualSchedule": lambda: {"schedule": {1: 1}},
     "partition.TransformerShape": lambda: SHAPE,
+    "planner.TransformerShape": lambda: SHAPE,
+    "planner.ModelConfig": lambda: SHAPE,
     "partition.alive_bytes": lambda: {"graph": partition.chain_graph([1.0]), "order": [0]},
     "partition.graph_order": lambda: {"graph": partition.chain_graph([1.0])},
     "partition.graph_partition": lambda: {"graph": partition.chain_graph([1.0])},
