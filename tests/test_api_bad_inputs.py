@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze, partition, protocol, schedule
+from elastic_pipe import freeze, partition, planner, protocol, schedule
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
@@ -109,6 +109,11 @@ def TRANSITION() -> Any:  # noqa: N802 - reads as the constant it builds
     return protocol.TransitionMessage(0, 0, 0, 1, (0, 1), 1, 1.0, ())
 
 
+def SUBLAYER() -> Any:  # noqa: N802 - reads as the constant it builds
+    """A valid planner sub-layer cost."""
+    return planner.SubLayerCost("a", 0, 1, 1.0, 1.0, 1.0, 1.0, 1.0)
+
+
 #: Valid values of required arguments that cannot be derived from their annotation (built on demand: some are
 #: models or tensors).
 BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
@@ -179,6 +184,17 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "models.bert_encoder": lambda: {"meta": True},
     "models.gpt_decoder": lambda: {"meta": True},
     "models.llama_decoder": lambda: {"meta": True},
+    "freeze.as_policy": lambda: {"obj": lambda epoch, step, current: current},
+    "freeze.freeze_modules": lambda: {"modules": [torch.nn.Linear(1, 1)]},
+    "schedule.gantt": lambda: {"simulation": schedule.simulate(schedule.generate("1f1b", 1, 1), 1.0, 1.0),
+                               "path": "/nonexistent/gantt.png"},
+    "models.minilm_tokenize": lambda: {"sentences": ["a"]},
+    "planner.from_layer_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
+    "planner.to_layer_costs": lambda: {"costs": [SUBLAYER()]},
+    "planner.price": lambda: {"work": [planner.SubLayerWork("a", 0, 1, 1.0)]},
+    "planner.predict_step": lambda: {"entries": [(SUBLAYER(), planner.Mode.ACTIVE)], "cluster": planner.ClusterSpec(1)},
+    "planner.make_plan": lambda: {"costs": [SUBLAYER()], "cluster": planner.ClusterSpec(1), "job": planner.JobSpec(1, 1, 1)},
+    "planner.plan_model": lambda: {"name": "bert-base", "cluster": planner.ClusterSpec(1), "job": planner.JobSpec(1, 1, 1)},
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.

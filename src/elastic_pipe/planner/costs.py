@@ -161,7 +161,7 @@ def from_layer_costs(
         CHECK.instance(f"costs[{index}]", item, LayerCost)
     CHECK.int("batch", batch, lo=1)
     if unit_ends is not None:
-        CHECK.ints("unit_ends", unit_ends, empty=True)
+        CHECK.ints("unit_ends", unit_ends)
     CHECK.float("host_weight", host_weight)
     if not costs:
         raise PlannerError("from_layer_costs needs at least one layer cost")
