@@ -101,15 +101,25 @@ RECORDS = {
 }
 
 #: A small valid transformer shape.
-SHAPE = {"name": "t", "family": "gpt", "blocks": 1, "hidden": 4, "heads": 1, "ffn": 4, "seq_len": 4, "vocab": 8,
-         "positions": 8}
+SHAPE = {
+    "name": "t",
+    "family": "gpt",
+    "blocks": 1,
+    "hidden": 4,
+    "heads": 1,
+    "ffn": 4,
+    "seq_len": 4,
+    "vocab": 8,
+    "positions": 8,
+}
 
-def TRANSITION() -> Any:  # noqa: N802 - reads as the constant it builds
+
+def TRANSITION() -> Any:
     """A valid transition message."""
     return protocol.TransitionMessage(0, 0, 0, 1, (0, 1), 1, 1.0, ())
 
 
-def SUBLAYER() -> Any:  # noqa: N802 - reads as the constant it builds
+def SUBLAYER() -> Any:
     """A valid planner sub-layer cost."""
     return planner.SubLayerCost("a", 0, 1, 1.0, 1.0, 1.0, 1.0, 1.0)
 
@@ -139,7 +149,10 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "partition.transformer_graph": lambda: {"costs": [LayerCost("a", forward=1.0)], "residual": [False]},
     "partition.weights_from_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
     "schedule.Action": lambda: {"kind": schedule.ActionKind.F},
-    "schedule.Schedule": lambda: {"kind": "1f1b", "actions": {0: (schedule.Action(0, "F", 0), schedule.Action(0, "B", 0))}},
+    "schedule.Schedule": lambda: {
+        "kind": "1f1b",
+        "actions": {0: (schedule.Action(0, "F", 0), schedule.Action(0, "B", 0))},
+    },
     "schedule.generate": lambda: {"kind": "gpipe"},
     "schedule.interleaved_1f1b": lambda: {"ranks": 1, "microbatches": 1, "chunks": 2},
     "schedule.check_structure": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
@@ -149,8 +162,16 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "schedule.simulate": lambda: {"schedule": schedule.generate("1f1b", 1, 1), "forward": 1.0, "backward": 1.0},
     "schedule.tune_microbatches": lambda: {"cost": schedule.LinearCost((1.0,), (1.0,), (0.0,))},
     "groups.GroupManager": lambda: {"world_size": 1, "rank": 0, "pipe_lens": [1], "backend": "gloo"},
-    "protocol.TransitionMessage": lambda: {"epoch": 0, "step": 0, "frozen": 0, "pipe_len": 1, "boundaries": (0, 1),
-                                          "microbatches": 1, "max_cost_at_start": 1.0, "changed_ranks": ()},
+    "protocol.TransitionMessage": lambda: {
+        "epoch": 0,
+        "step": 0,
+        "frozen": 0,
+        "pipe_len": 1,
+        "boundaries": (0, 1),
+        "microbatches": 1,
+        "max_cost_at_start": 1.0,
+        "changed_ranks": (),
+    },
     "protocol.StateEntry": lambda: {"kind": "int", "value": 1},
     "protocol.OptimizerStateHeader": lambda: {"params": ()},
     "protocol.describe": lambda: {"msg": TRANSITION()},
@@ -169,8 +190,11 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "cache.time_call": lambda: {"fn": lambda: None},
     "cache.parse_storage_dtype": lambda: {"name": "auto"},
     "data.ElasticSampler": lambda: {"num_samples": 4, "num_replicas": 1, "rank": 0},
-    "data.IndexedDataset": lambda: {"inputs": torch.zeros(1, 1, 2, 2), "labels": torch.zeros(1, dtype=torch.int64),
-                                    "sample_ids": torch.zeros(1, dtype=torch.int64)},
+    "data.IndexedDataset": lambda: {
+        "inputs": torch.zeros(1, 1, 2, 2),
+        "labels": torch.zeros(1, dtype=torch.int64),
+        "sample_ids": torch.zeros(1, dtype=torch.int64),
+    },
     "data.TextCorpus": lambda: {"texts": ("a",), "labels": (0,), "classes": ("c",)},
     "models.LlamaConfig": lambda: {"dim": 2},
     "models.MissingInit": lambda: {"missing": ["a"]},
@@ -186,15 +210,25 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "models.llama_decoder": lambda: {"meta": True},
     "freeze.as_policy": lambda: {"obj": lambda epoch, step, current: current},
     "freeze.freeze_modules": lambda: {"modules": [torch.nn.Linear(1, 1)]},
-    "schedule.gantt": lambda: {"simulation": schedule.simulate(schedule.generate("1f1b", 1, 1), 1.0, 1.0),
-                               "path": "/nonexistent/gantt.png"},
+    "schedule.gantt": lambda: {
+        "simulation": schedule.simulate(schedule.generate("1f1b", 1, 1), 1.0, 1.0),
+        "path": "/nonexistent/gantt.png",
+    },
     "models.minilm_tokenize": lambda: {"sentences": ["a"]},
     "planner.from_layer_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
     "planner.to_layer_costs": lambda: {"costs": [SUBLAYER()]},
     "planner.price": lambda: {"work": [planner.SubLayerWork("a", 0, 1, 1.0)]},
     "planner.predict_step": lambda: {"entries": [(SUBLAYER(), planner.Mode.ACTIVE)], "cluster": planner.ClusterSpec(1)},
-    "planner.make_plan": lambda: {"costs": [SUBLAYER()], "cluster": planner.ClusterSpec(1), "job": planner.JobSpec(1, 1, 1)},
-    "planner.plan_model": lambda: {"name": "bert-base", "cluster": planner.ClusterSpec(1), "job": planner.JobSpec(1, 1, 1)},
+    "planner.make_plan": lambda: {
+        "costs": [SUBLAYER()],
+        "cluster": planner.ClusterSpec(1),
+        "job": planner.JobSpec(1, 1, 1),
+    },
+    "planner.plan_model": lambda: {
+        "name": "bert-base",
+        "cluster": planner.ClusterSpec(1),
+        "job": planner.JobSpec(1, 1, 1),
+    },
 }
 
 #: Bad-looking values a parameter accepts on purpose: (callable, parameter) -> the values' reprs and why.
@@ -208,7 +242,10 @@ VALID: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("schedule.Schedule", "placement"): (("[]",), "no placement is the looped one"),
     ("groups.GroupManager", "timeout"): (("inf",), "an infinite timeout waits for ever, as asked"),
     ("cache.decide", "read_seconds"): (("inf",), "an infinite read time is no cache to read from"),
-    ("freeze.needs_probe", "policy"): (("<wrong>",), "any object: one without needs_probe and observe_drift reads none"),
+    ("freeze.needs_probe", "policy"): (
+        ("<wrong>",),
+        "any object: one without needs_probe and observe_drift reads none",
+    ),
 }
 
 
@@ -281,9 +318,10 @@ def _default_is(p: inspect.Parameter, value: object) -> bool:
     if p.default is inspect.Parameter.empty:
         return False
     try:
-        return bool(p.default == value) or (isinstance(value, float) and isinstance(p.default, float)
-                                            and math.isnan(value) and math.isnan(p.default))
-    except Exception:  # noqa: BLE001 - a default that cannot be compared is not the bad value
+        return bool(p.default == value) or (
+            isinstance(value, float) and isinstance(p.default, float) and math.isnan(value) and math.isnan(p.default)
+        )
+    except Exception:
         return False
 
 
@@ -341,7 +379,7 @@ def outcome(case: Case, timeout: float = HANG_SECONDS) -> str:
         try:
             case.call()
             result.append(None)
-        except BaseException as exc:  # noqa: BLE001 - the outcome is what is being classified
+        except BaseException as exc:
             result.append(exc)
 
     worker = threading.Thread(target=call, daemon=True)
@@ -397,7 +435,7 @@ def test_the_table_covers_every_public_callable() -> None:
                 exempt[reason] += 1
                 continue
             params = _parameters(obj)
-            untried.extend(f"{qualname}.{p.name}" for p in params[_baseline(qualname, params)[1]:])
+            untried.extend(f"{qualname}.{p.name}" for p in params[_baseline(qualname, params)[1] :])
             covered += 1
     assert covered > 150
     assert set(exempt) <= {"exception", "enum", "protocol", "type alias", "record"}
@@ -427,8 +465,10 @@ def test_the_harness_tells_a_raw_error_a_silent_accept_and_a_hang_apart() -> Non
     def unnamed(n: int) -> None:
         raise ElasticPipeError("bad")
 
-    results = {f.__name__: outcome(Case(f.__name__, f, "n", "wrong type", "3", {"n": "3"}))
-               for f in (raw, silent, named, unnamed, untyped)}
+    results = {
+        f.__name__: outcome(Case(f.__name__, f, "n", "wrong type", "3", {"n": "3"}))
+        for f in (raw, silent, named, unnamed, untyped)
+    }
     assert results["raw"].startswith("raw TypeError")
     assert results["silent"] == "silently accepted"
     assert results["named"] == "handled"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from numbers import Integral, Real
 from types import UnionType
 from typing import Any, TypeVar, get_args, overload
@@ -43,7 +43,13 @@ class Checks:
         self.integer = integer
 
     def int(
-        self, name: builtins.str, value: object, lo: builtins.int = 0, hi: builtins.int = INT64_MAX, *, none: bool = False
+        self,
+        name: builtins.str,
+        value: object,
+        lo: builtins.int = 0,
+        hi: builtins.int = INT64_MAX,
+        *,
+        none: bool = False,
     ) -> builtins.int:
         """``value`` as an int in ``[lo, hi]`` (a bool is not an int here; numpy integers are)."""
         expected = f"{name} must be {self.integer} {_range(lo, hi, INT64_MAX)}{' or None' if none else ''}"
@@ -69,8 +75,8 @@ class Checks:
         lo: builtins.float = 0.0,
         hi: builtins.float = math.inf,
         *,
-        finite: bool = True,
-        none: bool = False,
+        finite: builtins.bool = True,
+        none: builtins.bool = False,
     ) -> builtins.float:
         """``value`` as a float in ``[lo, hi]``; NaN is always refused, infinity unless ``finite`` is false."""
         kind = "a finite number" if finite else "a number"
@@ -96,7 +102,7 @@ class Checks:
         lo: builtins.float = 0.0,
         hi: builtins.float = math.inf,
         *,
-        finite: bool = True,
+        finite: builtins.bool = True,
     ) -> builtins.float | None:
         """``None``, or ``value`` checked by :meth:`float`."""
         return None if value is None else self.float(name, value, lo, hi, finite=finite, none=True)
@@ -126,13 +132,19 @@ class Checks:
             raise self.wrong_type(f"{name} must be a {names}, got {_show(value)}")
         return value
 
+    def mapping(self, name: builtins.str, value: object) -> Mapping[Any, Any]:
+        """``value`` if it is a mapping (a dict or any ``collections.abc.Mapping``)."""
+        if not isinstance(value, Mapping):
+            raise self.wrong_type(f"{name} must be a mapping, got {_show(value)}")
+        return value
+
     def callable(self, name: builtins.str, value: T) -> T:
         """``value`` if it can be called."""
         if not builtins.callable(value):
             raise self.wrong_type(f"{name} must be callable, got {_show(value)}")
         return value
 
-    def items(self, name: builtins.str, values: object, *, empty: bool = False) -> list[Any]:
+    def items(self, name: builtins.str, values: object, *, empty: builtins.bool = False) -> list[Any]:
         """``values`` (any iterable but a string, bytes or a mapping) as a list; refused if empty unless
         ``empty``."""
         if isinstance(values, builtins.str | bytes | dict) or not isinstance(values, Iterable):
@@ -149,7 +161,7 @@ class Checks:
         lo: builtins.int = 0,
         hi: builtins.int = INT64_MAX,
         *,
-        empty: bool = False,
+        empty: builtins.bool = False,
     ) -> list[builtins.int]:
         """``values`` as a list of ints, each checked by :meth:`int` (named ``name[i]``)."""
         return [self.int(f"{name}[{i}]", v, lo, hi) for i, v in enumerate(self.items(name, values, empty=empty))]
@@ -161,8 +173,8 @@ class Checks:
         lo: builtins.float = 0.0,
         hi: builtins.float = math.inf,
         *,
-        empty: bool = False,
-        finite: bool = True,
+        empty: builtins.bool = False,
+        finite: builtins.bool = True,
     ) -> list[builtins.float]:
         """``values`` as a list of floats, each checked by :meth:`float` (named ``name[i]``)."""
         items = self.items(name, values, empty=empty)

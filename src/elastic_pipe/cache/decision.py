@@ -12,8 +12,8 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from numbers import Real
 from dataclasses import dataclass
+from numbers import Real
 
 import torch
 
@@ -120,12 +120,17 @@ def payoff_threshold(
     Raises:
         CacheError: the two sequences differ in length, or a time is invalid.
     """
-    recompute_seconds = [CHECK.number(f"recompute_seconds[{i}]", r) for i, r in enumerate(
-        CHECK.items("recompute_seconds", recompute_seconds))]
-    if isinstance(read_seconds, Real) and not isinstance(read_seconds, bool):
+    recompute_seconds = [
+        CHECK.number(f"recompute_seconds[{i}]", r)
+        for i, r in enumerate(CHECK.items("recompute_seconds", recompute_seconds))
+    ]
+    if isinstance(read_seconds, Real):
         reads = [float(read_seconds)] * len(recompute_seconds)
     else:
-        reads = [CHECK.number(f"read_seconds[{i}]", r) for i, r in enumerate(CHECK.items("read_seconds", read_seconds, empty=True))]
+        reads = [
+            CHECK.number(f"read_seconds[{i}]", r)
+            for i, r in enumerate(CHECK.items("read_seconds", read_seconds, empty=True))
+        ]
     if len(reads) != len(recompute_seconds):
         raise CacheError(
             f"read_seconds has {len(reads)} entries but recompute_seconds has {len(recompute_seconds)}; expected equal"

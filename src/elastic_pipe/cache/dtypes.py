@@ -61,4 +61,6 @@ def check_storage_dtype(storage: torch.dtype | None) -> None:
         CacheError: naming the dtype.
     """
     if storage is not None and (not isinstance(storage, torch.dtype) or not storage.is_floating_point):
-        raise (CacheError if isinstance(storage, torch.dtype) else CacheTypeError)(f"storage_dtype must be a floating torch dtype or None, got {storage!r}")
+        raise (CacheError if isinstance(storage, torch.dtype) else CacheTypeError)(
+            f"storage_dtype must be a floating torch dtype or None, got {storage!r}"
+        )

@@ -32,5 +32,6 @@ class CacheTypeError(CacheError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`CacheError`, wrong types :class:`CacheTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`CacheError`,
+#: wrong types :class:`CacheTypeError`.
 CHECK = Checks(CacheError, CacheTypeError)

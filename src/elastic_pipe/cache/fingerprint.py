@@ -1,12 +1,13 @@
 """A fingerprint of the frozen prefix: what names the model whose entries a cache file holds."""
 
 from __future__ import annotations
-from elastic_pipe.cache.errors import CHECK
 
 import hashlib
 from collections.abc import Iterable
 
 import torch
+
+from elastic_pipe.cache.errors import CHECK
 
 __all__ = ["prefix_fingerprint"]
 

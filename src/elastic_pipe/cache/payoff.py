@@ -90,8 +90,8 @@ def expected_read_seconds(spread: dict[str, int], tier_seconds: dict[str, float]
         >>> expected_read_seconds({"device": 1, "host": 3, "none": 0}, {"device": 1.0, "host": 5.0}, 9.0)
         4.0
     """
-    CHECK.instance("spread", spread, Mapping)
-    CHECK.instance("tier_seconds", tier_seconds, Mapping)
+    CHECK.mapping("spread", spread)
+    CHECK.mapping("tier_seconds", tier_seconds)
     CHECK.float("recompute_seconds", recompute_seconds)
     total = sum(spread.values())
     if total == 0 or spread.get("none", 0) == total:

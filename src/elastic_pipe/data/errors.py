@@ -21,5 +21,6 @@ class DataTypeError(DataError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`DataError`, wrong types :class:`DataTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`DataError`,
+#: wrong types :class:`DataTypeError`.
 CHECK = Checks(DataError, DataTypeError, integer="an integer")

@@ -54,6 +54,7 @@ MAX_REPLICAS = 65_536
 #: The largest seed: the permutation generator takes a 64-bit seed.
 MAX_SEED = 2**64 - 1
 
+
 class ElasticSampler(torch.utils.data.Sampler[int]):
     """Deterministic, equal-shard, re-shardable distributed sampler with mid-epoch resume.
 

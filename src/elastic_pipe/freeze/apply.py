@@ -10,12 +10,13 @@ Param groups are kept even when they become empty, because learning-rate schedul
 """
 
 from __future__ import annotations
-from elastic_pipe.freeze.errors import CHECK
 
 from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from elastic_pipe.freeze.errors import CHECK
 
 __all__ = ["freeze_modules"]
 

@@ -20,5 +20,6 @@ class FreezeTypeError(FreezeError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`FreezeError`, wrong types :class:`FreezeTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`FreezeError`,
+#: wrong types :class:`FreezeTypeError`.
 CHECK = Checks(FreezeError, FreezeTypeError, integer="an integer")

@@ -48,7 +48,7 @@ class ManualSchedule:
 
     def __init__(self, num_layers: int, schedule: Mapping[int, int]) -> None:
         check_num_layers("ManualSchedule", num_layers)
-        CHECK.instance("ManualSchedule: schedule", schedule, Mapping)
+        CHECK.mapping("ManualSchedule: schedule", schedule)
         items = sorted(
             (CHECK.int("ManualSchedule: schedule epoch", e), CHECK.int("ManualSchedule: schedule frozen count", f))
             for e, f in schedule.items()

@@ -115,7 +115,9 @@ def check_policy(owner: str, obj: object) -> None:
     """Raise :class:`FreezeError` naming the :data:`MEMBERS` that ``obj`` lacks, if it is no :class:`FreezePolicy`."""
     missing = [member for member in MEMBERS if not hasattr(obj, member)]
     if missing:
-        raise FreezeTypeError(f"{owner}: policy {obj!r} lacks the FreezePolicy members {missing}; expected all of {list(MEMBERS)}")
+        raise FreezeTypeError(
+            f"{owner}: policy {obj!r} lacks the FreezePolicy members {missing}; expected all of {list(MEMBERS)}"
+        )
 
 
 def check_num_layers(owner: str, num_layers: int) -> None:

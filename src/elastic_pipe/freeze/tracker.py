@@ -48,7 +48,7 @@ class GradNormTracker:
     """
 
     def __init__(self, layers: Mapping[int, nn.Module]) -> None:
-        CHECK.instance("GradNormTracker: layers", layers, Mapping)
+        CHECK.mapping("GradNormTracker: layers", layers)
         for index, module in layers.items():
             CHECK.int("GradNormTracker: layers index", index)
             CHECK.instance(f"GradNormTracker: layers[{index}]", module, nn.Module)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from elastic_pipe._checks import Checks
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["BarrierTimeoutError", "CHECK", "GroupsError", "GroupsTypeError"]
+__all__ = ["CHECK", "BarrierTimeoutError", "GroupsError", "GroupsTypeError"]
 
 
 class GroupsError(ElasticPipeError, ValueError):
@@ -34,5 +34,6 @@ class GroupsTypeError(GroupsError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`GroupsError`, wrong types :class:`GroupsTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`GroupsError`,
+#: wrong types :class:`GroupsTypeError`.
 CHECK = Checks(GroupsError, GroupsTypeError)

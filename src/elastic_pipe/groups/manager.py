@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.groups.errors import BarrierTimeoutError, CHECK, GroupsError
+from elastic_pipe.groups.errors import CHECK, BarrierTimeoutError, GroupsError
 from elastic_pipe.groups.spmd import MAX_WORLD_SIZE, RankPlan, plan_spmd
 
 __all__ = ["CONTROL_BACKEND", "MAX_BROADCAST_BYTES", "GroupManager", "silent_ranks"]

@@ -22,9 +22,8 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from elastic_pipe.models.errors import CHECK, ModelError, ModelTypeError
-from elastic_pipe.types import MAX_DIMENSION
 from elastic_pipe.models.layers import AttentionSubLayer
-from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, MAX_DIMENSION, LayerCost
 
 __all__ = [
     "ADAM_STATES",

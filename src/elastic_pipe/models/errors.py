@@ -20,5 +20,6 @@ class ModelTypeError(ModelError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`ModelError`, wrong types :class:`ModelTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`ModelError`,
+#: wrong types :class:`ModelTypeError`.
 CHECK = Checks(ModelError, ModelTypeError)

@@ -589,8 +589,8 @@ def from_hf_state(
     Raises:
         ModelError: for an unsupported model type or configuration.
     """
-    CHECK.instance("config", config, Mapping)
-    CHECK.instance("state_dict", state_dict, Mapping)
+    CHECK.mapping("config", config)
+    CHECK.mapping("state_dict", state_dict)
     model_type: Any = config.get("model_type")  # a key of HF_CONVERTERS once _converter accepts it
     convert = _converter(model_type)
     cfg = SimpleNamespace(**{**HF_CONFIG_DEFAULTS[model_type], **config})

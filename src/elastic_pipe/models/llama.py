@@ -22,7 +22,6 @@ it is what :func:`elastic_pipe.models.residency.load_sublayers` needs to load on
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any

@@ -21,9 +21,9 @@ import torch
 
 from elastic_pipe.models._checks import check_optional_size, check_seed
 from elastic_pipe.models.errors import CHECK, ModelError
-from elastic_pipe.types import MAX_DIMENSION
 from elastic_pipe.models.hf import from_hf_checkpoint
 from elastic_pipe.models.sublayer import SubLayerModel
+from elastic_pipe.types import MAX_DIMENSION
 
 __all__ = ["MINILM_DIR_ENV", "MINILM_MAX_TOKENS", "MINILM_PAD_ID", "load_minilm", "minilm_dir", "minilm_tokenize"]
 

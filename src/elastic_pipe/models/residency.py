@@ -71,7 +71,8 @@ class MappingReader:
     """An in-memory state dict as a :class:`TensorReader`."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.tensors = CHECK.instance("tensors", tensors, Mapping)
+        CHECK.mapping("tensors", tensors)
+        self.tensors = tensors
 
     def keys(self) -> Iterable[str]:
         return self.tensors.keys()

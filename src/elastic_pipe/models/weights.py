@@ -129,7 +129,7 @@ class SeededInit:
         for i, kind in enumerate(CHECK.items("norms", self.norms, empty=True)):
             if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
                 raise ModelTypeError(f"norms[{i}] must be a torch module class, got {kind!r}")
-        CHECK.instance("same_as", self.same_as, Mapping)
+        CHECK.mapping("same_as", self.same_as)
 
     def values(self, model: SubLayerModel, index: int) -> dict[str, torch.Tensor]:
         """Sub-layer ``index``'s initial parameters (float32 on the CPU, by whole-model key), tensors of other
@@ -185,7 +185,9 @@ class MissingInit:
 
     def __init__(self, seed: int, missing: Collection[str]) -> None:
         self.seed = check_seed("seed", seed)
-        self.missing = frozenset(CHECK.str(f"missing[{i}]", k) for i, k in enumerate(CHECK.items("missing", missing, empty=True)))
+        self.missing = frozenset(
+            CHECK.str(f"missing[{i}]", k) for i, k in enumerate(CHECK.items("missing", missing, empty=True))
+        )
         self._values: dict[str, torch.Tensor] | None = None
 
     def _draw(self, model: SubLayerModel) -> dict[str, torch.Tensor]:
@@ -241,7 +243,7 @@ class CheckpointInit:
         fallback: SubLayerInit | None = None,
     ) -> None:
         self.open_reader = CHECK.callable("open_reader", open_reader)
-        self.weight_map = CHECK.instance("weight_map", weight_map, Mapping)
+        self.weight_map = CHECK.mapping("weight_map", weight_map)
         if fallback is not None:
             CHECK.callable("fallback", fallback)
         self.fallback = fallback

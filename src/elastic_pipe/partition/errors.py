@@ -20,5 +20,6 @@ class PartitionTypeError(PartitionError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`PartitionError`, wrong types :class:`PartitionTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`PartitionError`,
+#: wrong types :class:`PartitionTypeError`.
 CHECK = Checks(PartitionError, PartitionTypeError)

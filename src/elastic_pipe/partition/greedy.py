@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from elastic_pipe.partition._checks import MAX_DEVICES, check_costs
 from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition.pricing import prices_frozen_itself
-from elastic_pipe.partition._checks import MAX_DEVICES, check_costs
 
 __all__ = ["DEFAULT_FROZEN_FACTOR", "PUBLISHED_UNIT", "greedy"]
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition._checks import check_costs, check_stages
+from elastic_pipe.partition.errors import CHECK, PartitionError
 
 __all__ = ["FILLS", "optimal", "optimal_bottleneck", "prefix_sums"]
 

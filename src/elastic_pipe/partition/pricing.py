@@ -8,11 +8,12 @@ give the same partition.
 """
 
 from __future__ import annotations
-from elastic_pipe.partition.errors import CHECK
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from elastic_pipe.partition.errors import CHECK
 
 __all__ = ["PRICES_FROZEN_ITSELF", "PricedSolver", "prices_frozen", "prices_frozen_itself", "solver_name"]
 

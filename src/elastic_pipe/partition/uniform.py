@@ -6,10 +6,11 @@ bottleneck whenever the layers cost the same).
 """
 
 from __future__ import annotations
-from elastic_pipe.partition._checks import check_costs, check_stages
 
 from collections.abc import Sequence
 from typing import Any
+
+from elastic_pipe.partition._checks import check_costs, check_stages
 
 __all__ = ["uniform"]
 

@@ -17,5 +17,6 @@ class PlannerTypeError(PlannerError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`PlannerError`, wrong types :class:`PlannerTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`PlannerError`,
+#: wrong types :class:`PlannerTypeError`.
 CHECK = Checks(PlannerError, PlannerTypeError)

@@ -10,7 +10,15 @@ from typing import Any
 from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.schedule import GENERATORS
 
-__all__ = ["CACHE_FILLS", "CACHE_TIERS", "INTERLEAVED_CHUNKS", "MAX_EPOCHS", "MAX_MICROBATCHES", "MAX_PIPE_LEN", "JobSpec"]
+__all__ = [
+    "CACHE_FILLS",
+    "CACHE_TIERS",
+    "INTERLEAVED_CHUNKS",
+    "MAX_EPOCHS",
+    "MAX_MICROBATCHES",
+    "MAX_PIPE_LEN",
+    "JobSpec",
+]
 
 #: Cache tiers, fastest first; ``auto`` takes the first whose capacity holds what a rank caches.
 CACHE_TIERS = ("gpu", "host", "disk")
@@ -28,6 +36,7 @@ INTERLEAVED_CHUNKS = 2
 MAX_EPOCHS = 2_000
 MAX_MICROBATCHES = 4_096
 MAX_PIPE_LEN = 1_024
+
 
 def _default_policy_options() -> dict[str, Any]:
     return {"alpha": 1 / 3}
@@ -83,16 +92,20 @@ class JobSpec:
         CHECK.optional_int("JobSpec.dataset_size", self.dataset_size, lo=1)
         for key in ("policy", "schedule", "cache_tier", "cache_fill", "solver"):
             CHECK.str(f"JobSpec.{key}", getattr(self, key))
-        CHECK.instance("JobSpec.policy_options", self.policy_options, Mapping)
+        CHECK.mapping("JobSpec.policy_options", self.policy_options)
         if self.frozen is not None:
             CHECK.ints("JobSpec.frozen", self.frozen, empty=True)
         CHECK.number("JobSpec.transition_seconds", self.transition_seconds)
         if self.schedule not in GENERATORS:
             raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
         if self.cache_tier not in ("auto", *CACHE_TIERS):
-            raise PlannerError(f"unknown cache tier {self.cache_tier!r} (cache_tier); expected one of {['auto', *CACHE_TIERS]}")
+            raise PlannerError(
+                f"unknown cache tier {self.cache_tier!r} (cache_tier); expected one of {['auto', *CACHE_TIERS]}"
+            )
         if self.cache_fill not in CACHE_FILLS:
-            raise PlannerError(f"unknown cache fill {self.cache_fill!r} (cache_fill); expected one of {list(CACHE_FILLS)}")
+            raise PlannerError(
+                f"unknown cache fill {self.cache_fill!r} (cache_fill); expected one of {list(CACHE_FILLS)}"
+            )
         if not (math.isfinite(self.transition_seconds) and self.transition_seconds >= 0):
             raise PlannerError(f"JobSpec.transition_seconds must be finite and >= 0, got {self.transition_seconds!r}")
         if self.frozen is not None and len(self.frozen) != self.epochs:

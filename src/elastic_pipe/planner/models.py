@@ -84,8 +84,15 @@ class SubLayerWork:
         CHECK.str("SubLayerWork.name", self.name)
         CHECK.optional_int(f"SubLayerWork({self.name!r}).unit", self.unit)
         CHECK.int(f"SubLayerWork({self.name!r}).params", self.params, hi=MAX_BYTES)
-        for key in ("matmul_flops", "attention_flops", "conv_flops", "memory_bytes", "output_bytes", "stored_bytes",
-                    "host_weight"):
+        for key in (
+            "matmul_flops",
+            "attention_flops",
+            "conv_flops",
+            "memory_bytes",
+            "output_bytes",
+            "stored_bytes",
+            "host_weight",
+        ):
             CHECK.float(f"SubLayerWork({self.name!r}).{key}", getattr(self, key))
 
 

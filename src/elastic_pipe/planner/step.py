@@ -36,8 +36,8 @@ from elastic_pipe.planner.costs import (
     STATE_BYTES_PER_PARAM,
     SubLayerCost,
 )
-from elastic_pipe.planner.job import MAX_MICROBATCHES, MAX_PIPE_LEN
 from elastic_pipe.planner.errors import CHECK, PlannerError, PlannerTypeError
+from elastic_pipe.planner.job import MAX_MICROBATCHES, MAX_PIPE_LEN
 from elastic_pipe.schedule import Simulation, StageTimes, generate, simulate
 
 __all__ = [

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_pipe.protocol.errors import CHECK
 from elastic_pipe.protocol.legacy import LegacyMessage
 from elastic_pipe.protocol.message import TransitionMessage
-from elastic_pipe.protocol.errors import CHECK
 
 __all__ = ["describe", "describe_legacy", "legacy_to_dict", "message_to_dict"]
 

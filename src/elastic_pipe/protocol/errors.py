@@ -21,5 +21,6 @@ class ProtocolTypeError(ProtocolError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`ProtocolError`, wrong types :class:`ProtocolTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`ProtocolError`,
+#: wrong types :class:`ProtocolTypeError`.
 CHECK = Checks(ProtocolError, ProtocolTypeError)

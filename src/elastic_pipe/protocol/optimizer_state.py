@@ -11,8 +11,8 @@ from fixed vocabularies (``str(torch.float32).removeprefix("torch.")`` is ``"flo
 from __future__ import annotations
 
 import math
-from types import UnionType
 from dataclasses import dataclass
+from types import UnionType
 from typing import Literal, get_args
 
 from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError

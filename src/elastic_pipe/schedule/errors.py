@@ -21,5 +21,6 @@ class ScheduleTypeError(ScheduleError, TypeError):
     ``TypeError``, so callers that catch that keep working."""
 
 
-#: The package's argument checks: out-of-range values raise :class:`ScheduleError`, wrong types :class:`ScheduleTypeError`.
+#: The package's argument checks: out-of-range values raise :class:`ScheduleError`,
+#: wrong types :class:`ScheduleTypeError`.
 CHECK = Checks(ScheduleError, ScheduleTypeError, integer="an integer")

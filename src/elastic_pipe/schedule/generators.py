@@ -34,7 +34,17 @@ from typing import Protocol
 from elastic_pipe.schedule.errors import CHECK, ScheduleError
 from elastic_pipe.schedule.ir import MAX_CHUNKS, MAX_MICROBATCHES, MAX_RANKS, Action, ActionKind, Schedule
 
-__all__ = ["GENERATORS", "MAX_ACTIONS", "check_shape", "ScheduleGenerator", "generate", "gpipe", "interleaved_1f1b", "one_f_one_b", "zb_h1"]
+__all__ = [
+    "GENERATORS",
+    "MAX_ACTIONS",
+    "ScheduleGenerator",
+    "check_shape",
+    "generate",
+    "gpipe",
+    "interleaved_1f1b",
+    "one_f_one_b",
+    "zb_h1",
+]
 
 FWD, BWD, IGRAD, WGRAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 

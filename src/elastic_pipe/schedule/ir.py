@@ -108,7 +108,7 @@ class Schedule:
         CHECK.int("Schedule num_ranks", self.num_ranks, hi=MAX_RANKS)
         CHECK.int("Schedule num_stages", self.num_stages, hi=MAX_RANKS * MAX_CHUNKS)
         CHECK.int("Schedule microbatches", self.microbatches, hi=MAX_MICROBATCHES)
-        CHECK.instance("Schedule actions", self.actions, Mapping)
+        CHECK.mapping("Schedule actions", self.actions)
         CHECK.ints("Schedule placement", self.placement, empty=True)
         if self.num_ranks < 1 or self.num_stages < 1 or self.microbatches < 1:
             raise ScheduleError(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from numbers import Real
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 from elastic_pipe.schedule.engine import run
@@ -148,7 +148,7 @@ def peak_activations(schedule: Schedule) -> tuple[int, ...]:
 
 
 def _per_stage(name: str, value: Cost, n: int) -> list[float]:
-    if isinstance(value, Real) and not isinstance(value, bool):
+    if isinstance(value, Real):
         values = [float(value)] * n
     else:
         values = [CHECK.number(f"{name}[{i}]", v) for i, v in enumerate(CHECK.items(name, value))]
