@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import builtins
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from numbers import Integral, Real
 from types import UnionType
 from typing import Any, TypeVar, get_args, overload
@@ -95,28 +95,14 @@ class Checks:
             raise self.wrong_type(f"{name} must be a number, got {_show(value)}")
         return builtins.float(value)
 
-    def optional_float(
-        self,
-        name: builtins.str,
-        value: object,
-        lo: builtins.float = 0.0,
-        hi: builtins.float = math.inf,
-        *,
-        finite: builtins.bool = True,
-    ) -> builtins.float | None:
-        """``None``, or ``value`` checked by :meth:`float`."""
-        return None if value is None else self.float(name, value, lo, hi, finite=finite, none=True)
+    def optional_float(self, name: builtins.str, value: object) -> builtins.float | None:
+        """``None``, or ``value`` checked by :meth:`float` (a finite number >= 0)."""
+        return None if value is None else self.float(name, value, none=True)
 
     def str(self, name: builtins.str, value: object) -> builtins.str:
         """``value`` if it is a string."""
         if not isinstance(value, builtins.str):
             raise self.wrong_type(f"{name} must be a string, got {_show(value)}")
-        return value
-
-    def bool(self, name: builtins.str, value: object) -> builtins.bool:
-        """``value`` if it is a bool (``1`` or ``"yes"`` are refused: a flag is ``True`` or ``False``)."""
-        if not isinstance(value, builtins.bool):
-            raise self.wrong_type(f"{name} must be True or False, got {_show(value)}")
         return value
 
     @overload
@@ -166,26 +152,9 @@ class Checks:
         """``values`` as a list of ints, each checked by :meth:`int` (named ``name[i]``)."""
         return [self.int(f"{name}[{i}]", v, lo, hi) for i, v in enumerate(self.items(name, values, empty=empty))]
 
-    def floats(
-        self,
-        name: builtins.str,
-        values: object,
-        lo: builtins.float = 0.0,
-        hi: builtins.float = math.inf,
-        *,
-        empty: builtins.bool = False,
-        finite: builtins.bool = True,
-    ) -> list[builtins.float]:
+    def floats(self, name: builtins.str, values: object, *, empty: builtins.bool = False) -> list[builtins.float]:
         """``values`` as a list of floats, each checked by :meth:`float` (named ``name[i]``)."""
-        items = self.items(name, values, empty=empty)
-        return [self.float(f"{name}[{i}]", v, lo, hi, finite=finite) for i, v in enumerate(items)]
-
-    def choice(self, name: builtins.str, value: object, choices: Sequence[builtins.str]) -> builtins.str:
-        """``value`` if it is one of ``choices`` (the message lists them)."""
-        text = self.str(name, value)
-        if text not in choices:
-            raise self.invalid(f"{name} must be one of {', '.join(map(repr, choices))}, got {text!r}")
-        return text
+        return [self.float(f"{name}[{i}]", v) for i, v in enumerate(self.items(name, values, empty=empty))]
 
 
 def _range(lo: float, hi: float, top: float) -> str:
