@@ -7,7 +7,15 @@ import math
 from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.types import MAX_DIMENSION
 
-__all__ = ["MAX_SEED", "check_eps", "check_optional_size", "check_positive", "check_probability", "check_seed"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_SEED",
+    "check_eps",
+    "check_optional_size",
+    "check_positive",
+    "check_probability",
+    "check_seed",
+]
 
 #: The largest seed: torch's generators take 64 bits.
 MAX_SEED = 2**64 - 1
@@ -18,10 +26,16 @@ def check_seed(name: str, seed: object) -> int:
     return CHECK.int(name, seed, hi=MAX_SEED)
 
 
+#: The most blocks a model has: a model is built block by block in Python, so this bounds the build time (the
+#: deepest published transformers have about a hundred).
+MAX_DEPTH = 100_000
+
+
 def check_positive(owner: str, **values: int) -> None:
-    """Raise ModelError unless every value is an int in ``[1, MAX_DIMENSION]`` (a wrong type: ModelTypeError)."""
+    """Raise ModelError unless every value is an int in ``[1, MAX_DIMENSION]`` (``depth``: ``[1, MAX_DEPTH]``; a
+    wrong type: ModelTypeError)."""
     for key, value in values.items():
-        CHECK.int(f"{owner}.{key}", value, lo=1, hi=MAX_DIMENSION)
+        CHECK.int(f"{owner}.{key}", value, lo=1, hi=MAX_DEPTH if key == "depth" else MAX_DIMENSION)
 
 
 def check_optional_size(owner: str, lo: int = 1, **values: int | None) -> None:

@@ -20,6 +20,7 @@ from typing import Protocol, overload
 
 from torch import nn
 
+from elastic_pipe.models._checks import MAX_DEPTH
 from elastic_pipe.models.errors import CHECK, ModelError, ModelTypeError
 from elastic_pipe.types import MAX_DIMENSION
 
@@ -175,7 +176,7 @@ def block_unit_ends(depth: int, embed_layers: int = 1, sublayers_per_block: int 
     Example: ``block_unit_ends(3) == (3, 5, 7)`` for ``embed, b0.attn, b0.mlp, b1.attn, b1.mlp, b2.attn, b2.mlp,
     head``.
     """
-    CHECK.int("depth", depth, hi=MAX_DIMENSION)
+    CHECK.int("depth", depth, hi=MAX_DEPTH)
     CHECK.int("embed_layers", embed_layers, hi=MAX_DIMENSION)
     CHECK.int("sublayers_per_block", sublayers_per_block, hi=MAX_DIMENSION)
     return tuple(embed_layers + sublayers_per_block * (i + 1) for i in range(depth))
