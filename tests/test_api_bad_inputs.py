@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze, partition, planner, protocol, schedule
+from elastic_pipe import freeze, models, partition, planner, protocol, schedule
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
@@ -216,6 +216,20 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
         "path": "/nonexistent/gantt.png",
     },
     "models.minilm_tokenize": lambda: {"sentences": ["a"]},
+    "models.release": lambda: {"model": models.vit(meta=True)},
+    "models.materialize": lambda: {"model": models.vit(meta=True)},
+    "models.materialize_sublayers": lambda: {"model": models.vit(meta=True)},
+    "models.hold_only": lambda: {"model": models.vit(meta=True), "path": "/nonexistent", "weight_map": {}},
+    "models.materialize_from_safetensors": lambda: {
+        "model": models.vit(meta=True),
+        "path": "/nonexistent",
+        "weight_map": {},
+    },
+    "models.load_sublayers": lambda: {
+        "model": models.vit(meta=True),
+        "reader": models.MappingReader({}),
+        "weight_map": {},
+    },
     "planner.from_layer_costs": lambda: {"costs": [LayerCost("a", forward=1.0)]},
     "planner.to_layer_costs": lambda: {"costs": [sublayer()]},
     "planner.price": lambda: {"work": [planner.SubLayerWork("a", 0, 1, 1.0)]},
@@ -243,6 +257,11 @@ VALID: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("schedule.Schedule", "placement"): (("[]",), "no placement is the looped one"),
     ("groups.GroupManager", "timeout"): (("inf",), "an infinite timeout waits for ever, as asked"),
     ("cache.decide", "read_seconds"): (("inf",), "an infinite read time is no cache to read from"),
+    **{
+        (f"models.{name}", "indices"): (("[]",), "no sub-layers: nothing to move")
+        for name in ("release", "materialize", "materialize_sublayers", "hold_only", "materialize_from_safetensors")
+    },
+    ("models.load_sublayers", "indices"): (("[]",), "no sub-layers: nothing to read"),
     ("freeze.needs_probe", "policy"): (
         ("<wrong>",),
         "any object: one without needs_probe and observe_drift reads none",

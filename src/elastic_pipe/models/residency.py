@@ -88,8 +88,15 @@ def meta_build(factory: Callable[[], M]) -> M:
         return factory()
 
 
+def check_placement(device: object, dtype: object) -> None:
+    """Raise ModelTypeError unless ``device`` is a device or its name and ``dtype`` a dtype or None."""
+    CHECK.instance("device", device, str | torch.device)
+    if dtype is not None:
+        CHECK.instance("dtype", dtype, torch.dtype)
+
+
 def _indices(model: SubLayerModel, indices: Iterable[int]) -> list[int]:
-    chosen = sorted(set(indices))
+    chosen = sorted(set(CHECK.ints("indices", indices, empty=True)))
     bad = [i for i in chosen if not 0 <= i < model.num_sublayers]
     if bad:
         raise ModelError(f"sub-layer indices must be in [0, {model.num_sublayers}), got {bad}")
@@ -142,6 +149,7 @@ def materialize(
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
     CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
     targets = {id(t) for i in _indices(model, indices) for t in _tensors(model[i]) if t.is_meta}
     keys = tuple(k for k, t in model.state_dict(keep_vars=True).items() if id(t) in targets)
 
@@ -220,6 +228,10 @@ def load_sublayers(
             checkpoint or has another shape there.
     """
     CHECK.instance("model", model, SubLayerModel)
+    CHECK.callable("reader.get_tensor", getattr(reader, "get_tensor", None))
+    CHECK.mapping("weight_map", weight_map)
+    if only is not None:
+        CHECK.items("only", only, empty=True)
     available = set(reader.keys())
     children = _child_names(model)
     filled: set[int] = set()
@@ -383,6 +395,9 @@ def materialize_from_safetensors(
         ModelError: as :func:`materialize`, :func:`load_sublayers` and :func:`open_safetensors` do.
     """
     CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
+    CHECK.instance("path", path, str | Path)
+    CHECK.mapping("weight_map", weight_map)
     fresh = materialize(model, indices, device, dtype=dtype)
     with open_safetensors(path) as reader:
         return load_sublayers(model, indices, reader, weight_map, only=set(fresh))
@@ -410,6 +425,9 @@ def hold_only(
         ModelError: as :func:`materialize_from_safetensors` does.
     """
     CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
+    CHECK.instance("path", path, str | Path)
+    CHECK.mapping("weight_map", weight_map)
     chosen = _indices(model, indices)
     read = materialize_from_safetensors(model, chosen, path, weight_map, device=device, dtype=dtype)
     release(model, set(range(model.num_sublayers)) - set(chosen))

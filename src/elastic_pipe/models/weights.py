@@ -303,7 +303,8 @@ def materialize_sublayers(
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
     CHECK.instance("model", model, SubLayerModel)
-    chosen = sorted(set(indices))
+    CHECK.instance("device", device, str | torch.device)
+    chosen = sorted(set(CHECK.ints("indices", indices, empty=True)))
     init: SubLayerInit | None = getattr(model, "sublayer_init", None)
     if init is None and any(t.is_meta for i in chosen for t in (*model[i].parameters(), *model[i].buffers())):
         check_materializable(model)
