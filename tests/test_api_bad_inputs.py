@@ -216,6 +216,13 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
         "path": "/nonexistent/gantt.png",
     },
     "models.minilm_tokenize": lambda: {"sentences": ["a"]},
+    "models.llama_weight_map": lambda: {"config": models.llama_config("llama-tiny")},
+    "schedule.torch_schedule": lambda: {
+        "schedule": schedule.generate("1f1b", 1, 1),
+        "rank": 0,
+        "stages": [],
+        "loss_fn": lambda output, target: output,
+    },
     "models.release": lambda: {"model": models.vit(meta=True)},
     "models.materialize": lambda: {"model": models.vit(meta=True)},
     "models.materialize_sublayers": lambda: {"model": models.vit(meta=True)},
