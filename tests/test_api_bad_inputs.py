@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import torch
 
-from elastic_pipe import freeze, models, partition, planner, protocol, schedule
+from elastic_pipe import cache, freeze, models, partition, planner, protocol, schedule
 from elastic_pipe.types import ElasticPipeError, LayerCost
 
 PACKAGES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models", "planner")
@@ -189,6 +189,18 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
     "cache.prefix_fingerprint": lambda: {"tensors": [torch.zeros(1)]},
     "cache.stored_dtype": lambda: {"given": torch.float32, "storage": None},
     "cache.time_call": lambda: {"fn": lambda: None},
+    "cache.measure_payoff": lambda: {
+        "cache": cache.ActivationCache(4, device_budget=1 << 20),
+        "sample_ids": torch.arange(2),
+        "inputs": torch.zeros(2, 3),
+        "prefix": torch.nn.Identity(),
+    },
+    "cache.measure_tiered_payoff": lambda: {
+        "cache": cache.ActivationCache(4, device_budget=1 << 20),
+        "inputs": torch.zeros(2, 3),
+        "prefix": torch.nn.Identity(),
+        "samples": 4,
+    },
     "cache.parse_storage_dtype": lambda: {"name": "auto"},
     "data.ElasticSampler": lambda: {"num_samples": 4, "num_replicas": 1, "rank": 0},
     "data.IndexedDataset": lambda: {
