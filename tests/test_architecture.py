@@ -1,7 +1,8 @@
 """The layering rules, checked on the imports of every module.
 
-* A primitive imports only itself and :mod:`elastic_pipe.types` (directly, or as ``from elastic_pipe import types``;
-  the package root re-exports nothing but the shared types and the version).
+* A primitive imports only itself, :mod:`elastic_pipe.types` (directly, or as ``from elastic_pipe import types``;
+  the package root re-exports nothing but the shared types and the version) and :mod:`elastic_pipe._checks` (the
+  shared argument checks, which import nothing of the toolkit).
 * The planner composes primitives: it may import any primitive, the shared types and itself, never the
   orchestrator or the CLI (they build on it, not the other way round).
 * The trainer integrations (:mod:`elastic_pipe.integrations`) build on the primitives like the planner, and never
@@ -21,8 +22,9 @@ import elastic_pipe
 
 PACKAGE = Path(elastic_pipe.__file__).resolve().parent
 PRIMITIVES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models")
-#: What any layer may import from the toolkit besides itself: the root (its version) and the shared types.
-SHARED = {"elastic_pipe", "elastic_pipe.types"}
+#: What any layer may import from the toolkit besides itself: the root (its version), the shared types and the
+#: shared argument checks.
+SHARED = {"elastic_pipe", "elastic_pipe.types", "elastic_pipe._checks"}
 #: What each composing or helper package may import besides itself and :data:`SHARED`.
 ALLOWED = {
     "planner": {f"elastic_pipe.{p}" for p in PRIMITIVES},
@@ -80,6 +82,12 @@ def test_primitive_imports_only_itself_and_shared_types(primitive: str) -> None:
 def test_planner_and_testing_keep_to_their_layer(package: str) -> None:
     offenders = _outside(package, ALLOWED[package])
     assert not offenders, f"{package} imports what it may not: {offenders}"
+
+
+def test_the_shared_modules_import_nothing_of_the_toolkit() -> None:
+    # types.py and _checks.py are what every primitive may import, so they must not pull a primitive in themselves.
+    assert _toolkit_imports(PACKAGE / "_checks.py") == set()
+    assert _toolkit_imports(PACKAGE / "types.py") == set()
 
 
 def test_every_primitive_has_a_docstring() -> None:

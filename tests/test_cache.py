@@ -286,7 +286,7 @@ def test_bad_input(dirs: tuple[Path, Path], call: object, match: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"device_budget": -1}, "device_budget must be >= 0"),
+        ({"device_budget": -1}, "device_budget must be an int >= 0"),
         ({"disk_budget": 10, "disk_dir": None}, "needs a disk_dir"),
         ({"augmentation": "sometimes"}, "unknown augmentation 'sometimes'; expected one of: 'none', 'random'"),
         ({"views": 2}, "views=2 needs on_random_augmentation='views'"),

@@ -48,7 +48,7 @@ def test_other_schedule_policies(capsys: pytest.CaptureFixture[str]) -> None:
         (["--policy", "alpha", "--alpha", "x", "--layers", "12", "--epochs", "3"], "not a number"),
         (["--policy", "alpha", "--alpha", "2", "--layers", "12", "--epochs", "3"], "alpha must be in"),
         (["--policy", "alpha", "--alpha", "0.5", "--layers", "0", "--epochs", "3"], "num_layers must be"),
-        (["--policy", "alpha", "--alpha", "0.5", "--layers", "4", "--epochs", "0"], "epochs >= 1"),
+        (["--policy", "alpha", "--alpha", "0.5", "--layers", "4", "--epochs", "0"], "epochs must be an integer >= 1"),
         (["--policy", "paper", "--alpha", "0.5", "--layers", "12", "--epochs", "3"], "gradient statistics"),
         (["--policy", "nope", "--layers", "12", "--epochs", "3"], "not a known freeze policy"),
         (["--policy", "manual", "--schedule", "3:9,4:1", "--layers", "12", "--epochs", "3"], "non-decreasing"),

@@ -303,7 +303,7 @@ def _decide(policy: Drift, rounds: list[list[float]], steps: list[int]) -> list[
         ({"tolerance": None, "plateau": 0.1}, "needs the guard on"),
         ({"relative": 0.0}, r"relative must be a number in \(0, 1\) or None"),
         ({"relative": 1.0}, r"relative must be a number in \(0, 1\) or None"),
-        ({"settle": True}, r"settle must be a number in \(0, 1\) or None"),
+        ({"settle": True}, r"settle must be a number"),
         ({"settle": 0.2, "settle_after": 0.0, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
         ({"settle": 0.2, "settle_after": 1.5, "total_steps": 10}, r"settle_after must be a number in \(0, 1\]"),
         ({"settle": 0.2, "settle_after": 0.5}, "settle_after = 0.5 needs total_steps"),

@@ -23,7 +23,7 @@ def test_layer_stats_validate() -> None:
         LayerStats((1.0,), (1.0, 2.0), 1)
     with pytest.raises(FreezeError, match=r"l2\[1\] must be a finite number"):
         LayerStats((1.0, 1.0), (1.0, math.nan), 1)
-    with pytest.raises(FreezeError, match="steps must be >= 0"):
+    with pytest.raises(FreezeError, match="steps must be an integer >= 0"):
         LayerStats((), (), -1)
 
 

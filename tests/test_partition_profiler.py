@@ -63,7 +63,7 @@ def test_the_thread_clock_leaves_out_time_the_thread_spends_off_the_cpu() -> Non
 def test_profile_layers_errors() -> None:
     with pytest.raises(PartitionError, match="layers is empty"):
         profile_layers([], torch.zeros(1))
-    with pytest.raises(PartitionError, match="need repeats >= 1"):
+    with pytest.raises(PartitionError, match="repeats must be an int >= 1"):
         profile_layers([("x", nn.ReLU())], torch.zeros(1), repeats=0)
     with pytest.raises(PartitionError, match="cpu_clock must be 'wall' or 'thread', got 'cpu'"):
         profile_layers([("x", nn.ReLU())], torch.zeros(1), cpu_clock="cpu")  # type: ignore[arg-type]

@@ -212,9 +212,9 @@ def test_oversized_input_is_rejected_before_parsing() -> None:
 
 
 def test_decode_and_encode_reject_wrong_types() -> None:
-    with pytest.raises(ProtocolError, match="expects bytes, got str"):
+    with pytest.raises(ProtocolError, match="data must be bytes, got str"):
         decode("4550544d")  # type: ignore[arg-type]
-    with pytest.raises(ProtocolError, match="expects a TransitionMessage"):
+    with pytest.raises(ProtocolError, match="msg must be a TransitionMessage"):
         encode(object())  # type: ignore[arg-type]
 
 

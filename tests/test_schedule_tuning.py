@@ -80,7 +80,7 @@ def test_tuning_errors() -> None:
         tune_microbatches(cost, global_batch=13, pipe_len=2)
     with pytest.raises(ScheduleError, match="one forward_per_sample"):
         LinearCost((1.0,), (1.0, 2.0), (0.0,))
-    with pytest.raises(ScheduleError, match="finite and >= 0"):
+    with pytest.raises(ScheduleError, match="must be a finite number >= 0"):
         StageTimes((1.0,), (-1.0,))
 
 

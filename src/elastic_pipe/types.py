@@ -18,9 +18,12 @@ __all__ = [
     "BACKWARD_TO_FORWARD",
     "BYTE_UNITS",
     "MAX_BYTES",
+    "MAX_DIMENSION",
     "TRANSFORMER_FAMILIES",
     "ByteSizeError",
+    "ByteSizeTypeError",
     "ElasticPipeError",
+    "ElasticPipeTypeError",
     "LayerCost",
     "Layout",
     "TransformerShape",
@@ -35,6 +38,11 @@ BACKWARD_TO_FORWARD = 2.0
 #: Kinds of transformer a :class:`TransformerShape` describes: image encoder (patch embedding, class-token
 #: head), bidirectional text encoder, causal text decoder.
 TRANSFORMER_FAMILIES = ("vit", "bert", "gpt")
+#: The largest dimension (blocks, width, sequence, vocabulary, image side) a :class:`TransformerShape` takes: no
+#: model comes near it, and sizes computed from such a shape would overflow the int64 counts they feed.
+MAX_DIMENSION = 2**31
+#: The :class:`TransformerShape` fields that may be 0 (a family without them).
+_SHAPE_OPTIONAL = ("vocab", "positions", "type_vocab", "image", "patch", "channels", "classes")
 
 
 class ElasticPipeError(Exception):
@@ -46,8 +54,17 @@ class ElasticPipeError(Exception):
     """
 
 
+class ElasticPipeTypeError(ElasticPipeError, TypeError):
+    """An argument of the wrong type given to a shared type (a string where a count belongs); also a
+    ``TypeError``, so callers that catch that keep working."""
+
+
 class ByteSizeError(ElasticPipeError, ValueError):
     """A byte size :func:`parse_bytes` cannot read; the message names the value and the grammar."""
+
+
+class ByteSizeTypeError(ByteSizeError, TypeError):
+    """A byte size of the wrong type (neither an int, a float nor a string); also a ``TypeError``."""
 
 
 #: Unit -> bytes, matched case-insensitively, a trailing ``B`` optional: a bare SI letter is a power of 1000 and
@@ -95,7 +112,7 @@ def parse_bytes(size: str | int | float) -> int:
         (17179869184, 16000000000, 1500, 67108864)
     """
     if isinstance(size, bool) or not isinstance(size, int | float | str):
-        raise ByteSizeError(f"a byte size is an int, a whole float or a string like '16GiB', got {size!r}")
+        raise ByteSizeTypeError(f"a byte size is an int, a whole float or a string like '16GiB', got {size!r}")
     if isinstance(size, int | float):
         if not math.isfinite(size) or size < 0:
             raise ByteSizeError(f"a byte size must be >= 0, got {size!r}")
@@ -256,16 +273,24 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         owner = f"TransformerShape({self.name!r})"
+        if not isinstance(self.name, str):
+            raise ElasticPipeTypeError(f"{owner}.name must be a string, got {type(self.name).__name__}")
+        if not isinstance(self.family, str):
+            raise ElasticPipeTypeError(f"{owner}.family must be a string, got {self.family!r}")
+        for key in ("blocks", "hidden", "heads", "ffn", "seq_len", *_SHAPE_OPTIONAL):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ElasticPipeTypeError(f"{owner}.{key} must be an int, got {value!r}")
         if self.family not in TRANSFORMER_FAMILIES:
             raise ElasticPipeError(f"{owner}.family must be one of {TRANSFORMER_FAMILIES}, got {self.family!r}")
         for key in ("blocks", "hidden", "heads", "ffn", "seq_len"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ElasticPipeError(f"{owner}.{key} must be an int >= 1, got {value!r}")
-        for key in ("vocab", "positions", "type_vocab", "image", "patch", "channels", "classes"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIMENSION:
+                raise ElasticPipeError(f"{owner}.{key} must be an int in [1, {MAX_DIMENSION}], got {value!r}")
+        for key in _SHAPE_OPTIONAL:
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ElasticPipeError(f"{owner}.{key} must be an int >= 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_DIMENSION:
+                raise ElasticPipeError(f"{owner}.{key} must be an int in [0, {MAX_DIMENSION}], got {value!r}")
         if self.hidden % self.heads:
             raise ElasticPipeError(f"{owner}: hidden={self.hidden} must be divisible by heads={self.heads}")
         if self.positions < self.seq_len:

@@ -10,7 +10,7 @@ from elastic_pipe.cache.cache import ActivationCache
 from elastic_pipe.cache.config import Augmentation, CacheConfig, CacheTiers, HostKind, OnRandomAugmentation
 from elastic_pipe.cache.decision import CacheDecision, decide, payoff_threshold, time_call
 from elastic_pipe.cache.dtypes import STORAGE_DTYPES, parse_storage_dtype, stored_dtype
-from elastic_pipe.cache.errors import CacheDirError, CacheError
+from elastic_pipe.cache.errors import CacheDirError, CacheError, CacheTypeError
 from elastic_pipe.cache.fingerprint import prefix_fingerprint
 from elastic_pipe.cache.payoff import expected_read_seconds, measure_payoff, measure_tiered_payoff
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
@@ -27,6 +27,7 @@ __all__ = [
     "CacheLookup",
     "CacheStats",
     "CacheTiers",
+    "CacheTypeError",
     "HostKind",
     "OnRandomAugmentation",
     "PendingLookup",

@@ -37,7 +37,7 @@ from elastic_pipe.cache.config import (
 )
 from elastic_pipe.cache.decision import time_call
 from elastic_pipe.cache.dtypes import stored_dtype
-from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.errors import CHECK, CacheError
 from elastic_pipe.cache.layout import SegmentLayout
 from elastic_pipe.cache.results import CacheLookup, CacheStats, PendingLookup, TierStats
 from elastic_pipe.cache.segments import Segment, ShapeChangedError, index_on
@@ -107,6 +107,10 @@ class ActivationCache:
         host_kind: str = "shared",
         storage_dtype: torch.dtype | None = None,
     ) -> None:
+        CHECK.instance("device", device, str | torch.device)
+        for key, value in (("name", name), ("host_dir", host_dir), ("disk_dir", disk_dir)):
+            if value is not None:
+                CHECK.instance(key, value, str if key == "name" else str | Path)
         config = CacheConfig(
             num_samples=num_samples,
             device_budget=device_budget,

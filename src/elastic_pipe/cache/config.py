@@ -14,8 +14,8 @@ from typing import TypeVar
 import torch
 
 from elastic_pipe.cache.dtypes import check_storage_dtype
-from elastic_pipe.cache.errors import CacheError
-from elastic_pipe.types import ByteSizeError, parse_bytes
+from elastic_pipe.cache.errors import CHECK, CacheError, CacheTypeError
+from elastic_pipe.types import MAX_BYTES, ByteSizeError, parse_bytes
 
 __all__ = [
     "Augmentation",
@@ -79,7 +79,8 @@ def parse_choice(kind: type[_E], value: str, what: str) -> _E:
         return kind(value)
     except ValueError:
         valid = ", ".join(repr(member.value) for member in kind)
-        raise CacheError(f"unknown {what} {value!r}; expected one of: {valid}") from None
+        error = CacheError if isinstance(value, str) else CacheTypeError
+        raise error(f"unknown {what} {value!r}; expected one of: {valid}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +126,16 @@ class CacheConfig:
     storage_dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
-        if self.num_samples < 1:
-            raise CacheError(f"num_samples must be >= 1, got {self.num_samples}")
+        CHECK.int("num_samples", self.num_samples, lo=1)
         for key in ("device_budget", "host_budget", "disk_budget"):
-            if getattr(self, key) < 0:
-                raise CacheError(f"{key} must be >= 0 bytes, got {getattr(self, key)}")
+            CHECK.int(key, getattr(self, key), hi=MAX_BYTES)
+        CHECK.int("views", self.views, lo=1)
+        CHECK.str("name", self.name)
+        CHECK.str("fingerprint", self.fingerprint)
+        CHECK.instance("device", self.device, str | torch.device)
+        CHECK.instance("host_dir", self.host_dir, str | Path)
+        if self.disk_dir is not None:
+            CHECK.instance("disk_dir", self.disk_dir, str | Path)
         if self.disk_budget > 0 and self.disk_dir is None:
             raise CacheError(f"disk_budget={self.disk_budget} needs a disk_dir; got disk_dir=None")
         if not self.name or "/" in self.name or self.name.startswith("."):
@@ -179,7 +185,10 @@ class CacheConfig:
 
 def _check_bytes(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CacheError(f"{name} must be an int >= 0 (bytes), got {value!r}; parse strings with CacheTiers.parse")
+        error = CacheError if isinstance(value, int) and not isinstance(value, bool) else CacheTypeError
+        raise error(f"{name} must be an int >= 0 (bytes), got {value!r}; parse strings with CacheTiers.parse")
+    if value > MAX_BYTES:
+        raise CacheError(f"{name} must be at most {MAX_BYTES} bytes, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +221,8 @@ class CacheTiers:
     def __post_init__(self) -> None:
         for name in ("device_bytes", "host_bytes", "disk_bytes"):
             _check_bytes(name, getattr(self, name))
+        CHECK.str("disk_dir", self.disk_dir)
+        CHECK.str("host_dir", self.host_dir)
         if self.disk_bytes > 0 and not self.disk_dir:
             raise CacheError(f"disk_bytes={self.disk_bytes} needs a disk_dir; got disk_dir=''")
         if self.disk_dir and self.disk_bytes == 0:

@@ -13,10 +13,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from numbers import Real
 
 import torch
 
-from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.errors import CHECK, CacheError
 
 __all__ = ["CacheDecision", "decide", "payoff_threshold", "time_call"]
 
@@ -67,6 +68,8 @@ class CacheDecision:
 
 def _check_times(read_seconds: float, recompute_seconds: float) -> None:
     # an infinite read time stands for "no cache to read from" (e.g. nothing frozen): never enabled
+    CHECK.number("read_seconds", read_seconds)
+    CHECK.number("recompute_seconds", recompute_seconds)
     if math.isnan(read_seconds) or read_seconds < 0:
         raise CacheError(f"read_seconds must be a number >= 0 (inf: unavailable), got {read_seconds!r}")
     if not math.isfinite(recompute_seconds) or recompute_seconds < 0:
@@ -88,7 +91,7 @@ def decide(read_seconds: float, recompute_seconds: float, *, margin: float = DEF
         CacheError: a time is negative or NaN, the recompute time is infinite, or ``margin <= 0``.
     """
     _check_times(read_seconds, recompute_seconds)
-    if not math.isfinite(margin) or margin <= 0:
+    if not math.isfinite(CHECK.number("margin", margin)) or margin <= 0:
         raise CacheError(f"margin must be a finite number > 0, got {margin!r}")
     enabled = read_seconds * margin < recompute_seconds
     verb = "enable" if enabled else "disable"
@@ -117,9 +120,17 @@ def payoff_threshold(
     Raises:
         CacheError: the two sequences differ in length, or a time is invalid.
     """
-    reads = (
-        [float(read_seconds)] * len(recompute_seconds) if isinstance(read_seconds, int | float) else list(read_seconds)
-    )
+    recompute_seconds = [
+        CHECK.number(f"recompute_seconds[{i}]", r)
+        for i, r in enumerate(CHECK.items("recompute_seconds", recompute_seconds))
+    ]
+    if isinstance(read_seconds, Real):
+        reads = [float(read_seconds)] * len(recompute_seconds)
+    else:
+        reads = [
+            CHECK.number(f"read_seconds[{i}]", r)
+            for i, r in enumerate(CHECK.items("read_seconds", read_seconds, empty=True))
+        ]
     if len(reads) != len(recompute_seconds):
         raise CacheError(
             f"read_seconds has {len(reads)} entries but recompute_seconds has {len(recompute_seconds)}; expected equal"
@@ -128,6 +139,11 @@ def payoff_threshold(
         if decide(read, recompute, margin=margin).enabled:
             return k
     return None
+
+
+#: The most timed (or warm-up) runs :func:`time_call` makes: each runs the function once, so a larger count is a
+#: mistake that would run for hours.
+MAX_REPEATS = 1_000
 
 
 def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, statistic: str = "median") -> float:
@@ -146,9 +162,12 @@ def time_call(fn: Callable[[], object], *, repeats: int = 5, warmup: int = 1, st
     Raises:
         CacheError: ``repeats < 1``, ``warmup < 0`` or an unknown statistic.
     """
+    CHECK.callable("fn", fn)
+    CHECK.int("repeats", repeats, hi=MAX_REPEATS)
+    CHECK.int("warmup", warmup, hi=MAX_REPEATS)
     if repeats < 1 or warmup < 0:
         raise CacheError(f"time_call needs repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    if statistic not in _STATISTICS:
+    if CHECK.str("statistic", statistic) not in _STATISTICS:
         raise CacheError(f"unknown statistic {statistic!r}; expected one of: {', '.join(sorted(_STATISTICS))}")
     cuda = torch.cuda.is_available()
     for _ in range(warmup):

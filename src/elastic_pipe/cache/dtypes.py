@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.errors import CHECK, CacheError, CacheTypeError
 
 __all__ = ["STORAGE_DTYPES", "check_storage_dtype", "parse_storage_dtype", "stored_dtype"]
 
@@ -28,7 +28,7 @@ def parse_storage_dtype(name: str) -> torch.dtype | None:
     Raises:
         CacheError: an unknown name (the message lists the valid ones).
     """
-    if name == "auto":
+    if CHECK.str("storage dtype name", name) == "auto":
         return None
     if name not in STORAGE_DTYPES:
         raise CacheError(f"unknown storage dtype {name!r}; expected one of: auto, {', '.join(STORAGE_DTYPES)}")
@@ -47,6 +47,8 @@ def stored_dtype(given: torch.dtype, storage: torch.dtype | None) -> torch.dtype
         >>> stored_dtype(torch.int64, torch.bfloat16)
         torch.int64
     """
+    CHECK.instance("given", given, torch.dtype)
+    check_storage_dtype(storage)
     if storage is None or not given.is_floating_point or storage.itemsize >= given.itemsize:
         return given
     return storage
@@ -59,4 +61,6 @@ def check_storage_dtype(storage: torch.dtype | None) -> None:
         CacheError: naming the dtype.
     """
     if storage is not None and (not isinstance(storage, torch.dtype) or not storage.is_floating_point):
-        raise CacheError(f"storage_dtype must be a floating torch dtype or None, got {storage!r}")
+        raise (CacheError if isinstance(storage, torch.dtype) else CacheTypeError)(
+            f"storage_dtype must be a floating torch dtype or None, got {storage!r}"
+        )

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from elastic_pipe._checks import Checks
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["CacheDirError", "CacheError"]
+__all__ = ["CHECK", "CacheDirError", "CacheError", "CacheTypeError"]
 
 
 class CacheError(ElasticPipeError, ValueError):
@@ -24,3 +25,13 @@ class CacheDirError(CacheError):
         super().__init__(f"the cache's {tier} directory {path!r} is not writable: {reason}")
         self.tier = tier
         self.path = path
+
+
+class CacheTypeError(CacheError, TypeError):
+    """An argument of the wrong type (a string where a count belongs, ``None`` for a schedule); also a
+    ``TypeError``, so callers that catch that keep working."""
+
+
+#: The package's argument checks: out-of-range values raise :class:`CacheError`,
+#: wrong types :class:`CacheTypeError`.
+CHECK = Checks(CacheError, CacheTypeError)

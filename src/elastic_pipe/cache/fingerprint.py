@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 import torch
 
+from elastic_pipe.cache.errors import CHECK
+
 __all__ = ["prefix_fingerprint"]
 
 
@@ -25,8 +27,11 @@ def prefix_fingerprint(tensors: Iterable[torch.Tensor], config: str) -> str:
     Returns:
         64 hex characters.
     """
+    tensors = CHECK.items("tensors", tensors, empty=True)
+    for index, tensor in enumerate(tensors):
+        CHECK.instance(f"tensors[{index}]", tensor, torch.Tensor)
     digest = hashlib.sha256()
-    digest.update(len(config.encode()).to_bytes(8, "little"))
+    digest.update(len(CHECK.str("config", config).encode()).to_bytes(8, "little"))
     digest.update(config.encode())
     for tensor in tensors:
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)

@@ -11,9 +11,17 @@ import torch
 
 from elastic_pipe.cache.cache import ActivationCache
 from elastic_pipe.cache.decision import DEFAULT_MARGIN, CacheDecision, decide, time_call
-from elastic_pipe.cache.errors import CacheError
+from elastic_pipe.cache.errors import CHECK, CacheError
 
 __all__ = ["expected_read_seconds", "measure_payoff", "measure_tiered_payoff"]
+
+
+def _check_measure(cache: object, inputs: object, boundary: object, prefix: object) -> None:
+    """The arguments both measurements take (their timing counts are :func:`time_call`'s to check)."""
+    CHECK.instance("cache", cache, ActivationCache)
+    CHECK.instance("inputs", inputs, torch.Tensor)
+    CHECK.int("boundary", boundary)
+    CHECK.callable("prefix", prefix)
 
 
 def measure_payoff(
@@ -48,6 +56,8 @@ def measure_payoff(
     Raises:
         CacheError: the batch cannot be cached whole (budgets too small, or the cache bypasses itself).
     """
+    _check_measure(cache, inputs, boundary, prefix)
+    CHECK.instance("sample_ids", sample_ids, torch.Tensor)
     with torch.no_grad(), cache.uncounted():
         if cache.get(sample_ids, boundary).num_hits < sample_ids.numel():
             cache.put(sample_ids, boundary, prefix(inputs))
@@ -80,6 +90,9 @@ def expected_read_seconds(spread: dict[str, int], tier_seconds: dict[str, float]
         >>> expected_read_seconds({"device": 1, "host": 3, "none": 0}, {"device": 1.0, "host": 5.0}, 9.0)
         4.0
     """
+    CHECK.mapping("spread", spread)
+    CHECK.mapping("tier_seconds", tier_seconds)
+    CHECK.float("recompute_seconds", recompute_seconds)
     total = sum(spread.values())
     if total == 0 or spread.get("none", 0) == total:
         return math.inf
@@ -121,6 +134,8 @@ def measure_tiered_payoff(
     Returns:
         The decision; its reason lists the entries per tier and each tier's read time.
     """
+    _check_measure(cache, inputs, boundary, prefix)
+    CHECK.int("samples", samples)
     with torch.no_grad():
         rows = prefix(inputs)
         recompute = time_call(lambda: prefix(inputs), repeats=repeats, warmup=warmup, statistic="min")

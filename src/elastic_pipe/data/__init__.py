@@ -8,7 +8,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 from __future__ import annotations
 
 from elastic_pipe.data.datasets import DATASETS, IndexedDataset, load_dataset, load_digits, load_mnist5k
-from elastic_pipe.data.errors import DataError, MissingExtraError
+from elastic_pipe.data.errors import DataError, DataTypeError, MissingExtraError
 from elastic_pipe.data.sampler import ElasticSampler
 from elastic_pipe.data.text import BBC_CLASSES, TEXT_CORPORA, TextCorpus, load_bbcnews, load_text_corpus
 
@@ -17,6 +17,7 @@ __all__ = [
     "DATASETS",
     "TEXT_CORPORA",
     "DataError",
+    "DataTypeError",
     "ElasticSampler",
     "IndexedDataset",
     "MissingExtraError",

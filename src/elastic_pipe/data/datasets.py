@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from elastic_pipe.data.errors import DataError, MissingExtraError
+from elastic_pipe.data.errors import CHECK, DataError, MissingExtraError
 
 __all__ = ["DATASETS", "IndexedDataset", "load_dataset", "load_digits", "load_mnist5k"]
 
@@ -57,6 +57,10 @@ class IndexedDataset(torch.utils.data.Dataset[Sample]):
     random_augmentation: bool = False
 
     def __post_init__(self) -> None:
+        CHECK.str("name", self.name)
+        for key in ("inputs", "labels", "sample_ids"):
+            CHECK.instance(f"{key} of {self.name!r}", getattr(self, key), torch.Tensor)
+        CHECK.int("num_classes", self.num_classes, lo=1)
         n = self.inputs.shape[0] if self.inputs.dim() else -1
         if self.inputs.dim() != 4 or not self.inputs.dtype.is_floating_point:
             raise DataError(
@@ -159,7 +163,7 @@ def load_dataset(name: str) -> IndexedDataset:
         MissingExtraError: the dataset's optional dependency is missing.
     """
     try:
-        loader = DATASETS[name]
+        loader = DATASETS[CHECK.str("dataset name", name)]
     except KeyError:
         raise DataError(f"unknown dataset {name!r}; expected one of: {', '.join(sorted(DATASETS))}") from None
     return loader()

@@ -41,12 +41,18 @@ from typing import Any
 import numpy as np
 import torch.utils.data
 
-from elastic_pipe.data.errors import DataError
+from elastic_pipe.data.errors import CHECK, DataError
 
 __all__ = ["ElasticSampler"]
 
 #: Version of the :meth:`ElasticSampler.state_dict` layout.
 STATE_VERSION = 1
+
+
+#: The most replicas a sampler serves: beyond any cluster (each rank reads every ``num_replicas``-th sample).
+MAX_REPLICAS = 65_536
+#: The largest seed: the permutation generator takes a 64-bit seed.
+MAX_SEED = 2**64 - 1
 
 
 class ElasticSampler(torch.utils.data.Sampler[int]):
@@ -74,10 +80,8 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         shuffle: bool = True,
         drop_last: bool = False,
     ) -> None:
-        if num_samples < 1:
-            raise DataError(f"num_samples must be >= 1, got {num_samples}")
-        if seed < 0:
-            raise DataError(f"seed must be >= 0, got {seed}")
+        CHECK.int("num_samples", num_samples, lo=1)
+        CHECK.int("seed", seed, hi=MAX_SEED)
         self._num_samples = num_samples
         self._seed = seed
         self._shuffle = shuffle
@@ -289,8 +293,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
 
 
 def _check_replicas(num_replicas: int, rank: int) -> tuple[int, int]:
-    if num_replicas < 1:
-        raise DataError(f"num_replicas must be >= 1, got {num_replicas}")
-    if not 0 <= rank < num_replicas:
+    CHECK.int("num_replicas", num_replicas, lo=1, hi=MAX_REPLICAS)
+    if not 0 <= CHECK.int("rank", rank) < num_replicas:
         raise DataError(f"rank must lie in [0, {num_replicas}), got {rank}")
     return num_replicas, rank

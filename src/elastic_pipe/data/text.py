@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from elastic_pipe.data.errors import DataError, MissingExtraError
+from elastic_pipe.data.errors import CHECK, DataError, MissingExtraError
 
 __all__ = ["BBC_CLASSES", "TEXT_CORPORA", "TextCorpus", "load_bbcnews", "load_text_corpus"]
 
@@ -50,6 +50,11 @@ class TextCorpus:
     classes: tuple[str, ...]
 
     def __post_init__(self) -> None:
+        CHECK.str("name", self.name)
+        for key in ("texts", "classes"):
+            for i, text in enumerate(CHECK.items(f"{key} of {self.name!r}", getattr(self, key), empty=True)):
+                CHECK.str(f"{key}[{i}] of {self.name!r}", text)
+        CHECK.ints(f"labels of {self.name!r}", self.labels, empty=True)
         if len(self.texts) != len(self.labels):
             raise DataError(f"{self.name!r}: {len(self.texts)} texts but {len(self.labels)} labels")
         bad = [i for i, y in enumerate(self.labels) if not 0 <= y < len(self.classes)]
@@ -128,7 +133,7 @@ def load_text_corpus(name: str) -> TextCorpus:
         MissingExtraError: the corpus's optional dependency is missing.
     """
     try:
-        loader = TEXT_CORPORA[name]
+        loader = TEXT_CORPORA[CHECK.str("text corpus name", name)]
     except KeyError:
         raise DataError(f"unknown text corpus {name!r}; expected one of: {', '.join(sorted(TEXT_CORPORA))}") from None
     return loader()

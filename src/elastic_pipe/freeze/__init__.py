@@ -35,7 +35,7 @@ from elastic_pipe.freeze.base import (
 )
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.drift import Drift
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import FreezeError, FreezeTypeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
@@ -57,6 +57,7 @@ __all__ = [
     "FreezeError",
     "FreezeOut",
     "FreezePolicy",
+    "FreezeTypeError",
     "FunctionPolicy",
     "GradNormTracker",
     "HeldOutGuard",

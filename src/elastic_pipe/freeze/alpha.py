@@ -12,7 +12,7 @@ import math
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import ceil_tolerant
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -21,6 +21,7 @@ __all__ = ["AlphaSchedule", "alpha_frozen", "check_alpha"]
 
 def check_alpha(owner: str, alpha: float) -> None:
     """Raise :class:`FreezeError` unless ``0 < alpha <= 1``."""
+    CHECK.number(f"{owner}: alpha", alpha)
     if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
         raise FreezeError(f"{owner}: alpha must be in (0, 1], got {alpha!r}")
 
@@ -38,8 +39,7 @@ def alpha_frozen(num_layers: int, alpha: float, epoch: int) -> int:
     """
     check_num_layers("alpha_frozen", num_layers)
     check_alpha("alpha_frozen", alpha)
-    if epoch < 0:
-        raise FreezeError(f"alpha_frozen: epoch must be >= 0, got {epoch}")
+    CHECK.int("alpha_frozen: epoch", epoch)
     return min(num_layers, ceil_tolerant(num_layers * (1.0 - (1.0 - alpha) ** epoch)))
 
 

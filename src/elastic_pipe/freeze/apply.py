@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from elastic_pipe.freeze.errors import CHECK
+
 __all__ = ["freeze_modules"]
 
 
@@ -33,9 +35,11 @@ def freeze_modules(modules: Sequence[nn.Module], optimizer: torch.optim.Optimize
         The number of parameter tensors removed from the optimizer's param groups; without an optimizer, the
         number of parameter tensors that stopped requiring grad.
     """
+    if optimizer is not None:
+        CHECK.instance("freeze_modules: optimizer", optimizer, torch.optim.Optimizer)
     params: dict[int, nn.Parameter] = {}
-    for module in modules:
-        for p in module.parameters():
+    for index, module in enumerate(CHECK.items("freeze_modules: modules", modules, empty=True)):
+        for p in CHECK.instance(f"freeze_modules: modules[{index}]", module, nn.Module).parameters():
             params.setdefault(id(p), p)
     newly = 0
     for p in params.values():

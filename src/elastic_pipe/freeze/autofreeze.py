@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import percentile
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -31,6 +31,8 @@ __all__ = ["AutoFreeze", "change_ratios"]
 
 def change_ratios(prev: tuple[float, ...], cur: tuple[float, ...]) -> tuple[float, ...]:
     """Per-layer relative change ``|prev - cur| / prev`` (0 for 0 -> 0, ``inf`` for 0 -> nonzero)."""
+    prev = tuple(CHECK.floats("change_ratios: prev", prev, empty=True))
+    cur = tuple(CHECK.floats("change_ratios: cur", cur, empty=True))
     if len(prev) != len(cur):
         raise FreezeError(f"change_ratios: {len(prev)} previous norms but {len(cur)} current ones")
     out = []
@@ -56,6 +58,7 @@ class AutoFreeze:
 
     def __init__(self, num_layers: int, percentile: float = 50.0) -> None:
         check_num_layers("AutoFreeze", num_layers)
+        CHECK.number("AutoFreeze: percentile", percentile)
         if not (math.isfinite(percentile) and 0.0 <= percentile <= 100.0):
             raise FreezeError(f"AutoFreeze: percentile must be in [0, 100], got {percentile!r}")
         self.num_layers = num_layers

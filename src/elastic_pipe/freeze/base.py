@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError, FreezeTypeError
 from elastic_pipe.freeze.policy import MEMBERS, FreezePolicy, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -111,7 +111,7 @@ class FunctionPolicy(Policy):
 
     def __init__(self, function: PolicyFunction, num_layers: int) -> None:
         super().__init__(num_layers)
-        self.function = function
+        self.function = CHECK.callable("FunctionPolicy: function", function)
 
     @property
     def name(self) -> str:
@@ -211,7 +211,7 @@ def as_policy(obj: object, num_layers: int | None = None) -> FreezePolicy:
             raise FreezeError(f"policy function {obj!r} needs num_layers (the model's freeze units)")
         return FunctionPolicy(obj, num_layers)  # type: ignore[arg-type]
     missing = [member for member in REQUIRED if not hasattr(obj, member)]
-    raise FreezeError(
-        f"{obj!r} is no freeze policy: it lacks {missing}; expected an object with {list(REQUIRED)} "
+    raise FreezeTypeError(
+        f"given policy {obj!r} is no freeze policy: it lacks {missing}; expected an object with {list(REQUIRED)} "
         "(freeze.Policy gives the other members defaults) or a function (epoch, step, current) -> int"
     )

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
 from elastic_pipe.freeze.autofreeze import change_ratios
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 from elastic_pipe.freeze.streaks import StreakPolicy, check_max_fraction, converged_prefix, max_frozen
@@ -128,6 +128,7 @@ class Converged(StreakPolicy):
         tolerance: float | None = DEFAULT_TOLERANCE,
     ) -> None:
         check_num_layers("Converged", num_layers)
+        CHECK.number("Converged: threshold", threshold)
         if not (math.isfinite(threshold) and threshold > 0.0):
             raise FreezeError(f"Converged: threshold must be a finite number > 0, got {threshold!r}")
         self.threshold = float(threshold)

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import reached
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
 from elastic_pipe.freeze.streaks import StreakPolicy
@@ -171,13 +171,13 @@ class Drift(StreakPolicy):
         plateau: float | None = None,
     ) -> None:
         check_num_layers("Drift", num_layers)
-        if isinstance(threshold, bool) or not (math.isfinite(threshold) and threshold >= 0.0):
+        if not (math.isfinite(CHECK.number("Drift: threshold", threshold)) and threshold >= 0.0):
             raise FreezeError(f"Drift: threshold must be a finite number >= 0, got {threshold!r}")
         for option, value in (("relative", relative), ("settle", settle)):
-            if value is not None and (isinstance(value, bool) or not 0.0 < value < 1.0):
+            if value is not None and not 0.0 < CHECK.number(f"Drift: {option}", value) < 1.0:
                 raise FreezeError(f"Drift: {option} must be a number in (0, 1) or None, got {value!r}")
-        if settle_after is not None and (
-            isinstance(settle_after, bool) or not (math.isfinite(settle_after) and 0.0 < settle_after <= 1.0)
+        if settle_after is not None and not (
+            math.isfinite(CHECK.number("Drift: settle_after", settle_after)) and 0.0 < settle_after <= 1.0
         ):
             raise FreezeError(f"Drift: settle_after must be a number in (0, 1] or None, got {settle_after!r}")
         if total_steps is not None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from elastic_pipe._checks import Checks
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["FreezeError"]
+__all__ = ["CHECK", "FreezeError", "FreezeTypeError"]
 
 
 class FreezeError(ElasticPipeError, ValueError):
@@ -12,3 +13,13 @@ class FreezeError(ElasticPipeError, ValueError):
 
     Messages name the offending value and what was expected.
     """
+
+
+class FreezeTypeError(FreezeError, TypeError):
+    """An argument of the wrong type (a string where a count belongs, ``None`` for a schedule); also a
+    ``TypeError``, so callers that catch that keep working."""
+
+
+#: The package's argument checks: out-of-range values raise :class:`FreezeError`,
+#: wrong types :class:`FreezeTypeError`.
+CHECK = Checks(FreezeError, FreezeTypeError, integer="an integer")

@@ -13,7 +13,7 @@ import math
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import reached
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -35,10 +35,9 @@ class FreezeOut:
 
     def __init__(self, num_layers: int, t0: float, total_steps: int, cubic: bool = False) -> None:
         check_num_layers("FreezeOut", num_layers)
-        if not (math.isfinite(t0) and 0.0 < t0 <= 1.0):
+        if not (math.isfinite(CHECK.number("FreezeOut: t0", t0)) and 0.0 < t0 <= 1.0):
             raise FreezeError(f"FreezeOut: t0 must be in (0, 1], got {t0!r}")
-        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise FreezeError(f"FreezeOut: total_steps must be an integer >= 1, got {total_steps!r}")
+        CHECK.int("FreezeOut: total_steps", total_steps, lo=1)
         self.num_layers = num_layers
         self.t0 = float(t0)
         self.total_steps = total_steps

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 
 __all__ = ["HeldOutGuard"]
 
@@ -37,10 +37,9 @@ class HeldOutGuard:
     """
 
     def __init__(self, tolerance: float | None, owner: str = "HeldOutGuard", *, plateau: float | None = None) -> None:
-        if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0.0):
-            raise FreezeError(f"{owner}: tolerance must be a finite number >= 0 or None, got {tolerance!r}")
-        if plateau is not None and not (math.isfinite(plateau) and plateau >= 0.0):
-            raise FreezeError(f"{owner}: plateau must be a finite number >= 0 or None, got {plateau!r}")
+        CHECK.str("owner", owner)
+        CHECK.optional_float(f"{owner}: tolerance", tolerance)
+        CHECK.optional_float(f"{owner}: plateau", plateau)
         if plateau is not None and tolerance is None:
             raise FreezeError(f"{owner}: plateau={plateau!r} needs the guard on (a tolerance, not None)")
         self.tolerance = None if tolerance is None else float(tolerance)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 
@@ -19,7 +19,7 @@ def parse_manual(text: str) -> dict[int, int]:
         FreezeError: a pair that is not ``int:int``, or an epoch given twice.
     """
     out: dict[int, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for item in filter(None, (part.strip() for part in CHECK.str("manual schedule text", text).split(","))):
         epoch_text, sep, frozen_text = item.partition(":")
         try:
             if not sep:
@@ -48,7 +48,11 @@ class ManualSchedule:
 
     def __init__(self, num_layers: int, schedule: Mapping[int, int]) -> None:
         check_num_layers("ManualSchedule", num_layers)
-        items = sorted((int(e), int(f)) for e, f in schedule.items())
+        CHECK.mapping("ManualSchedule: schedule", schedule)
+        items = sorted(
+            (CHECK.int("ManualSchedule: schedule epoch", e), CHECK.int("ManualSchedule: schedule frozen count", f))
+            for e, f in schedule.items()
+        )
         previous = 0
         for epoch, frozen in items:
             if epoch < 0 or not 0 <= frozen <= num_layers:

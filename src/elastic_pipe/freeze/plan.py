@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from elastic_pipe.freeze.base import PolicyLike, as_policy
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import decide, needs_probe
 
-__all__ = ["frozen_by_epoch"]
+__all__ = ["MAX_EPOCHS", "frozen_by_epoch"]
+
+
+#: The most epochs :func:`frozen_by_epoch` plans: it asks the policy once per epoch, so this bounds its time; far
+#: beyond any training run.
+MAX_EPOCHS = 100_000
 
 
 def frozen_by_epoch(given: PolicyLike, epochs: int, steps_per_epoch: int = 1) -> tuple[int, ...]:
@@ -29,10 +34,8 @@ def frozen_by_epoch(given: PolicyLike, epochs: int, steps_per_epoch: int = 1) ->
             f"freeze policy {policy.name!r} ({type(policy).__name__}) decides from {signal}, "
             "so it has no plan without training; expected a schedule-driven policy (alpha, freezeout, manual, never)"
         )
-    if epochs < 1 or steps_per_epoch < 1:
-        raise FreezeError(
-            f"frozen_by_epoch needs epochs >= 1 and steps_per_epoch >= 1, got {epochs}, {steps_per_epoch}"
-        )
+    CHECK.int("frozen_by_epoch: epochs", epochs, lo=1, hi=MAX_EPOCHS)
+    CHECK.int("frozen_by_epoch: steps_per_epoch", steps_per_epoch, lo=1)
     current = 0
     out = []
     for epoch in range(epochs):

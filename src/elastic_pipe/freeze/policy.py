@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError, FreezeTypeError
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = [
+    "MAX_LAYERS",
     "MEMBERS",
     "FreezePolicy",
     "check_config",
@@ -43,6 +44,10 @@ __all__ = [
 ]
 
 #: Every member a runtime reads, in the order of :class:`FreezePolicy`; :func:`check_policy` names the missing ones.
+#: The most freeze units a policy takes: far beyond any model (a 1000-block transformer split into sub-layers has a
+#: few thousand), and it keeps a typo such as ``10**19`` from reaching the per-layer state a policy allocates.
+MAX_LAYERS = 1_000_000
+
 MEMBERS = (
     "name",
     "needs_stats",
@@ -110,18 +115,19 @@ def check_policy(owner: str, obj: object) -> None:
     """Raise :class:`FreezeError` naming the :data:`MEMBERS` that ``obj`` lacks, if it is no :class:`FreezePolicy`."""
     missing = [member for member in MEMBERS if not hasattr(obj, member)]
     if missing:
-        raise FreezeError(f"{owner}: {obj!r} lacks the FreezePolicy members {missing}; expected all of {list(MEMBERS)}")
+        raise FreezeTypeError(
+            f"{owner}: policy {obj!r} lacks the FreezePolicy members {missing}; expected all of {list(MEMBERS)}"
+        )
 
 
 def check_num_layers(owner: str, num_layers: int) -> None:
-    """Raise :class:`FreezeError` unless ``num_layers`` is an int >= 1."""
-    check_positive_int(owner, "num_layers", num_layers)
+    """Raise :class:`FreezeError` unless ``num_layers`` is an int in ``[1, MAX_LAYERS]``."""
+    CHECK.int(f"{owner}: num_layers", num_layers, lo=1, hi=MAX_LAYERS)
 
 
 def check_positive_int(owner: str, key: str, value: int) -> None:
     """Raise :class:`FreezeError` naming ``owner`` and option ``key`` unless ``value`` is an int >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise FreezeError(f"{owner}: {key} must be an integer >= 1, got {value!r}")
+    CHECK.int(f"{owner}: {key}", value, lo=1)
 
 
 def check_current(owner: str, num_layers: int, current: int) -> None:
@@ -159,8 +165,9 @@ def decide(policy: FreezePolicy, epoch: int, step: int, current: int) -> int:
     """
     check_policy("decide", policy)
     owner = f"freeze policy {policy.name!r} ({type(policy).__name__})"
-    if epoch < 0 or step < 0:
-        raise FreezeError(f"{owner}: epoch and step must be >= 0, got epoch={epoch} step={step}")
+    CHECK.int(f"{owner}: epoch", epoch)
+    CHECK.int(f"{owner}: step", step)
+    CHECK.int(f"{owner}: current", current)
     check_current(owner, policy.num_layers, current)
     proposal = policy.propose(epoch, step, current)
     if isinstance(proposal, bool) or not isinstance(proposal, int):
@@ -182,6 +189,7 @@ def signal_layers(policy: FreezePolicy) -> int:
     ``settled`` and ``drift`` do); the runtime then watches only the layers below it. Without one: all
     ``num_layers``. Always in ``[0, num_layers]``.
     """
+    CHECK.int("signal_layers: policy.num_layers", getattr(policy, "num_layers", None))
     limit = getattr(policy, "signal_layers", None)
     n = int(policy.num_layers)
     if isinstance(limit, bool) or not isinstance(limit, int):

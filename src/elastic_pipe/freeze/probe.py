@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 
 __all__ = ["OutputDrift", "ProbePolicy", "relative_change"]
 
@@ -62,12 +62,17 @@ def relative_change(diff_sq: Sequence[float], ref_sq: Sequence[float]) -> tuple[
     Raises:
         FreezeError: lengths differ, or a value is negative or not a number.
     """
+    diff_sq = [CHECK.number(f"relative_change: diff_sq[{i}]", d) for i, d in enumerate(CHECK.items("diff_sq", diff_sq))]
+    ref_sq = [CHECK.number(f"relative_change: ref_sq[{i}]", r) for i, r in enumerate(CHECK.items("ref_sq", ref_sq))]
     if len(diff_sq) != len(ref_sq):
         raise FreezeError(f"relative_change: {len(diff_sq)} distances but {len(ref_sq)} reference norms")
     out = []
     for i, (d, r) in enumerate(zip(diff_sq, ref_sq, strict=True)):
         if math.isnan(d) or math.isnan(r) or d < 0 or r < 0:
-            raise FreezeError(f"relative_change: layer {i} has distance {d!r} and norm {r!r}; expected numbers >= 0")
+            raise FreezeError(
+                f"relative_change: layer {i} has distance {d!r} and norm {r!r} (diff_sq[{i}], ref_sq[{i}]); expected "
+                "numbers >= 0"
+            )
         if r > 0:
             out.append(math.sqrt(d / r))
         else:

@@ -11,11 +11,11 @@ from elastic_pipe.freeze.autofreeze import AutoFreeze
 from elastic_pipe.freeze.base import as_policy
 from elastic_pipe.freeze.converged import Converged
 from elastic_pipe.freeze.drift import Drift
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.freezeout import FreezeOut
 from elastic_pipe.freeze.manual import ManualSchedule, Never
 from elastic_pipe.freeze.paper import PaperRule
-from elastic_pipe.freeze.policy import FreezePolicy
+from elastic_pipe.freeze.policy import FreezePolicy, check_num_layers
 from elastic_pipe.freeze.settled import Settled
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "register_policy", "takes_total_steps"]
@@ -43,10 +43,9 @@ def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False)
     Raises:
         FreezeError: ``name`` is taken and ``replace`` is False, or ``name`` is empty.
     """
-    if not name:
+    if not CHECK.str("register_policy: name", name):
         raise FreezeError("register_policy: the name must be a non-empty string")
-    if not callable(factory):
-        raise FreezeError(f"register_policy: the factory for {name!r} must be callable, got {factory!r}")
+    CHECK.callable(f"register_policy: the factory for {name!r}", factory)
     if name in POLICIES and not replace:
         raise FreezeError(f"register_policy: {name!r} is already registered (pass replace=True to override)")
     POLICIES[name] = factory
@@ -55,6 +54,7 @@ def register_policy(name: str, factory: PolicyFactory, *, replace: bool = False)
 def takes_total_steps(factory: PolicyFactory) -> bool:
     """Whether ``factory`` has a ``total_steps`` parameter (FreezeOut, Drift): a runtime fills it in with the run's
     optimizer steps when the options leave it out."""
+    CHECK.callable("takes_total_steps: factory", factory)
     try:
         return "total_steps" in inspect.signature(factory).parameters
     except (TypeError, ValueError):  # no introspectable signature
@@ -73,6 +73,8 @@ def make_policy(name: str, num_layers: int, **options: Any) -> FreezePolicy:
         FreezeError: unknown name (the message lists the valid ones), options the policy does not take, invalid
             option values, or a factory that built an object lacking FreezePolicy members (the message names them).
     """
+    CHECK.str("freeze policy name", name)
+    check_num_layers(f"freeze policy {name!r}", num_layers)
     try:
         factory = POLICIES[name]
     except KeyError:

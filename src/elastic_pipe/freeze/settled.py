@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._observed import check_stats, norms_from_state, norms_to_state
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_num_layers
 from elastic_pipe.freeze.stats import LayerStats
 from elastic_pipe.freeze.streaks import StreakPolicy
@@ -127,7 +127,7 @@ class Settled(StreakPolicy):
         plateau: float | None = None,
     ) -> None:
         check_num_layers("Settled", num_layers)
-        if not (math.isfinite(decay) and 0.0 < decay < 1.0):
+        if not (math.isfinite(CHECK.number("Settled: decay", decay)) and 0.0 < decay < 1.0):
             raise FreezeError(f"Settled: decay must be in (0, 1), got {decay!r}")
         self.decay = float(decay)
         super().__init__(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 
 __all__ = ["LayerStats", "merge_stats"]
 
@@ -34,13 +34,16 @@ class LayerStats:
     steps: int
 
     def __post_init__(self) -> None:
+        CHECK.items("LayerStats.l1", self.l1, empty=True)
+        CHECK.items("LayerStats.l2", self.l2, empty=True)
+        CHECK.int("LayerStats.steps", self.steps)
         if len(self.l1) != len(self.l2):
             raise FreezeError(f"LayerStats needs l1 and l2 of equal length, got {len(self.l1)} and {len(self.l2)}")
         if self.steps < 0:
             raise FreezeError(f"LayerStats.steps must be >= 0, got {self.steps}")
         for name, values in (("l1", self.l1), ("l2", self.l2)):
             for i, v in enumerate(values):
-                if not math.isfinite(v) or v < 0:
+                if not math.isfinite(CHECK.number(f"LayerStats.{name}[{i}]", v)) or v < 0:
                     raise FreezeError(f"LayerStats.{name}[{i}] must be a finite number >= 0, got {v!r}")
 
     @property
@@ -99,8 +102,11 @@ def merge_stats(pieces: Sequence[LayerStats]) -> LayerStats:
     Raises:
         FreezeError: no pieces, or pieces that disagree on the number of layers or steps.
     """
+    pieces = CHECK.items("merge_stats: pieces", pieces, empty=True)
     if not pieces:
         raise FreezeError("merge_stats needs at least one piece, got none")
+    for i, piece in enumerate(pieces):
+        CHECK.instance(f"merge_stats: pieces[{i}]", piece, LayerStats)
     n, steps = pieces[0].num_layers, pieces[0].steps
     for i, p in enumerate(pieces):
         if p.num_layers != n or p.steps != steps:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from elastic_pipe.freeze._numeric import floor_tolerant
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.policy import check_config, check_current, check_num_layers, check_positive_int
 
@@ -35,7 +35,8 @@ __all__ = ["StreakPolicy", "check_max_fraction", "converged_prefix", "max_frozen
 def check_max_fraction(owner: str, max_fraction: float) -> None:
     """Raise :class:`FreezeError` naming ``owner`` unless ``max_fraction`` is a number in (0, 1] (every policy that
     caps its frozen count checks its option here)."""
-    if isinstance(max_fraction, bool) or not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
+    max_fraction = CHECK.number(f"{owner}: max_fraction", max_fraction)
+    if not (math.isfinite(max_fraction) and 0.0 < max_fraction <= 1.0):
         raise FreezeError(f"{owner}: max_fraction must be in (0, 1], got {max_fraction!r}")
 
 

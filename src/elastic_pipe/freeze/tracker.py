@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from elastic_pipe.freeze.errors import FreezeError
+from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = ["GradNormTracker"]
@@ -48,9 +48,10 @@ class GradNormTracker:
     """
 
     def __init__(self, layers: Mapping[int, nn.Module]) -> None:
-        for index in layers:
-            if index < 0:
-                raise FreezeError(f"GradNormTracker: layer indices must be >= 0, got {index}")
+        CHECK.mapping("GradNormTracker: layers", layers)
+        for index, module in layers.items():
+            CHECK.int("GradNormTracker: layers index", index)
+            CHECK.instance(f"GradNormTracker: layers[{index}]", module, nn.Module)
         self._layers = dict(sorted(layers.items()))
         # every held parameter once (a module shared by two layers counts for the first), with its layer
         seen: set[int] = set()

@@ -12,7 +12,7 @@ Example::
 
 from __future__ import annotations
 
-from elastic_pipe.groups.errors import BarrierTimeoutError, GroupsError
+from elastic_pipe.groups.errors import BarrierTimeoutError, GroupsError, GroupsTypeError
 from elastic_pipe.groups.manager import CONTROL_BACKEND, MAX_BROADCAST_BYTES, GroupManager, silent_ranks
 from elastic_pipe.groups.pipetransformer import PipeTransformerPlan, active_ranks, plan_pipetransformer
 from elastic_pipe.groups.spmd import RankPlan, plan_spmd
@@ -23,6 +23,7 @@ __all__ = [
     "BarrierTimeoutError",
     "GroupManager",
     "GroupsError",
+    "GroupsTypeError",
     "PipeTransformerPlan",
     "RankPlan",
     "active_ranks",

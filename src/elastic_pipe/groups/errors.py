@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from elastic_pipe._checks import Checks
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["BarrierTimeoutError", "GroupsError"]
+__all__ = ["CHECK", "BarrierTimeoutError", "GroupsError", "GroupsTypeError"]
 
 
 class GroupsError(ElasticPipeError, ValueError):
@@ -26,3 +27,13 @@ class BarrierTimeoutError(GroupsError):
     def __init__(self, message: str, silent: tuple[int, ...]) -> None:
         super().__init__(message)
         self.silent = silent
+
+
+class GroupsTypeError(GroupsError, TypeError):
+    """An argument of the wrong type (a string where a count belongs, ``None`` for a schedule); also a
+    ``TypeError``, so callers that catch that keep working."""
+
+
+#: The package's argument checks: out-of-range values raise :class:`GroupsError`,
+#: wrong types :class:`GroupsTypeError`.
+CHECK = Checks(GroupsError, GroupsTypeError)

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.groups.errors import BarrierTimeoutError, GroupsError
-from elastic_pipe.groups.spmd import RankPlan, plan_spmd
+from elastic_pipe.groups.errors import CHECK, BarrierTimeoutError, GroupsError
+from elastic_pipe.groups.spmd import MAX_WORLD_SIZE, RankPlan, plan_spmd
 
 __all__ = ["CONTROL_BACKEND", "MAX_BROADCAST_BYTES", "GroupManager", "silent_ranks"]
 
@@ -36,7 +36,7 @@ _SILENT = re.compile(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier")
 
 def silent_ranks(message: str) -> tuple[int, ...]:
     """The ranks a monitored barrier's error names as not arrived (empty when it names none)."""
-    found = _SILENT.search(message)
+    found = _SILENT.search(CHECK.str("message", message))
     return () if found is None else tuple(int(r) for r in found.group(1).replace(",", " ").split())
 
 
@@ -86,18 +86,18 @@ class GroupManager:
         gpus_per_node: int | None = None,
         timeout: float = 60.0,
     ) -> None:
-        lens = tuple(pipe_lens)
+        lens = tuple(CHECK.ints("pipe_lens", pipe_lens, lo=1, hi=MAX_WORLD_SIZE, empty=True))
         if not lens:
             raise GroupsError("pipe_lens must name at least one pipeline length")
         # One plan per length validates each length against the world size before anything is created. Sorting
         # makes the creation order identical on every rank even if ranks pass the lengths in different orders.
         plans = {k: plan_spmd(world_size, k, gpus_per_node) for k in lens}
         self._plans: dict[int, RankPlan] = {k: plans[k] for k in sorted(plans, reverse=True)}
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
+        if not 0 <= CHECK.int("rank", rank) < world_size:
             raise GroupsError(f"rank must be in [0, {world_size}), got {rank!r}")
-        if not isinstance(backend, str) or not backend:
+        if not CHECK.str("backend", backend):
             raise GroupsError(f"backend must be a backend name such as 'nccl' or 'gloo', got {backend!r}")
-        if not isinstance(timeout, float | int) or not timeout > 0:
+        if not CHECK.float("timeout", timeout, finite=False) > 0:
             raise GroupsError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.world_size = world_size
         self.rank = rank

@@ -15,12 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic_pipe.groups.errors import GroupsError
+from elastic_pipe.groups.spmd import check_count
 
 __all__ = ["PipeTransformerPlan", "active_ranks", "plan_pipetransformer"]
 
 
 def active_ranks(world_size: int, initial_pipe_len: int, pipe_len: int) -> tuple[int, ...]:
-    """The ranks that drive a pipeline at length ``pipe_len``, in increasing order (no validation)."""
+    """The ranks that drive a pipeline at length ``pipe_len``, in increasing order (the counts are checked for type
+    and range; their divisibility is :class:`PipeTransformerPlan`'s to check)."""
+    for name, value in (("world_size", world_size), ("initial_pipe_len", initial_pipe_len), ("pipe_len", pipe_len)):
+        check_count(name, value)
     return tuple(
         d * initial_pipe_len + i
         for d in range(world_size // initial_pipe_len)
@@ -44,9 +48,7 @@ class PipeTransformerPlan:
 
     def __post_init__(self) -> None:
         for name in ("world_size", "initial_pipe_len", "pipe_len"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise GroupsError(f"{name} must be an int >= 1, got {value!r}")
+            check_count(name, getattr(self, name))
         if self.world_size % self.initial_pipe_len:
             raise GroupsError(f"initial_pipe_len {self.initial_pipe_len} must divide world_size {self.world_size}")
         if self.initial_pipe_len % self.pipe_len:

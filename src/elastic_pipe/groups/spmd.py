@@ -21,15 +21,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_pipe.groups.errors import GroupsError
+from elastic_pipe.groups.errors import CHECK, GroupsError
 
-__all__ = ["RankPlan", "plan_spmd"]
+__all__ = ["MAX_WORLD_SIZE", "RankPlan", "check_count", "plan_spmd"]
 
 
-def _positive_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise GroupsError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+#: The most processes a layout takes: beyond any cluster, and it bounds the rank lists a plan builds.
+MAX_WORLD_SIZE = 65_536
+
+
+def check_count(name: str, value: object) -> int:
+    """``value`` if it is an int in ``[1, MAX_WORLD_SIZE]`` (a world size, a pipeline length, devices per node)."""
+    return CHECK.int(name, value, lo=1, hi=MAX_WORLD_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +52,12 @@ class RankPlan:
     gpus_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        w = _positive_int("world_size", self.world_size)
-        k = _positive_int("pipe_len", self.pipe_len)
+        w = check_count("world_size", self.world_size)
+        k = check_count("pipe_len", self.pipe_len)
         if w % k:
             raise GroupsError(f"pipe_len {k} must divide world_size {w} (every replica needs a full pipeline)")
         if self.gpus_per_node is not None:
-            g = _positive_int("gpus_per_node", self.gpus_per_node)
+            g = check_count("gpus_per_node", self.gpus_per_node)
             if w % g:
                 raise GroupsError(f"gpus_per_node {g} must divide world_size {w} (whole nodes only)")
             if g % k and k % g:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from elastic_pipe.models.bert import BERT_PRESETS, BertConfig, bert_config, bert_encoder
 from elastic_pipe.models.costs import SubLayerProfile, analyze, attention_flops, sublayer_costs
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import ModelError, ModelTypeError
 from elastic_pipe.models.gpt import GPT_PRESETS, GPTConfig, gpt_config, gpt_decoder
 from elastic_pipe.models.hf import from_hf, from_hf_checkpoint, from_hf_state
 from elastic_pipe.models.hf_export import to_hf
@@ -84,6 +84,7 @@ __all__ = [
     "MaterializeError",
     "MissingInit",
     "ModelError",
+    "ModelTypeError",
     "PatchEmbedding",
     "SeededInit",
     "SubLayerInit",

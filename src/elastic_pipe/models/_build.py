@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import ModelError, ModelTypeError
 from elastic_pipe.models.residency import MappingReader
 from elastic_pipe.models.sublayer import SubLayerModel
 from elastic_pipe.models.weights import CheckpointInit, MissingInit, build_seeded, identity_map, materialize_sublayers
@@ -18,27 +18,11 @@ from elastic_pipe.models.weights import CheckpointInit, MissingInit, build_seede
 __all__ = [
     "build_loaded",
     "build_seeded",
-    "check_positive",
-    "check_probability",
     "resolve_config",
 ]
 
 C = TypeVar("C")
 M = TypeVar("M", bound=nn.Module)
-
-
-def check_positive(owner: str, **values: int) -> None:
-    """Raise ModelError unless every value is an int >= 1."""
-    for key, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ModelError(f"{owner}.{key} must be an integer >= 1, got {value!r}")
-
-
-def check_probability(owner: str, **values: float) -> None:
-    """Raise ModelError unless every value is a probability in [0, 1)."""
-    for key, value in values.items():
-        if not 0.0 <= value < 1.0:
-            raise ModelError(f"{owner}.{key} must be in [0, 1), got {value!r}")
 
 
 def resolve_config(config: C | str, presets: Mapping[str, C], config_type: type[C], overrides: dict[str, Any]) -> C:
@@ -47,6 +31,8 @@ def resolve_config(config: C | str, presets: Mapping[str, C], config_type: type[
     Raises:
         ModelError: for an unknown preset (listing the known ones) or an unknown override field.
     """
+    if not isinstance(config, str | config_type):
+        raise ModelTypeError(f"config must be a {config_type.__name__} or a preset name, got {config!r}")
     if isinstance(config, str):
         if config not in presets:
             raise ModelError(f"unknown {config_type.__name__} preset {config!r}; expected one of {sorted(presets)}")

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from torch import nn
 
-from elastic_pipe.models._build import check_probability
+from elastic_pipe.models._checks import check_eps, check_probability
 from elastic_pipe.models.errors import ModelError
 from elastic_pipe.models.layers import AttentionSubLayer, MLPSubLayer, activation
 
@@ -48,8 +48,7 @@ def check_attention(owner: str, config: TransformerConfig) -> None:
 
 def check_norm_and_activation(owner: str, config: TransformerConfig) -> None:
     """Raise ModelError unless the LayerNorm ``eps`` is > 0 and ``act`` names a known activation."""
-    if not config.eps > 0:
-        raise ModelError(f"{owner}.eps must be > 0, got {config.eps!r}")
+    check_eps(owner, config.eps)
     activation(config.act)
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
+from elastic_pipe.models._build import build_seeded, resolve_config
+from elastic_pipe.models._checks import check_optional_size, check_positive
 from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.layers import (
     ClassifierHead,
     Pooling,
@@ -86,12 +87,11 @@ class BertConfig:
         )
         if self.num_classes is not None:
             check_positive("BertConfig", num_classes=self.num_classes)
-        if self.type_vocab_size < 0:
-            raise ModelError(f"BertConfig.type_vocab_size must be >= 0, got {self.type_vocab_size!r}")
+        check_optional_size("BertConfig", 0, type_vocab_size=self.type_vocab_size, pad_token_id=self.pad_token_id)
         check_attention("BertConfig", self)
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ModelError(f"BertConfig.pad_token_id must be in [0, {self.vocab_size}), got {self.pad_token_id!r}")
-        if self.pooling not in ("first", "mean"):
+        if CHECK.str("BertConfig.pooling", self.pooling) not in ("first", "mean"):
             raise ModelError(f"BertConfig.pooling must be 'first' or 'mean', got {self.pooling!r}")
         check_norm_and_activation("BertConfig", self)
 

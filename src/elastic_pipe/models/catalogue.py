@@ -12,7 +12,7 @@ Text models are catalogued at their published training length: BERT at its 512 p
 from __future__ import annotations
 
 from elastic_pipe.models.bert import BERT_PRESETS, BertConfig
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.gpt import GPT_PRESETS, GPTConfig
 from elastic_pipe.models.vit import VIT_PRESETS, ViTConfig
 from elastic_pipe.types import TransformerShape
@@ -89,6 +89,6 @@ def model_shape(name: str) -> TransformerShape:
         ModelError: unknown name (the message lists the valid ones).
     """
     try:
-        return MODEL_SHAPES[name]
+        return MODEL_SHAPES[CHECK.str("model name", name)]
     except KeyError:
         raise ModelError(f"unknown model {name!r}; expected one of {sorted(MODEL_SHAPES)}") from None

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError, ModelTypeError
 from elastic_pipe.models.layers import AttentionSubLayer
-from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, MAX_DIMENSION, LayerCost
 
 __all__ = [
     "ADAM_STATES",
@@ -58,12 +58,19 @@ class SubLayerProfile:
     forward_flops: int
 
 
+#: The most bytes an activation element takes, and the most optimizer tensors per parameter: larger values are
+#: mistakes, not formats.
+MAX_ELEMENT_BYTES = 1024
+
+
 def attention_flops(tokens: int, dim: int) -> int:
     """Forward FLOPs per sample of one attention sub-layer: QKV and output projections plus the attention core.
 
     ``2*T*d*3d + 2*T*d*d`` for the projections and ``2*T*T*d`` each for ``QK^T`` and ``AV``. A causal kernel may
     skip the masked half of the core; the count here is the full square, as published FLOP counts use.
     """
+    CHECK.int("tokens", tokens, hi=MAX_DIMENSION)
+    CHECK.int("dim", dim, hi=MAX_DIMENSION)
     return 2 * tokens * dim * 4 * dim + 4 * tokens * tokens * dim
 
 
@@ -89,6 +96,11 @@ def analyze(model: nn.Module | Sequence[tuple[str, nn.Module]], example: torch.T
     Raises:
         ModelError: for an empty batch or a sub-layer that does not return one tensor.
     """
+    if not isinstance(model, nn.Module):
+        for index, pair in enumerate(CHECK.items("model", model)):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], nn.Module)):
+                raise ModelTypeError(f"model[{index}] must be a (name, module) pair, got {pair!r}")
+    CHECK.instance("example", example, torch.Tensor)
     batch = int(example.shape[0]) if example.dim() else 0
     if batch < 1:
         raise ModelError(f"example must be a batch with at least one sample, got shape {tuple(example.shape)}")
@@ -148,6 +160,10 @@ def sublayer_costs(
     Raises:
         ModelError: for ``micro_batch < 1``, negative ``optimizer_states`` or a non-positive rate.
     """
+    CHECK.int("micro_batch", micro_batch, lo=1, hi=MAX_DIMENSION)
+    CHECK.optional_int("activation_bytes_per_element", activation_bytes_per_element, hi=MAX_ELEMENT_BYTES)
+    CHECK.int("optimizer_states", optimizer_states, hi=MAX_ELEMENT_BYTES)
+    CHECK.optional_float("flops_per_second", flops_per_second)
     if micro_batch < 1:
         raise ModelError(f"micro_batch must be >= 1, got {micro_batch!r}")
     if optimizer_states < 0:

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, resolve_config
+from elastic_pipe.models._build import build_seeded, resolve_config
+from elastic_pipe.models._checks import check_positive
 from elastic_pipe.models._transformer import check_attention, check_norm_and_activation, transformer_block
 from elastic_pipe.models.layers import LMHead, TokenEmbedding
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends

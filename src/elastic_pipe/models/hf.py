@@ -34,7 +34,7 @@ from torch import nn
 
 from elastic_pipe.models._build import build_loaded
 from elastic_pipe.models.bert import BertConfig, bert_layers
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.gpt import GPTConfig, gpt_layers
 from elastic_pipe.models.hf_export import HFSource, bert_hf_map, gather_hf, gpt2_hf_map
 from elastic_pipe.models.layers import ClassifierHead, LMHead, Pooling
@@ -514,6 +514,7 @@ def from_hf(
     Raises:
         ModelError: for an unsupported model type (listing the supported ones) or configuration.
     """
+    CHECK.instance("model", model, nn.Module)
     convert = _converter(getattr(getattr(model, "config", None), "model_type", None))
     base, top = _split_state(model)
     return convert(
@@ -588,6 +589,8 @@ def from_hf_state(
     Raises:
         ModelError: for an unsupported model type or configuration.
     """
+    CHECK.mapping("config", config)
+    CHECK.mapping("state_dict", state_dict)
     model_type: Any = config.get("model_type")  # a key of HF_CONVERTERS once _converter accepts it
     convert = _converter(model_type)
     cfg = SimpleNamespace(**{**HF_CONFIG_DEFAULTS[model_type], **config})
@@ -626,6 +629,7 @@ def from_hf_checkpoint(directory: str | Path, *, meta: bool = False, **options: 
     Raises:
         ModelError: if the files are missing or the model is unsupported.
     """
+    CHECK.instance("directory", directory, str | Path)
     path = Path(directory)
     config_file, weights_file = path / "config.json", path / "model.safetensors"
     for file in (config_file, weights_file):

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.llama import llama_config_from_hf, llama_weight_map
 from elastic_pipe.models.sublayer import SubLayerModel
 
@@ -250,6 +250,7 @@ def to_hf(model: SubLayerModel, hf_config: Any) -> nn.Module:
     Raises:
         ModelError: for an unsupported family, a head Hugging Face has no class for, or weights that do not fit.
     """
+    CHECK.instance("model", model, SubLayerModel)
     import transformers  # noqa: PLC0415 - optional dependency, only the export needs it
 
     config = _load_config(hf_config)

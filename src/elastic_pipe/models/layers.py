@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models._checks import check_eps, check_optional_size, check_positive, check_probability
+from elastic_pipe.models.errors import CHECK, ModelError
 
 __all__ = [
     "ACTIVATIONS",
@@ -57,7 +58,7 @@ def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         ModelError: if ``name`` is not in :data:`ACTIVATIONS` (the message lists the valid names).
     """
     try:
-        return ACTIVATIONS[name]
+        return ACTIVATIONS[CHECK.str("act", name)]
     except KeyError:
         raise ModelError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}") from None
 
@@ -80,6 +81,8 @@ class PatchEmbedding(nn.Module):
     """
 
     def __init__(self, image_size: int, patch_size: int, in_channels: int, dim: int, dropout: float = 0.0) -> None:
+        check_positive("PatchEmbedding", image_size=image_size, patch_size=patch_size, in_channels=in_channels, dim=dim)
+        check_probability("PatchEmbedding", dropout=dropout)
         super().__init__()
         num_patches = (image_size // patch_size) ** 2
         self.proj = nn.Conv2d(in_channels, dim, kernel_size=patch_size, stride=patch_size)
@@ -113,6 +116,11 @@ class TokenEmbedding(nn.Module):
         dropout: float = 0.0,
         pad_token_id: int | None = None,
     ) -> None:
+        check_positive("TokenEmbedding", vocab_size=vocab_size, max_positions=max_positions, dim=dim)
+        check_optional_size("TokenEmbedding", 0, type_vocab_size=type_vocab_size)
+        check_optional_size("TokenEmbedding", 0, pad_token_id=pad_token_id)
+        check_eps("TokenEmbedding", eps)
+        check_probability("TokenEmbedding", dropout=dropout)
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, dim)
         self.positions = nn.Embedding(max_positions, dim)
@@ -157,6 +165,9 @@ class AttentionSubLayer(nn.Module):
         attention_dropout: float = 0.0,
         carries_mask: bool = False,
     ) -> None:
+        check_positive("AttentionSubLayer", dim=dim, heads=heads)
+        check_eps("AttentionSubLayer", eps)
+        check_probability("AttentionSubLayer", dropout=dropout, attention_dropout=attention_dropout)
         super().__init__()
         if dim % heads != 0:
             raise ModelError(f"dim={dim} must be divisible by heads={heads}")
@@ -209,6 +220,9 @@ class MLPSubLayer(nn.Module):
         dropout: float = 0.0,
         carries_mask: bool = False,
     ) -> None:
+        check_positive("MLPSubLayer", dim=dim, hidden=hidden)
+        check_eps("MLPSubLayer", eps)
+        check_probability("MLPSubLayer", dropout=dropout)
         super().__init__()
         self.act_name = act
         self.act = activation(act)
@@ -252,8 +266,12 @@ class ClassifierHead(nn.Module):
         dropout: float = 0.0,
         carries_mask: bool = False,
     ) -> None:
+        check_positive("ClassifierHead", dim=dim)
+        check_optional_size("ClassifierHead", num_classes=num_classes)
+        check_eps("ClassifierHead", eps)
+        check_probability("ClassifierHead", dropout=dropout)
         super().__init__()
-        if pooling not in ("first", "mean"):
+        if CHECK.str("ClassifierHead.pooling", pooling) not in ("first", "mean"):
             raise ModelError(f"pooling must be 'first' or 'mean', got {pooling!r}")
         self.pooling = pooling
         self.normalize = normalize
@@ -289,6 +307,9 @@ class LMHead(nn.Module):
     """
 
     def __init__(self, dim: int, vocab_size: int | None, *, final_norm: bool = True, eps: float = 1e-5) -> None:
+        check_positive("LMHead", dim=dim)
+        check_optional_size("LMHead", vocab_size=vocab_size)
+        check_eps("LMHead", eps)
         super().__init__()
         self.norm = nn.LayerNorm(dim, eps=eps) if final_norm else None
         self.proj = nn.Linear(dim, vocab_size, bias=False) if vocab_size is not None else None
@@ -308,6 +329,8 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     Raises:
         ModelError: if the shapes do not line up.
     """
+    CHECK.instance("logits", logits, torch.Tensor)
+    CHECK.instance("tokens", tokens, torch.Tensor)
     if logits.dim() != 3 or tokens.shape != logits.shape[:2]:
         raise ModelError(
             f"need logits (B, T, V) and tokens (B, T), got {tuple(logits.shape)} and {tuple(tokens.shape)}"

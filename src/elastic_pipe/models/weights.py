@@ -28,7 +28,8 @@ from typing import TypeVar
 import torch
 from torch import nn
 
-from elastic_pipe.models.errors import ModelError
+from elastic_pipe.models._checks import check_seed
+from elastic_pipe.models.errors import CHECK, ModelError, ModelTypeError
 from elastic_pipe.models.residency import TensorReader, WeightMap, load_sublayers, materialize
 from elastic_pipe.models.sublayer import SubLayerInit, SubLayerModel
 
@@ -63,6 +64,8 @@ class MaterializeError(ModelError):
 def sublayer_seed(seed: int, index: int) -> int:
     """The seed of sub-layer ``index``'s generator: 64 bits of SHA-256 of ``"seed:index"`` (no collisions between
     nearby seeds and indices, and the same in every process, unlike Python's ``hash``)."""
+    check_seed("seed", seed)
+    CHECK.int("index", index)
     digest = hashlib.sha256(f"{seed}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
@@ -121,6 +124,13 @@ class SeededInit:
     norms: tuple[type[nn.Module], ...] = (nn.LayerNorm,)
     same_as: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        check_seed("seed", self.seed)
+        for i, kind in enumerate(CHECK.items("norms", self.norms, empty=True)):
+            if not (isinstance(kind, type) and issubclass(kind, nn.Module)):
+                raise ModelTypeError(f"norms[{i}] must be a torch module class, got {kind!r}")
+        CHECK.mapping("same_as", self.same_as)
+
     def values(self, model: SubLayerModel, index: int) -> dict[str, torch.Tensor]:
         """Sub-layer ``index``'s initial parameters (float32 on the CPU, by whole-model key), tensors of other
         sub-layers it shares left out."""
@@ -174,8 +184,10 @@ class MissingInit:
     """
 
     def __init__(self, seed: int, missing: Collection[str]) -> None:
-        self.seed = seed
-        self.missing = frozenset(missing)
+        self.seed = check_seed("seed", seed)
+        self.missing = frozenset(
+            CHECK.str(f"missing[{i}]", k) for i, k in enumerate(CHECK.items("missing", missing, empty=True))
+        )
         self._values: dict[str, torch.Tensor] | None = None
 
     def _draw(self, model: SubLayerModel) -> dict[str, torch.Tensor]:
@@ -230,8 +242,10 @@ class CheckpointInit:
         weight_map: WeightMap,
         fallback: SubLayerInit | None = None,
     ) -> None:
-        self.open_reader = open_reader
-        self.weight_map = weight_map
+        self.open_reader = CHECK.callable("open_reader", open_reader)
+        self.weight_map = CHECK.mapping("weight_map", weight_map)
+        if fallback is not None:
+            CHECK.callable("fallback", fallback)
         self.fallback = fallback
         self.read: list[str] = []
 
@@ -264,6 +278,7 @@ def check_materializable(model: nn.Module) -> None:
     Raises:
         MaterializeError: naming the first meta tensor and the ways to give it values.
     """
+    CHECK.instance("model", model, nn.Module)
     meta = meta_tensors(model)
     if meta and getattr(model, "sublayer_init", None) is None:
         raise MaterializeError(
@@ -287,7 +302,9 @@ def materialize_sublayers(
         MaterializeError: some of them were on the meta device and the model has no ``sublayer_init``.
         ModelError: for an index outside ``[0, num_sublayers)``.
     """
-    chosen = sorted(set(indices))
+    CHECK.instance("model", model, SubLayerModel)
+    CHECK.instance("device", device, str | torch.device)
+    chosen = sorted(set(CHECK.ints("indices", indices, empty=True)))
     init: SubLayerInit | None = getattr(model, "sublayer_init", None)
     if init is None and any(t.is_meta for i in chosen for t in (*model[i].parameters(), *model[i].buffers())):
         check_materializable(model)
@@ -318,6 +335,8 @@ def build_seeded(
     Both ways give the same values: the whole model is exactly its sub-layers materialized one by one. Under a
     ``torch.device("meta")`` context the model stays on the meta device too.
     """
+    check_seed("seed", seed)
+    CHECK.instance("dtype", dtype, torch.dtype)
     meta = meta or torch.empty(0).is_meta
     with torch.random.fork_rng(devices=[]), torch.device("meta"):
         model = factory().to(dtype)

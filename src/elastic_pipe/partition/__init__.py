@@ -28,7 +28,7 @@ from elastic_pipe.partition.costs import (
     transformer_costs,
     weights_from_costs,
 )
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.errors import PartitionError, PartitionTypeError
 from elastic_pipe.partition.graph import (
     MAX_GRAPH_NODES,
     alive_bytes,
@@ -57,6 +57,7 @@ __all__ = [
     "Compression",
     "Partition",
     "PartitionError",
+    "PartitionTypeError",
     "PricedSolver",
     "Solver",
     "TrainingPrecision",

@@ -7,9 +7,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.errors import CHECK, PartitionError, PartitionTypeError
 
-__all__ = ["check_costs", "check_stages"]
+__all__ = ["MAX_DEVICES", "check_costs", "check_stages"]
+
+#: The most devices (pipeline stages, a device count to divide) a partition or compression takes: beyond any
+#: cluster, and it bounds the work a count drives (a stage list, a divisor search).
+MAX_DEVICES = 65_536
 
 
 #: Element types accepted without a per-element check (bool is deliberately absent: True is not a cost).
@@ -19,8 +23,8 @@ _PLAIN_NUMBERS = frozenset({int, float, np.float64, np.float32, np.int64, np.int
 def check_costs(costs: Sequence[float], what: str = "costs") -> list[float]:
     """Return ``costs`` as a list of floats, or raise if any is negative, NaN or infinite, or if there are none."""
     if isinstance(costs, (str, bytes)):
-        raise PartitionError(f"{what} must be a sequence of numbers, got a string {costs!r}")
-    items = list(costs)
+        raise PartitionTypeError(f"{what} must be a sequence of numbers, got a string {costs!r}")
+    items = CHECK.items(what, costs, empty=True)
     if not items:
         raise PartitionError(f"{what} is empty: need at least one layer")
     # Fast path (type check and range check at C speed); the slow loop below only runs to name a bad entry.
@@ -30,7 +34,7 @@ def check_costs(costs: Sequence[float], what: str = "costs") -> list[float]:
             return values.tolist()  # type: ignore[no-any-return]
     for index, cost in enumerate(items):
         if isinstance(cost, bool) or not isinstance(cost, (int, float, np.integer, np.floating)):
-            raise PartitionError(f"{what}[{index}] must be a number, got {cost!r}")
+            raise PartitionTypeError(f"{what}[{index}] must be a number, got {cost!r}")
         value = float(cost)
         if not math.isfinite(value) or value < 0:
             raise PartitionError(f"{what}[{index}] must be a finite number >= 0, got {cost!r}")
@@ -40,9 +44,10 @@ def check_costs(costs: Sequence[float], what: str = "costs") -> list[float]:
 def check_stages(stages: int, num_layers: int) -> int:
     """Return ``stages`` if ``1 <= stages <= num_layers``, else raise naming both."""
     if isinstance(stages, bool) or not isinstance(stages, int):
-        raise PartitionError(f"stages must be an int, got {stages!r}")
+        raise PartitionTypeError(f"stages must be an int, got {stages!r}")
     if stages < 1:
         raise PartitionError(f"stages must be >= 1, got {stages}")
+    CHECK.int("stages", stages, lo=1, hi=MAX_DEVICES)
     if stages > num_layers:
         raise PartitionError(f"cannot cut {num_layers} layers into {stages} non-empty stages (stages > layers)")
     return stages

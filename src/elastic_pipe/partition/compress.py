@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_pipe.partition._checks import check_costs
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition._checks import MAX_DEVICES, check_costs
+from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition.registry import Solver, solve
 from elastic_pipe.partition.result import Partition
 
@@ -59,15 +59,12 @@ class Compression:
 
 
 def _check_budget(budget: float) -> float:
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or math.isnan(budget) or budget < 0:
-        raise PartitionError(f"budget must be a number >= 0, got {budget!r}")
-    return float(budget)
+    """The budget as a float >= 0 (infinity allowed: no limit)."""
+    return CHECK.float("budget", budget, finite=False)
 
 
 def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PartitionError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+    return CHECK.int(name, value, lo=1, hi=MAX_DEVICES)
 
 
 def compress_halving(
@@ -111,8 +108,13 @@ def compress_halving(
     return Compression(pipe_len=k, partition=solve(values, k, solver, **options), tried=tuple(tried), rule="halving")
 
 
+#: The largest number :func:`divisors` factors: a million trial divisions, well under a second.
+MAX_DIVIDEND = 2**40
+
+
 def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order."""
+    """The divisors of ``n`` in increasing order (``1 <= n <= 2**40``: the search takes up to ``sqrt(n)`` steps)."""
+    CHECK.int("n", n, lo=1, hi=MAX_DIVIDEND)
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
 
@@ -166,4 +168,4 @@ def initial_budget(sizes: Sequence[float], stages: int, solver: str = "greedy", 
         solver: the solver (``greedy`` as published).
         **options: passed to the solver.
     """
-    return solve(sizes, stages, solver, **options).bottleneck
+    return solve(check_costs(sizes, "sizes"), stages, solver, **options).bottleneck

@@ -19,9 +19,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR
-from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost, TransformerShape
+from elastic_pipe.types import BACKWARD_TO_FORWARD, MAX_BYTES, LayerCost, TransformerShape
 
 __all__ = [
     "METRICS",
@@ -34,6 +34,11 @@ __all__ = [
 
 #: The metrics :func:`weights_from_costs` knows.
 METRICS = ("time", "params", "memory")
+#: The most bytes a number takes in :class:`TrainingPrecision` (a float64 Adam state is 16): a larger value is a
+#: mistake, not a format.
+MAX_ELEMENT_BYTES = 1024
+#: The most samples a micro-batch holds in :func:`transformer_costs` (beyond any device's memory).
+MAX_MICRO_BATCH = 2**31
 
 #: FLOPs of a multiply-add.
 _FLOPS_PER_MAC = 2
@@ -70,8 +75,12 @@ def weights_from_costs(
         PartitionError: on an unknown metric, ``frozen`` outside ``0..len(costs)`` or ``frozen_factor`` outside
             ``[0, 1]``.
     """
-    if metric not in METRICS:
+    for index, cost in enumerate(CHECK.items("costs", costs)):
+        CHECK.instance(f"costs[{index}]", cost, LayerCost)
+    CHECK.number("frozen_factor", frozen_factor)
+    if CHECK.str("metric", metric) not in METRICS:
         raise PartitionError(f"unknown metric {metric!r}; valid metrics: {', '.join(METRICS)}")
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
         raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
@@ -115,12 +124,14 @@ class TrainingPrecision:
     def __post_init__(self) -> None:
         for key in ("param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise PartitionError(f"TrainingPrecision.{key} must be an int >= 0, got {value!r}")
+            CHECK.int(f"TrainingPrecision.{key}", value, hi=MAX_ELEMENT_BYTES)
 
 
 def training_memory_bytes(params: int, stored_activation_bytes: int, precision: TrainingPrecision) -> int:
     """Memory one active layer holds in training: parameters, gradients, optimizer state, stored activations."""
+    CHECK.int("params", params, hi=MAX_BYTES)
+    CHECK.int("stored_activation_bytes", stored_activation_bytes, hi=MAX_BYTES)
+    CHECK.instance("precision", precision, TrainingPrecision)
     per_param = precision.param_bytes + precision.grad_bytes + precision.optimizer_bytes
     return params * per_param + stored_activation_bytes
 
@@ -148,9 +159,11 @@ def transformer_costs(
     Returns:
         One :class:`LayerCost` per sub-layer.
     """
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise PartitionError(f"micro_batch must be an int >= 1, got {micro_batch!r}")
-    if not (math.isfinite(flops_per_second) and flops_per_second > 0):
+    CHECK.instance("shape", shape, TransformerShape)
+    CHECK.int("micro_batch", micro_batch, lo=1, hi=MAX_MICRO_BATCH)
+    if precision is not None:
+        CHECK.instance("precision", precision, TrainingPrecision)
+    if not (math.isfinite(CHECK.number("flops_per_second", flops_per_second)) and flops_per_second > 0):
         raise PartitionError(f"flops_per_second must be a finite number > 0, got {flops_per_second!r}")
     prec = precision or TrainingPrecision()
     h, a, f, s, b = shape.hidden, shape.heads, shape.ffn, shape.seq_len, micro_batch

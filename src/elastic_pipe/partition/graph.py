@@ -33,8 +33,8 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from elastic_pipe.partition._checks import check_stages
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition._checks import check_costs, check_stages
+from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition.result import Partition
 from elastic_pipe.types import LayerCost
 
@@ -58,6 +58,7 @@ _TIE_TOLERANCE = 1e-12
 
 def graph_order(graph: nx.DiGraph) -> list[Hashable]:
     """The default order: the topological order that breaks ties by node insertion order (deterministic)."""
+    CHECK.instance("graph", graph, nx.DiGraph)
     rank = {node: i for i, node in enumerate(graph.nodes)}
     try:
         return list(nx.lexicographical_topological_sort(graph, key=rank.__getitem__))
@@ -66,13 +67,12 @@ def graph_order(graph: nx.DiGraph) -> list[Hashable]:
 
 
 def _checked_order(graph: nx.DiGraph, order: Sequence[Hashable] | None) -> list[Hashable]:
-    if not isinstance(graph, nx.DiGraph):
-        raise PartitionError(f"graph must be a networkx.DiGraph, got {type(graph).__name__}")
+    CHECK.instance("graph", graph, nx.DiGraph)
     if graph.number_of_nodes() == 0:
         raise PartitionError("the layer graph is empty: need at least one node")
     if order is None:
         return graph_order(graph)
-    chosen = list(order)
+    chosen = CHECK.items("order", order, empty=True)
     if len(chosen) != graph.number_of_nodes() or set(chosen) != set(graph.nodes):
         raise PartitionError("order must list every node of the graph exactly once")
     position = {node: i for i, node in enumerate(chosen)}
@@ -83,6 +83,7 @@ def _checked_order(graph: nx.DiGraph, order: Sequence[Hashable] | None) -> list[
 
 
 def _node_costs(graph: nx.DiGraph, order: list[Hashable], cost_attr: str) -> np.ndarray:
+    CHECK.str("cost_attr", cost_attr)
     values = np.empty(len(order), dtype=np.float64)
     for i, node in enumerate(order):
         if cost_attr not in graph.nodes[node]:
@@ -100,6 +101,9 @@ def alive_bytes(graph: nx.DiGraph, order: Sequence[Hashable], bytes_attr: str = 
     A producer's tensor is alive across every cut between it and its last consumer; when its out-edges carry
     different sizes, the largest still needed at that cut counts.
     """
+    CHECK.instance("graph", graph, nx.DiGraph)
+    order = CHECK.items("order", order, empty=True)
+    CHECK.str("bytes_attr", bytes_attr)
     n = len(order)
     position = {node: i for i, node in enumerate(order)}
     alive = np.zeros(n + 1, dtype=np.float64)
@@ -137,7 +141,7 @@ def graph_stage_costs(
     """Each stage's cost under the graph objective for a given partition of the order (for checks and tools)."""
     chosen = _checked_order(graph, order)
     costs = _node_costs(graph, chosen, cost_attr)
-    bounds = [0, *itertools.accumulate(layers_per_stage)]
+    bounds = [0, *itertools.accumulate(CHECK.ints("layers_per_stage", layers_per_stage))]
     if bounds[-1] != len(chosen):
         raise PartitionError(f"layers_per_stage sums to {bounds[-1]}, the graph has {len(chosen)} nodes")
     return _exact_stage_costs(costs, alive_bytes(graph, chosen, bytes_attr), _checked_bandwidth(bandwidth), bounds)
@@ -152,7 +156,7 @@ def _exact_stage_costs(costs: np.ndarray, alive: np.ndarray, bandwidth: float, b
 
 
 def _checked_bandwidth(bandwidth: float) -> float:
-    if isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float)) or not bandwidth > 0:
+    if not CHECK.number("bandwidth", bandwidth) > 0:
         raise PartitionError(f"bandwidth must be a number > 0 (bytes per second; inf = free), got {bandwidth!r}")
     return float(bandwidth)
 
@@ -235,7 +239,8 @@ def graph_partition(
 def chain_graph(costs: Sequence[float], activation_bytes: Sequence[float] | None = None) -> nx.DiGraph:
     """A chain ``0 -> 1 -> ... -> n-1``: node ``i`` costs ``costs[i]``, edge ``i -> i+1`` carries
     ``activation_bytes[i]`` (layer ``i``'s output; default 0)."""
-    sizes = [0.0] * len(costs) if activation_bytes is None else list(activation_bytes)
+    costs = check_costs(costs)
+    sizes = [0.0] * len(costs) if activation_bytes is None else check_costs(activation_bytes, "activation_bytes")
     if len(sizes) != len(costs):
         raise PartitionError(f"activation_bytes has {len(sizes)} values for {len(costs)} layers")
     graph = nx.DiGraph()
@@ -290,9 +295,12 @@ def transformer_graph(
     Returns:
         The DAG, nodes inserted in model order.
     """
+    for index, cost in enumerate(costs := CHECK.items("costs", costs, empty=True)):
+        CHECK.instance(f"costs[{index}]", cost, LayerCost)
+    residual = CHECK.items("residual", residual, empty=True)
     if len(residual) != len(costs):
         raise PartitionError(f"residual has {len(residual)} flags for {len(costs)} sub-layers")
-    node_costs = [c.train_time for c in costs] if weights is None else list(weights)
+    node_costs = [c.train_time for c in costs] if weights is None else check_costs(weights, "weights")
     if len(node_costs) != len(costs):
         raise PartitionError(f"weights has {len(node_costs)} values for {len(costs)} sub-layers")
     graph = nx.DiGraph()

@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition._checks import MAX_DEVICES, check_costs
+from elastic_pipe.partition.errors import CHECK, PartitionError
 from elastic_pipe.partition.pricing import prices_frozen_itself
 
 __all__ = ["DEFAULT_FROZEN_FACTOR", "PUBLISHED_UNIT", "greedy"]
@@ -67,7 +68,12 @@ def greedy(
         PartitionError: on a bad ``frozen``, ``frozen_factor`` or ``unit``, or when a device ends up empty and
             ``allow_empty`` is false.
     """
+    costs = check_costs(costs)
+    CHECK.int("stages", stages, lo=1, hi=MAX_DEVICES)
+    CHECK.number("frozen_factor", frozen_factor)
+    CHECK.number("unit", unit)
     n = len(costs)
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= n:
         raise PartitionError(f"frozen must be an int in 0..{n} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):

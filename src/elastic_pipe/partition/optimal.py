@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition._checks import check_costs, check_stages
+from elastic_pipe.partition.errors import CHECK, PartitionError
 
 __all__ = ["FILLS", "optimal", "optimal_bottleneck", "prefix_sums"]
 
@@ -101,11 +102,11 @@ def optimal_bottleneck(costs: Sequence[float], stages: int) -> float:
     """The smallest achievable largest stage sum of ``costs`` cut into ``stages`` contiguous stages.
 
     Args:
-        costs: non-negative per-layer costs (not validated here; :func:`elastic_pipe.partition.solve` validates).
+        costs: non-negative per-layer costs.
         stages: number of stages, ``1 <= stages <= len(costs)``.
     """
-    prefix, largest_layer = prefix_sums(costs)
-    return _search(prefix, largest_layer, stages)[0]
+    prefix, largest_layer = prefix_sums(check_costs(costs))
+    return _search(prefix, largest_layer, check_stages(stages, len(costs)))[0]
 
 
 def optimal(costs: Sequence[float], stages: int, /, *, fill: str = "front", **options: Any) -> tuple[int, ...]:
@@ -125,7 +126,9 @@ def optimal(costs: Sequence[float], stages: int, /, *, fill: str = "front", **op
     Raises:
         PartitionError: on an unknown ``fill``.
     """
-    if fill not in FILLS:
+    costs = check_costs(costs)
+    check_stages(stages, len(costs))
+    if CHECK.str("fill", fill) not in FILLS:
         raise PartitionError(f"unknown fill {fill!r}; valid: {', '.join(FILLS)}")
     if fill == "back":
         return tuple(reversed(optimal(list(costs)[::-1], stages, fill="front")))

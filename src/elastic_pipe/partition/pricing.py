@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from elastic_pipe.partition.errors import CHECK
+
 __all__ = ["PRICES_FROZEN_ITSELF", "PricedSolver", "prices_frozen", "prices_frozen_itself", "solver_name"]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -23,6 +25,7 @@ PRICES_FROZEN_ITSELF = "prices_frozen_itself"
 
 def prices_frozen_itself(solver: F) -> F:
     """Mark ``solver`` (a function, decorated) as pricing the frozen layers itself; returns it."""
+    CHECK.callable("solver", solver)
     setattr(solver, PRICES_FROZEN_ITSELF, True)
     return solver
 

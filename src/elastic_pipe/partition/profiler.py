@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.errors import CHECK, PartitionError, PartitionTypeError
 from elastic_pipe.types import LayerCost
 
 __all__ = ["ADAM_STATE_BYTES_PER_BYTE", "profile_layers"]
@@ -97,6 +97,11 @@ def _as_input(value: torch.Tensor) -> torch.Tensor:
     return leaf
 
 
+#: The most timed (or warm-up) runs a measurement takes, and the most optimizer state per parameter byte: each
+#: run executes every layer, so a larger count is a mistake that would run for hours.
+MAX_REPEATS = 1_000
+
+
 def profile_layers(
     layers: Sequence[tuple[str, nn.Module]],
     example_input: torch.Tensor,
@@ -126,11 +131,17 @@ def profile_layers(
         PartitionError: if ``layers`` is empty, ``repeats < 1``, ``warmup < 0``, or a layer does not return a
             single tensor.
     """
+    layers = CHECK.items("layers", layers, empty=True)
     if not layers:
         raise PartitionError("layers is empty: need at least one (name, module) pair")
-    if repeats < 1 or warmup < 0:
-        raise PartitionError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
-    if cpu_clock not in ("wall", "thread"):
+    for index, pair in enumerate(layers):
+        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[1], nn.Module)):
+            raise PartitionTypeError(f"layers[{index}] must be a (name, module) pair, got {pair!r}")
+    CHECK.instance("example_input", example_input, torch.Tensor)
+    CHECK.int("repeats", repeats, lo=1, hi=MAX_REPEATS)
+    CHECK.int("warmup", warmup, hi=MAX_REPEATS)
+    CHECK.int("optimizer_state_bytes_per_byte", optimizer_state_bytes_per_byte, hi=MAX_REPEATS)
+    if CHECK.str("cpu_clock", cpu_clock) not in ("wall", "thread"):
         raise PartitionError(f"cpu_clock must be 'wall' or 'thread', got {cpu_clock!r}")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CUBLAS_CONTEXT_WARNING, category=UserWarning)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from elastic_pipe.partition._checks import check_costs, check_stages
-from elastic_pipe.partition.errors import PartitionError
+from elastic_pipe.partition.errors import CHECK, PartitionError, PartitionTypeError
 from elastic_pipe.partition.graph import graph_chain
 from elastic_pipe.partition.greedy import DEFAULT_FROZEN_FACTOR, greedy
 from elastic_pipe.partition.optimal import optimal
@@ -53,7 +53,8 @@ def register_solver(name: str, solver: Solver, *, prices_frozen_itself: bool | N
             ``solve(..., SOLVERS[name])`` still prices as ``solve(..., name)``.
     """
     if not name or not isinstance(name, str):
-        raise PartitionError(f"solver name must be a non-empty string, got {name!r}")
+        raise PartitionTypeError(f"solver name must be a non-empty string, got {name!r}")
+    CHECK.callable("solver", solver)
     if prices_frozen_itself is not None and prices_frozen_itself != prices_frozen(solver):
         solver = PricedSolver(solver, prices_frozen_itself)
     SOLVERS[name] = solver
@@ -65,6 +66,9 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
     Raises:
         PartitionError: if ``frozen`` is outside ``0..len(costs)`` or ``frozen_factor`` outside ``[0, 1]``.
     """
+    costs = check_costs(costs)
+    CHECK.number("frozen_factor", frozen_factor)
+    CHECK.int("frozen", frozen)
     if isinstance(frozen, bool) or not isinstance(frozen, int) or not 0 <= frozen <= len(costs):
         raise PartitionError(f"frozen must be an int in 0..{len(costs)} (the number of layers), got {frozen!r}")
     if not (math.isfinite(frozen_factor) and 0.0 <= frozen_factor <= 1.0):
@@ -75,6 +79,8 @@ def price_frozen(costs: Sequence[float], frozen: int, frozen_factor: float) -> l
 def _lookup(name: str | Solver) -> Solver:
     if callable(name):
         return name
+    if not isinstance(name, str):
+        raise PartitionTypeError(f"solver must be a solver name or a function, got {name!r}")
     try:
         return SOLVERS[name]
     except (KeyError, TypeError):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from elastic_pipe.partition._checks import check_costs, check_stages
+
 __all__ = ["uniform"]
 
 
@@ -25,5 +27,6 @@ def uniform(costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int
         The number of layers on each stage. With ``r = n mod K``, stage ``s`` gets one extra layer when
         ``(s * r) mod K < r``: exactly ``r`` stages, evenly spaced, starting with the first.
     """
-    base, extra = divmod(len(costs), stages)
+    n = len(check_costs(costs))
+    base, extra = divmod(n, check_stages(stages, n))
     return tuple(base + (1 if (s * extra) % stages < extra else 0) for s in range(stages))

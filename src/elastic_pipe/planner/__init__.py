@@ -20,7 +20,7 @@ from __future__ import annotations
 from elastic_pipe.models.catalogue import MODEL_SHAPES, model_shape
 from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError, PlannerTypeError
 from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
 from elastic_pipe.planner.plan import make_plan
@@ -43,6 +43,7 @@ __all__ = [
     "ModelConfig",
     "Plan",
     "PlannerError",
+    "PlannerTypeError",
     "StepBreakdown",
     "StepPrediction",
     "SubLayerCost",
@@ -67,5 +68,7 @@ __all__ = [
 
 def plan_model(name: str | TransformerShape, cluster: ClusterSpec, job: JobSpec) -> Plan:
     """Plan a catalogued (or given) model shape on ``cluster``: price its work on the cluster's GPU, then plan."""
-    config = model_shape(name) if isinstance(name, str) else name
+    config = model_shape(name) if isinstance(name, str) else CHECK.instance("name", name, TransformerShape)
+    CHECK.instance("cluster", cluster, ClusterSpec)
+    CHECK.instance("job", job, JobSpec)
     return make_plan(price(model_work(config), cluster.gpu), cluster, job, model=config.name)

@@ -14,22 +14,28 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError
+from elastic_pipe.types import MAX_BYTES
 
-__all__ = ["H200", "ClusterSpec", "GpuSpec"]
+__all__ = ["H200", "MAX_GPUS", "ClusterSpec", "GpuSpec"]
 
 _GIB = 1024**3
 
 
+#: The most GPUs a cluster has: past the largest published training runs (~16k GPUs); the planner prices layouts
+#: per divisor of the GPU count, so this also bounds its time.
+MAX_GPUS = 65_536
+
+
 def _check_positive(owner: str, **values: float) -> None:
     for key, value in values.items():
-        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        if not (math.isfinite(CHECK.number(f"{owner}.{key}", value)) and value > 0):
             raise PlannerError(f"{owner}.{key} must be a finite number > 0, got {value!r}")
 
 
 def _check_non_negative(owner: str, **values: float) -> None:
     for key, value in values.items():
-        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        if not (math.isfinite(CHECK.number(f"{owner}.{key}", value)) and value >= 0):
             raise PlannerError(f"{owner}.{key} must be a finite number >= 0, got {value!r}")
 
 
@@ -78,6 +84,9 @@ class GpuSpec:
     optimizer_sublayer_overhead: float = 0.135e-3
 
     def __post_init__(self) -> None:
+        CHECK.str("GpuSpec.name", self.name)
+        CHECK.int("GpuSpec.memory", self.memory, hi=MAX_BYTES)
+        CHECK.int("GpuSpec.reserved_memory", self.reserved_memory, hi=MAX_BYTES)
         _check_positive(
             "GpuSpec",
             memory=self.memory,
@@ -150,10 +159,10 @@ class ClusterSpec:
     gpu_cache_bandwidth: float = 1.9e12
 
     def __post_init__(self) -> None:
-        if not isinstance(self.gpus, int) or self.gpus < 1:
-            raise PlannerError(f"ClusterSpec.gpus must be an integer >= 1, got {self.gpus!r}")
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise PlannerError(f"ClusterSpec.gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}")
+        CHECK.int("ClusterSpec.gpus", self.gpus, lo=1, hi=MAX_GPUS)
+        CHECK.int("ClusterSpec.gpus_per_node", self.gpus_per_node, lo=1, hi=MAX_GPUS)
+        CHECK.instance("ClusterSpec.gpu", self.gpu, GpuSpec)
+        CHECK.int("ClusterSpec.host_cache_memory", self.host_cache_memory, hi=MAX_BYTES)
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
             raise PlannerError(
                 f"ClusterSpec.gpus={self.gpus} must be a multiple of gpus_per_node={self.gpus_per_node} "

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from elastic_pipe.planner.cluster import GpuSpec
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.planner.models import HOST_WEIGHT_PER_SUBLAYER, SubLayerWork
-from elastic_pipe.types import BACKWARD_TO_FORWARD, LayerCost
+from elastic_pipe.types import BACKWARD_TO_FORWARD, MAX_BYTES, LayerCost
 
 __all__ = [
     "FROZEN_BYTES_PER_PARAM",
@@ -86,15 +86,27 @@ class SubLayerCost:
             "stored_bytes": self.stored_bytes,
             "host_weight": self.host_weight,
         }
+        CHECK.str("SubLayerCost.name", self.name)
+        CHECK.optional_int(f"SubLayerCost({self.name!r}).unit", self.unit)
+        CHECK.int(f"SubLayerCost({self.name!r}).params", self.params, hi=MAX_BYTES)
         for key, value in values.items():
-            if not value >= 0 or value == float("inf"):
+            if not CHECK.number(f"SubLayerCost({self.name!r}).{key}", value) >= 0 or value == float("inf"):
                 raise PlannerError(f"SubLayerCost({self.name!r}).{key} must be a finite number >= 0, got {value!r}")
         if self.unit is not None and self.unit < 0:
             raise PlannerError(f"SubLayerCost({self.name!r}).unit must be >= 0 or None, got {self.unit!r}")
 
 
+def check_costs(name: str, costs: object) -> None:
+    """Raise :class:`PlannerError` unless ``costs`` is a non-empty sequence of :class:`SubLayerCost`."""
+    for index, item in enumerate(CHECK.items(name, costs)):
+        CHECK.instance(f"{name}[{index}]", item, SubLayerCost)
+
+
 def price(work: Sequence[SubLayerWork], gpu: GpuSpec) -> tuple[SubLayerCost, ...]:
     """Turn analytic work counts into per-sample times on ``gpu``."""
+    for index, item in enumerate(CHECK.items("work", work)):
+        CHECK.instance(f"work[{index}]", item, SubLayerWork)
+    CHECK.instance("gpu", gpu, GpuSpec)
     out = []
     for w in work:
         matmul = w.matmul_flops / gpu.matmul_flops
@@ -145,6 +157,12 @@ def from_layer_costs(
     Raises:
         PlannerError: empty records, ``batch < 1`` or unit ends that are not increasing offsets within the model.
     """
+    for index, item in enumerate(CHECK.items("costs", costs)):
+        CHECK.instance(f"costs[{index}]", item, LayerCost)
+    CHECK.int("batch", batch, lo=1)
+    if unit_ends is not None:
+        CHECK.ints("unit_ends", unit_ends)
+    CHECK.float("host_weight", host_weight)
     if not costs:
         raise PlannerError("from_layer_costs needs at least one layer cost")
     if batch < 1:
@@ -181,6 +199,8 @@ def from_layer_costs(
 
 def to_layer_costs(costs: Sequence[SubLayerCost], micro_batch: float) -> list[LayerCost]:
     """The shared :class:`~elastic_pipe.types.LayerCost` records at a micro-batch size (what the profiler emits)."""
+    check_costs("costs", costs)
+    CHECK.float("micro_batch", micro_batch)
     return [
         LayerCost(
             name=c.name,

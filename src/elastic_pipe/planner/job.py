@@ -7,10 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.schedule import GENERATORS
 
-__all__ = ["CACHE_FILLS", "CACHE_TIERS", "INTERLEAVED_CHUNKS", "JobSpec"]
+__all__ = [
+    "CACHE_FILLS",
+    "CACHE_TIERS",
+    "INTERLEAVED_CHUNKS",
+    "MAX_EPOCHS",
+    "MAX_MICROBATCHES",
+    "MAX_PIPE_LEN",
+    "JobSpec",
+]
 
 #: Cache tiers, fastest first; ``auto`` takes the first whose capacity holds what a rank caches.
 CACHE_TIERS = ("gpu", "host", "disk")
@@ -20,6 +28,14 @@ CACHE_TIERS = ("gpu", "host", "disk")
 CACHE_FILLS = ("epoch", "transition")
 #: Stages per rank for the interleaved schedule.
 INTERLEAVED_CHUNKS = 2
+
+
+#: Upper bounds on a job's sizes: the planner prices every layout (pipeline length, micro-batch count) of every
+#: epoch, so its time grows with each; the limits sit well past real jobs (a few hundred epochs, tens of stages)
+#: and keep one plan within seconds (measured: 1000 epochs of vit-b16 on 16 GPUs plan in 3 s, 10000 in 30 s).
+MAX_EPOCHS = 2_000
+MAX_MICROBATCHES = 4_096
+MAX_PIPE_LEN = 1_024
 
 
 def _default_policy_options() -> dict[str, Any]:
@@ -68,20 +84,28 @@ class JobSpec:
     solver: str = "optimal"
 
     def __post_init__(self) -> None:
-        for key in ("global_batch", "epochs", "steps_per_epoch"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PlannerError(f"JobSpec.{key} must be an integer >= 1, got {value!r}")
-        for key in ("pipe_len", "microbatches", "dataset_size"):
-            value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise PlannerError(f"JobSpec.{key} must be None or an integer >= 1, got {value!r}")
+        CHECK.int("JobSpec.global_batch", self.global_batch, lo=1)
+        CHECK.int("JobSpec.epochs", self.epochs, lo=1, hi=MAX_EPOCHS)
+        CHECK.int("JobSpec.steps_per_epoch", self.steps_per_epoch, lo=1)
+        CHECK.optional_int("JobSpec.pipe_len", self.pipe_len, lo=1, hi=MAX_PIPE_LEN)
+        CHECK.optional_int("JobSpec.microbatches", self.microbatches, lo=1, hi=MAX_MICROBATCHES)
+        CHECK.optional_int("JobSpec.dataset_size", self.dataset_size, lo=1)
+        for key in ("policy", "schedule", "cache_tier", "cache_fill", "solver"):
+            CHECK.str(f"JobSpec.{key}", getattr(self, key))
+        CHECK.mapping("JobSpec.policy_options", self.policy_options)
+        if self.frozen is not None:
+            CHECK.ints("JobSpec.frozen", self.frozen, empty=True)
+        CHECK.number("JobSpec.transition_seconds", self.transition_seconds)
         if self.schedule not in GENERATORS:
             raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
         if self.cache_tier not in ("auto", *CACHE_TIERS):
-            raise PlannerError(f"unknown cache tier {self.cache_tier!r}; expected one of {['auto', *CACHE_TIERS]}")
+            raise PlannerError(
+                f"unknown cache tier {self.cache_tier!r} (cache_tier); expected one of {['auto', *CACHE_TIERS]}"
+            )
         if self.cache_fill not in CACHE_FILLS:
-            raise PlannerError(f"unknown cache fill {self.cache_fill!r}; expected one of {list(CACHE_FILLS)}")
+            raise PlannerError(
+                f"unknown cache fill {self.cache_fill!r} (cache_fill); expected one of {list(CACHE_FILLS)}"
+            )
         if not (math.isfinite(self.transition_seconds) and self.transition_seconds >= 0):
             raise PlannerError(f"JobSpec.transition_seconds must be finite and >= 0, got {self.transition_seconds!r}")
         if self.frozen is not None and len(self.frozen) != self.epochs:

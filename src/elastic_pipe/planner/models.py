@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from elastic_pipe.models.catalogue import MODEL_SHAPES, model_shape
-from elastic_pipe.types import TransformerShape
+from elastic_pipe.planner.errors import CHECK
+from elastic_pipe.types import MAX_BYTES, TransformerShape
 
 __all__ = [
     "ACTIVATION_BYTES",
@@ -78,6 +79,21 @@ class SubLayerWork:
     output_bytes: float = 0.0
     stored_bytes: float = 0.0
     host_weight: float = HOST_WEIGHT_PER_SUBLAYER
+
+    def __post_init__(self) -> None:
+        CHECK.str("SubLayerWork.name", self.name)
+        CHECK.optional_int(f"SubLayerWork({self.name!r}).unit", self.unit)
+        CHECK.int(f"SubLayerWork({self.name!r}).params", self.params, hi=MAX_BYTES)
+        for key in (
+            "matmul_flops",
+            "attention_flops",
+            "conv_flops",
+            "memory_bytes",
+            "output_bytes",
+            "stored_bytes",
+            "host_weight",
+        ):
+            CHECK.float(f"SubLayerWork({self.name!r}).{key}", getattr(self, key))
 
 
 def _embedding(c: TransformerShape) -> SubLayerWork:
@@ -167,5 +183,6 @@ def _head(c: TransformerShape) -> SubLayerWork:
 
 def model_work(config: TransformerShape) -> tuple[SubLayerWork, ...]:
     """The model's sub-layers in order: embedding, (attention, MLP) per block, head."""
+    CHECK.instance("config", config, TransformerShape)
     blocks = [w for b in range(config.blocks) for w in (_attention(config, b), _mlp(config, b))]
     return (_embedding(config), *blocks, _head(config))

@@ -34,8 +34,8 @@ from dataclasses import replace
 from elastic_pipe.freeze import frozen_by_epoch, make_policy
 from elastic_pipe.partition import divisors
 from elastic_pipe.planner.cluster import ClusterSpec
-from elastic_pipe.planner.costs import SubLayerCost
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.costs import SubLayerCost, check_costs
+from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.planner.job import JobSpec
 from elastic_pipe.planner.result import EpochPlan, Plan
 from elastic_pipe.planner.search import CacheVariant, LayoutSearch
@@ -157,6 +157,10 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
             without freezable units.
         FreezeError: a policy that needs gradient statistics, or bad policy options.
     """
+    check_costs("costs", costs)
+    CHECK.instance("cluster", cluster, ClusterSpec)
+    CHECK.instance("job", job, JobSpec)
+    CHECK.str("model", model)
     units = len({c.unit for c in costs if c.unit is not None})
     if units == 0:
         raise PlannerError("the costs have no freezable unit (every sub-layer has unit None)")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.planner.result import EpochPlan, Plan
 
 __all__ = ["format_table", "plan_to_dict", "plot_throughput", "plot_timeline"]
@@ -52,6 +52,7 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """Everything in a plan as plain JSON-able data (the CLI's ``--json`` document)."""
+    CHECK.instance("plan", plan, Plan)
     cluster = asdict(plan.cluster)
     job = asdict(plan.job)
     job["policy_options"] = dict(plan.job.policy_options)
@@ -92,6 +93,7 @@ def _ms(seconds: float) -> str:
 
 def format_table(plan: Plan) -> str:
     """A human-readable table: one row per epoch, then the baselines and the speedups."""
+    CHECK.instance("plan", plan, Plan)
     c, j = plan.cluster, plan.job
     lines = [
         f"{plan.model} on {c.gpus} GPUs ({c.gpus_per_node} per node, {c.gpu.memory / _GIB:.0f} GiB each), "
@@ -145,6 +147,8 @@ def _figure(width: float, height: float) -> Any:
 
 def plot_throughput(plan: Plan, path: str | Path) -> Path:
     """Throughput per epoch of the elastic job and both baselines, as a PNG."""
+    CHECK.instance("plan", plan, Plan)
+    CHECK.instance("path", path, str | Path)
     fig = _figure(7, 4)
     ax = fig.add_subplot()
     x = [e.epoch for e in plan.epochs]
@@ -164,6 +168,8 @@ def plot_throughput(plan: Plan, path: str | Path) -> Path:
 
 def plot_timeline(plan: Plan, path: str | Path) -> Path:
     """The layout per epoch: each GPU's role (stage, or idle) per epoch, replicas side by side, as a PNG."""
+    CHECK.instance("plan", plan, Plan)
+    CHECK.instance("path", path, str | Path)
     from matplotlib import colormaps  # noqa: PLC0415 - optional extra, checked by _figure
 
     gpus = plan.cluster.gpus

@@ -36,7 +36,8 @@ from elastic_pipe.planner.costs import (
     STATE_BYTES_PER_PARAM,
     SubLayerCost,
 )
-from elastic_pipe.planner.errors import PlannerError
+from elastic_pipe.planner.errors import CHECK, PlannerError, PlannerTypeError
+from elastic_pipe.planner.job import MAX_MICROBATCHES, MAX_PIPE_LEN
 from elastic_pipe.schedule import Simulation, StageTimes, generate, simulate
 
 __all__ = [
@@ -321,6 +322,19 @@ def predict_step(
         PlannerError: a pipeline length that does not divide the GPUs, more stages than sub-layers, or a batch
             smaller than the micro-batch count.
     """
+    for index, entry in enumerate(CHECK.items("entries", entries)):
+        if not (isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], SubLayerCost)):
+            raise PlannerTypeError(f"entries[{index}] must be a (SubLayerCost, Mode) pair, got {entry!r}")
+    CHECK.instance("cluster", cluster, ClusterSpec)
+    CHECK.int("global_batch", global_batch, lo=1)
+    CHECK.int("pipe_len", pipe_len, lo=1, hi=MAX_PIPE_LEN)
+    CHECK.int("microbatches", microbatches, lo=1, hi=MAX_MICROBATCHES)
+    CHECK.str("schedule", schedule)
+    CHECK.int("chunks", chunks, lo=1)
+    CHECK.float("cache_seconds_per_sample", cache_seconds_per_sample)
+    if layers_per_stage is not None:
+        CHECK.ints("layers_per_stage", layers_per_stage)
+    CHECK.str("solver", solver)
     if pipe_len < 1 or cluster.gpus % pipe_len:
         raise PlannerError(f"pipe_len={pipe_len} must divide the {cluster.gpus} GPUs")
     replicas = cluster.gpus // pipe_len

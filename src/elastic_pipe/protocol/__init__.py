@@ -18,7 +18,7 @@ from __future__ import annotations
 from elastic_pipe.protocol.abort import MAX_REASON_BYTES, AbortMessage
 from elastic_pipe.protocol.codec import MAGIC, MAX_MESSAGE_BYTES, VERSION, ControlMessage, decode, decode_any, encode
 from elastic_pipe.protocol.describe import describe, describe_legacy, legacy_to_dict, message_to_dict
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 from elastic_pipe.protocol.legacy import LEGACY_LENGTH, LegacyMessage, decode_legacy, encode_legacy
 from elastic_pipe.protocol.message import MAX_GRAD_NORMS, MAX_PIPE_LEN, MAX_RANKS, TransitionMessage
 from elastic_pipe.protocol.optimizer_state import (
@@ -58,6 +58,7 @@ __all__ = [
     "LegacyMessage",
     "OptimizerStateHeader",
     "ProtocolError",
+    "ProtocolTypeError",
     "StateEntry",
     "TransitionMessage",
     "decode",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass
 
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 
 __all__ = ["MAX_REASON_BYTES", "AbortMessage"]
 
@@ -48,10 +48,12 @@ class AbortMessage:
     reason: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 0 <= self.rank <= _U32_MAX:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool):
+            raise ProtocolTypeError(f"AbortMessage.rank must be an int in [0, {_U32_MAX}], got {self.rank!r}")
+        if not 0 <= self.rank <= _U32_MAX:
             raise ProtocolError(f"AbortMessage.rank must be an int in [0, {_U32_MAX}], got {self.rank!r}")
         if not isinstance(self.reason, str):
-            raise ProtocolError(f"AbortMessage.reason must be a str, got {type(self.reason).__name__}")
+            raise ProtocolTypeError(f"AbortMessage.reason must be a str, got {type(self.reason).__name__}")
         if not self.reason.strip():
             raise ProtocolError("AbortMessage.reason must not be empty or blank")
         try:

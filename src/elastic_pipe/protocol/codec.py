@@ -40,7 +40,7 @@ from typing import TypeAlias, TypeVar, overload
 
 from elastic_pipe.protocol.abort import AbortMessage
 from elastic_pipe.protocol.abort_codec import ABORT_KIND, decode_abort_body, encode_abort_body
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 from elastic_pipe.protocol.frame import FRAME_BYTES, VERSION, Buffer, Frame, Kind, read_frame, write_frame
 from elastic_pipe.protocol.message import MAX_GRAD_NORMS, MAX_PIPE_LEN, MAX_RANKS, TransitionMessage
 from elastic_pipe.protocol.optimizer_state import OptimizerStateHeader
@@ -144,8 +144,8 @@ def encode(msg: ControlMessage) -> bytes:
         return write_frame(ABORT_KIND, 0, encode_abort_body(msg))
     if isinstance(msg, OptimizerStateHeader):
         return write_frame(STATE_KIND, 0, encode_state_body(msg))
-    raise ProtocolError(
-        f"encode expects a TransitionMessage, AbortMessage or OptimizerStateHeader, got {type(msg).__name__}"
+    raise ProtocolTypeError(
+        f"encode: msg must be a TransitionMessage, AbortMessage or OptimizerStateHeader, got {type(msg).__name__}"
     )
 
 
@@ -196,7 +196,7 @@ def decode(data: Buffer, expect: type[object] = TransitionMessage) -> ControlMes
     """
     # ``type[object]``: mypy does not match a union of classes against the constrained ``type[_M]`` overload.
     if expect not in _EXPECTABLE:
-        raise ProtocolError(f"decode can expect {', '.join(k.__name__ for k in _EXPECTABLE)}, got {expect!r}")
+        raise ProtocolTypeError(f"decode can expect {', '.join(k.__name__ for k in _EXPECTABLE)}, got {expect!r}")
     msg = decode_any(data)
     if isinstance(msg, expect):
         return msg

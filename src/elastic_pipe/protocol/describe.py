@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from elastic_pipe.protocol.errors import CHECK
 from elastic_pipe.protocol.legacy import LegacyMessage
 from elastic_pipe.protocol.message import TransitionMessage
 
@@ -28,6 +29,7 @@ def _norms(norms: tuple[float, ...] | None) -> str:
 
 def message_to_dict(msg: TransitionMessage) -> dict[str, Any]:
     """The message's fields as a JSON-ready dict (tuples become lists, absent norms ``None``)."""
+    CHECK.instance("msg", msg, TransitionMessage)
     return {
         "epoch": msg.epoch,
         "step": msg.step,
@@ -43,6 +45,7 @@ def message_to_dict(msg: TransitionMessage) -> dict[str, Any]:
 
 def legacy_to_dict(msg: LegacyMessage) -> dict[str, Any]:
     """The published message's fields as a JSON-ready dict, keyed as ``elastic-pipe decode --legacy --json``."""
+    CHECK.instance("msg", msg, LegacyMessage)
     return {
         "num_frozen_layers": msg.num_frozen_layers,
         "pipe_len": msg.pipe_len,
@@ -68,6 +71,7 @@ def _plural(n: int, word: str) -> str:
 
 def describe(msg: TransitionMessage) -> str:
     """Every field of a v1 message in plain words, one per line."""
+    CHECK.instance("msg", msg, TransitionMessage)
     stages = "; ".join(
         f"stage {s}: {_layers(b, c - 1)}"
         for s, (b, c) in enumerate(zip(msg.boundaries, msg.boundaries[1:], strict=False))
@@ -99,6 +103,7 @@ def describe(msg: TransitionMessage) -> str:
 
 def describe_legacy(msg: LegacyMessage) -> str:
     """Every field of the published 50-float message in plain words, one per line."""
+    CHECK.instance("msg", msg, LegacyMessage)
     n = len(msg.new_ranks)
     if msg.grad_norms is None:
         norms_at = f"[{5 + n}]"

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 
 __all__ = ["FRAME_BYTES", "HEADER", "VERSION", "Buffer", "Frame", "Kind", "Reader", "read_frame", "write_frame"]
 
@@ -106,7 +106,7 @@ def read_frame(data: object, kinds: Mapping[bytes, Kind], *, max_bytes: int) -> 
         ProtocolError: on any of the checks above, saying which.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise ProtocolError(f"decode expects bytes, got {type(data).__name__}")
+        raise ProtocolTypeError(f"decode: data must be bytes, got {type(data).__name__}")
     size = data.nbytes if isinstance(data, memoryview) else len(data)
     if size > max_bytes:
         raise ProtocolError(f"message has {size} bytes, more than the largest valid message ({max_bytes} bytes)")

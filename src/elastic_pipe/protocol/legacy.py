@@ -26,7 +26,7 @@ import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import CHECK, ProtocolError, ProtocolTypeError
 
 __all__ = ["LEGACY_LENGTH", "LegacyMessage", "decode_legacy", "encode_legacy"]
 
@@ -42,7 +42,8 @@ _MAX_EXACT_INT = 1 << 53
 
 def _whole(name: str, value: object, low: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= _MAX_EXACT_INT:
-        raise ProtocolError(f"LegacyMessage.{name} must be an int in [{low}, 2**53], got {value!r}")
+        error = ProtocolError if isinstance(value, int) and not isinstance(value, bool) else ProtocolTypeError
+        raise error(f"LegacyMessage.{name} must be an int in [{low}, 2**53], got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +74,18 @@ class LegacyMessage:
         _whole("pipe_len", self.pipe_len, 1)
         _whole("epoch", self.epoch, 0)
         m0 = self.max_params_per_gpu
-        if not isinstance(m0, float | int) or isinstance(m0, bool) or not math.isfinite(m0) or m0 < 0:
+        CHECK.number("LegacyMessage.max_params_per_gpu", m0)
+        if not math.isfinite(m0) or m0 < 0:
             raise ProtocolError(f"LegacyMessage.max_params_per_gpu must be finite and >= 0, got {m0!r}")
         if not isinstance(self.new_ranks, tuple):
-            raise ProtocolError(f"LegacyMessage.new_ranks must be a tuple, got {type(self.new_ranks).__name__}")
+            raise ProtocolTypeError(f"LegacyMessage.new_ranks must be a tuple, got {type(self.new_ranks).__name__}")
         for r in self.new_ranks:
             _whole("new_ranks[...]", r, 0)
         if len(set(self.new_ranks)) != len(self.new_ranks):
             raise ProtocolError(f"LegacyMessage.new_ranks must be distinct, got {self.new_ranks!r}")
         if self.grad_norms is not None:
             if not isinstance(self.grad_norms, tuple):
-                raise ProtocolError(
+                raise ProtocolTypeError(
                     f"LegacyMessage.grad_norms must be None or a tuple, got {type(self.grad_norms).__name__}"
                 )
             for g in self.grad_norms:
@@ -112,7 +114,7 @@ def encode_legacy(msg: LegacyMessage) -> list[float]:
         ProtocolError: ``msg`` is not a :class:`LegacyMessage`.
     """
     if not isinstance(msg, LegacyMessage):
-        raise ProtocolError(f"encode_legacy expects a LegacyMessage, got {type(msg).__name__}")
+        raise ProtocolTypeError(f"encode_legacy: msg must be a LegacyMessage, got {type(msg).__name__}")
     out = [0.0] * LEGACY_LENGTH
     out[0] = float(msg.num_frozen_layers)
     out[1] = float(msg.pipe_len)
@@ -130,13 +132,15 @@ def encode_legacy(msg: LegacyMessage) -> list[float]:
 
 def _as_floats(values: Sequence[float]) -> list[float]:
     if isinstance(values, str | bytes | bytearray):
-        raise ProtocolError(f"decode_legacy expects a sequence of numbers, got {type(values).__name__}")
+        raise ProtocolTypeError(f"decode_legacy: values must be a sequence of numbers, got {type(values).__name__}")
     try:
         n = len(values)
     except TypeError:
-        raise ProtocolError(f"decode_legacy expects a sequence of numbers, got {type(values).__name__}") from None
+        raise ProtocolTypeError(
+            f"decode_legacy: values must be a sequence of numbers, got {type(values).__name__}"
+        ) from None
     if n != LEGACY_LENGTH:
-        raise ProtocolError(f"the published message has exactly {LEGACY_LENGTH} floats, got {n}")
+        raise ProtocolError(f"the published message (values) has exactly {LEGACY_LENGTH} floats, got {n}")
     floats: list[float] = []
     items: Sequence[object] = values  # callers may hand over anything; check each item
     for i, v in enumerate(items):
@@ -170,6 +174,7 @@ def decode_legacy(values: Sequence[float], *, num_layers: int | None = None) -> 
     Raises:
         ProtocolError: anything that does not fit the layout; the message names the index and what belongs there.
     """
+    CHECK.optional_int("decode_legacy: num_layers", num_layers, hi=LEGACY_LENGTH)
     floats = _as_floats(values)
     max_ranks = LEGACY_LENGTH - _FIRST_RANK
     frozen = _count(floats, 0, "number of frozen layers", 0, _MAX_EXACT_INT)

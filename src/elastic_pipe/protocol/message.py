@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 
 __all__ = ["MAX_GRAD_NORMS", "MAX_PIPE_LEN", "MAX_RANKS", "TransitionMessage"]
 
@@ -28,14 +28,14 @@ _U32_MAX = (1 << 32) - 1
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     # bool is an int subclass; True as a layer count is almost certainly a bug in the caller.
     if not isinstance(value, int) or isinstance(value, bool):
-        raise ProtocolError(f"TransitionMessage.{name} must be an int, got {value!r}")
+        raise ProtocolTypeError(f"TransitionMessage.{name} must be an int, got {value!r}")
     if not low <= value <= high:
         raise ProtocolError(f"TransitionMessage.{name} must be in [{low}, {high}], got {value}")
 
 
 def _check_float(name: str, value: object) -> None:
     if not isinstance(value, float | int) or isinstance(value, bool):
-        raise ProtocolError(f"TransitionMessage.{name} must be a float, got {value!r}")
+        raise ProtocolTypeError(f"TransitionMessage.{name} must be a float, got {value!r}")
     if not math.isfinite(value) or value < 0:
         raise ProtocolError(f"TransitionMessage.{name} must be finite and >= 0, got {value!r}")
 
@@ -80,7 +80,7 @@ class TransitionMessage:
         _check_int("microbatches", self.microbatches, 1, _U32_MAX)
         _check_float("max_cost_at_start", self.max_cost_at_start)
         if not isinstance(self.boundaries, tuple) or len(self.boundaries) != self.pipe_len + 1:
-            raise ProtocolError(
+            raise (ProtocolError if isinstance(self.boundaries, tuple) else ProtocolTypeError)(
                 f"TransitionMessage.boundaries must be a tuple of pipe_len + 1 = {self.pipe_len + 1} layer "
                 f"indices, got {self.boundaries!r}"
             )
@@ -95,7 +95,7 @@ class TransitionMessage:
                 f"TransitionMessage.boundaries must strictly increase (no empty stage), got {self.boundaries!r}"
             )
         if not isinstance(self.changed_ranks, tuple) or len(self.changed_ranks) > MAX_RANKS:
-            raise ProtocolError(
+            raise (ProtocolError if isinstance(self.changed_ranks, tuple) else ProtocolTypeError)(
                 f"TransitionMessage.changed_ranks must be a tuple of at most {MAX_RANKS} ranks, "
                 f"got {type(self.changed_ranks).__name__}"
                 + (f" of length {len(self.changed_ranks)}" if isinstance(self.changed_ranks, tuple) else "")
@@ -108,7 +108,7 @@ class TransitionMessage:
             )
         if self.grad_norms is not None:
             if not isinstance(self.grad_norms, tuple) or len(self.grad_norms) > MAX_GRAD_NORMS:
-                raise ProtocolError(
+                raise (ProtocolError if isinstance(self.grad_norms, tuple) else ProtocolTypeError)(
                     f"TransitionMessage.grad_norms must be None or a tuple of at most {MAX_GRAD_NORMS} floats, "
                     f"got {type(self.grad_norms).__name__}"
                 )

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import UnionType
 from typing import Literal, get_args
 
-from elastic_pipe.protocol.errors import ProtocolError
+from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 from elastic_pipe.protocol.frame import FRAME_BYTES
 
 __all__ = [
@@ -83,8 +84,13 @@ PARAM_PREFIX_BYTES = 2
 BODY_PREFIX_BYTES = 4
 
 
-def _fail(field: str, expected: str, value: object) -> ProtocolError:
-    return ProtocolError(f"StateEntry.{field} must be {expected}, got {value!r}")
+def _fail(field: str, expected: str, value: object, error: type[ProtocolError] = ProtocolError) -> ProtocolError:
+    return error(f"StateEntry.{field} must be {expected}, got {value!r}")
+
+
+def _error_for(value: object, kind: type | UnionType) -> type[ProtocolError]:
+    """:class:`ProtocolTypeError` when ``value`` is not even of the field's type, else :class:`ProtocolError`."""
+    return ProtocolError if isinstance(value, kind) else ProtocolTypeError
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +149,7 @@ class StateEntry:
 
     def __post_init__(self) -> None:
         if not isinstance(self.key, str):
-            raise _fail("key", "a str", self.key)
+            raise _fail("key", "a str", self.key, ProtocolTypeError)
         try:
             key_bytes = len(self.key.encode("utf-8"))
         except UnicodeEncodeError:
@@ -151,24 +157,27 @@ class StateEntry:
         if key_bytes > MAX_KEY_BYTES:
             raise _fail("key", f"at most {MAX_KEY_BYTES} UTF-8 bytes", self.key)
         if self.kind not in ENTRY_KINDS:
-            raise _fail("kind", f"one of {', '.join(ENTRY_KINDS)}", self.kind)
+            error = ProtocolError if isinstance(self.kind, str) else ProtocolTypeError
+            raise _fail("kind", f"one of {', '.join(ENTRY_KINDS)}", self.kind, error)
         if self.kind == "tensor":
             self._check_tensor()
             if self.value is not None:
                 raise _fail("value", "None for a tensor entry", self.value)
             return
-        for field in ("dtype", "shape", "device"):
-            if getattr(self, field) is not None:
-                raise _fail(field, f"None for a {self.kind} entry", getattr(self, field))
+        for field, kind in (("dtype", str), ("shape", tuple), ("device", str)):
+            given = getattr(self, field)
+            if given is not None:
+                raise _fail(field, f"None for a {self.kind} entry", given, _error_for(given, kind))
         v = self.value
         if self.kind == "none" and v is not None:
             raise _fail("value", "None for a none entry", v)
         if self.kind == "bool" and not isinstance(v, bool):
-            raise _fail("value", "a bool for a bool entry", v)
+            raise _fail("value", "a bool for a bool entry", v, _error_for(v, bool | int | float | None))
         if self.kind == "int" and (not isinstance(v, int) or isinstance(v, bool) or not _I64_MIN <= v <= _I64_MAX):
-            raise _fail("value", f"an int in [{_I64_MIN}, {_I64_MAX}] for an int entry", v)
+            error = _error_for(v, bool | int | float | None)
+            raise _fail("value", f"an int in [{_I64_MIN}, {_I64_MAX}] for an int entry", v, error)
         if self.kind == "float" and not isinstance(v, float):
-            raise _fail("value", "a float for a float entry", v)
+            raise _fail("value", "a float for a float entry", v, _error_for(v, bool | int | float | None))
 
     def _check_tensor(self) -> None:
         if self.dtype not in DTYPE_NAMES:
@@ -208,7 +217,7 @@ class OptimizerStateHeader:
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, tuple) or len(self.params) > MAX_STATE_PARAMS:
-            raise ProtocolError(
+            raise (ProtocolError if isinstance(self.params, tuple) else ProtocolTypeError)(
                 f"OptimizerStateHeader.params must be a tuple of at most {MAX_STATE_PARAMS} parameters, "
                 f"got {type(self.params).__name__}"
                 + (f" of length {len(self.params)}" if isinstance(self.params, tuple) else "")
@@ -216,14 +225,14 @@ class OptimizerStateHeader:
         size = FRAME_BYTES + BODY_PREFIX_BYTES
         for i, entries in enumerate(self.params):
             if not isinstance(entries, tuple) or len(entries) > MAX_STATE_ENTRIES:
-                raise ProtocolError(
+                raise (ProtocolError if isinstance(entries, tuple) else ProtocolTypeError)(
                     f"OptimizerStateHeader.params[{i}] must be a tuple of at most {MAX_STATE_ENTRIES} StateEntry, "
                     f"got {type(entries).__name__}"
                 )
             keys = set()
             for entry in entries:
                 if not isinstance(entry, StateEntry):
-                    raise ProtocolError(
+                    raise ProtocolTypeError(
                         f"OptimizerStateHeader.params[{i}] must hold StateEntry values, got {type(entry).__name__}"
                     )
                 if entry.key in keys:

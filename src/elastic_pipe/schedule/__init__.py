@@ -6,7 +6,7 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 
 from __future__ import annotations
 
-from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError
+from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError, ScheduleTypeError
 from elastic_pipe.schedule.gantt import KIND_COLOURS, gantt
 from elastic_pipe.schedule.generators import (
     GENERATORS,
@@ -47,6 +47,7 @@ __all__ = [
     "Schedule",
     "ScheduleError",
     "ScheduleGenerator",
+    "ScheduleTypeError",
     "Simulation",
     "StageTimes",
     "TuningRow",

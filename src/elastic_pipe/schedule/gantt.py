@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from elastic_pipe.schedule.errors import MissingExtraError
+from elastic_pipe.schedule.errors import CHECK, MissingExtraError
 from elastic_pipe.schedule.ir import ActionKind
 from elastic_pipe.schedule.simulate import Simulation
 
@@ -35,6 +35,10 @@ _WIDTH_IN = 12.0
 _BAR_HEIGHT = 0.8
 
 
+#: The highest resolution drawn (dots per inch); a larger one would build an image of gigabytes.
+MAX_DPI = 1_200
+
+
 def gantt(simulation: Simulation, path: str | Path, *, title: str | None = None, dpi: int = 120) -> Path:
     """Draw ``simulation`` as a PNG at ``path`` and return the path.
 
@@ -47,6 +51,11 @@ def gantt(simulation: Simulation, path: str | Path, *, title: str | None = None,
     Raises:
         MissingExtraError: matplotlib is not installed.
     """
+    CHECK.instance("simulation", simulation, Simulation)
+    CHECK.instance("path", path, str | Path)
+    if title is not None:
+        CHECK.str("title", title)
+    CHECK.int("dpi", dpi, lo=1, hi=MAX_DPI)
     try:  # optional extra: imported only when a chart is drawn
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415

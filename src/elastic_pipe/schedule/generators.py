@@ -31,12 +31,40 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from elastic_pipe.schedule.errors import ScheduleError
-from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
+from elastic_pipe.schedule.errors import CHECK, ScheduleError
+from elastic_pipe.schedule.ir import MAX_CHUNKS, MAX_MICROBATCHES, MAX_RANKS, Action, ActionKind, Schedule
 
-__all__ = ["GENERATORS", "ScheduleGenerator", "generate", "gpipe", "interleaved_1f1b", "one_f_one_b", "zb_h1"]
+__all__ = [
+    "GENERATORS",
+    "MAX_ACTIONS",
+    "ScheduleGenerator",
+    "check_shape",
+    "generate",
+    "gpipe",
+    "interleaved_1f1b",
+    "one_f_one_b",
+    "zb_h1",
+]
 
 FWD, BWD, IGRAD, WGRAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
+
+#: The most actions a generator builds (``ranks * chunks * microbatches`` stage-micro-batch pairs, up to three
+#: actions each): about a million, seconds of pure Python (1F1B with 128 ranks and 1024 micro-batches, 262k
+#: actions, takes 2-4 s on a busy 2-core machine); the CLI keeps a tighter limit because it also simulates.
+MAX_ACTIONS = 2**20
+
+
+def check_shape(ranks: int, microbatches: int, chunks: int) -> None:
+    """Raise :class:`ScheduleError` unless the three counts are ints in range and the schedule stays within
+    :data:`MAX_ACTIONS`."""
+    CHECK.int("ranks", ranks, lo=1, hi=MAX_RANKS)
+    CHECK.int("microbatches", microbatches, lo=1, hi=MAX_MICROBATCHES)
+    CHECK.int("chunks", chunks, lo=1, hi=MAX_CHUNKS)
+    if 3 * ranks * chunks * microbatches > MAX_ACTIONS:
+        raise ScheduleError(
+            f"ranks={ranks} x chunks={chunks} x microbatches={microbatches} makes up to "
+            f"{3 * ranks * chunks * microbatches} actions, above the limit of {MAX_ACTIONS}"
+        )
 
 
 class ScheduleGenerator(Protocol):
@@ -51,6 +79,7 @@ def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Acti
     With ``chunks > 1`` a rank runs its stages breadth first, the order of torch's ScheduleLoopedBFS: all forwards
     of its lowest stage, then the next stage's; backwards from its highest stage down, latest micro-batch first.
     """
+    check_shape(ranks, microbatches, chunks)
     out: dict[int, list[Action]] = {}
     backward_order = range(microbatches) if chunks == 1 else range(microbatches - 1, -1, -1)
     for rank in range(ranks):
@@ -63,6 +92,7 @@ def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Acti
 
 def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Action]]:
     """1F1B: ``min(p - r - 1, m)`` warm-up forwards on rank ``r``, then alternate forward and backward."""
+    check_shape(ranks, microbatches, chunks)
     if chunks != 1:
         raise ScheduleError(f"1f1b holds one stage per rank (chunks=1), got chunks={chunks}; use 'interleaved'")
     return {r: _one_f_one_b_rank(r, ranks, microbatches, split=False) for r in range(ranks)}
@@ -70,6 +100,7 @@ def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, lis
 
 def zb_h1(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Action]]:
     """ZB-H1: 1F1B with split backwards; rank ``r`` keeps up to ``r`` weight-gradient passes pending."""
+    check_shape(ranks, microbatches, chunks)
     if chunks != 1:
         raise ScheduleError(f"zb1p (ZB-H1) holds one stage per rank (chunks=1), got chunks={chunks}")
     return {r: _one_f_one_b_rank(r, ranks, microbatches, split=True) for r in range(ranks)}
@@ -101,6 +132,7 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> dict[int
     Raises:
         ScheduleError: ``chunks < 2`` (that is plain 1F1B) or ``microbatches`` not a multiple of ``ranks``.
     """
+    check_shape(ranks, microbatches, chunks)
     if chunks < 2:
         raise ScheduleError(f"interleaved needs chunks >= 2 stages per rank, got chunks={chunks}; use '1f1b'")
     if microbatches % ranks:
@@ -158,13 +190,11 @@ def generate(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> Sched
     Raises:
         ScheduleError: unknown kind (the message lists the valid ones), or parameters the generator refuses.
     """
+    check_shape(ranks, microbatches, chunks)
     try:
-        generator: Callable[[int, int, int], dict[int, list[Action]]] = GENERATORS[kind]
+        generator: Callable[[int, int, int], dict[int, list[Action]]] = GENERATORS[CHECK.str("kind", kind)]
     except KeyError:
         raise ScheduleError(f"unknown schedule kind {kind!r}: expected one of {', '.join(GENERATORS)}") from None
-    for name, value in (("ranks", ranks), ("microbatches", microbatches), ("chunks", chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ScheduleError(f"{name} must be an integer >= 1, got {value!r}")
     actions = generator(ranks, microbatches, chunks)
     return Schedule(
         kind=kind,

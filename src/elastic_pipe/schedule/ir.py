@@ -13,11 +13,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from elastic_pipe.schedule.errors import ScheduleError
+from elastic_pipe._checks import INT64_MAX
+from elastic_pipe.schedule.errors import CHECK, ScheduleError
 
-__all__ = ["Action", "ActionKind", "Schedule"]
+__all__ = ["MAX_CHUNKS", "MAX_MICROBATCHES", "MAX_RANKS", "Action", "ActionKind", "Schedule"]
 
 _ACTION_RE = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+#: Bounds on a schedule's shape, far beyond real pipelines (tens of ranks, hundreds of micro-batches, a few stages
+#: per rank): a schedule is a list of ``ranks * chunks * microbatches`` actions per kind, generated and played in
+#: pure Python, so larger ones would take minutes or exhaust memory.
+MAX_RANKS = 1_024
+MAX_MICROBATCHES = 16_384
+MAX_CHUNKS = 64
 
 
 class ActionKind(StrEnum):
@@ -41,7 +49,10 @@ class Action:
     microbatch: int
 
     def __post_init__(self) -> None:
-        if self.stage < 0 or self.microbatch < 0:
+        if type(self.stage) is not int or type(self.microbatch) is not int:  # one cheap test on the common path
+            CHECK.int("Action stage", self.stage)
+            CHECK.int("Action microbatch", self.microbatch)
+        if self.stage < 0 or self.microbatch < 0 or max(self.stage, self.microbatch) > INT64_MAX:
             raise ScheduleError(f"Action needs stage >= 0 and microbatch >= 0, got {self.stage}, {self.microbatch}")
         # accept the plain letter ("F") too, as torch's text form and JSON carry it
         object.__setattr__(self, "kind", _kind(self.kind))
@@ -63,6 +74,8 @@ class Action:
 
 
 def _kind(value: str) -> ActionKind:
+    if type(value) is not ActionKind:  # the common case costs one test
+        CHECK.str("Action kind", value)
     try:
         return ActionKind(value)
     except ValueError:
@@ -91,6 +104,12 @@ class Schedule:
     placement: tuple[int, ...] = field(default=())
 
     def __post_init__(self) -> None:
+        CHECK.str("Schedule kind", self.kind)
+        CHECK.int("Schedule num_ranks", self.num_ranks, hi=MAX_RANKS)
+        CHECK.int("Schedule num_stages", self.num_stages, hi=MAX_RANKS * MAX_CHUNKS)
+        CHECK.int("Schedule microbatches", self.microbatches, hi=MAX_MICROBATCHES)
+        CHECK.mapping("Schedule actions", self.actions)
+        CHECK.ints("Schedule placement", self.placement, empty=True)
         if self.num_ranks < 1 or self.num_stages < 1 or self.microbatches < 1:
             raise ScheduleError(
                 "Schedule needs num_ranks, num_stages and microbatches >= 1, got "

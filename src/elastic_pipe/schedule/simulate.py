@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from numbers import Real
 from typing import Any
 
 from elastic_pipe.schedule.engine import run
-from elastic_pipe.schedule.errors import ScheduleError
+from elastic_pipe.schedule.errors import CHECK, ScheduleError
 from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
 from elastic_pipe.schedule.validate import check_structure
 
@@ -110,7 +111,7 @@ def simulate(
     inp = _per_stage("input_grad", input_grad, n) if input_grad is not None else [b * _SPLIT_SHARE for b in bwd]
     wgt = _per_stage("weight_grad", weight_grad, n) if weight_grad is not None else [b * _SPLIT_SHARE for b in bwd]
     extra = _per_stage("overhead", overhead, n)
-    hops = _per_stage("transfer", transfer, n - 1) if n > 1 else []
+    hops = _per_stage("transfer", transfer, n - 1) if n > 1 else _per_stage("transfer", transfer, 1)[:0]
     durations = [[c + o for c, o in zip(costs, extra, strict=True)] for costs in (fwd, bwd, inp, wgt)]
     timeline = run(schedule, durations, hops)
     ranks = range(schedule.num_ranks)
@@ -133,6 +134,7 @@ def simulate(
 
 def peak_activations(schedule: Schedule) -> tuple[int, ...]:
     """Per stage, the most micro-batches whose activations are held at once (order on the rank decides it)."""
+    CHECK.instance("schedule", schedule, Schedule)
     held = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
     for acts in schedule.actions.values():
@@ -146,7 +148,10 @@ def peak_activations(schedule: Schedule) -> tuple[int, ...]:
 
 
 def _per_stage(name: str, value: Cost, n: int) -> list[float]:
-    values = [float(value)] * n if isinstance(value, int | float) else [float(v) for v in value]
+    if isinstance(value, Real):
+        values = [float(value)] * n
+    else:
+        values = [CHECK.number(f"{name}[{i}]", v) for i, v in enumerate(CHECK.items(name, value))]
     if len(values) != n:
         raise ScheduleError(f"{name} needs 1 or {n} values, got {len(values)}")
     bad = [v for v in values if not math.isfinite(v) or v < 0]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from elastic_pipe.schedule.errors import ScheduleError
+from elastic_pipe.schedule.errors import CHECK, ScheduleError
 from elastic_pipe.schedule.ir import Schedule
 
 if TYPE_CHECKING:  # torch is imported only when a schedule is lowered, so the rest of the package stays light
@@ -33,6 +33,7 @@ __all__ = ["torch_actions", "torch_schedule"]
 
 def torch_actions(schedule: Schedule) -> dict[int, list[Any]]:
     """The schedule as torch's compute-only ``pipeline_order``: rank -> list of torch ``_Action`` objects."""
+    CHECK.instance("schedule", schedule, Schedule)
     from torch.distributed.pipelining.schedules import _Action  # noqa: PLC0415 (keeps import of the package light)
 
     return {rank: [_Action.from_str(str(a)) for a in acts] for rank, acts in schedule.actions.items()}
@@ -65,6 +66,10 @@ def torch_schedule(
     Raises:
         ScheduleError: the stages do not match the schedule's placement, stage count or group size.
     """
+    CHECK.instance("schedule", schedule, Schedule)
+    CHECK.int("rank", rank, hi=schedule.num_ranks - 1)
+    stages = CHECK.items("stages", stages, empty=True)
+    CHECK.callable("loss_fn", loss_fn)
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime  # noqa: PLC0415 (see _Action)
 
     if not stages:

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_pipe.schedule.errors import ScheduleError
+from elastic_pipe.schedule.errors import CHECK, ScheduleError, ScheduleTypeError
 from elastic_pipe.schedule.generators import generate
+from elastic_pipe.schedule.ir import MAX_CHUNKS, MAX_MICROBATCHES, MAX_RANKS
 from elastic_pipe.schedule.simulate import simulate
 
 __all__ = [
@@ -55,8 +56,9 @@ class StageTimes:
     transfer: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "forward", tuple(float(v) for v in self.forward))
-        object.__setattr__(self, "backward", tuple(float(v) for v in self.backward))
+        object.__setattr__(self, "forward", tuple(CHECK.floats("StageTimes forward", self.forward)))
+        object.__setattr__(self, "backward", tuple(CHECK.floats("StageTimes backward", self.backward)))
+        CHECK.float("StageTimes transfer", self.transfer)
         if len(self.forward) != len(self.backward) or not self.forward:
             raise ScheduleError(
                 f"StageTimes needs as many forward as backward times (>= 1), got {len(self.forward)} and "
@@ -100,6 +102,10 @@ class LinearCost:
     overlap: bool = False
 
     def __post_init__(self) -> None:
+        for key in ("forward_per_sample", "backward_per_sample", "host_per_microbatch"):
+            object.__setattr__(self, key, tuple(CHECK.floats(f"LinearCost {key}", getattr(self, key))))
+        CHECK.float("LinearCost transfer_per_sample", self.transfer_per_sample)
+        CHECK.float("LinearCost transfer_latency", self.transfer_latency)
         lengths = {len(self.forward_per_sample), len(self.backward_per_sample), len(self.host_per_microbatch)}
         if len(lengths) != 1 or 0 in lengths:
             raise ScheduleError(
@@ -204,8 +210,14 @@ def tune_microbatches(
     Raises:
         ScheduleError: no candidate is feasible, a measured size is missing, or the costs are malformed.
     """
-    if global_batch < 1 or pipe_len < 1:
-        raise ScheduleError(f"global_batch and pipe_len must be >= 1, got {global_batch}, {pipe_len}")
+    if not (callable(cost) or isinstance(cost, Mapping)):
+        raise ScheduleTypeError(f"cost must be a function of the micro-batch size or a mapping, got {cost!r}")
+    CHECK.int("global_batch", global_batch, lo=1)
+    CHECK.int("pipe_len", pipe_len, lo=1, hi=MAX_RANKS)
+    CHECK.str("kind", kind)
+    CHECK.int("chunks", chunks, lo=1, hi=MAX_CHUNKS)
+    if candidates is not None:
+        candidates = CHECK.ints("candidates", candidates, hi=MAX_MICROBATCHES)
     low, high = PUBLISHED_SEARCH_FACTORS
     tried = sorted(set(candidates if candidates is not None else range(low * pipe_len, high * pipe_len + 1)))
     rows: list[TuningRow] = []

@@ -10,7 +10,7 @@ blocking receives), which the dataflow engine decides by playing it with unit co
 from __future__ import annotations
 
 from elastic_pipe.schedule.engine import KIND_CODE, run
-from elastic_pipe.schedule.errors import ScheduleError
+from elastic_pipe.schedule.errors import CHECK, ScheduleError
 from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
 
 __all__ = ["validate"]
@@ -32,6 +32,7 @@ def validate(schedule: Schedule) -> None:
 
 def check_structure(schedule: Schedule) -> None:
     """Everything :func:`validate` checks except deadlock freedom (cheap: one pass over the actions)."""
+    CHECK.instance("schedule", schedule, Schedule)
     num_stages, mbs = schedule.num_stages, schedule.microbatches
     # position[kind][stage * mbs + mb] = index of that action in its rank's list, -1 when absent
     position = {kind: [-1] * (num_stages * mbs) for kind in ActionKind}
