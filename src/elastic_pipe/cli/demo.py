@@ -44,7 +44,7 @@ EPOCH_KEYS = ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 6)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 8)")
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the reference (the 2-stage pipeline without freezing)"
     )

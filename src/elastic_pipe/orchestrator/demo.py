@@ -21,13 +21,18 @@ Why this setting, on a machine of 2 CPU cores:
   3.2M parameters; the pipeline runs 4 micro-batches of 8 samples (GPipe), 1 stage x 2 replicas 16 samples a
   replica. Forward, backward, the optimizer and the gradient all-reduce all scale with the active layers, so a
   frozen, cached block takes its share out of each of them.
-* **FreezeOut with ``t0 = 0.6``**, decisions after every epoch: block ``i`` stops at the fraction
-  ``0.6 + 0.4 * i / 6`` of the run, so frozen blocks by epoch are 0, 0, 0, 0, 2, 4 and the last epoch runs as
-  1 stage x 2 replicas. Measured: ``t0 = 0.5`` (0, 0, 0, 1, 3, 5 frozen) ended 2 points below the reference,
-  ``t0 = 0.6`` with a decision every 11 steps 1.7 points below, the default policy (``drift``) froze all 6 blocks
-  at once in epoch 4 and ended 2.8 points below; ``t0 = 0.6`` after every epoch stays within a point. The schedule
-  skips 6 of 36 block-epochs and runs one epoch data-parallel, so the speedup is modest: what the schedule and the
-  shorter pipeline save, minus the transitions.
+* **8 epochs, FreezeOut with ``t0 = 0.4``**, decisions after every epoch: block ``i`` stops at the fraction
+  ``0.4 + 0.6 * i / 6`` of the run, so frozen blocks by epoch are 0, 0, 0, 0, 2, 3, 4, 5: the first 4 epochs train
+  everything (the same work in both runs), epoch 5 runs the 2-stage pipeline over 4 active blocks, and the last 3
+  epochs run as 1 stage x 2 replicas over 3, 2 and 1 active blocks. Where the time goes (idle
+  cores): a pipeline epoch takes about 1.5 s (each stage one core, a bubble of 1/5 with 4 micro-batches), a
+  compressed epoch 0.4-0.8 s (no bubble, the frozen blocks neither computed nor all-reduced), a transition
+  about 0.2 s; the schedule skips 14 of 48 block-epochs. The saving must outweigh the drift of a machine's load
+  between the two runs, so the schedule compresses early enough for 3 of the 8 epochs to run compressed.
+  Measured at 8 epochs (the reference 0.944): ``t0 = 0.4`` 0.942, ``t0 = 0.5`` 0.944, ``t0 = 0.6`` 0.958
+  (compressed for 2 epochs, skipping 9 block-epochs); at 6 epochs, ``t0 = 0.5`` ended 2 points below the
+  reference, ``t0 = 0.6`` with a decision every 11 steps 1.7 points below and the default policy (``drift``),
+  which froze all 6 blocks at once in epoch 4, 2.8 points below. The held-out set is 359 digits: a point is 3.6 of them.
 
 On a busy machine the timings drift with its load; the demo reports the epochs before the first freeze, which do
 the same work in both runs, so that the drift is visible next to the speedup.
@@ -62,15 +67,15 @@ DEMO: dict[str, dict[str, Any]] = {
     "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4, "dim": 256, "mlp_dim": 512}},
     "data": {"dataset": "digits"},
     "train": {
-        "epochs": 6,
-        # 32 samples a step: 44 steps an epoch, enough updates for the reference to pass 95% in 6 epochs.
+        "epochs": 8,
+        # 32 samples a step: 44 steps an epoch; the reference passes 95% after 6 epochs and ends at 94.4%.
         "global_batch": 32,
         "optimizer": "adamw",
         "lr": 0.001,
         "warmup_steps": 10,
         "lr_schedule": "cosine",
     },
-    "freeze": {"policy": "freezeout", "options": {"t0": 0.6}},
+    "freeze": {"policy": "freezeout", "options": {"t0": 0.4}},
     "pipeline": {
         "pipe_len": 2,
         # below the whole training state (48.4 MiB): the job starts as a 2-stage pipeline (24.2 MiB a rank)
