@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from elastic_pipe.cli.demo import render
+from elastic_pipe.cli.demo import render as render_demo
+from elastic_pipe.cli.train import render as render_train
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -1077,8 +1078,35 @@ ROWS += [
 def test_the_demos_output_in_the_docs_is_the_result_files() -> None:
     """docs/training.md quotes what ``elastic-pipe demo`` prints, rendered from demo_cpu.json: after a re-run of
     ``elastic-pipe demo --json --no-plot > benchmarks/results/demo_cpu.json``, paste the block this test expects."""
-    block = render(_result(DEMO_CPU))
+    block = render_demo(_result(DEMO_CPU))
     assert _squash(f"```\n{block}\n```") in _text("docs/training.md"), f"docs/training.md should quote:\n{block}"
+
+
+MINILM_CPU = "minilm_bbc_cpu.json"  # elastic-pipe train --config examples/minilm_bbc.toml --json, same machine
+
+ROWS += [
+    ("docs/minilm_bbc.md", "test articles after every epoch: {} after", MINILM_CPU, "epochs.0.eval_accuracy", ".1%"),
+    ("docs/minilm_bbc.md", "after the first epoch, {} after the third", MINILM_CPU, "final_accuracy", ".1%"),
+    ("docs/minilm_bbc.md", "the throughput went from {} to", MINILM_CPU, "epochs.0.samples_per_s", ".1f"),
+    ("docs/minilm_bbc.md", "to {} samples/s. At the second", MINILM_CPU, "epochs.1.samples_per_s", ".1f"),
+    ("docs/minilm_bbc.md", "that transition took {} s,", MINILM_CPU, "transitions.1.seconds", ".1f"),
+    (
+        "docs/minilm_bbc.md",
+        "s, {} s of it extending the activation cache",
+        MINILM_CPU,
+        "transitions.1.phases.cache",
+        ".1f",
+    ),
+    ("docs/minilm_bbc.md", "The last epoch ran at {} samples/s", MINILM_CPU, "epochs.2.samples_per_s", ".1f"),
+    ("docs/minilm_bbc.md", "The run took {} s on rank 0", MINILM_CPU, "seconds", ".1f"),
+    ("docs/minilm_bbc.md", "on rank 0, {} s of them the first epoch", MINILM_CPU, "epochs.0.seconds", ".1f"),
+]
+
+
+def test_the_minilm_examples_table_in_its_doc_is_the_result_files() -> None:
+    """docs/minilm_bbc.md quotes the table ``elastic-pipe train`` prints for the run in minilm_bbc_cpu.json."""
+    table = render_train(_result(MINILM_CPU))
+    assert _squash(f"```\n{table}\n```") in _text("docs/minilm_bbc.md"), f"docs/minilm_bbc.md should quote:\n{table}"
 
 
 #: The demo's memory budget, quoted in MiB: (doc, text with ``{}``, path in demo_cpu.json of a byte count).
@@ -1148,6 +1176,7 @@ def test_rows_are_distinct_and_cover_every_doc_that_quotes_results() -> None:
         "docs/cache.md",
         "docs/data.md",
         "docs/freeze.md",
+        "docs/minilm_bbc.md",
         "docs/training.md",
     }
 
