@@ -56,7 +56,9 @@ def test_config_is_a_budgeted_pipeline_with_freezeout_over_the_whole_run() -> No
     assert dict(config.freeze.options) == {"t0": 0.4, "total_steps": 44 * 8}
     assert dict(demo_config({"train.epochs": 2}).freeze.options)["total_steps"] == 88
     reference = config.override(REFERENCE)
-    assert (reference.freeze.policy, reference.pipeline.cache) == ("never", "off")
+    assert reference.freeze.policy == "never"
+    a, b = reference.to_dict(), config.to_dict()
+    assert {s: a[s] for s in a if s != "freeze"} == {s: b[s] for s in b if s != "freeze"}  # freezing alone differs
     assert reference.pipeline.memory_budget_bytes == config.pipeline.memory_budget_bytes  # the same budget
 
 
