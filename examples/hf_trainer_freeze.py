@@ -6,6 +6,9 @@ What it shows:
     found by the adapter; the embeddings freeze with the first block);
   * the decisions in ``trainer.state.log_history`` (and ``frozen_blocks`` in every log line);
   * the same run without the callback, for the accuracy and time side by side;
+  * ``FreezeCallback(cache=True)``: the frozen blocks run once per sample, later steps start from their cached
+    output; the dataset returns each sample's position under ``idx`` and ``remove_unused_columns=False`` keeps it
+    (the callback takes it out of the model's arguments);
   * the callback's state beside each checkpoint (``elastic_pipe_freeze.json``), so that
     ``trainer.train(resume_from_checkpoint=True)`` resumes exactly.
 
@@ -32,14 +35,15 @@ TRAIN = 1000
 
 
 class Digits(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        self.x, self.y = x, y
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, indexed: bool = False) -> None:
+        self.x, self.y, self.indexed = x, y, indexed
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"pixel_values": self.x[i], "labels": self.y[i]}
+        sample = {"pixel_values": self.x[i], "labels": self.y[i]}
+        return {**sample, "idx": torch.tensor(i)} if self.indexed else sample
 
 
 def build(seed: int) -> ViTForImageClassification:
@@ -59,10 +63,19 @@ def build(seed: int) -> ViTForImageClassification:
     return ViTForImageClassification(config)
 
 
-def train(freeze: bool, epochs: int, seed: int, out: Path) -> dict[str, Any]:
+#: The arms: the callback's options, or None for no callback.
+ARMS: dict[str, dict[str, Any] | None] = {
+    "no freezing": None,
+    "FreezeCallback()": {},
+    "FreezeCallback(cache=True)": {"cache": True},
+}
+
+
+def train(options: dict[str, Any] | None, epochs: int, seed: int, out: Path) -> dict[str, Any]:
     digits = load_digits()
     x, y = digits.inputs, digits.labels
     model = build(seed)
+    cached = bool(options and options.get("cache"))
     args = TrainingArguments(
         output_dir=str(out),
         per_device_train_batch_size=50,
@@ -76,9 +89,11 @@ def train(freeze: bool, epochs: int, seed: int, out: Path) -> dict[str, Any]:
         use_cpu=True,
         disable_tqdm=True,
         seed=seed,
+        remove_unused_columns=not cached,  # keep idx for the cache
     )
-    callbacks = [FreezeCallback()] if freeze else []
-    trainer = Trainer(model=model, args=args, train_dataset=Digits(x[:TRAIN], y[:TRAIN]), callbacks=callbacks)
+    callbacks = [] if options is None else [FreezeCallback(**options)]
+    data = Digits(x[:TRAIN], y[:TRAIN], indexed=cached)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -95,17 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, default=None, help="write both runs' results here")
+    parser.add_argument("--json", type=Path, default=None, help="write the runs' results here")
     args = parser.parse_args(argv)
     if args.epochs < 1:
         parser.error(f"--epochs must be >= 1, got {args.epochs}")
     torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and fair on a shared machine
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, freeze in (("no freezing", False), ("FreezeCallback()", True)):
-            runs[name] = r = train(freeze, args.epochs, args.seed, Path(tmp) / name.replace(" ", "_"))
+        for i, (name, options) in enumerate(ARMS.items()):
+            runs[name] = r = train(options, args.epochs, args.seed, Path(tmp) / f"arm{i}")
             print(
-                f"{name:>17}: held-out accuracy {r['accuracy']:.1%}, {r['seconds']:.1f} s for {r['steps']} steps, "
+                f"{name:>26}: held-out accuracy {r['accuracy']:.1%}, {r['seconds']:.1f} s for {r['steps']} steps, "
                 f"freezes (step, blocks frozen): {r['timeline'] or 'none'}"
             )
     if args.json is not None:

@@ -211,6 +211,39 @@ TRAIN_CASES: list[tuple[str, str, str]] = [
     ("bad import path", "[data]\ndataset = 'os:no_such_loader'\n", "no_such_loader"),
     ("bad import path", "!\n[model]\nname = 'no_such_module_xyz:build'\n", "no_such_module_xyz"),
     ("bad import path", "!\n[model]\nname = 'os.path:join'\n", "'os.path:join'"),
+    # a module that raises when imported (tests/plugins/plug_import_fails.py): the key and the exception
+    ("bad import path", "[freeze]\npolicy = 'plug_import_fails:Policy'\n", "([freeze] policy): importing"),
+    ("bad import path", "[data]\ndataset = 'plug_import_fails:digits'\n", "([data] dataset): importing"),
+    ("bad import path", "!\n[model]\nname = 'plug_import_fails:build'\n", "([model] name): importing"),
+    # a solver that is not callable or raises, a compression rule or a policy that raises
+    # (tests/plugins/plug_broken.py): found before any worker starts
+    (
+        "broken solver",
+        "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\nsolver = 'plug_broken:NOT_CALLABLE'"),
+        "([pipeline] solver) is a int, not",
+    ),
+    (
+        "broken solver",
+        "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\nsolver = 'plug_broken:broken_solver'"),
+        "ZeroDivisionError",
+    ),
+    (
+        "broken solver",
+        "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\ncompression = 'plug_broken:BROKEN_RULE'"),
+        "[pipeline] compression 'plug_broken:BROKEN_RULE' failed on the layout after freezing one unit: KeyError",
+    ),
+    (
+        "broken solver",
+        "!" + TRAIN_BASE.replace("pipe_len = 2", "pipe_len = 2\ncompression = 'plug_broken:NOT_CALLABLE'"),
+        "([pipeline] compression 'plug_broken:NOT_CALLABLE') lacks the CompressionRule members",
+    ),
+    ("broken policy", "[freeze]\npolicy = 'plug_broken:undecided'\n", "failed on the first decision (epoch 1"),
+    # fewer training samples than one global batch (20 items, 4 held out): before any worker starts
+    (
+        "dataset shorter than the global batch",
+        "[data]\ndataset = 'plug_data:flipped_digits'\noptions = { samples = 20 }\n",
+        "exceeds the 16 training samples",
+    ),
     ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ device = '20 gigs' }}\n", "'20 gigs'"),
     ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_tiers = {{ hots = '1GiB' }}\n", "'hots'"),
     ("cache tiers", f"!{TRAIN_HEAD}[pipeline]\ncache_policy = 'sometimes'\n", "'sometimes'"),
@@ -263,9 +296,10 @@ def _train_fails_with_one_line(argv: list[str], needle: str, capsys: pytest.Capt
 
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[f"{c[0]}:{c[1][:40]}" for c in TRAIN_CASES])
 def test_bad_train_config_exits_2_with_one_line(
-    case: tuple[str, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    case: tuple[str, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     category, toml, needle = case
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "plugins"))
     path = tmp_path / "run.toml"
     path.write_text(toml[1:] if toml.startswith("!") else TRAIN_BASE + toml, encoding="utf-8")
     handled, detail = _train_fails_with_one_line(["train", "--config", str(path)], needle, capsys)

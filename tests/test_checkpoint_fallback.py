@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -240,6 +242,161 @@ def test_a_run_whose_index_is_lost_resumes_from_the_file_it_names(tmp_path: Path
     lines = run_distributed(_resume_after_losing_the_index, 2, str(ckpt), timeout=240)[0]
     assert f"resuming from epoch 3 step 8 ({ckpt / 'epoch-0002.pt'})" in lines, lines  # not afresh, not epoch 3's
     assert lines[-1] == "epochs [0, 1, 2, 3]", lines  # the history of the first two epochs, then the last two
+
+
+# --- checks made inside the workers: every rank checks before the resume decision, the ranks agree -----------------
+
+
+def _rewrite_main(directory: Path, name: str) -> None:
+    """Write ``name``'s main file again, recording its shards' current SHA-256 (a save that was consistent)."""
+    main = torch.load(directory / name, weights_only=True)
+    main["shards"]["sha256"] = shard_digests(directory, main["shards"]["files"])
+    old = json.loads(manifest_path(directory / name).read_text(encoding="utf-8"))
+    meta = {k: v for k, v in old.items() if k not in ("format", "file", "sha256", "bytes", "tensors")}
+    write_checkpoint(directory, name, main, meta)
+
+
+def _resave_shard(directory: Path, name: str, value: float) -> None:
+    """Stage 1's shard of ``name`` saved again with every weight ``value``, its manifest and the main file's record
+    matching: only the value check can refuse it."""
+    shard_file = shard_name(name, 1)
+    shard = torch.load(directory / shard_file, weights_only=True)
+    shard["model"] = {k: torch.full_like(v, value) for k, v in shard["model"].items()}
+    write_shard(directory, shard_file, shard)
+    _rewrite_main(directory, name)
+
+
+def _edit_json(path: Path, edit: Any) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    edit(data)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def _flip_crc(manifest: dict[str, Any]) -> None:
+    key = next(iter(manifest["tensors"]))
+    manifest["tensors"][key] ^= 1
+
+
+def _flip_fingerprint(manifest: dict[str, Any]) -> None:
+    manifest["fingerprint"]["shapes"][0][0] ^= 1
+
+
+#: Damage to the newest checkpoint (epoch-0002.pt) that only a check inside the workers sees: stage 1's shard, which
+#: rank 1 checks (the other rank finds nothing wrong), or the main manifest; what the warning names.
+WORKER_DAMAGE: dict[str, tuple[Any, str]] = {
+    "nan values, matching checksums": (lambda d, n: _resave_shard(d, n, math.nan), "non-finite values"),
+    "huge values, matching checksums": (lambda d, n: _resave_shard(d, n, 1e35), "magnitude"),
+    "flipped CRC in a shard manifest": (
+        lambda d, n: _edit_json(manifest_path(d / shard_name(n, 1)), _flip_crc),
+        "fails its CRC-32",
+    ),
+    "a shard manifest whose CRC table is a number": (
+        lambda d, n: _edit_json(manifest_path(d / shard_name(n, 1)), lambda m: m.update(tensors=5)),
+        "cannot be checked",
+    ),
+    "non-UTF-8 shard manifest": (
+        lambda d, n: manifest_path(d / shard_name(n, 1)).write_bytes(b'{"sha256": "\xff"}'),
+        "no readable manifest",
+    ),
+    "non-UTF-8 main manifest": (lambda d, n: manifest_path(d / n).write_bytes(b'{"file": "\xfe"}'), "manifest"),
+    "fingerprint bit flip in the main manifest": (
+        lambda d, n: _edit_json(manifest_path(d / n), _flip_fingerprint),
+        "another model",
+    ),
+}
+
+
+def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.checkpoint import Checkpointer
+    from elastic_pipe.orchestrator.workload import Split
+
+    d = load_digits()
+    data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
+    source = Path(root) / "ckpt"
+    found: dict[str, Any] = {}
+    with ElasticTrainer(config_from_tables(_tables(2, str(source))), data=data, quiet=True) as trainer:
+        trainer.fit()
+        for i, (kind, (damage, _)) in enumerate(WORKER_DAMAGE.items()):
+            copy = Path(root) / f"case{i}"
+            if ctx.rank == 0:
+                shutil.copytree(source, copy)
+                damage(copy, "epoch-0002.pt")
+            dist.barrier()
+            config = config_from_tables(_tables(2, str(copy)))
+            with _warnings("elastic_pipe.orchestrator.checkpoint") as warned:
+                try:
+                    hit = Checkpointer(config).find(trainer)
+                    found[kind] = (hit and hit.path.name, warned)
+                except ConfigError as exc:
+                    found[kind] = (f"error: {exc}", warned)
+        # and the run resumes from the older file, saying so: a NaN shard only rank 1 sees
+        if ctx.rank == 0:
+            _resave_shard(source, "epoch-0002.pt", math.nan)
+        dist.barrier()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), ElasticTrainer(config_from_tables(_tables(3, str(source))), data=data) as t:
+        result = t.fit().to_dict()
+    found["resumed"] = [*err.getvalue().splitlines(), f"epochs {[e['epoch'] for e in result['epochs']]}"]
+    return found
+
+
+@contextlib.contextmanager
+def _warnings(logger: str) -> Any:
+    """The warnings ``logger`` emits in the block (a list, filled as they come)."""
+    seen: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler, target = _Keep(logging.WARNING), logging.getLogger(logger)
+    target.addHandler(handler)
+    try:
+        yield seen
+    finally:
+        target.removeHandler(handler)
+
+
+@pytest.mark.distributed
+def test_checks_inside_the_workers_fall_back_to_the_older_checkpoint_on_every_rank(tmp_path: Path) -> None:
+    ranks = run_distributed(_find_after_damage, 2, str(tmp_path), timeout=300)
+    for kind, (_, needle) in WORKER_DAMAGE.items():
+        loaded = [r[kind][0] for r in ranks]
+        warned = [w for r in ranks for w in r[kind][1]]
+        handled = (
+            loaded == ["epoch-0001.pt", "epoch-0001.pt"]  # both ranks agree on the older file
+            and len(warned) == 1  # one warning, by the rank that refused it, naming the file and the reason
+            and "epoch-0002.pt" in warned[0]
+            and needle in warned[0]
+        )
+        _count(f"worker check: {kind}", handled)
+        assert handled, (kind, loaded, warned)
+    lines = ranks[0]["resumed"]
+    assert f"resuming from epoch 2 step 4 ({tmp_path / 'ckpt' / 'epoch-0001.pt'})" in lines, lines
+    assert lines[-1] == "epochs [0, 1, 2]", lines  # the older checkpoint's history, then epochs 2 and 3 trained again
+    _count("worker check: the run resumes from the older file", True)
+
+
+def test_preflight_passes_a_newest_checkpoint_whose_fingerprint_flipped_when_an_older_one_fits(tmp_path: Path) -> None:
+    from elastic_pipe.orchestrator import config_from_tables, preflight
+    from elastic_pipe.orchestrator.checkpoint import fingerprint
+    from elastic_pipe.orchestrator.components import build_model
+
+    config = config_from_tables(_tables(2, str(tmp_path)))
+    mine = fingerprint(build_model(config))
+    for epoch in (1, 2):
+        write_checkpoint(
+            tmp_path, f"epoch-{epoch:04d}.pt", _state(1.0), {"epoch": epoch, "step": 4, "fingerprint": mine}
+        )
+    _edit_json(manifest_path(tmp_path / "epoch-0002.pt"), _flip_fingerprint)
+    assert preflight(config)["resume"]["epoch"] == 1  # the workers skip the newest (with a warning), not the run
+    _edit_json(manifest_path(tmp_path / "epoch-0001.pt"), _flip_fingerprint)
+    with pytest.raises(ConfigError, match="another model"):  # no checkpoint there fits the model
+        preflight(config)
 
 
 def test_zz_counts_per_category(capsys: pytest.CaptureFixture[str]) -> None:

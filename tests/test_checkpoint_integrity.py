@@ -250,3 +250,18 @@ def test_keep_last_prunes_the_oldest_checkpoints(keep: int, kept: list[str], tmp
     assert sorted(p.name for p in deleted) == sorted(set(NAMES) - set(kept))
     assert all(not manifest_path(p).exists() for p in deleted)
     assert all(manifest_path(tmp_path / n).exists() for n in kept)
+
+
+def test_the_checkpointer_never_imports_the_trainer() -> None:
+    """checkpoint.py needs only the Checkpointable protocol: no import of the trainer, not even for type checking."""
+    import ast
+
+    from elastic_pipe.orchestrator import checkpoint
+
+    tree = ast.parse(Path(checkpoint.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert (
+        "elastic_pipe.orchestrator.trainer" not in imported and "elastic_pipe.orchestrator.checkpoint_files" in imported
+    )
+    assert {"ctx", "state", "state_dict", "load_state_dict"} <= set(dir(checkpoint.Checkpointable))

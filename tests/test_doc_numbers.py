@@ -1088,6 +1088,43 @@ def lookup(data: Any, path: str) -> float:
     return float(value)
 
 
+LCPU = "lightning_callback_cpu.json"  # docs/integrations.md: the Lightning callback on MiniLM, CPU
+LC = "arms."
+ROWS += [
+    ("docs/integrations.md", "| no callback | {} | 52.6 |", LCPU, LC + "none.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "| no callback | 47.92% | {} | - |", LCPU, LC + "none.cpu_seconds_mean", ".1f"),
+    ("docs/integrations.md", "| 52.6 | - | {} |", LCPU, LC + "none.wall_seconds_mean", ".1f"),
+    (
+        "docs/integrations.md",
+        "| `FreezeCallback(cache=True)` | {} | 22.5 |",
+        LCPU,
+        LC + "freeze.accuracy_mean",
+        ".2%",
+    ),
+    (
+        "docs/integrations.md",
+        "(cache=True)` | 47.92% | {} | 2.33x",
+        LCPU,
+        LC + "freeze.cpu_seconds_mean",
+        ".1f",
+    ),
+    ("docs/integrations.md", "| 22.5 | {}x | 62.4 |", LCPU, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    ("docs/integrations.md", "| 2.33x | {} |", LCPU, LC + "freeze.wall_seconds_mean", ".1f"),
+    ("docs/integrations.md", "query/value) | {} | 38.4 |", LCPU, LC + "lora.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "| 26.04% | {} | 1.37x |", LCPU, LC + "lora.cpu_seconds_mean", ".1f"),
+    ("docs/integrations.md", "| 38.4 | {}x | 77.4 |", LCPU, LC + "lora.cpu_speedup_over_none", ".2f"),
+    ("docs/integrations.md", "| 1.37x | {} |", LCPU, LC + "lora.wall_seconds_mean", ".1f"),
+    (
+        "docs/integrations.md",
+        "same accuracy in {}x less CPU",
+        LCPU,
+        LC + "freeze.cpu_speedup_over_none",
+        ".2f",
+    ),
+    ("docs/integrations.md", "learns much ({} on 5 classes", LCPU, LC + "none.accuracy_mean", ".0%"),
+]
+
+
 def test_lookup_reads_keys_indices_and_reductions() -> None:
     data = {"a": {"b[x=0.5]": [3.0, 1.0, 2.0]}}
     assert [lookup(data, f"a.b[x=0.5].{k}") for k in ("0", "2", "min", "max")] == [3.0, 2.0, 1.0, 3.0]
@@ -1105,6 +1142,7 @@ def test_rows_are_distinct_and_cover_every_doc_that_quotes_results() -> None:
         "docs/cache.md",
         "docs/data.md",
         "docs/freeze.md",
+        "docs/integrations.md",
         "docs/minilm_bbc.md",
         "docs/training.md",
     }

@@ -26,14 +26,15 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-def test_hf_trainer_example_runs_both_arms(tmp_path: Path) -> None:
+def test_hf_trainer_example_runs_every_arm(tmp_path: Path) -> None:
     pytest.importorskip("transformers")
     pytest.importorskip("accelerate")
     out = tmp_path / "hf.json"
     assert _load("hf_trainer_freeze").main(["--epochs", "2", "--json", str(out)]) == 0
     runs = json.loads(out.read_text())
-    assert set(runs) == {"no freezing", "FreezeCallback()"}
+    assert set(runs) == {"no freezing", "FreezeCallback()", "FreezeCallback(cache=True)"}
     assert runs["no freezing"]["timeline"] == []
+    assert runs["FreezeCallback(cache=True)"]["timeline"] == runs["FreezeCallback()"]["timeline"]
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["steps"] == 40 for r in runs.values())
 
 

@@ -3,6 +3,7 @@ DDP replicas identical. A tiny LightningModule with a block function (the user p
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ pytest.importorskip("lightning")
 import lightning.pytorch as pl
 
 from elastic_pipe import freeze
+from elastic_pipe.integrations import IntegrationError
 from elastic_pipe.integrations.lightning import FreezeCallback
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -52,6 +54,48 @@ class Net(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
+class Residual(nn.Sequential):
+    """A block whose output is all it passes on (its residual sum inside), as the cache needs."""
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + super().forward(h)
+
+
+class IndexedNet(Net):
+    """Net with residual blocks, trained on batches ``(x, y, idx)``; its embedding's compute is a layer inside it
+    (the cache stubs the units' own modules: a hook on them sees stand-in calls, one on an inner layer real work)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Sequential(nn.Linear(8, 16))
+        self.blocks = nn.ModuleList([Residual(nn.Linear(16, 16), nn.Tanh()) for _ in range(BLOCKS)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, _ = batch
+        return F.cross_entropy(self(x), y)
+
+
+class CountRows(pl.Callback):
+    """Rows through IndexedNet's embedding layer and each block's linear layer, counted by forward hooks."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (BLOCKS + 1)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        modules = [pl_module.embed[0], *(b[0] for b in pl_module.blocks)]  # type: ignore[index, union-attr]
+        for i, module in enumerate(modules):
+            module.register_forward_hook(functools.partial(self._count, i))
+
+    def _count(self, i: int, _module: nn.Module, args: tuple[torch.Tensor, ...], _output: object) -> None:
+        self.counts[i] += args[0].shape[0]
+
+
 def net_blocks(module: nn.Module) -> list[Any]:
     return [[module.embed, module.blocks[0]], *module.blocks[1:]]  # type: ignore[index]
 
@@ -69,10 +113,11 @@ def fit(
     epochs: int = 3,
     ckpt: str | None = None,
     extra: list[pl.Callback] | None = None,
+    net: type[Net] = Net,
     **options: Any,
 ) -> tuple[pl.Trainer, Net]:
     pl.seed_everything(0, verbose=False)
-    model = Net()
+    model = net()
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=root, every_n_epochs=1, save_top_k=-1, save_last=False)
     trainer = pl.Trainer(
         max_epochs=epochs,
@@ -86,7 +131,10 @@ def fit(
         **options,
     )
     # a fixed order: Lightning does not restore the global RNG a shuffling sampler draws from
-    loader = torch.utils.data.DataLoader(data(), batch_size=BATCH)
+    train = data()
+    if issubclass(net, IndexedNet):
+        train = torch.utils.data.TensorDataset(*train.tensors, torch.arange(SAMPLES))
+    loader = torch.utils.data.DataLoader(train, batch_size=BATCH)
     trainer.fit(model, loader, torch.utils.data.DataLoader(data(), batch_size=SAMPLES), ckpt_path=ckpt)
     return trainer, model
 
@@ -119,6 +167,45 @@ def test_resume_from_the_trainers_checkpoint_continues_exactly(tmp_path: Path) -
         assert resumed.controller.policy.state_dict() == full.controller.policy.state_dict()  # type: ignore[union-attr]
         for (name, a), b in zip(model.named_parameters(), again.parameters(), strict=True):
             assert torch.equal(a, b), f"{name} differs after resuming from {ckpt.name}"
+
+
+def test_the_cache_runs_the_frozen_prefix_once_per_sample_and_resumes_exactly(tmp_path: Path) -> None:
+    runs = {}
+    for cache in (False, True):
+        callback = FreezeCallback(
+            freeze.ManualSchedule(BLOCKS, {1: 2}), blocks=net_blocks, cache=cache, index_key=2
+        )  # batches (x, y, idx): the index at position 2
+        count = CountRows()
+        _, model = fit(tmp_path / str(cache), callback, net=IndexedNet, extra=[count], devices=1)
+        runs[cache] = (count.counts, model, callback)
+    (plain, model, _), (cached, cached_model, callback) = runs[False], runs[True]
+    # 3 epochs, each with a validation of every sample; 2 of 4 blocks frozen after the first epoch: with the cache
+    # the embedding and the frozen blocks train on each sample once in epoch 0 and once in the 2 epochs after it
+    validated = 3 * SAMPLES
+    assert plain == [3 * SAMPLES + validated] * (BLOCKS + 1)
+    assert cached == [2 * SAMPLES + validated] * 3 + [3 * SAMPLES + validated + 2 * BATCH] * 2  # + the check
+    assert callback.cache is not None and callback.cache.filled == SAMPLES
+    for (name, a), b in zip(model.named_parameters(), cached_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=f"{name} differs with the cache")
+    ckpt = tmp_path / "True" / "epoch=1-step=8.ckpt"  # after the freeze: the resumed run fills the cache again
+    resumed = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2}), blocks=net_blocks, cache=True, index_key=2)
+    _, again = fit(tmp_path / "again", resumed, net=IndexedNet, ckpt=str(ckpt), devices=1)
+    assert resumed.cache is not None and resumed.cache.filled == SAMPLES
+    for (name, a), b in zip(cached_model.named_parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name} differs after resuming from {ckpt.name} with the cache"
+
+
+class ResidualOutside(IndexedNet):
+    """IndexedNet summing each block's output into the stream outside the block, as Net does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return Net.forward(self, x)
+
+
+def test_the_cache_refuses_a_model_that_passes_on_more_than_a_blocks_output(tmp_path: Path) -> None:
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2}), blocks=net_blocks, cache=True, index_key=2)
+    with pytest.raises(IntegrationError, match="residual"):
+        fit(tmp_path, callback, net=ResidualOutside, devices=1)
 
 
 def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:

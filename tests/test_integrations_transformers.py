@@ -43,6 +43,13 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones(SEQ, dtype=torch.long), "labels": self.labels[i]}
 
 
+class Indexed(Tokens):
+    """The same samples, each with its position under ``idx`` (what the cache keys on)."""
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {**super().__getitem__(i), "idx": torch.tensor(i)}
+
+
 def tiny_bert() -> BertForSequenceClassification:
     torch.manual_seed(0)
     config = BertConfig(
@@ -106,11 +113,14 @@ def test_a_schedule_freezes_at_its_epochs_and_the_optimizer_keeps_the_rest(
     assert "'frozen_blocks': 3" in capsys.readouterr().out  # the printer, after this callback, shows the count
 
 
-def _run(out: Path, resume: str | None = None, resume_from: Path | None = None) -> tuple[FreezeCallback, Trainer]:
+def _run(
+    out: Path, resume: str | None = None, resume_from: Path | None = None, *, cache: bool = False
+) -> tuple[FreezeCallback, Trainer]:
     model = tiny_bert()
-    callback = FreezeCallback(drift_policy, resume_from=resume_from)
-    args = arguments(out, save_strategy="steps", save_steps=4)
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
+    callback = FreezeCallback(drift_policy, resume_from=resume_from, cache=cache)
+    args = arguments(out, save_strategy="steps", save_steps=4, remove_unused_columns=not cache)
+    data = Indexed() if cache else Tokens()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train(resume_from_checkpoint=resume)
     return callback, trainer
 
@@ -147,6 +157,77 @@ def test_resume_without_the_callbacks_state_names_the_file(tmp_path: Path) -> No
     )
     with pytest.raises(IntegrationError, match=STATE_FILE):
         trainer.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-6"))
+
+
+def _count_rows(model: BertForSequenceClassification) -> list[int]:
+    """Rows through the embeddings and each block's first linear layer, counted by forward hooks as they run."""
+    counts = [0] * (LAYERS + 1)
+    modules = [model.bert.embeddings.word_embeddings, *(b.attention.self.query for b in model.bert.encoder.layer)]
+    for i, module in enumerate(modules):
+
+        def count(_m: torch.nn.Module, args: tuple[torch.Tensor, ...], _out: object, i: int = i) -> None:
+            counts[i] += args[0].shape[0]
+
+        module.register_forward_hook(count)
+    return counts
+
+
+def test_the_cache_runs_the_frozen_prefix_once_per_sample_to_the_same_weights(tmp_path: Path) -> None:
+    runs = {}
+    for cache in (False, True):
+        model = tiny_bert()
+        counts = _count_rows(model)
+        callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2}), cache=cache)
+        args = arguments(tmp_path / str(cache), remove_unused_columns=False)  # keeps idx (unused without cache)
+        Trainer(model=model, args=args, train_dataset=Indexed(), callbacks=[callback]).train()
+        runs[cache] = (counts, model, callback)
+    (plain, model, _), (cached, cached_model, callback) = runs[False], runs[True]
+    # 3 epochs, 2 of 4 blocks frozen after the first: without the cache everything runs every epoch; with it the
+    # embeddings and the 2 frozen blocks run each sample once in epoch 0 (training) and once in all later epochs
+    # (the boundary's first fill also runs the blocks after it on its batch twice, through the frozen blocks and
+    # served from their outputs, to check the two agree)
+    assert plain == [3 * SAMPLES] * (LAYERS + 1)
+    assert cached == [2 * SAMPLES] * 3 + [3 * SAMPLES + 2 * BATCH] * 2
+    assert callback.cache is not None and callback.cache.filled == SAMPLES
+    for (name, a), b in zip(model.named_parameters(), cached_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=f"{name} differs with the cache")
+    assert model.bert.encoder.layer[0].forward.__self__ is model.bert.encoder.layer[0]  # stubs taken off at the end
+
+
+def test_the_cache_refuses_random_augmentation_unless_views_and_batches_without_the_index(tmp_path: Path) -> None:
+    with pytest.raises(IntegrationError, match="cache_views=V"):
+        FreezeCallback(cache=True, augmentation="random")
+    # views on purpose: 2 per sample, epoch e reads view e % 2; frozen after epoch 0, epochs 1 and 2 fill a view each
+    views = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2}), cache=True, augmentation="random", cache_views=2)
+    args = arguments(tmp_path / "views", remove_unused_columns=False, num_train_epochs=4)
+    Trainer(model=tiny_bert(), args=args, train_dataset=Indexed(), callbacks=[views]).train()
+    assert views.cache is not None and views.cache.filled == 2 * SAMPLES  # epoch 3 read epoch 1's view
+
+    class RandomHorizontalFlip:  # a random transform the data did not declare
+        pass
+
+    flipped = Indexed()
+    flipped.transform = RandomHorizontalFlip()  # type: ignore[attr-defined]
+    args = arguments(tmp_path / "flipped", remove_unused_columns=False)
+    trainer = Trainer(model=tiny_bert(), args=args, train_dataset=flipped, callbacks=[FreezeCallback(cache=True)])
+    with pytest.raises(IntegrationError, match="RandomHorizontalFlip"):
+        trainer.train()
+    trainer = Trainer(
+        model=tiny_bert(), args=arguments(tmp_path), train_dataset=Indexed(), callbacks=[FreezeCallback(cache=True)]
+    )  # remove_unused_columns drops idx before the batches reach the model
+    with pytest.raises(IntegrationError, match="remove_unused_columns=False"):
+        trainer.train()
+
+
+def test_resume_with_the_cache_continues_exactly(tmp_path: Path) -> None:
+    full, trainer = _run(tmp_path / "full", cache=True)
+    assert full.controller.events, "the drift policy should freeze in this run"
+    step = 4 * (full.controller.events[0]["step"] // 4 + 1)  # the first checkpoint after the first freeze
+    ckpt = tmp_path / "full" / f"checkpoint-{step}"
+    resumed, again = _run(tmp_path / "again", resume=str(ckpt), resume_from=ckpt, cache=True)
+    assert resumed.controller.events == full.controller.events
+    for (name, a), b in zip(trainer.model.named_parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name} differs after resuming from step {step} with the cache"
 
 
 def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:

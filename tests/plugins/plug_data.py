@@ -59,3 +59,22 @@ class Broken(Digits):
         if index == self.bad:
             return (x[..., :7], y) if self.kind == "shape" else (x, 10)
         return x, y
+
+
+class Raising(Digits):
+    """Digits whose item ``bad`` raises ``RuntimeError`` when read (an odd ``bad`` is rank 1's share of the setup
+    check on two ranks)."""
+
+    def __init__(self, bad: int, samples: int = 320) -> None:
+        super().__init__(samples)
+        self.bad = bad
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index == self.bad:
+            raise RuntimeError(f"sensor {index} went offline")
+        return super().__getitem__(index)
+
+
+def raising_digits(bad: int = 7, samples: int = 320) -> Raising:
+    """What ``[data] dataset = "plug_data:raising_digits"`` builds."""
+    return Raising(bad, samples)

@@ -254,15 +254,15 @@ def user_import_paths(config_file: str) -> Iterator[list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator import launch, load_config, preflight  # noqa: PLC0415
-    from elastic_pipe.orchestrator.checkpoint_files import read_latest  # noqa: PLC0415
     from elastic_pipe.orchestrator.rerun import already_complete  # noqa: PLC0415
     from elastic_pipe.orchestrator.worker import entry  # noqa: PLC0415
 
     config = load_config(args.config)
     config = config.override(overrides_from(args, config))
-    preflight(config)  # a config that differs from the checkpoint's is refused there (rerun.check_config)
-    if config.checkpoint.dir and config.checkpoint.resume == "auto":
-        done = already_complete(read_latest(config.checkpoint.dir), config)
+    # a config that differs from the checkpoint's is refused there (rerun.check_config)
+    resume = preflight(config)["resume"]
+    if resume is not None:
+        done = already_complete(resume, config)
         if done is not None:  # nothing to train: say so, start no process
             print(done, file=sys.stderr)
             if args.json:

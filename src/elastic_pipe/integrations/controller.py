@@ -33,6 +33,7 @@ from torch import nn
 from elastic_pipe import freeze
 from elastic_pipe.integrations.blocks import BlockFn, Blocks, find_blocks
 from elastic_pipe.integrations.errors import IntegrationError
+from elastic_pipe.integrations.probe import first_tensor
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -134,17 +135,6 @@ def expand_optimizer_state(
         "state": {old_to_new[k]: v for k, v in state["state"].items()},
         "param_groups": param_groups,
     }
-
-
-def _first_tensor(output: object) -> torch.Tensor | None:
-    """A block's output tensor: the output itself, the first element of a tuple, or the first value of a mapping."""
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, tuple | list) and output:
-        return _first_tensor(output[0])
-    if isinstance(output, Mapping) and output:
-        return _first_tensor(next(iter(output.values())))
-    return None
 
 
 def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -390,7 +380,7 @@ class FreezeController:
         outputs: dict[int, torch.Tensor] = {}
 
         def capture(index: int, _module: nn.Module, _args: object, output: object) -> None:
-            h = _first_tensor(output)
+            h = first_tensor(output)
             if h is not None:
                 outputs[index] = h.detach()
 

@@ -22,6 +22,11 @@ What happens where (every rank does the same; rank 0's decisions are broadcast):
 * ``on_validation_end``: the monitored held-out loss (``monitor``, default ``"val_loss"``) goes to the policy's guard;
 * ``state_dict``: the policy's snapshot, the frozen count, the decisions and the probe's baseline, saved in the
   trainer's own checkpoints.
+
+With ``cache=True`` (and the sample index in every batch, ``index_key``: a mapping's key or a tuple's position),
+``on_train_batch_start`` fills the batch's misses with ``probe_forward`` (default: the module's forward) on their
+rows and serves the frozen prefix from the cache (:mod:`~.prefix_cache`) until ``on_train_batch_end``: the frozen
+blocks run once per sample. ``training_step`` receives the batch with its index and leaves it out of the model call.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from elastic_pipe.integrations.blocks import BlockFn
 from elastic_pipe.integrations.controller import PROBE_SAMPLES, FreezeController, PolicySpec
 from elastic_pipe.integrations.ddp import rewrap_ddp
 from elastic_pipe.integrations.errors import IntegrationError
+from elastic_pipe.integrations.prefix_cache import CacheSettings, PrefixCache
 from elastic_pipe.integrations.probe import (
     ProbeForward,
     checked_probe_samples,
@@ -68,6 +74,11 @@ class FreezeCallback(pl.Callback):
         monitor: the logged metric handed to the policy's held-out guard after each validation.
         find_unused_parameters: the DDP wrapper's setting from the first step on and after every freeze's re-wrap
             (False: no step pays for it; None: keep the strategy's).
+        cache, index_key, augmentation, cache_views, cache_budget: the frozen-prefix cache and its options
+            (:class:`~.prefix_cache.CacheSettings`; docs/integrations.md, "The frozen-prefix cache").
+
+    Raises:
+        IntegrationError: a bad option (``cache=True`` with random augmentation and no ``cache_views`` too).
     """
 
     def __init__(
@@ -82,8 +93,15 @@ class FreezeCallback(pl.Callback):
         probe_forward: ProbeForward | None = None,
         monitor: str = "val_loss",
         find_unused_parameters: bool | None = False,
+        cache: bool = False,
+        index_key: str | int = "idx",
+        augmentation: str = "none",
+        cache_views: int | None = None,
+        cache_budget: int | str | None = None,
     ) -> None:
         probe_samples = checked_probe_samples(probe_samples)  # before anything is built
+        settings = CacheSettings(index_key, augmentation, cache_views, cache_budget)
+        self.cache = PrefixCache(settings) if cache else None
         self.controller = FreezeController(
             policy, blocks=blocks, decide_every=decide_every, policy_options=policy_options
         )
@@ -135,15 +153,40 @@ class FreezeCallback(pl.Callback):
         per_epoch = math.ceil(batches / accumulation) if math.isfinite(batches) and batches > 0 else total
         c.build_policy(total)
         c.set_rhythm(per_epoch, total)
+        loader = trainer.train_dataloader
+        if self.cache is not None:
+            assert c.blocks is not None
+            self.cache.attach(pl_module, c.blocks, getattr(loader, "dataset", None))
+            self.cache.check_batch(first_samples(loader, 1))
         if self._probe is not None or freeze.needs_probe(c.policy):  # type: ignore[arg-type]
-            loader = trainer.train_dataloader
             batch = self._probe if self._probe is not None else first_samples(loader, self._probe_samples)
+            if self.cache is not None:
+                batch = self.cache.without_index(batch)
             batch = to_device(batch, device_of(pl_module))
             c.set_probe(lambda: self._probe_forward(pl_module, batch))
         resumed = trainer.global_step > 0
         self._last_step = trainer.global_step
         if c.start(resumed=resumed) is not None:
             self._rewrap(trainer)
+        if self.cache is not None:
+            self.cache.set_boundary(c.frozen)  # a restored freeze's, or the decision before step 0's
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.cache is not None:
+            self.cache.set_epoch(trainer.current_epoch)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        cache = self.cache
+        if cache is None or not pl_module.training:
+            return
+        ids = cache.ids_of(batch)
+        if ids is None:
+            cache.check_batch(batch)  # raises, naming the key
+            return
+        inputs = cache.without_index(batch)
+        cache.prepare(ids, lambda rows: self._probe_forward(pl_module, cache.rows(inputs, rows)))
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self.controller.after_backward()
@@ -151,6 +194,8 @@ class FreezeCallback(pl.Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self.cache is not None:
+            self.cache.release()
         step = trainer.global_step
         if step == self._last_step:  # an accumulation micro-batch: no optimizer step yet
             return
@@ -158,6 +203,8 @@ class FreezeCallback(pl.Callback):
         decided = self.controller.is_decision_point(step)
         if self.controller.step_end(step) is not None:
             self._rewrap(trainer)
+            if self.cache is not None:
+                self.cache.set_boundary(self.controller.frozen)
         if decided:
             pl_module.log(LOG_KEY, float(self.controller.frozen), on_step=True, on_epoch=False, sync_dist=False)
 
@@ -169,6 +216,10 @@ class FreezeCallback(pl.Callback):
             loss = float(value)
             if math.isfinite(loss):
                 self.controller.observe_eval(loss)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.cache is not None:
+            self.cache.close()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 

@@ -74,6 +74,17 @@ def default_forward(model: nn.Module, batch: Any) -> object:
     return model(batch)
 
 
+def first_tensor(output: object) -> torch.Tensor | None:
+    """A block's output tensor: the output itself, the first element of a tuple, or the first value of a mapping."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output:
+        return first_tensor(output[0])
+    if isinstance(output, Mapping) and output:
+        return first_tensor(next(iter(output.values())))
+    return None
+
+
 def device_of(model: nn.Module) -> torch.device:
     """Where ``model``'s first parameter lives (CPU for a model without parameters)."""
     for p in model.parameters():

@@ -22,6 +22,10 @@ What happens where (every rank does the same; rank 0's decisions are broadcast):
 * ``on_save``: the callback's state is written beside the checkpoint (:data:`STATE_FILE`, and the probe's baseline
   outputs in :data:`PROBE_FILE`), read back by a resumed run.
 
+With ``cache=True`` (and the sample index in every batch, ``index_key``), a forward pre-hook on the model takes the
+index out of each training forward's arguments and serves the frozen prefix from the cache
+(:mod:`~.prefix_cache`): the frozen blocks run once per sample.
+
 The Trainer rebuilds its optimizer from every trainable parameter before callbacks run on a resume, so the callback
 makes the optimizer's saved state list every parameter it held when training began, the frozen ones without state
 (:func:`~.controller.expand_optimizer_state`): the checkpoint loads, and the restored freeze drops them again.
@@ -46,7 +50,9 @@ from elastic_pipe.integrations.blocks import BlockFn
 from elastic_pipe.integrations.controller import PROBE_SAMPLES, FreezeController, PolicySpec
 from elastic_pipe.integrations.ddp import rewrap_ddp
 from elastic_pipe.integrations.errors import IntegrationError
+from elastic_pipe.integrations.prefix_cache import CacheSettings, PrefixCache
 from elastic_pipe.integrations.probe import (
+    LABEL_KEYS,
     ProbeForward,
     checked_probe_samples,
     default_forward,
@@ -85,6 +91,11 @@ class FreezeCallback(TrainerCallback):
         find_unused_parameters: the DDP wrapper's setting, applied at its first forward and at every freeze's
             re-wrap (False: no step pays for it, whatever ``ddp_find_unused_parameters`` says; None: keep the
             Trainer's, and re-wrap only at freezes).
+        cache, index_key, augmentation, cache_views, cache_budget: the frozen-prefix cache and its options
+            (:class:`~.prefix_cache.CacheSettings`; docs/integrations.md, "The frozen-prefix cache").
+
+    Raises:
+        IntegrationError: a bad option, including ``cache=True`` with random augmentation and no ``cache_views``.
     """
 
     def __init__(
@@ -99,8 +110,16 @@ class FreezeCallback(TrainerCallback):
         probe_forward: ProbeForward | None = None,
         resume_from: str | os.PathLike[str] | None = None,
         find_unused_parameters: bool | None = False,
+        cache: bool = False,
+        index_key: str = "idx",
+        augmentation: str = "none",
+        cache_views: int | None = None,
+        cache_budget: int | str | None = None,
     ) -> None:
         probe_samples = checked_probe_samples(probe_samples)  # before anything is built
+        settings = CacheSettings(index_key, augmentation, cache_views, cache_budget)
+        self.cache = PrefixCache(settings) if cache else None
+        self._cache_hook: Any = None
         self.controller = FreezeController(
             policy, blocks=blocks, decide_every=decide_every, policy_options=policy_options
         )
@@ -137,8 +156,12 @@ class FreezeCallback(TrainerCallback):
         c.build_policy(total)
         c.set_rhythm(per_epoch, total)
         c.attach_optimizer(kwargs["optimizer"], save_full_layout=True)
+        if self.cache is not None:
+            self._attach_cache(model, loader)
         if self._probe is not None or (c.policy is not None and _needs_probe(c)):
             batch = self._probe if self._probe is not None else first_samples(loader, self._probe_samples)
+            if self.cache is not None:
+                batch = self.cache.without_index(batch)
             batch = to_device(batch, device_of(model))
             c.set_probe(lambda: self._probe_forward(model, batch))
         resumed = state.global_step > 0
@@ -150,6 +173,12 @@ class FreezeCallback(TrainerCallback):
         self._watch_for_ddp(model)
         if c.start(resumed=resumed) is not None:
             self._after_freeze(state, resumed=resumed)
+
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if self.cache is not None:
+            self.cache.set_epoch(math.floor((state.epoch or 0.0) + 1e-6))
 
     def on_pre_optimizer_step(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -186,6 +215,11 @@ class FreezeCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._stop_watching()
+        if self._cache_hook is not None:
+            self._cache_hook.remove()
+            self._cache_hook = None
+        if self.cache is not None:
+            self.cache.close()
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
@@ -211,10 +245,34 @@ class FreezeCallback(TrainerCallback):
                 {f"freeze/{LOG_KEY}": event["frozen"], "freeze/previous": event["previous"], "step": event["step"]}
             )
             _log.info("step %d: %d of %d blocks frozen", event["step"], event["frozen"], len(c.blocks or ()))
+        if self.cache is not None:
+            self.cache.set_boundary(c.frozen)
         if self._ddp is not None:
             rewrap_ddp(self._ddp, find_unused_parameters=self._find_unused)
         elif _distributed():
             self._rewrap_pending = True  # the wrapper is found at its first forward, before it runs
+
+    def _attach_cache(self, model: nn.Module, loader: Any) -> None:
+        """Check the batches carry the index, then serve every training forward of ``model`` from the cache."""
+        cache, blocks = self.cache, self.controller.blocks
+        assert cache is not None and blocks is not None
+        cache.attach(model, blocks, getattr(loader, "dataset", None))
+        cache.check_batch(first_samples(loader, 1))
+        key = cache.settings.index_key
+
+        def serve(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+            cache.release()
+            if key not in kwargs:
+                return args, kwargs
+            kwargs = dict(kwargs)
+            ids = cache.ids_of({key: kwargs.pop(key)})
+            if module.training and ids is not None:
+                inputs = {k: v for k, v in kwargs.items() if k not in LABEL_KEYS}
+                cache.prepare(ids, lambda rows: module(*cache.rows(args, rows), **cache.rows(inputs, rows)))
+            return args, kwargs
+
+        if self._cache_hook is None:
+            self._cache_hook = model.register_forward_pre_hook(serve, with_kwargs=True)
 
     def _watch_for_ddp(self, model: nn.Module) -> None:
         """Find the Trainer's DDP wrapper of ``model`` at its first call (a callback is never handed the wrapper):

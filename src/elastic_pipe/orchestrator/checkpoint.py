@@ -25,11 +25,14 @@ deletes ``.tmp`` files a crashed save left, and with ``keep_last = N`` deletes a
 
 Loading uses ``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only; no object is
 ever unpickled. Before that the main file's and every shard's SHA-256 must match their manifests; after it, every
-tensor's CRC-32 must, and every floating-point value must be finite and within
-:data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (unless ``allow_nonfinite``). A checkpoint failing any check
-is skipped with a warning naming it, and the newest older one that passes is loaded instead. ``latest.json``
-fingerprints the model (names and shapes of its parameters), so a checkpoint from another model is refused before
-any process starts.
+tensor's CRC-32 must, every floating-point value must be finite and within
+:data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (unless ``allow_nonfinite``), and the manifest's model
+fingerprint (names and shapes of its parameters) must be the model's. Every check runs before anything is loaded
+into the run: each rank checks the main file and a share of the shards (whole), and the ranks agree
+(:meth:`Checkpointer.find`). A checkpoint any rank finds wrong is skipped on every rank with a warning naming it and
+the reason, and the newest older one that passes is loaded instead; when none passes the run stops (it never
+starts afresh over checkpoints; ``resume = 'never'`` does). A directory holding only another model's checkpoints is
+refused before any process starts.
 
 A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
 divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
@@ -42,30 +45,33 @@ kept - takes the baseline from its weights).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.orchestrator.checkpoint_files import (
     FORMATS,
-    find_latest,
+    candidates,
+    load_verified,
     prune,
     remove_leftovers,
     shard_digests,
     shard_name,
+    verify_shards,
     write_checkpoint,
     write_shard,
 )
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import held_sublayers
 
-if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.trainer import ElasticTrainer
-
-__all__ = ["Checkpointer", "check_compatible", "fingerprint"]
+__all__ = ["Checkpointable", "Checkpointer", "Found", "check_compatible", "fingerprint"]
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +106,45 @@ def check_compatible(meta: dict[str, Any], model: nn.Module, source: str) -> Non
         )
 
 
-class Checkpointer:
-    """Saves an :class:`ElasticTrainer` every ``[checkpoint] every`` epochs and resumes it.
+class Checkpointable(Protocol):
+    """What a :class:`Checkpointer` needs of a run (an :class:`~elastic_pipe.orchestrator.ElasticTrainer` is one)."""
 
-    It only writes and reads files: the state comes from :meth:`ElasticTrainer.state_dict` and goes back through
-    :meth:`ElasticTrainer.load_state_dict`.
+    #: The config as given (what a checkpoint keeps, and a resume compares with).
+    given_config: TrainConfig
+
+    @property
+    def ctx(self) -> RunContext:
+        """The rank's fixed facts: rank, groups, model, the layout's plan, the sub-layers' keys."""
+        ...
+
+    @property
+    def state(self) -> RunState:
+        """Where the run stands."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's share of the run's state (a collective)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A checkpoint every rank found intact: its state (lazy views of its shards), its manifest and its file."""
+
+    state: dict[str, Any]
+    manifest: dict[str, Any]
+    path: Path
+
+
+class Checkpointer:
+    """Saves a run (an :class:`ElasticTrainer`) every ``[checkpoint] every`` epochs and resumes it.
+
+    It only writes and reads files: the state comes from the run's ``state_dict`` and goes back through its
+    ``load_state_dict`` (:class:`Checkpointable`).
 
     Args:
         config: the run's configuration (``[checkpoint] dir`` must be set).
@@ -118,7 +158,7 @@ class Checkpointer:
         #: The checkpoint file the last :meth:`resume` loaded (after any fallback), or ``None``.
         self.loaded: Path | None = None
 
-    def maybe_save(self, trainer: ElasticTrainer) -> bool:
+    def maybe_save(self, trainer: Checkpointable) -> bool:
         """Save if the epoch just finished is due (a collective); returns whether a checkpoint was written."""
         epoch = trainer.state.epoch
         if epoch % self.config.checkpoint.every and epoch != self.config.train.epochs:
@@ -126,7 +166,7 @@ class Checkpointer:
         self.save(trainer)
         return True
 
-    def maybe_save_step(self, trainer: ElasticTrainer, steps_done: int) -> bool:
+    def maybe_save_step(self, trainer: Checkpointable, steps_done: int) -> bool:
         """Save inside an epoch every ``[checkpoint] steps`` steps (a collective); returns whether it did."""
         every = self.config.checkpoint.steps
         if not every or steps_done % every:
@@ -134,7 +174,7 @@ class Checkpointer:
         self.save(trainer, steps_done=steps_done)
         return True
 
-    def save(self, trainer: ElasticTrainer, *, steps_done: int | None = None) -> Path:
+    def save(self, trainer: Checkpointable, *, steps_done: int | None = None) -> Path:
         """Write a checkpoint of ``trainer`` (a collective: replica 0 of each stage writes its shard, rank 0 the main
         file).
 
@@ -184,25 +224,67 @@ class Checkpointer:
         dist.barrier(group=ctx.groups.control_group)
         return path
 
-    def resume(self, trainer: ElasticTrainer) -> bool:
-        """Load the newest intact checkpoint into ``trainer`` if there is one (every rank reads the main file and, of
-        the shards, only the tensors it needs); :attr:`loaded` names the file. A missing or corrupt ``latest.json``
-        falls back to scanning the directory (:func:`~.checkpoint_files.find_latest`), never to a fresh start.
+    def _check(self, path: Path, ctx: RunContext) -> tuple[Found | None, str]:
+        """This rank's checks of one checkpoint: the main file and its shards' SHA-256, the model fingerprint, and
+        every tensor of this rank's share of the shards (shard ``i`` for ``i % world == rank``); returns the
+        checkpoint, or ``None`` and what is wrong with it."""
+        try:
+            state, manifest = load_verified(path, allow_nonfinite=self.config.checkpoint.allow_nonfinite)
+            check_compatible(manifest, ctx.model, str(path))
+            verify_shards(state, ctx.rank, ctx.world_size)
+        except ConfigError as exc:  # CorruptCheckpoint, or another model's fingerprint
+            return None, str(exc)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a manifest of the wrong shape
+            return None, f"{path}: cannot be checked ({type(exc).__name__}: {exc})"
+        return Found(state, manifest, path), ""
+
+    def find(self, trainer: Checkpointable) -> Found | None:
+        """The newest checkpoint every rank found intact (a collective on the control group), before anything is
+        loaded: each rank checks it (:meth:`_check`), the ranks agree, and one any rank refused is skipped on every
+        rank, with a warning naming the file, the rank and the reason, for the next older one. A missing or corrupt
+        ``latest.json`` falls back to scanning the directory (:func:`~.checkpoint_files.candidates`), never to a
+        fresh start.
+
+        Returns:
+            The checkpoint, or ``None`` when the directory holds none.
+
+        Raises:
+            ConfigError: checkpoints are there but none is intact (or all are another model's).
+        """
+        ctx = trainer.ctx
+        paths = candidates(self.directory, warn=ctx.rank == 0)
+        if paths is None:
+            return None
+        failures = []
+        for path in paths:
+            found, problem = self._check(path, ctx)
+            refused = torch.zeros(ctx.world_size, dtype=torch.int32)
+            refused[ctx.rank] = int(found is None)
+            dist.all_reduce(refused, group=ctx.groups.control_group)
+            if not bool(refused.any()):
+                return found
+            first = int(refused.nonzero()[0, 0])
+            if ctx.rank == first:  # one warning per skipped file, by the first rank that refused it
+                log.warning("skipping checkpoint %s (rank %d): %s", path, ctx.rank, problem)
+            failures.append(problem or f"{path}: refused by rank {first}")
+        raise ConfigError(
+            f"no intact checkpoint in {self.directory}: " + " | ".join(failures) + " (resume = 'never' starts afresh)"
+        )
+
+    def resume(self, trainer: Checkpointable) -> bool:
+        """Load the newest checkpoint every rank found intact (:meth:`find`) into ``trainer``; :attr:`loaded` names
+        the file (every rank reads the main file and, of the shards, only the tensors it needs).
 
         Returns:
             Whether a checkpoint was loaded.
 
         Raises:
-            ConfigError: the checkpoint is from another model, or no checkpoint in the directory is intact.
+            ConfigError: checkpoints are there but none is intact (or all are another model's).
             OrchestratorError: its pipeline length does not fit this world size.
         """
-        found = find_latest(
-            self.directory, allow_nonfinite=self.config.checkpoint.allow_nonfinite, warn=trainer.ctx.rank == 0
-        )
+        found = self.find(trainer)
         if found is None:
             return False
-        state, manifest, path = found
-        check_compatible(manifest, trainer.parts.model, str(path))
-        trainer.load_state_dict(state)
-        self.loaded = path
+        trainer.load_state_dict(found.state)
+        self.loaded = found.path
         return True

@@ -12,7 +12,8 @@ freeze policy also a ``probe`` table: which shard keeps each stage's probe outpu
 its writer recorded it. Loading checks every shard's SHA-256 against its manifest and against the main file's
 record (a shard swapped together with its manifest is refused) before anything is used, and wraps the shards in a
 :class:`ShardedCheckpoint`, which reads a tensor only when asked for it (the files are memory-mapped), checking its
-CRC-32 and its values then.
+CRC-32 and its values then. Before a resume decides on a checkpoint, :func:`verify_shards` reads every tensor of a
+share of the shards (each rank its own share) and checks them all, so no check fails after the decision.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ __all__ = [
     "MANIFEST_SUFFIX",
     "CorruptCheckpoint",
     "ShardedCheckpoint",
+    "candidate_manifests",
+    "candidates",
     "checkpoint_files",
     "find_latest",
     "latest_meta",
@@ -49,6 +52,7 @@ __all__ = [
     "remove_leftovers",
     "shard_digests",
     "shard_name",
+    "verify_shards",
     "write_checkpoint",
     "write_shard",
 ]
@@ -290,6 +294,21 @@ class ShardedCheckpoint:
                 raise CorruptCheckpoint(f"{path}: cannot be loaded ({type(exc).__name__}: {exc})") from exc
         return self._open[name]
 
+    def verify(self, name: str) -> None:
+        """Read every tensor of shard ``name`` and check it: its CRC-32 against the manifest (none missing, none
+        added) and (unless ``allow_nonfinite``) its values.
+
+        Raises:
+            CorruptCheckpoint: naming the shard and what is wrong with it.
+        """
+        contents = self.shard(name)
+        problems = verify_tensors(contents, self.manifests[name].get("tensors", {}))
+        if not self.allow_nonfinite:
+            problems += value_problems(contents)
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise CorruptCheckpoint(f"{self.directory / name}: {'; '.join(problems[:3])}{more}")
+
     def checked(self, shard: str, path: str, value: Any) -> Any:
         """``value`` (a tensor or a dict of them) at ``path`` of ``shard`` after its CRC-32 and value checks.
 
@@ -421,6 +440,20 @@ def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[dict[st
     return state, manifest
 
 
+def verify_shards(state: dict[str, Any], rank: int = 0, world_size: int = 1) -> None:
+    """Check every tensor of the shards of a loaded sharded checkpoint that are this rank's share (shard ``i`` for
+    ``i % world_size == rank``; the default: all), as :meth:`ShardedCheckpoint.verify` does; nothing for a whole
+    (unsharded) checkpoint, whose tensors :func:`load_verified` checked already.
+
+    Raises:
+        CorruptCheckpoint: a shard of the share fails a check.
+    """
+    model = state.get("model")
+    if isinstance(model, _ShardView):
+        for name in state["shards"]["files"][rank::world_size]:
+            model.owner.verify(name)
+
+
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Every model weight of checkpoint file ``path`` (whole or sharded), and the main file's state.
 
@@ -437,7 +470,7 @@ def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return {}, state
 
 
-def _candidates(directory: Path, *, warn: bool) -> list[Path] | None:
+def candidates(directory: Path, *, warn: bool) -> list[Path] | None:
     """The checkpoint files to try, in order; ``None`` when the directory holds no checkpoint (a fresh start).
 
     With a readable ``latest.json``: the file it names, then the older checkpoints newest first. Without one
@@ -477,7 +510,8 @@ def find_latest(
 
     The file ``latest.json`` names comes first; when it fails a check, the older checkpoints are tried newest
     first, each failure logged (``warn``) with the file's name and the reason. A missing or unusable
-    ``latest.json`` falls back to every checkpoint file of the directory, newest first (see :func:`_candidates`).
+    ``latest.json`` falls back to every checkpoint file of the directory, newest first (see :func:`candidates`).
+    Every check runs here, the shards' tensors included (:func:`verify_shards`).
 
     Returns:
         ``(state, manifest, path)``, or ``None`` when the directory holds no checkpoint at all.
@@ -485,13 +519,14 @@ def find_latest(
     Raises:
         ConfigError: no checkpoint is intact, or ``latest.json`` is unusable and there is none to fall back to.
     """
-    candidates = _candidates(directory, warn=warn)
-    if candidates is None:
+    paths = candidates(directory, warn=warn)
+    if paths is None:
         return None
     failures = []
-    for path in candidates:
+    for path in paths:
         try:
             state, manifest = load_verified(path, allow_nonfinite=allow_nonfinite)
+            verify_shards(state)
         except CorruptCheckpoint as exc:
             failures.append(str(exc))
             if warn:
@@ -509,29 +544,37 @@ def load_latest(
     return None if found is None else found[:2]
 
 
-def latest_meta(directory: str | Path) -> dict[str, Any] | None:
-    """What a resume from ``directory`` checks the model against, without loading a checkpoint: the manifest of the
-    first checkpoint :func:`find_latest` would try that has a readable one (it repeats ``latest.json``'s format and
-    fingerprint), else ``latest.json`` itself.
-
-    Returns:
-        A dict with ``format`` and ``fingerprint``, or ``None`` when there is no checkpoint.
+def candidate_manifests(directory: str | Path) -> list[dict[str, Any]]:
+    """What a resume from ``directory`` checks the model and the config against, without loading a checkpoint: the
+    readable manifests of the checkpoints :func:`find_latest` would try, in that order (each repeats
+    ``latest.json``'s format, fingerprint and config), else ``latest.json`` itself; ``[]`` when there is no
+    checkpoint.
 
     Raises:
         ConfigError: ``latest.json`` is unusable and there is no checkpoint file to fall back to.
     """
     directory = Path(directory)
-    candidates = _candidates(directory, warn=False)
-    if candidates is None:
-        return None
-    for path in candidates:
+    paths = candidates(directory, warn=False)
+    if paths is None:
+        return []
+    found = []
+    for path in paths:
         try:
             manifest = json.loads(manifest_path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         if isinstance(manifest, dict):
-            return manifest
+            found.append(manifest)
+    if found:
+        return found
     try:
-        return read_latest(directory)
+        latest = read_latest(directory)
     except ConfigError:
-        return None  # no usable index, no readable manifest: the resume names every file that failed
+        return []  # no usable index, no readable manifest: the resume names every file that failed
+    return [] if latest is None else [latest]
+
+
+def latest_meta(directory: str | Path) -> dict[str, Any] | None:
+    """The first of :func:`candidate_manifests` (``None`` when there is no checkpoint)."""
+    manifests = candidate_manifests(directory)
+    return manifests[0] if manifests else None

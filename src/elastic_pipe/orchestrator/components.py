@@ -406,12 +406,22 @@ def components_from_config(
         partitioner = p.solver
         if ":" in p.solver:
             partitioner = resolve(p.solver, partition.SOLVERS, "partition solver")
+            if not callable(partitioner):
+                raise ConfigError(
+                    f"partition solver {p.solver!r} ([pipeline] solver) is a {type(partitioner).__name__}, not "
+                    "callable: expected a function (costs, stages, **options) -> layers per stage"
+                )
         elif p.solver not in partition.SOLVERS:
             raise ConfigError(f"unknown partition solver {p.solver!r}; expected one of {', '.join(partition.SOLVERS)}")
+    given = compression is not None
     if compression is None:
         compression = resolve(p.compression, COMPRESSION_RULES, "compression rule")
     if not isinstance(compression, CompressionRule):
-        raise ConfigError(f"compression {compression!r} lacks the CompressionRule members (name, keeps_length)")
+        raise ConfigError(
+            f"compression {compression!r}{'' if given else f' ([pipeline] compression {p.compression!r})'} lacks "
+            "the CompressionRule members (name, keeps_length, and a call (active, pipe_len, budget, *, world_size, "
+            "solver) -> Partition)"
+        )
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")

@@ -20,9 +20,8 @@ from elastic_pipe.orchestrator.layout_rule import (
     frozen_sublayers,
     layout_sequence,
     next_layout,
-    start_layout,
 )
-from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, sublayer_costs
+from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
 from elastic_pipe.orchestrator.workload import num_samples
 from elastic_pipe.types import Layout
 
@@ -65,14 +64,7 @@ def _every_n_steps(
     costs = sublayer_costs(parts.model)
     unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
     memory = memory_budget(config, parts.model)
-    layout, budget = start_layout(
-        costs,
-        candidate_pipe_lens(config),
-        config.world_size,
-        solver=parts.partitioner,
-        microbatches_for=config.microbatches_for,
-        memory=memory,
-    )
+    layout, budget = planned_start(config, parts)
     total = config.train.epochs * steps
     if config.train.max_steps:
         total = min(total, config.train.max_steps)

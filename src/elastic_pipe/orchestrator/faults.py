@@ -1,12 +1,15 @@
-"""Fault injection for the restart tests: a rank exits hard where ``ELASTIC_PIPE_FAULT`` says, on a first attempt."""
+"""Fault injection for the restart tests: a rank exits hard (or stops) where ``ELASTIC_PIPE_FAULT`` says, on a first
+attempt."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 
-__all__ = ["FAULT_ENV", "maybe_fail"]
+__all__ = ["FAULT_ACTION_ENV", "FAULT_ENV", "maybe_fail"]
 
 log = logging.getLogger(__name__)
 
@@ -14,6 +17,9 @@ log = logging.getLogger(__name__)
 #: "transition" (before a transition's first move) or "moved" (after its moves, before the rest of it); the rank
 #: exits hard there, on the first attempt of a torchrun job only.
 FAULT_ENV = "ELASTIC_PIPE_FAULT"
+#: What the rank does there: "exit" (the default: ``os._exit(1)``) or "stop" (SIGSTOP to itself: a silent peer that
+#: neither exits nor answers, for the tests of how one is named).
+FAULT_ACTION_ENV = "ELASTIC_PIPE_FAULT_ACTION"
 
 
 def maybe_fail(where: str, rank: int, epoch: int, step: int | None) -> None:
@@ -26,6 +32,19 @@ def maybe_fail(where: str, rank: int, epoch: int, step: int | None) -> None:
         return
     if step is not None and len(parts) > 3 and int(parts[3]) != step:
         return
-    log.warning("fault injection (%s): rank %d exits at epoch %d step %s", spec, rank, epoch, step)
+    action = os.environ.get(FAULT_ACTION_ENV, "exit")
+    # the wall-clock time lets a test measure how long the launcher took to name the rank
+    log.warning(
+        "fault injection (%s): rank %d %ss at epoch %d step %s (time %.3f)",
+        spec,
+        rank,
+        action,
+        epoch,
+        step,
+        time.time(),
+    )
     sys.stderr.flush()
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
     os._exit(1)

@@ -18,7 +18,9 @@ What this module adds to a plain ``elastic_launch``, each decided by a pure func
   handling on (:func:`worker_environment`), as torchrun does: N workers with all cores each only contend, and a
   collective that fails or times out on one GPU tears its process down instead of leaving the others hanging;
 * a failed worker as one line (:func:`describe_failure`): its rank and its exception, the full traceback in
-  ``[log] dir``/error-rank<N>.txt, and torch's own multi-line failure report kept off stderr;
+  ``[log] dir``/error-rank<N>.txt, and torch's own multi-line failure report kept off stderr; the rank named is the
+  one that raised first, from the reports the workers write before tearing anything down, and a worker that stops
+  responding is named and killed after 0.8 of ``[launch] timeout`` (:mod:`.worker_status`);
 * a first line on stderr saying what starts (:func:`startup_line`), before the seconds the workers take to import.
 """
 
@@ -27,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -48,6 +52,13 @@ from elastic_pipe.orchestrator.rendezvous import (
     register_backends,
     secret_for,
     store_key,
+)
+from elastic_pipe.orchestrator.worker_status import (
+    STATUS_DIR_ENV,
+    FailureReport,
+    Watchdog,
+    first_failure,
+    one_line,
 )
 from elastic_pipe.types import ElasticPipeError
 
@@ -194,7 +205,7 @@ def describe_failure(failure: Any) -> tuple[str, str | None]:
         if isinstance(extra, dict) and isinstance(extra.get("py_callstack"), str):
             traceback = extra["py_callstack"]
         message = message.get("message", "")
-    text = " ".join(str(message).split())
+    text = one_line(str(message))
     exitcode = int(getattr(failure, "exitcode", 0))
     if traceback is None and exitcode < 0:
         name = failure.signal_name() if hasattr(failure, "signal_name") else "?"
@@ -317,22 +328,17 @@ def launch(
         start_method="spawn",
         local_addr=options.local_addr,
     )
+    status = tempfile.mkdtemp(prefix="elastic-pipe-status-")  # private (0700): the workers' reports, heartbeats
     try:
+        environ = {**worker_environment(section.nproc_per_node), STORE_KEY_ENV: store_key(secret).hex()}
         with (
-            worker_environ({**worker_environment(section.nproc_per_node), STORE_KEY_ENV: store_key(secret).hex()}),
+            worker_environ({**environ, STATUS_DIR_ENV: status}),
             _quiet_failure_logs(not os.environ.get(DEBUG_ENV)),
+            Watchdog(status, config.launch.timeout) as watchdog,
         ):
             result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
     except ChildFailedError as exc:
-        failures = exc.failures
-        if not failures:
-            raise WorkerFailedError(-1, str(exc), traceback=None, restarts=section.max_restarts) from exc
-        # the earliest failure; among simultaneous ones, one that left a report (the others were stopped by it)
-        rank = min(failures, key=lambda r: (failures[r].timestamp, isinstance(failures[r].message, str), r))
-        error, traceback = describe_failure(failures[rank])
-        report = write_failure_report(config.log.dir, rank, error, traceback)
-        restarts = section.max_restarts
-        raise WorkerFailedError(rank, error, traceback=traceback, restarts=restarts, report=report) from None
+        raise _worker_failed(config, exc.failures, watchdog, first_failure(status)) from None
     except (RuntimeError, ValueError, TimeoutError) as exc:  # the agent itself (rendezvous, rank assignment)
         if isinstance(exc, ElasticPipeError) or not forged_states(job_id):
             raise
@@ -345,4 +351,26 @@ def launch(
         ) from exc
     finally:
         forget_secret(job_id)
+        shutil.rmtree(status, ignore_errors=True)
     return result
+
+
+def _worker_failed(
+    config: TrainConfig, failures: Mapping[int, Any], watchdog: Watchdog, reported: FailureReport | None
+) -> WorkerFailedError:
+    """The launch's one-line error: a worker the watchdog found silent, else the earliest failure a worker
+    reported when it caught it, else the earliest failure torch's agent saw (among simultaneous ones, one that left
+    a report: the others were stopped by it)."""
+    restarts = config.launch.max_restarts
+    silent = watchdog.describe()
+    if silent is not None:
+        rank, error, traceback = watchdog.silent[0].rank, silent, None
+    elif reported is not None:
+        rank, error, traceback = reported.rank, reported.error, reported.traceback
+    elif failures:
+        rank = min(failures, key=lambda r: (failures[r].timestamp, isinstance(failures[r].message, str), r))
+        error, traceback = describe_failure(failures[rank])
+    else:
+        return WorkerFailedError(-1, "the workers failed without a report", traceback=None, restarts=restarts)
+    report = write_failure_report(config.log.dir, rank, error, traceback)
+    return WorkerFailedError(rank, error, traceback=traceback, restarts=restarts, report=report)

@@ -5,9 +5,12 @@ group exists.
 above their named limits; here every directory the run writes (``[checkpoint] dir``, ``[log] dir``, the activation
 cache's ``[pipeline] cache_tiers`` directories) must be creatable and writable, ``[log] tensorboard`` needs the
 ``tensorboard`` package, ``nccl`` needs a CUDA device per local rank, every component the config names is built
-once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, or an
-import path that does not import, is a one-line error), the initial pipeline is checked against the model, and a
-checkpoint to resume from is checked against the model.
+once on the CPU (:func:`components_from_config`: an unknown policy, solver, schedule, model or dataset, an import
+path that does not import, or a solver that is not callable, is a one-line error), the initial pipeline is checked
+against the model and computed once with the configured solver (and, for a user's solver or compression rule, once
+more after a first decision: one that raises is named here, not at the workers' first layout or decision), a user's
+freeze policy that reads no statistics is asked for its first decision, the training split must hold one global
+batch, and a checkpoint to resume from is checked against the model.
 """
 
 from __future__ import annotations
@@ -18,17 +21,20 @@ from typing import Any
 
 import torch
 
+from elastic_pipe import freeze
 from elastic_pipe.orchestrator import rerun
 from elastic_pipe.orchestrator.checkpoint import check_compatible
-from elastic_pipe.orchestrator.checkpoint_files import latest_meta
-from elastic_pipe.orchestrator.components import components_from_config
+from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
+from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout
 from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
-from elastic_pipe.orchestrator.setup import check_memory_budget
+from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, planned_start, sublayer_costs
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
+from elastic_pipe.orchestrator.workload import eval_count, num_samples
 
-__all__ = ["check_writable", "preflight"]
+__all__ = ["check_batch_fits", "check_layouts", "check_policy_decides", "check_writable", "preflight", "resume_meta"]
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -51,7 +57,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     """Check ``config`` against the registries, the model and any checkpoint; returns facts about the model.
 
     Returns:
-        ``{"sublayers": n, "units": u, "params": p}``.
+        ``{"sublayers": n, "units": u, "params": p, "resume": manifest or None}`` (:func:`resume_meta`).
 
     Raises:
         ConfigError: naming the bad value and the valid choices.
@@ -78,9 +84,110 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
         )
     check_memory_budget(config, model)  # [pipeline] memory_budget: some reachable length must fit
-    if config.checkpoint.dir and config.checkpoint.resume == "auto":
-        meta = latest_meta(config.checkpoint.dir)  # latest.json, or the newest manifest when it is lost
-        if meta is not None:
+    check_layouts(config, parts)
+    check_policy_decides(config, parts)
+    check_batch_fits(config, parts)
+    resume = resume_meta(config, model)
+    facts: dict[str, Any] = {
+        "sublayers": sublayers,
+        "units": units,
+        "params": sum(q.numel() for q in model.parameters()),
+    }
+    return {**facts, "resume": resume}
+
+
+def check_layouts(config: TrainConfig, parts: Components) -> None:
+    """Compute the run's first layout as rank 0 will (the configured solver over the model's sub-layer costs) and,
+    when the solver or the compression rule is the user's (an import path), the layout after a first decision that
+    freezes one unit (the rule, then the solver again).
+
+    Raises:
+        ConfigError: a user's solver or rule raised, naming its key and the exception.
+    """
+    p = config.pipeline
+    named = (("solver", p.solver), ("compression", p.compression))
+    users = [f"[pipeline] {key} {spec!r}" for key, spec in named if ":" in spec]  # import paths: the user's code
+    where = "the initial layout"
+    try:
+        layout, budget = planned_start(config, parts)
+        unit_ends = list(getattr(parts.model, "unit_ends", ()))
+        if users and len(unit_ends) > 1:
+            where = "the layout after freezing one unit"
+            next_layout(
+                layout,
+                frozen_sublayers(unit_ends, 1),
+                sublayer_costs(parts.model),
+                compression=parts.compression,
+                solver=parts.partitioner,
+                budget=budget,
+                world_size=config.world_size,
+                microbatches_for=config.microbatches_for,
+                memory=memory_budget(config, parts.model),
+            )
+    except Exception as exc:  # a user's solver or rule may raise anything
+        if not users:
+            raise  # a built-in's refusal is already one line about the config
+        raise ConfigError(
+            f"{' or '.join(users)} failed on {where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
+
+
+def check_policy_decides(config: TrainConfig, parts: Components) -> None:
+    """Ask a user's freeze policy (an import path) that reads no statistics for the run's first decision, as the
+    dry run does (the policy object is this check's own; the workers build theirs).
+
+    Raises:
+        ConfigError: the policy raised or answered something that is not a frozen count, naming ``[freeze] policy``.
+    """
+    spec = config.freeze.policy
+    if ":" not in spec or parts.policy.needs_stats:
+        return  # a policy that reads gradient statistics has none to read here
+    step = epoch_steps(config, num_samples(parts.data), own_eval=parts.eval_data is not None) or 1
+    try:
+        freeze.decide(parts.policy, 1, step, 0)
+    except Exception as exc:  # a user's policy may raise anything
+        raise ConfigError(
+            f"freeze policy {spec!r} ([freeze] policy) failed on the first decision (epoch 1, step {step}, nothing "
+            f"frozen): {type(exc).__name__}: {' '.join(str(exc).split())}"
+        ) from None
+
+
+def check_batch_fits(config: TrainConfig, parts: Components) -> None:
+    """The training split (the dataset less what ``[data] eval_fraction`` holds out, unless there is an
+    ``eval_dataset``) must hold one ``train.global_batch``.
+
+    Raises:
+        ConfigError: naming ``train.global_batch``, the split's size and the dataset.
+    """
+    samples = num_samples(parts.data)
+    held = 0 if parts.eval_data is not None else eval_count(samples, config.data.eval_fraction)
+    if samples - held < config.train.global_batch:
+        out = f", {held} of its {samples} held out by data.eval_fraction" if held else ""
+        raise ConfigError(
+            f"train.global_batch = {config.train.global_batch} exceeds the {samples - held} training samples of "
+            f"[data] dataset {config.data.dataset!r}{out}: lower train.global_batch or give more data"
+        )
+
+
+def resume_meta(config: TrainConfig, model: torch.nn.Module) -> dict[str, Any] | None:
+    """The manifest of the checkpoint a resume would start from: the newest one made for this model (a newer one
+    whose fingerprint differs is damaged or another run's: the workers skip it, with a warning), checked against the
+    config; ``None`` when there is nothing to resume.
+
+    Raises:
+        ConfigError: the checkpoints there are all another model's, or the config differs from the checkpoint's.
+    """
+    if not config.checkpoint.dir or config.checkpoint.resume != "auto":
+        return None
+    refusals = []
+    for meta in candidate_manifests(config.checkpoint.dir):  # manifests newest first, else latest.json
+        try:
             check_compatible(meta, model, config.checkpoint.dir)
-            rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line
-    return {"sublayers": sublayers, "units": units, "params": sum(q.numel() for q in model.parameters())}
+        except ConfigError as exc:
+            refusals.append(exc)
+            continue
+        rerun.check_config(meta, config)  # a config the checkpoint's run did not have: one line
+        return meta
+    if refusals:
+        raise refusals[0]
+    return None

@@ -39,6 +39,7 @@ from elastic_pipe.orchestrator.process_group import device_for, training_backend
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.workload import cross_entropy, split_data
+from elastic_pipe.types import Layout
 
 __all__ = [
     "boundary_examples",
@@ -159,6 +160,19 @@ def memory_budget(config: TrainConfig, model: nn.Module) -> layout_rule.MemoryBu
     if limit is None:
         return None
     return layout_rule.MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
+
+
+def planned_start(config: TrainConfig, parts: Components) -> tuple[Layout, float]:
+    """The run's first layout and its budget, computed from the config and the components alone, as rank 0 computes
+    them at the start (for the dry run and the preflight; the trainer's own comes from its context)."""
+    return layout_rule.start_layout(
+        sublayer_costs(parts.model),
+        candidate_pipe_lens(config),
+        config.world_size,
+        solver=parts.partitioner,
+        microbatches_for=config.microbatches_for,
+        memory=memory_budget(config, parts.model),
+    )
 
 
 def check_untied_stages(config: TrainConfig, model: nn.Module) -> None:

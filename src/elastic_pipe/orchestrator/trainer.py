@@ -35,7 +35,6 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
-from elastic_pipe.orchestrator.checkpoint_files import read_latest
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -350,13 +349,15 @@ class ElasticTrainer:
 
     def _resume(self, checkpointer: Checkpointer) -> bool:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
-        # a config the checkpoint's run did not have is refused before anything loads (unless allowed)
-        changes = rerun.check_config(read_latest(checkpointer.directory), self.given_config)
-        if not checkpointer.resume(self):
+        found = checkpointer.find(self)  # every check, on every rank, before anything loads
+        if found is None:
             return False
+        # a config the checkpoint's run did not have is refused before anything loads (unless allowed)
+        changes = rerun.check_config(found.manifest, self.given_config)
+        self.load_state_dict(found.state)
         self._record_resume(changes)
         if self.ctx.log.stream is not None:  # the file actually loaded, after any fallback
-            where = checkpointer.loaded
+            where = found.path
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
 

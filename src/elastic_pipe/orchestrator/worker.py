@@ -22,6 +22,7 @@ from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, lo
 from elastic_pipe.orchestrator.metrics import RunResult
 from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
+from elastic_pipe.orchestrator.worker_status import Heartbeat, reporting_failures
 from elastic_pipe.orchestrator.workload import Samples
 
 __all__ = ["entry", "main", "run_rank"]
@@ -50,13 +51,20 @@ def run_rank(
     Returns:
         The run's result (the same numbers on every rank).
     """
-    with ElasticTrainer(config, model=model, data=samples, quiet=quiet) as trainer:
-        return trainer.fit()
+    with ElasticTrainer(config, model=model, data=samples, quiet=quiet) as trainer, reporting_failures():
+        return trainer.fit()  # a failure is reported before the trainer tears down its groups
 
 
 def entry(tables: dict[str, Any]) -> dict[str, Any]:
-    """A picklable entry point for ``elastic_launch``: run this rank from the config's tables, return the result."""
-    return run_rank(config_from_tables(tables)).to_dict()
+    """A picklable entry point for ``elastic_launch``: run this rank from the config's tables, return the result.
+
+    The launcher learns of a failure when it is caught, and of a worker that stops responding, through
+    :mod:`.worker_status`.
+    """
+    with reporting_failures():
+        config = config_from_tables(tables)
+    with Heartbeat(config.launch.timeout), reporting_failures():
+        return run_rank(config).to_dict()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,184 @@
+"""The time-to-accuracy benchmark's logic on synthetic curves: the time-to-target reader, the per-arm summary, merging
+partial reports; its data order and LoRA arms on a tiny model (benchmarks/time_to_accuracy.py, issue #41)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tta() -> Any:
+    spec = importlib.util.spec_from_file_location("time_to_accuracy", ROOT / "benchmarks" / "time_to_accuracy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _linear_run(start: float, rate: float, evals: list[float], total: float) -> dict[str, Any]:
+    """A run whose accuracy rises linearly with wall seconds (capped at 1), evaluated at the times ``evals``."""
+    curve = [[t, min(1.0, start + rate * t)] for t in evals]
+    return {"curve": curve, "accuracy": curve[-1][1], "total_seconds": total}
+
+
+def _first_eval_at_or_after(evals: list[float], start: float, rate: float, target: float) -> float | None:
+    """Where a linear curve crosses ``target``, moved to the next evaluation (worked out analytically)."""
+    crossing = (target - start) / rate
+    later = [t for t in evals if t >= crossing - 1e-9]
+    return later[0] if later and min(1.0, start + rate * later[0]) >= target - 1e-12 else None
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_it(tta: Any) -> None:
+    curve = [[1.0, 0.5], [2.0, 0.8], [3.0, 0.7], [4.0, 0.9]]
+    assert tta.time_to_target(curve, 0.8) == 2.0  # equal counts; a later dip does not matter
+    assert tta.time_to_target(curve, 0.85) == 4.0
+    assert tta.time_to_target(curve, 0.4) == 1.0
+    assert tta.time_to_target(curve, 0.95) is None
+    assert tta.time_to_target([], 0.1) is None
+
+
+def test_summary_targets_the_reference_less_half_a_point(tta: Any) -> None:
+    evals = [float(t) for t in range(1, 11)]
+    params = {  # arm -> per seed (start, rate, total seconds)
+        "elastic-none": [(0.80, 0.015, 11.0), (0.79, 0.016, 11.5)],
+        "compiled": [(0.78, 0.02, 10.5), (0.80, 0.018, 10.0)],
+        "elastic-default": [(0.85, 0.03, 7.0), (0.84, 0.035, 7.5)],
+        "lora-qkv-r8": [(0.70, 0.01, 6.0), (0.72, 0.02, 6.0)],  # seed 0 never gets there
+    }
+    runs = {
+        arm: {str(s): _linear_run(a, b, evals, tot) for s, (a, b, tot) in enumerate(seeds)}
+        for arm, seeds in params.items()
+    }
+    report = tta.summarise(runs)
+    finals = [min(1.0, a + b * evals[-1]) for a, b, _ in params["elastic-none"]]
+    target = statistics.fmean(finals) - 0.005
+    assert report["target"] == pytest.approx(target)
+    for arm, seeds in params.items():
+        a = report["arms"][arm]
+        want = {str(s): _first_eval_at_or_after(evals, x, r, target) for s, (x, r, _) in enumerate(seeds)}
+        assert a["time_to_target_by_seed"] == want
+        reached = [v for v in want.values() if v is not None]
+        assert a["reached"] == f"{len(reached)}/{len(want)}"
+        assert a["time_to_target_mean"] == (statistics.fmean(reached) if len(reached) == len(want) else None)
+        accs = [min(1.0, x + r * evals[-1]) for x, r, _ in seeds]
+        assert a["accuracy_mean"] == pytest.approx(statistics.fmean(accs))
+        assert a["accuracy_spread"] == pytest.approx(max(accs) - min(accs))
+        assert a["total_seconds_mean"] == pytest.approx(statistics.fmean(t for *_, t in seeds))
+    arms = report["arms"]
+    assert arms["lora-qkv-r8"]["time_to_target_mean"] is None
+    assert arms["lora-qkv-r8"]["time_to_target_speedup_vs_compiled"] is None
+    speedup = arms["compiled"]["time_to_target_mean"] / arms["elastic-default"]["time_to_target_mean"]
+    assert arms["elastic-default"]["time_to_target_speedup_vs_compiled"] == pytest.approx(speedup)
+    assert speedup > 1  # the faster curve gets there sooner
+    assert arms["compiled"]["total_speedup_vs_compiled"] == pytest.approx(1.0)
+    assert arms["elastic-none"]["accuracy_vs_reference_points"] == pytest.approx(0.0)
+
+
+def test_summary_without_the_reference_has_no_target(tta: Any) -> None:
+    runs = {"eager": {"0": _linear_run(0.5, 0.1, [1.0, 2.0], 2.0)}}
+    report = tta.summarise(runs)
+    assert report["target"] is None
+    assert report["arms"]["eager"]["time_to_target_by_seed"] == {"0": None}
+
+
+def test_merge_joins_seeds_and_summarises_again(tta: Any, tmp_path: Path) -> None:
+    evals = [1.0, 2.0, 3.0]
+    parts = []
+    for seed, rate in ((0, 0.05), (1, 0.08)):
+        arms = ((1, "elastic-none"), (2, "compiled"))
+        runs = {arm: {str(seed): _linear_run(0.7, rate * k, evals, 3.0 * k)} for k, arm in arms}
+        report = {"task": "t", "description": "d", "seeds": [seed], "runs": runs, "commit": "c", "dirty": False,
+                  "device": "cpu", "torch": torch.__version__, **tta.summarise(runs)}  # fmt: skip
+        path = tmp_path / f"part{seed}.json"
+        path.write_text(json.dumps(report))
+        parts.append((path, runs))
+    merged = tta.merge([p for p, _ in parts])
+    joined = {arm: {**parts[0][1][arm], **parts[1][1][arm]} for arm in parts[0][1]}
+    assert merged["seeds"] == [0, 1]
+    assert merged["runs"] == joined
+    assert merged["arms"] == tta.summarise(joined)["arms"]
+    assert merged["target"] == pytest.approx(statistics.fmean(r["accuracy"] for r in joined["elastic-none"].values())
+                                             - 0.005)  # fmt: skip
+
+
+def test_epoch_batches_are_the_samplers_whole_batches(tta: Any) -> None:
+    n, batch = 50, 8
+    order = tta.EpochBatches(n, batch, seed=3)
+    epochs = []
+    for epoch in range(2):
+        order.set_epoch(epoch)
+        steps = list(order)
+        assert len(steps) == len(order) == n // batch
+        flat = [i for s in steps for i in s]
+        assert all(len(s) == batch for s in steps) and len(set(flat)) == len(flat) == n - n % batch
+        epochs.append(flat)
+    assert epochs[0] != epochs[1]  # a new order every epoch
+    again = tta.EpochBatches(n, batch, seed=3)
+    again.set_epoch(1)
+    assert [i for s in again for i in s] == epochs[1]  # the seed fixes it
+
+
+def test_augmented_reads_are_crops_and_flips_of_the_image(tta: Any) -> None:
+    image = torch.arange(36, dtype=torch.float32).reshape(1, 6, 6)
+    plain = tta.TensorSet(image[None], torch.tensor([3]))
+    assert not plain.random_augmentation
+    x, y = plain[0]
+    assert torch.equal(x, image) and y == 3
+    augmented = tta.TensorSet(image[None], torch.tensor([3]), pad=2)
+    assert augmented.random_augmentation
+    padded = torch.nn.functional.pad(image[None], (2, 2, 2, 2), mode="replicate")[0]
+    torch.manual_seed(0)
+    reads = [augmented[0][0] for _ in range(20)]
+    for r in reads:
+        assert r.shape == image.shape
+        windows = [padded[:, i : i + 6, j : j + 6] for i in range(5) for j in range(5)]
+        assert any(torch.equal(r, w) or torch.equal(r, w.flip(-1)) for w in windows)
+    assert len({tuple(r.flatten().tolist()) for r in reads}) > 1
+
+
+def test_lora_trains_the_adapters_and_the_head_only(tta: Any) -> None:
+    pytest.importorskip("peft")
+    from elastic_pipe import models
+
+    model = models.vit(config="vit-tiny")
+    x = torch.randn(3, 1, 8, 8)
+    before = model(x)
+    head = {id(p) for p in model.slice(model.head_start(), model.num_sublayers).parameters()}
+    lora = tta.add_lora(model, 8, ("qkv",))
+    trainable = [(n, p) for n, p in lora.named_parameters() if p.requires_grad]
+    adapters = [n for n, _ in trainable if "lora_" in n]
+    assert len(adapters) == 2 * model.num_units  # A and B on each block's qkv
+    assert all("qkv" in n for n in adapters)
+    assert {id(p) for n, p in trainable if "lora_" not in n} == head
+    assert torch.allclose(lora(x), before)  # LoRA's B starts at zero: the checkpoint's function
+
+
+def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None) -> None:
+    """Without dropout or augmentation, the eager loop and ``elastic-none`` (``ElasticTrainer.fit()``) score the same
+    held-out accuracy after every epoch: the same order, optimizer, schedule and evaluation."""
+    from elastic_pipe import models
+    from elastic_pipe.data import load_digits
+
+    d = load_digits()
+    x = (d.inputs - d.inputs.mean()) / d.inputs.std()
+    base = models.vit(config="vit-tiny", depth=2, dropout=0.0)
+    train, held_out = tta.TensorSet(x[:384], d.labels[:384]), tta.TensorSet(x[1400:], d.labels[1400:])
+    task = tta.Task("t", "t", "vit", tta.copies(base), train, held_out, epochs=3, batch=32, lr=2e-3)
+    setting = tta.Setting(torch.device("cpu"), False, 0, "off", False, "bypass", 1, 64)
+    plain = tta.plain_run(task, task.build(), setting, 1, compiled=False)
+    elastic = tta.elastic_run(task, task.build(), setting, 1, tta.ELASTIC_ARMS["elastic-none"])
+    accuracies = [acc for _, acc in plain["curve"]]
+    assert len(accuracies) == task.epochs
+    assert accuracies == pytest.approx([acc for _, acc in elastic["curve"]], abs=1e-9)
+    assert max(accuracies) > 0.2  # it learned (10 classes: chance is 0.1)
