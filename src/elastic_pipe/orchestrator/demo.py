@@ -26,15 +26,16 @@ Why this setting, on a machine of 2 CPU cores:
 * **8 epochs, FreezeOut with ``t0 = 0.4``**, decisions after every epoch: block ``i`` stops at the fraction
   ``0.4 + 0.6 * i / 6`` of the run, so frozen blocks by epoch are 0, 0, 0, 0, 2, 3, 4, 5: the first 4 epochs train
   everything (the same work in both runs), epoch 5 runs the 2-stage pipeline over 4 active blocks, and the last 3
-  epochs run as 1 stage x 2 replicas over 3, 2 and 1 active blocks. Where the time goes (idle
-  cores): a pipeline epoch takes about 1.5 s (each stage one core, a bubble of 1/5 with 4 micro-batches), a
-  compressed epoch 0.4-0.8 s (no bubble, the frozen blocks neither computed nor all-reduced), a transition
-  about 0.2 s; the schedule skips 14 of 48 block-epochs. The saving must outweigh the drift of a machine's load
-  between the two runs, so the schedule compresses early enough for 3 of the 8 epochs to run compressed.
-  Measured at 8 epochs (the reference 0.944): ``t0 = 0.4`` 0.942, ``t0 = 0.5`` 0.944, ``t0 = 0.6`` 0.958
-  (compressed for 2 epochs, skipping 9 block-epochs); at 6 epochs, ``t0 = 0.5`` ended 2 points below the
-  reference, ``t0 = 0.6`` with a decision every 11 steps 1.7 points below and the default policy (``drift``),
-  which froze all 6 blocks at once in epoch 4, 2.8 points below. The held-out set is 359 digits: a point is 3.6 of them.
+  epochs run as 1 stage x 2 replicas over 3, 2 and 1 active blocks. Where the time goes: a pipeline epoch of all 6
+  blocks (each stage one core, a bubble of 1/5 with 4 micro-batches) took 1.5 s on idle cores; relative to it, epoch
+  5 (2 frozen, still 2 stages) took about 70%, the compressed epochs about 47%, 32% and 18% (no bubble, the frozen
+  blocks neither computed nor all-reduced), a transition about 10%; the schedule skips 14 of 48 block-epochs, so the
+  run with freezing takes about 3/4 of the reference's time. The saving must outweigh the drift of a machine's load
+  between the two runs, so the schedule compresses early enough for 3 of the 8 epochs to run compressed. Measured at
+  8 epochs (the reference 0.944): ``t0 = 0.4`` 0.942, ``t0 = 0.5`` 0.944, ``t0 = 0.6`` 0.958 (compressed for 2
+  epochs, skipping 9 block-epochs); at 6 epochs, ``t0 = 0.5`` ended 2 points below the reference, ``t0 = 0.6`` with
+  a decision every 11 steps 1.7 points below and the default policy (``drift``), which froze all 6 blocks at once in
+  epoch 4, 2.8 points below. The held-out set is 359 digits: a point is 3.6 of them.
 
 On a busy machine the timings drift with its load; the demo reports the epochs before the first freeze, which do
 the same work in both runs, so that the drift is visible next to the speedup.
