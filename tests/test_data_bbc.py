@@ -61,16 +61,20 @@ def test_tokenised_dataset_is_registered_with_the_minilm_model() -> None:
 
 
 @needs_minilm
-def test_the_example_config_builds_the_minilm_model_and_the_dataset() -> None:
+def test_the_example_config_builds_the_minilm_model_and_the_fixed_split() -> None:
     from pathlib import Path
 
-    from elastic_pipe.orchestrator.components import build_model, load_samples
+    from elastic_pipe.orchestrator.components import build_model, epoch_steps, load_eval_samples, load_samples
     from elastic_pipe.orchestrator.config import load_config
 
     config = load_config(Path(__file__).resolve().parents[1] / "examples" / "minilm_bbc.toml")
     assert (config.model.name, config.data.dataset, config.launch.nproc_per_node) == ("minilm", "bbcnews", 4)
-    data = load_samples(config)
-    assert len(data) == 2225 and data[0][0].shape == (64,)  # data.options.max_tokens reaches the dataset
+    data, held_out = load_samples(config), load_eval_samples(config)
+    # The corpus's fixed split: training on the 1,780 training articles, evaluating on the 445 test articles.
+    assert (len(data), len(held_out)) == (1780, 445)
+    assert data[0][0].shape == held_out[0][0].shape == (64,)  # data.options.max_tokens reaches both datasets
+    assert torch.equal(held_out.ids, bbcnews(max_tokens=64, split="test").ids)
+    assert epoch_steps(config, len(data)) == 1780 // 32  # nothing held out of the training split
     model = build_model(config)
     assert model.num_units == 6
     assert model(data.ids[:2]).shape == (2, 5)

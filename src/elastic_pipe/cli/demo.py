@@ -44,7 +44,7 @@ EPOCH_KEYS = ("epoch", "loss", "eval_accuracy", "pipe_len", "replicas", "frozen_
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the subcommand's options."""
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 6)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per run (default 8)")
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the reference (the 2-stage pipeline without freezing)"
     )
@@ -109,7 +109,7 @@ def summarize(results: dict[str, Any], budget: dict[str, Any] | None = None) -> 
         doc["accuracy_change"] = None if None in accuracies else accuracies[0] - accuracies[1]
         doc["same_work"] = _same_work(elastic["epochs"], base["epochs"])
     cores = os.cpu_count() or 1
-    # Both runs use the same processes; the elastic run's layouts say how many.
+    # Both runs use as many processes (the same world size); the elastic run's layouts say how many.
     processes = max((e["pipe_len"] * e["replicas"] for e in doc["epochs"]), default=1)
     if cores < processes:
         # Replicas only pay where each process has its own core or device; here they time-share the cores, and
