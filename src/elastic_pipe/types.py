@@ -292,8 +292,7 @@ class Layout:
             raise ElasticPipeTypeError(f"Layout.virtual must be an int, got {self.virtual!r}")
         if self.frozen < 0 or self.pipe_len < 1 or self.replicas < 1 or self.microbatches < 1 or self.virtual < 1:
             raise ElasticPipeError(
-                "Layout needs frozen >= 0, pipe_len >= 1, replicas >= 1, microbatches >= 1, virtual >= 1; "
-                f"got {self!r}"
+                f"Layout needs frozen >= 0, pipe_len >= 1, replicas >= 1, microbatches >= 1, virtual >= 1; got {self!r}"
             )
         if len(self.boundaries) != self.num_stages + 1:
             raise ElasticPipeError(

@@ -16,7 +16,16 @@ Example::
 from __future__ import annotations
 
 from elastic_pipe.protocol.abort import MAX_REASON_BYTES, AbortMessage
-from elastic_pipe.protocol.codec import MAGIC, MAX_MESSAGE_BYTES, VERSION, ControlMessage, decode, decode_any, encode
+from elastic_pipe.protocol.codec import (
+    MAGIC,
+    MAX_MESSAGE_BYTES,
+    TRANSITION_VERSION,
+    VERSION,
+    ControlMessage,
+    decode,
+    decode_any,
+    encode,
+)
 from elastic_pipe.protocol.describe import describe, describe_legacy, legacy_to_dict, message_to_dict
 from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 from elastic_pipe.protocol.legacy import LEGACY_LENGTH, LegacyMessage, decode_legacy, encode_legacy
@@ -51,6 +60,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "MAX_STATE_ENTRIES",
     "MAX_STATE_PARAMS",
+    "TRANSITION_VERSION",
     "VERSION",
     "AbortMessage",
     "ControlMessage",

@@ -35,6 +35,7 @@ def message_to_dict(msg: TransitionMessage) -> dict[str, Any]:
         "step": msg.step,
         "frozen": msg.frozen,
         "pipe_len": msg.pipe_len,
+        "virtual": msg.virtual,
         "boundaries": list(msg.boundaries),
         "microbatches": msg.microbatches,
         "max_cost_at_start": msg.max_cost_at_start,
@@ -84,8 +85,9 @@ def describe(msg: TransitionMessage) -> str:
             ("frozen layers", frozen),
             (
                 "pipeline length",
-                f"{msg.pipe_len} (each pipeline replica is cut into {_plural(msg.pipe_len, 'stage')}, one device each)",
+                f"{msg.pipe_len} (each pipeline replica spans {_plural(msg.pipe_len, 'device')})",
             ),
+            ("stages per device", f"{msg.virtual} ({_plural(msg.pipe_len * msg.virtual, 'stage')} in all)"),
             ("stage boundaries", f"{list(msg.boundaries)} ({stages})"),
             ("micro-batches", f"{msg.microbatches} per step and pipeline replica"),
             (
