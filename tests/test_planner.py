@@ -529,7 +529,7 @@ def test_job_takes_virtual_stages_the_schedule_accepts() -> None:
         JobSpec(8, 1, 1, virtual=2)
     with pytest.raises(PlannerError, match=r"virtual=1: interleaved needs chunks >= 2"):
         JobSpec(8, 1, 1, schedule="interleaved", virtual=1)
-    with pytest.raises(PlannerError, match="JobSpec.virtual must be an int"):
+    with pytest.raises(PlannerError, match=r"JobSpec\.virtual must be an int"):
         JobSpec(8, 1, 1, virtual=0)
 
 
