@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_pipe.types import ElasticPipeError, ElasticPipeTypeError, Layout, stage_ranks
+from elastic_pipe.types import ElasticPipeError, ElasticPipeTypeError, Layout, Placement, stage_ranks
 
 
 def _layout(pipe_len: int, virtual: int, frozen: int = 2) -> Layout:
@@ -73,3 +73,16 @@ def test_bad_style_and_rank_are_refused() -> None:
         placement.ranges_of("0")  # type: ignore[arg-type]
     with pytest.raises(ElasticPipeError, match="virtual must be an int >= 1"):
         stage_ranks(2, 0)
+
+
+def test_placement_built_by_hand_must_agree_with_its_rule() -> None:
+    good = _layout(2, 2).placement("v")
+    assert Placement(good.style, 2, 2, good.ranks, good.ranges) == good
+    with pytest.raises(ElasticPipeError, match=r"Placement\.ranks must be"):
+        Placement("loop", 2, 2, good.ranks, good.ranges)
+    with pytest.raises(ElasticPipeError, match="adjacent, non-empty"):
+        Placement("v", 2, 2, good.ranks, good.ranges[:3])
+    with pytest.raises(ElasticPipeError, match="adjacent, non-empty"):
+        Placement("v", 2, 2, good.ranks, ((2, 3), (3, 3), (3, 5), (5, 6)))
+    with pytest.raises(ElasticPipeError, match="adjacent, non-empty"):
+        Placement("v", 2, 2, good.ranks, ((2, 3), (4, 5), (5, 6), (6, 7)))

@@ -243,6 +243,22 @@ class Placement:
     ranks: tuple[int, ...]
     ranges: tuple[tuple[int, int], ...]
 
+    def __post_init__(self) -> None:
+        expected = stage_ranks(self.pipe_len, self.virtual, self.style)
+        if tuple(self.ranks) != expected:
+            raise ElasticPipeError(
+                f"Placement.ranks must be {expected} for pipe_len={self.pipe_len}, virtual={self.virtual}, "
+                f"style={self.style!r}; got {self.ranks!r}"
+            )
+        starts = [r[0] for r in self.ranges[1:]]
+        if len(self.ranges) != len(expected) or any(
+            not a < b or b != c for (a, b), c in zip(self.ranges, [*starts, self.ranges[-1][1]], strict=True)
+        ):
+            raise ElasticPipeError(
+                f"Placement.ranges must be {len(expected)} adjacent, non-empty (start, stop) layer ranges, "
+                f"got {self.ranges!r}"
+            )
+
     @property
     def num_stages(self) -> int:
         """Stages of the pipeline, ``pipe_len * virtual``."""

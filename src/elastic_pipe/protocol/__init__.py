@@ -1,6 +1,7 @@
 """The control-group messages: a transition (rank 0's decision), an abort (a rank's one-line error, sent in place
 of the message it owed) and an optimizer-state header (what a source rank's optimizer holds for the parameters it
-hands over); one versioned, length-checked, checksummed binary frame (v1) for all three; and the published
+hands over); one versioned, length-checked, checksummed binary frame for all three (a transition at version 2,
+which carries the virtual stages per rank; version 1 still decodes); and the published
 50-float PipeTransformer message (legacy codec). Decoding never executes code.
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.

@@ -71,7 +71,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def describe(msg: TransitionMessage) -> str:
-    """Every field of a v1 message in plain words, one per line."""
+    """Every field of a transition message in plain words, one per line."""
     CHECK.instance("msg", msg, TransitionMessage)
     stages = "; ".join(
         f"stage {s}: {_layers(b, c - 1)}"
@@ -79,7 +79,7 @@ def describe(msg: TransitionMessage) -> str:
     )
     frozen = f"{msg.frozen} ({_layers(0, msg.frozen - 1)} no longer train)" if msg.frozen else "0 (every layer trains)"
     return _table(
-        "Transition message (elastic_pipe v1)",
+        "Transition message (elastic_pipe)",
         [
             ("takes effect at", f"epoch {msg.epoch}, step {msg.step}"),
             ("frozen layers", frozen),
