@@ -84,8 +84,9 @@ _REASONS = ("rank 0 could not decide", "two\nlines", "cr\r", "tab\t", "\x1b[31m"
 
 def _valid_message(rng: random.Random) -> TransitionMessage:
     pipe_len = rng.choice((1, 2, 4, 8, 16))
+    virtual = rng.choice((1, 2))
     frozen = rng.randrange(0, 24)
-    cuts = sorted(rng.sample(range(frozen + 1, frozen + 64), pipe_len))
+    cuts = sorted(rng.sample(range(frozen + 1, frozen + 64), pipe_len * virtual))
     norms = None if rng.random() < 0.3 else tuple(rng.uniform(0, 10) for _ in range(rng.randrange(0, 30)))
     return TransitionMessage(
         epoch=rng.randrange(0, 1000),
@@ -97,6 +98,7 @@ def _valid_message(rng: random.Random) -> TransitionMessage:
         max_cost_at_start=rng.uniform(0, 1e9),
         changed_ranks=tuple(sorted(rng.sample(range(64), rng.randrange(0, 16)))),
         grad_norms=norms,
+        virtual=virtual,
     )
 
 

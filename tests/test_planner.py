@@ -476,3 +476,88 @@ def test_a_reshape_must_pay_for_its_transition() -> None:
         assert e.boundaries[-1] == 26 and sum(e.step.layers_per_stage) == 26 - e.first_layer
     free = _vit_plan(pipe_len=8, steps_per_epoch=1, transition_seconds=0.0)
     assert free.reshapes >= 1 and free.epochs[1].pipe_len < 8
+
+
+# --- virtual stages (issue 43): taken from the job, predicted beside one stage per rank, never chosen -------------
+
+
+@pytest.mark.parametrize(("ranks", "microbatches", "virtual"), [(2, 4, 2), (4, 8, 2), (4, 8, 4)])
+def test_equal_stages_reproduce_the_interleaved_bubble(ranks: int, microbatches: int, virtual: int) -> None:
+    # 2 sub-layers per stage: a stage's micro-batch costs per_stage, a rank's v stages v * per_stage; the
+    # interleaved bubble is the 1F1B bubble of a rank divided by v: (K - 1) * v * per_stage / v.
+    costs = _uniform(2 * ranks * virtual)
+    cluster = ClusterSpec(ranks, gpu=NO_FIXED_COSTS)
+    pred = predict_step(
+        [(c, Mode.ACTIVE) for c in costs],
+        cluster,
+        global_batch=8 * microbatches,
+        pipe_len=ranks,
+        microbatches=microbatches,
+        schedule="interleaved",
+        chunks=virtual,
+    )
+    per_stage = 2 * 8 * 3e-3
+    b = pred.breakdown
+    assert pred.chunks == virtual and pred.layers_per_stage == (2,) * (ranks * virtual)
+    assert b.compute == pytest.approx(microbatches * virtual * per_stage, rel=1e-9)
+    assert b.bubble == pytest.approx((ranks - 1) * per_stage, rel=1e-9)
+
+
+@pytest.mark.parametrize(("ranks", "microbatches"), [(2, 4), (4, 8)])
+def test_equal_stages_reproduce_the_gpipe_bubble(ranks: int, microbatches: int) -> None:
+    costs = _uniform(2 * ranks)
+    pred = predict_step(
+        [(c, Mode.ACTIVE) for c in costs],
+        ClusterSpec(ranks, gpu=NO_FIXED_COSTS),
+        global_batch=8 * microbatches,
+        pipe_len=ranks,
+        microbatches=microbatches,
+        schedule="gpipe",
+    )
+    per_mb = 2 * 8 * 3e-3
+    assert pred.breakdown.bubble == pytest.approx((ranks - 1) * per_mb, rel=1e-9)
+    assert pred.breakdown.bubble / (pred.breakdown.compute + pred.breakdown.bubble) == pytest.approx(
+        (ranks - 1) / (microbatches + ranks - 1), rel=1e-9
+    )
+
+
+def test_job_takes_virtual_stages_the_schedule_accepts() -> None:
+    assert JobSpec(8, 1, 1).chunks == 1 and JobSpec(8, 1, 1, schedule="interleaved").chunks == 2
+    assert JobSpec(8, 1, 1, schedule="interleaved", virtual=3).chunks == 3
+    assert JobSpec(8, 1, 1, schedule="gpipe", virtual=2).chunks == 2
+    with pytest.raises(PlannerError, match=r"virtual=2: 1f1b holds one stage per rank"):
+        JobSpec(8, 1, 1, virtual=2)
+    with pytest.raises(PlannerError, match=r"virtual=1: interleaved needs chunks >= 2"):
+        JobSpec(8, 1, 1, schedule="interleaved", virtual=1)
+    with pytest.raises(PlannerError, match=r"JobSpec\.virtual must be an int"):
+        JobSpec(8, 1, 1, virtual=0)
+
+
+def _uniform_plan(**job: object) -> planner.Plan:
+    options: dict[str, object] = {"global_batch": 64, "epochs": 1, "steps_per_epoch": 10, "frozen": (0,)}
+    options.update(job)
+    cluster = ClusterSpec(4, gpu=NO_FIXED_COSTS)
+    return make_plan(_uniform(16), cluster, JobSpec(**options), model="uniform")  # type: ignore[arg-type]
+
+
+def test_plan_trains_one_stage_per_rank_and_reports_the_interleaved_step_beside_it() -> None:
+    plan = _uniform_plan(pipe_len=4, microbatches=4)
+    assert len(plan.epochs) == 1 and plan.epochs[0].pipe_len == 4
+    for e in plan.epochs:
+        alt = e.interleaved
+        assert e.virtual == 1 and alt is not None and alt.chunks == 2
+        assert (alt.pipe_len, alt.microbatches, alt.replicas) == (e.pipe_len, e.step.microbatches, e.replicas)
+        # same work, half the fill and drain: (K - 1) per-rank micro-batches become (K - 1) / 2
+        assert alt.breakdown.compute == pytest.approx(e.step.breakdown.compute, rel=1e-9)
+        assert alt.breakdown.bubble == pytest.approx(e.step.breakdown.bubble / 2, rel=1e-9)
+    first = plan_to_dict(plan)["epochs"][0]
+    assert first["virtual"] == 1 and first["interleaved"]["virtual"] == 2
+    assert first["interleaved"]["step_time"] == plan.epochs[0].interleaved.step_time  # type: ignore[union-attr]
+    assert "[v=2: " in format_table(plan)
+
+
+def test_plan_with_virtual_stages_reports_v_and_no_alternative() -> None:
+    plan = _uniform_plan(pipe_len=2, microbatches=4, schedule="interleaved", virtual=4)
+    assert all(e.virtual == 4 and e.interleaved is None for e in plan.epochs)
+    assert len(plan.epochs[0].step.layers_per_stage) == 8
+    assert "[v=2: " not in format_table(plan)

@@ -18,6 +18,7 @@ from elastic_pipe.protocol import (
     MAGIC,
     MAX_MESSAGE_BYTES,
     MAX_RANKS,
+    TRANSITION_VERSION,
     LegacyMessage,
     ProtocolError,
     TransitionMessage,
@@ -50,7 +51,9 @@ EXAMPLE = TransitionMessage(
 def messages(draw: st.DrawFn) -> TransitionMessage:
     frozen = draw(st.integers(0, 50))
     pipe_len = draw(st.integers(1, 8))
-    cuts = draw(st.lists(st.integers(frozen + 1, frozen + 100), min_size=pipe_len, max_size=pipe_len, unique=True))
+    virtual = draw(st.integers(1, 3))
+    stages = pipe_len * virtual
+    cuts = draw(st.lists(st.integers(frozen + 1, frozen + 100), min_size=stages, max_size=stages, unique=True))
     finite = st.floats(min_value=0, max_value=1e12, allow_nan=False, allow_infinity=False)
     return TransitionMessage(
         epoch=draw(st.integers(0, 2**64 - 1)),
@@ -62,6 +65,7 @@ def messages(draw: st.DrawFn) -> TransitionMessage:
         max_cost_at_start=draw(finite),
         changed_ranks=tuple(sorted(draw(st.sets(st.integers(0, 2**32 - 1), max_size=20)))),
         grad_norms=draw(st.none() | st.lists(finite, max_size=30).map(tuple)),
+        virtual=virtual,
     )
 
 
@@ -99,17 +103,40 @@ def _forge(**fields: int | float) -> bytes:
     return _with_crc(struct.pack("<4sHHI", MAGIC, 1, f["flags"], len(body)) + body)
 
 
-# --- v1 codec ---------------------------------------------------------------------------------------------------
+# --- the binary codec -------------------------------------------------------------------------------------------
 
 
 def test_encoding_follows_the_documented_layout() -> None:
     data = encode(EXAMPLE)
     assert data[:4] == b"EPTM"
-    assert struct.unpack_from("<HHI", data, 4) == (1, 1, len(data) - 16)
-    assert struct.unpack_from("<QQIIIdIII", data, 12) == (3, 1200, 4, 2, 16, 21.5, 3, 2, 2)
-    assert struct.unpack_from("<3I2I2d", data, 60) == (4, 8, 12, 1, 9, 0.5, 0.25)
+    assert struct.unpack_from("<HHI", data, 4) == (2, 1, len(data) - 16)
+    assert struct.unpack_from("<QQIIIdIIII", data, 12) == (3, 1200, 4, 2, 16, 21.5, 3, 2, 2, 1)
+    assert struct.unpack_from("<3I2I2d", data, 64) == (4, 8, 12, 1, 9, 0.5, 0.25)
     assert struct.unpack_from("<I", data, len(data) - 4)[0] == zlib.crc32(data[:-4])
-    assert len(data) == 12 + 48 + 5 * 4 + 2 * 8 + 4
+    assert len(data) == 12 + 52 + 5 * 4 + 2 * 8 + 4
+
+
+def test_virtual_stages_travel_in_version_2() -> None:
+    msg = TransitionMessage(3, 9, 2, 2, (2, 4, 5, 8, 9), 4, 1.5, (1,), None, virtual=2)
+    data = encode(msg)
+    assert struct.unpack_from("<H", data, 4) == (TRANSITION_VERSION,)
+    assert struct.unpack_from("<I", data, 60) == (2,)
+    assert struct.unpack_from("<5I", data, 64) == (2, 4, 5, 8, 9)
+    assert decode(data) == msg and decode(data).layers_per_stage == (2, 1, 3, 1)
+    assert message_to_dict(msg)["virtual"] == 2
+    assert "stages per device: 2 (4 stages in all)" in _words(describe(msg))
+
+
+def test_version_1_message_decodes_to_one_stage_per_rank() -> None:
+    """A sender that predates virtual stages writes version 1 (no ``virtual`` field): it reads as v = 1."""
+    old = _forge(pipe_len=1, n_bounds=2)
+    assert struct.unpack_from("<H", old, 4) == (1,)
+    msg = decode(old)
+    assert msg.virtual == 1 and msg.boundaries == (0, 5)
+    # the same fields re-encoded are version 2 and differ from the old bytes only by the version and the field
+    assert decode(encode(msg)) == msg and len(encode(msg)) == len(old) + 4
+    with pytest.raises(ProtocolError, match=r"boundary count 2 does not match pipe_len \* virtual \+ 1 = 3"):
+        decode(_forge(pipe_len=2, n_bounds=2))
 
 
 def test_hand_built_message_decodes() -> None:
@@ -184,13 +211,13 @@ def test_random_bytes_never_raise_anything_but_protocol_error(raw: bytes) -> Non
     [
         (b"", "truncated"),
         (b"XXXX" + encode(EXAMPLE)[4:], "wrong magic"),
-        (encode(EXAMPLE)[:4] + b"\x02" + encode(EXAMPLE)[5:], "unsupported message version 2"),
+        (encode(EXAMPLE)[:4] + b"\x03" + encode(EXAMPLE)[5:], "unsupported message version 3"),
         (encode(EXAMPLE)[:-1] + bytes([encode(EXAMPLE)[-1] ^ 1]), "CRC32 mismatch"),
         (encode(EXAMPLE)[:-5], "length prefix"),
         (encode(EXAMPLE) + b"\x00", "length prefix"),
         (_forge(n_changed=2**32 - 1), f"changed-rank count 4294967295 exceeds the maximum {MAX_RANKS}"),
         (_forge(n_norms=2**32 - 1, flags=1), "gradient-norm count"),
-        (_forge(n_bounds=5), "boundary count 5 does not match pipe_len + 1 = 2"),
+        (_forge(n_bounds=5), "boundary count 5 does not match pipe_len . virtual + 1 = 2"),
         (_forge(pipe_len=2**32 - 1, n_bounds=0), "boundary count"),
         (_forge(n_changed=3), "counts need a body of"),
         (_forge(n_norms=1), "flag is not set"),
@@ -225,7 +252,11 @@ def test_protocol_error_is_in_the_toolkit_family() -> None:
 @pytest.mark.parametrize(
     ("changes", "words"),
     [
-        ({"boundaries": (4, 8)}, "pipe_len \\+ 1 = 3"),
+        ({"boundaries": (4, 8)}, "pipe_len \\* virtual \\+ 1 = 3"),
+        ({"virtual": 2}, "pipe_len \\* virtual \\+ 1 = 5"),
+        ({"virtual": 0}, "virtual must be in \\[1, 32768\\]"),
+        ({"virtual": 2**15 + 1}, "virtual must be in"),
+        ({"virtual": 2.0}, "virtual must be an int"),
         ({"boundaries": (0, 8, 12)}, "must start at frozen=4"),
         ({"boundaries": (4, 8, 8)}, "strictly increase"),
         ({"pipe_len": 0, "boundaries": (4,)}, "pipe_len must be in"),
@@ -261,7 +292,8 @@ def test_describe_spells_out_every_field() -> None:
     for words in (
         "takes effect at: epoch 3, step 1200",
         "frozen layers: 4 (layers 0-3 no longer train)",
-        "pipeline length: 2 (each pipeline replica is cut into 2 stages, one device each)",
+        "pipeline length: 2 (each pipeline replica spans 2 devices)",
+        "stages per device: 1 (2 stages in all)",
         "stage boundaries: [4, 8, 12] (stage 0: layers 4-7; stage 1: layers 8-11)",
         "micro-batches: 16 per step and pipeline replica",
         "largest per-device cost at the start: 21.5",

@@ -19,6 +19,7 @@ __all__ = [
     "BYTE_UNITS",
     "MAX_BYTES",
     "MAX_DIMENSION",
+    "PLACEMENT_STYLES",
     "TRANSFORMER_FAMILIES",
     "ByteSizeError",
     "ByteSizeTypeError",
@@ -26,8 +27,10 @@ __all__ = [
     "ElasticPipeTypeError",
     "LayerCost",
     "Layout",
+    "Placement",
     "TransformerShape",
     "parse_bytes",
+    "stage_ranks",
 ]
 
 #: A dense layer's backward costs twice its forward: it runs one matrix multiply for the input gradient and one
@@ -185,17 +188,112 @@ class LayerCost:
         return self.forward + self.backward
 
 
+#: How the ``K * v`` stages of a pipeline sit on its ``K`` ranks. ``"loop"``: stage ``s`` on rank ``s % K`` (torch's
+#: interleaved schedules, torchtitan's "loop"); ``"v"``: the stages zig-zag, down the ranks and back up (rank ``r``
+#: holds stages ``r`` and ``2K - 1 - r`` for ``v = 2``; ZBV schedules, torchtitan's "v"), so a rank's last stage of
+#: one chunk and first stage of the next sit on the same rank.
+PLACEMENT_STYLES = ("loop", "v")
+
+
+def stage_ranks(ranks: int, virtual: int, style: str = "loop") -> tuple[int, ...]:
+    """Stage -> rank for ``ranks * virtual`` stages placed in ``style`` (one of :data:`PLACEMENT_STYLES`).
+
+    The one place the stage-to-rank rule lives: :class:`Placement` and the schedule IR's default placement read it.
+
+    Raises:
+        ElasticPipeTypeError: ``ranks`` or ``virtual`` not an int, ``style`` not a string.
+        ElasticPipeError: ``ranks`` or ``virtual`` below 1, or an unknown style.
+
+    Example:
+        >>> stage_ranks(2, 2, "loop"), stage_ranks(2, 2, "v")
+        ((0, 1, 0, 1), (0, 1, 1, 0))
+    """
+    for name, value in (("ranks", ranks), ("virtual", virtual)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ElasticPipeTypeError(f"stage_ranks: {name} must be an int, got {value!r}")
+        if value < 1:
+            raise ElasticPipeError(f"stage_ranks: {name} must be an int >= 1, got {value}")
+    if not isinstance(style, str):
+        raise ElasticPipeTypeError(f"stage_ranks: style must be a string, got {style!r}")
+    if style not in PLACEMENT_STYLES:
+        raise ElasticPipeError(f"stage_ranks: style must be one of {PLACEMENT_STYLES}, got {style!r}")
+    if style == "loop":
+        return tuple(s % ranks for s in range(ranks * virtual))
+    return tuple(s % ranks if (s // ranks) % 2 == 0 else ranks - 1 - s % ranks for s in range(ranks * virtual))
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Which stages, and so which layers, each rank of a pipeline holds: derived once from a :class:`Layout`.
+
+    Build it with :meth:`Layout.placement`. With one stage per rank (``virtual == 1``) both styles put stage ``r``
+    on rank ``r``.
+
+    Attributes:
+        style: one of :data:`PLACEMENT_STYLES`.
+        pipe_len: ranks K of one pipeline replica.
+        virtual: stages per rank v.
+        ranks: stage -> rank, ``pipe_len * virtual`` entries (what :func:`stage_ranks` gives).
+        ranges: stage -> ``(start, stop)``, the layers ``start:stop`` it holds (global layer indices).
+    """
+
+    style: str
+    pipe_len: int
+    virtual: int
+    ranks: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        expected = stage_ranks(self.pipe_len, self.virtual, self.style)
+        if tuple(self.ranks) != expected:
+            raise ElasticPipeError(
+                f"Placement.ranks must be {expected} for pipe_len={self.pipe_len}, virtual={self.virtual}, "
+                f"style={self.style!r}; got {self.ranks!r}"
+            )
+        starts = [r[0] for r in self.ranges[1:]]
+        if len(self.ranges) != len(expected) or any(
+            not a < b or b != c for (a, b), c in zip(self.ranges, [*starts, self.ranges[-1][1]], strict=True)
+        ):
+            raise ElasticPipeError(
+                f"Placement.ranges must be {len(expected)} adjacent, non-empty (start, stop) layer ranges, "
+                f"got {self.ranges!r}"
+            )
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of the pipeline, ``pipe_len * virtual``."""
+        return len(self.ranks)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages ``rank`` holds, in the order data reaches them (increasing stage index)."""
+        self._check_rank(rank)
+        return tuple(s for s, r in enumerate(self.ranks) if r == rank)
+
+    def ranges_of(self, rank: int) -> tuple[tuple[int, int], ...]:
+        """The ``(start, stop)`` layer ranges of ``rank``'s stages, parallel to :meth:`stages_of`."""
+        return tuple(self.ranges[s] for s in self.stages_of(rank))
+
+    def _check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise ElasticPipeTypeError(f"Placement: rank must be an int, got {rank!r}")
+        if not 0 <= rank < self.pipe_len:
+            raise ElasticPipeError(f"Placement: rank must be in [0, {self.pipe_len}), got {rank}")
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Where a job stands: how many leading layers are frozen and how the active ones are laid out.
 
     Attributes:
         frozen: number of frozen leading layers.
-        pipe_len: pipeline length K (stages per pipeline replica).
+        pipe_len: pipeline length K (ranks per pipeline replica).
         replicas: number of data-parallel pipeline replicas (world size / K in the SPMD layout).
-        boundaries: K + 1 layer indices; stage ``s`` holds active layers ``boundaries[s]:boundaries[s+1]``
-            (indices count from the first layer of the model, so ``boundaries[0] == frozen``).
+        boundaries: ``K * virtual + 1`` layer indices; stage ``s`` holds active layers
+            ``boundaries[s]:boundaries[s+1]`` (indices count from the first layer of the model, so
+            ``boundaries[0] == frozen``).
         microbatches: micro-batches per step and replica.
+        virtual: stages per rank v (1: one stage per rank, the only layout training runs today; more: the
+            stages :meth:`placement` spreads over the ranks).
     """
 
     frozen: int
@@ -203,15 +301,19 @@ class Layout:
     replicas: int
     boundaries: tuple[int, ...]
     microbatches: int
+    virtual: int = 1
 
     def __post_init__(self) -> None:
-        if self.frozen < 0 or self.pipe_len < 1 or self.replicas < 1 or self.microbatches < 1:
+        if isinstance(self.virtual, bool) or not isinstance(self.virtual, int):
+            raise ElasticPipeTypeError(f"Layout.virtual must be an int, got {self.virtual!r}")
+        if self.frozen < 0 or self.pipe_len < 1 or self.replicas < 1 or self.microbatches < 1 or self.virtual < 1:
             raise ElasticPipeError(
-                f"Layout needs frozen >= 0, pipe_len >= 1, replicas >= 1, microbatches >= 1; got {self!r}"
+                f"Layout needs frozen >= 0, pipe_len >= 1, replicas >= 1, microbatches >= 1, virtual >= 1; got {self!r}"
             )
-        if len(self.boundaries) != self.pipe_len + 1:
+        if len(self.boundaries) != self.num_stages + 1:
             raise ElasticPipeError(
-                f"Layout.boundaries needs pipe_len + 1 = {self.pipe_len + 1} entries, got {self.boundaries!r}"
+                f"Layout.boundaries needs pipe_len * virtual + 1 = {self.num_stages + 1} entries, "
+                f"got {self.boundaries!r}"
             )
         if self.boundaries[0] != self.frozen or any(
             b >= c for b, c in zip(self.boundaries, self.boundaries[1:], strict=False)
@@ -226,9 +328,28 @@ class Layout:
         return self.pipe_len * self.replicas
 
     @property
+    def num_stages(self) -> int:
+        """Stages of one pipeline replica, ``pipe_len * virtual``."""
+        return self.pipe_len * self.virtual
+
+    @property
     def layers_per_stage(self) -> tuple[int, ...]:
         """Number of active layers on each stage."""
         return tuple(c - b for b, c in zip(self.boundaries, self.boundaries[1:], strict=False))
+
+    def placement(self, style: str = "loop") -> Placement:
+        """Which stages and layers each rank holds, the stages placed in ``style`` (see :data:`PLACEMENT_STYLES`).
+
+        Raises:
+            ElasticPipeError: an unknown style (ElasticPipeTypeError: not a string).
+
+        Example:
+            >>> Layout(0, 2, 1, (0, 1, 2, 3, 4), 4, virtual=2).placement("v").ranges_of(0)
+            ((0, 1), (3, 4))
+        """
+        ranks = stage_ranks(self.pipe_len, self.virtual, style)
+        ranges = tuple(zip(self.boundaries, self.boundaries[1:], strict=False))
+        return Placement(style, self.pipe_len, self.virtual, ranks, ranges)
 
 
 @dataclass(frozen=True, slots=True)

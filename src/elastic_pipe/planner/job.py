@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_pipe.planner.errors import CHECK, PlannerError
-from elastic_pipe.schedule import GENERATORS
+from elastic_pipe.schedule import GENERATORS, MAX_CHUNKS, ScheduleError, generate
 
 __all__ = [
     "CACHE_FILLS",
@@ -26,7 +26,8 @@ CACHE_TIERS = ("gpu", "host", "disk")
 #: (published AutoCache), or in the transition, each stage-0 rank extending its cache through the newly frozen
 #: units for every training sample (this package's orchestrator).
 CACHE_FILLS = ("epoch", "transition")
-#: Stages per rank for the interleaved schedule.
+#: Stages per rank for the interleaved schedule when the job does not set ``virtual``; also the stages per rank
+#: each epoch's interleaved alternative is predicted with (:attr:`~elastic_pipe.planner.EpochPlan.interleaved`).
 INTERLEAVED_CHUNKS = 2
 
 
@@ -65,6 +66,10 @@ class JobSpec:
         dataset_size: samples per epoch (for cache capacity); default ``global_batch * steps_per_epoch``.
         transition_seconds: cost of one reshape (moving stages, rebuilding groups); published ~17 s, assumed 5 s.
         solver: partition solver name.
+        virtual: stages per rank v for ``schedule``; ``None`` takes :data:`INTERLEAVED_CHUNKS` for "interleaved"
+            and 1 for the others. The schedule must accept it (1f1b and zb1p hold one stage per rank,
+            interleaved at least two). Training runs one stage per rank until the runtime part of issue 43 lands;
+            a plan with ``v > 1`` is a prediction.
     """
 
     global_batch: int
@@ -82,6 +87,7 @@ class JobSpec:
     dataset_size: int | None = None
     transition_seconds: float = 5.0
     solver: str = "optimal"
+    virtual: int | None = None
 
     def __post_init__(self) -> None:
         CHECK.int("JobSpec.global_batch", self.global_batch, lo=1)
@@ -90,6 +96,7 @@ class JobSpec:
         CHECK.optional_int("JobSpec.pipe_len", self.pipe_len, lo=1, hi=MAX_PIPE_LEN)
         CHECK.optional_int("JobSpec.microbatches", self.microbatches, lo=1, hi=MAX_MICROBATCHES)
         CHECK.optional_int("JobSpec.dataset_size", self.dataset_size, lo=1)
+        CHECK.optional_int("JobSpec.virtual", self.virtual, lo=1, hi=MAX_CHUNKS)
         for key in ("policy", "schedule", "cache_tier", "cache_fill", "solver"):
             CHECK.str(f"JobSpec.{key}", getattr(self, key))
         CHECK.mapping("JobSpec.policy_options", self.policy_options)
@@ -98,6 +105,10 @@ class JobSpec:
         CHECK.number("JobSpec.transition_seconds", self.transition_seconds)
         if self.schedule not in GENERATORS:
             raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
+        try:  # the generator states which stage counts per rank its schedule takes
+            generate(self.schedule, 1, 1, self.chunks)
+        except ScheduleError as exc:
+            raise PlannerError(f"JobSpec.virtual={self.virtual}: {exc}") from None
         if self.cache_tier not in ("auto", *CACHE_TIERS):
             raise PlannerError(
                 f"unknown cache tier {self.cache_tier!r} (cache_tier); expected one of {['auto', *CACHE_TIERS]}"
@@ -113,7 +124,9 @@ class JobSpec:
 
     @property
     def chunks(self) -> int:
-        """Stages per rank the schedule needs."""
+        """Stages per rank v: ``virtual``, or the schedule's default when it is ``None``."""
+        if self.virtual is not None:
+            return self.virtual
         return INTERLEAVED_CHUNKS if self.schedule == "interleaved" else 1
 
     @property

@@ -36,7 +36,7 @@ from elastic_pipe.partition import divisors
 from elastic_pipe.planner.cluster import ClusterSpec
 from elastic_pipe.planner.costs import SubLayerCost, check_costs
 from elastic_pipe.planner.errors import CHECK, PlannerError
-from elastic_pipe.planner.job import JobSpec
+from elastic_pipe.planner.job import INTERLEAVED_CHUNKS, JobSpec
 from elastic_pipe.planner.result import EpochPlan, Plan
 from elastic_pipe.planner.search import CacheVariant, LayoutSearch
 from elastic_pipe.planner.step import StepPrediction
@@ -71,6 +71,10 @@ def _variant(frozen: int, held: tuple[int, str | None], job: JobSpec) -> CacheVa
 def _epoch(
     e: int, job: JobSpec, ev: LayoutSearch, pred: StepPrediction, v: CacheVariant, *, transition: float = 0.0
 ) -> EpochPlan:
+    # Training runs one stage per rank: the interleaved step of the same K and M is reported beside it, not chosen.
+    interleaved = None
+    if pred.chunks == 1 and pred.pipe_len > 1:
+        interleaved = ev.predict(v, pred.pipe_len, pred.microbatches, virtual=INTERLEAVED_CHUNKS)
     return EpochPlan(
         epoch=e,
         frozen=v.frozen,
@@ -82,6 +86,7 @@ def _epoch(
         steps=job.steps_per_epoch,
         global_batch=job.global_batch,
         transition_seconds=transition,
+        interleaved=interleaved,
     )
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_pipe.planner.errors import CHECK, PlannerError
+from elastic_pipe.planner.job import INTERLEAVED_CHUNKS
 from elastic_pipe.planner.result import EpochPlan, Plan
 
 __all__ = ["format_table", "plan_to_dict", "plot_throughput", "plot_timeline"]
@@ -18,6 +19,7 @@ TIMELINE_ROWS = 16
 
 def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
     b = e.step.breakdown
+    alt = e.interleaved
     return {
         "epoch": e.epoch,
         "frozen": e.frozen,
@@ -25,6 +27,7 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
         "cache_tier": e.cache_tier,
         "pipe_len": e.pipe_len,
         "replicas": e.replicas,
+        "virtual": e.virtual,
         "microbatches": e.step.microbatches,
         "micro_batch": e.step.micro_batch,
         "partition": {
@@ -47,6 +50,9 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
         "transition_seconds": e.transition_seconds,
         "seconds": e.seconds,
         "why": e.why,
+        "interleaved": None
+        if alt is None
+        else {"virtual": alt.chunks, "step_time": alt.step_time, "bubble": alt.breakdown.bubble, "fits": alt.fits},
     }
 
 
@@ -100,7 +106,7 @@ def format_table(plan: Plan) -> str:
         f"global batch {j.global_batch}, {j.epochs} epochs x {j.steps_per_epoch} steps, schedule {j.schedule}, "
         f"cache {'on' if j.cache else 'off'}",
         "",
-        f"{'epoch':>5} {'frozen':>6} {'cache':>9} {'K':>3} {'R':>4} {'M':>3} {'step ms':>8} {'compute':>8} "
+        f"{'epoch':>5} {'frozen':>6} {'cache':>9} {'K':>3} {'v':>2} {'R':>4} {'M':>3} {'step ms':>8} {'compute':>8} "
         f"{'bubble':>7} {'xfer':>6} {'allred':>7} {'cache':>6} {'opt+host':>8} {'samples/s':>10}  stages (sub-layers)",
     ]
     for e in plan.epochs:
@@ -108,8 +114,12 @@ def format_table(plan: Plan) -> str:
         cache = f"{e.cached}@{e.cache_tier}" if e.cache_tier else "-"
         host = " host-bound" if e.step.host_bound else ""
         moved = f"  [transition {e.transition_seconds:.3g} s]" if e.transition_seconds else ""
+        alt = e.interleaved
+        if alt is not None:
+            moved += f"  [v={alt.chunks}: {_ms(alt.step_time)} ms, bubble {_ms(alt.breakdown.bubble)}]"
         lines.append(
-            f"{e.epoch:>5} {e.frozen:>6} {cache:>9} {e.pipe_len:>3} {e.replicas:>4} {e.step.microbatches:>3} "
+            f"{e.epoch:>5} {e.frozen:>6} {cache:>9} {e.pipe_len:>3} {e.virtual:>2} {e.replicas:>4} "
+            f"{e.step.microbatches:>3} "
             f"{_ms(e.step.step_time):>8} {_ms(b.compute):>8} {_ms(b.bubble):>7} {_ms(b.transfers):>6} "
             f"{_ms(b.allreduce):>7} {_ms(b.cache_reads):>6} {_ms(b.optimizer + b.host):>8} {e.throughput:>10,.0f}  "
             f"{'/'.join(str(n) for n in e.step.layers_per_stage)}{host}{moved}"
@@ -119,6 +129,12 @@ def format_table(plan: Plan) -> str:
         for i, e in enumerate(plan.epochs)
         if e.why and (i == 0 or (e.frozen, e.pipe_len) != (plan.epochs[i - 1].frozen, plan.epochs[i - 1].pipe_len))
     ]
+    if any(e.interleaved is not None for e in plan.epochs):
+        lines += [
+            "",
+            f"[v={INTERLEAVED_CHUNKS}: ...] the same K and M predicted with {INTERLEAVED_CHUNKS} interleaved stages "
+            "per rank (not run in training yet)",
+        ]
     if notes:
         lines += ["", "transitions:", *notes]
     s, f = plan.static[0], plan.freeze_only[0]

@@ -28,6 +28,11 @@ class EpochPlan:
         transition_seconds: paid at the start of this epoch: a reshape's cost, plus filling the cache when the
             job fills it in the transition.
         why: one sentence per decision: what froze, how the prefix is served, why this layout.
+        interleaved: the same pipeline length and micro-batch count predicted with
+            :data:`~elastic_pipe.planner.job.INTERLEAVED_CHUNKS` stages per rank (interleaved 1F1B), reported
+            beside ``step`` and never chosen: training runs one stage per rank until the runtime part of issue 43
+            lands. ``None`` when ``step`` already holds several stages per rank, for one-stage pipelines, and where
+            interleaving does not apply (micro-batches not a multiple of K, too few sub-layers).
     """
 
     epoch: int
@@ -40,6 +45,7 @@ class EpochPlan:
     global_batch: int
     transition_seconds: float = 0.0
     why: str = ""
+    interleaved: StepPrediction | None = None
 
     @property
     def pipe_len(self) -> int:
@@ -50,6 +56,11 @@ class EpochPlan:
     def replicas(self) -> int:
         """Pipeline replicas."""
         return self.step.replicas
+
+    @property
+    def virtual(self) -> int:
+        """Stages per rank v of the planned step."""
+        return self.step.chunks
 
     @property
     def throughput(self) -> float:

@@ -126,9 +126,16 @@ class LayoutSearch:
         return tuple(pipe_len * j for j in MICROBATCH_MULTIPLES)
 
     def predict(
-        self, v: CacheVariant, pipe_len: int, microbatches: int, fixed: tuple[int, ...] | None = None
+        self,
+        v: CacheVariant,
+        pipe_len: int,
+        microbatches: int,
+        fixed: tuple[int, ...] | None = None,
+        virtual: int | None = None,
     ) -> StepPrediction | None:
-        key = (v, pipe_len, microbatches, fixed)
+        """The step of (variant, K, M) under the job's schedule, or interleaved with ``virtual`` stages per rank
+        when that is given; ``None`` when it cannot be scheduled."""
+        key = (v, pipe_len, microbatches, fixed, virtual)
         if key not in self.memo:
             try:
                 self.memo[key] = predict_step(
@@ -137,8 +144,8 @@ class LayoutSearch:
                     global_batch=self.job.global_batch,
                     pipe_len=pipe_len,
                     microbatches=microbatches,
-                    schedule=self.job.schedule,
-                    chunks=self.job.chunks,
+                    schedule=self.job.schedule if virtual is None else "interleaved",
+                    chunks=self.job.chunks if virtual is None else virtual,
                     cache_seconds_per_sample=self.cache_seconds(v),
                     layers_per_stage=fixed,
                     solver=self.job.solver,

@@ -1,6 +1,7 @@
 """The control-group messages: a transition (rank 0's decision), an abort (a rank's one-line error, sent in place
 of the message it owed) and an optimizer-state header (what a source rank's optimizer holds for the parameters it
-hands over); one versioned, length-checked, checksummed binary frame (v1) for all three; and the published
+hands over); one versioned, length-checked, checksummed binary frame for all three (a transition at version 2,
+which carries the virtual stages per rank; version 1 still decodes); and the published
 50-float PipeTransformer message (legacy codec). Decoding never executes code.
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
@@ -16,7 +17,16 @@ Example::
 from __future__ import annotations
 
 from elastic_pipe.protocol.abort import MAX_REASON_BYTES, AbortMessage
-from elastic_pipe.protocol.codec import MAGIC, MAX_MESSAGE_BYTES, VERSION, ControlMessage, decode, decode_any, encode
+from elastic_pipe.protocol.codec import (
+    MAGIC,
+    MAX_MESSAGE_BYTES,
+    TRANSITION_VERSION,
+    VERSION,
+    ControlMessage,
+    decode,
+    decode_any,
+    encode,
+)
 from elastic_pipe.protocol.describe import describe, describe_legacy, legacy_to_dict, message_to_dict
 from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 from elastic_pipe.protocol.legacy import LEGACY_LENGTH, LegacyMessage, decode_legacy, encode_legacy
@@ -51,6 +61,7 @@ __all__ = [
     "MAX_STATE_BYTES",
     "MAX_STATE_ENTRIES",
     "MAX_STATE_PARAMS",
+    "TRANSITION_VERSION",
     "VERSION",
     "AbortMessage",
     "ControlMessage",

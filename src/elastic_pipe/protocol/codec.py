@@ -1,4 +1,4 @@
-"""The v1 binary codec of the control messages, and the body of a transition message.
+"""The binary codec of the control messages, and the body of a transition message.
 
 :func:`encode` writes any of the three kinds (:class:`~elastic_pipe.protocol.message.TransitionMessage`,
 :class:`~elastic_pipe.protocol.abort.AbortMessage`,
@@ -10,7 +10,7 @@ an abort's rank and reason included.
 Layout of a transition message (all fields little-endian, fixed width; offsets in bytes)::
 
     header   0  magic         4s   b"EPTM"
-             4  version       u16  1
+             4  version       u16  2 (written; 1 is still read)
              6  flags         u16  bit 0: grad_norms present (so None and () stay distinct)
              8  body_length   u32  bytes between the header and the checksum
     body    12  epoch         u64
@@ -19,13 +19,17 @@ Layout of a transition message (all fields little-endian, fixed width; offsets i
             32  pipe_len      u32
             36  microbatches  u32
             40  max_cost      f64
-            48  n_boundaries  u32  must equal pipe_len + 1
+            48  n_boundaries  u32  must equal pipe_len * virtual + 1
             52  n_changed     u32
             56  n_grad_norms  u32
-            60  boundaries    n_boundaries x u32
+            60  virtual       u32  stages per rank (version 2 only)
+            64  boundaries    n_boundaries x u32
                 changed_ranks n_changed x u32
                 grad_norms    n_grad_norms x f64
     trailer     crc32         u32  zlib.crc32 of header and body
+
+Version 1 is the same without ``virtual`` (the arrays start at offset 60); it decodes as ``virtual = 1``, so a
+message from a sender that predates virtual stages still reads as the one-stage-per-rank layout it meant.
 
 Why this shape: the message crosses process boundaries, so decoding must never execute anything (no pickle) and
 never trust the sender. The decoder checks the total size against a fixed ceiling, the length prefix against the
@@ -46,7 +50,16 @@ from elastic_pipe.protocol.message import MAX_GRAD_NORMS, MAX_PIPE_LEN, MAX_RANK
 from elastic_pipe.protocol.optimizer_state import OptimizerStateHeader
 from elastic_pipe.protocol.state_codec import STATE_KIND, decode_state_body, encode_state_body
 
-__all__ = ["MAGIC", "MAX_MESSAGE_BYTES", "VERSION", "ControlMessage", "decode", "decode_any", "encode"]
+__all__ = [
+    "MAGIC",
+    "MAX_MESSAGE_BYTES",
+    "TRANSITION_VERSION",
+    "VERSION",
+    "ControlMessage",
+    "decode",
+    "decode_any",
+    "encode",
+]
 
 #: Any message that travels on the control group.
 ControlMessage: TypeAlias = TransitionMessage | AbortMessage | OptimizerStateHeader
@@ -54,13 +67,18 @@ _M = TypeVar("_M", TransitionMessage, AbortMessage, OptimizerStateHeader)
 
 MAGIC = b"EPTM"
 _FLAG_GRAD_NORMS = 1
-_FIXED = struct.Struct("<QQIIIdIII")
+#: The transition body's layout version this codec writes (it reads every version up to it).
+TRANSITION_VERSION = 2
+#: The fixed fields of each version: version 2 appends ``virtual``.
+_FIXED = {1: struct.Struct("<QQIIIdIII"), 2: struct.Struct("<QQIIIdIIII")}
 _U32 = 4
 _F64 = 8
 #: The largest well-formed transition message: every count at its maximum. It is also the largest message of any
 #: kind, so nothing longer is parsed at all.
-MAX_MESSAGE_BYTES = FRAME_BYTES + _FIXED.size + (MAX_PIPE_LEN + 1) * _U32 + MAX_RANKS * _U32 + MAX_GRAD_NORMS * _F64
-_TRANSITION_KIND = Kind("TransitionMessage", MAGIC, MAX_MESSAGE_BYTES, _FLAG_GRAD_NORMS)
+MAX_MESSAGE_BYTES = (
+    FRAME_BYTES + _FIXED[TRANSITION_VERSION].size + (MAX_PIPE_LEN + 1 + MAX_RANKS) * _U32 + MAX_GRAD_NORMS * _F64
+)
+_TRANSITION_KIND = Kind("TransitionMessage", MAGIC, MAX_MESSAGE_BYTES, _FLAG_GRAD_NORMS, tuple(_FIXED))
 _KINDS = {k.magic: k for k in (_TRANSITION_KIND, ABORT_KIND, STATE_KIND)}
 _EXPECTABLE: tuple[type[ControlMessage], ...] = (TransitionMessage, AbortMessage, OptimizerStateHeader)
 
@@ -69,7 +87,7 @@ def _encode_transition_body(msg: TransitionMessage) -> bytes:
     norms = msg.grad_norms if msg.grad_norms is not None else ()
     return b"".join(
         (
-            _FIXED.pack(
+            _FIXED[TRANSITION_VERSION].pack(
                 msg.epoch,
                 msg.step,
                 msg.frozen,
@@ -79,6 +97,7 @@ def _encode_transition_body(msg: TransitionMessage) -> bytes:
                 len(msg.boundaries),
                 len(msg.changed_ranks),
                 len(norms),
+                msg.virtual,
             ),
             struct.pack(f"<{len(msg.boundaries)}I", *msg.boundaries),
             struct.pack(f"<{len(msg.changed_ranks)}I", *msg.changed_ranks),
@@ -89,13 +108,17 @@ def _encode_transition_body(msg: TransitionMessage) -> bytes:
 
 def _decode_transition_body(frame: Frame) -> TransitionMessage:
     body = frame.reader()
-    (epoch, step, frozen, pipe_len, microbatches, max_cost, n_bounds, n_changed, n_norms) = body.unpack(
-        _FIXED, "fixed fields"
+    fixed = _FIXED[frame.version]
+    (epoch, step, frozen, pipe_len, microbatches, max_cost, n_bounds, n_changed, n_norms, *rest) = body.unpack(
+        fixed, "fixed fields"
     )
-    if n_bounds != pipe_len + 1:
-        raise ProtocolError(f"boundary count {n_bounds} does not match pipe_len + 1 = {pipe_len + 1}")
-    if pipe_len > MAX_PIPE_LEN:
-        raise ProtocolError(f"pipe_len {pipe_len} exceeds the maximum {MAX_PIPE_LEN}")
+    virtual = rest[0] if rest else 1
+    if n_bounds != pipe_len * virtual + 1:
+        raise ProtocolError(
+            f"boundary count {n_bounds} does not match pipe_len * virtual + 1 = {pipe_len * virtual + 1}"
+        )
+    if pipe_len * virtual > MAX_PIPE_LEN:
+        raise ProtocolError(f"pipe_len {pipe_len} x virtual {virtual} exceeds the maximum {MAX_PIPE_LEN} stages")
     if n_changed > MAX_RANKS:
         raise ProtocolError(f"changed-rank count {n_changed} exceeds the maximum {MAX_RANKS}")
     if n_norms > MAX_GRAD_NORMS:
@@ -103,7 +126,7 @@ def _decode_transition_body(frame: Frame) -> TransitionMessage:
     has_norms = bool(frame.flags & _FLAG_GRAD_NORMS)
     if n_norms and not has_norms:
         raise ProtocolError(f"{n_norms} gradient norms present but the grad-norms flag is not set")
-    needed = _FIXED.size + (n_bounds + n_changed) * _U32 + n_norms * _F64
+    needed = fixed.size + (n_bounds + n_changed) * _U32 + n_norms * _F64
     body_length = len(frame.buf) - FRAME_BYTES
     if needed != body_length:
         raise ProtocolError(f"counts need a body of {needed} bytes but it has {body_length}")
@@ -121,11 +144,12 @@ def _decode_transition_body(frame: Frame) -> TransitionMessage:
         max_cost_at_start=max_cost,
         changed_ranks=changed,
         grad_norms=norms if has_norms else None,
+        virtual=virtual,
     )
 
 
 def encode(msg: ControlMessage) -> bytes:
-    """Encode a control message in the v1 binary format.
+    """Encode a control message in its kind's newest binary format (a transition at :data:`TRANSITION_VERSION`).
 
     Args:
         msg: a :class:`TransitionMessage`, :class:`AbortMessage` or :class:`OptimizerStateHeader` (already

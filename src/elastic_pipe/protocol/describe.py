@@ -35,6 +35,7 @@ def message_to_dict(msg: TransitionMessage) -> dict[str, Any]:
         "step": msg.step,
         "frozen": msg.frozen,
         "pipe_len": msg.pipe_len,
+        "virtual": msg.virtual,
         "boundaries": list(msg.boundaries),
         "microbatches": msg.microbatches,
         "max_cost_at_start": msg.max_cost_at_start,
@@ -70,7 +71,7 @@ def _plural(n: int, word: str) -> str:
 
 
 def describe(msg: TransitionMessage) -> str:
-    """Every field of a v1 message in plain words, one per line."""
+    """Every field of a transition message in plain words, one per line."""
     CHECK.instance("msg", msg, TransitionMessage)
     stages = "; ".join(
         f"stage {s}: {_layers(b, c - 1)}"
@@ -78,14 +79,15 @@ def describe(msg: TransitionMessage) -> str:
     )
     frozen = f"{msg.frozen} ({_layers(0, msg.frozen - 1)} no longer train)" if msg.frozen else "0 (every layer trains)"
     return _table(
-        "Transition message (elastic_pipe v1)",
+        "Transition message (elastic_pipe)",
         [
             ("takes effect at", f"epoch {msg.epoch}, step {msg.step}"),
             ("frozen layers", frozen),
             (
                 "pipeline length",
-                f"{msg.pipe_len} (each pipeline replica is cut into {_plural(msg.pipe_len, 'stage')}, one device each)",
+                f"{msg.pipe_len} (each pipeline replica spans {_plural(msg.pipe_len, 'device')})",
             ),
+            ("stages per device", f"{msg.virtual} ({_plural(msg.pipe_len * msg.virtual, 'stage')} in all)"),
             ("stage boundaries", f"{list(msg.boundaries)} ({stages})"),
             ("micro-batches", f"{msg.microbatches} per step and pipeline replica"),
             (

@@ -3,7 +3,8 @@
 Layout (little-endian; offsets in bytes)::
 
     0        magic        4s   the kind tag: b"EPTM" transition, b"EPAB" abort, b"EPOS" optimizer-state header
-    4        version      u16  1 for every kind so far
+    4        version      u16  the kind's body layout: 1 for aborts and optimizer-state headers, 2 for transitions
+                               (version 1 transitions, without the virtual-stage count, still decode)
     6        flags        u16  kind-specific; unknown bits are refused
     8        body_length  u32  bytes between this header and the checksum
     12       body         body_length bytes, laid out by the kind's codec
@@ -28,7 +29,8 @@ from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 
 __all__ = ["FRAME_BYTES", "HEADER", "VERSION", "Buffer", "Frame", "Kind", "Reader", "read_frame", "write_frame"]
 
-#: Every kind is at version 1; a kind that changes its body layout bumps its own version.
+#: The first version of every kind; a kind that changes its body layout bumps its own version and keeps reading
+#: the old ones (:attr:`Kind.versions`).
 VERSION = 1
 HEADER = struct.Struct("<4sHHI")
 _CRC = struct.Struct("<I")
@@ -48,21 +50,24 @@ class Kind:
         magic: the 4-byte kind tag.
         max_bytes: the largest valid encoding of this kind, framing included.
         known_flags: the flag bits this kind defines.
+        versions: the body layouts a decoder reads, oldest first; an encoder writes the last.
     """
 
     name: str
     magic: bytes
     max_bytes: int
     known_flags: int = 0
+    versions: tuple[int, ...] = (VERSION,)
 
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """A frame whose size, length prefix, checksum and flags have been checked; the body is not read yet."""
+    """A frame whose size, length prefix, checksum, version and flags have been checked; the body is not read yet."""
 
     kind: Kind
     flags: int
     buf: bytes
+    version: int = VERSION
 
     def reader(self) -> Reader:
         """A fresh bounded reader over the body."""
@@ -70,7 +75,7 @@ class Frame:
 
 
 def write_frame(kind: Kind, flags: int, body: bytes) -> bytes:
-    """Frame ``body`` as a ``kind`` message (header, body, CRC32).
+    """Frame ``body`` as a ``kind`` message (header, body, CRC32) at the kind's newest version.
 
     Raises:
         ProtocolError: the framed message would exceed ``kind.max_bytes`` (the decoder would refuse it).
@@ -79,7 +84,7 @@ def write_frame(kind: Kind, flags: int, body: bytes) -> bytes:
         raise ProtocolError(
             f"{kind.name} would take {FRAME_BYTES + len(body)} bytes, more than its maximum {kind.max_bytes}"
         )
-    head_body = HEADER.pack(kind.magic, VERSION, flags, len(body)) + body
+    head_body = HEADER.pack(kind.magic, kind.versions[-1], flags, len(body)) + body
     return head_body + _CRC.pack(zlib.crc32(head_body))
 
 
@@ -121,9 +126,10 @@ def read_frame(data: object, kinds: Mapping[bytes, Kind], *, max_bytes: int) -> 
         raise ProtocolError(
             f"{kind.name} has {len(buf)} bytes, more than the largest valid one ({kind.max_bytes} bytes)"
         )
-    if version != VERSION:
+    if version not in kind.versions:
+        readable = ", ".join(str(v) for v in kind.versions)
         raise ProtocolError(
-            f"unsupported message version {version} ({kind.name}), this decoder reads version {VERSION}"
+            f"unsupported message version {version} ({kind.name}), this decoder reads version {readable}"
         )
     present = len(buf) - FRAME_BYTES
     if body_length != present:
@@ -139,7 +145,7 @@ def read_frame(data: object, kinds: Mapping[bytes, Kind], *, max_bytes: int) -> 
         raise ProtocolError(
             f"unknown flag bits {flags & ~kind.known_flags:#06x} for a {kind.name} (known: {kind.known_flags:#06x})"
         )
-    return Frame(kind, flags, buf)
+    return Frame(kind, flags, buf, version)
 
 
 class Reader:

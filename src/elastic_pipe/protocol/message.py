@@ -14,7 +14,8 @@ from elastic_pipe.protocol.errors import ProtocolError, ProtocolTypeError
 
 __all__ = ["MAX_GRAD_NORMS", "MAX_PIPE_LEN", "MAX_RANKS", "TransitionMessage"]
 
-#: Largest pipeline length a message may carry. Far beyond any real pipeline; it bounds what a decoder allocates.
+#: Largest pipeline length a message may carry, and the most stages (``pipe_len * virtual``). Far beyond any real
+#: pipeline; it bounds what a decoder allocates.
 MAX_PIPE_LEN = 1 << 16
 #: Largest number of changed ranks a message may list (a million-device job is already out of reach).
 MAX_RANKS = 1 << 20
@@ -48,15 +49,18 @@ class TransitionMessage:
         epoch: epoch at which the transition takes effect.
         step: global optimizer step at which it takes effect.
         frozen: number of frozen leading layers after the transition.
-        pipe_len: new pipeline length K (stages per pipeline replica).
-        boundaries: ``pipe_len + 1`` layer indices; stage ``s`` holds layers ``boundaries[s]:boundaries[s+1]``.
-            They start at ``frozen`` (the frozen prefix is not part of the pipeline) and strictly increase.
+        pipe_len: new pipeline length K (ranks per pipeline replica).
+        boundaries: ``pipe_len * virtual + 1`` layer indices; stage ``s`` holds layers
+            ``boundaries[s]:boundaries[s+1]``. They start at ``frozen`` (the frozen prefix is not part of the
+            pipeline) and strictly increase.
         microbatches: micro-batches per step and replica for the new pipeline length.
         max_cost_at_start: the largest per-device cost of the partition at the start of training (the budget
             that compression must respect; parameters, bytes or seconds, as the planner chose).
         changed_ranks: ranks whose role changes (newly activated, or moved to another replica or stage),
             distinct, in increasing order.
         grad_norms: optional per-layer gradient norms (finite, >= 0) that the freeze decision was based on.
+        virtual: stages per rank v (``pipe_len * virtual <= MAX_PIPE_LEN``); 1 for a version 1 message, which
+            did not carry it.
 
     Raises:
         ProtocolError: on any field that does not fit the description above.
@@ -71,6 +75,7 @@ class TransitionMessage:
     max_cost_at_start: float
     changed_ranks: tuple[int, ...]
     grad_norms: tuple[float, ...] | None = None
+    virtual: int = 1
 
     def __post_init__(self) -> None:
         _check_int("epoch", self.epoch, 0, _U64_MAX)
@@ -79,9 +84,11 @@ class TransitionMessage:
         _check_int("pipe_len", self.pipe_len, 1, MAX_PIPE_LEN)
         _check_int("microbatches", self.microbatches, 1, _U32_MAX)
         _check_float("max_cost_at_start", self.max_cost_at_start)
-        if not isinstance(self.boundaries, tuple) or len(self.boundaries) != self.pipe_len + 1:
+        _check_int("virtual", self.virtual, 1, MAX_PIPE_LEN // self.pipe_len)
+        stages = self.pipe_len * self.virtual
+        if not isinstance(self.boundaries, tuple) or len(self.boundaries) != stages + 1:
             raise (ProtocolError if isinstance(self.boundaries, tuple) else ProtocolTypeError)(
-                f"TransitionMessage.boundaries must be a tuple of pipe_len + 1 = {self.pipe_len + 1} layer "
+                f"TransitionMessage.boundaries must be a tuple of pipe_len * virtual + 1 = {stages + 1} layer "
                 f"indices, got {self.boundaries!r}"
             )
         for b in self.boundaries:

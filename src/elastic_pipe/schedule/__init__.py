@@ -17,7 +17,7 @@ from elastic_pipe.schedule.generators import (
     one_f_one_b,
     zb_h1,
 )
-from elastic_pipe.schedule.ir import Action, ActionKind, Schedule
+from elastic_pipe.schedule.ir import MAX_CHUNKS, Action, ActionKind, Schedule
 from elastic_pipe.schedule.simulate import Cost, Simulation, peak_activations, simulate
 from elastic_pipe.schedule.torch_exec import torch_actions, torch_schedule
 from elastic_pipe.schedule.tuning import (
@@ -36,6 +36,7 @@ __all__ = [
     "EAGER_HOST_SECONDS_PER_BLOCK",
     "GENERATORS",
     "KIND_COLOURS",
+    "MAX_CHUNKS",
     "PUBLISHED_SEARCH_FACTORS",
     "Action",
     "ActionKind",

@@ -15,6 +15,7 @@ from enum import StrEnum
 
 from elastic_pipe._checks import INT64_MAX
 from elastic_pipe.schedule.errors import CHECK, ScheduleError
+from elastic_pipe.types import stage_ranks
 
 __all__ = ["MAX_CHUNKS", "MAX_MICROBATCHES", "MAX_RANKS", "Action", "ActionKind", "Schedule"]
 
@@ -93,7 +94,8 @@ class Schedule:
         microbatches: micro-batches per step.
         actions: rank -> ordered compute actions of that rank (every rank in ``range(num_ranks)``).
         placement: stage -> rank; empty means the looped placement of torch's interleaved schedules,
-            stage ``s`` on rank ``s % num_ranks``.
+            stage ``s`` on rank ``s % num_ranks`` (:func:`elastic_pipe.types.stage_ranks` states the rule, and
+            :attr:`elastic_pipe.types.Placement.ranks` of a layout is a valid value here).
     """
 
     kind: str
@@ -119,7 +121,8 @@ class Schedule:
             raise ScheduleError(
                 f"Schedule has {self.num_stages} stages for {self.num_ranks} ranks: every rank needs a stage"
             )
-        placement = self.placement or tuple(s % self.num_ranks for s in range(self.num_stages))
+        per_rank = -(-self.num_stages // self.num_ranks)
+        placement = self.placement or stage_ranks(self.num_ranks, per_rank, "loop")[: self.num_stages]
         if len(placement) != self.num_stages or any(not 0 <= r < self.num_ranks for r in placement):
             raise ScheduleError(
                 f"Schedule.placement must map each of {self.num_stages} stages to a rank in "
