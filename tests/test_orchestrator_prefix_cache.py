@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.cache import ActivationCache
-from elastic_pipe.orchestrator import prefix_cache
-from elastic_pipe.orchestrator.prefix_cache import FillPeers
+from elastic_pipe.orchestrator.prefix import fill as prefix_cache
+from elastic_pipe.orchestrator.prefix.fill import FillPeers
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 

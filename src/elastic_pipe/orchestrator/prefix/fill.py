@@ -1,6 +1,6 @@
 """The frozen prefix's activation cache on a stage-0 rank: carried to a new boundary, judged and filled (building
-it from ``[pipeline]``: :mod:`~elastic_pipe.orchestrator.run_cache`; reading it during an epoch:
-:mod:`~elastic_pipe.orchestrator.prefix_reads`).
+it from ``[pipeline]``: :mod:`~elastic_pipe.orchestrator.prefix.build`; reading it during an epoch:
+:mod:`~elastic_pipe.orchestrator.prefix.reads`).
 
 The training split is read by position ranges (``data.input_rows(start, stop)``): a slice of tensors in memory, or
 items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.step_data.DatasetSplit`); the entries
@@ -26,18 +26,10 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.prefix_reads import covers
+from elastic_pipe.orchestrator.prefix.reads import covers
 from elastic_pipe.orchestrator.step_data import StepData
 
-__all__ = [
-    "BYPASS_REASON",
-    "FillPeers",
-    "carry_released",
-    "fill_cache",
-    "fill_shared",
-    "prepare_cache",
-    "widening",
-]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 #: Why stage 0 does not read a cache that bypasses itself.
 BYPASS_REASON = "bypass: the dataset's transforms are random ([pipeline] cache_policy = 'bypass')"
