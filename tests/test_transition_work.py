@@ -20,7 +20,7 @@ entries). Two processes run them all: a 1-rank job, then a 2-rank job (about 30 
 Expected counts are derived from the config and the layouts (training and evaluation sizes, the replicas' fill
 chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. Two cases did more than
 the rule allows when this guard was written (2 ranks over a node-shared disk tier, and the resident re-layout: a
-peer re-read its samples and ran the whole prefix); ``prefix.fill.fill_shared`` now carries every entry on the
+peer re-read its samples and ran the whole prefix); ``prefix.shared.fill_shared`` now carries every entry on the
 holders and sends the rest from peer 0, and both pass.
 """
 
@@ -203,7 +203,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str, str],
 # ------------------------------------------------------------------------------------------------ expectations
 def _chunks(train: int, replicas: int, rank: int) -> list[int]:
     """Sizes of the fill chunks rank ``rank`` computes when the replicas' stage-0 ranks share a pass
-    (``prefix.fill.fill_shared``: chunks of a replica's batch, dealt round-robin)."""
+    (``prefix.shared.fill_shared``: chunks of a replica's batch, dealt round-robin)."""
     chunk = GLOBAL_BATCH // replicas
     starts = list(range(0, train, chunk))
     return [min(chunk, train - s) for s in starts[rank::replicas]]

@@ -22,8 +22,9 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
-from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, FillPeers, prepare_cache, widening
-from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, read_prefix
+from elastic_pipe.orchestrator.prefix.carry import FillPeers, widening
+from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, prepare_cache, stored_as
+from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.prefix.state import PrefixState
 from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
@@ -146,22 +147,15 @@ class FrozenPrefix:
         self._group = ctx.groups.dp_group(layout.pipe_len) if layout.replicas > 1 else None
         self._was_on = self.report.cache
         on, reason = self._prepare(layout, old_frozen)
-        entries, stored = self._held_at_boundary(layout, on)
+        entries, stored = 0, 0
+        if self.cache is not None and on and layout.frozen > 0:
+            entries, stored = held(self.cache, ctx.train_set, layout.frozen, ctx.prefix_example(layout.frozen))
         if clock is not None:
             clock.lap("cache")
         serving = self.cache if self._first and on else None
         freed = settle(ctx, layout, self._state, first=self._first, serving=serving, clock=clock)
         self.report = PrefixReport(on, reason, freed, entries, stored)
         return self.report
-
-    def _held_at_boundary(self, layout: Layout, on: bool) -> tuple[int, int]:
-        """Entries this rank's cache holds at the layout's boundary (every tier) and their bytes as stored."""
-        cache, frozen = self.cache, layout.frozen
-        if cache is None or not on or frozen == 0:
-            return 0, 0
-        entries = int(cache.cached(self.ctx.train_set.sample_ids.to("cpu", torch.int64), frozen).sum())
-        example = self.ctx.prefix_example(frozen)
-        return entries, entries * example[0].numel() * cache.stored_dtype(example.dtype).itemsize
 
     def _prepare(self, layout: Layout, old_frozen: int) -> tuple[bool, str]:
         """Carry, judge and fill the cache for ``layout`` on a stage-0 rank; whether stage 0 reads it, and why."""
@@ -180,7 +174,7 @@ class FrozenPrefix:
         released = self._state.released
         if released and carry(ctx, layout, self._state, cache, old_frozen, run=run, chunk=per_replica, peers=peers):
             self.cache_complete = covers(cache, ctx.train_set, layout.frozen)
-            return True, KEPT_REASON + self._stored_as(cache, layout)  # only the newly frozen sub-layers ran
+            return True, KEPT_REASON + stored_as(cache, example)  # only the newly frozen sub-layers ran
         # With "auto" a rank alone fills a boundary it has nothing to carry to by its steps, not by a pass over the
         # split first: the pass would read every input once more (through the loader) for one epoch of reads.
         in_steps = (
@@ -207,17 +201,7 @@ class FrozenPrefix:
         )
         self.cache_complete = on and covers(cache, ctx.train_set, layout.frozen)
         self.fills_in_steps = not on and self._fills_in_steps(cache, layout)
-        return on, reason + self._stored_as(cache, layout)
-
-    def _stored_as(self, cache: acache.ActivationCache, layout: Layout) -> str:
-        """What the cache reason adds when ``[pipeline] cache_dtype`` stores the entries narrower than the prefix
-        outputs (their bytes are the stored dtype's), ``""`` when they are stored as they are."""
-        example = self.ctx.prefix_example(layout.frozen)
-        stored = cache.stored_dtype(example.dtype)
-        if stored == example.dtype:
-            return ""
-        name, entry = str(stored).removeprefix("torch."), example[0].numel() * stored.itemsize
-        return f"; entries stored as {name} ({entry} bytes each), read as {str(example.dtype).removeprefix('torch.')}"
+        return on, reason + stored_as(cache, example)
 
     def _fills_in_steps(self, cache: acache.ActivationCache, layout: Layout) -> bool:
         """Whether this layout's steps may store the frozen prefix's outputs they compute: those they compute anyway

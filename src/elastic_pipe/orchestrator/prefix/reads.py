@@ -134,6 +134,13 @@ def covers(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
     return True
 
 
+def held(cache: acache.ActivationCache, data: StepData, frozen: int, example: torch.Tensor) -> tuple[int, int]:
+    """Entries ``cache`` holds at ``frozen`` for the samples of ``data`` (every tier), and their bytes as stored
+    (``example``: one sample's prefix output at ``frozen``)."""
+    entries = int(cache.cached(data.sample_ids.to("cpu", torch.int64), frozen).sum())
+    return entries, entries * example[0].numel() * cache.stored_dtype(example.dtype).itemsize
+
+
 #: The counters an epoch record reports for the cache, summed over the stage-0 ranks.
 EPOCH_COUNTERS = ("cache_hits", "cache_misses", "cache_corrupt")
 

@@ -17,7 +17,7 @@ is recomputed, which needs the prefix), or when a prefix parameter is tied to a 
 Every rank agrees on the answer (one all-reduce on the control group), so every rank knows who holds what when
 the next transition plans its transfers (``released`` of :func:`~.transition.plan_transfers`): the released
 sub-layers travel to no one. A transition that freezes deeper then brings the cache (:func:`carry`, through
-:func:`~.fill.carry_released`) and the evaluation outputs to the new boundary by running only the newly
+:func:`~.shared.carry_released`) and the evaluation outputs to the new boundary by running only the newly
 frozen sub-layers on the old boundary's entries; those sub-layers reach every new stage-0 rank in the transfer.
 When the carried cache does not cover the training split (a boundary whose entries no longer fit), :func:`restore`
 first brings the prefix back from rank 0, and the fill proceeds as with a resident prefix. A resume loads the
@@ -37,8 +37,9 @@ from elastic_pipe import cache as acache
 from elastic_pipe.models.residency import materialize
 from elastic_pipe.models.residency import release as release_to_meta
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers
-from elastic_pipe.orchestrator.prefix.fill import FillPeers, RunSublayers, carry_released
+from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers
 from elastic_pipe.orchestrator.prefix.reads import covers
+from elastic_pipe.orchestrator.prefix.shared import carry_released
 from elastic_pipe.orchestrator.prefix.state import PrefixState
 from elastic_pipe.orchestrator.transition import recv_tensors, send_tensors
 from elastic_pipe.types import Layout
