@@ -33,9 +33,9 @@ from elastic_pipe.types import Layout
 __all__ = ["RunContext"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
-    """One rank's fixed facts and shared helpers.
+    """One rank's fixed facts and shared helpers (frozen: nothing in it changes during the run).
 
     Attributes:
         config: the run's numbers.
@@ -83,9 +83,10 @@ class RunContext:
     _sublayers: list[nn.Module] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.host_ids = self.train_set.sample_ids.to("cpu", torch.int64)
+        # the two derived fields of a frozen dataclass, set once here
+        object.__setattr__(self, "host_ids", self.train_set.sample_ids.to("cpu", torch.int64))
         # the model's sub-layers never change during a run; the step loop reads them on every step
-        self._sublayers = list(self.parts.model.children())
+        object.__setattr__(self, "_sublayers", list(self.parts.model.children()))
 
     @property
     def model(self) -> nn.Module:

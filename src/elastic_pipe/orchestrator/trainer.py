@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -161,7 +162,7 @@ class ElasticTrainer:
         check_untied_stages(c, self.parts.model)
         check_memory_budget(c, self.parts.model)
         self._owns_group = join_process_group(c)
-        ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
+        ctx = build_context(c, self.parts, quiet=self.quiet)
         self._groups = ctx.groups
         model = ctx.model
         make = self.parts.optimizer
@@ -169,7 +170,7 @@ class ElasticTrainer:
         # Built over the whole model (on the meta device, or the CPU), so every parameter's group is known; the
         # optimizer then covers only what this rank owns (holdings.point_optimizer, at every layout).
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
-        ctx.param_group_of = holdings.param_groups_by_name(self.optimizer, model)
+        ctx = self._ctx = dataclasses.replace(ctx, param_group_of=holdings.param_groups_by_name(self.optimizer, model))
         total = c.train.epochs * self.steps_per_epoch
         if c.train.max_steps:
             total = min(total, c.train.max_steps)
