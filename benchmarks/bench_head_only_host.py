@@ -20,7 +20,7 @@ batch iterator, say) is charged to its own component and taken out of its caller
 * ``batch_assembly``: a step's index tensor, its label (and input) gather (``Split.batches``);
 * ``cache_prefetch``: the next step's cache lookup started a step ahead (``PrefetchedBatches`` and the cache's
   ``prefetch``);
-* ``cache_read``: the step's lookup taken and turned into the stage's input (``StageRuntime.frozen_prefix``);
+* ``cache_read``: the step's lookup taken and turned into the stage's input (``FrozenPrefix.forward``);
 * ``forward_backward``: the head's forward, loss and backward (``StageRuntime.run``), the launch cost on a GPU;
 * ``loss``: keeping the step's loss on the device for the epoch's reduction;
 * ``optimizer``, ``lr_scheduler``, ``zero_grad``: ``optimizer.step()`` (AdamW, fused as on the GPU),
@@ -64,8 +64,10 @@ import torch.distributed as dist
 
 import elastic_pipe
 from elastic_pipe import freeze, models
-from elastic_pipe.orchestrator import config_from_tables, epoch_steps, prefix_reads, trainer, workload
+from elastic_pipe.orchestrator import config_from_tables, epoch_steps, trainer, workload
 from elastic_pipe.orchestrator import step_loop as loop
+from elastic_pipe.orchestrator.prefix import FrozenPrefix
+from elastic_pipe.orchestrator.prefix import reads as prefix_reads
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
 
@@ -178,7 +180,7 @@ def instrument(probe: Probe) -> None:
     probe.iterator(epoch_steps.ElasticBatchSampler, "__iter__", "batch_sampler")
     probe.iterator(workload.Split, "batches", "batch_assembly")
     probe.method(prefix_reads.PrefetchedBatches, "__next__", "cache_prefetch")
-    probe.method(StageRuntime, "frozen_prefix", "cache_read")
+    probe.method(FrozenPrefix, "forward", "cache_read")
     probe.method(StageRuntime, "run", "forward_backward")
     probe.method(StageRuntime, "grad_sync", "grad_sync")
     probe.method(freeze.GradNormTracker, "accumulate", "freeze_stats")

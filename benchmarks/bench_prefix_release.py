@@ -2,7 +2,7 @@
 
 Run: ``python benchmarks/bench_prefix_release.py [--out PATH]`` (CPU, gloo). Four processes train a float64 ViT through
 4 -> 2 -> 1 stages with ``[pipeline] cache = "on"`` (halving compression, the manual freeze schedule {1: 4, 2: 6}),
-twice: with the prefix released (:mod:`elastic_pipe.orchestrator.prefix_residency`) and with it kept resident
+twice: with the prefix released (:mod:`elastic_pipe.orchestrator.prefix.residency`) and with it kept resident
 (release patched off in the ranks). Per rank and layout (after each epoch's transition) it records the parameter
 bytes with storage (:func:`~elastic_pipe.orchestrator.holdings.held_bytes`), the bytes of the frozen prefix, the
 host bytes of the evaluation outputs kept beside the cache; per transition the event's ``prefix_released_bytes``
@@ -46,10 +46,10 @@ def _row(trainer: Any) -> dict[str, Any]:
         "replicas": layout.replicas,
         "frozen": layout.frozen,
         "stage": int(ctx.plan(layout).stage_of(ctx.rank)),
-        "released": ctx.prefix.released,
+        "released": trainer.prefix.released,
         "parameters": held_bytes(ctx)["parameters"],
         "prefix": sum(ctx.param_bytes[: layout.frozen]),
-        "eval_kept": ctx.prefix.eval_bytes,
+        "eval_kept": trainer.prefix.eval_bytes,
     }
 
 
@@ -57,7 +57,8 @@ def _rank(ctx: Any, release: bool) -> dict[str, Any]:
     """One rank's rows (run by :func:`elastic_pipe.testing.run_distributed`)."""
     import torch
 
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, prefix_residency
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.prefix import residency as prefix_residency
 
     torch.set_num_threads(1)
     config = config_from_tables(TABLES)

@@ -9,12 +9,17 @@
   import the orchestrator, the planner or the CLI: a callback in someone's HF or Lightning script needs none of them.
 * :mod:`elastic_pipe.testing` (helpers a user's tests can rely on) imports only the shared types: it runs a
   function in processes and knows nothing of what the function does.
+* No import circles anywhere in the package, measured by ``benchmarks/import_graph.py`` (which also prints the
+  floors and arrows).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -31,6 +36,17 @@ ALLOWED = {
     "integrations": {f"elastic_pipe.{p}" for p in PRIMITIVES},
     "testing": set(),
 }
+
+
+def _import_graph() -> ModuleType:
+    """``benchmarks/import_graph.py``, the import-graph measurement."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "import_graph.py"
+    spec = importlib.util.spec_from_file_location("import_graph", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _submodule(name: str) -> bool:
@@ -126,3 +142,27 @@ def test_the_rules_reject_what_they_should(tmp_path: Path, monkeypatch: pytest.M
     assert _outside("planner", ALLOWED["planner"]) == {"planner/bad.py": {"elastic_pipe.orchestrator"}}
     assert _outside("testing", ALLOWED["testing"]) == {"testing/bad.py": {"elastic_pipe.groups"}}
     assert _outside("integrations", ALLOWED["integrations"]) == {"integrations/bad.py": {"elastic_pipe.orchestrator"}}
+
+
+def test_the_package_has_no_import_circles() -> None:
+    graph = _import_graph()
+    numbers = graph.measure(graph.graph(PACKAGE))
+    assert numbers.circles == [] and numbers.arrows_back_up == 0, f"import circles: {numbers.circles}"
+
+
+def test_the_import_graph_finds_circles_and_floors(tmp_path: Path) -> None:
+    graph = _import_graph()
+    pkg = tmp_path / "elastic_pipe"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "types.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from elastic_pipe.sub import a\n")
+    (pkg / "sub" / "a.py").write_text("from elastic_pipe.sub import b\nfrom elastic_pipe import types\n")
+    (pkg / "sub" / "b.py").write_text("from . import a\nfrom typing import TYPE_CHECKING\n")
+    (pkg / "sub" / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n")
+    numbers = graph.measure(graph.graph(pkg))
+    assert numbers.circles == [["elastic_pipe.sub.a", "elastic_pipe.sub.b"]]
+    # types on floor 0, the circle a <-> b on floor 1, sub's face on floor 2; c imports a only for type checking
+    assert (numbers.modules, numbers.floors, numbers.arrows, numbers.arrows_back_up) == (6, 3, 4, 2)
+    inside = graph.measure(graph.scoped(graph.graph(pkg), "elastic_pipe.sub"))
+    assert (inside.modules, inside.floors, inside.arrows) == (4, 2, 3)  # the circle on floor 0 here

@@ -40,16 +40,16 @@ def _train(  # noqa: PLR0917 - run_tasks hands the arguments over as a tuple
     captures: list[int] = []  # per probe on this rank: the segments its stage's ForwardGraphs had captured
     unit_outputs = probe._unit_outputs
 
-    def recording(run: Any, stage: Any, watched: int) -> Any:
+    def recording(run: Any, stage: Any, prefix: Any, watched: int) -> Any:
         # the released sub-layers must not run: NaN weights while the probe runs would make its drift NaN
-        released.append(run.prefix.released)
-        held = [p for m in run.sublayers[: run.prefix.released] for p in m.parameters() if p.device.type != "meta"]
+        released.append(prefix.released)
+        held = [p for m in run.sublayers[: prefix.released] for p in m.parameters() if p.device.type != "meta"]
         saved = [p.detach().clone() for p in held]
         with torch.no_grad():
             for p in held:
                 p.fill_(float("nan"))
         try:
-            return unit_outputs(run, stage, watched)
+            return unit_outputs(run, stage, prefix, watched)
         finally:
             captures.append(stage.probe_graphs.captures)
             with torch.no_grad():

@@ -11,8 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.cache import ActivationCache
-from elastic_pipe.orchestrator import prefix_cache
-from elastic_pipe.orchestrator.prefix_cache import FillPeers
+from elastic_pipe.orchestrator.prefix import fill as prefix_cache
+from elastic_pipe.orchestrator.prefix.carry import FillPeers
+from elastic_pipe.orchestrator.prefix.shared import fill_shared
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -225,9 +226,7 @@ def _fill_both_ways(ctx: RankContext, world: int) -> dict[str, list[list[float]]
     out = {}
     for overlap in (True, False):
         cache = ActivationCache(SAMPLES, device_budget=2**20)
-        prefix_cache.fill_shared(
-            cache, data, 0, 2, chunk=CHUNK, device=torch.device("cpu"), run=run, peers=peers, overlap=overlap
-        )
+        fill_shared(cache, data, 0, 2, chunk=CHUNK, device=torch.device("cpu"), run=run, peers=peers, overlap=overlap)
         with cache.uncounted():
             lookup = cache.get(data.sample_ids, 2)
         assert int(lookup.hit.sum()) == SAMPLES

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from elastic_pipe.cache import ActivationCache
-from elastic_pipe.orchestrator.prefix_reads import read_prefix
+from elastic_pipe.orchestrator.prefix.reads import read_prefix
 
 
 def _prefix(seen: list[torch.Tensor]):  # type: ignore[no-untyped-def]

@@ -190,8 +190,8 @@ def _train(ctx: RankContext, targets: bool) -> dict[str, Any]:
     complete = []
 
     def guard(trainer: ElasticTrainer) -> None:
-        complete.append(trainer.stage.cache_complete)
-        if trainer.stage.cache_complete:
+        complete.append(trainer.prefix.cache_complete)
+        if trainer.prefix.cache_complete:
             ds.forbidden = frozenset(trainer.ctx.train_set.sample_ids.tolist())
 
     with ElasticTrainer(config, data=ds, quiet=True) as trainer:

@@ -105,13 +105,13 @@ def _train_in_memory(ctx: RankContext, cache: str) -> dict[str, Any]:
     )
     needs: list[bool] = []
     with ElasticTrainer(config, data=samples, quiet=True) as trainer:
-        result = trainer.fit(on_epoch_end=lambda t: needs.append(t.stage.needs_inputs)).to_dict()
-        stage = trainer.stage
+        result = trainer.fit(on_epoch_end=lambda t: needs.append(t.prefix.needs_inputs)).to_dict()
+        prefix = trainer.prefix
         read: list[float] = []
-        if stage.cache_complete:
+        if prefix.cache_complete:
             ids = trainer.ctx.host_ids[torch.tensor([5, 0, 17])]
             expected = trainer.ctx.train_set.input_rows(0, len(trainer.ctx.train_set))[torch.tensor([5, 0, 17])]
-            read = [float((stage._read_inputs(ids) - expected).abs().max())]
+            read = [float((prefix._read_inputs(ids) - expected).abs().max())]
     return {"losses": result["losses"], "needs_inputs": needs, "read_error": read}
 
 

@@ -70,7 +70,7 @@ def _runs(ctx: RankContext) -> dict[str, Any]:
     ):
         with ElasticTrainer(_config(**pipeline), data=_noisy(), quiet=True) as trainer:
             out[name] = trainer.fit().to_dict()
-            cache = trainer.cache
+            cache = trainer.prefix.cache
             out[name + "_views"] = None if cache is None else cache.config.views_per_sample
     return out
 

@@ -17,8 +17,8 @@ from elastic_pipe import cache as acache
 from elastic_pipe.cache.layout import HEADER_BYTES, SegmentLayout
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.prefix_cache import widening
-from elastic_pipe.orchestrator.prefix_reads import read_prefix
+from elastic_pipe.orchestrator.prefix.carry import widening
+from elastic_pipe.orchestrator.prefix.reads import read_prefix
 from elastic_pipe.orchestrator.sections import PipelineSection
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -204,19 +204,19 @@ def _runs(ctx: RankContext, root: str) -> dict[str, Any]:
     from plug_data import Digits
 
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
     read: list[tuple[str, str, bool]] = []  # (dtype read, dtype the stage expects, read from the cache)
-    frozen_prefix = StageRuntime.frozen_prefix
+    frozen_prefix = FrozenPrefix.forward
 
-    def recorded(self: StageRuntime, x: Any, ids: Any) -> Any:
+    def recorded(self: FrozenPrefix, x: Any, ids: Any) -> Any:
         out = frozen_prefix(self, x, ids)
-        if self.layout.frozen and out is not None:
-            expected = self.ctx.prefix_example(self.layout.frozen).dtype
+        if self.frozen and out is not None:
+            expected = self.ctx.prefix_example(self.frozen).dtype
             read.append((str(out.dtype), str(expected), self.cache_on))
         return out
 
-    StageRuntime.frozen_prefix = recorded  # type: ignore[method-assign]
+    FrozenPrefix.forward = recorded  # type: ignore[method-assign]
     out: dict[str, Any] = {}
     runs = (
         ("off", {"cache": "off"}),
@@ -228,12 +228,12 @@ def _runs(ctx: RankContext, root: str) -> dict[str, Any]:
         read.clear()
         with ElasticTrainer(_config(**pipeline), data=Digits(SAMPLES), quiet=True) as trainer:
             result = trainer.fit().to_dict()
-            cache, stage = trainer.cache, trainer.stage
+            cache, stage = trainer.prefix.cache, trainer.stage
             out[name] = {
                 "losses": result["losses"],
                 "epochs": [(e["cache"], e["cache_hits"], e["cache_misses"]) for e in result["epochs"]],
                 "reads": sorted(set(read)),
-                "reason": stage.cache_reason,
+                "reason": trainer.prefix.report.reason,
                 "tiers": [] if cache is None else [(t.name, t.used_bytes, t.entries) for t in cache.stats.tiers],
             }
             if cache is not None:
@@ -243,7 +243,7 @@ def _runs(ctx: RankContext, root: str) -> dict[str, Any]:
                 if name == "bf16_disk":
                     layouts = [SegmentLayout.parse(p.read_bytes()[:HEADER_BYTES]) for p in Path(root).glob("*.slab")]
                     out[name]["files"] = sorted({(str(v.dtype), v.entry_bytes) for v in layouts})
-    StageRuntime.frozen_prefix = frozen_prefix  # type: ignore[method-assign]
+    FrozenPrefix.forward = frozen_prefix  # type: ignore[method-assign]
     return out
 
 

@@ -43,9 +43,10 @@ def _config(cache: str = "auto", world: int = 1) -> Any:
 def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     from plug_data import Digits
 
-    from elastic_pipe.orchestrator import ElasticTrainer, prefix_cache
+    from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+    from elastic_pipe.orchestrator.prefix import fill as prefix_cache
+    from elastic_pipe.orchestrator.prefix.frozen import FrozenPrefix
 
     # reading pays from the first boundary on (read_first), or only from the second (the measured decision is
     # replaced: the machine's speed must not matter)
@@ -64,10 +65,10 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
         return run_sublayers(self, x, lo, hi)
 
     RunContext.run_sublayers = counted  # type: ignore[method-assign]
-    fills = StageRuntime._fills_in_steps
+    fills = FrozenPrefix._fills_in_steps
     out: dict[str, Any] = {}
     for name, in_steps in (("in_steps", True), ("at_transition", False)):
-        StageRuntime._fills_in_steps = fills if in_steps else (lambda self, cache: False)  # type: ignore[method-assign]
+        FrozenPrefix._fills_in_steps = fills if in_steps else (lambda self, cache, layout: False)  # type: ignore[method-assign]
         prefix_runs.clear()
         boundaries.clear()
         with ElasticTrainer(_config(world=world), data=Digits(SAMPLES), quiet=True) as trainer:
@@ -78,10 +79,10 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
                     (e["frozen_units"], e["cache"], e["cache_hits"], e["cache_misses"]) for e in result["epochs"]
                 ],
                 "runs": list(prefix_runs),
-                "stored": trainer.cache.stats.stored if trainer.cache is not None else -1,
+                "stored": trainer.prefix.cache.stats.stored if trainer.prefix.cache is not None else -1,
                 "boundaries": list(boundaries),
             }
-    StageRuntime._fills_in_steps = fills  # type: ignore[method-assign]
+    FrozenPrefix._fills_in_steps = fills  # type: ignore[method-assign]
     return out
 
 
@@ -89,17 +90,17 @@ def _each_read_first(ctx: RankContext) -> dict[bool, dict[str, Any]]:
     """``_runs`` with ``read_first`` false, then true, in one 1-rank job (starting the rank costs more than the
     runs); what ``_runs`` patches is put back after each, so the second starts from the real functions as it would
     in a job of its own."""
-    from elastic_pipe.orchestrator import prefix_cache
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+    from elastic_pipe.orchestrator.prefix import fill as prefix_cache
+    from elastic_pipe.orchestrator.prefix.frozen import FrozenPrefix
 
     out = {}
     for read_first in (False, True):
-        originals = (prefix_cache._decide, RunContext.run_sublayers, StageRuntime._fills_in_steps)
+        originals = (prefix_cache._decide, RunContext.run_sublayers, FrozenPrefix._fills_in_steps)
         try:
             out[read_first] = _runs(ctx, read_first)
         finally:
-            prefix_cache._decide, RunContext.run_sublayers, StageRuntime._fills_in_steps = originals  # type: ignore[method-assign]
+            prefix_cache._decide, RunContext.run_sublayers, FrozenPrefix._fills_in_steps = originals  # type: ignore[method-assign]
     return out
 
 

@@ -18,8 +18,9 @@ import torch
 import tiny_vit
 from elastic_pipe import cache as acache
 from elastic_pipe.cache.layout import HEADER_BYTES, SegmentLayout
-from elastic_pipe.orchestrator import config_from_tables, run_cache
+from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.prefix import build as run_cache
 from elastic_pipe.orchestrator.sections import PipelineSection
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -183,10 +184,10 @@ def _tiered_runs(ctx: RankContext, root: str) -> dict[str, Any]:
 
         with ElasticTrainer(_config(**pipeline), data=Digits(SAMPLES), quiet=True) as trainer:
             out[name] = trainer.fit(on_epoch_end=corrupt).to_dict()
-            cache = trainer.cache
+            cache = trainer.prefix.cache
             out[name + "_tiers"] = [] if cache is None else [(t.name, t.entries) for t in cache.stats.tiers]
             out[name + "_flipped"] = flipped
-            out[name + "_complete"] = trainer.stage.cache_complete  # steps loaded labels only
+            out[name + "_complete"] = trainer.prefix.cache_complete  # steps loaded labels only
         out[name + "_left"] = sorted(p.name for p in Path(root).rglob("*.slab"))
     return out
 

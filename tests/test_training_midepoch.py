@@ -174,16 +174,16 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
     """One epoch, drop_last false, with the reshaping 2 stages x 1 replica -> 1 stage x 2 replicas after step 4;
     every stage-0 rank records the sample ids of each step it runs."""
     from elastic_pipe.orchestrator import run_rank
-    from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
     seen: list[list[int]] = []
-    original = StageRuntime.frozen_prefix
+    original = FrozenPrefix.forward
 
-    def recording(self: StageRuntime, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def recording(self: FrozenPrefix, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         seen.append([int(i) for i in ids])
         return original(self, x, ids)
 
-    StageRuntime.frozen_prefix = recording  # type: ignore[method-assign]
+    FrozenPrefix.forward = recording  # type: ignore[method-assign]
     # 255 training samples, 48 a step: 5 full steps and a short one of 14 (the split unit is 2), 1 dropped; FreezeOut
     # over 6 steps stops units 0 and 1 at steps 3 and 4, so the decision point after step 4 freezes both
     config = _config(
@@ -199,7 +199,7 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
     try:
         result = run_rank(config, samples=_samples(319), quiet=True).to_dict()
     finally:
-        StageRuntime.frozen_prefix = original  # type: ignore[method-assign]
+        FrozenPrefix.forward = original  # type: ignore[method-assign]
     return {"seen": seen, "result": result}
 
 

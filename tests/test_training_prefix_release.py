@@ -61,7 +61,7 @@ def test_the_prefix_may_go_only_when_every_sample_is_cached_in_memory(tmp_path: 
     import torch
 
     from elastic_pipe import cache as acache
-    from elastic_pipe.orchestrator.prefix_residency import eligible
+    from elastic_pipe.orchestrator.prefix.residency import eligible
 
     ids, rows = torch.arange(10), torch.ones(10, 3)
     cache = acache.ActivationCache(10, device_budget=1 << 20)
@@ -120,9 +120,10 @@ def _samples() -> Any:
 
 
 def _train(release: bool, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    from elastic_pipe.orchestrator import ElasticTrainer, prefix_residency
+    from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.evaluation import evaluate
     from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.prefix import residency as prefix_residency
 
     snaps: list[dict[str, Any]] = []
 
@@ -132,11 +133,11 @@ def _train(release: bool, overrides: dict[str, Any] | None = None) -> dict[str, 
         snaps.append(
             {
                 "layout": [layout.frozen, layout.pipe_len, layout.replicas],
-                "released": ctx.prefix.released,
+                "released": trainer.prefix.released,
                 "parameters": held_bytes(ctx)["parameters"],
                 "prefix_bytes": sum(ctx.param_bytes[: layout.frozen]),
                 "prefix_meta": [all(p.is_meta for p in m.parameters()) for m in prefix],
-                "eval_bytes": ctx.prefix.eval_bytes,
+                "eval_bytes": trainer.prefix.eval_bytes,
             }
         )
 
@@ -151,14 +152,14 @@ def _train(release: bool, overrides: dict[str, Any] | None = None) -> dict[str, 
             out: dict[str, Any] = {"result": result.to_dict(), "snaps": snaps, "full": full}
             ctx, layout = trainer.ctx, trainer.state.layout
             if release:  # bring the prefix back (as a boundary the cache no longer covers would): bit for bit
-                released = ctx.prefix.released
+                released = trainer.prefix.released
                 prefix_residency.restore(ctx, layout, released)
-                ctx.prefix.forget()
+                trainer.prefix.forget()
                 state = ctx.model.state_dict()
                 out["restored"] = {
                     k: state[k].flatten().tolist() for j in range(released) for k in ctx.sublayer_keys[j]
                 }
-                out["resident_eval"] = evaluate(ctx, layout)
+                out["resident_eval"] = evaluate(ctx, layout, trainer.prefix)
     finally:
         prefix_residency.eligible = original
     return out

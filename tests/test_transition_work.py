@@ -10,7 +10,7 @@ sample when the prefix is released), each sample read once.
 The runs: the tiny ViT (8 sub-layers: the embedding, two per block, the head; units end at 3, 5, 7) on 160
 digits, ``cache = "on"``, one stage; on 1 rank and on 2 ranks (2 replicas, whose stage-0 ranks share the fill);
 the frozen prefix released (the default once the cache serves it) or kept resident (the cache on the disk tier,
-which :func:`~elastic_pipe.orchestrator.prefix_residency.eligible` refuses; on 2 ranks also a device tier with the
+which :func:`~elastic_pipe.orchestrator.prefix.residency.eligible` refuses; on 2 ranks also a device tier with the
 release patched off); transitions at epoch ends (``manual``: 1 unit, then 2 more) and inside epochs (FreezeOut,
 ``decide_every = 2``: one unit at a time), one run of the default policy (``drift``) whose probe forwards (the
 measure at the decision point and the new baseline) are counted in a part of their own, and, on 2 ranks, a
@@ -20,7 +20,7 @@ entries). Two processes run them all: a 1-rank job, then a 2-rank job (about 30 
 Expected counts are derived from the config and the layouts (training and evaluation sizes, the replicas' fill
 chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. Two cases did more than
 the rule allows when this guard was written (2 ranks over a node-shared disk tier, and the resident re-layout: a
-peer re-read its samples and ran the whole prefix); ``prefix_cache.fill_shared`` now carries every entry on the
+peer re-read its samples and ran the whole prefix); ``prefix.shared.fill_shared`` now carries every entry on the
 holders and sends the rest from peer 0, and both pass.
 """
 
@@ -106,7 +106,8 @@ class _Digits:
 def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, Any]:
     """One training run on this rank; the work of each transition, counted (plain data)."""
     from elastic_pipe import freeze
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, prefix_residency, probe, stage_runtime
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, probe, stage_runtime
+    from elastic_pipe.orchestrator.prefix import residency as prefix_residency
     from elastic_pipe.testing.work import CountedDataset, count_work
 
     data = CountedDataset(_Digits(SAMPLES))
@@ -121,11 +122,11 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
             transition = trainer.transition
 
             def counted(*, epoch_step: int = 0) -> Any:
-                old, released = trainer.state.layout, trainer.ctx.prefix.released
+                old, released = trainer.state.layout, trainer.prefix.released
                 measure, baseline = probe.measure, probe.baseline
                 with count_work(
                     trainer.ctx.model,
-                    cache=trainer.cache,
+                    cache=trainer.prefix.cache,
                     dataset=data,
                     control=trainer.ctx.groups.control_group,
                     calls={"runners_built": (stage_runtime, "build_runner")},
@@ -156,12 +157,12 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
                             "epoch_step": epoch_step,
                             "replicas": new.replicas,
                             "released_before": released,
-                            "released_after": trainer.ctx.prefix.released,
+                            "released_after": trainer.prefix.released,
                             "pipe_len": new.pipe_len,
                             "bytes_moved": event.bytes_moved,
                             "entry_bytes": example[0].numel() * example.element_size(),
                             # training samples cached at the new boundary, as this rank sees its cache
-                            "entries": int(trainer.cache.cached(ids, new.frozen).sum()),
+                            "entries": int(trainer.prefix.cache.cached(ids, new.frozen).sum()),
                             "work": work.to_dict(),
                         }
                     )
@@ -202,7 +203,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str, str],
 # ------------------------------------------------------------------------------------------------ expectations
 def _chunks(train: int, replicas: int, rank: int) -> list[int]:
     """Sizes of the fill chunks rank ``rank`` computes when the replicas' stage-0 ranks share a pass
-    (``prefix_cache.fill_shared``: chunks of a replica's batch, dealt round-robin)."""
+    (``prefix.shared.fill_shared``: chunks of a replica's batch, dealt round-robin)."""
     chunk = GLOBAL_BATCH // replicas
     starts = list(range(0, train, chunk))
     return [min(chunk, train - s) for s in starts[rank::replicas]]
@@ -211,7 +212,7 @@ def _chunks(train: int, replicas: int, rank: int) -> list[int]:
 def _expected(rec: dict[str, Any], sizes: dict[str, int], residency: str, rank: int) -> dict[str, Any]:
     """What the transition ``rec`` may do on rank ``rank``: the rule of the module docstring, in each path's terms."""
     from elastic_pipe.cache.cache import DEFAULT_EXTEND_BATCH
-    from elastic_pipe.orchestrator.prefix_residency import EVAL_CHUNK, KEEPER
+    from elastic_pipe.orchestrator.prefix.residency import EVAL_CHUNK, KEEPER
 
     old, new, replicas, entry = rec["old"], rec["new"], rec["replicas"], rec["entry_bytes"]
     train, held_out = sizes["train"], sizes["eval"]
@@ -397,7 +398,7 @@ def _relayout_expected(rec: dict[str, Any], sizes: dict[str, int], released: boo
     stage-0 rank, the carried entries (and, while the prefix is released, the evaluation outputs), never the inputs
     or the earlier prefix. ``traffic``: the entries' bytes each rank sends or receives (broadcast or all-gather)."""
     from elastic_pipe.cache.cache import DEFAULT_EXTEND_BATCH
-    from elastic_pipe.orchestrator.prefix_residency import EVAL_CHUNK, KEEPER
+    from elastic_pipe.orchestrator.prefix.residency import EVAL_CHUNK, KEEPER
 
     old, new, entry = rec["old"], rec["new"], rec["entry_bytes"]
     train, held_out = sizes["train"], sizes["eval"]

@@ -1,6 +1,6 @@
 """The shared activation-cache fill alone: how long one transition's fill takes, and what changes it.
 
-Two replicas' stage-0 ranks fill the ViT-B/16 benchmark's cache together (``prefix_cache.fill_shared``), for the
+Two replicas' stage-0 ranks fill the ViT-B/16 benchmark's cache together (``prefix.shared.fill_shared``), for the
 first transition of its freeze schedule (nothing cached: the embedding and 4 blocks run from the inputs) and for a
 late one (one more block on top of the carried entries). Each case is run with the all-gathers overlapped with
 the next round's compute and without, at several chunk sizes, and set beside its forward compute alone (the same
@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from bench_elastic_gpu import workload  # the benchmark's own workload: same model, data and batch
 from elastic_pipe.cache import ActivationCache
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, fill_shared
+from elastic_pipe.orchestrator.prefix.carry import FillPeers
+from elastic_pipe.orchestrator.prefix.shared import fill_shared
 from elastic_pipe.orchestrator.workload import split_samples
 
 

@@ -401,7 +401,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
     t0 = time.perf_counter()
 
     def on_epoch_end(t: Any) -> None:
-        reasons.append(t.stage.cache_reason)
+        reasons.append(t.prefix.report.reason)
         elapsed.append(time.perf_counter() - t0)
         if profile is not None:
             profile.after(len(t.result.epochs))
@@ -423,7 +423,7 @@ def elastic_arm(arm: str, dataset: DiskImages, args: argparse.Namespace, device:
         if profile is not None:
             profile.after(0)
         result = trainer.fit(on_epoch_end=on_epoch_end).to_dict()
-        stats = trainer.cache.stats.to_dict() if trainer.cache is not None else {}
+        stats = trainer.prefix.cache.stats.to_dict() if trainer.prefix.cache is not None else {}
     epochs = result["epochs"]
     return {
         "total_s": result["seconds"],

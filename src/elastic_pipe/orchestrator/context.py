@@ -2,7 +2,9 @@
 
 A :class:`RunContext` is built once by the trainer and handed to the parts that change with the layout
 (:class:`~elastic_pipe.orchestrator.stage_runtime.StageRuntime`, the step loop, the transition executor,
-evaluation). It holds no layout: everything layout-dependent takes a :class:`~elastic_pipe.types.Layout`.
+evaluation) and to the run's frozen prefix (:class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix`, which owns
+what the run knows about the prefix). It holds no layout: everything layout-dependent takes a
+:class:`~elastic_pipe.types.Layout`.
 
 The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
 (:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
@@ -24,7 +26,6 @@ from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.epoch_steps import EpochPlan
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.prefix_state import PrefixState
 from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 from elastic_pipe.types import Layout
@@ -32,9 +33,9 @@ from elastic_pipe.types import Layout
 __all__ = ["RunContext"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunContext:
-    """One rank's fixed facts and shared helpers.
+    """One rank's fixed facts and shared helpers (frozen: nothing in it changes during the run).
 
     Attributes:
         config: the run's numbers.
@@ -76,17 +77,16 @@ class RunContext:
     memory: MemoryBudget | None = None
     #: The optimizer group of each parameter (by name), as the optimizer was built over the whole model.
     param_group_of: dict[str, int] = field(default_factory=dict)
-    #: Whether stage-0 ranks released the frozen prefix while the cache serves it (:mod:`.prefix_residency`).
-    prefix: PrefixState = field(default_factory=PrefixState)
     #: The training split's sample ids on the host, where the cache looks them up: ids on a GPU would
     #: synchronise the host with the device at every cached step.
     host_ids: torch.Tensor = field(init=False)
     _sublayers: list[nn.Module] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.host_ids = self.train_set.sample_ids.to("cpu", torch.int64)
+        # the two derived fields of a frozen dataclass, set once here
+        object.__setattr__(self, "host_ids", self.train_set.sample_ids.to("cpu", torch.int64))
         # the model's sub-layers never change during a run; the step loop reads them on every step
-        self._sublayers = list(self.parts.model.children())
+        object.__setattr__(self, "_sublayers", list(self.parts.model.children()))
 
     @property
     def model(self) -> nn.Module:
@@ -159,9 +159,6 @@ class RunContext:
     def prefix_example(self, frozen: int) -> torch.Tensor:
         """An example output of the frozen sub-layers ``0:frozen`` for one sample (its shape and dtype count)."""
         return self.examples[frozen]
-
-    def forget_prefix(self) -> None:
-        """Nothing to forget: the examples carry shapes, not current values (kept for callers)."""
 
     def restore_modes(self, layout: Layout | None, training: bool) -> None:
         """Back to ``training`` mode, except the frozen prefix, which always runs in eval mode (no dropout)."""

@@ -3,7 +3,7 @@
 Replica ``r`` of ``R`` scores samples ``r, r + R, ...`` in batches of :data:`EVAL_BATCH`. Each batch runs down its
 replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its own sub-layers (or, while the
 prefix is released because the activation cache serves it, reads the prefix's outputs kept for the evaluation
-split, :class:`~.prefix_state.PrefixState`, and runs its own sub-layers on them), every stage sends
+split, :meth:`~.prefix.FrozenPrefix.eval_input`, and runs its own sub-layers on them), every stage sends
 its output to the next one (point to point, a small header with the shape and dtype first), and the last stage
 scores the batch. One all-reduce sums the loss, the correct answers and the counts over the world.
 """
@@ -19,6 +19,7 @@ from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
 __all__ = ["EVAL_BATCH", "evaluate", "recv_activation", "send_activation"]
 
@@ -61,8 +62,9 @@ def recv_activation(src: int, device: torch.device, group: object = None) -> tor
 
 
 @torch.no_grad()
-def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
-    """Loss and accuracy of the model on the evaluation split, pipelined through ``layout`` (a collective).
+def evaluate(ctx: RunContext, layout: Layout, prefix: FrozenPrefix) -> tuple[float, float | None]:
+    """Loss and accuracy of the model on the evaluation split, pipelined through ``layout`` (a collective);
+    stage 0 starts from ``prefix``'s kept evaluation outputs while its weights are released.
 
     Returns:
         The mean loss and the accuracy (``None`` when the output is not per-sample class scores).
@@ -73,8 +75,7 @@ def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
     pipeline = plan.pipeline_groups[replica]
     group = ctx.groups.pipeline_group(layout.pipe_len)
     lo, hi = layout.boundaries[stage], layout.boundaries[stage + 1]
-    kept = stage == 0 and ctx.prefix.released > 0  # the prefix's outputs are kept, its weights released
-    assert not kept or ctx.prefix.eval_frozen == layout.frozen == lo
+    kept = stage == 0 and prefix.released > 0  # the prefix's outputs are kept, its weights released
     start = 0 if stage == 0 and not kept else lo  # stage 0 runs the frozen prefix too, unless it is released
     was = ctx.model.training
     ctx.model.eval()
@@ -84,8 +85,10 @@ def evaluate(ctx: RunContext, layout: Layout) -> tuple[float, float | None]:
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count, not-classified
     sublayers = ctx.sublayers
     for batch in data.batches(chunks, inputs=stage == 0 and not kept, labels=last, device=ctx.device):
+        x: torch.Tensor | None
         if kept:
-            x: torch.Tensor | None = ctx.prefix.eval_rows(batch.positions, ctx.device)
+            x, at = prefix.eval_input(batch.positions)
+            assert at == layout.frozen == lo
         else:
             x = batch.inputs if stage == 0 else recv_activation(pipeline[stage - 1], ctx.device, group)
         assert x is not None  # stage 0 reads inputs

@@ -8,8 +8,8 @@ sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), 
 on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
 
 Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
-prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and carry the
-activation cache to the new boundary.
+prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and bring the
+run's :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
 step of the run, inside an epoch too (the trainer's step loop hands over to it there; ``epoch_step`` says how many
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import cache as acache
 from elastic_pipe import freeze, protocol
 from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
@@ -34,6 +33,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.metrics import TransitionEvent
+from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
@@ -133,7 +133,13 @@ def gather_stats(ctx: RunContext, stage: StageRuntime) -> freeze.LayerStats | No
 
 
 def decide(
-    ctx: RunContext, state: RunState, stage: StageRuntime, *, eval_loss: float | None = None, epoch_step: int = 0
+    ctx: RunContext,
+    state: RunState,
+    stage: StageRuntime,
+    *,
+    prefix: FrozenPrefix,
+    eval_loss: float | None = None,
+    epoch_step: int = 0,
 ) -> protocol.TransitionMessage:
     """The decision point before ``state.epoch``, or inside it after ``epoch_step`` of its steps (a collective);
     every rank returns the same message.
@@ -152,7 +158,7 @@ def decide(
     )
     meet(ctx.groups, where, ctx.rank)
     stats = gather_stats(ctx, stage)
-    change = probe.measure(ctx, stage)  # the probe's output drift, for a policy that reads it
+    change = probe.measure(ctx, stage, prefix)  # the probe's output drift, for a policy that reads it
     current = state.layout
     policy, rule = ctx.parts.policy, ctx.parts.compression
 
@@ -205,16 +211,14 @@ class Applied:
         stage: the new stage (the old one is closed).
         bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
         phases: seconds per part of :data:`TRANSITION_PHASES`.
-        cache_entries: training entries this rank's cache holds at the new boundary after the transition.
-        cache_bytes: their bytes, as stored.
+        prefix: what entering the new layout did to the frozen prefix.
     """
 
     state: RunState
     stage: StageRuntime
     bytes_moved: int
     phases: dict[str, float]
-    cache_entries: int = 0
-    cache_bytes: int = 0
+    prefix: PrefixReport
 
 
 def apply(
@@ -224,7 +228,7 @@ def apply(
     msg: protocol.TransitionMessage,
     *,
     optimizer: torch.optim.Optimizer,
-    cache: acache.ActivationCache | None,
+    prefix: FrozenPrefix,
     epoch_step: int = 0,
 ) -> Applied | None:
     """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is.
@@ -242,7 +246,7 @@ def apply(
     sublayers = ctx.sublayers
     new_owned = ctx.owned(new)
     # the bytes every rank received, summed over the job; a released prefix travels to no one
-    _, moved = transfer(ctx, old, new, optimizer, released=ctx.prefix.released)
+    _, moved = transfer(ctx, old, new, optimizer, released=prefix.released)
     clock.lap("moves")
     maybe_fail("moved", ctx.rank, msg.epoch, None)  # after the moves, before the freeze and the rebuild
     if new.frozen > old.frozen:
@@ -254,17 +258,11 @@ def apply(
     frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
     new_stage = StageRuntime(ctx, new)
     clock.lap("runner")
-    probe.baseline(ctx, new_stage)  # the units changed owners: each rank keeps the outputs of those it holds now
+    # the units changed owners: each rank keeps the outputs of those it holds now
+    probe.baseline(ctx, new_stage, prefix)
     clock.lap("probe")
-    new_stage.setup_cache(cache, old.frozen, clock=clock)
-    return Applied(
-        state.replace(layout=new, frozen_units=frozen_units),
-        new_stage,
-        moved,
-        dict(clock.totals),
-        cache_entries=new_stage.cache_entries,
-        cache_bytes=new_stage.cache_bytes,
-    )
+    report = prefix.enter(new, old.frozen, clock=clock)
+    return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals), report)
 
 
 def timed_decision(
@@ -272,8 +270,8 @@ def timed_decision(
     state: RunState,
     stage: StageRuntime,
     *,
+    prefix: FrozenPrefix,
     optimizer: torch.optim.Optimizer,
-    cache: acache.ActivationCache | None,
     eval_loss: float | None = None,
     epoch_step: int = 0,
 ) -> tuple[protocol.TransitionMessage, Applied | None, float, float]:
@@ -283,9 +281,9 @@ def timed_decision(
         epoch_step: steps of ``state.epoch`` done before the decision point (0: at the epoch's start).
     """
     t0 = time.perf_counter()
-    msg = decide(ctx, state, stage, eval_loss=eval_loss, epoch_step=epoch_step)
+    msg = decide(ctx, state, stage, prefix=prefix, eval_loss=eval_loss, epoch_step=epoch_step)
     decide_s = time.perf_counter() - t0
-    applied = apply(ctx, state, stage, msg, optimizer=optimizer, cache=cache, epoch_step=epoch_step)
+    applied = apply(ctx, state, stage, msg, optimizer=optimizer, prefix=prefix, epoch_step=epoch_step)
     if applied is not None and ctx.device.type == "cuda":
         torch.cuda.synchronize()
     return msg, applied, decide_s, time.perf_counter() - t0
@@ -307,11 +305,11 @@ def event_for(
         boundaries=tuple(layout.boundaries),
         changed_ranks=tuple(msg.changed_ranks),
         bytes_moved=applied.bytes_moved,
-        cache=applied.stage.cache_on,
-        prefix_released_bytes=applied.stage.prefix_released_bytes,
+        cache=applied.prefix.cache,
+        prefix_released_bytes=applied.prefix.released_bytes,
         seconds=seconds,
         phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
         epoch_step=epoch_step,
-        cache_entries=applied.cache_entries,
-        cache_bytes=applied.cache_bytes,
+        cache_entries=applied.prefix.cache_entries,
+        cache_bytes=applied.prefix.cache_bytes,
     )

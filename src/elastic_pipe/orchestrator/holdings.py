@@ -230,7 +230,7 @@ def transfer(
 
     Args:
         released: leading sub-layers the stage-0 ranks released while the activation cache serves them
-            (:mod:`.prefix_residency`): nobody sends, receives, materialises or frees them here.
+            (:mod:`.prefix.residency`): nobody sends, receives, materialises or frees them here.
 
     Returns:
         The bytes this rank received and the bytes the whole job received (weights, buffers, optimizer state).

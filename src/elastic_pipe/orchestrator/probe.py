@@ -3,12 +3,12 @@ output on a fixed batch changed since the previous decision point, measured thro
 
 The probe is the first :data:`PROBE_SAMPLES` samples of the evaluation split (no augmentation, so only the weights
 move the result). At a decision point replica 0's pipeline runs it in eval mode: stage 0 reads the inputs and runs
-the frozen prefix and its own sub-layers (while the prefix's weights are released, :mod:`.prefix_residency`, it
-starts from the prefix outputs kept for the evaluation instead, as the evaluation does), every stage sends its
-output to the next one (point to point, as the evaluation does), and each rank hands the outputs of the watched
-units that end on it to its stage's :class:`~elastic_pipe.freeze.OutputDrift`. The other replicas hold the same
-weights and add nothing. One all-reduce on the control group sums the pieces (squares of disjoint parts add), and
-rank 0 turns them into the relative changes the policy observes.
+the frozen prefix and its own sub-layers (while the prefix's weights are released, it starts from the prefix outputs
+kept for the evaluation instead, :meth:`~.prefix.FrozenPrefix.eval_input`, as the evaluation does), every stage
+sends its output to the next one (point to point, as the evaluation does), and each rank hands the outputs of the
+watched units that end on it to its stage's :class:`~elastic_pipe.freeze.OutputDrift`. The other replicas hold the
+same weights and add nothing. One all-reduce on the control group sums the pieces (squares of disjoint parts add),
+and rank 0 turns them into the relative changes the policy observes.
 
 A rank keeps the outputs of the units it holds, so after a transition (units change owners) every rank takes a new
 baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
@@ -37,6 +37,7 @@ from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import recv_activation, send_activation
+from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 
 __all__ = ["PROBE_SAMPLES", "baseline", "kept", "measure", "restore"]
@@ -51,7 +52,7 @@ def _segment(sublayers: Sequence[torch.nn.Module], lo: int, hi: int) -> torch.nn
 
 
 @torch.no_grad()
-def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[int, torch.Tensor]:
+def _unit_outputs(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix, watched: int) -> dict[int, torch.Tensor]:
     """The probe outputs of units ``frozen .. watched - 1`` that end on this rank (replica 0 only; point to point
     within its pipeline)."""
     layout = stage.layout
@@ -69,14 +70,12 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     if s > 0 and lo >= needed:
         return {}
     rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
-    if s == 0 and ctx.prefix.released > 0:
+    if s == 0 and prefix.released > 0:
         # the prefix's weights are released and its evaluation outputs kept (the probe is evaluation rows): start
         # from them, as the evaluation does; right after a transition they are still at the old boundary, and the
         # newly frozen sub-layers after it are resident (the transition carries the outputs on after the baseline)
-        state = ctx.prefix
-        assert state.released <= state.eval_frozen <= layout.frozen, (state.released, state.eval_frozen, layout)
-        x = state.eval_rows(torch.tensor(rows, dtype=torch.int64), ctx.device)
-        start = state.eval_frozen
+        x, start = prefix.eval_input(torch.tensor(rows, dtype=torch.int64))
+        assert prefix.released <= start <= layout.frozen, (prefix.released, start, layout)
     elif s == 0:
         batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
         inputs = next(iter(batches)).inputs
@@ -106,11 +105,13 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, watched: int) -> dict[in
     return out
 
 
-def _measure_sums(ctx: RunContext, stage: StageRuntime) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _measure_sums(
+    ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     policy = ctx.parts.policy
     n_units = len(ctx.unit_ends)
     assert stage.drift is not None  # built for a policy that needs the probe
-    outputs = _unit_outputs(ctx, stage, freeze.signal_layers(policy))
+    outputs = _unit_outputs(ctx, stage, prefix, freeze.signal_layers(policy))
     diff_sq, ref_sq = stage.drift.measure(outputs, n_units)
     flat = torch.tensor([*diff_sq, *ref_sq], dtype=torch.float64)
     dist.all_reduce(flat, group=ctx.groups.control_group)
@@ -118,19 +119,19 @@ def _measure_sums(ctx: RunContext, stage: StageRuntime) -> tuple[tuple[float, ..
     return tuple(values[:n_units]), tuple(values[n_units:])
 
 
-def measure(ctx: RunContext, stage: StageRuntime) -> tuple[float, ...] | None:
+def measure(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix) -> tuple[float, ...] | None:
     """Each unit's relative probe-output change since the previous measurement, the same on every rank (a
     collective); ``None`` on every rank when the policy reads no probe."""
     if stage.drift is None:
         return None
-    return freeze.relative_change(*_measure_sums(ctx, stage))
+    return freeze.relative_change(*_measure_sums(ctx, stage, prefix))
 
 
-def baseline(ctx: RunContext, stage: StageRuntime) -> None:
+def baseline(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix) -> None:
     """Take the probe outputs of a freshly built stage as the next comparison's baseline (a collective; nothing
     when the policy reads no probe)."""
     if stage.drift is not None:
-        _measure_sums(ctx, stage)
+        _measure_sums(ctx, stage, prefix)
 
 
 def kept(stage: StageRuntime) -> dict[str, dict[str, torch.Tensor]] | None:

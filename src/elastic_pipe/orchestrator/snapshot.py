@@ -39,7 +39,7 @@ def local_state(
         this rank holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters,
         ``inference`` what an exported model needs (:func:`.exported.inference_record`: its ``[model]`` table and
         the input standardisation or tokenizer; a resume ignores it). A released
-        frozen prefix (:mod:`.prefix_residency`) is in rank 0's share only, which keeps it in host memory: rank 0
+        frozen prefix (:mod:`.prefix.residency`) is in rank 0's share only, which keeps it in host memory: rank 0
         writes the stage-0 shard.
     """
     names = {id(p): name for name, p in ctx.model.named_parameters()}
@@ -79,9 +79,8 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
     state = RunState.from_dict(saved["run"], ctx.world_size)
     layout = state.layout
     # every held tensor, a released frozen prefix's too, is overwritten below from the saved state: nothing to
-    # initialize or read, and the prefix comes back resident
+    # initialize or read, and the prefix comes back resident (the caller tells the run's FrozenPrefix)
     hold(ctx, layout, fill=False)
-    ctx.prefix.forget()
     weights: Mapping[str, torch.Tensor] = saved["model"]
     local = ctx.model.state_dict(keep_vars=True)
     with torch.no_grad():

@@ -32,6 +32,7 @@ from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorErr
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
+from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_data import Batch
@@ -222,6 +223,7 @@ def run_epoch(
     ctx: RunContext,
     state: RunState,
     stage: StageRuntime,
+    prefix: FrozenPrefix,
     *,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -253,16 +255,16 @@ def run_epoch(
     # read ahead); only stage 0 needs inputs, only the last stage labels.
     def read_from(step: int, stage: StageRuntime) -> Iterator[Batch]:
         # with the cache on, each step's lookup starts a step ahead
-        return stage.read_ahead(
+        return prefix.batches(
             ctx.train_set.batches(
                 ElasticBatchSampler(sampler, plan.sizes(step)),
-                inputs=stage.needs_inputs,
+                inputs=prefix.needs_inputs,
                 labels=stage.is_last,
                 device=device,
             )
         )
 
-    stage.begin_epoch(state.epoch)
+    prefix.begin_epoch(state.epoch)
     batches = read_from(first, stage)
     clock = PhaseClock(device)
     sync_ops = 0
@@ -302,8 +304,8 @@ def run_epoch(
                 f"{size // layout.replicas} indices"
             )
         clock.lap("data")
-        if stage.is_first:  # no inputs loaded when the cache holds them all (stage.needs_inputs)
-            x = stage.frozen_prefix(x, host_ids[host_idx])
+        if stage.is_first:  # no inputs loaded when the cache holds them all (prefix.needs_inputs)
+            x = prefix.forward(x, host_ids[host_idx])
         clock.lap("forward")
         step_losses: list[torch.Tensor] = []
         stage.run(x, y, step_losses, rows=size // layout.replicas // layout.microbatches)
@@ -343,9 +345,8 @@ def run_epoch(
                         done, epoch=state.epoch, steps_before=state.step - len(done), steps_per_epoch=steps_per_epoch
                     )
                 progress.close()
-                old_stage = stage
                 state, stage = on_decision(state, i + 1)
-                stage.begin_epoch(state.epoch, since=old_stage)  # the epoch's cache counters go on
+                prefix.begin_epoch(state.epoch, going_on=True)  # the epoch's cache counters go on
                 layout, timer = stage.layout, stage.forward_timer
                 zero_grad = _zero_grad(optimizer)  # the new layout's parameters
                 timer.collect()
@@ -375,13 +376,14 @@ def run_epoch(
     phases = {p: t[j] / phase_steps for j, p in enumerate(PHASES)}
     phases["grad_sync_ops"] = t[len(PHASES) + 1]
     phases["first_step"] = t[len(PHASES) + 2]
-    phases.update(stage.end_epoch())  # the cache's hits, misses and crc failures, summed over the ranks
+    phases.update(prefix.end_epoch())  # the cache's hits, misses and crc failures, summed over the ranks
     return state, epoch_losses, phases, t[len(PHASES)]
 
 
 def epoch_metrics(
     state: RunState,
     stage: StageRuntime,
+    prefix: FrozenPrefix,
     *,
     steps: int,
     samples: int,
@@ -419,13 +421,13 @@ def epoch_metrics(
         frozen_units=state.frozen_units,
         frozen_sublayers=layout.frozen,
         microbatches=layout.microbatches,
-        cache=stage.cache_on,
+        cache=prefix.cache_on,
         lr=lr,
         **step_record(stage.runner, stage.graph_choices.get(stage.rows)),
         cache_hits=int(phases.get("cache_hits", 0)),
         cache_misses=int(phases.get("cache_misses", 0)),
         cache_corrupt=int(phases.get("cache_corrupt", 0)),
-        cache_view=stage.cache_view(state.epoch),
+        cache_view=prefix.cache_view(state.epoch),
     )
 
 
@@ -433,6 +435,7 @@ def finish_epoch(
     ctx: RunContext,
     state: RunState,
     stage: StageRuntime,
+    prefix: FrozenPrefix,
     *,
     done: int,
     first: int,
@@ -454,11 +457,12 @@ def finish_epoch(
     eval_s = 0.0
     if last or (state.epoch + 1) % c.log.eval_every == 0:
         t0 = time.perf_counter()
-        scores = evaluate(ctx, state.layout)  # its results are read on the host: the device is done
+        scores = evaluate(ctx, state.layout, prefix)  # its results are read on the host: the device is done
         eval_s = time.perf_counter() - t0
     metrics = epoch_metrics(
         state,
         stage,
+        prefix,
         steps=done,
         samples=sum(plan.size(j) for j in range(done)),
         samples_run=sum(plan.size(j) for j in range(first, max(done, first + 1))),

@@ -8,8 +8,9 @@ averaged over the stage's replica group, so replicas stay bit-identical.
 
 The trainer only composes (docs/training.md, "How the trainer is put together", draws it): components
 (:mod:`.components`), the rank's fixed facts (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`),
-one layout's stage (:mod:`.stage_runtime`), the epoch (:mod:`.step_loop`), decision points (:mod:`.executor`,
-:mod:`.layout_rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
+one layout's stage (:mod:`.stage_runtime`), the run's frozen prefix and its activation cache (:mod:`.prefix`), the
+epoch (:mod:`.step_loop`), decision points (:mod:`.executor`, :mod:`.layout_rule`), evaluation and state
+(:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
 Example::
 
@@ -20,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,12 +30,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe import cache as acache
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, probe, rerun, run_cache, snapshot
+from elastic_pipe.orchestrator import executor, holdings, probe, rerun, snapshot
 from elastic_pipe.orchestrator.checkpoint import Checkpointer
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
@@ -42,6 +43,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
+from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.setup import (
     build_context,
@@ -136,7 +138,7 @@ class ElasticTrainer:
         self._stage: StageRuntime | None = None
         self._owns_group = False
         self._groups: GroupManager | None = None
-        self.cache: acache.ActivationCache | None = None
+        self._prefix: FrozenPrefix | None = None
         self.losses = EpochLosses()
         #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
         #: and graph capture its first steps paid to the record's phases).
@@ -159,7 +161,7 @@ class ElasticTrainer:
         check_untied_stages(c, self.parts.model)
         check_memory_budget(c, self.parts.model)
         self._owns_group = join_process_group(c)
-        ctx = self._ctx = build_context(c, self.parts, quiet=self.quiet)
+        ctx = build_context(c, self.parts, quiet=self.quiet)
         self._groups = ctx.groups
         model = ctx.model
         make = self.parts.optimizer
@@ -167,20 +169,13 @@ class ElasticTrainer:
         # Built over the whole model (on the meta device, or the CPU), so every parameter's group is known; the
         # optimizer then covers only what this rank owns (holdings.point_optimizer, at every layout).
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
-        ctx.param_group_of = holdings.param_groups_by_name(self.optimizer, model)
+        ctx = self._ctx = dataclasses.replace(ctx, param_group_of=holdings.param_groups_by_name(self.optimizer, model))
         total = c.train.epochs * self.steps_per_epoch
         if c.train.max_steps:
             total = min(total, c.train.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
-        self.cache = run_cache.build_cache(
-            c,
-            rank=ctx.rank,
-            device=ctx.device,
-            num_samples=int(ctx.host_ids.max()) + 1,
-            random_transforms=bool(getattr(ctx.train_set, "random_augmentation", False)),
-            broadcast=ctx.broadcast_bytes,
-        )
+        self._prefix = FrozenPrefix.build(ctx)
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
@@ -193,10 +188,9 @@ class ElasticTrainer:
         """Make ``state`` current: hold only its sub-layers, point the optimizer at them, build the stage, carry
         the cache; the probe's baseline is ``probe_outputs`` (a checkpoint's, :func:`.probe.restore`) when given, a
         new one taken now (a collective) otherwise."""
-        ctx = self.ctx
-        served = False  # whether the layout left held every sample's prefix output (no inputs read since)
+        ctx, prefix = self.ctx, self.prefix
+        served = prefix.cache_complete  # whether the layout left held every sample's prefix output (no inputs read)
         if self._stage is not None:
-            served = self._stage.cache_complete
             self._stage.close()
         holdings.hold(ctx, state.layout)
         ctx.restore_modes(state.layout, True)
@@ -215,10 +209,10 @@ class ElasticTrainer:
                 shard=(state.layout.replicas, self._stage.replica),
             )
         if probe_outputs is None:
-            probe.baseline(ctx, self._stage)  # a probe-driven policy's first comparison starts here
+            probe.baseline(ctx, self._stage, prefix)  # a probe-driven policy's first comparison starts here
         else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
             probe.restore(ctx, self._stage, probe_outputs)
-        self._stage.setup_cache(self.cache, old_frozen)
+        prefix.enter(state.layout, old_frozen)
         self.sampler.reshard(state.layout.replicas, self._stage.replica)
 
     def close(self) -> None:
@@ -228,9 +222,8 @@ class ElasticTrainer:
         if self._stage is not None:
             self._stage.close()
             self._stage = None
-        if self.cache is not None:
-            run_cache.release_cache(self.cache)
-            self.cache = None
+        if self._prefix is not None:
+            self._prefix.close()
         if self._ctx is not None:
             for part in (self._ctx.train_set, self._ctx.eval_set):
                 getattr(part, "close", lambda: None)()  # a dataset's kept loaders: their workers go
@@ -249,6 +242,13 @@ class ElasticTrainer:
         if self._ctx is None:
             raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
         return self._ctx
+
+    @property
+    def prefix(self) -> FrozenPrefix:
+        """This rank's frozen prefix and its activation cache (after :meth:`setup`)."""
+        if self._prefix is None:
+            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
+        return self._prefix
 
     @property
     def state(self) -> RunState:
@@ -382,6 +382,7 @@ class ElasticTrainer:
             ctx,
             self.state,
             self.stage,
+            self.prefix,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
             sampler=self.sampler,
@@ -395,6 +396,7 @@ class ElasticTrainer:
             ctx,
             state,
             self.stage,
+            self.prefix,
             done=done,
             first=first,
             losses=losses,
@@ -440,8 +442,8 @@ class ElasticTrainer:
             ctx,
             self.state,
             self.stage,
+            prefix=self.prefix,
             optimizer=self.optimizer,
-            cache=self.cache,
             eval_loss=self._latest_eval_loss(),
             epoch_step=epoch_step,
         )
@@ -502,6 +504,7 @@ class ElasticTrainer:
         checkpoints) takes a new baseline from the loaded weights."""
         ctx = self.ctx
         run_state = snapshot.restore(ctx, self.optimizer, state)
+        self.prefix.forget()  # the loaded weights are resident
         self.scheduler.load_state_dict(state["scheduler"])
         self.parts.policy.load_state_dict(state["policy"])
         self.sampler.load_state_dict(state["sampler"])
@@ -509,5 +512,4 @@ class ElasticTrainer:
         self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
         if "decision_due" not in state["run"]:  # checkpoints that kept the flag beside the run's position
             run_state = run_state.replace(decision_due=bool(state.get("decision_due", False)))
-        ctx.forget_prefix()  # the loaded weights are not those it was taken with
         self._enter(run_state, 0, probe_outputs=state.get("probe"))

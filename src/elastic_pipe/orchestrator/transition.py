@@ -122,7 +122,7 @@ def plan_transfers(
         old_plan: rank roles under ``old`` (``groups.plan_spmd(world, old.pipe_len)``).
         new_plan: rank roles under ``new``.
         released: leading sub-layers whose weights the stage-0 ranks released while the activation cache serves
-            them (:mod:`.prefix_residency`; at most ``old.frozen``): they travel to no one, since the new stage-0
+            them (:mod:`.prefix.residency`; at most ``old.frozen``): they travel to no one, since the new stage-0
             ranks fill their cache from the old boundary's entries without them.
 
     Returns:

@@ -19,7 +19,7 @@ so a test can separate, say, the freeze probe's forwards from the transition's o
 
 Example::
 
-    with count_work(trainer.ctx.model, cache=trainer.cache, dataset=data) as work:
+    with count_work(trainer.ctx.model, cache=trainer.prefix.cache, dataset=data) as work:
         trainer.transition()
     assert work.total.rows[5] == cached_entries
 

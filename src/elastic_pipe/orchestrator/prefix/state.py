@@ -1,6 +1,6 @@
 """Whether the frozen prefix's weights are released, and the evaluation outputs kept while they are: the one
 value the run's context holds about the prefix (:attr:`.context.RunContext.prefix`), changed by
-:mod:`.prefix_residency` and read by the evaluation and the probe. A leaf module: it imports nothing of the
+:mod:`.residency` and read by the evaluation and the probe. A leaf module: it imports nothing of the
 orchestrator."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PrefixState"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 
 @dataclass
@@ -23,7 +23,7 @@ class PrefixState:
         eval_values: on stage-0 ranks while released, the prefix output at ``eval_frozen`` of every evaluation
             sample, by position (``None`` otherwise): in device memory when the activation cache keeps entries
             there (they are a few percent of the training entries' bytes, and a transition carries them in place),
-            else in host memory (page-locked with a GPU), :func:`.prefix_residency.eval_home`.
+            else in host memory (page-locked with a GPU), :func:`.residency.eval_home`.
     """
 
     released: int = 0

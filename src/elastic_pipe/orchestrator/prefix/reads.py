@@ -1,6 +1,6 @@
 """The frozen prefix's activation cache during an epoch, on a stage-0 rank: each step's lookup started a step ahead,
 the boundary activations read (recomputing the misses), whether the cache covers the split, and the epoch's
-counters (building and filling it: :mod:`~elastic_pipe.orchestrator.prefix_cache`).
+counters (building and filling it: :mod:`~elastic_pipe.orchestrator.prefix.fill`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.step_data import Batch, StepData
 
-__all__ = ["EPOCH_COUNTERS", "PrefetchedBatches", "complete", "counters", "covers", "epoch_counts", "read_prefix"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 
 class PrefetchedBatches:
@@ -118,13 +118,6 @@ def read_prefix(
     return lookup.merge(cache.rounded(computed))
 
 
-def complete(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
-    """Whether every training sample (every view of it) has an entry at ``frozen``: then a step need not load
-    its inputs, only the labels (a dataset's items, or the rows of samples held in memory, are read only for what
-    a lookup misses)."""
-    return covers(cache, data, frozen)
-
-
 def covers(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
     """Whether ``cache`` (enabled) holds an entry at ``frozen`` for every sample of ``data``, every view of it."""
     if not cache.enabled:
@@ -139,6 +132,13 @@ def covers(cache: acache.ActivationCache, data: StepData, frozen: int) -> bool:
     finally:
         cache.set_epoch(0)
     return True
+
+
+def held(cache: acache.ActivationCache, data: StepData, frozen: int, example: torch.Tensor) -> tuple[int, int]:
+    """Entries ``cache`` holds at ``frozen`` for the samples of ``data`` (every tier), and their bytes as stored
+    (``example``: one sample's prefix output at ``frozen``)."""
+    entries = int(cache.cached(data.sample_ids.to("cpu", torch.int64), frozen).sum())
+    return entries, entries * example[0].numel() * cache.stored_dtype(example.dtype).itemsize
 
 
 #: The counters an epoch record reports for the cache, summed over the stage-0 ranks.

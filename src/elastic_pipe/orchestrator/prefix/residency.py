@@ -17,7 +17,7 @@ is recomputed, which needs the prefix), or when a prefix parameter is tied to a 
 Every rank agrees on the answer (one all-reduce on the control group), so every rank knows who holds what when
 the next transition plans its transfers (``released`` of :func:`~.transition.plan_transfers`): the released
 sub-layers travel to no one. A transition that freezes deeper then brings the cache (:func:`carry`, through
-:func:`~.prefix_cache.carry_released`) and the evaluation outputs to the new boundary by running only the newly
+:func:`~.shared.carry_released`) and the evaluation outputs to the new boundary by running only the newly
 frozen sub-layers on the old boundary's entries; those sub-layers reach every new stage-0 rank in the transfer.
 When the carried cache does not cover the training split (a boundary whose entries no longer fit), :func:`restore`
 first brings the prefix back from rank 0, and the fill proceeds as with a resident prefix. A resume loads the
@@ -37,8 +37,10 @@ from elastic_pipe import cache as acache
 from elastic_pipe.models.residency import materialize
 from elastic_pipe.models.residency import release as release_to_meta
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers
-from elastic_pipe.orchestrator.prefix_cache import FillPeers, carry_released, widening
-from elastic_pipe.orchestrator.prefix_reads import covers
+from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers
+from elastic_pipe.orchestrator.prefix.reads import covers
+from elastic_pipe.orchestrator.prefix.shared import carry_released
+from elastic_pipe.orchestrator.prefix.state import PrefixState
 from elastic_pipe.orchestrator.transition import recv_tensors, send_tensors
 from elastic_pipe.types import Layout
 
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.timing import PhaseClock
 
-__all__ = ["KEEPER", "KEPT_REASON", "carry", "eligible", "eval_home", "release", "restore", "settle"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 #: The rank that keeps the released prefix's weights (in host memory): stage 0 of replica 0 in every layout,
 #: the rank that writes the checkpoint's stage-0 shard and assembles ``full_state_dict``.
@@ -130,9 +132,11 @@ def restore(ctx: RunContext, layout: Layout, released: int) -> None:
 def carry(
     ctx: RunContext,
     layout: Layout,
+    state: PrefixState,
     cache: acache.ActivationCache,
     old_frozen: int,
     *,
+    run: RunSublayers,
     chunk: int,
     peers: FillPeers | None,
 ) -> bool:
@@ -140,7 +144,7 @@ def carry(
 
     Returns:
         Whether the carried cache covers the training split (the same answer on every stage-0 rank). When it
-        does not, the prefix is back (:func:`restore`) and ``ctx.prefix.released`` is 0: the caller fills the rest
+        does not, the prefix is back (:func:`restore`) and ``state.released`` is 0: the caller fills the rest
         as with a resident prefix.
     """
     ok = carry_released(
@@ -150,13 +154,13 @@ def carry(
         layout.frozen,
         chunk=chunk,
         device=ctx.device,
-        run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
+        run=run,
         example=ctx.prefix_example(layout.frozen),
         peers=peers,
     )
     if not ok:
-        restore(ctx, layout, ctx.prefix.released)
-        ctx.prefix.forget()
+        restore(ctx, layout, state.released)
+        state.forget()
     return ok
 
 
@@ -177,7 +181,7 @@ def _empty_eval(shape: tuple[int, ...], dtype: torch.dtype, home: torch.device, 
     return torch.empty(shape, dtype=dtype, device=home, pin_memory=pinned)
 
 
-def _fill_eval(ctx: RunContext, layout: Layout, group: Any, home: torch.device) -> None:
+def _fill_eval(ctx: RunContext, layout: Layout, state: PrefixState, group: Any, home: torch.device) -> None:
     """Every stage-0 rank's evaluation outputs at ``layout.frozen``, kept at ``home`` (a collective of the stage-0
     ranks).
 
@@ -185,7 +189,7 @@ def _fill_eval(ctx: RunContext, layout: Layout, group: Any, home: torch.device) 
     sub-layers when the prefix is released (in place, chunk by chunk), else through the whole prefix from the
     inputs; then it broadcasts them to the other stage-0 ranks, which carry nothing themselves.
     """
-    state, frozen, device = ctx.prefix, layout.frozen, ctx.device
+    frozen, device = layout.frozen, ctx.device
     n = len(ctx.eval_set)
     example = ctx.prefix_example(frozen)
     shape, dtype = (n, *example.shape[1:]), example.dtype
@@ -224,13 +228,14 @@ def _fill_eval(ctx: RunContext, layout: Layout, group: Any, home: torch.device) 
 def settle(
     ctx: RunContext,
     layout: Layout,
+    state: PrefixState,
     *,
     first: bool,
     serving: acache.ActivationCache | None,
     clock: PhaseClock | None = None,
 ) -> int:
     """After the cache is set up for ``layout``: release the frozen prefix on every stage-0 rank when all of them
-    are :func:`eligible`, else make sure it is resident (a collective on the control group).
+    are :func:`eligible`, else make sure it is resident (a collective on the control group); ``state`` follows.
 
     Args:
         first: whether this rank runs stage 0 in ``layout``.
@@ -242,7 +247,7 @@ def settle(
         The device bytes of frozen-prefix weights the job's stage-0 ranks do without in this layout (summed over
         the job, :func:`release`; 0 when the prefix is resident).
     """
-    frozen, state = layout.frozen, ctx.prefix
+    frozen = layout.frozen
     mine = True
     if first:
         mine = serving is not None and eligible(ctx, serving, frozen)
@@ -255,7 +260,7 @@ def settle(
             group = ctx.groups.dp_group(layout.pipe_len) if layout.replicas > 1 else None
             assert serving is not None  # eligible: the cache serves the prefix
             with torch.no_grad():
-                _fill_eval(ctx, layout, group, eval_home(serving, ctx.device))
+                _fill_eval(ctx, layout, state, group, eval_home(serving, ctx.device))
             if clock is not None:
                 clock.lap("eval_store")
             freed = release(ctx, frozen)

@@ -1,5 +1,5 @@
 """The run's activation cache: its tiers from ``[pipeline]``, built on every rank at the start and released at the
-end (filling and carrying it: :mod:`~elastic_pipe.orchestrator.prefix_cache`).
+end (filling and carrying it: :mod:`~elastic_pipe.orchestrator.prefix.fill`).
 
 The tiers (``[pipeline] cache_tiers``): device memory per rank, then host memory per node (``/dev/shm`` files that
 the node's stage-0 ranks share, or pinned memory per rank), then a disk directory per node; every rank of a node
@@ -17,7 +17,7 @@ from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.sections import PipelineSection
 
-__all__ = ["UNBOUNDED_DISK", "build_cache", "cache_tiers", "release_cache"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 #: Bytes per MiB (``[pipeline] cache_mb``).
 MIB = 1 << 20

@@ -1,0 +1,87 @@
+"""The one path by which cached entries reach a new boundary (:func:`carry_entries`), and what every fill shares:
+the sub-layers' runner (:data:`RunSublayers`, widened to the dtype they expect: :func:`widening`) and the peers
+that fill together (:class:`FillPeers`).
+
+With ``[pipeline] cache_dtype`` narrower than the prefix output, the entries are stored (and all-gathered and
+broadcast between peers) in the narrower dtype; sub-layers that run on cached entries take them widened back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from elastic_pipe import cache as acache
+
+__all__: list[str] = []  # internal: the package face exports what others use
+
+#: Runs sub-layers ``lo:hi`` on a batch (``run(x, lo, hi)``), under ``no_grad``.
+RunSublayers = Callable[[torch.Tensor, int, int], torch.Tensor]
+
+
+def widening(run: RunSublayers, dtype_at: Callable[[int], torch.dtype]) -> RunSublayers:
+    """``run`` with its input cast to ``dtype_at(lo)`` first when it starts past the model's input (``lo > 0``).
+
+    Sub-layers that carry cached entries to a new boundary (:meth:`~elastic_pipe.cache.ActivationCache.extend`)
+    get them as stored, which ``[pipeline] cache_dtype`` may make narrower than the prefix output they expect
+    (``dtype_at(lo)``: the dtype of the activation entering sub-layer ``lo``); a cast to the same dtype is free.
+    """
+
+    def run_widened(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        return run(x.to(dtype_at(lo)) if lo > 0 else x, lo, hi)
+
+    return run_widened
+
+
+@dataclass(frozen=True)
+class FillPeers:
+    """The stage-0 ranks of every replica, which share one pass over the training split.
+
+    Each computes every ``count``-th chunk of the prefix outputs and an all-gather in ``group`` hands every
+    peer the rest, so the pass costs ``1/count`` of the compute it would cost each rank alone.
+
+    Attributes:
+        group: the process group of the peers (the stage-0 data-parallel group).
+        index: this rank's position in ``group``.
+        count: the number of peers.
+    """
+
+    group: Any
+    index: int
+    count: int
+
+
+def carry_entries(
+    cache: acache.ActivationCache,
+    old_frozen: int,
+    frozen: int,
+    *,
+    run: RunSublayers,
+    peers: FillPeers | None = None,
+    only: torch.Tensor | None = None,
+) -> None:
+    """The one path by which cached entries reach a new boundary: those this rank holds at ``old_frozen`` are
+    carried to ``frozen`` in place by running only sub-layers ``old_frozen:frozen`` on them
+    (:meth:`~elastic_pipe.cache.ActivationCache.extend`; the old boundary's memory goes to the new one).
+
+    Args:
+        peers: several replicas' stage-0 ranks that carry together (a collective in ``peers.group``: every peer
+            calls it, one that holds nothing at ``old_frozen`` too). The carry then runs between two barriers,
+            since ``extend`` is node-wide for node-shared tiers: every peer lets go of the old files before the
+            leader rewrites them, and none reads the new ones before it is done.
+        only: the sample ids whose entries this rank carries (a peer's share); the others' slots stay reserved
+            for the rows another peer sends. ``None``: every entry held.
+    """
+    shared = peers is not None and peers.count > 1
+    if shared:
+        assert peers is not None
+        dist.barrier(group=peers.group)
+    if old_frozen != frozen and old_frozen in cache.boundaries():
+        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=only)
+    if shared:
+        assert peers is not None
+        dist.barrier(group=peers.group)

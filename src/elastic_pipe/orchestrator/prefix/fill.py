@@ -1,0 +1,187 @@
+"""The frozen prefix's activation cache on a stage-0 rank: carried to a new boundary, judged and filled (building
+it from ``[pipeline]``: :mod:`~elastic_pipe.orchestrator.prefix.build`; the carry: :mod:`.carry`; filled by several
+replicas together: :mod:`.shared`; reading it during an epoch: :mod:`~elastic_pipe.orchestrator.prefix.reads`).
+
+The training split is read by position ranges (``data.input_rows(start, stop)``): a slice of tensors in memory, or
+items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.step_data.DatasetSplit`); the entries
+are keyed by ``data.sample_ids``. A dataset that declares random transforms (``random_augmentation = True``) is
+served by ``[pipeline] cache_policy``: ``bypass`` builds the cache disabled (the prefix is recomputed from each
+step's augmented input), ``views`` fills ``views`` draws of the transforms per sample and epoch ``e`` reads draw
+``e % views``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+
+from elastic_pipe import cache as acache
+from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
+from elastic_pipe.orchestrator.prefix.shared import all_peers, fill_shared
+from elastic_pipe.orchestrator.step_data import StepData
+
+__all__: list[str] = []  # internal: the package face exports what others use
+
+#: Why stage 0 does not read a cache that bypasses itself.
+BYPASS_REASON = "bypass: the dataset's transforms are random ([pipeline] cache_policy = 'bypass')"
+
+log = logging.getLogger(__name__)
+
+
+def stored_as(cache: acache.ActivationCache, example: torch.Tensor) -> str:
+    """What a cache reason adds when ``[pipeline] cache_dtype`` stores the entries narrower than the prefix outputs
+    (``example``: one sample's; the entries' bytes are the stored dtype's), ``""`` when they are stored as they are."""
+    stored = cache.stored_dtype(example.dtype)
+    if stored == example.dtype:
+        return ""
+    name, entry = str(stored).removeprefix("torch."), example[0].numel() * stored.itemsize
+    return f"; entries stored as {name} ({entry} bytes each), read as {str(example.dtype).removeprefix('torch.')}"
+
+
+def prepare_cache(
+    cache: acache.ActivationCache,
+    data: StepData,
+    *,
+    mode: str,
+    old_frozen: int,
+    frozen: int,
+    per_replica: int,
+    chunk: int,
+    device: torch.device,
+    run: RunSublayers,
+    peers: FillPeers | None = None,
+    example: torch.Tensor | None = None,
+    fill: bool = True,
+) -> tuple[bool, str]:
+    """Carry cached entries from ``old_frozen`` to ``frozen``, decide whether reading pays, fill when it does.
+
+    Args:
+        cache: the rank's activation cache.
+        data: the training split.
+        mode: ``"on"`` (always read) or ``"auto"`` (read when :func:`elastic_pipe.cache.measure_payoff` says so).
+        old_frozen: the boundary before the transition (0: none).
+        frozen: the new boundary (number of frozen sub-layers, > 0).
+        per_replica: samples per replica per step (the payoff is measured on one such batch).
+        chunk: samples per prefix forward when filling.
+        device: where the inputs go.
+        run: runs a range of sub-layers.
+        peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
+            split the carrying and filling between them and all-gather the results; the new boundary takes over
+            the old one's memory. ``None``: this rank does it all alone.
+        example: the prefix's output at ``frozen`` for one sample, if the caller has it (the shared fill needs
+            the entry's shape and dtype, and otherwise runs the whole prefix once to learn them).
+        fill: ``False``: a rank alone (no ``peers``) that reads the cache does not fill it here; the steps store
+            what they miss (the caller's choice, when a pass over the split would cost more than it saves).
+
+    Returns:
+        Whether stage 0 reads the cache, and why (the same answer on every peer).
+
+    A cache that bypasses itself (random transforms, ``cache_policy = "bypass"``) is never read or filled. With
+    per-epoch views every view is filled (each a fresh read of the dataset, so a fresh draw of its transforms).
+    """
+    if not cache.enabled:
+        return False, BYPASS_REASON
+    views = cache.config.views_per_sample
+    if peers is not None and peers.count > 1:
+        enabled, reason = _decide(
+            cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run, old=old_frozen
+        )
+        agreed = all_peers(enabled, peers, device)  # every peer reads only if all would (the fill is a collective)
+        if agreed:
+            for view in range(views):
+                cache.set_epoch(view)
+                carried = old_frozen if view == 0 else frozen  # the first pass carries every view's entries
+                fill_shared(
+                    cache, data, carried, frozen, chunk=chunk, device=device, run=run, peers=peers, example=example
+                )
+            return True, reason
+        if old_frozen and old_frozen != frozen:
+            cache.drop(old_frozen)
+        return False, reason if not enabled else f"{reason}, but not on another replica's stage 0: off on all"
+    carry_entries(cache, old_frozen, frozen, run=run)  # only the newly frozen sub-layers run on the entries
+    enabled, reason = _decide(cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run)
+    if enabled and not fill:
+        return True, f"{reason}; filled by the steps as they miss"
+    if enabled:
+        # Every rank may be handed any sample in a later epoch, so the whole training split is cached.
+        for view in range(views):
+            cache.set_epoch(view)
+            fill_cache(cache, data, frozen, chunk=chunk, device=device, run_prefix=lambda v: run(v, 0, frozen))
+    return enabled, reason
+
+
+def _decide(
+    cache: acache.ActivationCache,
+    data: StepData,
+    *,
+    mode: str,
+    frozen: int,
+    per_replica: int,
+    device: torch.device,
+    run: RunSublayers,
+    old: int = 0,
+) -> tuple[bool, str]:
+    """``"on"``, or the measured answer for the whole fill, each tier weighed by the entries it would hold
+    (:func:`elastic_pipe.cache.measure_tiered_payoff`); ``old``: a boundary whose space the fill will reuse."""
+    if mode == "on":
+        return True, "cache = 'on'"
+    reused = old if old and old != frozen and old in cache.boundaries() else frozen
+    decision = acache.measure_tiered_payoff(
+        cache,
+        data.input_rows(0, per_replica).to(device),
+        reused,
+        lambda v: run(v, 0, frozen),
+        samples=len(data),
+    )
+    return decision.enabled, decision.reason
+
+
+def fill_cache(
+    cache: acache.ActivationCache,
+    data: StepData,
+    frozen: int,
+    *,
+    chunk: int,
+    device: torch.device,
+    run_prefix: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """Store the frozen prefix's output for every training sample this rank may be handed.
+
+    The sampler reshuffles and re-shards every epoch, so a rank sees a different part of the data each
+    epoch: a cache filled only by the samples a rank happened to train on would hit about 1/replicas of the
+    time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
+    prefix over the training set makes every later read a hit, for the price of about one epoch of
+    frozen-prefix forwards. Only the samples without an entry are read and run (entries carried over by
+    ``extend`` are reused), in chunks read through ``data.batches``: a dataset's ``DataLoader`` workers decode
+    them while the prefix runs. It stops early, with a warning, when the cache's budgets are full.
+
+    Args:
+        cache: the rank's activation cache.
+        data: the training split.
+        frozen: the boundary (number of frozen sub-layers) the entries are stored under.
+        chunk: samples per prefix forward.
+        device: where the inputs go.
+        run_prefix: runs the frozen prefix on a batch of inputs.
+    """
+    ids_all = data.sample_ids.to("cpu", torch.int64)
+    todo = (~cache.cached(ids_all, frozen)).nonzero().flatten().tolist()
+    lists = [todo[start : start + chunk] for start in range(0, len(todo), chunk)]
+    rejected = cache.stats.rejected
+    batches = data.batches(lists, inputs=True, labels=False, device=device)
+    for done, (positions, inputs, _) in enumerate(batches):
+        assert inputs is not None
+        with torch.no_grad():
+            cache.put(ids_all[positions], frozen, run_prefix(inputs))
+        if cache.stats.rejected > rejected:
+            log.warning(
+                "activation cache full after %d of %d samples at boundary %d; raise the budgets to cache all",
+                int(ids_all.shape[0]) - len(todo) + done * chunk,
+                int(ids_all.shape[0]),
+                frozen,
+            )
+            break
+    close = getattr(batches, "close", None)
+    if close is not None:  # a loader stopped early: let its workers go
+        close()
