@@ -205,6 +205,14 @@ def test_manual_schedule_holds_between_entries() -> None:
     assert frozen_by_epoch(policy, 7) == (0, 0, 4, 4, 4, 8, 8)
 
 
+def test_manual_schedule_reads_epochs_written_as_table_keys() -> None:
+    # TOML and JSON tables key by string: '{"2": 4}' is epoch 2; other strings are still refused
+    assert ManualSchedule(12, {"2": 4, "5": 8}).schedule == ManualSchedule(12, {2: 4, 5: 8}).schedule
+    for bad in ("two", "-1", "1.5"):
+        with pytest.raises(FreezeError, match="schedule epoch"):
+            ManualSchedule(12, {bad: 4})
+
+
 def test_manual_schedule_rejects_unfreezing_and_bad_counts() -> None:
     with pytest.raises(FreezeError, match="non-decreasing"):
         ManualSchedule(12, {1: 6, 3: 2})

@@ -40,7 +40,8 @@ class ManualSchedule:
 
     Args:
         num_layers: freezable layers L.
-        schedule: epoch -> frozen count; counts in ``[0, L]`` and non-decreasing with the epoch.
+        schedule: epoch -> frozen count; counts in ``[0, L]`` and non-decreasing with the epoch. An epoch may be
+            written as a string of decimal digits (``{"1": 2}``), as TOML and JSON tables write their keys.
     """
 
     name: ClassVar[str] = "manual"
@@ -50,7 +51,10 @@ class ManualSchedule:
         check_num_layers("ManualSchedule", num_layers)
         CHECK.mapping("ManualSchedule: schedule", schedule)
         items = sorted(
-            (CHECK.int("ManualSchedule: schedule epoch", e), CHECK.int("ManualSchedule: schedule frozen count", f))
+            (
+                CHECK.int("ManualSchedule: schedule epoch", int(e) if isinstance(e, str) and e.isdecimal() else e),
+                CHECK.int("ManualSchedule: schedule frozen count", f),
+            )
             for e, f in schedule.items()
         )
         previous = 0
