@@ -47,7 +47,7 @@ class ManualSchedule:
     name: ClassVar[str] = "manual"
     needs_stats: ClassVar[bool] = False
 
-    def __init__(self, num_layers: int, schedule: Mapping[int, int]) -> None:
+    def __init__(self, num_layers: int, schedule: Mapping[int, int] | Mapping[str, int]) -> None:
         check_num_layers("ManualSchedule", num_layers)
         CHECK.mapping("ManualSchedule: schedule", schedule)
         items = sorted(
