@@ -983,12 +983,12 @@ DEMO_CPU = "demo_cpu.json"  # elastic-pipe demo --json --no-plot on the shared 2
 ROWS += [
     (
         "README.md",
-        "demo_cpu.json` on our shared 2-core machine (load average {} ->",
+        "`benchmarks/results/demo_cpu.json`) on our shared 2-core machine (load average {} ->",
         DEMO_CPU,
         "machine.load_average_start",
         ".1f",
     ),
-    ("README.md", "-> {} while it ran;", DEMO_CPU, "machine.load_average_end", ".1f"),
+    ("README.md", "-> {} while it ran,", DEMO_CPU, "machine.load_average_end", ".1f"),
     ("README.md", "with freezing **{} accuracy in", DEMO_CPU, "final_accuracy", ".3f"),
     ("README.md", "accuracy in {} s of training**, without", DEMO_CPU, "train_seconds", ".1f"),
     ("README.md", "without **{} in", DEMO_CPU, "baseline.final_accuracy", ".3f"),
@@ -1006,7 +1006,7 @@ ROWS += [
 
 def test_the_demos_output_in_the_docs_is_the_result_files() -> None:
     """docs/training.md quotes what ``elastic-pipe demo`` prints, rendered from demo_cpu.json: after a re-run of
-    ``elastic-pipe demo --json --no-plot > benchmarks/results/demo_cpu.json``, paste the block this test expects."""
+    ``python benchmarks/demo_cpu.py``, paste the block this test expects."""
     block = render_demo(_result(DEMO_CPU))
     assert _squash(f"```\n{block}\n```") in _text("docs/training.md"), f"docs/training.md should quote:\n{block}"
 
