@@ -201,7 +201,7 @@ def instrument(probe: Probe) -> None:
     else:  # the loss line inline: its stack and mean
         probe.patch(torch, "stack", lambda f: probe.timed("loss", f))
 
-    def run_epoch(ctx: Any, state: Any, stage: StageRuntime, **kw: Any) -> Any:
+    def run_epoch(ctx: Any, state: Any, stage: StageRuntime, prefix: Any, **kw: Any) -> Any:
         opt, sched, sampler = kw["optimizer"], kw["scheduler"], kw["sampler"]
         local = Probe()  # the run's own objects, patched for this epoch
         local.patch(opt, "step", lambda f: probe.timed("optimizer", f))
@@ -212,7 +212,7 @@ def instrument(probe: Probe) -> None:
         probe.on = True
         t0 = CLOCK()
         try:
-            out = original(ctx, state, stage, **kw)
+            out = original(ctx, state, stage, prefix, **kw)
         finally:
             cpu = CLOCK() - t0
             probe.on = False
@@ -264,12 +264,12 @@ def one_run(
     else:
         original = trainer.run_epoch
 
-        def record(ctx: Any, state: Any, stage: StageRuntime, **kw: Any) -> Any:
+        def record(ctx: Any, state: Any, stage: StageRuntime, prefix: Any, **kw: Any) -> Any:
             profiling = profiler is not None and state.epoch >= 2  # the steady head-only epochs
             if profiling:
                 profiler.enable()
             t0 = CLOCK()
-            out = original(ctx, state, stage, **kw)
+            out = original(ctx, state, stage, prefix, **kw)
             cpu = CLOCK() - t0
             if profiling:
                 profiler.disable()
