@@ -94,12 +94,33 @@ def bbc(seq: int, max_docs: int | None) -> dict[str, tuple[torch.Tensor, torch.T
     return parts
 
 
+def expect_encoder_loaded(model: torch.nn.Module) -> None:
+    """Raise unless ``model``'s word embeddings are the weights file's (to its float16 rounding at most)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(minilm_dir()).glob("*.safetensors"))
+    if not files:
+        return  # weights in another format: nothing to compare with
+    with safe_open(str(files[0]), "pt") as f:
+        key = next((k for k in f.keys() if k.endswith("word_embeddings.weight")), None)  # noqa: SIM118
+        if key is None:
+            return
+        stored = f.get_tensor(key).float()
+    loaded = model.get_input_embeddings().weight.detach().float().cpu()
+    if loaded.shape != stored.shape or not torch.allclose(loaded, stored, atol=1e-3):
+        raise SystemExit(f"bench_hf_callback: the MiniLM encoder's weights did not load from {files[0]}")
+
+
 def build(arm: str, seed: int) -> torch.nn.Module:
     """MiniLM-L6 with a new 5-way head (seeded), LoRA-wrapped for the ``lora`` arm."""
     from transformers import BertForSequenceClassification, set_seed
 
     set_seed(seed)
     model = BertForSequenceClassification.from_pretrained(str(minilm_dir()), num_labels=5)
+    # float32 master weights whatever the file's dtype (newer transformers keep a float16 file's dtype: AdamW's
+    # updates at lr 5e-5 then round away and nothing learns), and the encoder really loaded (not initialised anew)
+    model = model.float()
+    expect_encoder_loaded(model)
     if arm == "lora":
         from peft import LoraConfig, TaskType, get_peft_model
 
