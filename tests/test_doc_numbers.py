@@ -29,6 +29,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 VIT = "gpu_2xh200_vit.json"
 GPT = "gpu_2xh200_gpt.json"
 HEADLINE = "headline_single.json"  # the single-GPU arms re-measured by headline.sh
+HEADLINE_5FA = "headline_single_5fa9a2d.json"  # the same arms at 5fa9a2d (history)
+HOST_AB = "head_only_host_5fa9a2d_vs_57d164a.json"  # a head-only step's host time, both trees, CPU
 HEADLINE_POLICY = "headline_default_policy.json"  # the default policy's timed runs, re-measured by headline.sh
 SINGLE = "gpu_1xh200_single_9338ef0.json"  # the single-GPU arms at 9338ef0 (history)
 POLICIES = "gpu_2xh200_accuracy_policies.json"
@@ -146,6 +148,44 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         ".2f",
     ),
     ("README.md", "**{}x over the compiled loop**", HEADLINE, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    # docs/benchmarks.md: what moved between 5fa9a2d and 57d164a
+    ("docs/benchmarks.md", "(plain eager {} s against 55.30 s", HEADLINE, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "54.38 s against {} s, static", HEADLINE_5FA, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "eager {} s against 55.88 s)", HEADLINE, S30 + "arms.static_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "55.62 s against {} s); what", HEADLINE_5FA, S30 + "arms.static_eager.total_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "compilation ({} s against 7.42 s",
+        HEADLINE,
+        S30 + "arms.elastic_compiled_graphs.compile_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "(9.07 s against {} s, plain",
+        HEADLINE_5FA,
+        S30 + "arms.elastic_compiled_graphs.compile_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "compiled {} s against 27.76 s)", HEADLINE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    ("docs/benchmarks.md", "28.21 s against {} s), the", HEADLINE_5FA, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "head-only steps ({} ms against 1.08 ms",
+        HEADLINE,
+        S30 + "head_only.step_ms.elastic_compiled_graphs",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "1.75 ms against {} ms compiled + graphs",
+        HEADLINE_5FA,
+        S30 + "head_only.step_ms.elastic_compiled_graphs",
+        ".2f",
+    ),
+    # docs/benchmarks.md: a head-only step's host time on the CPU, 5fa9a2d against 57d164a
+    ("docs/benchmarks.md", "measured {} ms against 1.050 ms", HOST_AB, "arms.1.plain_step_ms", ".3f"),
+    ("docs/benchmarks.md", "measured 1.155 ms against {} ms", HOST_AB, "arms.0.plain_step_ms", ".3f"),
     # docs/benchmarks.md: the 2x H200 ViT-B/16 table and targets
     (
         "docs/benchmarks.md",
