@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A/B the single-GPU elastic arms of several commits in ONE job on one machine, rounds alternating the order, so a
+# difference between commits is told apart from a difference between lent machines (docs/benchmarks.md).
+#
+# Usage:
+#   benchmarks/gpu/ab_commits.sh --prepare COMMIT...      here: out/ab/<commit>/ holds src/ and benchmarks/ of each
+#                                                         commit (git archive); carry out/ab to the device
+#   benchmarks/gpu/ab_commits.sh OUT ROUNDS COMMIT...     on the device: each round runs every commit's
+#                                                         bench_single_gpu.py --arms elastic_eager,elastic_compiled_graphs
+#                                                         (about 70 s a commit a round on one H200); then prints
+#                                                         total, compilation, transitions and head-only step per run
+# Results: OUT/ab_<commit>_r<round>.json, each recording its commit (ELASTIC_PIPE_COMMIT), and OUT/ab_summary.json.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+ab="$root/out/ab"
+
+if [[ ${1:-} == --prepare ]]; then
+  shift
+  for c in "$@"; do
+    full=$(git -C "$root" rev-parse --short "$c")
+    rm -rf "${ab:?}/$full" && mkdir -p "$ab/$full"
+    git -C "$root" archive "$full" src benchmarks | tar -x -C "$ab/$full"
+    echo "prepared $ab/$full"
+  done
+  exit 0
+fi
+
+out=${1:?usage: ab_commits.sh OUT ROUNDS COMMIT... (or --prepare COMMIT...)}
+rounds=${2:?rounds}
+shift 2
+[[ $# -ge 2 ]] || { echo "ab_commits.sh: name at least two commits" >&2; exit 2; }
+mkdir -p "$out"
+for r in $(seq 1 "$rounds"); do
+  order=("$@")
+  if (( r % 2 == 0 )); then  # even rounds run the commits in reverse order
+    order=(); for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+  fi
+  for c in "${order[@]}"; do
+    tree="$ab/$c"
+    [[ -d $tree/src ]] || { echo "ab_commits.sh: $tree missing (run --prepare here and carry out/ab)" >&2; exit 2; }
+    echo "round $r: $c"
+    (cd "$tree" && ELASTIC_PIPE_COMMIT=$c ELASTIC_PIPE_DIRTY=0 PYTHONPATH="$tree/src" PYTHONUNBUFFERED=1 \
+      python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py \
+      --steps 30 --arms elastic_eager,elastic_compiled_graphs --out "$out" --name "ab_${c}_r$r.json" \
+      > "$out/ab_${c}_r$r.log" 2>&1) || { tail -20 "$out/ab_${c}_r$r.log"; exit 1; }
+  done
+done
+python3 - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+
+out = Path(sys.argv[1])
+rows = {}
+for f in sorted(out.glob("ab_*_r*.json")):
+    s = json.loads(f.read_text())["steps_per_epoch"]["30"]
+    for arm, a in s["arms"].items():
+        rows[f"{f.stem} {arm}"] = {
+            "total_s": a["total_s"], "compile_s": a["compile_s"], "transitions_s": sum(a["transition_seconds"]),
+            "head_only_step_ms": a.get("head_only_step_ms"), "epochs_s": sum(a["epoch_seconds"]),
+        }
+for k, v in rows.items():
+    print(f"{k:>48}: " + ", ".join(f"{n} {x:.3f}" for n, x in v.items() if x is not None))
+(out / "ab_summary.json").write_text(json.dumps(rows, indent=1))
+PY
