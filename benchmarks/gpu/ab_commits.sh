@@ -5,7 +5,8 @@
 # Usage:
 #   benchmarks/gpu/ab_commits.sh --prepare COMMIT...      here: out/ab/<commit>/ holds src/ and benchmarks/ of each
 #                                                         commit (git archive); carry out/ab to the device
-#   benchmarks/gpu/ab_commits.sh OUT ROUNDS COMMIT...     on the device: each round runs every commit's
+#   benchmarks/gpu/ab_commits.sh OUT ROUNDS COMMIT...     on the device: each round runs every commit's (a COMMIT
+#                                                         of "." is the working tree, named by ELASTIC_PIPE_COMMIT)
 #                                                         bench_single_gpu.py --arms elastic_eager,elastic_compiled_graphs
 #                                                         (about 70 s a commit a round on one H200); then prints
 #                                                         total, compilation, transitions and head-only step per run
@@ -19,7 +20,7 @@ if [[ ${1:-} == --prepare ]]; then
   for c in "$@"; do
     full=$(git -C "$root" rev-parse --short "$c")
     rm -rf "${ab:?}/$full" && mkdir -p "$ab/$full"
-    git -C "$root" archive "$full" src benchmarks | tar -x -C "$ab/$full"
+    git -C "$root" archive "$full" src benchmarks ':!benchmarks/results' | tar -x -C "$ab/$full"
     echo "prepared $ab/$full"
   done
   exit 0
@@ -37,6 +38,7 @@ for r in $(seq 1 "$rounds"); do
   fi
   for c in "${order[@]}"; do
     tree="$ab/$c"
+    if [[ $c == . ]]; then tree=$root c=${ELASTIC_PIPE_COMMIT:?name the working tree's commit}; fi
     [[ -d $tree/src ]] || { echo "ab_commits.sh: $tree missing (run --prepare here and carry out/ab)" >&2; exit 2; }
     echo "round $r: $c"
     (cd "$tree" && ELASTIC_PIPE_COMMIT=$c ELASTIC_PIPE_DIRTY=0 PYTHONPATH="$tree/src" PYTHONUNBUFFERED=1 \
