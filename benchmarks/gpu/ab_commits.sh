@@ -38,7 +38,7 @@ for r in $(seq 1 "$rounds"); do
   fi
   for c in "${order[@]}"; do
     tree="$ab/$c"
-    if [[ $c == . ]]; then tree=$root c=${ELASTIC_PIPE_COMMIT:?name the working tree's commit}; fi
+    if [[ $c == . ]]; then tree=$root c=${ELASTIC_PIPE_COMMIT:?ELASTIC_PIPE_COMMIT names the working tree}; fi
     [[ -d $tree/src ]] || { echo "ab_commits.sh: $tree missing (run --prepare here and carry out/ab)" >&2; exit 2; }
     echo "round $r: $c"
     (cd "$tree" && ELASTIC_PIPE_COMMIT=$c ELASTIC_PIPE_DIRTY=0 PYTHONPATH="$tree/src" PYTHONUNBUFFERED=1 \
