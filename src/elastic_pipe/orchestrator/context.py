@@ -15,20 +15,22 @@ materializing the model (:mod:`.setup`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator.components import Components
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.epoch_steps import EpochPlan
-from elastic_pipe.orchestrator.layout_rule import MemoryBudget
-from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setup does)
+    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.orchestrator.components import Components
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.epoch_steps import EpochPlan
+    from elastic_pipe.orchestrator.layout_rule import MemoryBudget
+    from elastic_pipe.orchestrator.metrics import EventLog
+    from elastic_pipe.orchestrator.step_data import StepData
+    from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]
 

@@ -1,37 +1,5 @@
-"""``TrainConfig``: the numbers and names of one elastic training run, sectioned exactly as its TOML file is.
-
-Each TOML table is one frozen, validated section; every key is optional except ``[model] name``::
-
-    [model]
-    name = "vit"                    # a builder of elastic_pipe.models, or your own: "my_pkg.models:build"
-    options = { preset = "digits-tiny" }
-
-    [data]
-    dataset = "digits"              # "digits", "mnist5k", or "my_pkg.data:train_set" (an import path)
-
-    [train]
-    epochs = 6
-    global_batch = 64               # samples per optimizer step, whatever the number of replicas
-    lr = 0.05
-
-    [freeze]
-    policy = "alpha"                # a name of elastic_pipe.freeze.POLICIES or "my_pkg.policies:Plateau"
-    options = { alpha = 0.5 }
-
-    [pipeline]
-    pipe_len = 4                    # initial pipeline length K
-    compression = "halving"         # "halving", "memory" or "none" (freeze only, no reshaping)
-
-    [launch]
-    nproc_per_node = 4
-
-In Python the same shape: ``TrainConfig(model=ModelSection("vit"), train=TrainSection(epochs=3))``, or
-:func:`config_from_tables` with the TOML's dictionary. :meth:`TrainConfig.override` applies ``"section.key"``
-overrides (the CLI's ``--set``).
-
-This module holds only plain values: names and import paths are resolved into objects by
-:func:`elastic_pipe.orchestrator.components.components_from_config`, the only reader of the registries.
-Structural checks (positive counts, divisibility, known enum values) happen here, without importing torch.
+"""``TrainConfig``: one run's sections, checked together; read from TOML tables or a file, overridden by
+``"section.key"`` (the face, :mod:`elastic_pipe.orchestrator.config`, shows a whole file).
 """
 
 from __future__ import annotations
@@ -43,56 +11,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.sections import (
-    AUTOCAST,
-    BACKENDS,
-    CACHE_MODES,
-    COMPRESSIONS,
-    COST_METRICS,
-    DECIDE_AUTO,
-    DEFAULT_ALPHA,
-    DEFAULT_POLICY,
-    DEFAULT_T0,
-    DTYPES,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    SECTIONS,
+from elastic_pipe.orchestrator.config.sections import DataSection, FreezeSection, ModelSection, TrainSection
+from elastic_pipe.orchestrator.config.system_sections import (
     CheckpointSection,
-    DataSection,
-    FreezeSection,
     LaunchSection,
     LogSection,
-    ModelSection,
     PipelineSection,
-    TrainSection,
 )
+from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = [
-    "AUTOCAST",
-    "BACKENDS",
-    "CACHE_MODES",
-    "COMPRESSIONS",
-    "COST_METRICS",
-    "DECIDE_AUTO",
-    "DEFAULT_ALPHA",
-    "DEFAULT_POLICY",
-    "DEFAULT_T0",
-    "DTYPES",
-    "LR_SCHEDULES",
-    "OPTIMIZERS",
-    "CheckpointSection",
-    "DataSection",
-    "FreezeSection",
-    "LaunchSection",
-    "LogSection",
-    "ModelSection",
-    "PipelineSection",
-    "TrainConfig",
-    "TrainSection",
-    "config_from_tables",
-    "load_config",
-]
+__all__ = ["SECTIONS", "TrainConfig", "config_from_tables", "load_config"]
+
+#: TOML table name -> its section class, in the file's order.
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "data": DataSection,
+    "train": TrainSection,
+    "freeze": FreezeSection,
+    "pipeline": PipelineSection,
+    "launch": LaunchSection,
+    "checkpoint": CheckpointSection,
+    "log": LogSection,
+}
 
 
 @dataclass(frozen=True)
