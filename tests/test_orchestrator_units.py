@@ -17,9 +17,10 @@ from elastic_pipe.orchestrator import (
     load_config,
     preflight,
 )
+from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, initial_layout, max_frozen_units, next_layout
-from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
+from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.step_loop import _timed_step
 from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
 from elastic_pipe.orchestrator.trainer import candidate_pipe_lens

@@ -26,6 +26,7 @@ from elastic_pipe.orchestrator.config import (
     load_config,
 )
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
+from elastic_pipe.orchestrator.event_log import EventLog, RecordSink
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.layout_rule import (
     COMPRESSION_RULES,
@@ -35,7 +36,7 @@ from elastic_pipe.orchestrator.layout_rule import (
     MemoryFit,
     layout_sequence,
 )
-from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, RecordSink, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.metrics import EpochMetrics, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink

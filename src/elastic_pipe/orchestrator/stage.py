@@ -12,8 +12,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.compilation import compile_seconds
 from elastic_pipe.orchestrator.cuda_graph import GraphedStep
-from elastic_pipe.orchestrator.setup import compile_seconds
 
 __all__ = ["LocalStep", "build_runner", "unit_modules", "unit_of"]
 
