@@ -58,9 +58,9 @@ def decision_interval(
     every = config.freeze.decide_every
     if every != DECIDE_AUTO:
         return int(every)
-    n = getattr(policy, "decisions_per_epoch", None)
+    n = freeze.decisions_per_epoch(policy)
     per_epoch = epoch_steps(config, samples, own_eval=own_eval)
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 1 or not per_epoch:
+    if n <= 1 or not per_epoch:
         return 0
     return max(1, per_epoch // n)
 
