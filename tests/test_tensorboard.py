@@ -9,8 +9,8 @@ import pytest
 
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.launch.preflight import preflight
 from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, TransitionEvent
-from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.sections import LogSection
 from elastic_pipe.orchestrator.tensorboard_sink import EPOCH_SCALARS, TensorBoardSink
 
