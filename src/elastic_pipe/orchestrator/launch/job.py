@@ -1,6 +1,6 @@
 """What a job is, decided before anything starts: its run id, how its agents meet, what its workers inherit.
 
-Each is a pure function the tests check:
+Each is decided by a pure function the tests check (:func:`worker_environ` applies the environment for a launch):
 
 * the run id (:func:`resolve_run_id`): a fresh random one per single-node job; a multi-node job must be given the
   same id on every node;

@@ -210,7 +210,8 @@ def loopback_store(timeout_s: float = _DEFAULT_TIMEOUT_S) -> TCPStore:
 
 
 def _secret_of(params: RendezvousParameters) -> bytes:
-    """``params.run_id``'s registered secret; a fresh one for a single node built outside :func:`launch`."""
+    """``params.run_id``'s registered secret; a fresh one for a single node built outside
+    :func:`~elastic_pipe.orchestrator.launch.launch`."""
     secret = _SECRETS.get(params.run_id)
     return secret if secret is not None else _SECRETS.setdefault(params.run_id, fresh_secret())
 
@@ -236,8 +237,9 @@ def _create_loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
         return loopback_store(timeout)
 
     # The handler starts a second store for the workers (torch >= 2.4 shares it with them) on every interface;
-    # build that one on loopback too (an instance attribute over the method: mypy refuses a method assigned to).
-    # The test suite checks that both stores listen on loopback only.
+    # build that one on loopback too, through an instance attribute that shadows the method (set with
+    # object.__setattr__: typed code cannot assign to a method). The test suite checks that both stores listen on
+    # loopback only.
     object.__setattr__(handler, "_create_tcp_store_server", workers_store)
     return handler
 
