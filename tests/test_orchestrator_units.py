@@ -170,14 +170,14 @@ def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None
     ],
 )
 def test_choose_backend(requested: str, devices: int, ranks: int, backend: str, reason: str) -> None:
-    from elastic_pipe.orchestrator.process_group import choose_backend
+    from elastic_pipe.orchestrator.launch.process_group import choose_backend
 
     chosen, why = choose_backend(requested, devices, ranks)
     assert chosen == backend and reason in why
 
 
 def test_nccl_without_a_device_per_rank_is_refused_by_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastic_pipe.orchestrator.process_group import choose_backend
+    from elastic_pipe.orchestrator.launch.process_group import choose_backend
 
     with pytest.raises(ConfigError, match="4 ranks, 2 CUDA devices"):
         choose_backend("nccl", 2, 4)
@@ -203,7 +203,7 @@ def test_preflight_needs_writable_directories(section: str, tmp_path: Path) -> N
 
 
 def test_preflight_probes_by_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastic_pipe.orchestrator.preflight import check_writable
+    from elastic_pipe.orchestrator.launch.preflight import check_writable
 
     def refuse(self: Path, data: bytes) -> int:
         raise PermissionError(13, "Permission denied")

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tiny_vit
-from elastic_pipe.orchestrator.faults import FAULT_ENV
+from elastic_pipe.orchestrator.launch.faults import FAULT_ENV
 
 MODEL = {**tiny_vit.OPTIONS, "patch_size": 4}
 #: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (6 steps an
@@ -54,7 +54,7 @@ def _config(tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> An
 
 def _launch(config: Any) -> dict[str, Any]:
     from elastic_pipe.orchestrator import launch
-    from elastic_pipe.orchestrator.worker import entry
+    from elastic_pipe.orchestrator.launch.worker import entry
 
     results = launch(config, entry, config.to_dict())
     return dict(results[0])

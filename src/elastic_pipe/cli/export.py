@@ -74,6 +74,7 @@ def checkpoint_file(path: str | Path) -> Path:
     """
     from elastic_pipe.orchestrator.checkpoint_files import checkpoint_files, read_latest  # noqa: PLC0415
     from elastic_pipe.orchestrator.errors import ConfigError  # noqa: PLC0415
+    from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
 
     p = Path(path)
     if p.is_file():
@@ -83,7 +84,7 @@ def checkpoint_file(path: str | Path) -> Path:
     try:
         meta = read_latest(p)
     except ConfigError as exc:
-        raise CliInputError(f"--checkpoint {p}: {' '.join(str(exc).split())}") from None
+        raise CliInputError(f"--checkpoint {p}: {one_line(str(exc))}") from None
     if meta is None:
         files = checkpoint_files(p)
         if not files:
@@ -157,18 +158,19 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
     from elastic_pipe.orchestrator.checkpoint_files import load_weights, manifest_path  # noqa: PLC0415
+    from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
 
     weights: Any
     if manifest_path(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
         try:
             weights, state = load_weights(source)
         except Exception as exc:  # a corrupt file or shard: one line, like any unreadable checkpoint
-            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+            raise CliInputError(f"cannot read checkpoint {source}: {one_line(str(exc))[:200]}") from None
     else:
         try:
             state = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here
-            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+            raise CliInputError(f"cannot read checkpoint {source}: {one_line(str(exc))[:200]}") from None
         weights = state.get("model") if isinstance(state, dict) else None
     if not weights or not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
         raise CliInputError(f"{source} holds no model weights (expected a checkpoint written by elastic-pipe train)")

@@ -30,8 +30,8 @@ from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule, probe
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.faults import maybe_fail
 from elastic_pipe.orchestrator.holdings import transfer
+from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime

@@ -34,6 +34,7 @@ from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.launch import one_line
 from elastic_pipe.orchestrator.workload import Standardization
 
 __all__ = ["METADATA_KEY", "ExportError", "Exported", "Preprocess", "inference_record", "load_exported"]
@@ -147,7 +148,7 @@ def read_record(path: str | Path) -> dict[str, Any]:
         with safe_open(str(path), "pt") as f:
             meta = f.metadata() or {}
     except Exception as exc:  # safetensors raises its own error types for unreadable files
-        raise ExportError(f"cannot read {path} as safetensors: {' '.join(str(exc).split())[:200]}") from None
+        raise ExportError(f"cannot read {path} as safetensors: {one_line(str(exc))[:200]}") from None
     text = meta.get(METADATA_KEY)
     if text is None:
         raise ExportError(
@@ -194,7 +195,7 @@ def load_exported(path: str | Path, *, model: nn.Module | None = None) -> Export
     try:
         model.load_state_dict(load_file(str(path)))
     except RuntimeError as exc:
-        first = " ".join(str(exc).split())[:300]
+        first = one_line(str(exc))[:300]
         raise ExportError(
             f"{path}: the weights do not fit the model (trained with a model of your own? pass model=): {first}"
         ) from None

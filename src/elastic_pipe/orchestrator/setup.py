@@ -1,6 +1,6 @@
 """Building one rank's :class:`RunContext`: groups, device, data splits, sub-layer costs, the event log.
 
-The process group must exist already (:func:`elastic_pipe.orchestrator.process_group.join_process_group`).
+The process group must exist already (:func:`elastic_pipe.orchestrator.launch.join_process_group`).
 
 The model arrives on the meta device (the config's builders build it there, shapes and no storage) or with real
 weights on the CPU (a user's model). Setup reads what every rank must know about every sub-layer without
@@ -36,7 +36,7 @@ from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_len
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
-from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
+from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.workload import cross_entropy, split_data

@@ -30,7 +30,7 @@ from elastic_pipe.orchestrator.cuda_graph import step_record
 from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
-from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime

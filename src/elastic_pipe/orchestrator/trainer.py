@@ -40,11 +40,11 @@ from elastic_pipe.orchestrator.components import Components, components_from_con
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
-from elastic_pipe.orchestrator.process_group import join_process_group
 from elastic_pipe.orchestrator.setup import (
     build_context,
     candidate_pipe_lens,

@@ -160,7 +160,7 @@ class LaunchSection:
         rdzv_endpoint: ``host:port`` of the c10d rendezvous ("" means a local standalone run).
         run_id: the job's id, shared by every node's agent ("" gives a single-node job a fresh random one; several
             nodes must set it). Not a secret: the rendezvous is authenticated by a separate secret
-            (:mod:`~elastic_pipe.orchestrator.rendezvous`).
+            (:mod:`~elastic_pipe.orchestrator.launch.rendezvous`).
     """
 
     nproc_per_node: int = 1

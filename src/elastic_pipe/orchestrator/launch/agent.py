@@ -4,24 +4,21 @@ One agent per node starts ``nproc_per_node`` workers, joins the other nodes' age
 restarts the whole group (up to ``max_restarts`` times) when a worker fails; the workers then resume from the last
 checkpoint.
 
-What this module adds to a plain ``elastic_launch``, each decided by a pure function the tests check:
+What :func:`launch` adds to a plain ``elastic_launch``:
 
-* the run id (:func:`resolve_run_id`): a fresh random one per single-node job; a multi-node job must be given the
-  same id on every node;
+* what the job is, decided before anything starts (:mod:`.job`): its run id, its rendezvous (loopback only for a
+  single node), the environment its workers inherit (one OpenMP thread each, NCCL's asynchronous error handling);
 * an authenticated rendezvous (:mod:`.rendezvous`): the agents' state carries an HMAC tag under the job's secret
   and nothing without a valid one is unpickled, so a process that reaches the store cannot run code in the job; a
   single node draws a fresh secret per launch, several nodes must share one of at least 128 bits given in a file
-  or the environment (:func:`~elastic_pipe.orchestrator.rendezvous.read_secret`), never on a command line;
-* loopback only for a single node (:func:`rendezvous_options`): the rendezvous store and the workers' store listen
-  on 127.0.0.1 (torch's c10d stores listen on every interface, so the stores are built on sockets bound here);
-* one OpenMP thread per worker when several share the node and the user set none, and NCCL's asynchronous error
-  handling on (:func:`worker_environment`), as torchrun does: N workers with all cores each only contend, and a
-  collective that fails or times out on one GPU tears its process down instead of leaving the others hanging;
+  or the environment (:func:`~elastic_pipe.orchestrator.launch.secret.read_secret`), never on a command line; the
+  workers tag what they write to their own store under a key derived from it (:mod:`.worker_store`);
 * a failed worker as one line (:func:`describe_failure`): its rank and its exception, the full traceback in
   ``[log] dir``/error-rank<N>.txt, and torch's own multi-line failure report kept off stderr; the rank named is the
   one that raised first, from the reports the workers write before tearing anything down, and a worker that stops
   responding is named and killed after 0.8 of ``[launch] timeout`` (:mod:`.worker_status`);
-* a first line on stderr saying what starts (:func:`startup_line`), before the seconds the workers take to import.
+* a first line on stderr saying what starts (:func:`~elastic_pipe.orchestrator.launch.job.startup_line`), before
+  the seconds the workers take to import.
 """
 
 from __future__ import annotations
@@ -32,163 +29,36 @@ import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
-from elastic_pipe.orchestrator.rendezvous import (
-    AUTH_C10D_BACKEND,
-    LOOPBACK,
-    LOOPBACK_BACKEND,
-    STORE_KEY_ENV,
-    _create_loopback_handler,  # noqa: F401 - kept importable from here
-    forged_states,
-    forget_secret,
-    loopback_store,
-    read_secret,
-    register_backends,
-    secret_for,
-    store_key,
+from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError
+from elastic_pipe.orchestrator.launch.job import (
+    rendezvous_options,
+    resolve_run_id,
+    startup_line,
+    worker_environ,
+    worker_environment,
 )
-from elastic_pipe.orchestrator.worker_status import (
+from elastic_pipe.orchestrator.launch.rendezvous import forged_states, forget_secret, register_backends
+from elastic_pipe.orchestrator.launch.secret import read_secret, secret_for
+from elastic_pipe.orchestrator.launch.worker_status import (
     STATUS_DIR_ENV,
     FailureReport,
     Watchdog,
     first_failure,
     one_line,
 )
+from elastic_pipe.orchestrator.launch.worker_store import STORE_KEY_ENV, store_key
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = [
-    "AUTH_C10D_BACKEND",
-    "LOOPBACK",
-    "LOOPBACK_BACKEND",
-    "NCCL_ERROR_HANDLING_ENV",
-    "RUN_ID_ENV",
-    "RendezvousOptions",
-    "describe_failure",
-    "launch",
-    "loopback_store",
-    "nccl_error_handling",
-    "rendezvous_options",
-    "resolve_run_id",
-    "startup_line",
-    "worker_environ",
-    "worker_environment",
-    "write_failure_report",
-]
+__all__ = ["describe_failure", "launch", "write_failure_report"]
 
-#: Seconds the agents wait for each other at the rendezvous.
-RDZV_TIMEOUT_S = 120
-#: The environment variable that may carry the job's shared run id (``--run-id`` and ``[launch] run_id`` win).
-RUN_ID_ENV = "ELASTIC_PIPE_RUN_ID"
-#: How ProcessGroupNCCL's watchdog reacts to a failed or timed-out collective. torch's values: 0 nothing, 1 abort the
-#: communicator and tear the process down, 2 abort the communicator only, 3 tear the process down without aborting
-#: it (torch's own default). torchrun's agent sets 1 for its workers; so do we, for every worker and every process
-#: that joins the group itself.
-NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-#: Abort the NCCL communicator, then tear the process down (see :data:`NCCL_ERROR_HANDLING_ENV`).
-NCCL_TEAR_DOWN = "1"
 #: Set to anything non-empty: a failed run prints its full traceback on stderr too (the CLI's convention).
 DEBUG_ENV = "ELASTIC_PIPE_DEBUG"
 #: torch's loggers that print a failed worker's traceback (and the sibling it stops) on the agent's stderr.
 _FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
-
-
-def resolve_run_id(nnodes: int, run_id: str | None = None, environ: Mapping[str, str] | None = None) -> str:
-    """The job's run id: the one given (argument, then :data:`RUN_ID_ENV`), else a fresh random one for one node.
-
-    Args:
-        nnodes: number of nodes of the job.
-        run_id: the id the user gave (``--run-id`` or ``[launch] run_id``), if any.
-        environ: the environment to read :data:`RUN_ID_ENV` from (default ``os.environ``).
-
-    Returns:
-        The id every agent of the job uses; a fresh ``uuid4().hex`` for a single node without one.
-
-    Raises:
-        ConfigError: a multi-node job without a given id (each node would draw its own and never meet the others),
-            or an empty or blank id.
-    """
-    env = os.environ if environ is None else environ
-    given = run_id if run_id is not None else env.get(RUN_ID_ENV)
-    if given is not None:
-        if not given.strip():
-            raise ConfigError(f"the run id must not be empty, got {given!r}")
-        return given
-    if nnodes > 1:
-        raise ConfigError(
-            f"a multi-node run ({nnodes} nodes) needs the same secret run id on every node: pass --run-id ID, set "
-            f"[launch] run_id or the environment variable {RUN_ID_ENV} (e.g. from `python -c 'import uuid; "
-            "print(uuid.uuid4().hex)'`)"
-        )
-    return uuid.uuid4().hex
-
-
-@dataclass(frozen=True, slots=True)
-class RendezvousOptions:
-    """How this node's agent meets the others (the rendezvous part of torch's ``LaunchConfig``).
-
-    Attributes:
-        backend: the rendezvous backend's registered name.
-        endpoint: ``host:port`` of the rendezvous store.
-        configs: extra backend options (``timeout``, ``is_host``).
-        local_addr: the address this node's workers are told to reach the workers' store at (``None``: its fqdn).
-    """
-
-    backend: str
-    endpoint: str
-    configs: dict[str, Any] = field(default_factory=dict)
-    local_addr: str | None = None
-
-
-def rendezvous_options(nnodes: int, rdzv_endpoint: str) -> RendezvousOptions:
-    """The rendezvous of a job: loopback only for one node, the given shared endpoint for several.
-
-    Both are authenticated (:class:`~elastic_pipe.orchestrator.rendezvous.AuthenticatedBackend`).
-
-    Raises:
-        ConfigError: a multi-node job without an endpoint.
-    """
-    if nnodes > 1:
-        if not rdzv_endpoint:
-            raise ConfigError(
-                f"a multi-node run ({nnodes} nodes) needs launch.rdzv_endpoint = 'host:port' (the same on every "
-                "node), or --rdzv-endpoint"
-            )
-        return RendezvousOptions(AUTH_C10D_BACKEND, rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S})
-    if rdzv_endpoint:  # one node at a user-chosen endpoint: c10d as asked, it hosts the store itself
-        return RendezvousOptions(AUTH_C10D_BACKEND, rdzv_endpoint, {"timeout": RDZV_TIMEOUT_S, "is_host": True})
-    return RendezvousOptions(
-        LOOPBACK_BACKEND, f"{LOOPBACK}:0", {"timeout": RDZV_TIMEOUT_S, "is_host": True}, local_addr=LOOPBACK
-    )
-
-
-def nccl_error_handling(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``{TORCH_NCCL_ASYNC_ERROR_HANDLING: "1"}`` unless the user set it (see :data:`NCCL_ERROR_HANDLING_ENV`).
-
-    ProcessGroupNCCL reads it when a group is created, so it must be in the environment before
-    ``init_process_group``.
-    """
-    env = os.environ if environ is None else environ
-    return {} if NCCL_ERROR_HANDLING_ENV in env else {NCCL_ERROR_HANDLING_ENV: NCCL_TEAR_DOWN}
-
-
-def worker_environment(nproc_per_node: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables to add to the environment the workers inherit (torchrun's rules).
-
-    ``OMP_NUM_THREADS=1`` when several workers share the node and the user did not set it: torch sizes its
-    intra-op thread pool from it at import, so each worker gets one thread instead of one per core. NCCL's
-    asynchronous error handling on unless the user chose (:func:`nccl_error_handling`).
-    """
-    env = os.environ if environ is None else environ
-    updates = nccl_error_handling(env)
-    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
-        updates["OMP_NUM_THREADS"] = "1"
-    return updates
 
 
 def describe_failure(failure: Any) -> tuple[str, str | None]:
@@ -243,34 +113,6 @@ def _quiet_failure_logs(enabled: bool) -> Iterator[None]:
             logger.setLevel(level)
 
 
-@contextlib.contextmanager
-def worker_environ(updates: Mapping[str, str]) -> Iterator[None]:
-    """Set ``updates`` in ``os.environ`` (which spawned workers inherit) and restore the previous values after."""
-    saved = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def startup_line(config: TrainConfig, options: RendezvousOptions) -> str:
-    """The first line a launch prints on stderr (before the workers spend seconds importing torch)."""
-    n, nnodes, world = config.launch.nproc_per_node, config.launch.nnodes, config.world_size
-    where = (
-        f"rendezvous on {LOOPBACK} only"
-        if options.backend == LOOPBACK_BACKEND
-        else f"rendezvous at {options.endpoint} with {nnodes - 1} other node{'s' if nnodes > 2 else ''}"
-        if nnodes > 1
-        else f"rendezvous at {options.endpoint}"
-    )
-    return f"elastic-pipe: starting {n} worker{'s' if n != 1 else ''} on this node (world size {world}), {where} ..."
-
-
 def launch(
     config: TrainConfig,
     entrypoint: Callable[..., Any],
@@ -286,11 +128,12 @@ def launch(
             ``rdzv_endpoint`` and ``run_id``.
         entrypoint: a module-level function (workers import it by name).
         *args: picklable arguments.
-        run_id: the job id shared by every node's agent (see :func:`resolve_run_id`; required for several nodes,
-            through this argument, ``config.launch.run_id``, or :data:`RUN_ID_ENV`).
+        run_id: the job id shared by every node's agent (see
+            :func:`~elastic_pipe.orchestrator.launch.job.resolve_run_id`; required for several nodes, through this
+            argument, ``config.launch.run_id``, or :data:`~elastic_pipe.orchestrator.launch.job.RUN_ID_ENV`).
         quiet: leave out the first line on stderr.
         secret_file: a file holding the rendezvous secret (hex, at least 128 bits; see
-            :func:`~elastic_pipe.orchestrator.rendezvous.read_secret` for the environment variables). Required,
+            :func:`~elastic_pipe.orchestrator.launch.secret.read_secret` for the environment variables). Required,
             one way or the other, for several nodes; a single node draws a fresh one.
 
     Returns:
@@ -344,7 +187,7 @@ def launch(
             raise
         # torch's agent keeps its rank assignment (JSON) and barrier counters in the store unauthenticated: when
         # another process wrote there, what fails is the agent's reading of it. Say so, on one line.
-        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        text = one_line(f"{type(exc).__name__}: {exc}")
         raise OrchestratorError(
             f"the elastic agent failed ({text}): another process wrote to this job's stores "
             f"({forged_states(job_id)} forged rendezvous states ignored)"

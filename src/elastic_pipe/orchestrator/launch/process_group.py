@@ -12,12 +12,13 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.launch import nccl_error_handling
-from elastic_pipe.orchestrator.rendezvous import STORE_KEY_ENV, authenticated_store
+from elastic_pipe.orchestrator.launch.job import nccl_error_handling
+from elastic_pipe.orchestrator.launch.worker_store import STORE_KEY_ENV, authenticated_store
 
 __all__ = ["choose_backend", "device_for", "join_process_group", "local_ranks", "training_backend", "warm_up"]
 
@@ -80,7 +81,7 @@ def join_process_group(config: TrainConfig) -> bool:
     """Join the default group from the torchrun environment unless a caller did; returns whether we did.
 
     With NCCL, ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` is set first unless the user set it
-    (:func:`~elastic_pipe.orchestrator.launch.nccl_error_handling`), so a process started without torchrun's
+    (:func:`~elastic_pipe.orchestrator.launch.job.nccl_error_handling`), so a process started without torchrun's
     agent handles NCCL errors as one started by it.
     """
     if dist.is_initialized():
@@ -99,15 +100,15 @@ def join_process_group(config: TrainConfig) -> bool:
         # Under the elastic agent every restart attempt shares the agent's store. Without a per-attempt prefix a
         # restarted worker can read the dead attempt's addresses and fail to connect, so the prefix is added here.
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        agent_store = dist.TCPStore(  # type: ignore[attr-defined]
+        agent_store = TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False, timeout=timeout
         )
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        # The launcher hands its workers a key to tag every value with (rendezvous.authenticated_store): another
+        # The launcher hands its workers a key to tag every value with (worker_store.authenticated_store): another
         # process that reaches the store cannot feed them forged peer addresses.
         key = os.environ.get(STORE_KEY_ENV)
         shared = agent_store if not key else authenticated_store(agent_store, bytes.fromhex(key))
-        store = dist.PrefixStore(f"elastic_pipe/attempt_{attempt}", shared)  # type: ignore[attr-defined]
+        store = PrefixStore(f"elastic_pipe/attempt_{attempt}", shared)
         dist.init_process_group(spec, store=store, rank=rank, world_size=world, timeout=timeout)
     else:
         dist.init_process_group(spec, timeout=timeout)

@@ -10,17 +10,8 @@ hands the rendezvous nothing to unpickle that does not carry a valid tag: a valu
 or whose tag does not verify is ignored (a warning; the agent keeps its last authenticated state and its next
 write replaces the forged one). Nothing it reads is unpickled before the tag verifies.
 
-The secret: a single-node job draws a fresh 256-bit one per launch, held only in the agent's memory (the only
-process of the job that meets the rendezvous). A multi-node job must be given one of at least
-:data:`MIN_SECRET_BITS` bits, the same on every node, as hex text in a file (``--rdzv-secret-file`` or
-:data:`SECRET_FILE_ENV`) or in :data:`SECRET_ENV` - never on a command line, which every local user can read in
-``/proc/*/cmdline``.
-
-The workers' store (the agent's, which torch shares with the workers) carries the gloo/NCCL bootstrap: peer
-addresses, NCCL ids. A forged address crashed a gloo worker (SIGSEGV) in the adversarial test, so the workers wrap
-it in :func:`authenticated_store`: every value they set carries an HMAC tag under a key derived from the job's
-secret (:func:`store_key`, handed to the workers in :data:`STORE_KEY_ENV` by environment inheritance, never on a
-command line), and a value read without a valid tag stops the worker with one line naming the key.
+The secret is the job's (:mod:`elastic_pipe.orchestrator.launch.secret`); the workers' store, which carries the
+gloo/NCCL bootstrap, is tagged under a key derived from it (:mod:`elastic_pipe.orchestrator.launch.worker_store`).
 
 What it does not protect: the keys the agents keep outside both (torch's rank assignment, as JSON, and its
 barrier counters) can still be overwritten by whoever reaches the port, which can make the job fail or stall but
@@ -34,55 +25,33 @@ import binascii
 import hashlib
 import hmac
 import logging
-import os
 import pickle
-import secrets
 import socket
-import stat
-from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.launch.secret import fresh_secret
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import TCPStore
     from torch.distributed.distributed_c10d import Store
     from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousBackend
 
 __all__ = [
     "AUTH_C10D_BACKEND",
     "LOOPBACK",
     "LOOPBACK_BACKEND",
-    "MIN_SECRET_BITS",
-    "SECRET_ENV",
-    "SECRET_FILE_ENV",
-    "STORE_KEY_ENV",
     "AuthenticatedBackend",
-    "ForgedValueError",
-    "authenticated_store",
     "forged_states",
     "forget_secret",
-    "fresh_secret",
     "loopback_store",
-    "parse_secret",
-    "read_secret",
     "register_backends",
-    "secret_for",
-    "store_key",
 ]
 
 log = logging.getLogger(__name__)
 
-#: The environment variable that may carry a multi-node job's rendezvous secret (hex).
-SECRET_ENV = "ELASTIC_PIPE_RDZV_SECRET"
-#: The environment variable that may name a file holding the secret (hex; ``--rdzv-secret-file`` wins).
-SECRET_FILE_ENV = "ELASTIC_PIPE_RDZV_SECRET_FILE"
-#: The environment variable that hands the workers the key of their store's tags (hex; set by the launcher).
-STORE_KEY_ENV = "ELASTIC_PIPE_STORE_KEY"
-#: The shortest secret accepted: 128 bits, 32 hex digits.
-MIN_SECRET_BITS = 128
-#: Bytes of a fresh single-node secret (256 bits).
-_FRESH_SECRET_BYTES = 32
 #: A single-node job's stores listen here only: no other machine can join or read it.
 LOOPBACK = "127.0.0.1"
 #: The rendezvous backend registered for single-node jobs: authenticated, on stores bound to :data:`LOOPBACK`.
@@ -98,9 +67,6 @@ _NULL = b"-"
 _TAG_BYTES = hashlib.sha256().digest_size
 _DOMAIN = b"elastic-pipe rendezvous state v1\0"
 
-#: The authenticated stores made in this process, kept alive (see :func:`authenticated_store`).
-_LIVE_STORES: list[Any] = []
-
 #: How many forged rendezvous states each run id's backends met in this process (:func:`forged_states`).
 _FORGED: dict[str, int] = {}
 
@@ -109,85 +75,10 @@ _FORGED: dict[str, int] = {}
 _SECRETS: dict[str, bytes] = {}
 
 
-def fresh_secret() -> bytes:
-    """A new random 256-bit secret (a single-node job's, per launch)."""
-    return secrets.token_bytes(_FRESH_SECRET_BYTES)
+class _StateStore(Protocol):
+    """What torch's c10d stores take at run time beyond their type stubs: bytes in a compare-and-set."""
 
-
-def parse_secret(text: str, source: str) -> bytes:
-    """The secret ``text`` (hex digits, surrounding whitespace ignored) holds.
-
-    Raises:
-        ConfigError: not hex, or shorter than :data:`MIN_SECRET_BITS` bits.
-    """
-    digits = text.strip()
-    try:
-        secret = bytes.fromhex(digits)
-    except ValueError:
-        raise ConfigError(
-            f"the rendezvous secret from {source} is not hex digits (got {len(digits)} characters); generate one "
-            "with `python -c 'import secrets; print(secrets.token_hex(16))'`"
-        ) from None
-    if len(secret) * 8 < MIN_SECRET_BITS:
-        raise ConfigError(
-            f"the rendezvous secret from {source} has {len(secret) * 8} bits, at least {MIN_SECRET_BITS} are needed "
-            f"({MIN_SECRET_BITS // 4} hex digits, e.g. `python -c 'import secrets; print(secrets.token_hex(16))'`)"
-        )
-    return secret
-
-
-def read_secret(secret_file: str | None = None, environ: Mapping[str, str] | None = None) -> bytes | None:
-    """The rendezvous secret the user gave: ``secret_file``, else :data:`SECRET_FILE_ENV`, else :data:`SECRET_ENV`.
-
-    Args:
-        secret_file: ``--rdzv-secret-file``, if given.
-        environ: the environment (default ``os.environ``).
-
-    Returns:
-        The secret's bytes, or ``None`` when none was given.
-
-    Raises:
-        ConfigError: an unreadable file, a file other users may read or write, or a secret that is not hex or
-            shorter than :data:`MIN_SECRET_BITS` bits.
-    """
-    env = os.environ if environ is None else environ
-    path = secret_file or env.get(SECRET_FILE_ENV) or None
-    if path is not None:
-        try:
-            info = os.stat(path)
-            if not stat.S_ISREG(info.st_mode):
-                raise ConfigError(f"the rendezvous secret file {path!r} is not a regular file")
-            if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                mode = stat.S_IMODE(info.st_mode)
-                raise ConfigError(
-                    f"the rendezvous secret file {path!r} is open to other users (mode {mode:o}); "
-                    f"run `chmod 600 {path}`"
-                )
-            with open(path, encoding="ascii") as f:
-                text = f.read(4096)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read the rendezvous secret file {path!r}: {exc}") from None
-        return parse_secret(text, f"file {path!r}")
-    value = env.get(SECRET_ENV)
-    return None if value is None else parse_secret(value, f"${SECRET_ENV}")
-
-
-def secret_for(nnodes: int, given: bytes | None, endpoint: str) -> bytes:
-    """The secret a job's rendezvous uses: the given one, else a fresh one for a single node.
-
-    Raises:
-        ConfigError: several nodes without a secret (each would draw its own and never meet the others).
-    """
-    if given is not None:
-        return given
-    if nnodes > 1:
-        raise ConfigError(
-            f"a multi-node run ({nnodes} nodes, rendezvous at {endpoint}) needs the same rendezvous secret of at "
-            f"least {MIN_SECRET_BITS} bits on every node: --rdzv-secret-file FILE, or the environment variable "
-            f"{SECRET_FILE_ENV} (a file) or {SECRET_ENV} (hex, e.g. from `python -c 'import secrets; "
-            "print(secrets.token_hex(16))'`)"
-        )
-    return fresh_secret()
+    def compare_set(self, key: str, expected_value: str, desired_value: bytes) -> bytes: ...
 
 
 class AuthenticatedBackend:
@@ -214,7 +105,7 @@ class AuthenticatedBackend:
         self._key = "elastic_pipe.rendezvous." + run_id
         self._last: bytes | None = None
         self._forged = 0
-        store.compare_set(self._key, "", _NULL)  # type: ignore[arg-type]  # creates the key if it is absent
+        cast("_StateStore", store).compare_set(self._key, "", _NULL)  # creates the key if it is absent
 
     @property
     def name(self) -> str:
@@ -292,12 +183,12 @@ def _empty_state() -> bytes:
     return pickle.dumps(_RendezvousState())
 
 
-def loopback_store(timeout_s: float = _DEFAULT_TIMEOUT_S) -> Store:
+def loopback_store(timeout_s: float = _DEFAULT_TIMEOUT_S) -> TCPStore:
     """A c10d TCPStore server that listens on :data:`LOOPBACK` only, on a free port.
 
     torch's TCPStore binds every interface; handed a socket bound here instead, it listens on that one.
     """
-    import torch.distributed as dist  # noqa: PLC0415 (torch loads only when a launch starts)
+    from torch._C._distributed_c10d import TCPStore  # noqa: PLC0415 (torch loads only when a launch starts)
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -308,7 +199,7 @@ def loopback_store(timeout_s: float = _DEFAULT_TIMEOUT_S) -> Store:
         sock.close()
         raise
     fd = sock.detach()  # the store owns the socket from here on
-    store: Store = dist.TCPStore(  # type: ignore[attr-defined]  # exported at run time, not in the stubs
+    return TCPStore(
         LOOPBACK,
         port,
         is_master=True,
@@ -316,11 +207,11 @@ def loopback_store(timeout_s: float = _DEFAULT_TIMEOUT_S) -> Store:
         timeout=timedelta(seconds=timeout_s),
         master_listen_fd=fd,
     )
-    return store
 
 
 def _secret_of(params: RendezvousParameters) -> bytes:
-    """``params.run_id``'s registered secret; a fresh one for a single node built outside :func:`launch`."""
+    """``params.run_id``'s registered secret; a fresh one for a single node built outside
+    :func:`~elastic_pipe.orchestrator.launch.launch`."""
     secret = _SECRETS.get(params.run_id)
     return secret if secret is not None else _SECRETS.setdefault(params.run_id, fresh_secret())
 
@@ -329,31 +220,39 @@ def _timeout(params: RendezvousParameters) -> float:
     return float(params.get_as_int("timeout", _DEFAULT_TIMEOUT_S) or _DEFAULT_TIMEOUT_S)
 
 
-def _create_loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """The handler of :data:`LOOPBACK_BACKEND`: authenticated state, both of its stores on loopback."""
+def _handler(store: Store, backend: AuthenticatedBackend, params: RendezvousParameters) -> DynamicRendezvousHandler:
+    """torch's dynamic rendezvous handler over ``backend`` (a ``RendezvousBackend`` by protocol, not by base)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: PLC0415
 
+    return create_handler(store, cast("RendezvousBackend", backend), params)
+
+
+def _create_loopback_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """The handler of :data:`LOOPBACK_BACKEND`: authenticated state, both of its stores on loopback."""
     timeout = _timeout(params)
     store = loopback_store(timeout)
-    backend = AuthenticatedBackend(store, params.run_id, _secret_of(params), LOOPBACK_BACKEND)
-    handler = create_handler(store, backend, params)  # type: ignore[arg-type]  # a RendezvousBackend by protocol
+    handler = _handler(store, AuthenticatedBackend(store, params.run_id, _secret_of(params), LOOPBACK_BACKEND), params)
+
+    def workers_store(_addr: str, _port: int) -> TCPStore:
+        return loopback_store(timeout)
+
     # The handler starts a second store for the workers (torch >= 2.4 shares it with them) on every interface;
-    # build that one on loopback too. The test suite checks that both stores listen on loopback only.
-    handler._create_tcp_store_server = lambda _addr, _port: loopback_store(timeout)  # type: ignore[method-assign,assignment]
+    # build that one on loopback too, through an instance attribute that shadows the method (set with
+    # object.__setattr__: typed code cannot assign to a method). The test suite checks that both stores listen on
+    # loopback only.
+    object.__setattr__(handler, "_create_tcp_store_server", workers_store)
     return handler
 
 
 def _create_c10d_handler(params: RendezvousParameters) -> RendezvousHandler:
     """The handler of :data:`AUTH_C10D_BACKEND`: torch's c10d store at the endpoint, authenticated state."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import _create_tcp_store  # noqa: PLC0415
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: PLC0415
 
     secret = _SECRETS.get(params.run_id)
     if secret is None:  # several agents must share it: only launch() knows it
         raise ConfigError(f"no rendezvous secret registered for run id {params.run_id!r} (see register_backends)")
     store = _create_tcp_store(params)
-    backend = AuthenticatedBackend(store, params.run_id, secret, AUTH_C10D_BACKEND)
-    return create_handler(store, backend, params)  # type: ignore[arg-type]
+    return _handler(store, AuthenticatedBackend(store, params.run_id, secret, AUTH_C10D_BACKEND), params)
 
 
 def register_backends(run_id: str, secret: bytes) -> None:
@@ -374,75 +273,3 @@ def forget_secret(run_id: str) -> None:
 def forged_states(run_id: str) -> int:
     """How many rendezvous states not sealed with ``run_id``'s secret its agent met (and ignored) so far."""
     return _FORGED.get(run_id, 0)
-
-
-class ForgedValueError(RuntimeError):
-    """A value read from the workers' store does not carry this job's tag: another process wrote it."""
-
-
-def store_key(secret: bytes) -> bytes:
-    """The key of the workers' store tags, derived from the job's rendezvous secret (the same on every node)."""
-    return hmac.new(secret, b"elastic-pipe workers' store v1", hashlib.sha256).digest()
-
-
-def authenticated_store(inner: Store, key: bytes) -> Store:
-    """``inner`` with every value tagged: ``set`` writes ``tag + value``, ``get`` verifies and strips the tag.
-
-    ``tag = HMAC-SHA256(key, store key + value)``, so a value cannot be forged nor moved to another key. Counters
-    (``add``) and waits pass through: a forged counter can stall a barrier, not change what a worker reads.
-
-    Raises (from ``get``):
-        ForgedValueError: a value without a valid tag, naming its key.
-    """
-    import torch.distributed as dist  # noqa: PLC0415
-
-    def tag(name: str, value: bytes) -> bytes:
-        return hmac.new(key, name.encode() + b"\0" + value, hashlib.sha256).digest()
-
-    class AuthenticatedStore(dist.Store):  # type: ignore[misc,name-defined]  # exported at run time
-        def __init__(self) -> None:
-            super().__init__()
-
-        def set(self, name: str, value: str | bytes) -> None:
-            data = value.encode() if isinstance(value, str) else bytes(value)
-            inner.set(name, tag(name, data) + data)  # type: ignore[arg-type]  # bytes are accepted
-
-        def get(self, name: str) -> bytes:
-            raw = bytes(inner.get(name))
-            data = raw[_TAG_BYTES:]
-            if len(raw) < _TAG_BYTES or not hmac.compare_digest(raw[:_TAG_BYTES], tag(name, data)):
-                raise ForgedValueError(
-                    f"the value under {name!r} in the workers' store is not tagged with this job's key: another "
-                    "process wrote to the store"
-                )
-            return data
-
-        def add(self, name: str, amount: int) -> int:
-            return int(inner.add(name, amount))
-
-        def wait(self, names: list[str], timeout: timedelta | None = None) -> None:
-            if timeout is None:
-                inner.wait(names)
-            else:
-                inner.wait(names, timeout)
-
-        def check(self, names: list[str]) -> bool:
-            return bool(inner.check(names))
-
-        def delete_key(self, name: str) -> bool:
-            return bool(inner.delete_key(name))
-
-        def num_keys(self) -> int:
-            return int(inner.num_keys())
-
-        def set_timeout(self, timeout: timedelta) -> None:
-            inner.set_timeout(timeout)
-
-        def clone(self) -> Store:  # a connection of its own, for a store that wants one
-            return authenticated_store(inner.clone(), key)  # type: ignore[attr-defined]
-
-    store: Store = AuthenticatedStore()
-    # torch holds a Python-defined store by its C++ part only: once the Python object is gone, its methods are
-    # too ("Not implemented"), so every store made here lives as long as the process.
-    _LIVE_STORES.append(store)
-    return store
