@@ -11,7 +11,7 @@ probe outputs). No rank receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
-    epoch-0002.stage-0000.pt              stage 0's shard (torch.save), and its manifest:
+    epoch-0002.stage-0000.shard           stage 0's shard (torch.save), and its manifest:
     epoch-0002.stage-0000.manifest.json   its SHA-256, a CRC-32 per tensor
     epoch-0002.pt                         the main file: the run's state and the shard table
     epoch-0002.manifest.json              its SHA-256, a CRC-32 per tensor, epoch, step, model fingerprint
@@ -88,6 +88,11 @@ def fingerprint(model: nn.Module) -> Fingerprint:
 
 def check_compatible(meta: Mapping[str, Any], model: nn.Module, source: str) -> None:
     """Refuse a checkpoint made for another model.
+
+    Args:
+        meta: the checkpoint's manifest or ``latest.json`` as read (JSON, not yet checked).
+        model: this run's model.
+        source: what to name in the error (the file or the directory).
 
     Raises:
         ConfigError: if the format or the model fingerprint differs.
