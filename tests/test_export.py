@@ -195,7 +195,7 @@ def test_preprocess_repeats_the_trainers_standardisation_and_refuses_bare_files(
     from elastic_pipe import load_exported
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import config_from_tables
-    from elastic_pipe.orchestrator.exported import ExportError, Preprocess, inference_record
+    from elastic_pipe.orchestrator.persist.exported import ExportError, Preprocess, inference_record
     from elastic_pipe.orchestrator.workload import Split, split_samples
 
     d = load_digits()
@@ -237,7 +237,7 @@ def test_preprocess_repeats_the_trainers_standardisation_and_refuses_bare_files(
 def test_text_preprocess_tokenises_as_the_bbcnews_dataset_did() -> None:
     from elastic_pipe import data as edata
     from elastic_pipe.orchestrator import config_from_tables
-    from elastic_pipe.orchestrator.exported import ExportError, Preprocess, inference_record
+    from elastic_pipe.orchestrator.persist.exported import ExportError, Preprocess, inference_record
     from elastic_pipe.orchestrator.text_data import bbcnews
 
     held = bbcnews(16, "test")

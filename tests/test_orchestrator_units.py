@@ -145,9 +145,9 @@ def test_preflight_refuses_before_any_process(overrides: dict[str, object], mess
 
 
 def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
-    from elastic_pipe.orchestrator.checkpoint import fingerprint
-    from elastic_pipe.orchestrator.checkpoint_files import FORMAT, LATEST
     from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.persist import fingerprint
+    from elastic_pipe.orchestrator.persist.files import FORMAT, LATEST
 
     other = build_model(_tiny({"model.options": {"preset": "vit-tiny", "depth": 2}}))
     (tmp_path / LATEST).write_text(json.dumps({"format": FORMAT, "file": "x.pt", "fingerprint": fingerprint(other)}))

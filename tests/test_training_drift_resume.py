@@ -70,7 +70,7 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
     shards' outputs are then never read)."""
     import torch
 
-    from elastic_pipe.orchestrator.checkpoint_files import write_checkpoint
+    from elastic_pipe.orchestrator.persist.files import write_checkpoint
 
     state = torch.load(directory / f"{name}.pt", map_location="cpu", weights_only=True)
     assert "probe" in state  # what the change writes: which shard keeps each stage's outputs

@@ -323,7 +323,7 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
     weights, state = load_weights(Path(config.checkpoint.dir) / meta["file"])  # the main file and its shards

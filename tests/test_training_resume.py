@@ -61,7 +61,7 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
     # the checkpoint is sharded by stage: the main file and every stage's shard, assembled here

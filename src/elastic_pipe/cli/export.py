@@ -13,7 +13,7 @@ file with ``load_state_dict`` ties nothing back, which gives the same outputs.
 
 The file's metadata also keeps what inference needs (``elastic_pipe.inference``, JSON: the ``[model]`` table and
 how training prepared the inputs - the standardisation of the built-in image datasets, the tokenizer of text;
-:mod:`elastic_pipe.orchestrator.exported`), so the model and its preprocessing load back in one call::
+:mod:`elastic_pipe.orchestrator.persist.exported`), so the model and its preprocessing load back in one call::
 
     import elastic_pipe
 
@@ -64,7 +64,7 @@ def checkpoint_file(path: str | Path) -> Path:
     """The checkpoint file ``path`` names: itself, or for a directory the one its ``latest.json`` points at.
 
     ``latest.json`` is read by the reader training uses
-    (:func:`~elastic_pipe.orchestrator.checkpoint_files.read_latest`): its ``file`` must be a plain name inside
+    (:func:`~elastic_pipe.orchestrator.persist.read_latest`): its ``file`` must be a plain name inside
     the directory, not a path or a link out of it. A directory without ``latest.json`` gives its newest
     ``epoch-*.pt``, as a resume would.
 
@@ -72,9 +72,9 @@ def checkpoint_file(path: str | Path) -> Path:
         CliInputError: nothing there, a directory without a checkpoint, or a ``latest.json`` that is unreadable,
             points outside the directory or names a missing file.
     """
-    from elastic_pipe.orchestrator.checkpoint_files import checkpoint_files, read_latest  # noqa: PLC0415
     from elastic_pipe.orchestrator.errors import ConfigError  # noqa: PLC0415
     from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.persist import checkpoint_files, read_latest  # noqa: PLC0415
 
     p = Path(path)
     if p.is_file():
@@ -157,8 +157,8 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights, manifest_path  # noqa: PLC0415
     from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.persist import load_weights, manifest_path  # noqa: PLC0415
 
     weights: Any
     if manifest_path(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
@@ -181,7 +181,7 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     metadata = {"source": "elastic-pipe", "epoch": str(epoch), "step": str(step)}
     inference = state.get("inference")  # absent from checkpoints written before it was kept
     if isinstance(inference, dict):
-        from elastic_pipe.orchestrator.exported import METADATA_KEY  # noqa: PLC0415
+        from elastic_pipe.orchestrator.persist import METADATA_KEY  # noqa: PLC0415
 
         metadata[METADATA_KEY] = json.dumps(inference, sort_keys=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,6 @@ processes with torchrun's elastic agent. See docs/training.md.
 
 from __future__ import annotations
 
-from elastic_pipe.orchestrator.checkpoint import Checkpointer, fingerprint
 from elastic_pipe.orchestrator.components import Components, components_from_config, resolve
 from elastic_pipe.orchestrator.config import (
     CheckpointSection,
@@ -39,6 +38,7 @@ from elastic_pipe.orchestrator.layout_rule import (
     layout_sequence,
 )
 from elastic_pipe.orchestrator.metrics import EpochMetrics, RunResult, TransitionEvent
+from elastic_pipe.orchestrator.persist import Checkpointer, fingerprint
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.trainer import ElasticTrainer, candidate_pipe_lens

@@ -37,7 +37,7 @@ class TokenizedText(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]])
         num_classes: number of classes.
         name: what the data is, for messages.
         tokenizer: how texts became ``ids``, for an exported model to do the same
-            (:mod:`elastic_pipe.orchestrator.exported`): ``{"tokenizer": "minilm", "directory": DIR or None (the
+            (:mod:`elastic_pipe.orchestrator.persist.exported`): ``{"tokenizer": "minilm", "directory": DIR or None (the
             bundled one), "max_tokens": T}``; ``None`` when unknown.
     """
 

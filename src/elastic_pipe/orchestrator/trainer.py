@@ -34,8 +34,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, probe, rerun, snapshot
-from elastic_pipe.orchestrator.checkpoint import Checkpointer
+from elastic_pipe.orchestrator import executor, holdings, probe
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -44,6 +43,7 @@ from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
+from elastic_pipe.orchestrator.persist import Checkpointer, rerun, snapshot
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.setup import (
     build_context,

@@ -57,8 +57,8 @@ _MIN_STD = 1e-8
 class Standardization:
     """How floating inputs held in memory were standardised: ``(x - mean) / std`` in float64, then cast.
 
-    An exported model carries it (:mod:`elastic_pipe.orchestrator.exported`), so that raw inputs reach it as they
-    reached it in training.
+    An exported model carries it (:mod:`elastic_pipe.orchestrator.persist.exported`), so that raw inputs reach it as
+    they reached it in training.
 
     Attributes:
         mean: the training part's mean, over every input value.

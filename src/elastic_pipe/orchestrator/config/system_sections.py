@@ -193,9 +193,9 @@ class CheckpointSection:
         resume: "auto" (resume from ``dir`` when it holds a checkpoint) or "never".
         keep_last: keep only this many newest checkpoints, deleting older ones after each save (0 keeps all).
         allow_nonfinite: load a checkpoint whose floating-point tensors hold NaN, infinity or magnitudes above
-            :data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (refused as corrupt by default).
+            :data:`~elastic_pipe.orchestrator.persist.integrity.MAX_ABS` (refused as corrupt by default).
         allow_config_change: resume although the config differs from the checkpoint's in more than a resume may
-            change (:mod:`~elastic_pipe.orchestrator.rerun`); the ``resume`` record lists the changes.
+            change (:mod:`~elastic_pipe.orchestrator.persist.rerun`); the ``resume`` record lists the changes.
     """
 
     dir: str = ""

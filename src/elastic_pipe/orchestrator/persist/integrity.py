@@ -1,7 +1,7 @@
 """Checkpoint integrity: the checksums of a checkpoint's manifest and the checks a loaded state must pass.
 
-Pure functions over a state (nested dicts and lists of tensors and plain data) and over bytes on disk; the
-:mod:`~elastic_pipe.orchestrator.checkpoint` module writes and reads the files and calls them.
+Pure functions over a state (nested dicts and lists of tensors and plain data) and over bytes on disk;
+:mod:`.files` writes the files and :mod:`.loads` reads them, and they call them.
 
 Two layers of checksums, because they catch different faults: the SHA-256 of the whole file catches a torn,
 truncated or bit-flipped file before it is unpickled; the CRC-32 of each tensor's bytes, taken from the state in
@@ -15,9 +15,8 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -30,7 +29,7 @@ MAX_ABS = 1e30
 _CHUNK = 1 << 20
 
 
-def tensors(state: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+def tensors(state: object, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor in a nested state with its path (``"model/embed.weight"``, ``"optimizer/state/w/exp_avg"``)."""
     if isinstance(state, torch.Tensor):
         yield prefix, state
@@ -47,7 +46,7 @@ def _crc32(t: torch.Tensor) -> int:
     return zlib.crc32(raw.numpy().tobytes())
 
 
-def tensor_checksums(state: Any, prefix: str = "") -> dict[str, int]:
+def tensor_checksums(state: object, prefix: str = "") -> dict[str, int]:
     """CRC-32 of every tensor's bytes, by path (under ``prefix``)."""
     return {path: _crc32(t) for path, t in tensors(state, prefix)}
 
@@ -61,7 +60,7 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def verify_tensors(state: Any, expected: dict[str, int]) -> list[str]:
+def verify_tensors(state: object, expected: Mapping[str, int]) -> list[str]:
     """What differs between a loaded state's tensors and the manifest's CRC-32s (empty when they agree)."""
     actual = tensor_checksums(state)
     problems = [f"tensor {p!r} is missing" for p in expected if p not in actual]
@@ -70,7 +69,7 @@ def verify_tensors(state: Any, expected: dict[str, int]) -> list[str]:
     return problems
 
 
-def value_problems(state: Any, max_abs: float = MAX_ABS) -> list[str]:
+def value_problems(state: object, max_abs: float = MAX_ABS) -> list[str]:
     """Floating-point tensors holding a NaN, an infinity or a magnitude above ``max_abs`` (empty when none)."""
     problems = []
     for path, t in tensors(state):

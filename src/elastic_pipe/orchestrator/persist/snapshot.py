@@ -3,22 +3,22 @@
 Every rank has the run's position and the trainer's small state (scheduler, policy, sampler, history); each rank
 also has the weights of the sub-layers it holds and the optimizer state of the parameters it owns, by name. A
 checkpoint (:mod:`.checkpoint`) writes one such share per stage; :func:`restore` takes from a saved state - one
-whole state, or shards read on demand (:class:`~elastic_pipe.orchestrator.checkpoint_files.ShardedCheckpoint`) -
+whole state, or shards read on demand (:class:`~elastic_pipe.orchestrator.persist.shards.ShardedCheckpoint`) -
 only what this rank holds in the saved layout, whatever layout or world size wrote it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.exported import inference_record
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
+from elastic_pipe.orchestrator.persist.exported import inference_record
+from elastic_pipe.orchestrator.persist.files import SavedState
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.types import Layout
 
@@ -30,17 +30,17 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
 
 
 def local_state(
-    ctx: RunContext, state: RunState, optimizer: torch.optim.Optimizer, *, extra: dict[str, Any]
-) -> dict[str, Any]:
+    ctx: RunContext, state: RunState, optimizer: torch.optim.Optimizer, *, extra: Mapping[str, object]
+) -> SavedState:
     """This rank's share of the training state (no collective), tensors on the CPU.
 
     Returns:
         ``{"run", "rng", "model", "optimizer", "inference", **extra}``: ``model`` holds the weights of the sub-layers
         this rank holds, ``optimizer`` the state of the parameters it owns (by name) and the hyper-parameters,
         ``inference`` what an exported model needs (:func:`.exported.inference_record`: its ``[model]`` table and
-        the input standardisation or tokenizer; a resume ignores it). A released
-        frozen prefix (:mod:`.prefix.residency`) is in rank 0's share only, which keeps it in host memory: rank 0
-        writes the stage-0 shard.
+        the input standardisation or tokenizer; a resume ignores it). A released frozen prefix
+        (:mod:`~elastic_pipe.orchestrator.prefix.residency`) is in rank 0's share only, which keeps it in host
+        memory: rank 0 writes the stage-0 shard.
     """
     names = {id(p): name for name, p in ctx.model.named_parameters()}
     local = ctx.model.state_dict(keep_vars=True)
@@ -60,7 +60,7 @@ def local_state(
     }
 
 
-def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> RunState:
+def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: SavedState) -> RunState:
     """Hold the saved layout's sub-layers, load their weights and this rank's optimizer state; returns the position.
 
     ``saved["model"]`` and ``saved["optimizer"]["state"]`` may be any mappings holding at least this rank's share
@@ -92,7 +92,7 @@ def restore(ctx: RunContext, optimizer: torch.optim.Optimizer, saved: dict[str, 
     if layout.frozen:
         freeze.freeze_modules(sublayers[: layout.frozen], optimizer)
     point_optimizer(ctx, optimizer, layout)
-    saved_state: Mapping[str, Any] = saved["optimizer"]["state"]
+    saved_state: Mapping[str, Mapping[str, object]] = saved["optimizer"]["state"]
     # A fused optimizer keeps its step count beside the parameters; the others keep it on the host.
     fused = bool(optimizer.defaults.get("fused"))
     owned = set(ctx.owned(layout))

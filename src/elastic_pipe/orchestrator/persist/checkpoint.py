@@ -3,15 +3,15 @@
 What is saved is :meth:`ElasticTrainer.state_dict`, each rank's share: the rank running stage ``s`` of replica 0
 writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - the
 optimizer state of the parameters it owns, by name, and, for a probe-driven freeze policy, the probe outputs it
-keeps for the next decision point: :mod:`.probe`); rank 0 then writes the main file: the optimizer's
-hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position, the RNG state, the
-run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the history so
-far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank
-receives another stage's weights or optimizer state.
+keeps for the next decision point: :mod:`~elastic_pipe.orchestrator.probe`); rank 0 then writes the main file:
+the optimizer's hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position,
+the RNG state, the run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch,
+step), the history so far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's
+probe outputs). No rank receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
-    epoch-0002.stage-0000.pt              stage 0's shard (torch.save), and its manifest:
+    epoch-0002.stage-0000.shard           stage 0's shard (torch.save), and its manifest:
     epoch-0002.stage-0000.manifest.json   its SHA-256, a CRC-32 per tensor
     epoch-0002.pt                         the main file: the run's state and the shard table
     epoch-0002.manifest.json              its SHA-256, a CRC-32 per tensor, epoch, step, model fingerprint
@@ -26,7 +26,7 @@ deletes ``.tmp`` files a crashed save left, and with ``keep_last = N`` deletes a
 Loading uses ``torch.load(..., weights_only=True)``: tensors, numbers, strings, lists and dicts only; no object is
 ever unpickled. Before that the main file's and every shard's SHA-256 must match their manifests; after it, every
 tensor's CRC-32 must, every floating-point value must be finite and within
-:data:`~elastic_pipe.orchestrator.integrity.MAX_ABS` (unless ``allow_nonfinite``), and the manifest's model
+:data:`~elastic_pipe.orchestrator.persist.integrity.MAX_ABS` (unless ``allow_nonfinite``), and the manifest's model
 fingerprint (names and shapes of its parameters) must be the model's. Every check runs before anything is loaded
 into the run: each rank checks the main file and a share of the shards (whole), and the ranks agree
 (:meth:`Checkpointer.find`). A checkpoint any rank finds wrong is skipped on every rank with a warning naming it and
@@ -45,6 +45,7 @@ kept - takes the baseline from its weights).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,21 +54,24 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.checkpoint_files import (
+from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.persist.files import (
     FORMATS,
-    candidates,
-    load_verified,
+    Fingerprint,
+    JsonObject,
+    Latest,
+    SavedState,
     prune,
     remove_leftovers,
     shard_digests,
     shard_name,
-    verify_shards,
     write_checkpoint,
     write_shard,
 )
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.persist.loads import candidates, load_verified
+from elastic_pipe.orchestrator.persist.shards import verify_shards
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import held_sublayers
 
@@ -76,14 +80,19 @@ __all__ = ["Checkpointable", "Checkpointer", "Found", "check_compatible", "finge
 log = logging.getLogger(__name__)
 
 
-def fingerprint(model: nn.Module) -> dict[str, list[Any]]:
+def fingerprint(model: nn.Module) -> Fingerprint:
     """Names and shapes of the model's parameters and buffers (what must match for a checkpoint to fit)."""
     state = model.state_dict()
     return {"names": list(state), "shapes": [list(t.shape) for t in state.values()]}
 
 
-def check_compatible(meta: dict[str, Any], model: nn.Module, source: str) -> None:
+def check_compatible(meta: Mapping[str, Any], model: nn.Module, source: str) -> None:
     """Refuse a checkpoint made for another model.
+
+    Args:
+        meta: the checkpoint's manifest or ``latest.json`` as read (JSON, not yet checked).
+        model: this run's model.
+        source: what to name in the error (the file or the directory).
 
     Raises:
         ConfigError: if the format or the model fingerprint differs.
@@ -122,11 +131,11 @@ class Checkpointable(Protocol):
         """Where the run stands."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> SavedState:
         """This rank's share of the run's state (a collective)."""
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: SavedState) -> None:
         """Continue from a saved state."""
         ...
 
@@ -135,8 +144,8 @@ class Checkpointable(Protocol):
 class Found:
     """A checkpoint every rank found intact: its state (lazy views of its shards), its manifest and its file."""
 
-    state: dict[str, Any]
-    manifest: dict[str, Any]
+    state: SavedState
+    manifest: JsonObject
     path: Path
 
 
@@ -217,8 +226,8 @@ class Checkpointer:
             if "probe" in state:  # which shard keeps each stage's probe outputs
                 main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
-            meta = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
-            meta["config"] = trainer.given_config.to_dict()  # what a resume compares its config with (rerun.py)
+            meta: Latest = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
+            meta["config"] = trainer.given_config.to_dict()  # what a resume compares its config with (.rerun)
             write_checkpoint(self.directory, name, main, meta)
             prune(self.directory, self.config.checkpoint.keep_last, path)
         dist.barrier(group=ctx.groups.control_group)
@@ -242,7 +251,7 @@ class Checkpointer:
         """The newest checkpoint every rank found intact (a collective on the control group), before anything is
         loaded: each rank checks it (:meth:`_check`), the ranks agree, and one any rank refused is skipped on every
         rank, with a warning naming the file, the rank and the reason, for the next older one. A missing or corrupt
-        ``latest.json`` falls back to scanning the directory (:func:`~.checkpoint_files.candidates`), never to a
+        ``latest.json`` falls back to scanning the directory (:func:`~.loads.candidates`), never to a
         fresh start.
 
         Returns:

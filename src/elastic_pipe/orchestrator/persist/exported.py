@@ -49,7 +49,7 @@ class ExportError(OrchestratorError):
     """An exported file that cannot be loaded as a model (no inference record, weights of another model)."""
 
 
-def inference_record(config: TrainConfig, train_set: Any, data: Any) -> dict[str, Any]:
+def inference_record(config: TrainConfig, train_set: object, data: object) -> dict[str, object]:
     """What inference needs to rebuild the model of ``config`` and prepare raw inputs as training did.
 
     Args:
@@ -63,7 +63,7 @@ def inference_record(config: TrainConfig, train_set: Any, data: Any) -> dict[str
     """
     standardization = getattr(train_set, "standardization", None)
     tokenizer = getattr(data, "tokenizer", None)
-    preprocess: dict[str, Any]
+    preprocess: dict[str, object]
     if isinstance(standardization, Standardization):
         preprocess = {
             "kind": "standardize",

@@ -42,14 +42,16 @@ RESUMABLE_KEYS = (
 RESUMABLE_SECTIONS = ("log", "launch", "checkpoint")
 
 
-def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict[str, list[Any]]:
+def config_changes(
+    saved: Mapping[str, Mapping[str, object]], current: Mapping[str, Mapping[str, object]]
+) -> dict[str, list[object]]:
     """The ``"section.key": [saved, current]`` pairs that differ, but for what a resume may change.
 
     Args:
         saved: the checkpoint's config tables (:meth:`TrainConfig.to_dict`).
         current: this run's config tables.
     """
-    changes: dict[str, list[Any]] = {}
+    changes: dict[str, list[object]] = {}
     for section in sorted(set(saved) | set(current)):
         if section in RESUMABLE_SECTIONS:
             continue
@@ -61,7 +63,7 @@ def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> dict
     return changes
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """``value`` as JSON would give it back (tuples as lists, keys as strings), so a saved config compares equal."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -70,12 +72,12 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def describe(changes: Mapping[str, list[Any]]) -> str:
+def describe(changes: Mapping[str, list[object]]) -> str:
     """``"train.lr 0.001 -> 0.01, pipeline.solver 'greedy' -> 'optimal'"``."""
     return ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
 
 
-def check_config(meta: Mapping[str, Any] | None, config: TrainConfig) -> dict[str, list[Any]]:
+def check_config(meta: Mapping[str, object] | None, config: TrainConfig) -> dict[str, list[object]]:
     """Compare ``config`` with the config of the checkpoint ``meta`` describes (its ``latest.json``).
 
     Returns:
@@ -100,8 +102,8 @@ def check_config(meta: Mapping[str, Any] | None, config: TrainConfig) -> dict[st
 
 
 def already_complete(meta: Mapping[str, Any] | None, config: TrainConfig) -> str | None:
-    """The line to print when the checkpoint ``meta`` describes has finished what ``config`` asks; ``None`` when
-    there is something left to train (or no checkpoint)."""
+    """The line to print when the checkpoint ``meta`` describes (its manifest as read, JSON) has finished what
+    ``config`` asks; ``None`` when there is something left to train (or no checkpoint)."""
     if meta is None:
         return None
     epoch, step = int(meta.get("epoch", 0)), int(meta.get("step", 0))
