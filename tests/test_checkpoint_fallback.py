@@ -216,7 +216,7 @@ def _resume_after_losing_the_index(ctx: RankContext, ckpt: str) -> list[str]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
@@ -312,7 +312,7 @@ def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
     from elastic_pipe.orchestrator.checkpoint import Checkpointer
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])

@@ -26,20 +26,22 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, models, partition
 from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.config import DECIDE_AUTO, TrainConfig
-from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
-from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
-from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
-from elastic_pipe.orchestrator.text_data import bbcnews
-from elastic_pipe.orchestrator.workload import (
+from elastic_pipe.orchestrator.data import (
     Loss,
     Samples,
     as_data,
+    bbcnews,
     cross_entropy,
+    epoch_plan,
     eval_count,
     is_samples,
     num_samples,
+    reachable_pipe_lens,
+    split_unit,
 )
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
+from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = [
@@ -73,7 +75,7 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 #: Datasets that need a model's tokenizer, which :mod:`elastic_pipe.data` (a primitive) may not import.
 _TOKENISED_DATASETS: dict[str, Callable[..., Samples | Any]] = {
-    "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.text_data)
+    "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.data.text_data)
 }
 #: Dataset name in a config -> loader: a read-through view of the one registry, :data:`elastic_pipe.data.DATASETS`
 #: (a dataset added there is a config name at once), plus the tokenised text datasets above.
@@ -239,7 +241,7 @@ def load_eval_samples(config: TrainConfig) -> Samples | Any | None:
 
 def epoch_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
-    (:func:`.epoch_steps.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
+    (:func:`.data.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
     trainer's own check names that).
 
     Args:

@@ -23,10 +23,9 @@ from torch import nn
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.epoch_steps import EpochPlan
+from elastic_pipe.orchestrator.data import EpochPlan, StepData
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget
 from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 from elastic_pipe.types import Layout
 
