@@ -1,7 +1,8 @@
 """The data a run trains on, as the orchestrator reads it: the training and evaluation parts (samples held in memory,
 or a map-style dataset read through ``DataLoader``\\ s), the epoch cut into steps, and the check of the data before
 the first step. The data primitives it builds on (the elastic sampler, the built-in datasets) are
-:mod:`elastic_pipe.data`, a separate package.
+:mod:`elastic_pipe.data`, a separate package: every import names its full path, and the modules here that use the
+primitive import it as ``from elastic_pipe import data as edata``, so the two never meet under one name.
 
 Modules: :mod:`.step_data` (the one interface of a part, :class:`StepData`, and its :class:`Batch`),
 :mod:`.workload` (what is trained on: samples in memory and their :class:`Split`, the default loss),

@@ -21,7 +21,7 @@ from elastic_pipe.orchestrator.errors import ConfigError
 if TYPE_CHECKING:  # a dataset's part is only told apart from a Split here, never built
     from elastic_pipe.orchestrator.data.dataset_split import Part
 
-__all__ = ["first_bad_label", "first_nonfinite", "local_failure", "raise_first_failure"]
+__all__ = ["local_failure", "raise_first_failure"]
 
 
 def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:

@@ -39,7 +39,7 @@ from elastic_pipe.orchestrator.data.step_data import Batch, MapDataset
 from elastic_pipe.orchestrator.data.workload import Data, Split, eval_count, is_samples, own_eval_samples, split_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = ["DatasetSplit", "Part", "own_eval_parts", "split_data", "split_dataset"]
+__all__ = ["DatasetSplit", "split_data"]
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,7 @@ import torch.utils.data
 from elastic_pipe.orchestrator.data.step_data import MapDataset
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = [
-    "Collate",
-    "ItemSpec",
-    "Items",
-    "Pair",
-    "Scan",
-    "cast_floating",
-    "item_spec",
-    "label_table",
-    "label_table_and_failure",
-    "nonfinite_problem",
-    "read_inputs",
-    "read_item",
-]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 #: A batch as :class:`Collate` stacks it: the inputs and the labels (each ``None`` when not asked for).
 Pair: TypeAlias = tuple[torch.Tensor | None, torch.Tensor | None]

@@ -17,7 +17,8 @@ Rules that keep this safe:
   closed early leaves it (the next iteration discards what the workers had read ahead).
 
 A list is read in parts (:class:`Parts`, at least :data:`MIN_PART` positions each) that several workers read side by
-side, and joined again on the device (:func:`joined`); the workers are forked (:data:`WORKER_START`).
+side, and joined again on the device (:func:`joined`); the workers are forked (:data:`WORKER_START`), and
+:func:`make_loader` builds a loader with these settings.
 """
 
 from __future__ import annotations
@@ -30,18 +31,7 @@ from typing import Generic, TypeAlias, TypeVar
 import torch
 import torch.utils.data
 
-__all__ = [
-    "MIN_PART",
-    "WORKER_START",
-    "BuildLoader",
-    "Feed",
-    "LoaderKey",
-    "LoaderPool",
-    "Parts",
-    "joined",
-    "make_loader",
-    "stop_workers",
-]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 #: What a loader yields: one batch per index list of its batch sampler.
 B = TypeVar("B")

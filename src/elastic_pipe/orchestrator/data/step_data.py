@@ -23,7 +23,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-__all__ = ["Batch", "MapDataset", "StepData"]
+__all__ = ["Batch", "StepData"]  # MapDataset: for the modules beside it
 
 
 class MapDataset(Protocol):

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from typing_extensions import TypeIs
 
 __all__ = [
-    "Data",
     "Loss",
     "Samples",
     "Split",
@@ -33,7 +32,6 @@ __all__ = [
     "eval_count",
     "is_samples",
     "num_samples",
-    "own_eval_samples",
     "split_samples",
 ]
 
