@@ -214,7 +214,7 @@ def _resume_after_losing_the_index(ctx: RankContext, ckpt: str) -> list[str]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
@@ -309,8 +309,8 @@ def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.data import Split
     from elastic_pipe.orchestrator.persist import Checkpointer
-    from elastic_pipe.orchestrator.workload import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])

@@ -90,7 +90,7 @@ def _losses(ctx: RankContext, mode: str) -> list[float]:
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(

@@ -95,7 +95,7 @@ def _records(ctx: RankContext, graphs: str, dtype: str, autocast: str) -> tuple[
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(

@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastic_pipe.orchestrator.data import cross_entropy
 from elastic_pipe.orchestrator.stage import LocalStep, build_runner
-from elastic_pipe.orchestrator.workload import cross_entropy
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 
@@ -102,7 +102,7 @@ def _train_tiny(overrides: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import config_from_tables, run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     tables: dict[str, Any] = {

@@ -28,7 +28,7 @@ def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     torch.manual_seed(0)
     d = load_digits()

@@ -52,7 +52,7 @@ def _config(**changes: Any) -> Any:
 
 def _samples(n: int = SAMPLES) -> Any:
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     return Split(d.inputs[:n], d.labels[:n], d.sample_ids[:n])

@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import provenance  # this folder
 from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
 from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
+from elastic_pipe.orchestrator.data import Split, cross_entropy
 from elastic_pipe.orchestrator.setup import compile_seconds
-from elastic_pipe.orchestrator.workload import Split, cross_entropy
 
 ARMS = (
     "plain_eager",

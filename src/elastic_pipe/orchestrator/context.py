@@ -26,10 +26,9 @@ if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setu
     from elastic_pipe.groups import GroupManager
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
-    from elastic_pipe.orchestrator.epoch_steps import EpochPlan
+    from elastic_pipe.orchestrator.data import EpochPlan, StepData
     from elastic_pipe.orchestrator.event_log import EventLog
     from elastic_pipe.orchestrator.layout_rule import MemoryBudget
-    from elastic_pipe.orchestrator.step_data import StepData
     from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]

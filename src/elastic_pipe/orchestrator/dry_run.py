@@ -14,6 +14,7 @@ from typing import Any
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import (
     decide_units,
@@ -22,7 +23,6 @@ from elastic_pipe.orchestrator.layout_rule import (
     next_layout,
 )
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
-from elastic_pipe.orchestrator.workload import num_samples
 from elastic_pipe.types import Layout
 
 __all__ = ["planned_decisions", "planned_epochs"]

@@ -31,15 +31,22 @@ from elastic_pipe.orchestrator.compilation import compile_enabled, compile_subla
 from elastic_pipe.orchestrator.components import Components
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.data_check import local_failure, raise_first_failure
-from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
+from elastic_pipe.orchestrator.data import (
+    DatasetSplit,
+    StepData,
+    cross_entropy,
+    epoch_plan,
+    local_failure,
+    raise_first_failure,
+    reachable_pipe_lens,
+    split_data,
+    split_unit,
+)
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
-from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
-from elastic_pipe.orchestrator.workload import cross_entropy, split_data
 from elastic_pipe.types import Layout
 
 __all__ = [

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from elastic_pipe import data as edata
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.cuda_graph import step_record
-from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
+from elastic_pipe.orchestrator.data import Batch, ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.launch import maybe_fail
@@ -35,7 +35,6 @@ from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.step_data import Batch
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 __all__ = [

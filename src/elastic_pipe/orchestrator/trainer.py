@@ -38,6 +38,7 @@ from elastic_pipe.orchestrator import executor, holdings, probe
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.data import DatasetSplit, Loss, Samples, num_samples
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.layout_rule import CompressionRule
@@ -54,7 +55,6 @@ from elastic_pipe.orchestrator.setup import (
 )
 from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.step_data import DatasetSplit
 from elastic_pipe.orchestrator.step_loop import (
     EpochLosses,
     StepHook,
@@ -63,7 +63,6 @@ from elastic_pipe.orchestrator.step_loop import (
     finish_epoch,
     run_epoch,
 )
-from elastic_pipe.orchestrator.workload import Loss, Samples, num_samples
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
@@ -266,7 +265,7 @@ class ElasticTrainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch, a short last step included (:func:`.epoch_steps.epoch_plan`)."""
+        """Optimizer steps per epoch, a short last step included (:func:`.data.epoch_plan`)."""
         return self.ctx.epoch.steps
 
     def step_limit_reached(self) -> bool:

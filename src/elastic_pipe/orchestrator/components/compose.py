@@ -15,17 +15,10 @@ from elastic_pipe.orchestrator.components.policy import adapt_policy, make_polic
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
-from elastic_pipe.orchestrator.workload import (
-    Loss,
-    Samples,
-    as_data,
-    cross_entropy,
-    is_samples,
-    num_samples,
-)
 
 __all__ = ["STAGES_PER_RANK", "Components", "check_runnable_schedule", "components_from_config"]
 

@@ -15,12 +15,8 @@ from torch import nn
 from elastic_pipe import data as edata
 from elastic_pipe import models
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.data import Samples, as_data, bbcnews
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.text_data import bbcnews
-from elastic_pipe.orchestrator.workload import (
-    Samples,
-    as_data,
-)
 from elastic_pipe.types import ElasticPipeError
 
 __all__ = ["DATASETS", "KEYS", "MODEL_BUILDERS", "T", "build_model", "load_eval_samples", "load_samples", "resolve"]
@@ -38,7 +34,7 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 
 #: Datasets that need a model's tokenizer, which :mod:`elastic_pipe.data` (a primitive) may not import.
 _TOKENISED_DATASETS: dict[str, Callable[..., Samples | Any]] = {
-    "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.text_data)
+    "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.data.text_data)
 }
 
 #: Dataset name in a config -> loader: a read-through view of the one registry, :data:`elastic_pipe.data.DATASETS`

@@ -6,18 +6,15 @@ import dataclasses
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.config import DECIDE_AUTO, TrainConfig
-from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
-from elastic_pipe.orchestrator.workload import (
-    eval_count,
-)
+from elastic_pipe.orchestrator.data import epoch_plan, eval_count, reachable_pipe_lens, split_unit
 
 __all__ = ["decision_interval", "epoch_steps", "run_steps", "with_decisions"]
 
 
 def epoch_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """Optimizer steps per epoch of ``config`` on a dataset of ``samples``, cut as the trainer cuts them
-    (:func:`.epoch_steps.epoch_plan`); ``None`` when the batch does not split over the reachable layouts (the
-    trainer's own check names that).
+    (:func:`~elastic_pipe.orchestrator.data.epoch_plan`); ``None`` when the batch does not split over the reachable
+    layouts (the trainer's own check names that).
 
     Args:
         config: the run's config.

@@ -19,11 +19,11 @@ from typing import Any
 from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
+from elastic_pipe.orchestrator.data import Samples
 from elastic_pipe.orchestrator.launch.preflight import preflight
 from elastic_pipe.orchestrator.launch.worker_status import Heartbeat, reporting_failures
 from elastic_pipe.orchestrator.metrics import RunResult
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
-from elastic_pipe.orchestrator.workload import Samples
 
 __all__ = ["entry", "main", "run_rank"]
 

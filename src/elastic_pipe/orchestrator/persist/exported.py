@@ -6,7 +6,7 @@ the model saw:
 
 * ``{"kind": "standardize", "mean": m, "std": s, "dtype": "float32"}``: floating inputs held in memory (the
   built-in image datasets, a user's samples) were standardised with the training part's statistics
-  (:class:`~elastic_pipe.orchestrator.workload.Standardization`);
+  (:class:`~elastic_pipe.orchestrator.data.Standardization`);
 * ``{"kind": "tokenize", "tokenizer": "minilm", "directory": DIR or None, "max_tokens": T}``: texts were
   tokenised to ``T`` ids by the MiniLM tokenizer (``directory`` ``None``: the bundled one) - the ``bbcnews``
   dataset;
@@ -33,9 +33,9 @@ import torch
 from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.data import Standardization
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import one_line
-from elastic_pipe.orchestrator.workload import Standardization
 
 __all__ = ["METADATA_KEY", "ExportError", "Exported", "Preprocess", "inference_record", "load_exported"]
 
@@ -54,7 +54,7 @@ def inference_record(config: TrainConfig, train_set: object, data: object) -> di
 
     Args:
         config: the run's config (its ``[model]`` table, ``[train] dtype`` and ``seed``).
-        train_set: the training split: a :class:`~elastic_pipe.orchestrator.workload.Split` records its
+        train_set: the training split: a :class:`~elastic_pipe.orchestrator.data.Split` records its
             standardisation.
         data: the run's data as given: a tokenised text dataset records its tokenizer (``tokenizer``).
 

@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
 from elastic_pipe.orchestrator.prefix.carry import FillPeers, widening
 from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, prepare_cache, stored_as
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.prefix.state import PrefixState
-from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.types import Layout
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.step_data import Batch, StepData
+from elastic_pipe.orchestrator.data import Batch, StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

@@ -10,14 +10,18 @@ same :class:`~elastic_pipe.orchestrator.errors.ConfigError`, naming the first ba
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
+from elastic_pipe.orchestrator.data.items import nonfinite_problem
+from elastic_pipe.orchestrator.data.workload import Split
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData, nonfinite_problem
-from elastic_pipe.orchestrator.workload import Split
 
-__all__ = ["first_bad_label", "first_nonfinite", "local_failure", "raise_first_failure"]
+if TYPE_CHECKING:  # a dataset's part is only told apart from a Split here, never built
+    from elastic_pipe.orchestrator.data.dataset_split import Part
+
+__all__ = ["local_failure", "raise_first_failure"]
 
 
 def first_bad_label(split: Split, classes: int) -> tuple[int, str] | None:
@@ -50,19 +54,21 @@ def first_nonfinite(split: Split) -> tuple[int, str] | None:
     return first, str(nonfinite_problem(first, split.inputs[row], split.labels[row]))
 
 
-def local_failure(parts: Sequence[StepData], classes: int | None, rank: int, world_size: int, scan: bool) -> str:
+def local_failure(parts: Sequence[Part], classes: int | None, rank: int, world_size: int, scan: bool) -> str:
     """This rank's share of the check: the first failure as ``"index:reason"``, or ``""``."""
     found: list[tuple[int, str]] = []
     for part in parts:
         failure: tuple[int, str] | None = None
-        if isinstance(part, DatasetSplit):
-            if scan:
-                failure = part.first_bad_item(rank, world_size)
-        elif isinstance(part, Split) and rank == 0:
-            failure = first_bad_label(part, classes) if classes is not None else None
-            if scan:  # [data] check: no NaN or infinity in tensors in memory either
-                nonfinite = first_nonfinite(part)
-                failure = nonfinite if failure is None else failure if nonfinite is None else min(failure, nonfinite)
+        if isinstance(part, Split):
+            if rank == 0:
+                failure = first_bad_label(part, classes) if classes is not None else None
+                if scan:  # [data] check: no NaN or infinity in tensors in memory either
+                    nonfinite = first_nonfinite(part)
+                    failure = (
+                        nonfinite if failure is None else failure if nonfinite is None else min(failure, nonfinite)
+                    )
+        elif scan:  # a dataset's part: each rank reads its share of the items
+            failure = part.first_bad_item(rank, world_size)
         if failure is not None:
             found.append(failure)
     if not found:

@@ -1,20 +1,26 @@
-"""What is trained on: samples held in memory or a map-style dataset, their train/eval split, and the default loss.
+"""What is trained on: samples held in memory or a map-style dataset, the split of samples in memory into their
+training and evaluation parts (:class:`Split`), and the default loss.
 
-Built-in models and datasets are looked up by name in :mod:`elastic_pipe.orchestrator.components`; how a rank
-reads the parts is :mod:`elastic_pipe.orchestrator.step_data`.
+Built-in models and datasets are looked up by name in :mod:`elastic_pipe.orchestrator.components`; a dataset's
+parts, and :func:`~elastic_pipe.orchestrator.data.dataset_split.split_data`, which makes the parts of either kind,
+are :mod:`elastic_pipe.orchestrator.data.dataset_split`; how a rank reads the parts is
+:mod:`elastic_pipe.orchestrator.data.step_data`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import torch
 import torch.nn.functional as F
 
+from elastic_pipe.orchestrator.data.step_data import Batch, MapDataset
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit, StepData, item_spec
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = [
     "Loss",
@@ -26,9 +32,6 @@ __all__ = [
     "eval_count",
     "is_samples",
     "num_samples",
-    "own_eval_parts",
-    "split_data",
-    "split_dataset",
     "split_samples",
 ]
 
@@ -48,6 +51,9 @@ class Samples(Protocol):
     @property
     def sample_ids(self) -> torch.Tensor: ...
 
+
+#: What the trainer trains on: samples held in memory, or a map-style dataset read item by item.
+Data: TypeAlias = Samples | MapDataset
 
 #: Floor of the standard deviation used to standardise inputs (a constant image would divide by zero).
 _MIN_STD = 1e-8
@@ -126,17 +132,17 @@ class Split:
             yield Batch(host_idx, x, y)
 
 
-def is_samples(data: Any) -> bool:
+def is_samples(data: object) -> TypeIs[Samples]:
     """Whether ``data`` is held in memory as tensors (``inputs``, ``labels``, ``sample_ids``)."""
     return all(hasattr(data, name) for name in ("inputs", "labels", "sample_ids"))
 
 
-def num_samples(data: Any) -> int:
+def num_samples(data: Data) -> int:
     """How many samples ``data`` (samples held in memory, or a dataset) holds."""
     return int(data.inputs.shape[0]) if is_samples(data) else len(data)
 
 
-def as_data(data: Any) -> Any:
+def as_data(data: object) -> Data:
     """``data`` as the trainer takes it: samples held in memory as they are, or a map-style dataset, not read.
 
     Raises:
@@ -144,11 +150,16 @@ def as_data(data: Any) -> Any:
     """
     if is_samples(data):
         return data
-    if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+    if not _is_dataset(data):
         raise ConfigError(f"{type(data).__name__} is neither samples (inputs, labels, sample_ids) nor a dataset")
     if len(data) == 0:
         raise ConfigError("the dataset is empty")
     return data
+
+
+def _is_dataset(data: object) -> TypeIs[MapDataset]:
+    """Whether ``data`` has ``__len__`` and ``__getitem__``."""
+    return hasattr(data, "__len__") and hasattr(data, "__getitem__")
 
 
 def eval_count(n: int, eval_fraction: float) -> int:
@@ -179,81 +190,16 @@ def split_samples(samples: Samples, eval_fraction: float, seed: int, dtype: torc
     return part(order[n_eval:]), part(order[:n_eval])
 
 
-def split_dataset(
-    dataset: Any,
-    eval_fraction: float,
-    seed: int,
-    dtype: torch.dtype,
-    *,
-    workers: int = 0,
-    num_classes: int | None = None,
-) -> tuple[DatasetSplit, DatasetSplit]:
-    """Split a map-style dataset into index subsets with the permutation :func:`split_samples` draws.
-
-    Nothing is read but item 0 (the shapes and dtypes every item must have) and nothing is standardised: the
-    dataset's own transforms normalise.
-
-    Raises:
-        OrchestratorError: item 0 is not an ``(input, label)`` pair.
-    """
-    n = len(dataset)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    n_eval = eval_count(n, eval_fraction)
-    spec = item_spec(dataset, num_classes)
-
-    def part(idx: torch.Tensor) -> DatasetSplit:
-        return DatasetSplit(dataset, idx.sort().values, spec, dtype, workers)
-
-    return part(order[n_eval:]), part(order[:n_eval])
-
-
-def split_data(
-    data: Any,
-    eval_fraction: float,
-    seed: int,
-    dtype: torch.dtype,
-    *,
-    workers: int = 0,
-    num_classes: int | None = None,
-    eval_data: Any = None,
-) -> tuple[StepData, StepData]:
-    """The training and evaluation parts: :func:`split_samples` for samples in memory (standardised as before),
-    :func:`split_dataset` for a map-style dataset, or, with the user's ``eval_data``, :func:`own_eval_parts`."""
-    if eval_data is not None:
-        return own_eval_parts(data, eval_data, dtype, workers=workers, num_classes=num_classes)
-    if is_samples(data):
-        return split_samples(data, eval_fraction, seed, dtype)
-    return split_dataset(data, eval_fraction, seed, dtype, workers=workers, num_classes=num_classes)
-
-
-def own_eval_parts(
-    data: Any, eval_data: Any, dtype: torch.dtype, *, workers: int = 0, num_classes: int | None = None
-) -> tuple[StepData, StepData]:
-    """All of ``data`` to train on and all of the user's ``eval_data`` to evaluate on; nothing is held out.
-
-    Samples in memory are both standardised with the training data's mean and standard deviation (as
-    :func:`split_samples` does); datasets are read as they are (their transforms normalise).
-
-    Raises:
-        ConfigError: the two are not of the same kind (samples in memory, or map-style datasets).
-    """
-    if is_samples(data) != is_samples(eval_data):
-        kinds = ["samples in memory" if is_samples(d) else "a map-style dataset" for d in (data, eval_data)]
-        raise ConfigError(f"the evaluation data is {kinds[1]} but the training data is {kinds[0]}; expected the same")
-    if is_samples(data):
-        inputs, eval_inputs = data.inputs, eval_data.inputs
-        if inputs.is_floating_point():
-            train = inputs.double()
-            mean, std = train.mean(), train.std().clamp_min(_MIN_STD)
-            inputs = ((train - mean) / std).to(dtype)
-            eval_inputs = ((eval_inputs.double() - mean) / std).to(dtype)
-        return Split(inputs, data.labels, data.sample_ids), Split(eval_inputs, eval_data.labels, eval_data.sample_ids)
-
-    def whole(dataset: Any) -> DatasetSplit:
-        spec = item_spec(dataset, num_classes)
-        return DatasetSplit(dataset, torch.arange(len(dataset)), spec, dtype, workers)
-
-    return whole(data), whole(eval_data)
+def own_eval_samples(data: Samples, eval_data: Samples, dtype: torch.dtype) -> tuple[Split, Split]:
+    """All of ``data`` to train on and all of the user's ``eval_data`` to evaluate on, both standardised with the
+    training data's mean and standard deviation (as :func:`split_samples` does)."""
+    inputs, eval_inputs = data.inputs, eval_data.inputs
+    if inputs.is_floating_point():
+        train = inputs.double()
+        mean, std = train.mean(), train.std().clamp_min(_MIN_STD)
+        inputs = ((train - mean) / std).to(dtype)
+        eval_inputs = ((eval_inputs.double() - mean) / std).to(dtype)
+    return Split(inputs, data.labels, data.sample_ids), Split(eval_inputs, eval_data.labels, eval_data.sample_ids)
 
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from elastic_pipe import data as edata
 from elastic_pipe.models.minilm import MINILM_DIR_ENV, minilm_tokenize
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = ["BBC_MAX_TOKENS", "SPLITS", "TokenizedText", "bbcnews"]
+__all__ = ["bbcnews"]
 
 #: Word pieces per article: BBC articles run to ~400 words, and 128 pieces (headline and first paragraphs) classify
 #: them well while keeping a CPU run of the example short; MiniLM accepts up to 256.
