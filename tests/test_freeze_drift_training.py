@@ -19,7 +19,8 @@ def _train(  # noqa: PLR0917 - run_tasks hands the arguments over as a tuple
 
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, probe
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.stage import probe
     from elastic_pipe.orchestrator.workload import Split
 
     torch.manual_seed(0)

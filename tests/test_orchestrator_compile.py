@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.setup import compile_enabled, compile_seconds, compile_sublayers
-from elastic_pipe.orchestrator.stage import LocalStep
+from elastic_pipe.orchestrator.setup import compile_enabled, compile_sublayers
+from elastic_pipe.orchestrator.stage.local_step import LocalStep, compile_seconds
 from elastic_pipe.testing import RankContext, run_distributed
 
 

@@ -48,7 +48,6 @@ __all__ = [
     "check_memory_budget",
     "check_untied_stages",
     "compile_enabled",
-    "compile_seconds",
     "compile_sublayers",
     "memory_budget",
     "profiled_costs",
@@ -215,24 +214,6 @@ def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
     """Whether ``[train] compile`` turns compilation on here ("auto": on CUDA devices only)."""
     mode = config.train.compile
     return mode == "on" or (mode == "auto" and device.type == "cuda")
-
-
-#: The compile-time metrics torch keeps per call (``torch._dynamo.utils.compilation_time_metrics``) that together
-#: cover one compilation: dynamo's frame compile (tracing plus the forward graph's inductor compile) and the
-#: backward graph's compile, which AOTAutograd runs lazily at the first backward.
-_COMPILE_METRICS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
-
-
-def compile_seconds() -> float:
-    """Seconds this process has spent compiling with ``torch.compile`` so far (0 where torch keeps no such metric).
-
-    The difference between two calls is the compilation in between, as torch measured it.
-    """
-    metrics = getattr(getattr(torch, "_dynamo", None), "utils", None)
-    table = getattr(metrics, "compilation_time_metrics", None)
-    if not isinstance(table, dict):
-        return 0.0
-    return float(sum(sum(table.get(name, ())) for name in _COMPILE_METRICS))
 
 
 def compile_sublayers(model: nn.Module) -> list[nn.Module]:
