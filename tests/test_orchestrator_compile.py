@@ -9,7 +9,7 @@ import torch
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
 from elastic_pipe.orchestrator.compilation import compile_enabled, compile_seconds, compile_sublayers
-from elastic_pipe.orchestrator.stage import LocalStep
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
 

@@ -11,13 +11,14 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.orchestrator.data import cross_entropy
-from elastic_pipe.orchestrator.stage import LocalStep, build_runner
+from elastic_pipe.orchestrator.stage.build import build_runner
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 
 def test_stage_examples_are_the_boundary_activations_widened() -> None:
     from elastic_pipe.orchestrator.setup import boundary_examples
-    from elastic_pipe.orchestrator.stage_runtime import _widen
+    from elastic_pipe.orchestrator.stage.runtime import _widen
 
     torch.manual_seed(0)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(4 + j, 5 + j), nn.Tanh()) for j in range(5)])

@@ -18,11 +18,12 @@ from elastic_pipe.orchestrator import (
     preflight,
 )
 from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.metrics import TransitionEvent
+from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
+from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.step_loop import _timed_step
-from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
+from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout

@@ -1,7 +1,7 @@
 """What one rank knows for the whole run, whatever the layout: its place in the job, the model, the data, the parts.
 
 A :class:`RunContext` is built once by the trainer and handed to the parts that change with the layout
-(:class:`~elastic_pipe.orchestrator.stage_runtime.StageRuntime`, the step loop, the transition executor,
+(:class:`~elastic_pipe.orchestrator.stage.StageRuntime`, the step loop, the transition executor,
 evaluation) and to the run's frozen prefix (:class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix`, which owns
 what the run knows about the prefix). It holds no layout: everything layout-dependent takes a
 :class:`~elastic_pipe.types.Layout`.

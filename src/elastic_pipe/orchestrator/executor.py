@@ -8,7 +8,7 @@ sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), 
 on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
 
 Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
-prefix (its parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and bring the
+prefix (its parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the
 run's :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
@@ -27,14 +27,14 @@ import torch.distributed as dist
 from elastic_pipe import freeze, protocol
 from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
-from elastic_pipe.orchestrator import decision, layout_rule, probe
+from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.transition import changed_ranks, drop_foreign_state

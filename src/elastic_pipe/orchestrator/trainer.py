@@ -8,7 +8,7 @@ averaged over the stage's replica group, so replicas stay bit-identical.
 
 The trainer only composes (docs/training.md, "How the trainer is put together", draws it): components
 (:mod:`.components`), the rank's fixed facts (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`),
-one layout's stage (:mod:`.stage_runtime`), the run's frozen prefix and its activation cache (:mod:`.prefix`), the
+one layout's stage (:mod:`.stage`), the run's frozen prefix and its activation cache (:mod:`.prefix`), the
 epoch (:mod:`.step_loop`), decision points (:mod:`.executor`, :mod:`.layout_rule`), evaluation and state
 (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
@@ -34,7 +34,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import executor, holdings, probe
+from elastic_pipe.orchestrator import executor, holdings
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
 from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
@@ -53,7 +53,7 @@ from elastic_pipe.orchestrator.setup import (
     check_untied_stages,
     sublayer_costs,
 )
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_loop import (
     EpochLosses,

@@ -130,11 +130,11 @@ class TrainSection:
             carries a gradient, so a stage that starts later in the model reuses the same compiled code).
         cuda_graphs: "auto" (the default: CUDA only, host-bound layouts only), "on" or "off":
             replay each layout's forward, loss and backward as a CUDA graph once it has run eagerly
-            (``orchestrator/cuda_graph.py``), where that is safe: one stage, one micro-batch, one replica and a full
+            (``stage/graphed_step.py``), where that is safe: one stage, one micro-batch, one replica and a full
             step. "auto" captures a layout only if its timed warm-up step was host-bound (the host's enqueueing took at
             least half the step), "on" every safe one. Elsewhere, and for a short last step, the step runs as before and
             the epoch record says why (``graph_reason``). The freeze probe of a probe-driven policy (``drift``) is
-            replayed as CUDA graphs on any layout unless "off" (``orchestrator/forward_graphs.py``).
+            replayed as CUDA graphs on any layout unless "off" (``stage/forward_graphs.py``).
         max_grad_norm: clip the gradient to this global L2 norm before each optimizer step (the norm over every
             trainable parameter of the whole model, whatever the layout; 0: no clipping).
         max_steps: stop after this many optimizer steps in the whole run, with an evaluation (0: no limit; the

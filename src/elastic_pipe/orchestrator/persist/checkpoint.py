@@ -3,7 +3,7 @@
 What is saved is :meth:`ElasticTrainer.state_dict`, each rank's share: the rank running stage ``s`` of replica 0
 writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - the
 optimizer state of the parameters it owns, by name, and, for a probe-driven freeze policy, the probe outputs it
-keeps for the next decision point: :mod:`~elastic_pipe.orchestrator.probe`); rank 0 then writes the main file:
+keeps for the next decision point: :mod:`~elastic_pipe.orchestrator.stage.probe`); rank 0 then writes the main file:
 the optimizer's hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position,
 the RNG state, the run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch,
 step), the history so far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's

@@ -6,20 +6,22 @@ layout. The frozen prefix before stage 0 is the run's :class:`~.prefix.FrozenPre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.cuda_graph import GraphChoice, decide_graph
-from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
-from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
-from elastic_pipe.orchestrator.stage import build_runner, unit_modules
-from elastic_pipe.orchestrator.timing import ForwardTimer
+from elastic_pipe.orchestrator.stage.build import build_runner, unit_modules
+from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
+from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
+from elastic_pipe.orchestrator.stage.grad_sync import OverlappedAverager, average_gradients
+from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, decide_graph
 from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
 
 __all__ = ["StageRuntime"]
 

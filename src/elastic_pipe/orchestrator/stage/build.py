@@ -1,4 +1,5 @@
-"""Building one rank's pipeline stage: the stage module, its declared shapes, its schedule runner, its units."""
+"""Building one rank's pipeline stage: its schedule runner (declared shapes, or a :class:`~.local_step.LocalStep`
+for one stage and one micro-batch, graphed or not) and the freeze units its sub-layers hold."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
-from elastic_pipe.orchestrator.compilation import compile_seconds
-from elastic_pipe.orchestrator.cuda_graph import GraphedStep
+from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 
-__all__ = ["LocalStep", "build_runner", "unit_modules", "unit_of"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 
 def _stage_takes_grads() -> bool:
@@ -24,52 +25,6 @@ def _stage_takes_grads() -> bool:
 
 #: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
 _STAGE_TAKES_GRADS = _stage_takes_grads()
-
-
-class LocalStep:
-    """The runner of a one-stage, one-micro-batch layout: forward, loss and backward, called directly.
-
-    With one stage there is nothing to send and with one micro-batch nothing to schedule, so this is what torch's
-    one-stage schedules compute (the same loss and gradients: ``tests/test_orchestrator_units.py`` compares them),
-    without their per-step bookkeeping, which dominates a step whose layers are nearly all frozen.
-
-    Args:
-        module: the stage.
-        loss_fn: ``loss_fn(output, target)``.
-        compiled: the stage is built from compiled sub-layers: the seconds spent compiling inside steps
-            accumulate in :attr:`compile_s`.
-        grad_input: the input always carries a gradient (a detached copy that requires one). Set for a compiled
-            stage that does not start at the model's input: dynamo guards on ``requires_grad``, so without this
-            the first sub-layer of every stage behind the frozen prefix would compile a second variant of code its
-            class already has (1.4 s for a ViT-B block and 2.6 s for its head on one H200, measured), against the
-            input gradient it computes and drops (one matrix product of the block's first layer).
-    """
-
-    def __init__(
-        self,
-        module: nn.Module,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        *,
-        compiled: bool = False,
-        grad_input: bool = False,
-    ) -> None:
-        self.module = module
-        self.loss_fn = loss_fn
-        self.compiled = compiled
-        self.grad_input = grad_input
-        self.compile_s = 0.0
-
-    def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
-        """One training step's forward and backward (gradients accumulate into ``.grad``)."""
-        before = compile_seconds() if self.compiled else 0.0
-        if self.grad_input and not x.requires_grad and x.is_floating_point():
-            x = x.detach().requires_grad_(True)
-        loss = self.loss_fn(self.module(x), target)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch stub
-        if self.compiled:
-            self.compile_s += compile_seconds() - before
-        if losses is not None:
-            losses.append(loss.detach())
 
 
 def build_runner(
@@ -104,12 +59,12 @@ def build_runner(
         compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
         grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
         graph: replay the one-stage step as a CUDA graph
-            (:func:`~elastic_pipe.orchestrator.cuda_graph.decide_graph` says when that is safe).
+            (:func:`~elastic_pipe.orchestrator.stage.graph_choice.decide_graph` says when that is safe).
         graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
 
     Returns:
         An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
-        a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.cuda_graph.GraphedStep` with
+        a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.stage.graphed_step.GraphedStep` with
         ``graph``).
     """
     s, k = stage, pipe_len
@@ -156,11 +111,13 @@ def unit_of(unit_ends: Sequence[int], j: int) -> int | None:
     return None
 
 
-def unit_modules(sublayers: Sequence[nn.Module], unit_ends: Sequence[int], lo: int, hi: int) -> dict[int, nn.Module]:
+def unit_modules(
+    sublayers: Sequence[nn.Module], unit_ends: Sequence[int], lo: int, hi: int
+) -> dict[int, nn.ModuleList]:
     """The parts of each freeze unit that sub-layers ``lo:hi`` hold, keyed by unit (for the gradient tracker)."""
-    held: dict[int, nn.Module] = {}
+    held: dict[int, nn.ModuleList] = {}
     for j in range(lo, hi):
         unit = unit_of(unit_ends, j)
         if unit is not None:
-            held.setdefault(unit, nn.ModuleList()).append(sublayers[j])  # type: ignore[operator]
+            held.setdefault(unit, nn.ModuleList()).append(sublayers[j])
     return held

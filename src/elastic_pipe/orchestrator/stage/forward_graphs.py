@@ -8,13 +8,13 @@ which the GPU worked 0.7-0.8 ms; replayed as one graph per unit it took those 0.
 work), and its outputs were bitwise those of the eager forward (``docs/freeze.md``, "What the signals cost").
 
 One graph per segment, not one per layout: the frozen boundary moves at a transition, and a graph per unit lets
-the probe start from any boundary without a new capture. The recipe is torch's (``torch.cuda.graph``): the first
-call of a segment runs eagerly on a side stream (the warm-up: lazy initialisation happens outside a capture), the
-second captures it on that stream with a static input buffer (autocast's weight-cast cache off, so every replay
-casts the current weights) and replays it; later calls copy the input in and replay. Modules are put in eval mode
-(and back) only for the eager and captured calls: a replay runs no Python, and switching a whole model's modes
-costs about as much as the replay itself. Whatever fails to capture
-runs eagerly from then on, and :attr:`ForwardGraphs.failures` says why.
+the probe start from any boundary without a new capture. The recipe is torch's (``torch.cuda.graph``, written once
+in :mod:`.capture`): the first call of a segment runs eagerly on a side stream (the warm-up: lazy initialisation
+happens outside a capture), the second captures it on that stream with a static input buffer (autocast's
+weight-cast cache off, so every replay casts the current weights) and replays it; later calls copy the input in and
+replay. Modules are put in eval mode (and back) only for the eager and captured calls: a replay runs no Python, and
+switching a whole model's modes costs about as much as the replay itself. Whatever fails to capture runs eagerly
+from then on, and :attr:`ForwardGraphs.failures` says why.
 
 A graph reads the parameters' memory, not the modules: update parameters in place (an optimizer step, freezing,
 ``load_state_dict``), or start a new :class:`ForwardGraphs` when modules are rebuilt (the trainer keeps one per
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from elastic_pipe.orchestrator.cuda_graph import capture, capture_failure
+from elastic_pipe.orchestrator.stage.capture import capture, capture_failure, on_side_stream, side_stream
 
-__all__ = ["ForwardGraphs"]
+__all__: list[str] = []  # internal: the package face exports what others use
 
 
 @contextmanager
@@ -87,7 +87,7 @@ class ForwardGraphs:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.enabled = enabled and device.type == "cuda"
-        self._stream = torch.cuda.Stream(device) if self.enabled else None  # type: ignore[no-untyped-call]
+        self._stream = side_stream(device) if self.enabled else None
         self._captured: dict[Hashable, _Captured] = {}
         self._warm: set[Hashable] = set()
         #: Segments (key, input shape, dtype) that run eagerly because their capture failed, and why.
@@ -145,34 +145,27 @@ class ForwardGraphs:
 
     def _eager(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with _eval_mode(module), self._autocast():
-            return module(x)  # type: ignore[no-any-return]
+            out: torch.Tensor = module(x)  # a module's output is untyped
+        return out
 
     def _on_side_stream(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
         assert self._stream is not None
-        main = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(main)
-        with torch.cuda.stream(self._stream):
-            out = self._eager(module, x)
-        main.wait_stream(self._stream)
-        return out
+        return on_side_stream(self._stream, lambda: self._eager(module, x), self.device)
 
     def _capture(self, segment: Hashable, module: nn.Module, x: torch.Tensor) -> _Captured | None:
         assert self._stream is not None
         t0 = time.perf_counter()
         static_x = x.detach().clone()
         graph = torch.cuda.CUDAGraph()
-        main = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(main)
 
-        def forward() -> torch.Tensor:
+        def forward() -> object:  # a module's output is untyped: checked below
             with _eval_mode(module), self._autocast(cache=False):
-                return module(static_x)  # type: ignore[no-any-return]  # a module's output is untyped
+                return module(static_x)
 
-        out, error = capture(graph, self._stream, forward)  # a failure: this segment runs eagerly
-        main.wait_stream(self._stream)
+        out, error = capture(graph, self._stream, forward, self.device)  # a failure: this segment runs eagerly
         if error is None and not isinstance(out, torch.Tensor):
             error = TypeError(f"the segment returned {type(out).__name__}, not a tensor")
-        if error is not None or out is None:
+        if error is not None or not isinstance(out, torch.Tensor):
             self.failures[segment] = capture_failure(error)
             return None
         captured = _Captured(graph, static_x, out)

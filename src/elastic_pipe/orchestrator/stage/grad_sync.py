@@ -4,20 +4,23 @@ backward pass when each parameter's gradient is final after one accumulation, af
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["GRAD_BUCKET_BYTES", "OverlappedAverager", "average_gradients", "grad_buckets"]
+__all__: list[str] = []  # internal: the package face exports what others use
+
+#: A tensor kind that :func:`grad_buckets` hands back as it got it (gradients, or the parameters that hold them).
+TensorT = TypeVar("TensorT", bound=torch.Tensor)
 
 #: Gradients are averaged in buckets of at most this many bytes (the size DDP uses by default).
 GRAD_BUCKET_BYTES = 25 * 1024 * 1024
 
 
-def grad_buckets(tensors: Sequence[torch.Tensor], cap_bytes: int) -> list[list[torch.Tensor]]:
+def grad_buckets(tensors: Sequence[TensorT], cap_bytes: int) -> list[list[TensorT]]:
     """Consecutive runs of same-dtype tensors of at most ``cap_bytes`` (a tensor larger than the cap goes alone)."""
-    out: list[list[torch.Tensor]] = []
+    out: list[list[TensorT]] = []
     size = 0
     for t in tensors:
         nbytes = t.numel() * t.element_size()
@@ -90,7 +93,7 @@ class OverlappedAverager:
     ) -> None:
         self._group = group
         self._replicas = replicas
-        self._buckets: list[list[torch.nn.Parameter]] = grad_buckets(list(reversed(params)), cap_bytes)  # type: ignore[assignment]
+        self._buckets = grad_buckets(list(reversed(params)), cap_bytes)
         self._bucket_of = {id(p): b for b, bucket in enumerate(self._buckets) for p in bucket}
         self._pending = [len(bucket) for bucket in self._buckets]
         self._flights: dict[int, tuple[torch.Tensor, Any]] = {}

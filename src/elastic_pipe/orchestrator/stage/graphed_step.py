@@ -3,14 +3,15 @@
 A step whose layers are nearly all frozen (the head-only layout, or a short stage behind the activation cache)
 does about a millisecond of GPU work and several of Python and kernel launches: the host sets the pace. A CUDA
 graph replays the whole forward + loss + backward with one launch. The recipe is torch's documented whole-network
-capture (``torch.cuda.graph``): warm up eagerly on a side stream, capture once with static input buffers, then per
-step copy the new batch into those buffers and replay. The optimizer, the learning-rate scheduler, gradient
-clipping and the freeze policy's statistics stay beside the graph, in the step loop, on the gradients the replay
-wrote: they see the same tensors an eager step leaves, so nothing else in the loop changes.
+capture (``torch.cuda.graph``, written once in :mod:`~elastic_pipe.orchestrator.stage.capture`): warm up eagerly
+on a side stream, capture once with static input buffers, then per step copy the new batch into those buffers and
+replay. The optimizer, the learning-rate scheduler, gradient clipping and the freeze policy's statistics stay
+beside the graph, in the step loop, on the gradients the replay wrote: they see the same tensors an eager step
+leaves, so nothing else in the loop changes.
 
-Two parts: :func:`decide_graph` is the pure rule (is capture safe for this layout and step size, and if not,
-why), unit-tested on the CPU; :class:`GraphedStep` is the thin shell that captures and replays. :func:`capture`
-is the capture recipe itself, shared with the probe's forward graphs (:mod:`.forward_graphs`).
+Whether a layout is captured at all is the pure rule of :mod:`~elastic_pipe.orchestrator.stage.graph_choice`;
+:class:`GraphedStep` is the thin shell that captures and replays, and :func:`step_record` what an epoch record says
+about it.
 """
 
 from __future__ import annotations
@@ -18,116 +19,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-__all__ = [
-    "HOST_BOUND_FRACTION",
-    "WARMUP_STEPS",
-    "EagerStep",
-    "GraphChoice",
-    "GraphedStep",
-    "capture",
-    "capture_failure",
-    "decide_graph",
-    "graph_pays",
-    "step_record",
-]
+from elastic_pipe.orchestrator.stage.capture import capture, capture_failure, on_side_stream, side_stream
+from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, graph_pays
 
-T = TypeVar("T")
+__all__ = ["step_record"]
 
 #: Eager steps a layout runs before its capture: the first one carries lazy initialisation (cuBLAS workspaces,
 #: the autograd engine's device threads, the optimizer's state) and, compiled, the compilation; the second
 #: checks that nothing recompiles or allocates differently on a steady step (torch's recipe warms up a few steps).
 WARMUP_STEPS = 2
-
-
-@dataclass(frozen=True)
-class GraphChoice:
-    """Whether a layout's steps of one size replay a CUDA graph.
-
-    Attributes:
-        use: capture and replay.
-        reason: why not (empty when ``use``); reported in the epoch record's ``graph_reason``.
-    """
-
-    use: bool
-    reason: str = ""
-
-    def __post_init__(self) -> None:
-        if self.use == bool(self.reason):
-            raise ValueError(f"GraphChoice: give a reason exactly when use is False, got {self!r}")
-
-
-def decide_graph(
-    mode: str,
-    *,
-    device_type: str,
-    pipe_len: int,
-    microbatches: int,
-    replicas: int,
-    rows: int,
-    full_rows: int,
-) -> GraphChoice:
-    """Whether steps of ``rows`` samples in this layout can replay a CUDA graph (``[train] cuda_graphs``).
-
-    A graph fixes shapes, memory and the host's part of the step, so it is used only where the step is one
-    direct forward + backward on a device that has graphs:
-
-    * one stage and one micro-batch (the :class:`~elastic_pipe.orchestrator.stage.LocalStep` path): a pipelined
-      schedule sends activations between ranks and keeps per-step bookkeeping in Python, which a graph would
-      freeze;
-    * one replica: several replicas average gradients in hooks that fire during the backward (gloo cannot be
-      captured, and the hooks' bucketing is host logic);
-    * a full step: a short last step has other shapes (it runs eagerly, as before).
-
-    Args:
-        mode: ``"auto"``, ``"on"`` or ``"off"`` (both "auto" and "on" apply these rules, and "auto" then also
-            asks :func:`graph_pays` after the warm-up; "off" never captures).
-        device_type: the rank's device type (``"cuda"``, ``"cpu"``, ...).
-        pipe_len: the layout's pipeline length.
-        microbatches: micro-batches per step.
-        replicas: data-parallel replicas.
-        rows: samples per micro-batch of this step.
-        full_rows: samples per micro-batch of a full step.
-
-    Returns:
-        The choice, with the first reason that rules capture out.
-    """
-    if mode == "off":
-        return GraphChoice(False, "off ([train] cuda_graphs)")
-    if device_type != "cuda":
-        return GraphChoice(False, f"CUDA graphs need a CUDA device, not {device_type}")
-    if pipe_len > 1 or microbatches > 1:
-        return GraphChoice(
-            False, f"a pipelined schedule (pipe_len={pipe_len}, microbatches={microbatches}) runs host logic per step"
-        )
-    if replicas > 1:
-        return GraphChoice(False, f"{replicas} replicas average gradients in backward hooks")
-    if rows != full_rows:
-        return GraphChoice(False, f"a short step of {rows} rows (full steps have {full_rows}) has other shapes")
-    return GraphChoice(True)
-
-
-#: ``"auto"`` captures a layout only if its measured warm-up step is host-bound: the host's enqueueing took at least
-#: this fraction of the step's wall time, so the GPU waited on Python and launches for part of it. Below it the
-#: GPU sets the pace and a replay would save no time, only hold a second copy of the step's activations (on one
-#: H200, ViT-B/16 steps with a block or more to train measured 0.05 to 0.4 of their wall time in host work; the
-#: head-only step 0.9, see docs/benchmarks.md).
-HOST_BOUND_FRACTION = 0.5
-
-
-def graph_pays(host_s: float, wall_s: float) -> GraphChoice:
-    """Whether a capture pays for a step that took ``wall_s`` seconds (device synchronised) of which the host
-    spent ``host_s`` enqueueing it (``"auto"``; see :data:`HOST_BOUND_FRACTION`)."""
-    if wall_s > 0 and host_s >= HOST_BOUND_FRACTION * wall_s:
-        return GraphChoice(True)
-    return GraphChoice(
-        False, f"GPU-bound: {host_s * 1e3:.1f} ms of host work in a {wall_s * 1e3:.1f} ms step (auto needs half)"
-    )
 
 
 class EagerStep(Protocol):
@@ -141,41 +46,6 @@ class EagerStep(Protocol):
 
     def step(self, x: torch.Tensor, *, target: torch.Tensor, losses: list[torch.Tensor] | None = None) -> None:
         """One eager forward and backward (gradients accumulate into ``.grad``)."""
-
-
-def capture(
-    graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, body: Callable[[], T]
-) -> tuple[T | None, BaseException | None]:
-    """Record ``body()`` into ``graph`` on ``stream``: the capture recipe every CUDA graph here is made with.
-
-    torch.cuda.graph() would also collect garbage and empty the allocator's cache first, which costs more than a
-    short layout's capture saves; capturing directly skips that. thread_local: a data loader's pinning thread may
-    touch CUDA while this thread captures.
-
-    Returns:
-        ``(body's result, None)``; or ``(None, error)`` when ``body`` raised (any failure inside a capture means:
-        run eagerly) or ending the capture failed, the first error kept.
-    """
-    result: T | None = None
-    error: BaseException | None = None
-    with torch.cuda.stream(stream):
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            result = body()
-        except Exception as e:  # any failure inside a capture means: run eagerly
-            error = e
-        finally:
-            try:
-                graph.capture_end()
-            except RuntimeError as e:
-                error = error or e
-    return (None, error) if error is not None else (result, None)
-
-
-def capture_failure(error: BaseException | None) -> str:
-    """The reason a failed capture leaves its layout or segment eager: the error's first line (or its type)."""
-    text = str(error).splitlines()[0] if error is not None and str(error) else type(error).__name__
-    return f"capture failed: {text}"
 
 
 @contextmanager
@@ -222,7 +92,7 @@ class GraphedStep:
         self.module = eager.module
         self.always = always
         self._warmup = warmup
-        self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch stub
+        self._stream = side_stream()
         self._graph: torch.cuda.CUDAGraph | None = None
         self._x: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
@@ -266,11 +136,7 @@ class GraphedStep:
         self._replay(x, target, losses)
 
     def _side_stream_step(self, x: torch.Tensor, target: torch.Tensor, losses: list[torch.Tensor] | None) -> None:
-        main = torch.cuda.current_stream()
-        self._stream.wait_stream(main)
-        with torch.cuda.stream(self._stream):
-            self.eager.step(x, target=target, losses=losses)
-        main.wait_stream(self._stream)
+        on_side_stream(self._stream, lambda: self.eager.step(x, target=target, losses=losses))
 
     def _timed_warmup(self, x: torch.Tensor, target: torch.Tensor, losses: list[torch.Tensor] | None) -> None:
         """The last warm-up step, on an idle device: host enqueueing time against wall time decides the capture."""
@@ -300,17 +166,14 @@ class GraphedStep:
             static_x.requires_grad_(True)
         static_y = target.detach().clone()
         graph = torch.cuda.CUDAGraph()
-        main = torch.cuda.current_stream()
-        self._stream.wait_stream(main)
 
         def forward_backward() -> torch.Tensor:
             loss = self.eager.loss_fn(self.module(static_x), static_y)
-            loss.backward()  # type: ignore[no-untyped-call]  # torch stub
+            torch.autograd.backward(loss)  # what loss.backward() calls (typed; Tensor.backward is not)
             return loss
 
         with _forward_hooks_off(self.module), _no_recompile(self.eager.compiled):
             loss, error = capture(graph, self._stream, forward_backward)
-        main.wait_stream(self._stream)
         grads = [(p, p.grad) for p in params if p.grad is not None]
         for p, g in zip(params, held, strict=True):
             p.grad = g

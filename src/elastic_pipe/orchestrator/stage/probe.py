@@ -29,18 +29,21 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.evaluation import recv_activation, send_activation
-from elastic_pipe.orchestrator.prefix import FrozenPrefix
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
 
-__all__ = ["PROBE_SAMPLES", "baseline", "kept", "measure", "restore"]
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
+    from elastic_pipe.orchestrator.stage.runtime import StageRuntime
+
+__all__ = ["baseline", "kept", "measure", "restore"]
 
 #: Samples in the probe batch: enough numbers for a stable relative change (16 x tokens x width), few enough that
 #: its forward costs about 1% of a decision interval's training work in the measured tasks.
