@@ -72,8 +72,7 @@ def checkpoint_file(path: str | Path) -> Path:
         CliInputError: nothing there, a directory without a checkpoint, or a ``latest.json`` that is unreadable,
             points outside the directory or names a missing file.
     """
-    from elastic_pipe.orchestrator.errors import ConfigError  # noqa: PLC0415
-    from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.errors import ConfigError, one_line  # noqa: PLC0415
     from elastic_pipe.orchestrator.persist import checkpoint_files, read_latest  # noqa: PLC0415
 
     p = Path(path)
@@ -157,7 +156,7 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
-    from elastic_pipe.orchestrator.launch import one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.errors import one_line  # noqa: PLC0415
     from elastic_pipe.orchestrator.persist import load_weights, manifest_path  # noqa: PLC0415
 
     weights: Any

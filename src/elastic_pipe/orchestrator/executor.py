@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -28,16 +29,18 @@ from elastic_pipe import freeze, protocol
 from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import TransitionEvent
-from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.transition import changed_ranks, drop_foreign_state
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
 
 __all__ = [
     "TRANSITION_PHASES",

@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -28,8 +28,6 @@ from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.compilation import compile_enabled, compile_sublayers
-from elastic_pipe.orchestrator.components import Components
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data import (
     DatasetSplit,
@@ -47,7 +45,11 @@ from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.components import Components
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.types import Layout
 
 __all__ = [
     "boundary_examples",

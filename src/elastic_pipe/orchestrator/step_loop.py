@@ -20,21 +20,24 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import data as edata
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data import Batch, ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES, EpochMetrics
-from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.stage import StageRuntime, step_record
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
+
+if TYPE_CHECKING:
+    from elastic_pipe import data as edata
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
 __all__ = [
     "DecisionHook",

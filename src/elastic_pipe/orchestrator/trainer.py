@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,16 +32,12 @@ from torch import nn
 
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, partition
-from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import executor, holdings
 from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data import DatasetSplit, Loss, Samples, num_samples
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
-from elastic_pipe.orchestrator.layout_rule import CompressionRule
 from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
 from elastic_pipe.orchestrator.persist import Checkpointer, rerun, snapshot
@@ -54,7 +50,6 @@ from elastic_pipe.orchestrator.setup import (
     sublayer_costs,
 )
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
-from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.step_loop import (
     EpochLosses,
     StepHook,
@@ -63,6 +58,13 @@ from elastic_pipe.orchestrator.step_loop import (
     finish_epoch,
     run_epoch,
 )
+
+if TYPE_CHECKING:
+    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.layout_rule import CompressionRule
+    from elastic_pipe.orchestrator.state import RunState
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 

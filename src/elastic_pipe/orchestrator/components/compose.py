@@ -5,7 +5,7 @@ config names (each keyword given is used instead).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -14,11 +14,13 @@ from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["STAGES_PER_RANK", "Components", "check_runnable_schedule", "components_from_config"]
 

@@ -4,11 +4,15 @@ place a user's policy is made a full :class:`~elastic_pipe.freeze.FreezePolicy`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components.registry import resolve
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.types import ElasticPipeError
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["adapt_policy", "make_policy"]
 

@@ -7,17 +7,19 @@ from __future__ import annotations
 import importlib
 from collections import ChainMap
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 from torch import nn
 
 from elastic_pipe import data as edata
 from elastic_pipe import models
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.data import Samples, as_data, bbcnews
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.types import ElasticPipeError
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["DATASETS", "KEYS", "MODEL_BUILDERS", "T", "build_model", "load_eval_samples", "load_samples", "resolve"]
 

@@ -20,8 +20,10 @@ import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from elastic_pipe import data as edata
+if TYPE_CHECKING:
+    from elastic_pipe import data as edata
 
 __all__ = ["ElasticBatchSampler", "EpochPlan", "epoch_plan", "reachable_pipe_lens", "split_unit"]
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 import torch.utils.data
 
-from elastic_pipe.orchestrator.data.step_data import MapDataset
 from elastic_pipe.orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.data.step_data import MapDataset
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

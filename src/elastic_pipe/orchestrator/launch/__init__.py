@@ -21,6 +21,5 @@ from __future__ import annotations
 from elastic_pipe.orchestrator.launch.agent import launch
 from elastic_pipe.orchestrator.launch.faults import maybe_fail
 from elastic_pipe.orchestrator.launch.process_group import device_for, join_process_group, training_backend, warm_up
-from elastic_pipe.orchestrator.launch.worker_status import one_line
 
-__all__ = ["device_for", "join_process_group", "launch", "maybe_fail", "one_line", "training_backend", "warm_up"]
+__all__ = ["device_for", "join_process_group", "launch", "maybe_fail", "training_backend", "warm_up"]

@@ -30,10 +30,9 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError
+from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError, one_line
 from elastic_pipe.orchestrator.launch.job import (
     rendezvous_options,
     resolve_run_id,
@@ -48,10 +47,12 @@ from elastic_pipe.orchestrator.launch.worker_status import (
     FailureReport,
     Watchdog,
     first_failure,
-    one_line,
 )
 from elastic_pipe.orchestrator.launch.worker_store import STORE_KEY_ENV, store_key
 from elastic_pipe.types import ElasticPipeError
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["describe_failure", "launch", "write_failure_report"]
 

@@ -20,11 +20,13 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch.rendezvous import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = [
     "NCCL_ERROR_HANDLING_ENV",

@@ -9,16 +9,19 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch.job import nccl_error_handling
 from elastic_pipe.orchestrator.launch.worker_store import STORE_KEY_ENV, authenticated_store
+
+if TYPE_CHECKING:
+    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["choose_backend", "device_for", "join_process_group", "local_ranks", "training_backend", "warm_up"]
 

@@ -14,16 +14,18 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
-from elastic_pipe.orchestrator.data import Samples
 from elastic_pipe.orchestrator.launch.preflight import preflight
 from elastic_pipe.orchestrator.launch.worker_status import Heartbeat, reporting_failures
-from elastic_pipe.orchestrator.metrics import RunResult
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.data import Samples
+    from elastic_pipe.orchestrator.metrics import RunResult
 
 __all__ = ["entry", "main", "run_rank"]
 

@@ -31,6 +31,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from elastic_pipe.orchestrator.errors import one_line
+
 __all__ = [
     "STATUS_DIR_ENV",
     "FailureReport",
@@ -38,7 +40,6 @@ __all__ = [
     "Silent",
     "Watchdog",
     "first_failure",
-    "one_line",
     "report_failure",
     "reporting_failures",
 ]
@@ -50,20 +51,6 @@ STATUS_DIR_ENV = "ELASTIC_PIPE_STATUS_DIR"
 SILENT_FRACTION = 0.8
 #: Longest interval between two heartbeats, in seconds (shorter for short timeouts: a tenth of the timeout).
 _BEAT_S = 1.0
-#: What a DataLoader puts between its one-line summary and the worker's traceback.
-_ORIGINAL_TRACEBACK = "Original Traceback (most recent call last):"
-
-
-def one_line(text: str) -> str:
-    """An error message on one line: whitespace runs become one space; a DataLoader worker's failure ("Caught E in
-    DataLoader worker process 0. Original Traceback ... E: reason") becomes its last line and where it came from."""
-    head, found, tb = text.partition(_ORIGINAL_TRACEBACK)
-    if found:
-        lines = [line.strip() for line in tb.strip().splitlines() if line.strip()]
-        where = head.strip().removeprefix("Caught ").split(" in ", 1)[-1].rstrip(".")
-        last = lines[-1] if lines else head.strip()
-        return f"{' '.join(last.split())} (in {where})"
-    return " ".join(text.split())
 
 
 @dataclass(frozen=True, slots=True)

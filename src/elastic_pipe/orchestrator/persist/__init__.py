@@ -7,14 +7,14 @@ on a checkpoint to resume), :mod:`.snapshot` (a rank's share of the state as ten
 :mod:`.files` (the files' names, manifests and atomic writes, pruning), :mod:`.loads` (verified loads with
 fallback), :mod:`.shards` (a sharded checkpoint's shards, read and checked tensor by tensor), :mod:`.integrity`
 (checksums and value checks), :mod:`.rerun` (what a resume may change, and a finished run), :mod:`.exported` (the
-inference record, and loading an export back). They are not API: the rest of the orchestrator uses what this face
-exports.
+inference record; loading an export back is :mod:`~elastic_pipe.orchestrator.exported_model`). They are not API:
+the rest of the orchestrator uses what this face exports.
 """
 
 from __future__ import annotations
 
 from elastic_pipe.orchestrator.persist.checkpoint import Checkpointer, check_compatible, fingerprint
-from elastic_pipe.orchestrator.persist.exported import METADATA_KEY, load_exported
+from elastic_pipe.orchestrator.persist.exported import METADATA_KEY
 from elastic_pipe.orchestrator.persist.files import checkpoint_files, manifest_path, read_latest
 from elastic_pipe.orchestrator.persist.loads import candidate_manifests, load_weights
 from elastic_pipe.orchestrator.persist.rerun import already_complete
@@ -27,7 +27,6 @@ __all__ = [
     "check_compatible",
     "checkpoint_files",
     "fingerprint",
-    "load_exported",
     "load_weights",
     "manifest_path",
     "read_latest",

@@ -48,14 +48,12 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.persist.files import (
     FORMATS,
@@ -72,8 +70,12 @@ from elastic_pipe.orchestrator.persist.files import (
 )
 from elastic_pipe.orchestrator.persist.loads import candidates, load_verified
 from elastic_pipe.orchestrator.persist.shards import verify_shards
-from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import held_sublayers
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.state import RunState
 
 __all__ = ["Checkpointable", "Checkpointer", "Found", "check_compatible", "fingerprint"]
 

@@ -1,4 +1,5 @@
-"""What an exported model needs at inference, and loading it back with its preprocessing.
+"""What an exported model needs at inference: the record a checkpoint and an export keep, and the preprocessing it
+describes (loading a model back is :mod:`~elastic_pipe.orchestrator.exported_model`).
 
 A checkpoint keeps an ``inference`` record beside the run's state (:func:`inference_record`): the ``[model]``
 table and the ``[train]`` dtype and seed the model is built from, and how the trainer turned raw inputs into what
@@ -14,7 +15,7 @@ the model saw:
   map-style dataset, whose own transforms are its business).
 
 ``elastic-pipe export`` writes the record into the safetensors file's metadata under :data:`METADATA_KEY` (JSON),
-and :func:`load_exported` reads it back::
+and :func:`~elastic_pipe.orchestrator.exported_model.load_exported` reads it back::
 
     import elastic_pipe
     from elastic_pipe.data import load_digits
@@ -27,17 +28,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.data import Standardization
-from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.launch import one_line
+from elastic_pipe.orchestrator.errors import OrchestratorError, one_line
 
-__all__ = ["METADATA_KEY", "ExportError", "Exported", "Preprocess", "inference_record", "load_exported"]
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
+
+__all__ = ["METADATA_KEY", "ExportError", "Preprocess", "inference_record", "read_record"]
 
 #: The safetensors metadata key under which an export keeps its inference record (a JSON string).
 METADATA_KEY = "elastic_pipe.inference"
@@ -129,13 +130,6 @@ class Preprocess:
         return x
 
 
-class Exported(NamedTuple):
-    """An exported model, ready for inference, and the preprocessing its inputs need."""
-
-    model: nn.Module
-    preprocess: Preprocess
-
-
 def read_record(path: str | Path) -> dict[str, Any]:
     """The inference record of the safetensors file ``path``.
 
@@ -163,40 +157,3 @@ def read_record(path: str | Path) -> dict[str, Any]:
     if not isinstance(record, dict) or not isinstance(record.get("preprocess"), dict):
         raise ExportError(f"{path}: {METADATA_KEY!r} metadata lacks a preprocess record: {text[:200]}")
     return record
-
-
-def load_exported(path: str | Path, *, model: nn.Module | None = None) -> Exported:
-    """Load a model written by ``elastic-pipe export``, with the preprocessing its training applied.
-
-    Args:
-        path: the ``.safetensors`` file.
-        model: a model to load the weights into (your own model, trained through the API); default: the model the
-            export's ``[model]`` table builds.
-
-    Returns:
-        ``(model, preprocess)``: the model in eval mode on the CPU, and a :class:`Preprocess` that turns raw
-        inputs into what it takes: ``model(preprocess(raw))``.
-
-    Raises:
-        ExportError: no inference record, or weights that do not fit the model.
-        ConfigError: the recorded ``[model]`` table does not build here (a builder given by import path that
-            does not import).
-    """
-    from safetensors.torch import load_file  # noqa: PLC0415 - optional dependency
-
-    from elastic_pipe.orchestrator.components import build_model  # noqa: PLC0415 - loads every builder
-    from elastic_pipe.orchestrator.config import config_from_tables  # noqa: PLC0415
-
-    record = read_record(path)
-    preprocess = Preprocess(record["preprocess"])
-    if model is None:
-        tables = {"model": record["model"], "train": record.get("train", {})}
-        model = build_model(config_from_tables(tables, source=f"{path} metadata"))
-    try:
-        model.load_state_dict(load_file(str(path)))
-    except RuntimeError as exc:
-        first = one_line(str(exc))[:300]
-        raise ExportError(
-            f"{path}: the weights do not fit the model (trained with a model of your own? pass model=): {first}"
-        ) from None
-    return Exported(model.eval(), preprocess)

@@ -19,10 +19,12 @@ kept are not compared.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from elastic_pipe.orchestrator.config import TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["RESUMABLE_KEYS", "RESUMABLE_SECTIONS", "already_complete", "check_config", "config_changes", "describe"]
 

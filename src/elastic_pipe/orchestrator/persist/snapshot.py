@@ -10,17 +10,20 @@ only what this rank holds in the saved layout, whatever layout or world size wro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.persist.exported import inference_record
-from elastic_pipe.orchestrator.persist.files import SavedState
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.persist.files import SavedState
+    from elastic_pipe.types import Layout
 
 __all__ = ["full_model", "local_state", "restore"]
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.data import StepData
 from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
 from elastic_pipe.orchestrator.prefix.shared import all_peers, fill_shared
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.data import StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

@@ -18,10 +18,10 @@ from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import OverlappedAverager, average_gradients
 from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, decide_graph
-from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.types import Layout
 
 __all__ = ["StageRuntime"]
 
