@@ -82,7 +82,7 @@ def _show(title: str, result: dict[str, Any]) -> None:
 
 def main() -> None:
     from elastic_pipe.orchestrator import config_from_tables, launch, preflight
-    from elastic_pipe.orchestrator.launch.worker import entry
+    from elastic_pipe.orchestrator.worker import entry
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned workers inherit it
     config = config_from_tables(TABLES)

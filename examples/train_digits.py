@@ -13,7 +13,7 @@ from __future__ import annotations
 
 def main() -> None:
     from elastic_pipe.orchestrator import config_from_tables, launch, preflight
-    from elastic_pipe.orchestrator.launch.worker import entry
+    from elastic_pipe.orchestrator.worker import entry
 
     config = config_from_tables(
         {

@@ -351,7 +351,7 @@ def test_more_local_ranks_than_gpus_train_on_gloo_with_cuda_visible(tmp_path: Pa
     """CUDA present but one rank more than devices: ``backend = "auto"`` trains on gloo on the CPU, no device
     ordinal error (the 1-GPU machine's failure the reliability pass fixed)."""
     from elastic_pipe.orchestrator import config_from_tables, launch
-    from elastic_pipe.orchestrator.launch.worker import entry
+    from elastic_pipe.orchestrator.worker import entry
 
     ranks = torch.cuda.device_count() + 1
     config = config_from_tables(

@@ -204,7 +204,7 @@ def test_preflight_needs_writable_directories(section: str, tmp_path: Path) -> N
 
 
 def test_preflight_probes_by_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastic_pipe.orchestrator.launch.preflight import check_writable
+    from elastic_pipe.orchestrator.preflight import check_writable
 
     def refuse(self: Path, data: bytes) -> int:
         raise PermissionError(13, "Permission denied")

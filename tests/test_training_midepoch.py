@@ -317,7 +317,7 @@ def _launch_config(tmp: Path, name: str) -> Any:
 
 def _launch(config: Any) -> dict[str, Any]:
     from elastic_pipe.orchestrator import launch
-    from elastic_pipe.orchestrator.launch.worker import entry
+    from elastic_pipe.orchestrator.worker import entry
 
     return dict(launch(config, entry, config.to_dict())[0])
 

@@ -54,7 +54,7 @@ def _config(tmp: Path, name: str, overrides: dict[str, Any] | None = None) -> An
 
 def _launch(config: Any) -> dict[str, Any]:
     from elastic_pipe.orchestrator import launch
-    from elastic_pipe.orchestrator.launch.worker import entry
+    from elastic_pipe.orchestrator.worker import entry
 
     results = launch(config, entry, config.to_dict())
     return dict(results[0])

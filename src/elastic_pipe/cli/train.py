@@ -254,8 +254,8 @@ def user_import_paths(config_file: str) -> Iterator[list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator import launch, load_config, preflight  # noqa: PLC0415
-    from elastic_pipe.orchestrator.launch.worker import entry  # noqa: PLC0415
     from elastic_pipe.orchestrator.persist import already_complete  # noqa: PLC0415
+    from elastic_pipe.orchestrator.worker import entry  # noqa: PLC0415
 
     config = load_config(args.config)
     config = config.override(overrides_from(args, config))

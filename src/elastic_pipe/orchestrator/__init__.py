@@ -27,8 +27,6 @@ from elastic_pipe.orchestrator.config import (
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
 from elastic_pipe.orchestrator.event_log import EventLog, RecordSink
 from elastic_pipe.orchestrator.launch import launch
-from elastic_pipe.orchestrator.launch.preflight import preflight
-from elastic_pipe.orchestrator.launch.worker import run_rank
 from elastic_pipe.orchestrator.layout_rule import (
     COMPRESSION_RULES,
     CompressionRule,
@@ -39,10 +37,12 @@ from elastic_pipe.orchestrator.layout_rule import (
 )
 from elastic_pipe.orchestrator.metrics import EpochMetrics, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.persist import Checkpointer, fingerprint
+from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.trainer import ElasticTrainer, candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
+from elastic_pipe.orchestrator.worker import run_rank
 
 __all__ = [
     "COMPRESSION_RULES",

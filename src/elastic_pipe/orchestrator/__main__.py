@@ -6,7 +6,7 @@ same function through the elastic agent's Python API).
 
 from __future__ import annotations
 
-from elastic_pipe.orchestrator.launch.worker import main
+from elastic_pipe.orchestrator.worker import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

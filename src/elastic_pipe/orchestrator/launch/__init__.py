@@ -1,19 +1,17 @@
 """The processes of a run: the elastic agent that starts and restarts them, how they meet, how each joins
-``torch.distributed``, what a worker tells its launcher, what a worker runs, and the checks before any of it starts.
+``torch.distributed`` and what a worker tells its launcher.
 
 Modules: :mod:`.agent` (:func:`launch`: torchrun's elastic agent, a failed worker as one line), :mod:`.job` (the
 run id, the rendezvous options, the workers' environment, decided before anything starts), :mod:`.rendezvous` (the
 authenticated rendezvous backends, the loopback store), :mod:`.secret` (the job's rendezvous secret),
 :mod:`.worker_store` (the workers' store, tagged under a key derived from the secret), :mod:`.worker_status` (a
 worker's failure report and heartbeat, the launcher's watchdog), :mod:`.process_group` (joining the default group,
-this process's device, warming up NCCL), :mod:`.faults` (fault injection for the restart tests), :mod:`.preflight`
-(the checks before any process starts) and :mod:`.worker` (what each process runs: ``run_rank``, ``entry``,
-``main``). They are not API: the rest of the orchestrator uses what this face exports.
+this process's device, warming up NCCL), :mod:`.faults` (fault injection for the restart tests). They are not API:
+the rest of the orchestrator uses what this face exports.
 
-The trainer's own layers import this face (to join the group, to inject faults), so it holds only what stands
-below the trainer. :mod:`.preflight` and :mod:`.worker` stand above it (they build and run a trainer) and are not
-exported here: :mod:`elastic_pipe.orchestrator` exports ``preflight`` and ``run_rank``, and the CLI,
-``python -m elastic_pipe.orchestrator`` and the embedded demo import the worker's entry points by their path.
+Everything here stands below the trainer (its layers import this face to join the group and inject faults); what
+builds and runs a trainer in each process stands above it: :mod:`elastic_pipe.orchestrator.worker` and the checks
+before any process starts, :mod:`elastic_pipe.orchestrator.preflight`.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
-from elastic_pipe.orchestrator.launch.preflight import preflight
 from elastic_pipe.orchestrator.launch.worker_status import Heartbeat, reporting_failures
+from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
 
 if TYPE_CHECKING:
