@@ -19,8 +19,8 @@ import tiny_vit
 from elastic_pipe.orchestrator import ConfigError
 from elastic_pipe.orchestrator.config import config_from_tables
 from elastic_pipe.orchestrator.data_check import first_nonfinite, local_failure
+from elastic_pipe.orchestrator.epoch_losses import check_finite_losses
 from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
-from elastic_pipe.orchestrator.step_loop import check_finite_losses
 from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 

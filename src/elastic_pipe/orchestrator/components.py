@@ -25,10 +25,10 @@ from torch import nn
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, models, partition
 from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.config import DECIDE_AUTO, TrainConfig
 from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 from elastic_pipe.orchestrator.text_data import bbcnews
 from elastic_pipe.orchestrator.workload import (
@@ -146,7 +146,7 @@ class Components:
             completes what the user gave).
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
-        compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
+        compression: a :class:`~elastic_pipe.orchestrator.compression.CompressionRule`.
         schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
         optimizer: builds the optimizer over a list of trainable parameters.
         loss: ``loss(output, target)``, a mean over the micro-batch.
