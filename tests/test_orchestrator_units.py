@@ -17,8 +17,9 @@ from elastic_pipe.orchestrator import (
     load_config,
     preflight,
 )
+from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, initial_layout, max_frozen_units, next_layout
+from elastic_pipe.orchestrator.layout_rule import initial_layout, max_frozen_units, next_layout
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
@@ -233,7 +234,7 @@ def test_numbers_at_their_limits_are_accepted() -> None:
 
 
 def test_step_seeds_are_distinct_and_fit_a_torch_generator() -> None:
-    from elastic_pipe.orchestrator.step_loop import step_seed
+    from elastic_pipe.orchestrator.step_ops import step_seed
 
     coords = [(s, e, i, r) for s in (0, 1, 2**31 - 1) for e in (0, 1, 99_999) for i in (0, 1, 7) for r in (0, 1, 3)]
     seeds = [step_seed(*c) for c in coords]

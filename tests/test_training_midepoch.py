@@ -60,7 +60,7 @@ def _samples(n: int = SAMPLES) -> Any:
 
 # ------------------------------------------------------------------------------------------------- pure parts
 def test_decision_points_fall_on_multiples_of_decide_every() -> None:
-    from elastic_pipe.orchestrator.step_loop import decision_point
+    from elastic_pipe.orchestrator.step_ops import decision_point
 
     assert [s for s in range(13) if decision_point(s, 4)] == [4, 8, 12]
     assert [s for s in range(13) if decision_point(s, 1)] == list(range(1, 13))

@@ -2,24 +2,23 @@
 rank applies it.
 
 Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision
-point), or measure the probe's output drift (:mod:`.probe`, for a probe-driven policy), ask the policy
+point), or measure the probe's output drift (:mod:`.stage.probe`, for a probe-driven policy), ask the policy
 (:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
 sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), and broadcast the encoded message
 on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
 
-Apply: move the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new
-prefix (its parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the
-run's :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there).
+Apply (:mod:`.apply_transition`): move the sub-layers whose owner changes (weights and optimizer state,
+:mod:`.transition`), freeze the new prefix (its parameters leave the optimizer), build the new
+:class:`~.stage.StageRuntime`, and bring the run's :class:`~.prefix.FrozenPrefix` to the new boundary (its
+activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
-step of the run, inside an epoch too (the trainer's step loop hands over to it there; ``epoch_step`` says how many
-of the epoch's steps came before it).
+step of the run, inside an epoch too (the step loop returns to the trainer there, which decides and applies;
+``epoch_step`` says how many of the epoch's steps came before it).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,36 +29,15 @@ from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.holdings import transfer
-from elastic_pipe.orchestrator.launch import maybe_fail
-from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.timing import PhaseClock
-from elastic_pipe.orchestrator.transition import changed_ranks, drop_foreign_state
+from elastic_pipe.orchestrator.transition import changed_ranks
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
-__all__ = [
-    "TRANSITION_PHASES",
-    "Applied",
-    "apply",
-    "decide",
-    "event_for",
-    "gather_stats",
-    "initial_state",
-    "meet",
-    "timed_decision",
-]
-
-#: The parts of a transition timed separately (seconds on rank 0, in :attr:`TransitionEvent.phases`; the
-#: decision before them is ``decide``): weights and optimizer state to new owners, freezing the new prefix,
-#: building the new stage, the probe's baseline, carrying or filling the activation cache, refreshing the
-#: evaluation outputs kept for a released prefix, and releasing or restoring the prefix's weights. The first steps
-#: of the new layout add ``compile`` and ``capture`` to the run's result (:meth:`.trainer.ElasticTrainer.fit`).
-TRANSITION_PHASES = ("moves", "freeze", "runner", "probe", "cache", "eval_store", "prefix")
+__all__ = ["decide", "gather_stats", "initial_state", "meet"]
 
 
 def initial_state(ctx: RunContext) -> RunState:
@@ -203,116 +181,3 @@ def decide(
         )
 
     return decision.announce(next_message, rank=ctx.rank, broadcast_bytes=ctx.broadcast_bytes)
-
-
-@dataclass
-class Applied:
-    """What applying a message changed on this rank.
-
-    Attributes:
-        state: the state in the new layout.
-        stage: the new stage (the old one is closed).
-        bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
-        phases: seconds per part of :data:`TRANSITION_PHASES`.
-        prefix: what entering the new layout did to the frozen prefix.
-    """
-
-    state: RunState
-    stage: StageRuntime
-    bytes_moved: int
-    phases: dict[str, float]
-    prefix: PrefixReport
-
-
-def apply(
-    ctx: RunContext,
-    state: RunState,
-    stage: StageRuntime,
-    msg: protocol.TransitionMessage,
-    *,
-    optimizer: torch.optim.Optimizer,
-    prefix: FrozenPrefix,
-    epoch_step: int = 0,
-) -> Applied | None:
-    """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is.
-
-    Args:
-        epoch_step: steps of the epoch done before the decision point (for the fault hook).
-    """
-    old = state.layout
-    new = decision.layout_from_message(msg, ctx.world_size)
-    if new == old:
-        return None
-    maybe_fail("transition", ctx.rank, msg.epoch, epoch_step)
-    clock = PhaseClock(ctx.device, TRANSITION_PHASES)
-    clock.start()
-    sublayers = ctx.sublayers
-    new_owned = ctx.owned(new)
-    # the bytes every rank received, summed over the job; a released prefix travels to no one
-    _, moved = transfer(ctx, old, new, optimizer, released=prefix.released)
-    clock.lap("moves")
-    maybe_fail("moved", ctx.rank, msg.epoch, None)  # after the moves, before the freeze and the rebuild
-    if new.frozen > old.frozen:
-        freeze.freeze_modules(sublayers[old.frozen : new.frozen], optimizer)
-    ctx.restore_modes(new, True)
-    drop_foreign_state(optimizer, sublayers, new_owned)
-    clock.lap("freeze")
-    stage.close()
-    frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
-    new_stage = StageRuntime(ctx, new)
-    clock.lap("runner")
-    # the units changed owners: each rank keeps the outputs of those it holds now
-    probe.baseline(ctx, new_stage, prefix)
-    clock.lap("probe")
-    report = prefix.enter(new, old.frozen, clock=clock)
-    return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals), report)
-
-
-def timed_decision(
-    ctx: RunContext,
-    state: RunState,
-    stage: StageRuntime,
-    *,
-    prefix: FrozenPrefix,
-    optimizer: torch.optim.Optimizer,
-    eval_loss: float | None = None,
-    epoch_step: int = 0,
-) -> tuple[protocol.TransitionMessage, Applied | None, float, float]:
-    """:func:`decide` then :func:`apply`; returns the message, what changed, the decide seconds and the total.
-
-    Args:
-        epoch_step: steps of ``state.epoch`` done before the decision point (0: at the epoch's start).
-    """
-    t0 = time.perf_counter()
-    msg = decide(ctx, state, stage, prefix=prefix, eval_loss=eval_loss, epoch_step=epoch_step)
-    decide_s = time.perf_counter() - t0
-    applied = apply(ctx, state, stage, msg, optimizer=optimizer, prefix=prefix, epoch_step=epoch_step)
-    if applied is not None and ctx.device.type == "cuda":
-        torch.cuda.synchronize()
-    return msg, applied, decide_s, time.perf_counter() - t0
-
-
-def event_for(
-    msg: protocol.TransitionMessage, applied: Applied, *, decide_s: float, seconds: float, epoch_step: int = 0
-) -> TransitionEvent:
-    """The record of an applied transition (``epoch_step``: steps of its epoch done before it)."""
-    state, layout = applied.state, applied.state.layout
-    return TransitionEvent(
-        epoch=state.epoch,
-        step=state.step,
-        frozen_units=state.frozen_units,
-        frozen=layout.frozen,
-        pipe_len=layout.pipe_len,
-        replicas=layout.replicas,
-        microbatches=layout.microbatches,
-        boundaries=tuple(layout.boundaries),
-        changed_ranks=tuple(msg.changed_ranks),
-        bytes_moved=applied.bytes_moved,
-        cache=applied.prefix.cache,
-        prefix_released_bytes=applied.prefix.released_bytes,
-        seconds=seconds,
-        phases={k: round(v, 6) for k, v in {"decide": decide_s, **applied.phases}.items()},
-        epoch_step=epoch_step,
-        cache_entries=applied.prefix.cache_entries,
-        cache_bytes=applied.prefix.cache_bytes,
-    )

@@ -2,16 +2,8 @@
 
 The trainer (at every decision point) and the planner (``elastic-pipe plan --config``) both call these pure
 functions, so a plan predicts exactly the layouts a run performs. The partition comes from
-:func:`elastic_pipe.partition.solve`, the shorter pipeline from a :class:`CompressionRule`.
-
-A compression rule gets the active sub-layers' costs, the current length, the budget (the bottleneck cost of the
-initial partition) and the world size, and returns the new length with its partition:
-
-* ``halving`` - the published rule: halve while the halved pipeline still fits the budget;
-* ``memory`` - the shortest length dividing the current one whose partition fits the budget;
-* ``none`` - keep the length (freeze only; the pipeline needs one active sub-layer per stage).
-
-Any object with ``name``, ``keeps_length`` and this ``__call__`` is a rule.
+:func:`elastic_pipe.partition.solve`, the shorter pipeline from a :class:`~.compression.CompressionRule`
+(:mod:`.compression`: ``halving``, ``memory``, ``none``).
 
 A per-rank memory budget (:class:`MemoryBudget`, from ``[pipeline] memory_budget``) bounds every layout on top of
 that: the initial length is the shortest that fits it (:func:`initial_layout_within`), and when a rule's choice
@@ -22,20 +14,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.types import Layout
 
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.compression import CompressionRule, Solver
+
 __all__ = [
-    "COMPRESSION_RULES",
-    "CompressionRule",
-    "Halving",
-    "KeepLength",
     "MemoryBudget",
-    "MemoryFit",
     "decide_units",
     "frozen_sublayers",
     "initial_layout",
@@ -45,77 +35,6 @@ __all__ = [
     "next_layout",
     "start_layout",
 ]
-
-Solver = str | part.Solver
-
-
-@runtime_checkable
-class CompressionRule(Protocol):
-    """Chooses the pipeline length once the frozen prefix has left the pipeline.
-
-    Attributes:
-        name: a short name ("halving", "memory", "none").
-        keeps_length: whether the rule never shortens the pipeline (then freezing stops one sub-layer per stage
-            short of the end).
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def keeps_length(self) -> bool: ...
-
-    def __call__(
-        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
-    ) -> part.Partition:
-        """The partition of the ``active`` costs at the chosen length (its ``num_stages``)."""
-        ...
-
-
-@dataclass(frozen=True)
-class Halving:
-    """The published rule: :func:`elastic_pipe.partition.compress_halving`."""
-
-    name: str = "halving"
-    keeps_length: bool = False
-
-    def __call__(
-        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
-    ) -> part.Partition:
-        return part.compress_halving(active, pipe_len, budget, solver=solver).partition
-
-
-@dataclass(frozen=True)
-class MemoryFit:
-    """The shortest length dividing the current one that fits: :func:`elastic_pipe.partition.compress_memory`.
-
-    Only divisors of the current length are tried: a pipeline shrinks onto its own devices, never grows.
-    """
-
-    name: str = "memory"
-    keeps_length: bool = False
-
-    def __call__(
-        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
-    ) -> part.Partition:
-        return part.compress_memory(active, pipe_len, budget, solver=solver).partition
-
-
-@dataclass(frozen=True)
-class KeepLength:
-    """No reshaping: re-partition the active layers over the same number of stages."""
-
-    name: str = "none"
-    keeps_length: bool = True
-
-    def __call__(
-        self, active: Sequence[float], pipe_len: int, budget: float, *, world_size: int, solver: Solver
-    ) -> part.Partition:
-        return part.solve(list(active), pipe_len, solver)
-
-
-#: The built-in rules by the names ``[pipeline] compression`` accepts.
-COMPRESSION_RULES: dict[str, CompressionRule] = {"halving": Halving(), "memory": MemoryFit(), "none": KeepLength()}
 
 
 @dataclass(frozen=True)

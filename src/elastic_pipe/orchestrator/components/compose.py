@@ -14,9 +14,9 @@ from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
+from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class Components:
             completes what the user gave).
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
-        compression: a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule`.
+        compression: a :class:`~elastic_pipe.orchestrator.compression.CompressionRule`.
         schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
         optimizer: builds the optimizer over a list of trainable parameters.
         loss: ``loss(output, target)``, a mean over the micro-batch.

@@ -65,7 +65,7 @@ class PipelineSection:
         solver: partition solver name in :data:`elastic_pipe.partition.SOLVERS`, or ``"module:attr"``.
         cost: per-sub-layer cost the partition balances: "params" (the published proxy) or "time" (profiled).
         compression: "halving" (the published rule), "memory", "none" (freeze only; length and replicas fixed), or
-            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.layout_rule.CompressionRule` object.
+            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.compression.CompressionRule` object.
         schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
         microbatches: micro-batches per step and replica while the pipeline has more than one stage.
         microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``

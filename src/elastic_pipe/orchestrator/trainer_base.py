@@ -1,0 +1,291 @@
+"""What an :class:`~.trainer.ElasticTrainer` holds: built, entered, saved, loaded and released.
+
+The components (:mod:`.components`), the rank's fixed facts (:class:`~.context.RunContext`, built in
+:meth:`TrainerBase.setup` with the optimizer, the learning-rate schedule, the elastic sampler and the frozen prefix),
+the run's position (:class:`~.state.RunState`), this rank's stage in the current layout
+(:class:`~.stage.StageRuntime`, entered with :meth:`TrainerBase._enter`), the epoch's losses and the run's
+result. A checkpoint saves and loads them (:meth:`TrainerBase.state_dict`, :meth:`TrainerBase.load_state_dict`);
+:meth:`TrainerBase.close` releases what they hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Self
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import data as edata
+from elastic_pipe import freeze, partition
+from elastic_pipe.models.weights import check_materializable
+from elastic_pipe.orchestrator import holdings
+from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
+from elastic_pipe.orchestrator.data import DatasetSplit, Loss, Samples, num_samples
+from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses
+from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.launch import join_process_group
+from elastic_pipe.orchestrator.metrics import RunResult
+from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
+from elastic_pipe.orchestrator.persist import snapshot
+from elastic_pipe.orchestrator.prefix import FrozenPrefix
+from elastic_pipe.orchestrator.setup import build_context, check_memory_budget, check_untied_stages
+from elastic_pipe.orchestrator.stage import StageRuntime, probe
+
+if TYPE_CHECKING:
+    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.orchestrator.compression import CompressionRule
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.state import RunState
+
+__all__ = ["TrainerBase"]
+
+
+class TrainerBase:
+    """The parts an elastic trainer holds, their lifecycle and their state (a :class:`~.checkpoint.Checkpointable`);
+    :class:`~.trainer.ElasticTrainer` documents the arguments."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: nn.Module | None = None,
+        data: Samples | Any = None,
+        policy: freeze.PolicyLike | None = None,
+        partitioner: str | partition.Solver | None = None,
+        compression: CompressionRule | None = None,
+        schedule: str | None = None,
+        optimizer: OptimizerFactory | None = None,
+        loss: Loss | None = None,
+        eval_data: Samples | Any = None,
+        quiet: bool = False,
+    ) -> None:
+        self.parts: Components = components_from_config(
+            config,
+            model=model,
+            data=data,
+            policy=policy,
+            partitioner=partitioner,
+            compression=compression,
+            schedule=schedule,
+            optimizer=optimizer,
+            loss=loss,
+            eval_data=eval_data,
+        )
+        # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
+        self.config = with_decisions(
+            config, self.parts.policy, num_samples(self.parts.data), own_eval=self.parts.eval_data is not None
+        )
+        #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.persist.rerun`).
+        self.given_config = config
+        self.quiet = quiet
+        #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
+        self._config_optimizer = optimizer is None
+        self.result = RunResult()
+        self._ctx: RunContext | None = None
+        self._state: RunState | None = None
+        self._stage: StageRuntime | None = None
+        self._owns_group = False
+        self._groups: GroupManager | None = None
+        self._prefix: FrozenPrefix | None = None
+        self.losses = EpochLosses()
+        #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
+        #: and graph capture its first steps paid to the record's phases).
+        self._fresh_layout: dict[str, Any] | None = None
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def setup(self) -> None:
+        """Join the process group (from the torchrun environment, unless one exists), build the groups, the
+        optimizer and the data splits (a collective). :meth:`fit` calls it; idempotent."""
+        if self._ctx is not None:
+            return
+        c = self.config
+        check_materializable(self.parts.model)  # all three before any process group forms
+        check_untied_stages(c, self.parts.model)
+        check_memory_budget(c, self.parts.model)
+        self._owns_group = join_process_group(c)
+        ctx = build_context(c, self.parts, quiet=self.quiet)
+        self._groups = ctx.groups
+        model = ctx.model
+        make = self.parts.optimizer
+        assert make is not None  # components_from_config fills it
+        # Built over the whole model (on the meta device, or the CPU), so every parameter's group is known; the
+        # optimizer then covers only what this rank owns (holdings.point_optimizer, at every layout).
+        self.optimizer = make([p for p in model.parameters() if p.requires_grad])
+        ctx = self._ctx = dataclasses.replace(ctx, param_group_of=holdings.param_groups_by_name(self.optimizer, model))
+        total = c.train.epochs * self.steps_per_epoch
+        if c.train.max_steps:
+            total = min(total, c.train.max_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
+        self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
+        self._prefix = FrozenPrefix.build(ctx)
+
+    def _enter(
+        self, state: RunState, old_frozen: int, *, probe_outputs: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+    ) -> None:
+        """Make ``state`` current: hold only its sub-layers, point the optimizer at them, build the stage, carry
+        the cache; the probe's baseline is ``probe_outputs`` (a checkpoint's, :func:`.probe.restore`) when given, a
+        new one taken now (a collective) otherwise."""
+        ctx, prefix = self.ctx, self.prefix
+        served = prefix.cache_complete  # whether the layout left held every sample's prefix output (no inputs read)
+        if self._stage is not None:
+            self._stage.close()
+        holdings.hold(ctx, state.layout)
+        ctx.restore_modes(state.layout, True)
+        holdings.point_optimizer(ctx, self.optimizer, state.layout)
+        if self._config_optimizer:
+            holdings.fuse_on_device(self.optimizer)
+        self._state = state
+        self._stage = StageRuntime(ctx, state.layout)
+        if isinstance(ctx.train_set, DatasetSplit):
+            # the steps' loader workers start now, beside the probe and the cache's set-up, not at the first step
+            # (the cache's set-up decides whether inputs are read; a cache that served every sample goes on to)
+            ctx.train_set.start_steps(
+                inputs=self._stage.is_first and not served,
+                labels=self._stage.is_last,
+                device=ctx.device,
+                shard=(state.layout.replicas, self._stage.replica),
+            )
+        if probe_outputs is None:
+            probe.baseline(ctx, self._stage, prefix)  # a probe-driven policy's first comparison starts here
+        else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
+            probe.restore(ctx, self._stage, probe_outputs)
+        prefix.enter(state.layout, old_frozen)
+        self.sampler.reshard(state.layout.replicas, self._stage.replica)
+
+    def close(self) -> None:
+        """Release what the trainer holds beyond its results: the stage's hooks on the model, the activation
+        cache, a dataset's loader workers, and the process groups it created (the default group too, when it
+        joined it). Idempotent."""
+        if self._stage is not None:
+            self._stage.close()
+            self._stage = None
+        if self._prefix is not None:
+            self._prefix.close()
+        if self._ctx is not None:
+            for part in (self._ctx.train_set, self._ctx.eval_set):
+                getattr(part, "close", lambda: None)()  # a dataset's kept loaders: their workers go
+            self._ctx.log.close()
+        if self._groups is not None:
+            self._groups.destroy()
+            self._groups = None
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    # ---------------------------------------------------------------------------------------------- properties
+    @property
+    def ctx(self) -> RunContext:
+        """This rank's fixed facts (after :meth:`setup`)."""
+        if self._ctx is None:
+            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
+        return self._ctx
+
+    @property
+    def prefix(self) -> FrozenPrefix:
+        """This rank's frozen prefix and its activation cache (after :meth:`setup`)."""
+        if self._prefix is None:
+            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
+        return self._prefix
+
+    @property
+    def state(self) -> RunState:
+        """Where the run stands (after :meth:`start`)."""
+        if self._state is None:
+            raise OrchestratorError("the trainer has no layout yet: call fit() or start() first")
+        return self._state
+
+    @property
+    def stage(self) -> StageRuntime:
+        """This rank's stage in the current layout (after :meth:`start`)."""
+        if self._stage is None:
+            raise OrchestratorError("the trainer has no stage yet: call fit() or start() first")
+        return self._stage
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch, a short last step included (:func:`.epoch_steps.epoch_plan`)."""
+        return self.ctx.epoch.steps
+
+    def step_limit_reached(self) -> bool:
+        """Whether the run has taken ``[train] max_steps`` optimizer steps (never when it is 0)."""
+        limit = self.config.train.max_steps
+        return bool(limit) and self.state.step >= limit
+
+    def _epoch_step(self) -> int | None:
+        """Steps of the current epoch done (a mid-epoch position), or ``None`` at an epoch's end (the sampler still
+        counts the finished epoch until the next one starts)."""
+        if self.sampler.epoch != self.state.epoch:
+            return None
+        return self.ctx.epoch.steps_done(self.sampler.consumed)
+
+    @property
+    def decision_due(self) -> bool:
+        """Whether a decision point was reached and not decided yet (:attr:`RunState.decision_due`)."""
+        return self.state.decision_due
+
+    # -------------------------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's share of what the run needs to continue (a collective: the epoch's losses are summed).
+
+        Returns:
+            On every rank the run's position and the trainer's state, the weights of the sub-layers this rank
+            holds and the optimizer state of the parameters it owns (tensors on the CPU, plain data otherwise), and,
+            for a probe-driven policy, ``probe``: the probe outputs this rank keeps (:func:`.probe.kept`). No rank
+            receives another's optimizer state; a checkpoint writes one share per stage.
+        """
+        ctx = self.ctx
+        epoch_losses = self.losses.global_losses(self.stage, ctx.device)
+        if self.config.train.on_nonfinite == "stop":  # never checkpoint a state trained past a non-finite loss
+            before = self.state.step - len(epoch_losses)
+            check_finite_losses(
+                epoch_losses, epoch=self.state.epoch, steps_before=before, steps_per_epoch=ctx.epoch.steps
+            )
+        extra: dict[str, Any] = {
+            "scheduler": self.scheduler.state_dict(),
+            "policy": self.parts.policy.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "history": self.result.history(),
+            "epoch_losses": epoch_losses,
+        }
+        kept = probe.kept(self.stage)  # a probe-driven policy's baseline: replica 0's outputs, by stage
+        if kept is not None:
+            extra["probe"] = kept
+        return snapshot.local_state(ctx, self.state, self.optimizer, extra=extra)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
+        its sub-layers' weights to rank 0, point to point; no other rank gathers anything).
+
+        Returns:
+            On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
+            separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks. Load it into the model
+            the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
+        """
+        return snapshot.full_model(self.ctx, self.state.layout)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state (after :meth:`setup`): every rank passes a state holding at least its share
+        in the saved layout - a sharded checkpoint's lazy view (:class:`~.persist.shards.ShardedCheckpoint`), or
+        one whole state. Saved probe outputs (``probe``) become the probe's baseline; a state without them (older
+        checkpoints) takes a new baseline from the loaded weights."""
+        ctx = self.ctx
+        run_state = snapshot.restore(ctx, self.optimizer, state)
+        self.prefix.forget()  # the loaded weights are resident
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.parts.policy.load_state_dict(state["policy"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.result.load_history(state["history"])
+        self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
+        if "decision_due" not in state["run"]:  # checkpoints that kept the flag beside the run's position
+            run_state = run_state.replace(decision_due=bool(state.get("decision_due", False)))
+        self._enter(run_state, 0, probe_outputs=state.get("probe"))
