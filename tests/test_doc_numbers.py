@@ -1184,6 +1184,14 @@ def lookup(data: Any, path: str) -> float:
     return float(value)
 
 
+TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
+ROWS += [
+    ("docs/training.md", "runs code in {} files of 19 parts", TRACE, "transitions.0.file_count", ".0f"),
+    ("docs/training.md", "files of {} parts and comes back", TRACE, "transitions.0.part_count", ".0f"),
+    ("docs/training.md", "comes back {} times to a file", TRACE, "transitions.0.returns", ".0f"),
+    ("docs/training.md", "the second (to 7) in\n{} files", TRACE, "transitions.1.file_count", ".0f"),
+    ("docs/training.md", "files with {} returns", TRACE, "transitions.1.returns", ".0f"),
+]
 HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer callback on MiniLM, one H100
 LCPU = "lightning_callback_cpu.json"  # docs/integrations.md: the Lightning callback on MiniLM, CPU
 LC = "arms."
