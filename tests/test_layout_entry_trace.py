@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
+
+from script_module import load_script
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "layout_entry_trace.py"
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("layout_entry_trace", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH)
 
 
 def test_the_trace_counts_files_parts_and_returns(tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ the orchestrator, and a run on this CPU. The measured data and its readers live 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -13,16 +12,11 @@ import pytest
 
 from elastic_pipe.planner import ClusterSpec, PlannerError, model_shape, model_work, price
 from elastic_pipe.planner.calibration import ArmMeasurement, CalibrationRow, format_rows, predict_arms
-
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("planner_calibration", ROOT / "benchmarks" / "planner_calibration.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("benchmarks/planner_calibration.py"))
 
 
 calibration = _load()

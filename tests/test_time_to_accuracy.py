@@ -3,27 +3,20 @@ partial reports; its data order and LoRA arms on a tiny model (benchmarks/time_t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def tta() -> Any:
-    spec = importlib.util.spec_from_file_location("time_to_accuracy", ROOT / "benchmarks" / "time_to_accuracy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(Path("benchmarks/time_to_accuracy.py"))
 
 
 def _linear_run(start: float, rate: float, evals: list[float], total: float) -> dict[str, Any]:
