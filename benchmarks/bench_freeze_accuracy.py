@@ -48,7 +48,7 @@ from torch import nn
 from elastic_pipe import data as edata
 from elastic_pipe import freeze, models
 from elastic_pipe.models.sublayer import SubLayerModel
-from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
+from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from _report import provenance  # benchmarks/gpu: the commit, the torch version and the device of a result

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from elastic_pipe import freeze, models
-from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
+from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 
 #: The GPU configuration: ViT-B/16 at 224 px (12 blocks, width 768, 197 tokens), batch 512.
 GPU = {"config": "vit-b16", "batch": 512, "overrides": {}}

@@ -64,12 +64,14 @@ import torch.distributed as dist
 
 import elastic_pipe
 from elastic_pipe import freeze, models
-from elastic_pipe.orchestrator import config_from_tables, epoch_steps, trainer, workload
+from elastic_pipe.orchestrator import config_from_tables, trainer
 from elastic_pipe.orchestrator import step_loop as loop
+from elastic_pipe.orchestrator.data import ElasticBatchSampler, Split
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.prefix import reads as prefix_reads
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
-from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock, Progress
+from elastic_pipe.orchestrator.stage import StageRuntime
+from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
+from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 #: The arguments the JSON records.
 SETTINGS = ("depth", "batch", "steps", "epochs", "repeats", "max_grad_norm", "optimizer", "threads")
@@ -177,8 +179,8 @@ _END = object()
 
 def instrument(probe: Probe) -> None:
     """Wrap the step loop's calls at each component's boundary (see the module docstring)."""
-    probe.iterator(epoch_steps.ElasticBatchSampler, "__iter__", "batch_sampler")
-    probe.iterator(workload.Split, "batches", "batch_assembly")
+    probe.iterator(ElasticBatchSampler, "__iter__", "batch_sampler")
+    probe.iterator(Split, "batches", "batch_assembly")
     probe.method(prefix_reads.PrefetchedBatches, "__next__", "cache_prefetch")
     probe.method(FrozenPrefix, "forward", "cache_read")
     probe.method(StageRuntime, "run", "forward_backward")
@@ -284,7 +286,7 @@ def one_run(
     depth, batch, steps = args.depth, args.batch, args.steps
     n = int(batch * steps / 0.95) + 1
     gen = torch.Generator().manual_seed(0)
-    samples = workload.Split(torch.randn((n, 1, 8, 8), generator=gen), torch.randint(0, 10, (n,)), torch.arange(n))
+    samples = Split(torch.randn((n, 1, 8, 8), generator=gen), torch.randint(0, 10, (n,)), torch.arange(n))
     config = config_from_tables(
         {
             "model": {"name": "vit"},

@@ -34,8 +34,9 @@ from typing import Any
 import torch
 
 from elastic_pipe.data import ElasticSampler
-from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan
-from elastic_pipe.orchestrator.step_data import MIN_PART, DatasetSplit, item_spec
+from elastic_pipe.orchestrator.data import DatasetSplit, ElasticBatchSampler, epoch_plan
+from elastic_pipe.orchestrator.data.items import item_spec
+from elastic_pipe.orchestrator.data.loader_pool import MIN_PART
 
 CPU = torch.device("cpu")
 

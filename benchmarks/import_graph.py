@@ -17,6 +17,9 @@ the package's ``__init__`` otherwise.
 * arrows back up: arrows to a module on the same floor or higher, which are the arrows inside circles.
 
 The scope ``orchestrator`` counts only the modules of :mod:`elastic_pipe.orchestrator` and the arrows between them.
+``--parts`` also prints the orchestrator's parts (each subpackage and each top-level module one node, the package's
+own ``__init__`` the part ``__init__``), their floors and every arrow between two parts: the list
+docs/training.md keeps ("How the trainer is put together"), checked by the test suite.
 """
 
 from __future__ import annotations
@@ -172,15 +175,33 @@ def scoped(arrows: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
     return {m: arrows[m] & inside for m in inside}
 
 
+def parts(arrows: dict[str, set[str]], prefix: str) -> dict[str, set[str]]:
+    """The graph of ``prefix``'s parts: every module under ``prefix.X`` squeezed into the part ``X`` (a subpackage or
+    a top-level module), ``prefix`` itself into ``__init__``; an arrow between two modules of one part is dropped."""
+
+    def part(module: str) -> str:
+        rest = module.removeprefix(prefix).lstrip(".")
+        return rest.split(".", 1)[0] if rest else "__init__"
+
+    inside = scoped(arrows, prefix)
+    out: dict[str, set[str]] = {part(m): set() for m in inside}
+    for m, targets in inside.items():
+        out[part(m)] |= {part(t) for t in targets} - {part(m)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    parser.add_argument("--parts", action="store_true", help="also the orchestrator's parts and their arrows")
     args = parser.parse_args()
     import elastic_pipe
 
     arrows = graph(Path(elastic_pipe.__file__).resolve().parent)
+    orchestrator_parts = parts(arrows, f"{ROOT}.orchestrator")
     report = {
         "orchestrator": measure(scoped(arrows, f"{ROOT}.orchestrator")),
+        "orchestrator parts": measure(orchestrator_parts),
         "package": measure(arrows),
     }
     if args.json:
@@ -193,6 +214,9 @@ def main() -> None:
         )
         for circle in n.circles:
             print("  circle: " + " <-> ".join(m.removeprefix(ROOT + ".") for m in circle))
+    if args.parts:
+        for name, targets in sorted(orchestrator_parts.items()):
+            print(f"  {name} -> {', '.join(sorted(targets)) or '-'}")
 
 
 if __name__ == "__main__":

@@ -54,8 +54,8 @@ from elastic_pipe import data as edata
 from elastic_pipe import models
 from elastic_pipe.models.sublayer import SubLayerModel
 from elastic_pipe.orchestrator import ElasticTrainer, TrainConfig, config_from_tables
+from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.optim import lr_lambda
-from elastic_pipe.orchestrator.process_group import join_process_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_freeze_accuracy as study  # the accuracy study: its corpus split, MNIST-5k pre-training and warm-up

@@ -20,7 +20,7 @@ def main() -> None:
     import torch
 
     from elastic_pipe.orchestrator import config_from_tables, run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="vit-tiny", choices=["vit-tiny", "vit-b16"])

@@ -24,18 +24,16 @@ import torch
 
 import tiny_vit
 from elastic_pipe.orchestrator import ConfigError
-from elastic_pipe.orchestrator.checkpoint_files import (
+from elastic_pipe.orchestrator.persist.files import (
     LATEST,
     CorruptCheckpoint,
-    find_latest,
-    latest_meta,
-    load_verified,
     manifest_path,
     shard_digests,
     shard_name,
     write_checkpoint,
     write_shard,
 )
+from elastic_pipe.orchestrator.persist.loads import find_latest, latest_meta, load_verified
 from elastic_pipe.testing import RankContext, run_distributed
 
 
@@ -93,7 +91,7 @@ def test_a_lost_index_falls_back_to_the_newest_intact_checkpoint(
     if newest == "damaged":
         new.write_bytes(new.read_bytes()[:-7])
     _lose_index(tmp_path, how)
-    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.checkpoint_files"):
+    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.persist.loads"):
         found = find_latest(tmp_path)
     expected = new if newest == "intact" else old
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -180,7 +178,7 @@ def test_a_shard_swapped_with_its_manifest_is_refused_and_the_older_checkpoint_l
         shutil.copyfile(src, dst)
     with pytest.raises(CorruptCheckpoint, match=rf"shard {shard_name(newer.name, stage)} is not the one saved with it"):
         load_verified(newer)
-    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.checkpoint_files"):
+    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.persist.loads"):
         found = find_latest(tmp_path)
     assert found is not None and found[2] == older
     assert torch.equal(found[0]["model"]["w0"], torch.full((3,), 2.0))
@@ -216,7 +214,7 @@ def _resume_after_losing_the_index(ctx: RankContext, ckpt: str) -> list[str]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
@@ -311,8 +309,8 @@ def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.checkpoint import Checkpointer
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
+    from elastic_pipe.orchestrator.persist import Checkpointer
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
@@ -327,7 +325,7 @@ def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
                 damage(copy, "epoch-0002.pt")
             dist.barrier()
             config = config_from_tables(_tables(2, str(copy)))
-            with _warnings("elastic_pipe.orchestrator.checkpoint") as warned:
+            with _warnings("elastic_pipe.orchestrator.persist.checkpoint") as warned:
                 try:
                     hit = Checkpointer(config).find(trainer)
                     found[kind] = (hit and hit.path.name, warned)
@@ -383,8 +381,8 @@ def test_checks_inside_the_workers_fall_back_to_the_older_checkpoint_on_every_ra
 
 def test_preflight_passes_a_newest_checkpoint_whose_fingerprint_flipped_when_an_older_one_fits(tmp_path: Path) -> None:
     from elastic_pipe.orchestrator import config_from_tables, preflight
-    from elastic_pipe.orchestrator.checkpoint import fingerprint
     from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.persist import fingerprint
 
     config = config_from_tables(_tables(2, str(tmp_path)))
     mine = fingerprint(build_model(config))

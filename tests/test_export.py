@@ -39,7 +39,7 @@ def _inputs() -> torch.Tensor:
 def _train(ctx: RankContext, tables: dict[str, Any]) -> bytes:
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
@@ -115,7 +115,7 @@ def _train_and_score(ctx: RankContext, tables: dict[str, Any]) -> bytes:
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
     from elastic_pipe.orchestrator.components import build_model
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     data = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])  # raw: the trainer standardises
@@ -195,8 +195,8 @@ def test_preprocess_repeats_the_trainers_standardisation_and_refuses_bare_files(
     from elastic_pipe import load_exported
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import config_from_tables
-    from elastic_pipe.orchestrator.exported import ExportError, Preprocess, inference_record
-    from elastic_pipe.orchestrator.workload import Split, split_samples
+    from elastic_pipe.orchestrator.data import Split, split_samples
+    from elastic_pipe.orchestrator.persist.exported import ExportError, Preprocess, inference_record
 
     d = load_digits()
     config = config_from_tables({"model": tiny_vit.model_table(), "train": {"dtype": "float32", "seed": 3}})
@@ -237,8 +237,8 @@ def test_preprocess_repeats_the_trainers_standardisation_and_refuses_bare_files(
 def test_text_preprocess_tokenises_as_the_bbcnews_dataset_did() -> None:
     from elastic_pipe import data as edata
     from elastic_pipe.orchestrator import config_from_tables
-    from elastic_pipe.orchestrator.exported import ExportError, Preprocess, inference_record
-    from elastic_pipe.orchestrator.text_data import bbcnews
+    from elastic_pipe.orchestrator.data import bbcnews
+    from elastic_pipe.orchestrator.persist.exported import ExportError, Preprocess, inference_record
 
     held = bbcnews(16, "test")
     config = config_from_tables({"model": {"name": "minilm", "options": {"num_classes": 5}}})

@@ -42,3 +42,15 @@ def test_an_object_without_observe_drift_is_no_probe_policy() -> None:
         needs_probe = True
 
     assert not isinstance(HalfDone(), ProbePolicy) and not freeze.needs_probe(HalfDone())  # type: ignore[arg-type]
+
+
+def test_decisions_per_epoch_reads_the_optional_rhythm_and_defaults_to_one() -> None:
+    class Rhythm:
+        def __init__(self, n: object) -> None:
+            self.decisions_per_epoch = n
+
+    assert freeze.decisions_per_epoch(freeze.make_policy("drift", 4, total_steps=100)) == 4  # its measured rhythm
+    assert freeze.decisions_per_epoch(Rhythm(3)) == 3
+    assert freeze.decisions_per_epoch(object()) == 1  # no attribute: after every epoch
+    for bad in (True, 0, -2, 2.5, "4", None):
+        assert freeze.decisions_per_epoch(Rhythm(bad)) == 1, bad

@@ -19,8 +19,9 @@ def _train(  # noqa: PLR0917 - run_tasks hands the arguments over as a tuple
 
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, probe
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.data import Split
+    from elastic_pipe.orchestrator.stage import probe
 
     torch.manual_seed(0)
     d = load_digits()

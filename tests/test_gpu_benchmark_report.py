@@ -12,7 +12,7 @@ import torch
 
 from elastic_pipe import models
 from elastic_pipe.orchestrator import config_from_tables
-from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.orchestrator.data import Split
 from elastic_pipe.testing import RankContext, run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]

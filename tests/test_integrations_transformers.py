@@ -230,7 +230,7 @@ def test_resume_with_the_cache_continues_exactly(tmp_path: Path) -> None:
         assert torch.equal(a, b), f"{name} differs after resuming from step {step} with the cache"
 
 
-def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
+def _ddp_rank(ctx: RankContext, out: str, cache: bool = False) -> dict[str, Any]:
     os.environ.update(
         RANK=str(ctx.rank),
         LOCAL_RANK=str(ctx.rank),
@@ -245,10 +245,11 @@ def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
 
     model = tiny_bert()
     # 3 steps per epoch and rank; decisions after steps 2, 4, 6, 8 (epochs 0, 1, 2, 2)
-    callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2, 2: 3}), decide_every=2)
+    callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2, 2: 3}), decide_every=2, cache=cache)
     # the Trainer's default for a PreTrainedModel: find_unused_parameters=True, which the callback turns off
-    args = arguments(Path(out), ddp_backend="gloo")
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=[callback])
+    args = arguments(Path(out), ddp_backend="gloo", remove_unused_columns=not cache)  # the cache keys on idx
+    data = Indexed() if cache else Tokens()
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
     ddp = trainer.model_wrapped
     assert isinstance(ddp, DistributedDataParallel), type(ddp)
@@ -259,6 +260,7 @@ def _ddp_rank(ctx: RankContext, out: str) -> dict[str, Any]:
         "reduced_equals_trainable": reduced == {id(p) for p in model.parameters() if p.requires_grad},
         "find_unused": ddp.find_unused_parameters,
         "params": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),  # plain data crosses
+        "cached": None if callback.cache is None else callback.cache.filled,
     }
 
 
@@ -270,3 +272,20 @@ def test_ddp_replicas_stay_identical_and_frozen_blocks_are_not_reduced(tmp_path:
     assert all(r["reduced_equals_trainable"] for r in results)
     assert [r["find_unused"] for r in results] == [False, False]
     assert results[0]["params"] == results[1]["params"]  # bit-identical replicas
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # as above
+def test_ddp_with_the_cache_fills_each_ranks_share_and_keeps_replicas_identical(tmp_path: Path) -> None:
+    plain = run_distributed(_ddp_rank, 2, str(tmp_path / "plain"), timeout=240.0)
+    cached = run_distributed(_ddp_rank, 2, str(tmp_path / "cached"), True, timeout=240.0)
+    assert [r["events"] for r in cached] == [r["events"] for r in plain] == [[(4, 2), (6, 3)]] * 2
+    assert all(r["reduced_equals_trainable"] for r in cached)
+    assert [r["find_unused"] for r in cached] == [False, False]
+    assert cached[0]["params"] == cached[1]["params"]  # bit-identical replicas with the cache too
+    # each rank's sampler gives it half the samples (3 steps of 8 an epoch), and each rank fills only its own: the
+    # 2 blocks frozen at step 4 are filled for the epoch's 2 remaining steps (16 rows), the boundary after 3 blocks
+    # (step 6) for every one of the rank's 24 samples in the last epoch; nothing twice, nothing of the other rank's
+    assert [r["cached"] for r in cached] == [2 * BATCH + SAMPLES // 2] * 2
+    # the cached boundary serves what the frozen blocks computed: the same training as without the cache
+    torch.testing.assert_close(torch.tensor(cached[0]["params"]), torch.tensor(plain[0]["params"]))

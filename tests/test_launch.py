@@ -14,20 +14,17 @@ import pytest
 
 from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.launch import (
-    AUTH_C10D_BACKEND,
-    LOOPBACK,
-    LOOPBACK_BACKEND,
+from elastic_pipe.orchestrator.launch import launch
+from elastic_pipe.orchestrator.launch.job import (
     RUN_ID_ENV,
     RendezvousOptions,
-    launch,
-    loopback_store,
     rendezvous_options,
     resolve_run_id,
     startup_line,
     worker_environ,
     worker_environment,
 )
+from elastic_pipe.orchestrator.launch.rendezvous import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND, loopback_store
 
 
 def _listening(port: int) -> set[str]:
@@ -131,7 +128,7 @@ def _loopback_handler(run_id: str) -> Any:
     """The single-node rendezvous handler the launcher builds (``LOOPBACK_BACKEND``), for ``run_id``."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from elastic_pipe.orchestrator.launch import _create_loopback_handler
+    from elastic_pipe.orchestrator.launch.rendezvous import _create_loopback_handler
 
     params = RendezvousParameters(
         backend=LOOPBACK_BACKEND,

@@ -28,15 +28,14 @@ from elastic_pipe.cli import main
 from elastic_pipe.groups import GroupManager, silent_ranks
 from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError
 from elastic_pipe.orchestrator.executor import meet
-from elastic_pipe.orchestrator.faults import FAULT_ACTION_ENV, FAULT_ENV
-from elastic_pipe.orchestrator.launch import (
+from elastic_pipe.orchestrator.launch.agent import describe_failure, write_failure_report
+from elastic_pipe.orchestrator.launch.faults import FAULT_ACTION_ENV, FAULT_ENV
+from elastic_pipe.orchestrator.launch.job import (
     NCCL_ERROR_HANDLING_ENV,
-    describe_failure,
     nccl_error_handling,
     worker_environment,
-    write_failure_report,
 )
-from elastic_pipe.orchestrator.worker_status import (
+from elastic_pipe.orchestrator.launch.worker_status import (
     STATUS_DIR_ENV,
     Heartbeat,
     Watchdog,
@@ -106,8 +105,8 @@ def test_nccl_async_error_handling_is_on_unless_the_user_chose() -> None:
 def test_join_process_group_sets_nccl_error_handling_first(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    from elastic_pipe.orchestrator import process_group
     from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
+    from elastic_pipe.orchestrator.launch import process_group
 
     seen: dict[str, str | None] = {}
     monkeypatch.delenv(NCCL_ERROR_HANDLING_ENV, raising=False)

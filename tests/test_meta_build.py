@@ -293,8 +293,8 @@ def test_a_sub_layer_materialized_on_a_gpu_equals_the_cpu_build() -> None:
 def test_setup_facts_of_a_meta_model_need_no_materialized_model() -> None:
     from elastic_pipe.orchestrator import config_from_tables
     from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.data import Split
     from elastic_pipe.orchestrator.setup import boundary_examples, param_bytes, profiled_costs, sublayer_costs
-    from elastic_pipe.orchestrator.workload import Split
 
     config = config_from_tables(
         {

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.setup import compile_enabled, compile_seconds, compile_sublayers
-from elastic_pipe.orchestrator.stage import LocalStep
+from elastic_pipe.orchestrator.compilation import compile_enabled, compile_seconds, compile_sublayers
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
 
@@ -90,7 +90,7 @@ def _losses(ctx: RankContext, mode: str) -> list[float]:
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(

@@ -9,15 +9,9 @@ import torch
 from torch import nn
 
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.cuda_graph import (
-    WARMUP_STEPS,
-    GraphChoice,
-    GraphedStep,
-    decide_graph,
-    graph_pays,
-    step_record,
-)
-from elastic_pipe.orchestrator.stage import LocalStep
+from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, decide_graph, graph_pays
+from elastic_pipe.orchestrator.stage.graphed_step import WARMUP_STEPS, GraphedStep, step_record
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed
 
 _FULL: dict[str, Any] = {"device_type": "cuda", "pipe_len": 1, "microbatches": 1, "replicas": 1, "rows": 64}
@@ -95,7 +89,7 @@ def _records(ctx: RankContext, graphs: str, dtype: str, autocast: str) -> tuple[
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(
@@ -287,7 +281,7 @@ def test_a_failed_capture_leaves_the_layout_eager_and_says_why() -> None:
 
 @pytest.mark.usefixtures("fake_cuda")
 def test_auto_leaves_a_gpu_bound_layout_eager(monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastic_pipe.orchestrator import cuda_graph
+    from elastic_pipe.orchestrator.stage import graphed_step as cuda_graph
 
     monkeypatch.setattr(cuda_graph, "graph_pays", lambda host, wall: graph_pays(host, 1e3 * wall + 1.0))
     graphed = GraphedStep(LocalStep(_net(), nn.functional.cross_entropy))
@@ -329,7 +323,8 @@ class _RecordingGraph:
 
 @pytest.mark.usefixtures("fake_cuda")
 def test_the_one_capture_recipe_runs_the_body_between_begin_and_end_and_keeps_the_first_error() -> None:
-    from elastic_pipe.orchestrator import cuda_graph, forward_graphs
+    from elastic_pipe.orchestrator.stage import capture as cuda_graph
+    from elastic_pipe.orchestrator.stage import forward_graphs
 
     assert forward_graphs.capture is cuda_graph.capture  # the probe's graphs and the step's share the recipe
     assert forward_graphs.capture_failure is cuda_graph.capture_failure

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from elastic_pipe.orchestrator.forward_graphs import ForwardGraphs
+from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 
 _GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

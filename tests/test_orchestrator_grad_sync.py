@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.grad_sync import OverlappedAverager, average_gradients
+from elastic_pipe.orchestrator.stage.grad_sync import OverlappedAverager, average_gradients
 from elastic_pipe.testing import RankContext, run_distributed
 
 pytestmark = pytest.mark.distributed

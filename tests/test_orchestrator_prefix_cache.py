@@ -11,10 +11,10 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe.cache import ActivationCache
+from elastic_pipe.orchestrator.data import Split
 from elastic_pipe.orchestrator.prefix import fill as prefix_cache
 from elastic_pipe.orchestrator.prefix.carry import FillPeers
 from elastic_pipe.orchestrator.prefix.shared import fill_shared
-from elastic_pipe.orchestrator.workload import Split
 from elastic_pipe.testing import RankContext, run_distributed
 
 pytestmark = pytest.mark.distributed

@@ -10,14 +10,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from elastic_pipe.orchestrator.stage import LocalStep, build_runner
-from elastic_pipe.orchestrator.workload import cross_entropy
+from elastic_pipe.orchestrator.data import cross_entropy
+from elastic_pipe.orchestrator.stage.build import build_runner
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 
 def test_stage_examples_are_the_boundary_activations_widened() -> None:
     from elastic_pipe.orchestrator.setup import boundary_examples
-    from elastic_pipe.orchestrator.stage_runtime import _widen
+    from elastic_pipe.orchestrator.stage.runtime import _widen
 
     torch.manual_seed(0)
     layers = nn.Sequential(*[nn.Sequential(nn.Linear(4 + j, 5 + j), nn.Tanh()) for j in range(5)])
@@ -102,7 +103,7 @@ def _train_tiny(overrides: dict[str, Any]) -> tuple[nn.Module, dict[str, Any]]:
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import config_from_tables, run_rank
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     tables: dict[str, Any] = {

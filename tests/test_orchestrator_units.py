@@ -18,11 +18,13 @@ from elastic_pipe.orchestrator import (
     preflight,
 )
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
-from elastic_pipe.orchestrator.grad_sync import grad_buckets
+from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.layout_rule import initial_layout, max_frozen_units, next_layout
-from elastic_pipe.orchestrator.metrics import EventLog, TransitionEvent
+from elastic_pipe.orchestrator.metrics import TransitionEvent
+from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
+from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.step_loop import _timed_step
-from elastic_pipe.orchestrator.timing import ForwardTimer, PhaseClock
+from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
@@ -145,9 +147,9 @@ def test_preflight_refuses_before_any_process(overrides: dict[str, object], mess
 
 
 def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
-    from elastic_pipe.orchestrator.checkpoint import fingerprint
-    from elastic_pipe.orchestrator.checkpoint_files import FORMAT, LATEST
     from elastic_pipe.orchestrator.components import build_model
+    from elastic_pipe.orchestrator.persist import fingerprint
+    from elastic_pipe.orchestrator.persist.files import FORMAT, LATEST
 
     other = build_model(_tiny({"model.options": {"preset": "vit-tiny", "depth": 2}}))
     (tmp_path / LATEST).write_text(json.dumps({"format": FORMAT, "file": "x.pt", "fingerprint": fingerprint(other)}))
@@ -170,14 +172,14 @@ def test_preflight_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None
     ],
 )
 def test_choose_backend(requested: str, devices: int, ranks: int, backend: str, reason: str) -> None:
-    from elastic_pipe.orchestrator.process_group import choose_backend
+    from elastic_pipe.orchestrator.launch.process_group import choose_backend
 
     chosen, why = choose_backend(requested, devices, ranks)
     assert chosen == backend and reason in why
 
 
 def test_nccl_without_a_device_per_rank_is_refused_by_preflight(monkeypatch: pytest.MonkeyPatch) -> None:
-    from elastic_pipe.orchestrator.process_group import choose_backend
+    from elastic_pipe.orchestrator.launch.process_group import choose_backend
 
     with pytest.raises(ConfigError, match="4 ranks, 2 CUDA devices"):
         choose_backend("nccl", 2, 4)

@@ -25,12 +25,12 @@ import pytest
 
 from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.launch import LOOPBACK, LOOPBACK_BACKEND, launch
-from elastic_pipe.orchestrator.rendezvous import (
+from elastic_pipe.orchestrator.launch import launch
+from elastic_pipe.orchestrator.launch.rendezvous import LOOPBACK, LOOPBACK_BACKEND, AuthenticatedBackend
+from elastic_pipe.orchestrator.launch.secret import (
     MIN_SECRET_BITS,
     SECRET_ENV,
     SECRET_FILE_ENV,
-    AuthenticatedBackend,
     fresh_secret,
     read_secret,
     secret_for,
@@ -124,7 +124,7 @@ def test_a_forged_state_before_any_good_one_reads_as_an_empty_rendezvous(tmp_pat
 def _loopback_handler(run_id: str) -> Any:
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from elastic_pipe.orchestrator.launch import _create_loopback_handler
+    from elastic_pipe.orchestrator.launch.rendezvous import _create_loopback_handler
 
     params = RendezvousParameters(
         backend=LOOPBACK_BACKEND,
@@ -386,8 +386,8 @@ def test_an_agent_failing_on_forged_store_values_says_so_on_one_line(monkeypatch
 
     import torch.distributed.launcher.api as launcher_api
 
-    from elastic_pipe.orchestrator import rendezvous
     from elastic_pipe.orchestrator.errors import OrchestratorError
+    from elastic_pipe.orchestrator.launch import rendezvous
 
     def agent(run_id: str, forged: int) -> Any:
         def launcher(config: Any, entrypoint: Any) -> Any:

@@ -13,9 +13,9 @@ import torch
 
 import tiny_vit
 from elastic_pipe.data import ElasticSampler
-from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan
+from elastic_pipe.orchestrator.data import DatasetSplit, ElasticBatchSampler, epoch_plan
+from elastic_pipe.orchestrator.data.items import item_spec, label_table
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.step_data import DatasetSplit, item_spec, label_table
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 PLUGINS = Path(__file__).parent / "plugins"

@@ -86,7 +86,7 @@ def _train_in_memory(ctx: RankContext, cache: str) -> dict[str, Any]:
     """3 epochs on one rank of samples held in memory, 2 of 3 blocks frozen (and cached) before epoch 1; records
     whether the steps loaded inputs once the cache held every sample, and the losses."""
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     config = config_from_tables(
         {

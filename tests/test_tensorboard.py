@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from elastic_pipe.orchestrator import config_from_tables
+from elastic_pipe.orchestrator.config import LogSection
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.metrics import EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.event_log import EventLog
+from elastic_pipe.orchestrator.metrics import EpochMetrics, TransitionEvent
 from elastic_pipe.orchestrator.preflight import preflight
-from elastic_pipe.orchestrator.sections import LogSection
 from elastic_pipe.orchestrator.tensorboard_sink import EPOCH_SCALARS, TensorBoardSink
 
 TINY = {

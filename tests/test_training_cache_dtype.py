@@ -16,10 +16,10 @@ import tiny_vit
 from elastic_pipe import cache as acache
 from elastic_pipe.cache.layout import HEADER_BYTES, SegmentLayout
 from elastic_pipe.orchestrator import config_from_tables
+from elastic_pipe.orchestrator.config import PipelineSection
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.prefix.carry import widening
 from elastic_pipe.orchestrator.prefix.reads import read_prefix
-from elastic_pipe.orchestrator.sections import PipelineSection
 from elastic_pipe.testing import RankContext, run_distributed
 
 PLUGINS = Path(__file__).parent / "plugins"

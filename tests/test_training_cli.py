@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from elastic_pipe.cli import main
-from elastic_pipe.orchestrator.checkpoint_files import FORMAT
+from elastic_pipe.orchestrator.persist.files import FORMAT
 
 GOOD = """
 [model]

@@ -46,7 +46,7 @@ def _by_object(ctx: RankContext) -> dict[str, Any]:
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(

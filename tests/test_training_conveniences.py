@@ -35,7 +35,7 @@ def _tables(**sections: dict[str, Any]) -> dict[str, Any]:
 
 def _samples() -> Any:
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     return Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])

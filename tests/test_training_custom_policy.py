@@ -34,7 +34,7 @@ def _run(ctx: RankContext, policy: str) -> list[int]:
     sys.path.insert(0, str(PLUGINS))
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     config = config_from_tables(_tables(policy))

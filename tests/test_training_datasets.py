@@ -16,9 +16,9 @@ import torch
 
 import tiny_vit
 from elastic_pipe.data import ElasticSampler
-from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler, epoch_plan, split_unit
+from elastic_pipe.orchestrator.data import ElasticBatchSampler, epoch_plan, split_unit
+from elastic_pipe.orchestrator.data.dataset_split import split_dataset
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.workload import split_dataset
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 PLUGINS = Path(__file__).parent / "plugins"

@@ -28,7 +28,7 @@ def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     torch.manual_seed(0)
     d = load_digits()
@@ -70,7 +70,7 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
     shards' outputs are then never read)."""
     import torch
 
-    from elastic_pipe.orchestrator.checkpoint_files import write_checkpoint
+    from elastic_pipe.orchestrator.persist.files import write_checkpoint
 
     state = torch.load(directory / f"{name}.pt", map_location="cpu", weights_only=True)
     assert "probe" in state  # what the change writes: which shard keeps each stage's outputs

@@ -34,7 +34,7 @@ def _runs(ctx: RankContext) -> dict[str, Any]:
 
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     runs: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 DATA = """
 from elastic_pipe.data import load_digits
-from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.orchestrator.data import Split
 
 
 def digits():

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import tiny_vit
-from elastic_pipe.orchestrator.faults import FAULT_ENV
+from elastic_pipe.orchestrator.launch.faults import FAULT_ENV
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
 MODEL = dict(tiny_vit.OPTIONS)
@@ -52,7 +52,7 @@ def _config(**changes: Any) -> Any:
 
 def _samples(n: int = SAMPLES) -> Any:
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     return Split(d.inputs[:n], d.labels[:n], d.sample_ids[:n])
@@ -323,7 +323,7 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
     weights, state = load_weights(Path(config.checkpoint.dir) / meta["file"])  # the main file and its shards

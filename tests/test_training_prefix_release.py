@@ -113,7 +113,7 @@ def _config(overrides: dict[str, Any] | None = None) -> Any:
 
 def _samples() -> Any:
     from elastic_pipe.data import load_digits
-    from elastic_pipe.orchestrator.workload import Split
+    from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     return Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])

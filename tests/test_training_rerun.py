@@ -13,7 +13,7 @@ import pytest
 
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.rerun import already_complete, check_config, config_changes
+from elastic_pipe.orchestrator.persist.rerun import already_complete, check_config, config_changes
 from elastic_pipe.testing import RankContext, run_distributed
 
 TOML = """

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from elastic_pipe.groups import plan_spmd
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.config import size_bytes
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget, initial_layout_within, next_layout
-from elastic_pipe.orchestrator.sections import size_bytes
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from elastic_pipe.types import Layout

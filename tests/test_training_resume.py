@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import tiny_vit
-from elastic_pipe.orchestrator.faults import FAULT_ENV
+from elastic_pipe.orchestrator.launch.faults import FAULT_ENV
 
 MODEL = {**tiny_vit.OPTIONS, "patch_size": 4}
 #: The dropout jobs: masks in every block and on the attention probabilities, a checkpoint every 2 steps (6 steps an
@@ -61,7 +61,7 @@ def _launch(config: Any) -> dict[str, Any]:
 
 
 def _final_weights(config: Any) -> dict[str, torch.Tensor]:
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     meta = json.loads((Path(config.checkpoint.dir) / "latest.json").read_text())
     # the checkpoint is sharded by stage: the main file and every stage's shard, assembled here

@@ -89,8 +89,7 @@ def _resume(ctx: RankContext, directory: str) -> dict[str, Any]:
     """Resume on this rank, compare what it loaded with the files, then train on (tensors stay in the rank: ones
     sent back through the result queue would not outlive it)."""
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.checkpoint import Checkpointer
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import Checkpointer, load_weights
 
     config = _config(Path(directory), {"launch.nproc_per_node": 2, "pipeline.pipe_len": 2})
     with ElasticTrainer(config, quiet=True) as trainer:
@@ -141,7 +140,7 @@ def test_a_checkpoint_of_4_ranks_reshards_onto_2(run: tuple[Path, dict[str, Any]
 def test_a_damaged_shard_falls_back_to_the_previous_checkpoint(
     run: tuple[Path, dict[str, Any]], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from elastic_pipe.orchestrator.checkpoint_files import load_latest
+    from elastic_pipe.orchestrator.persist.loads import load_latest
 
     directory, _ = run
     copy = tmp_path / "ckpt"
@@ -168,7 +167,7 @@ def test_export_reads_the_shards(run: tuple[Path, dict[str, Any]], tmp_path: Pat
     from safetensors.torch import load_file
 
     from elastic_pipe.cli import main
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     directory, _ = run
     out = tmp_path / "model.safetensors"

@@ -106,8 +106,10 @@ class _Digits:
 def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, Any]:
     """One training run on this rank; the work of each transition, counted (plain data)."""
     from elastic_pipe import freeze
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables, probe, stage_runtime
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
     from elastic_pipe.orchestrator.prefix import residency as prefix_residency
+    from elastic_pipe.orchestrator.stage import probe
+    from elastic_pipe.orchestrator.stage import runtime as stage_runtime
     from elastic_pipe.testing.work import CountedDataset, count_work
 
     data = CountedDataset(_Digits(SAMPLES))
@@ -370,7 +372,7 @@ def test_the_default_policy_adds_only_its_probe_forwards(
     samples, a forward of the sub-layers from the kept boundary (the old one while the prefix is released, whose
     evaluation outputs are kept; the model's input before) to the end of the last watched unit: once for the measure
     at the decision point, once more for the new layout's baseline while a watched unit is still active in it."""
-    from elastic_pipe.orchestrator.probe import PROBE_SAMPLES
+    from elastic_pipe.orchestrator.stage.probe import PROBE_SAMPLES
 
     (r,) = runs[(1, "drift", "released")]
     _check([r], "released", "drift", first=True)

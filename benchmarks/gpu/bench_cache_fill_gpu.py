@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from bench_elastic_gpu import workload  # the benchmark's own workload: same model, data and batch
 from elastic_pipe.cache import ActivationCache
+from elastic_pipe.orchestrator.data import split_samples
 from elastic_pipe.orchestrator.prefix.carry import FillPeers
 from elastic_pipe.orchestrator.prefix.shared import fill_shared
-from elastic_pipe.orchestrator.workload import split_samples
 
 
 def cases(unit_ends: tuple[int, ...]) -> list[tuple[str, int, int]]:

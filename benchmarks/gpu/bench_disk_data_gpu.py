@@ -255,7 +255,7 @@ def progress(arm: str, **fields: Any) -> None:
 
 def plain_arm(dataset: DiskImages, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """A plain ``DataLoader`` over the file and the eager loop of the whole model."""
-    from elastic_pipe.orchestrator.workload import cross_entropy
+    from elastic_pipe.orchestrator.data import cross_entropy
 
     n_train = len(dataset) - max(1, round(len(dataset) * EVAL_FRACTION))
     train = torch.utils.data.Subset(dataset, range(n_train))

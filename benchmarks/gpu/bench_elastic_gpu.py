@@ -51,9 +51,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from elastic_pipe import data, freeze, models, partition, planner
 from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
+from elastic_pipe.orchestrator.data import Split, cross_entropy, eval_count, split_samples
+from elastic_pipe.orchestrator.launch import device_for
 from elastic_pipe.orchestrator.optim import optimizer_factory
-from elastic_pipe.orchestrator.process_group import device_for
-from elastic_pipe.orchestrator.workload import Split, cross_entropy, eval_count, split_samples
 
 ALPHA = 1 / 3
 EPOCHS = 10

@@ -33,7 +33,7 @@ import torch
 
 from _report import emit  # this folder
 from bench_disk_data_gpu import INPUT_DTYPES, DiskImages, write_images  # this folder
-from elastic_pipe.orchestrator import step_data
+from elastic_pipe.orchestrator.data.items import Collate, Items, item_spec
 
 #: ``(workers, pin, to_device, dtype, collate)`` per setting; ``W`` stands for the largest ``--workers`` count.
 SETTINGS: tuple[tuple[str, bool, bool, str, str], ...] = (
@@ -54,11 +54,11 @@ def _loader(dataset: DiskImages, batch: int, workers: int, pin: bool, collate: s
         return torch.utils.data.DataLoader(
             dataset, batch_size=batch, shuffle=True, num_workers=workers, pin_memory=pin, drop_last=True
         )
-    spec = step_data.item_spec(dataset)
-    items = step_data._Items(dataset, torch.arange(len(dataset)))
+    spec = item_spec(dataset)
+    items = Items(dataset, torch.arange(len(dataset)))
     order = torch.randperm(len(dataset)).tolist()
     lists = [order[i : i + batch] for i in range(0, len(order) - batch + 1, batch)]
-    check = step_data._Collate(spec, spec.input_dtype, inputs=True, labels=True)
+    check = Collate(spec, spec.input_dtype, inputs=True, labels=True)
     return torch.utils.data.DataLoader(
         items,
         batch_sampler=lists,  # type: ignore[arg-type]  # any iterable of index lists works

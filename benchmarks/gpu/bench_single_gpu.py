@@ -19,8 +19,8 @@ batch, optimizer (AdamW, fused on GPUs), bf16 autocast and epochs:
 
 Each arm's ``total_s`` is the wall time of its whole training call (every epoch, elastic_pipe's evaluations and
 transitions, and compilation); ``compile_s`` is the compilation inside it as torch measured it (dynamo's frame
-compiles and the lazy backward compiles, ``setup.compile_seconds``), ``total_without_compile_s`` the rest, and
-``compile_s_first_steps`` the older estimate (first steps' time beyond a steady step). The plain loops run no
+compiles and the lazy backward compiles, ``stage.local_step.compile_seconds``), ``total_without_compile_s`` the rest,
+and ``compile_s_first_steps`` the older estimate (first steps' time beyond a steady step). The plain loops run no
 evaluation, which favours them. The report also gives the ideal speedup from measured per-sub-layer costs
 (``bench_elastic_gpu.ideal_speedup``), the fraction of it each elastic arm reaches against its static arm, and
 the head-only steps' wall time against their GPU time (kernel time under ``torch.profiler``).
@@ -51,8 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import provenance  # this folder
 from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
 from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
-from elastic_pipe.orchestrator.setup import compile_seconds
-from elastic_pipe.orchestrator.workload import Split, cross_entropy
+from elastic_pipe.orchestrator.compilation import compile_seconds
+from elastic_pipe.orchestrator.data import Split, cross_entropy
 
 ARMS = (
     "plain_eager",

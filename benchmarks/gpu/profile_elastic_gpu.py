@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_elastic_gpu import arm_configs, workload  # the benchmark's own workloads and arms
 from elastic_pipe.orchestrator import ElasticTrainer
-from elastic_pipe.orchestrator.process_group import device_for, join_process_group
+from elastic_pipe.orchestrator.launch import device_for, join_process_group
 
 #: Device kernels whose name starts with one of these are communication, the rest compute.
 _COMM = ("nccl", "ncclDevKernel", "ncclKernel")

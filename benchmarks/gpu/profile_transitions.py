@@ -27,7 +27,7 @@ from _report import emit, provenance  # this folder
 from bench_elastic_gpu import workload
 from bench_single_gpu import elastic_config, learnable_samples
 from elastic_pipe.orchestrator import ElasticTrainer
-from elastic_pipe.orchestrator.workload import Split
+from elastic_pipe.orchestrator.data import Split
 
 #: Phase columns, in the order a transition runs them.
 COLUMNS = ("decide", "moves", "freeze", "runner", "probe", "cache", "eval_store", "prefix", "compile", "capture")

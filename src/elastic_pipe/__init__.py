@@ -36,7 +36,7 @@ def __getattr__(name: str) -> object:
 
         return getattr(orchestrator, name)
     if name == "load_exported":  # an exported model and its preprocessing (elastic-pipe export)
-        from elastic_pipe.orchestrator.exported import load_exported  # noqa: PLC0415
+        from elastic_pipe.orchestrator.exported_model import load_exported  # noqa: PLC0415
 
         return load_exported
     raise AttributeError(f"module 'elastic_pipe' has no attribute {name!r}")

@@ -261,8 +261,8 @@ def plot_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print its result."""
     # torch and the primitives load only when the command runs, so that `elastic-pipe --help` stays fast.
+    from elastic_pipe.orchestrator import preflight  # noqa: PLC0415
     from elastic_pipe.orchestrator.demo import budget_report, demo_config, run_demo  # noqa: PLC0415
-    from elastic_pipe.orchestrator.preflight import preflight  # noqa: PLC0415
 
     overrides: dict[str, Any] = {"log.dir": args.log_dir}
     if args.epochs is not None:

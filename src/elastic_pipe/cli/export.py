@@ -13,7 +13,7 @@ file with ``load_state_dict`` ties nothing back, which gives the same outputs.
 
 The file's metadata also keeps what inference needs (``elastic_pipe.inference``, JSON: the ``[model]`` table and
 how training prepared the inputs - the standardisation of the built-in image datasets, the tokenizer of text;
-:mod:`elastic_pipe.orchestrator.exported`), so the model and its preprocessing load back in one call::
+:mod:`elastic_pipe.orchestrator.persist.exported`), so the model and its preprocessing load back in one call::
 
     import elastic_pipe
 
@@ -64,7 +64,7 @@ def checkpoint_file(path: str | Path) -> Path:
     """The checkpoint file ``path`` names: itself, or for a directory the one its ``latest.json`` points at.
 
     ``latest.json`` is read by the reader training uses
-    (:func:`~elastic_pipe.orchestrator.checkpoint_files.read_latest`): its ``file`` must be a plain name inside
+    (:func:`~elastic_pipe.orchestrator.persist.read_latest`): its ``file`` must be a plain name inside
     the directory, not a path or a link out of it. A directory without ``latest.json`` gives its newest
     ``epoch-*.pt``, as a resume would.
 
@@ -72,8 +72,8 @@ def checkpoint_file(path: str | Path) -> Path:
         CliInputError: nothing there, a directory without a checkpoint, or a ``latest.json`` that is unreadable,
             points outside the directory or names a missing file.
     """
-    from elastic_pipe.orchestrator.checkpoint_files import checkpoint_files, read_latest  # noqa: PLC0415
-    from elastic_pipe.orchestrator.errors import ConfigError  # noqa: PLC0415
+    from elastic_pipe.orchestrator.errors import ConfigError, one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.persist import checkpoint_files, read_latest  # noqa: PLC0415
 
     p = Path(path)
     if p.is_file():
@@ -83,7 +83,7 @@ def checkpoint_file(path: str | Path) -> Path:
     try:
         meta = read_latest(p)
     except ConfigError as exc:
-        raise CliInputError(f"--checkpoint {p}: {' '.join(str(exc).split())}") from None
+        raise CliInputError(f"--checkpoint {p}: {one_line(str(exc))}") from None
     if meta is None:
         files = checkpoint_files(p)
         if not files:
@@ -156,19 +156,20 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
 
     if _is_safetensors(source):  # torch.load reads these on some versions and refuses them on others
         raise CliInputError(f"{source} holds no model weights: it is a safetensors file, not a checkpoint")
-    from elastic_pipe.orchestrator.checkpoint_files import load_weights, manifest_path  # noqa: PLC0415
+    from elastic_pipe.orchestrator.errors import one_line  # noqa: PLC0415
+    from elastic_pipe.orchestrator.persist import load_weights, manifest_path  # noqa: PLC0415
 
     weights: Any
     if manifest_path(source).is_file():  # written by elastic-pipe train: checked, whole or sharded
         try:
             weights, state = load_weights(source)
         except Exception as exc:  # a corrupt file or shard: one line, like any unreadable checkpoint
-            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+            raise CliInputError(f"cannot read checkpoint {source}: {one_line(str(exc))[:200]}") from None
     else:
         try:
             state = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many kinds for a bad file; all mean the same here
-            raise CliInputError(f"cannot read checkpoint {source}: {' '.join(str(exc).split())[:200]}") from None
+            raise CliInputError(f"cannot read checkpoint {source}: {one_line(str(exc))[:200]}") from None
         weights = state.get("model") if isinstance(state, dict) else None
     if not weights or not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
         raise CliInputError(f"{source} holds no model weights (expected a checkpoint written by elastic-pipe train)")
@@ -179,7 +180,7 @@ def export_weights(source: Path, out: Path) -> dict[str, Any]:
     metadata = {"source": "elastic-pipe", "epoch": str(epoch), "step": str(step)}
     inference = state.get("inference")  # absent from checkpoints written before it was kept
     if isinstance(inference, dict):
-        from elastic_pipe.orchestrator.exported import METADATA_KEY  # noqa: PLC0415
+        from elastic_pipe.orchestrator.persist import METADATA_KEY  # noqa: PLC0415
 
         metadata[METADATA_KEY] = json.dumps(inference, sort_keys=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,11 +25,10 @@ SCHEDULE_POLICIES = ("alpha", "freezeout", "manual", "never")
 #: Widest timeline bar in characters; larger models are drawn to scale.
 _BAR_WIDTH = 60
 
-#: Upper bounds. The plan has one row per epoch and the freezeout policy looks at every layer each epoch (about
-#: 2.5M layer-epochs per second, measured), so layers x epochs bounds the time; the limits sit far beyond real
-#: models (tens to thousands of freezable layers) and schedules (hundreds of epochs).
-MAX_LAYERS = 1_000_000
-MAX_EPOCHS = 100_000
+#: Upper bounds: the layers and epochs are the policies' and the plan's own (``freeze.policy.MAX_LAYERS``,
+#: ``freeze.plan.MAX_EPOCHS``). The plan has one row per epoch and the freezeout policy looks at every layer each
+#: epoch (about 2.5M layer-epochs per second, measured), so layers x epochs bounds the time too; the limits sit far
+#: beyond real models (tens to thousands of freezable layers) and schedules (hundreds of epochs).
 MAX_LAYER_EPOCHS = 5_000_000
 MAX_STEPS_PER_EPOCH = 10**9
 LIMIT_REASON = "a plan with more rows or layers than this takes minutes and is too large to read"
@@ -105,6 +104,8 @@ def timeline(frozen: tuple[int, ...] | list[int], num_layers: int) -> str:
 def run(args: argparse.Namespace) -> int:
     """Build the policy, dry-run it for ``--epochs`` epochs and print the plan."""
     from elastic_pipe.freeze import frozen_by_epoch, make_policy  # noqa: PLC0415 (see _options)
+    from elastic_pipe.freeze.plan import MAX_EPOCHS  # noqa: PLC0415 (likewise)
+    from elastic_pipe.freeze.policy import MAX_LAYERS  # noqa: PLC0415 (likewise)
 
     check_limit("--layers", args.layers, MAX_LAYERS, LIMIT_REASON)
     check_limit("--epochs", args.epochs, MAX_EPOCHS, LIMIT_REASON)

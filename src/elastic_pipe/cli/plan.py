@@ -42,14 +42,9 @@ DEFAULT_DATASET_SIZE = 1_281_167
 DEFAULT_BATCH_PER_GPU = 64
 _GB = 1e9
 
-#: Upper bounds on the job's sizes: the planner prices every epoch and every layout (pipeline length, micro-batch
-#: count) of every epoch, so its time grows with each of these; the limits sit well past real jobs (the largest
-#: published training runs use ~16k GPUs and a few hundred epochs) and keep one plan within seconds (measured:
-#: 1000 epochs of vit-b16 on 16 GPUs plan in 3 s, 10000 in 30 s).
-MAX_GPUS = 65_536
-MAX_EPOCHS = 2_000
-MAX_MICROBATCHES = 4_096
-MAX_PIPE_LEN = 1_024
+#: The upper bounds on the job's sizes are the planner's own (``MAX_GPUS``, ``MAX_EPOCHS``, ``MAX_MICROBATCHES``,
+#: ``MAX_PIPE_LEN`` of :mod:`elastic_pipe.planner.cluster` and :mod:`elastic_pipe.planner.job`), checked here first
+#: so that a too-large value is one line naming the flag.
 LIMIT_REASON = "the planner prices every layout of every epoch; larger jobs would take hours"
 
 
@@ -204,6 +199,8 @@ def build(args: argparse.Namespace) -> Plan:
         plan_to_dict,
         price,
     )
+    from elastic_pipe.planner.cluster import MAX_GPUS  # noqa: PLC0415 (see _gpu_defaults)
+    from elastic_pipe.planner.job import MAX_EPOCHS, MAX_MICROBATCHES, MAX_PIPE_LEN  # noqa: PLC0415 (likewise)
 
     defaults = _gpu_defaults()
     if (args.model is None) == (args.costs is None):

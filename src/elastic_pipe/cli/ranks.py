@@ -21,10 +21,10 @@ HELP = "Show the rank layout (replica, stage, groups) for a world size and pipel
 
 LAYOUTS = ("spmd", "pipetransformer")
 
-#: Upper bounds. The largest published training clusters have ~16k-32k GPUs; the SPMD table lists, for every
-#: rank, its pipeline group (K ranks) and data-parallel group (W/K ranks), W x (K + W/K) numbers in all, so that
-#: count is bounded too (measured: 1.6M numbers, 8192 ranks in pipelines of 128, are 23 MB of JSON and take 8 s).
-MAX_WORLD_SIZE = 65_536
+#: Upper bounds: the world size is the group layouts' own (``groups.spmd.MAX_WORLD_SIZE``). The SPMD table lists,
+#: for every rank, its pipeline group (K ranks) and data-parallel group (W/K ranks), W x (K + W/K) numbers in all,
+#: so that count is bounded too (measured: 1.6M numbers, 8192 ranks in pipelines of 128, are 23 MB of JSON and take
+#: 8 s).
 MAX_TABLE_ENTRIES = 2_000_000
 LIMIT_REASON = "larger layouts take minutes to print and are too large to read"
 
@@ -133,6 +133,8 @@ def _pipetransformer(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Plan the layout and print it."""
+    from elastic_pipe.groups.spmd import MAX_WORLD_SIZE  # noqa: PLC0415 (the groups import torch; --help must not)
+
     check_limit("--world-size", args.world_size, MAX_WORLD_SIZE, LIMIT_REASON)
     for flag, value in (("--pipe-len", args.pipe_len), ("--initial-pipe-len", args.initial_pipe_len)):
         if value is not None:

@@ -21,7 +21,7 @@ Examples::
 A re-run says what it does: resuming a finished run prints ``run already complete (E epochs); --epochs N to
 continue, --resume never to start afresh`` and exits 0; a config that differs from the checkpoint's in more than a
 resume may change (epochs, max_steps, ``[log]``, ``[launch]``, ``[checkpoint]``) is refused with one line naming the
-keys, unless ``--allow-config-change`` (:mod:`elastic_pipe.orchestrator.rerun`).
+keys, unless ``--allow-config-change`` (:mod:`elastic_pipe.orchestrator.persist.rerun`).
 
 For several nodes, run the same command on every node with ``--nnodes`` (or ``[launch] nnodes``),
 ``--rdzv-endpoint`` and the same ``--run-id`` and rendezvous secret (``--rdzv-secret-file``) set.
@@ -254,7 +254,7 @@ def user_import_paths(config_file: str) -> Iterator[list[str]]:
 
 def _run(args: argparse.Namespace) -> int:
     from elastic_pipe.orchestrator import launch, load_config, preflight  # noqa: PLC0415
-    from elastic_pipe.orchestrator.rerun import already_complete  # noqa: PLC0415
+    from elastic_pipe.orchestrator.persist import already_complete  # noqa: PLC0415
     from elastic_pipe.orchestrator.worker import entry  # noqa: PLC0415
 
     config = load_config(args.config)

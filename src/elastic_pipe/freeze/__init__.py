@@ -14,7 +14,8 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
   :func:`merge_stats` joins the pieces of a pipeline's stages.
 * :class:`OutputDrift` and :func:`relative_change` - each layer's output change on a fixed probe batch between
   decision points, the signal of :class:`Drift`.
-* :func:`signal_layers` and :func:`needs_probe` - what a runtime must measure for a policy.
+* :func:`signal_layers` and :func:`needs_probe` - what a runtime must measure for a policy;
+  :func:`decisions_per_epoch` - how often it asks to decide.
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
 * :func:`frozen_by_epoch` - dry-run a schedule-driven policy.
 """
@@ -41,7 +42,7 @@ from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
 from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.plan import frozen_by_epoch
-from elastic_pipe.freeze.policy import FreezePolicy, decide, needs_probe, signal_layers
+from elastic_pipe.freeze.policy import FreezePolicy, decide, decisions_per_epoch, needs_probe, signal_layers
 from elastic_pipe.freeze.probe import OutputDrift, relative_change
 from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy, takes_total_steps
 from elastic_pipe.freeze.settled import Settled
@@ -76,6 +77,7 @@ __all__ = [
     "as_policy",
     "change_ratios",
     "decide",
+    "decisions_per_epoch",
     "freeze_modules",
     "frozen_by_epoch",
     "is_policy_function",

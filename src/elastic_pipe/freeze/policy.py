@@ -39,6 +39,7 @@ __all__ = [
     "check_policy",
     "check_positive_int",
     "decide",
+    "decisions_per_epoch",
     "needs_probe",
     "signal_layers",
 ]
@@ -201,3 +202,11 @@ def needs_probe(policy: FreezePolicy) -> bool:
     """Whether ``policy`` reads the output drift of a fixed probe batch (an optional ``needs_probe`` attribute and
     an ``observe_drift(change)`` method, as :class:`~elastic_pipe.freeze.Drift` has); False without them."""
     return bool(getattr(policy, "needs_probe", False)) and callable(getattr(policy, "observe_drift", None))
+
+
+def decisions_per_epoch(policy: object) -> int:
+    """How many decision points per epoch ``policy`` asks for: its optional ``decisions_per_epoch`` integer
+    (:class:`~elastic_pipe.freeze.Drift`: 4, the rhythm its defaults were measured at), else 1 (after every epoch,
+    the published rhythm). A value that is not an integer >= 1 counts as 1."""
+    n = getattr(policy, "decisions_per_epoch", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1

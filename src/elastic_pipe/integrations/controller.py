@@ -72,8 +72,8 @@ def decision_interval(policy: freeze.FreezePolicy, steps_per_epoch: int, decide_
         if isinstance(decide_every, bool) or not isinstance(decide_every, int) or decide_every < 1:
             raise IntegrationError(f"decide_every must be an integer >= 1 or None, got {decide_every!r}")
         return decide_every
-    n = getattr(policy, "decisions_per_epoch", None)
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 1:
+    n = freeze.decisions_per_epoch(policy)
+    if n <= 1:
         return steps_per_epoch
     return max(1, steps_per_epoch // n)
 

@@ -2,7 +2,7 @@
 
 Every rank applies the :class:`~elastic_pipe.protocol.TransitionMessage` rank 0 decided (:mod:`.executor`): move
 the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new prefix (its
-parameters leave the optimizer), build the new :class:`~.stage_runtime.StageRuntime`, and bring the run's
+parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the run's
 :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there); :func:`event_for` makes
 the :class:`~.metrics.TransitionEvent` of what it did.
 """
@@ -10,20 +10,23 @@ the :class:`~.metrics.TransitionEvent` of what it did.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import freeze, protocol
-from elastic_pipe.orchestrator import decision, probe
-from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator import decision
 from elastic_pipe.orchestrator.holdings import transfer
+from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import TransitionEvent
-from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
-from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.timing import PhaseClock
 from elastic_pipe.orchestrator.transition import drop_foreign_state
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix, PrefixReport
+    from elastic_pipe.orchestrator.state import RunState
 
 __all__ = ["TRANSITION_PHASES", "Applied", "apply", "event_for"]
 

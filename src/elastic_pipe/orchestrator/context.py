@@ -1,7 +1,7 @@
 """What one rank knows for the whole run, whatever the layout: its place in the job, the model, the data, the parts.
 
 A :class:`RunContext` is built once by the trainer and handed to the parts that change with the layout
-(:class:`~elastic_pipe.orchestrator.stage_runtime.StageRuntime`, the step loop, the transition executor,
+(:class:`~elastic_pipe.orchestrator.stage.StageRuntime`, the step loop, the transition executor,
 evaluation) and to the run's frozen prefix (:class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix`, which owns
 what the run knows about the prefix). It holds no layout: everything layout-dependent takes a
 :class:`~elastic_pipe.types.Layout`.
@@ -15,20 +15,21 @@ materializing the model (:mod:`.setup`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from elastic_pipe.groups import GroupManager
-from elastic_pipe.orchestrator.components import Components
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.epoch_steps import EpochPlan
-from elastic_pipe.orchestrator.layout_rule import MemoryBudget
-from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.step_data import StepData
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setup does)
+    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.orchestrator.components import Components
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.data import EpochPlan, StepData
+    from elastic_pipe.orchestrator.event_log import EventLog
+    from elastic_pipe.orchestrator.layout_rule import MemoryBudget
+    from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]
 

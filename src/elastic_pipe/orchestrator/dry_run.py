@@ -9,11 +9,11 @@ point after every epoch; :func:`~elastic_pipe.orchestrator.layout_rule.decide_un
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps, with_decisions
-from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.layout_rule import (
     decide_units,
@@ -22,8 +22,10 @@ from elastic_pipe.orchestrator.layout_rule import (
     next_layout,
 )
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
-from elastic_pipe.orchestrator.workload import num_samples
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.types import Layout
 
 __all__ = ["planned_decisions", "planned_epochs"]
 

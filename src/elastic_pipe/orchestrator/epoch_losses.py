@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from elastic_pipe.orchestrator.errors import NonFiniteLossError
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.stage import StageRuntime
 
 __all__ = ["EpochLosses", "check_finite_losses", "step_loss"]
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
-from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.cuda_graph import step_record
 from elastic_pipe.orchestrator.evaluation import evaluate
 from elastic_pipe.orchestrator.metrics import EpochMetrics
-from elastic_pipe.orchestrator.prefix import FrozenPrefix
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
-from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.stage import StageRuntime, step_record
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
+    from elastic_pipe.orchestrator.state import RunState
 
 __all__ = ["epoch_metrics", "finish_epoch"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from elastic_pipe.types import ElasticPipeError
 
-__all__ = ["ConfigError", "NonFiniteLossError", "OrchestratorError", "WorkerFailedError"]
+__all__ = ["ConfigError", "NonFiniteLossError", "OrchestratorError", "WorkerFailedError", "one_line"]
 
 
 class OrchestratorError(ElasticPipeError, RuntimeError):
@@ -42,3 +42,19 @@ class WorkerFailedError(OrchestratorError):
         after = f" (after {restarts} restart{'s' if restarts != 1 else ''})" if restarts else ""
         where = f"; traceback in {report}" if report else ""
         super().__init__(f"rank {rank} failed: {error}{after}{where}")
+
+
+#: What a DataLoader puts between its one-line summary and the worker's traceback.
+_ORIGINAL_TRACEBACK = "Original Traceback (most recent call last):"
+
+
+def one_line(text: str) -> str:
+    """An error message on one line: whitespace runs become one space; a DataLoader worker's failure ("Caught E in
+    DataLoader worker process 0. Original Traceback ... E: reason") becomes its last line and where it came from."""
+    head, found, tb = text.partition(_ORIGINAL_TRACEBACK)
+    if found:
+        lines = [line.strip() for line in tb.strip().splitlines() if line.strip()]
+        where = head.strip().removeprefix("Caught ").split(" in ", 1)[-1].rstrip(".")
+        last = lines[-1] if lines else head.strip()
+        return f"{' '.join(last.split())} (in {where})"
+    return " ".join(text.split())

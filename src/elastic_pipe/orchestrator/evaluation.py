@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.types import Layout
-
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import FrozenPrefix
+    from elastic_pipe.types import Layout
 
 __all__ = ["EVAL_BATCH", "evaluate", "recv_activation", "send_activation"]
 

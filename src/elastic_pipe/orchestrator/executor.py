@@ -9,7 +9,7 @@ on the gloo control group (:func:`.decision.announce`; rank 0's error travels in
 
 Apply (:mod:`.apply_transition`): move the sub-layers whose owner changes (weights and optimizer state,
 :mod:`.transition`), freeze the new prefix (its parameters leave the optimizer), build the new
-:class:`~.stage_runtime.StageRuntime`, and bring the run's :class:`~.prefix.FrozenPrefix` to the new boundary (its
+:class:`~.stage.StageRuntime`, and bring the run's :class:`~.prefix.FrozenPrefix` to the new boundary (its
 activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
@@ -19,19 +19,23 @@ step of the run, inside an epoch too (the step loop returns to the trainer there
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
 
 from elastic_pipe import freeze, protocol
 from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
-from elastic_pipe.orchestrator import decision, layout_rule, probe
-from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.prefix import FrozenPrefix
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import changed_ranks
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
 __all__ = ["decide", "gather_stats", "initial_state", "meet"]
 

@@ -39,10 +39,10 @@ from elastic_pipe.orchestrator.transition import (
     send_optimizer_state,
     send_tensors,
 )
-from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.types import Layout
 
 __all__ = [
     "assemble",

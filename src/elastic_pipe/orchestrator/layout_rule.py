@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze
 from elastic_pipe import partition as part
-from elastic_pipe.orchestrator.compression import CompressionRule, Solver
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.compression import CompressionRule, Solver
 
 __all__ = [
     "MemoryBudget",

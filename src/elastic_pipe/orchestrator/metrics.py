@@ -5,7 +5,7 @@ Three record kinds (field ``"kind"``), described field by field in docs/training
 * ``"epoch"`` (:class:`EpochMetrics`): throughput and where the step time went, per epoch;
 * ``"transition"`` (:class:`TransitionEvent`): every change of layout, with the seconds it took;
 * ``"resume"``: a run continued from a checkpoint (``epoch``, ``step``, ``config_changes``); the records of what it
-  does again are dropped first (:meth:`EventLog.rewind`), so no epoch appears twice.
+  does again are dropped first (:meth:`.event_log.EventLog.rewind`), so no epoch appears twice.
 
 A run's summary (:class:`RunResult`) collects both, with the per-step losses and the final evaluation.
 """
@@ -13,15 +13,11 @@ A run's summary (:class:`RunResult`) collects both, with the per-step losses and
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any
 
-__all__ = ["PHASES", "EpochMetrics", "EventLog", "RecordSink", "RunResult", "TransitionEvent"]
+__all__ = ["PHASES", "EpochMetrics", "RunResult", "TransitionEvent"]
 
 #: The phases a training step is split into, in order (seconds per step, slowest rank).
 PHASES = ("data", "forward", "backward", "grad_sync", "optimizer")
@@ -195,79 +191,6 @@ class TransitionEvent:
             f"R={self.replicas}, boundaries {list(self.boundaries)}, {self.bytes_moved / 1e6:.2f} MB moved, "
             f"cache {'on' if self.cache else 'off'}, {self.seconds:.3f} s"
         )
-
-
-class RecordSink(Protocol):
-    """Anything else a record goes to besides the JSON lines (e.g. TensorBoard scalars)."""
-
-    def write(self, payload: dict[str, Any]) -> None:
-        """Take one record (the plain data of :meth:`EpochMetrics.to_dict` or :meth:`TransitionEvent.to_dict`)."""
-
-    def close(self) -> None:
-        """Release the sink's files (the run has ended)."""
-
-
-class EventLog:
-    """Writes records as JSON lines to ``path`` (if any), to each of ``sinks`` and human lines to ``stream`` (if any).
-
-    Only rank 0 writes; other ranks hold a log with none of them.
-    """
-
-    def __init__(
-        self, path: str | Path | None = None, stream: TextIO | None = None, sinks: Sequence[RecordSink] = ()
-    ) -> None:
-        self._path = Path(path) if path else None
-        self._stream = stream
-        self._sinks = tuple(sinks)
-        if self._path is not None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def stream(self) -> TextIO | None:
-        """Where human lines go (``None``: nowhere, on ranks but 0 and in quiet runs)."""
-        return self._stream
-
-    @classmethod
-    def to_stderr(cls, path: str | Path | None = None) -> EventLog:
-        """A log whose human lines go to stderr."""
-        return cls(path, sys.stderr)
-
-    def record(self, payload: dict[str, Any], line: str | None = None) -> None:
-        """Append ``payload`` as one JSON line, hand it to every sink and print ``line``."""
-        if self._path is not None:
-            with self._path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(payload, allow_nan=False) + "\n")
-        for sink in self._sinks:
-            sink.write(payload)
-        self.say(line)
-
-    def rewind(self, epoch: int, step: int) -> None:
-        """Drop the records a resumed run writes again: those of epochs from ``epoch`` on and of transitions after
-        optimizer step ``step`` (the checkpoint's position). Other records (earlier ``resume`` ones) stay."""
-        if self._path is None or not self._path.exists():
-            return
-        kept = []
-        for line in self._path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
-            kind = record.get("kind")
-            if (kind == "epoch" and record["epoch"] >= epoch) or (kind == "transition" and record["step"] > step):
-                continue
-            kept.append(line + "\n")
-        tmp = self._path.with_name(self._path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        tmp.replace(self._path)
-
-    def close(self) -> None:
-        """Close every sink (the JSON lines are appended and closed record by record). Idempotent."""
-        sinks, self._sinks = self._sinks, ()
-        for sink in sinks:
-            sink.close()
-
-    def say(self, line: str | None) -> None:
-        """Print a human line (no JSON record)."""
-        if self._stream is not None and line:
-            self._stream.write(line + "\n")
-            self._stream.flush()
 
 
 @dataclass

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from elastic_pipe.orchestrator.config import TrainConfig, TrainSection
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig, TrainSection
 
 __all__ = ["OptimizerFactory", "can_fuse", "lr_lambda", "optimizer_factory"]
 

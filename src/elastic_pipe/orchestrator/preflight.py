@@ -17,22 +17,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator import rerun
-from elastic_pipe.orchestrator.checkpoint import check_compatible
-from elastic_pipe.orchestrator.checkpoint_files import candidate_manifests
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.data import eval_count, num_samples
+from elastic_pipe.orchestrator.errors import ConfigError, one_line
+from elastic_pipe.orchestrator.launch.process_group import choose_backend, local_ranks
 from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout
-from elastic_pipe.orchestrator.process_group import choose_backend, local_ranks
+from elastic_pipe.orchestrator.persist import candidate_manifests, check_compatible, rerun
 from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, planned_start, sublayer_costs
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
-from elastic_pipe.orchestrator.workload import eval_count, num_samples
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["check_batch_fits", "check_layouts", "check_policy_decides", "check_writable", "preflight", "resume_meta"]
 
@@ -128,7 +128,7 @@ def check_layouts(config: TrainConfig, parts: Components) -> None:
         if not users:
             raise  # a built-in's refusal is already one line about the config
         raise ConfigError(
-            f"{' or '.join(users)} failed on {where}: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            f"{' or '.join(users)} failed on {where}: {type(exc).__name__}: {one_line(str(exc))}"
         ) from None
 
 
@@ -148,7 +148,7 @@ def check_policy_decides(config: TrainConfig, parts: Components) -> None:
     except Exception as exc:  # a user's policy may raise anything
         raise ConfigError(
             f"freeze policy {spec!r} ([freeze] policy) failed on the first decision (epoch 1, step {step}, nothing "
-            f"frozen): {type(exc).__name__}: {' '.join(str(exc).split())}"
+            f"frozen): {type(exc).__name__}: {one_line(str(exc))}"
         ) from None
 
 

@@ -1,6 +1,6 @@
 """Building one rank's :class:`RunContext`: groups, device, data splits, sub-layer costs, the event log.
 
-The process group must exist already (:func:`elastic_pipe.orchestrator.process_group.join_process_group`).
+The process group must exist already (:func:`elastic_pipe.orchestrator.launch.join_process_group`).
 
 The model arrives on the meta device (the config's builders build it there, shapes and no storage) or with real
 weights on the CPU (a user's model). Setup reads what every rank must know about every sub-layer without
@@ -17,7 +17,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,19 +27,29 @@ from elastic_pipe import partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.orchestrator import layout_rule
-from elastic_pipe.orchestrator.components import Components
-from elastic_pipe.orchestrator.config import TrainConfig
+from elastic_pipe.orchestrator.compilation import compile_enabled, compile_sublayers
 from elastic_pipe.orchestrator.context import RunContext
-from elastic_pipe.orchestrator.data_check import local_failure, raise_first_failure
-from elastic_pipe.orchestrator.epoch_steps import epoch_plan, reachable_pipe_lens, split_unit
+from elastic_pipe.orchestrator.data import (
+    DatasetSplit,
+    StepData,
+    cross_entropy,
+    epoch_plan,
+    local_failure,
+    raise_first_failure,
+    reachable_pipe_lens,
+    split_data,
+    split_unit,
+)
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
+from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
-from elastic_pipe.orchestrator.metrics import EventLog
-from elastic_pipe.orchestrator.process_group import device_for, training_backend, warm_up
-from elastic_pipe.orchestrator.step_data import DatasetSplit, StepData
+from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
-from elastic_pipe.orchestrator.workload import cross_entropy, split_data
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.components import Components
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.types import Layout
 
 __all__ = [
     "boundary_examples",
@@ -47,9 +57,6 @@ __all__ = [
     "candidate_pipe_lens",
     "check_memory_budget",
     "check_untied_stages",
-    "compile_enabled",
-    "compile_seconds",
-    "compile_sublayers",
     "memory_budget",
     "profiled_costs",
     "sublayer_costs",
@@ -209,47 +216,6 @@ def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
         solver=config.pipeline.solver,
         microbatches_for=config.microbatches_for,
     )
-
-
-def compile_enabled(config: TrainConfig, device: torch.device) -> bool:
-    """Whether ``[train] compile`` turns compilation on here ("auto": on CUDA devices only)."""
-    mode = config.train.compile
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
-
-
-#: The compile-time metrics torch keeps per call (``torch._dynamo.utils.compilation_time_metrics``) that together
-#: cover one compilation: dynamo's frame compile (tracing plus the forward graph's inductor compile) and the
-#: backward graph's compile, which AOTAutograd runs lazily at the first backward.
-_COMPILE_METRICS = ("_compile.compile_inner", "compile_fx.<locals>.bw_compiler")
-
-
-def compile_seconds() -> float:
-    """Seconds this process has spent compiling with ``torch.compile`` so far (0 where torch keeps no such metric).
-
-    The difference between two calls is the compilation in between, as torch measured it.
-    """
-    metrics = getattr(getattr(torch, "_dynamo", None), "utils", None)
-    table = getattr(metrics, "compilation_time_metrics", None)
-    if not isinstance(table, dict):
-        return 0.0
-    return float(sum(sum(table.get(name, ())) for name in _COMPILE_METRICS))
-
-
-def compile_sublayers(model: nn.Module) -> list[nn.Module]:
-    """Regional compilation: a compiled wrapper of each sub-layer (``torch.compile``), sharing its parameters.
-
-    Stages are built from the wrappers, so one compiled region per sub-layer class serves every block of that
-    class and every layout: a transition only regroups compiled sub-layers, and compiles again only where a
-    stage's first sub-layer stops receiving a gradient-carrying input. The model itself stays eager: the frozen
-    prefix (run once per transition to fill the cache, or per step without it) and the evaluation run it, which
-    measured faster on short runs than compiling their ``no_grad`` variants (docs/benchmarks.md).
-
-    Shapes are static (``dynamic=False``): each micro-batch size gets its own compiled code, chosen by that size
-    alone. With torch's default (a second size recompiles the region with a symbolic batch, which then serves every
-    size) the code a step runs would depend on the sizes the process saw before it, so a run resumed inside an
-    epoch could run other kernels (other reduction orders) than the uninterrupted run at the same step.
-    """
-    return [cast(nn.Module, torch.compile(sub, dynamic=False)) for sub in model.children()]
 
 
 def build_context(config: TrainConfig, parts: Components, *, quiet: bool = False) -> RunContext:

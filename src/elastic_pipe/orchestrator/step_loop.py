@@ -22,22 +22,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import data as edata
-from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.data import Batch, ElasticBatchSampler
 from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses, step_loss
-from elastic_pipe.orchestrator.epoch_steps import ElasticBatchSampler
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.faults import maybe_fail
+from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.metrics import PHASES
-from elastic_pipe.orchestrator.prefix import FrozenPrefix
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
-from elastic_pipe.orchestrator.step_data import Batch
 from elastic_pipe.orchestrator.step_ops import clip_global_grad_norm, decision_point, reseed, step_seed
 from elastic_pipe.orchestrator.timing import PhaseClock, Progress
+
+if TYPE_CHECKING:
+    from elastic_pipe import data as edata
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import FrozenPrefix
+    from elastic_pipe.orchestrator.stage import StageRuntime
 
 __all__ = ["EpochRun", "Steps"]
 

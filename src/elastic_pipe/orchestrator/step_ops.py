@@ -8,11 +8,13 @@ the uninterrupted run did.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.orchestrator.stage_runtime import StageRuntime
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.stage import StageRuntime
 
 __all__ = ["clip_global_grad_norm", "decision_point", "reseed", "step_seed"]
 

@@ -1,4 +1,5 @@
-"""Where a step's time goes: device-synchronised phase clocks, forward-hook timers, a progress bar on stderr."""
+"""Where a step's time goes: device-synchronised phase clocks and a progress bar on stderr (the stage module's
+forward time: :mod:`~elastic_pipe.orchestrator.stage.forward_timer`)."""
 
 from __future__ import annotations
 
@@ -6,14 +7,13 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 import torch
-from torch import nn
 
 from elastic_pipe.orchestrator.metrics import PHASES
 
-__all__ = ["ForwardTimer", "PhaseClock", "Progress"]
+__all__ = ["PhaseClock", "Progress"]
 
 
 class PhaseClock:
@@ -51,51 +51,6 @@ class PhaseClock:
         self.totals[phase] += spent
         self._t = now
         return spent
-
-
-class ForwardTimer:
-    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU).
-
-    Only while :attr:`active`; :meth:`collect` needs the device synchronised first.
-    """
-
-    def __init__(self, module: nn.Module, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
-        self._pending: list[tuple[Any, Any]] = []
-        self._open: Any = None
-        self.active = True
-        self.seconds = 0.0
-        self._handles = [
-            module.register_forward_pre_hook(lambda *_: self._begin()),
-            module.register_forward_hook(lambda *_: self._end()),
-        ]
-
-    def _now(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def _begin(self) -> None:
-        if self.active:
-            self._open = self._now()
-
-    def _end(self) -> None:
-        if self.active:
-            self._pending.append((self._open, self._now()))
-
-    def collect(self) -> float:
-        """Seconds of forward since the last call (call after the device is synchronised)."""
-        total = 0.0
-        for a, b in self._pending:
-            total += a.elapsed_time(b) / 1e3 if self._cuda else b - a
-        self._pending.clear()
-        return total
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def _clock_text(seconds: float) -> str:

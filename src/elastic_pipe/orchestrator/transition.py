@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,9 @@ from torch import nn
 
 from elastic_pipe import protocol
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe.types import Layout
 
 __all__ = [
     "RankLayout",

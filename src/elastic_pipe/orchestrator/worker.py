@@ -1,8 +1,8 @@
 """What each process runs: build the components a config names, train, checkpoint, report.
 
 ``python -m elastic_pipe.orchestrator --config FILE.toml`` is the script torchrun starts on every rank
-(:mod:`elastic_pipe.orchestrator.launch` starts :func:`entry` for ``elastic-pipe train``); :func:`run_rank` is the
-same thing as a function, for a program that already runs under torchrun or
+(:func:`elastic_pipe.orchestrator.launch.launch` starts :func:`entry` for ``elastic-pipe train``); :func:`run_rank`
+is the same thing as a function, for a program that already runs under torchrun or
 :func:`elastic_pipe.testing.run_distributed`.
 """
 
@@ -14,16 +14,18 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
-from elastic_pipe.orchestrator.metrics import RunResult
+from elastic_pipe.orchestrator.launch.worker_status import Heartbeat, reporting_failures
 from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
-from elastic_pipe.orchestrator.worker_status import Heartbeat, reporting_failures
-from elastic_pipe.orchestrator.workload import Samples
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.data import Samples
+    from elastic_pipe.orchestrator.metrics import RunResult
 
 __all__ = ["entry", "main", "run_rank"]
 

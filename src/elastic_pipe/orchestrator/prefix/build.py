@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.config import TrainConfig
-from elastic_pipe.orchestrator.sections import PipelineSection
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import PipelineSection, TrainConfig
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

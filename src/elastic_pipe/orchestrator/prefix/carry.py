@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import cache as acache
+if TYPE_CHECKING:
+    from elastic_pipe import cache as acache
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

@@ -3,7 +3,7 @@ it from ``[pipeline]``: :mod:`~elastic_pipe.orchestrator.prefix.build`; the carr
 replicas together: :mod:`.shared`; reading it during an epoch: :mod:`~elastic_pipe.orchestrator.prefix.reads`).
 
 The training split is read by position ranges (``data.input_rows(start, stop)``): a slice of tensors in memory, or
-items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.step_data.DatasetSplit`); the entries
+items of a dataset read in this process (:class:`~elastic_pipe.orchestrator.data.DatasetSplit`); the entries
 are keyed by ``data.sample_ids``. A dataset that declares random transforms (``random_augmentation = True``) is
 served by ``[pipeline] cache_policy``: ``bypass`` builds the cache disabled (the prefix is recomputed from each
 step's augmented input), ``views`` fills ``views`` draws of the transforms per sample and epoch ``e`` reads draw
@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
 from elastic_pipe.orchestrator.prefix.shared import all_peers, fill_shared
-from elastic_pipe.orchestrator.step_data import StepData
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.data import StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

@@ -15,21 +15,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.context import RunContext
+from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
 from elastic_pipe.orchestrator.prefix.carry import FillPeers, widening
 from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, prepare_cache, stored_as
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.prefix.state import PrefixState
-from elastic_pipe.orchestrator.step_data import Batch, DatasetSplit
-from elastic_pipe.orchestrator.timing import PhaseClock
-from elastic_pipe.types import Layout
+
+if TYPE_CHECKING:
+    from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.timing import PhaseClock
+    from elastic_pipe.types import Layout
 
 __all__ = ["FrozenPrefix", "PrefixReport"]
 

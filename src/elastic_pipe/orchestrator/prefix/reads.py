@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.step_data import Batch, StepData
+if TYPE_CHECKING:
+    from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator.data import Batch, StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

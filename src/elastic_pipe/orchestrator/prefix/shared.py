@@ -9,15 +9,17 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from elastic_pipe import cache as acache
 from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
 from elastic_pipe.orchestrator.prefix.reads import covers
-from elastic_pipe.orchestrator.step_data import StepData
+
+if TYPE_CHECKING:
+    from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator.data import StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 

@@ -1,0 +1,149 @@
+"""The composed parts of a run (:class:`Components`) and :func:`components_from_config`, which builds each part a
+config names (each keyword given is used instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from elastic_pipe import freeze, partition
+from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
+from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
+from elastic_pipe.orchestrator.components.steps import run_steps
+from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
+from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
+from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
+
+__all__ = ["STAGES_PER_RANK", "Components", "check_runnable_schedule", "components_from_config"]
+
+
+@dataclass
+class Components:
+    """Everything a trainer composes, built.
+
+    Attributes:
+        model: a :class:`~elastic_pipe.models.SubLayerModel` (``unit_ends``): with real weights, seeded identically on
+            every rank, or on the meta device with a ``sublayer_init`` (what :func:`build_model` gives the trainer).
+        data: samples held in memory (``inputs``, ``labels``, ``sample_ids`` tensors), or a map-style dataset of
+            ``(input, label)`` pairs, kept as it is (each rank reads it through a ``DataLoader``).
+        policy: a full :class:`~elastic_pipe.freeze.FreezePolicy` over the model's units (:func:`adapt_policy`
+            completes what the user gave).
+        partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
+            (``partition.optimal``).
+        compression: a :class:`~elastic_pipe.orchestrator.compression.CompressionRule`.
+        schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
+        optimizer: builds the optimizer over a list of trainable parameters.
+        loss: ``loss(output, target)``, a mean over the micro-batch.
+        eval_data: the user's validation set, of the same kind as ``data``; ``None``: ``[data] eval_fraction`` of
+            ``data`` is held out instead.
+    """
+
+    model: nn.Module
+    data: Samples | Any
+    policy: freeze.FreezePolicy
+    partitioner: str | partition.Solver = "greedy"
+    compression: CompressionRule = field(default_factory=lambda: COMPRESSION_RULES["halving"])
+    schedule: str = "gpipe"
+    optimizer: OptimizerFactory | None = None
+    loss: Loss = cross_entropy
+    eval_data: Samples | Any | None = None
+
+
+#: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
+#: a schedule whose generator needs more (``interleaved``) cannot run.
+STAGES_PER_RANK = 1
+
+
+def check_runnable_schedule(schedule: str) -> None:
+    """Refuse a registered schedule the runtime cannot run, before any process starts.
+
+    The runtime holds :data:`STAGES_PER_RANK` stage per rank; a schedule whose generator refuses that placement
+    (:func:`elastic_pipe.schedule.generate` on one rank and one micro-batch) would fail on every rank at its first
+    runner build.
+
+    Raises:
+        ConfigError: one line naming the schedule and the generator's reason.
+    """
+    try:
+        sched.generate(schedule, 1, 1, STAGES_PER_RANK)
+    except sched.ScheduleError as exc:
+        raise ConfigError(
+            f"pipeline.schedule {schedule!r} cannot run here: the trainer holds one stage per rank and {exc}"
+        ) from None
+
+
+def components_from_config(
+    config: TrainConfig,
+    *,
+    model: nn.Module | None = None,
+    data: Any = None,
+    policy: freeze.PolicyLike | None = None,
+    partitioner: str | partition.Solver | None = None,
+    compression: CompressionRule | None = None,
+    schedule: str | None = None,
+    optimizer: OptimizerFactory | None = None,
+    loss: Loss | None = None,
+    eval_data: Any = None,
+) -> Components:
+    """Build every component a :class:`TrainConfig` names (the only reader of the registries).
+
+    Each keyword given is used as it is instead of what the config names.
+
+    Raises:
+        ConfigError: naming the bad value and the valid choices.
+    """
+    p = config.pipeline
+    # on the meta device: each rank materializes only the sub-layers it holds (holdings.hold)
+    model = model if model is not None else build_model(config, meta=True)
+    samples = as_data(data) if data is not None else load_samples(config)
+    held = as_data(eval_data) if eval_data is not None else load_eval_samples(config)
+    if held is not None and is_samples(held) != is_samples(samples):
+        raise ConfigError("the evaluation data and the training data must be of one kind: samples or datasets")
+    if partitioner is None:
+        partitioner = p.solver
+        if ":" in p.solver:
+            partitioner = resolve(p.solver, partition.SOLVERS, "partition solver")
+            if not callable(partitioner):
+                raise ConfigError(
+                    f"partition solver {p.solver!r} ([pipeline] solver) is a {type(partitioner).__name__}, not "
+                    "callable: expected a function (costs, stages, **options) -> layers per stage"
+                )
+        elif p.solver not in partition.SOLVERS:
+            raise ConfigError(f"unknown partition solver {p.solver!r}; expected one of {', '.join(partition.SOLVERS)}")
+    given = compression is not None
+    if compression is None:
+        compression = resolve(p.compression, COMPRESSION_RULES, "compression rule")
+    if not isinstance(compression, CompressionRule):
+        raise ConfigError(
+            f"compression {compression!r}{'' if given else f' ([pipeline] compression {p.compression!r})'} lacks "
+            "the CompressionRule members (name, keeps_length, and a call (active, pipe_len, budget, *, world_size, "
+            "solver) -> Partition)"
+        )
+    schedule = schedule if schedule is not None else p.schedule
+    if schedule not in sched.GENERATORS:
+        raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
+    check_runnable_schedule(schedule)
+    if policy is None:
+        total = run_steps(config, num_samples(samples), own_eval=held is not None)
+        policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
+    else:
+        policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
+    return Components(
+        model=model,
+        data=samples,
+        policy=policy,
+        partitioner=partitioner,
+        compression=compression,
+        schedule=schedule,
+        optimizer=optimizer if optimizer is not None else optimizer_factory(config),
+        loss=loss if loss is not None else cross_entropy,
+        eval_data=held,
+    )

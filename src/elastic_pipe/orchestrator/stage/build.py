@@ -1,0 +1,123 @@
+"""Building one rank's pipeline stage: its schedule runner (declared shapes, or a :class:`~.local_step.LocalStep`
+for one stage and one micro-batch, graphed or not) and the freeze units its sub-layers hold."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+
+from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep
+from elastic_pipe.orchestrator.stage.local_step import LocalStep
+
+__all__: list[str] = []  # internal: the package face exports what others use
+
+
+def _stage_takes_grads() -> bool:
+    return "input_grads" in inspect.signature(PipelineStage.__init__).parameters
+
+
+#: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
+_STAGE_TAKES_GRADS = _stage_takes_grads()
+
+
+def build_runner(
+    module: nn.Module,
+    *,
+    stage: int,
+    pipe_len: int,
+    microbatches: int,
+    schedule: str,
+    device: torch.device,
+    group: dist.ProcessGroup,
+    examples: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    compiled: bool = False,
+    grad_input: bool = False,
+    graph: bool = False,
+    graph_always: bool = False,
+) -> Any:
+    """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
+
+    Args:
+        module: the stage's sub-layers.
+        stage: this rank's stage index.
+        pipe_len: the number of stages.
+        microbatches: micro-batches per step.
+        schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
+        device: this rank's device.
+        group: the pipeline group of this rank's replica.
+        examples: returns example micro-batches at the stage's input and output (``StageRuntime._example_io``);
+            called only when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
+        loss_fn: ``loss_fn(output, target)``, run by the last stage.
+        compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
+        grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
+        graph: replay the one-stage step as a CUDA graph
+            (:func:`~elastic_pipe.orchestrator.stage.graph_choice.decide_graph` says when that is safe).
+        graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
+
+    Returns:
+        An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
+        a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.stage.graphed_step.GraphedStep` with
+        ``graph``).
+    """
+    s, k = stage, pipe_len
+    if k == 1 and microbatches == 1:
+        local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
+        return GraphedStep(local, always=graph_always) if graph else local
+    example_in, example_out = examples()
+    # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
+    shapes: dict[str, Any] = {}
+    if _STAGE_TAKES_GRADS:
+        shapes = {
+            "input_args": example_in,
+            "output_args": example_out,
+            "input_grads": example_in if s > 0 else None,
+            "output_grads": example_out if s < k - 1 else None,
+        }
+    pipe_stage = PipelineStage(module, s, k, device, group=group, **shapes)
+    if not _STAGE_TAKES_GRADS:
+        _declare_shapes_before_2_12(pipe_stage, example_in, example_out)
+    plan = sched.generate(schedule, k, microbatches)
+    return sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)
+
+
+def _declare_shapes_before_2_12(pipe_stage: PipelineStage, example_in: torch.Tensor, example_out: torch.Tensor) -> None:
+    """Set what torch < 2.12 would infer at the first step, from the examples we already have.
+
+    Declaring only the activations through the constructor there leaves the backward without its output gradient,
+    and the inference torch runs instead is a real forward of zeros inside the first step (its dropout draws move
+    the step's random stream, so a run resumed mid-epoch would draw other masks than the uninterrupted one) whose
+    shapes travel pickled (``send_object_list``). Its result is two attributes, set here directly.
+    """
+    configure = getattr(pipe_stage, "_configure_outputs_meta", None)
+    if configure is None:  # not the internals of torch 2.11: leave the inference to torch
+        return
+    setattr(pipe_stage, "inputs_meta", (example_in.to("meta"),))  # noqa: B010 - absent from newer torch's stubs
+    configure((example_out.to("meta"),))
+
+
+def unit_of(unit_ends: Sequence[int], j: int) -> int | None:
+    """The freeze unit sub-layer ``j`` belongs to (``None`` after the last unit ends)."""
+    for unit, end in enumerate(unit_ends):
+        if j < end:
+            return unit
+    return None
+
+
+def unit_modules(
+    sublayers: Sequence[nn.Module], unit_ends: Sequence[int], lo: int, hi: int
+) -> dict[int, nn.ModuleList]:
+    """The parts of each freeze unit that sub-layers ``lo:hi`` hold, keyed by unit (for the gradient tracker)."""
+    held: dict[int, nn.ModuleList] = {}
+    for j in range(lo, hi):
+        unit = unit_of(unit_ends, j)
+        if unit is not None:
+            held.setdefault(unit, nn.ModuleList()).append(sublayers[j])
+    return held

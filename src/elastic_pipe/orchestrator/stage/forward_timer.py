@@ -1,0 +1,60 @@
+"""The stage module's forward time inside a pipelined step (:class:`ForwardTimer`): forward hooks, timed with CUDA
+events on a GPU. A CUDA-graph replay runs no hooks: a graphed step sets them aside while it captures
+(:mod:`~elastic_pipe.orchestrator.stage.graphed_step`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__: list[str] = []  # internal: the package face exports what others use
+
+
+class ForwardTimer:
+    """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU).
+
+    Only while :attr:`active`; :meth:`collect` needs the device synchronised first.
+    """
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._device = device
+        self._pending: list[tuple[Any, Any]] = []
+        self._open: Any = None
+        self.active = True
+        self.seconds = 0.0
+        self._handles = [
+            module.register_forward_pre_hook(lambda *_: self._begin()),
+            module.register_forward_hook(lambda *_: self._end()),
+        ]
+
+    def _now(self) -> Any:
+        if self._cuda:
+            event = torch.Event(self._device, enable_timing=True)  # torch.cuda.Event's call is untyped
+            event.record()  # on the current stream, as torch.cuda.Event.record()
+            return event
+        return time.perf_counter()
+
+    def _begin(self) -> None:
+        if self.active:
+            self._open = self._now()
+
+    def _end(self) -> None:
+        if self.active:
+            self._pending.append((self._open, self._now()))
+
+    def collect(self) -> float:
+        """Seconds of forward since the last call (call after the device is synchronised)."""
+        total = 0.0
+        for a, b in self._pending:
+            total += a.elapsed_time(b) / 1e3 if self._cuda else b - a
+        self._pending.clear()
+        return total
+
+    def remove(self) -> None:
+        """Take the hooks off the module."""
+        for h in self._handles:
+            h.remove()

@@ -1,0 +1,180 @@
+"""One rank's stage in one layout: the stage module and its runner, gradient tracking and sync.
+
+A :class:`StageRuntime` is built from a layout and thrown away at the next transition; nothing in it outlives its
+layout. The frozen prefix before stage 0 is the run's :class:`~.prefix.FrozenPrefix`, which outlives layouts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from elastic_pipe import freeze
+from elastic_pipe.orchestrator.stage.build import build_runner, unit_modules
+from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
+from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
+from elastic_pipe.orchestrator.stage.grad_sync import OverlappedAverager, average_gradients
+from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, decide_graph
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.types import Layout
+
+__all__ = ["StageRuntime"]
+
+
+def _widen(t: torch.Tensor, rows: int, requires_grad: bool) -> torch.Tensor:
+    """``t``'s first row repeated ``rows`` times (contiguous: torch allocates its receive buffers like it)."""
+    return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(requires_grad)
+
+
+class StageRuntime:
+    """This rank's stage of ``layout``: what a step runs.
+
+    Args:
+        ctx: the rank's fixed facts.
+        layout: the layout the stage belongs to.
+    """
+
+    def __init__(self, ctx: RunContext, layout: Layout) -> None:
+        self.ctx = ctx
+        self.layout = layout
+        plan = ctx.plan(layout)
+        self.stage = int(plan.stage_of(ctx.rank))
+        self.replica = int(plan.replica_of(ctx.rank))
+        self.owned = ctx.owned(layout)
+        s = self.stage
+        lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+        sublayers = ctx.sublayers
+        self.module = nn.Sequential(*ctx.stage_sublayers(lo, hi))
+        self.module.train()
+        self._bounds = (lo, hi)
+        #: The micro-batch size of a full step; a short last step has a runner of its own (declared shapes).
+        self.rows = ctx.config.train.global_batch // layout.replicas // layout.microbatches
+        self._runners: dict[int, Any] = {}
+        #: Whether each step size's runner replays a CUDA graph, and why not (``[train] cuda_graphs``).
+        self.graph_choices: dict[int, GraphChoice] = {}
+        self.runner: Any = self.runner_for(self.rows)
+        self.forward_timer = ForwardTimer(self.module, ctx.device)
+        # only the units the policy can still freeze: frozen ones are outside the stage, those past the policy's
+        # cap (freeze.signal_layers) are never read
+        watched = freeze.signal_layers(ctx.parts.policy)
+        tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
+        self.tracker = freeze.GradNormTracker({u: m for u, m in tracked.items() if u < watched})
+        #: The probe outputs of the units this rank holds, for a probe-driven policy (:mod:`.probe`); else None.
+        self.drift = freeze.OutputDrift() if freeze.needs_probe(ctx.parts.policy) else None
+        #: The probe's forwards, replayed as CUDA graphs once captured (:mod:`.forward_graphs`); with the drift.
+        self.probe_graphs = (
+            ForwardGraphs(ctx.device, autocast_dtype=ctx.autocast_dtype, enabled=ctx.config.train.cuda_graphs != "off")
+            if self.drift is not None
+            else None
+        )
+        self.averager: OverlappedAverager | None = None
+        if layout.replicas > 1 and layout.microbatches == 1:
+            # With one micro-batch and several replicas, gradients are averaged while the backward pass runs.
+            params = [p for j in self.owned for p in sublayers[j].parameters() if p.requires_grad]
+            self.averager = OverlappedAverager(params, group=self._dp_group(), replicas=layout.replicas)
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank runs stage 0 (and so the frozen prefix)."""
+        return self.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank runs the last stage (and so the loss)."""
+        return self.stage == self.layout.pipe_len - 1
+
+    def _dp_group(self) -> dist.ProcessGroup:
+        group: dist.ProcessGroup = self.ctx.groups.dp_group(self.layout.pipe_len)
+        return group
+
+    def runner_for(self, rows: int) -> Any:
+        """The schedule runner of micro-batches of ``rows`` samples (built at first use; a collective then, in the
+        replica's pipeline, when torch infers the shapes)."""
+        runner = self._runners.get(rows)
+        if runner is None:
+            ctx, layout = self.ctx, self.layout
+            lo, hi = self._bounds
+            choice = self.graph_choices[rows] = decide_graph(
+                ctx.config.train.cuda_graphs,
+                device_type=ctx.device.type,
+                pipe_len=layout.pipe_len,
+                microbatches=layout.microbatches,
+                replicas=layout.replicas,
+                rows=rows,
+                full_rows=self.rows,
+            )
+            runner = self._runners[rows] = build_runner(
+                self.module,
+                stage=self.stage,
+                pipe_len=layout.pipe_len,
+                microbatches=layout.microbatches,
+                schedule=ctx.parts.schedule,
+                device=ctx.device,
+                group=ctx.groups.pipeline_group(layout.pipe_len),
+                examples=lambda: self._example_io(lo, hi, rows),
+                loss_fn=ctx.parts.loss,
+                compiled=ctx.compiled is not None,
+                # a stage at the model's input never receives a gradient-carrying one, in any layout
+                grad_input=ctx.compiled is not None and lo > 0,
+                graph=choice.use,
+                graph_always=ctx.config.train.cuda_graphs == "on",
+            )
+        return runner
+
+    def _example_io(self, lo: int, hi: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Example micro-batch tensors of ``mb`` rows at the stage's input and output.
+
+        They come from the boundary examples taken at setup (:attr:`RunContext.examples`): a stage declares
+        shapes and dtypes, which need none of the sub-layers before it, so a rank that holds only its stage can
+        declare them. A stage after the first receives an activation that needs a gradient; the metadata must say
+        so, or the stage computes no input gradient and the stages before it train on zeros.
+        """
+        x, y = self.ctx.examples[lo], self.ctx.examples[hi]
+        return _widen(x, mb, lo > 0 and x.is_floating_point()), _widen(y, mb, False)
+
+    # ------------------------------------------------------------------------------------------------- a step
+    def run(
+        self, x: torch.Tensor | None, y: torch.Tensor | None, losses: list[torch.Tensor], *, rows: int | None = None
+    ) -> None:
+        """One pipelined forward and backward of this stage (a collective in the replica's pipeline).
+
+        Args:
+            rows: samples per micro-batch (a short last step has fewer); ``None``: a full step's.
+        """
+        runner = self.runner if rows is None or rows == self.rows else self.runner_for(rows)
+        with self.ctx.autocast():
+            if self.layout.pipe_len == 1:
+                runner.step(x, target=y, losses=losses)
+            elif self.is_first:
+                runner.step(x)
+            elif self.is_last:
+                runner.step(target=y, losses=losses)
+            else:
+                runner.step()
+
+    def grad_sync(self) -> int:
+        """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
+        replicas = self.layout.replicas
+        if replicas == 1:
+            return 0
+        if self.averager is not None:
+            return self.averager.finish()
+        sublayers = self.ctx.sublayers
+        grads = [p.grad for j in self.owned for p in sublayers[j].parameters() if p.grad is not None]
+        return average_gradients(grads, group=self._dp_group(), replicas=replicas)
+
+    def close(self) -> None:
+        """Take this stage's hooks off the model's parameters and modules. Idempotent."""
+        if self.averager is not None:
+            self.averager.remove()
+            self.averager = None
+        self.forward_timer.remove()
+        self.runner = None
+        self._runners.clear()
+        self.drift = None
+        self.probe_graphs = None
