@@ -166,3 +166,47 @@ def test_the_import_graph_finds_circles_and_floors(tmp_path: Path) -> None:
     assert (numbers.modules, numbers.floors, numbers.arrows, numbers.arrows_back_up) == (6, 3, 4, 2)
     inside = graph.measure(graph.scoped(graph.graph(pkg), "elastic_pipe.sub"))
     assert (inside.modules, inside.floors, inside.arrows) == (4, 2, 3)  # the circle on floor 0 here
+
+
+#: The orchestrator's import floors, module by module and part by part (a subpackage or a top-level module one
+#: node), as measured when they were last lowered: a change may lower them, never raise them (issue 42 asks for at
+#: most 10 module floors; the subpackages' faces each add one).
+ORCHESTRATOR_FLOORS, ORCHESTRATOR_PART_FLOORS = 12, 8
+
+
+def _orchestrator_parts() -> dict[str, set[str]]:
+    graph = _import_graph()
+    return graph.parts(graph.graph(PACKAGE), "elastic_pipe.orchestrator")
+
+
+def test_the_orchestrators_parts_have_no_circles_and_keep_their_floors() -> None:
+    graph = _import_graph()
+    parts = graph.measure(_orchestrator_parts())
+    assert parts.circles == [], f"parts of the orchestrator import each other: {parts.circles}"
+    assert parts.floors <= ORCHESTRATOR_PART_FLOORS
+    modules = graph.measure(graph.scoped(graph.graph(PACKAGE), "elastic_pipe.orchestrator"))
+    assert modules.floors <= ORCHESTRATOR_FLOORS, f"{modules.floors} import floors in the orchestrator"
+
+
+def test_docs_list_every_arrow_between_the_orchestrators_parts() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    section = text.split("### The parts and their imports", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    listed = {}
+    for line in section.strip().splitlines():
+        part, _, targets = line.partition(" -> ")
+        listed[part] = set() if targets == "-" else set(targets.split(", "))
+    assert listed == _orchestrator_parts()
+
+
+def test_the_parts_graph_squeezes_subpackages(tmp_path: Path) -> None:
+    graph = _import_graph()
+    pkg = tmp_path / "elastic_pipe"
+    (pkg / "orchestrator" / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "orchestrator" / "__init__.py").write_text("from elastic_pipe.orchestrator import top\n")
+    (pkg / "orchestrator" / "top.py").write_text("from elastic_pipe.orchestrator.sub import a\n")
+    (pkg / "orchestrator" / "sub" / "__init__.py").write_text("from elastic_pipe.orchestrator.sub import a\n")
+    (pkg / "orchestrator" / "sub" / "a.py").write_text("from elastic_pipe.orchestrator.sub import b\n")
+    (pkg / "orchestrator" / "sub" / "b.py").write_text("")
+    parts = graph.parts(graph.graph(pkg), "elastic_pipe.orchestrator")
+    assert parts == {"__init__": {"top"}, "top": {"sub"}, "sub": set()}  # a -> b stays inside sub

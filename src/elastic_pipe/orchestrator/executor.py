@@ -2,7 +2,7 @@
 rank applies it.
 
 Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision
-point), or measure the probe's output drift (:mod:`.probe`, for a probe-driven policy), ask the policy
+point), or measure the probe's output drift (:mod:`.stage.probe`, for a probe-driven policy), ask the policy
 (:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
 sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), and broadcast the encoded message
 on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).

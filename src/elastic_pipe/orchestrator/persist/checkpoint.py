@@ -37,9 +37,8 @@ refused before any process starts.
 A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
 divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
 reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns
-(and replica 0's ranks their stage's probe outputs, which stand in for the probe's new baseline: the next drift
-measured is the uninterrupted run's, from any step checkpoint; a checkpoint without them - written before they were
-kept - takes the baseline from its weights).
+(and replica 0's ranks their stage's probe outputs, the probe's baseline: the next drift measured is the
+uninterrupted run's; an older checkpoint without them takes the baseline from its weights).
 """
 
 from __future__ import annotations
