@@ -30,6 +30,7 @@ VIT = "gpu_2xh200_vit.json"
 GPT = "gpu_2xh200_gpt.json"
 HEADLINE = "headline_single.json"  # the single-GPU arms re-measured by headline.sh
 HEADLINE_5FA = "headline_single_5fa9a2d.json"  # the same arms at 5fa9a2d (history)
+HEADLINE_57D = "headline_single_57d164a.json"  # the same arms at 57d164a, one H200 (history)
 HOST_AB = "head_only_host_5fa9a2d_vs_57d164a.json"  # a head-only step's host time, both trees, CPU
 HEADLINE_POLICY = "headline_default_policy.json"  # the default policy's timed runs, re-measured by headline.sh
 SINGLE = "gpu_1xh200_single_9338ef0.json"  # the single-GPU arms at 9338ef0 (history)
@@ -114,8 +115,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     # README: the default policy on BBC News, re-measured by headline.sh
     ("README.md", "ends at {} held-out accuracy", HEADLINE_POLICY, BBC + "drift.accuracy_mean", ".2%"),
     ("README.md", "accuracy against {} without freezing", HEADLINE_POLICY, BBC + "none.accuracy_mean", ".2%"),
-    ("README.md", "in {} s against 4.03 s", HEADLINE_POLICY, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
-    ("README.md", "s against {} s (1.15x;", HEADLINE_POLICY, BBC + "none.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "in {} s against 4.74 s", HEADLINE_POLICY, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "s against {} s (1.11x;", HEADLINE_POLICY, BBC + "none.wall_seconds_by_seed.median", ".2f"),
     ("README.md", "alpha = 1/3 ends at {} in", HEADLINE_POLICY, BBC + "alpha=1/3.accuracy_mean", ".2%"),
     ("README.md", "95.88% in {} s", HEADLINE_POLICY, BBC + "alpha=1/3.wall_seconds_by_seed.median", ".2f"),
     # README: 1 H200
@@ -130,35 +131,92 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     (
         "docs/benchmarks.md",
         "elastic eager over plain eager: **{}x**",
-        HEADLINE,
+        HEADLINE_57D,
         S30 + "speedup_elastic_over_plain_eager",
         ".2f",
     ),
-    ("docs/benchmarks.md", "**{} of the 3.80x ideal**", HEADLINE, S30 + "fraction_of_ideal", ".3f"),
+    ("docs/benchmarks.md", "**{} of the 3.80x ideal**", HEADLINE_57D, S30 + "fraction_of_ideal", ".3f"),
     (
         "docs/benchmarks.md",
         "elastic compiled + graphs **{}x**",
-        HEADLINE,
+        HEADLINE_57D,
         S30 + "speedup_elastic_over_plain_compiled",
         ".2f",
     ),
     (
         "docs/benchmarks.md",
         "**{}x** compiled + graphs (target 1.5x",
-        HEADLINE,
+        HEADLINE_57D,
         S30 + "head_only.step_over_gpu.elastic_compiled_graphs",
         ".2f",
     ),
     ("README.md", "**{}x over the compiled loop**", HEADLINE, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    # docs/benchmarks.md: the headline at baa7692 (one H100)
+    ("docs/benchmarks.md", "| plain eager | {} | 0.00 |", HEADLINE, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | {} | 32.87 |", HEADLINE, S30 + "arms.plain_compiled.total_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | 80.02 | {} |", HEADLINE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "| static eager (no freezing) | {} | 0.00 |",
+        HEADLINE,
+        S30 + "arms.static_eager.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "| **elastic eager** | **{}** | 0.00 |",
+        HEADLINE,
+        S30 + "arms.elastic_eager.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "| elastic compiled + CUDA graphs | {} | 9.20 |",
+        HEADLINE,
+        S30 + "arms.elastic_compiled_graphs.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "| elastic compiled + CUDA graphs | 26.10 | {} |",
+        HEADLINE,
+        S30 + "arms.elastic_compiled_graphs.compile_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "plain eager {}x (target 3.2x)", HEADLINE, S30 + "speedup_elastic_over_plain_eager", ".2f"),
+    ("docs/benchmarks.md", "loop {}x (target 3.5x)", HEADLINE, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    ("docs/benchmarks.md", "**{} of the 3.81x ideal** (target 0.9)", HEADLINE, S30 + "fraction_of_ideal", ".3f"),
+    ("docs/benchmarks.md", "**0.857 of the {}x ideal** (target 0.9)", HEADLINE, S30 + "ideal.ideal_speedup", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "GPU time (0.97 ms) **{}x** compiled + graphs",
+        HEADLINE,
+        S30 + "head_only.step_over_gpu.elastic_compiled_graphs",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "`drift` 96.40% in {} s, alpha",
+        HEADLINE_POLICY,
+        BBC + "drift.wall_seconds_by_seed.median",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "no freezing 96.78% in {} s,",
+        HEADLINE_POLICY,
+        BBC + "none.wall_seconds_by_seed.median",
+        ".2f",
+    ),
     # docs/benchmarks.md: what moved between 5fa9a2d and 57d164a
-    ("docs/benchmarks.md", "(plain eager {} s against 55.30 s", HEADLINE, S30 + "arms.plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "(plain eager {} s against 55.30 s", HEADLINE_57D, S30 + "arms.plain_eager.total_s", ".2f"),
     ("docs/benchmarks.md", "54.38 s against {} s, static", HEADLINE_5FA, S30 + "arms.plain_eager.total_s", ".2f"),
-    ("docs/benchmarks.md", "eager {} s against 55.88 s)", HEADLINE, S30 + "arms.static_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "eager {} s against 55.88 s)", HEADLINE_57D, S30 + "arms.static_eager.total_s", ".2f"),
     ("docs/benchmarks.md", "55.62 s against {} s); what", HEADLINE_5FA, S30 + "arms.static_eager.total_s", ".2f"),
     (
         "docs/benchmarks.md",
         "compilation ({} s against 7.42 s",
-        HEADLINE,
+        HEADLINE_57D,
         S30 + "arms.elastic_compiled_graphs.compile_s",
         ".2f",
     ),
@@ -169,12 +227,18 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         S30 + "arms.elastic_compiled_graphs.compile_s",
         ".2f",
     ),
-    ("docs/benchmarks.md", "compiled {} s against 27.76 s)", HEADLINE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "compiled {} s against 27.76 s)",
+        HEADLINE_57D,
+        S30 + "arms.plain_compiled.compile_s",
+        ".2f",
+    ),
     ("docs/benchmarks.md", "28.21 s against {} s), the", HEADLINE_5FA, S30 + "arms.plain_compiled.compile_s", ".2f"),
     (
         "docs/benchmarks.md",
         "head-only steps ({} ms against 1.08 ms",
-        HEADLINE,
+        HEADLINE_57D,
         S30 + "head_only.step_ms.elastic_compiled_graphs",
         ".2f",
     ),
@@ -1120,9 +1184,26 @@ def lookup(data: Any, path: str) -> float:
     return float(value)
 
 
+TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
+ROWS += [
+    ("docs/training.md", "runs code in {} files of 19 parts", TRACE, "transitions.0.file_count", ".0f"),
+    ("docs/training.md", "files of {} parts and comes back", TRACE, "transitions.0.part_count", ".0f"),
+    ("docs/training.md", "comes back {} times to a file", TRACE, "transitions.0.returns", ".0f"),
+    ("docs/training.md", "the second (to 7) in\n{} files", TRACE, "transitions.1.file_count", ".0f"),
+    ("docs/training.md", "files with {} returns", TRACE, "transitions.1.returns", ".0f"),
+]
+HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer callback on MiniLM, one H100
 LCPU = "lightning_callback_cpu.json"  # docs/integrations.md: the Lightning callback on MiniLM, CPU
 LC = "arms."
 ROWS += [
+    ("docs/integrations.md", "| no callback | {} (96.63%", HF100, LC + "none.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "96.85%) | {} | - |", HF100, LC + "none.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "| `FreezeCallback(cache=True)` | {} (95.06%", HF100, LC + "freeze.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "96.18%) | {} | 1.17x |", HF100, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "| 7.52 | {}x |", HF100, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "query/value) | {} (31.91%", HF100, LC + "lora.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "35.28%) | {} | 1.02x |", HF100, LC + "lora.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "({} points)", HF100, LC + "freeze.accuracy_points_vs_none", ".2f"),
     ("docs/integrations.md", "| no callback | {} | 52.6 |", LCPU, LC + "none.accuracy_mean", ".2%"),
     ("docs/integrations.md", "| no callback | 47.92% | {} | - |", LCPU, LC + "none.cpu_seconds_mean", ".1f"),
     ("docs/integrations.md", "| 52.6 | - | {} |", LCPU, LC + "none.wall_seconds_mean", ".1f"),
@@ -1196,7 +1277,7 @@ E2E_SPEEDUPS = [
     ("docs/freeze.md", "`alpha=1/3` 2.44 s ({}x)", E2E_STUDY_JOB, "alpha=1/3"),
     ("docs/freeze.md", "1.96 s ({}x)", E2E_PREVIOUS, "drift"),
     ("docs/freeze.md", "1.88 s ({}x)", E2E_PREVIOUS, "alpha=1/3"),
-    ("README.md", "4.03 s ({}x;", HEADLINE_POLICY, "drift"),
+    ("README.md", "4.74 s ({}x;", HEADLINE_POLICY, "drift"),
     ("docs/minilm_bbc.md", "the default 3.06 s ({}x)", E2E, "drift"),
 ]
 

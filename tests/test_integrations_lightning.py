@@ -208,7 +208,7 @@ def test_the_cache_refuses_a_model_that_passes_on_more_than_a_blocks_output(tmp_
         fit(tmp_path, callback, net=ResidualOutside, devices=1)
 
 
-def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:
+def _ddp_rank(ctx: RankContext, root: str, indexed: bool = False, cache: bool = False) -> dict[str, Any]:
     os.environ.update(
         RANK=str(ctx.rank),
         LOCAL_RANK=str(ctx.rank),
@@ -225,7 +225,9 @@ def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:
     from elastic_pipe.integrations import reduced_parameters
 
     # 2 steps per epoch and rank; decisions after steps 1, 2, 3, ... (epochs 0, 1, 1, 2, 2)
-    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2, 2: 3}), blocks=net_blocks, decide_every=1)
+    callback = FreezeCallback(
+        freeze.ManualSchedule(BLOCKS, {1: 2, 2: 3}), blocks=net_blocks, decide_every=1, cache=cache, index_key=2
+    )
     seen: dict[str, Any] = {}
 
     class Inspect(pl.Callback):  # the strategy unwraps the model at teardown: look while it is wrapped
@@ -237,11 +239,13 @@ def _ddp_rank(ctx: RankContext, root: str) -> dict[str, Any]:
             seen["find_unused"] = ddp.find_unused_parameters
 
     strategy = DDPStrategy(process_group_backend="gloo", find_unused_parameters=True)  # the callback turns it off
-    _, model = fit(Path(root), callback, devices=2, strategy=strategy, extra=[Inspect()])
+    net = IndexedNet if indexed else Net
+    _, model = fit(Path(root), callback, devices=2, strategy=strategy, extra=[Inspect()], net=net)
     return {
         **seen,
         "events": [(e["step"], e["frozen"]) for e in callback.controller.events],
         "params": torch.cat([p.detach().flatten() for p in model.parameters()]).tolist(),
+        "cached": None if callback.cache is None else callback.cache.filled,
     }
 
 
@@ -253,3 +257,19 @@ def test_ddp_replicas_stay_identical_and_frozen_blocks_are_not_reduced(tmp_path:
     assert all(r["reduced_equals_trainable"] for r in results)
     assert [r["find_unused"] for r in results] == [False, False]
     assert results[0]["params"] == results[1]["params"]  # bit-identical replicas
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # as above, twice
+def test_ddp_with_the_cache_fills_each_ranks_share_and_keeps_replicas_identical(tmp_path: Path) -> None:
+    plain = run_distributed(_ddp_rank, 2, str(tmp_path / "plain"), True, False, timeout=240.0)
+    cached = run_distributed(_ddp_rank, 2, str(tmp_path / "cached"), True, True, timeout=240.0)
+    assert [r["events"] for r in cached] == [r["events"] for r in plain] == [[(2, 2), (4, 3)]] * 2
+    assert all(r["reduced_equals_trainable"] for r in cached)
+    assert [r["find_unused"] for r in cached] == [False, False]
+    assert cached[0]["params"] == cached[1]["params"]  # bit-identical replicas with the cache too
+    # each rank reads half the samples an epoch; the boundary after 2 units (frozen after epoch 0) is filled over
+    # epoch 1 and the one after 3 units over epoch 2, each with the rank's own half only, nothing twice
+    assert [r["cached"] for r in cached] == [2 * (SAMPLES // 2)] * 2
+    # the cached boundary serves what the frozen blocks computed: the same training as without the cache
+    torch.testing.assert_close(torch.tensor(cached[0]["params"]), torch.tensor(plain[0]["params"]))
