@@ -11,7 +11,7 @@ lifecycle and state (:mod:`.trainer_base`), components (:mod:`.components`), the
 (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`), one layout's stage (:mod:`.stage`),
 the run's frozen prefix and its activation cache (:mod:`.prefix`), the epoch (:mod:`.step_loop`,
 :mod:`.epoch_losses`, :mod:`.epoch_record`), decision points (:mod:`.executor`, :mod:`.apply_transition`,
-:mod:`.layout_rule`), evaluation and state (:mod:`.evaluation`, :mod:`.persist`).
+:mod:`.layout_rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
 It alone holds and advances the run's position: the step loop returns the steps it ran and why it stopped (the
 epoch's end, ``max_steps``, a decision point, a step checkpoint); the trainer decides or saves there and lets it go
@@ -34,6 +34,8 @@ import torch
 
 from elastic_pipe.orchestrator import executor
 from elastic_pipe.orchestrator.apply_transition import apply, event_for
+from elastic_pipe.orchestrator.components import components_from_config, with_decisions
+from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.epoch_record import finish_epoch
 from elastic_pipe.orchestrator.persist import Checkpointer, rerun
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, sublayer_costs
@@ -42,7 +44,14 @@ from elastic_pipe.orchestrator.step_ops import decision_point
 from elastic_pipe.orchestrator.trainer_base import TrainerBase
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from elastic_pipe import freeze, partition
+    from elastic_pipe.orchestrator.compression import CompressionRule
+    from elastic_pipe.orchestrator.config import TrainConfig
+    from elastic_pipe.orchestrator.data import Loss, Samples
     from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
+    from elastic_pipe.orchestrator.optim import OptimizerFactory
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
@@ -74,6 +83,37 @@ class ElasticTrainer(TrainerBase):
             ``[data] eval_fraction`` of ``data`` held out.
         quiet: no human lines on stderr (records still go to ``[log] dir``).
     """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        model: nn.Module | None = None,
+        data: Samples | Any = None,
+        policy: freeze.PolicyLike | None = None,
+        partitioner: str | partition.Solver | None = None,
+        compression: CompressionRule | None = None,
+        schedule: str | None = None,
+        optimizer: OptimizerFactory | None = None,
+        loss: Loss | None = None,
+        eval_data: Samples | Any = None,
+        quiet: bool = False,
+    ) -> None:
+        parts = components_from_config(
+            config,
+            model=model,
+            data=data,
+            policy=policy,
+            partitioner=partitioner,
+            compression=compression,
+            schedule=schedule,
+            optimizer=optimizer,
+            loss=loss,
+            eval_data=eval_data,
+        )
+        # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
+        run_config = with_decisions(config, parts.policy, num_samples(parts.data), own_eval=parts.eval_data is not None)
+        super().__init__(parts, run_config, given=config, quiet=quiet, config_optimizer=optimizer is None)
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
@@ -119,19 +159,6 @@ class ElasticTrainer(TrainerBase):
                 on_epoch_end(self)
         self.result.seconds = time.perf_counter() - t0
         return self.result
-
-    def _latest_eval_loss(self) -> float | None:
-        """The held-out loss of the run's latest evaluation (``None`` before the first)."""
-        return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
-
-    def _already_complete(self) -> None:
-        """A resumed run with nothing left to train: say so, and report the last evaluation it made (not NaN)."""
-        c = self.config
-        meta = {"epoch": self.state.epoch, "step": self.state.step}
-        self.ctx.log.say(rerun.already_complete(meta, c) or "run already complete")
-        last = next((e for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
-        if last is not None:
-            self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
 
     def _resume(self, checkpointer: Checkpointer) -> bool:
         """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""

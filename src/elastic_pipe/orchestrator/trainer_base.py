@@ -16,27 +16,24 @@ from typing import TYPE_CHECKING, Any, Self
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from elastic_pipe import data as edata
-from elastic_pipe import freeze, partition
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import holdings
-from elastic_pipe.orchestrator.components import Components, components_from_config, with_decisions
-from elastic_pipe.orchestrator.data import DatasetSplit, Loss, Samples, num_samples
+from elastic_pipe.orchestrator.data import DatasetSplit
 from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.metrics import RunResult
-from elastic_pipe.orchestrator.optim import OptimizerFactory, lr_lambda
-from elastic_pipe.orchestrator.persist import snapshot
+from elastic_pipe.orchestrator.optim import lr_lambda
+from elastic_pipe.orchestrator.persist import rerun, snapshot
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.setup import build_context, check_memory_budget, check_untied_stages
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 
 if TYPE_CHECKING:
     from elastic_pipe.groups import GroupManager
-    from elastic_pipe.orchestrator.compression import CompressionRule
+    from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.state import RunState
@@ -49,41 +46,17 @@ class TrainerBase:
     :class:`~.trainer.ElasticTrainer` documents the arguments."""
 
     def __init__(
-        self,
-        config: TrainConfig,
-        *,
-        model: nn.Module | None = None,
-        data: Samples | Any = None,
-        policy: freeze.PolicyLike | None = None,
-        partitioner: str | partition.Solver | None = None,
-        compression: CompressionRule | None = None,
-        schedule: str | None = None,
-        optimizer: OptimizerFactory | None = None,
-        loss: Loss | None = None,
-        eval_data: Samples | Any = None,
-        quiet: bool = False,
+        self, parts: Components, config: TrainConfig, *, given: TrainConfig, quiet: bool, config_optimizer: bool
     ) -> None:
-        self.parts: Components = components_from_config(
-            config,
-            model=model,
-            data=data,
-            policy=policy,
-            partitioner=partitioner,
-            compression=compression,
-            schedule=schedule,
-            optimizer=optimizer,
-            loss=loss,
-            eval_data=eval_data,
-        )
-        # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
-        self.config = with_decisions(
-            config, self.parts.policy, num_samples(self.parts.data), own_eval=self.parts.eval_data is not None
-        )
-        #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.persist.rerun`).
-        self.given_config = config
+        """Hold ``parts`` (built by :func:`~.components.components_from_config`) for a run of ``config`` (its
+        decision rhythm resolved, :func:`~.components.with_decisions`); ``given``: the config as given."""
+        self.parts = parts
+        self.config = config
+        #: The config as given: what a checkpoint keeps and a resume compares with (:mod:`.rerun`).
+        self.given_config = given
         self.quiet = quiet
         #: Whether the optimizer is the config's own (then AdamW runs fused once the parameters are on a GPU).
-        self._config_optimizer = optimizer is None
+        self._config_optimizer = config_optimizer
         self.result = RunResult()
         self._ctx: RunContext | None = None
         self._state: RunState | None = None
@@ -213,7 +186,7 @@ class TrainerBase:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch, a short last step included (:func:`.epoch_steps.epoch_plan`)."""
+        """Optimizer steps per epoch, a short last step included (:func:`.data.epoch_plan`)."""
         return self.ctx.epoch.steps
 
     def step_limit_reached(self) -> bool:
@@ -232,6 +205,19 @@ class TrainerBase:
     def decision_due(self) -> bool:
         """Whether a decision point was reached and not decided yet (:attr:`RunState.decision_due`)."""
         return self.state.decision_due
+
+    def _latest_eval_loss(self) -> float | None:
+        """The held-out loss of the run's latest evaluation (``None`` before the first)."""
+        return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
+
+    def _already_complete(self) -> None:
+        """A resumed run with nothing left to train: say so, and report the last evaluation it made (not NaN)."""
+        c = self.config
+        meta = {"epoch": self.state.epoch, "step": self.state.step}
+        self.ctx.log.say(rerun.already_complete(meta, c) or "run already complete")
+        last = next((e for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
+        if last is not None:
+            self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
 
     # -------------------------------------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -275,7 +261,7 @@ class TrainerBase:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state (after :meth:`setup`): every rank passes a state holding at least its share
-        in the saved layout - a sharded checkpoint's lazy view (:class:`~.persist.shards.ShardedCheckpoint`), or
+        in the saved layout - a sharded checkpoint's lazy view (:class:`~.checkpoint_files.ShardedCheckpoint`), or
         one whole state. Saved probe outputs (``probe``) become the probe's baseline; a state without them (older
         checkpoints) takes a new baseline from the loaded weights."""
         ctx = self.ctx
