@@ -13,7 +13,7 @@ from torch import nn
 from elastic_pipe.cache import ActivationCache
 from elastic_pipe.orchestrator.data import Split
 from elastic_pipe.orchestrator.prefix import fill as prefix_cache
-from elastic_pipe.orchestrator.prefix.carry import FillPeers
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers
 from elastic_pipe.orchestrator.prefix.shared import fill_shared
 from elastic_pipe.testing import RankContext, run_distributed
 
@@ -93,18 +93,9 @@ def _prepare_together(
 ) -> tuple[bool, str]:
     """``prepare_cache`` called by every rank of the world as one replica's stage 0 each."""
     group = dist.new_group(list(range(world)))
+    job = CacheJob(cache, data, old_frozen, frozen, CHUNK, torch.device("cpu"), run, example)
     return prefix_cache.prepare_cache(
-        cache,
-        data,
-        mode=mode,
-        old_frozen=old_frozen,
-        frozen=frozen,
-        per_replica=8,
-        chunk=CHUNK,
-        device=torch.device("cpu"),
-        run=run,
-        peers=FillPeers(group, dist.get_rank(group), world),
-        example=example,
+        job, mode=mode, per_replica=8, peers=FillPeers(group, dist.get_rank(group), world)
     )
 
 
@@ -226,7 +217,7 @@ def _fill_both_ways(ctx: RankContext, world: int) -> dict[str, list[list[float]]
     out = {}
     for overlap in (True, False):
         cache = ActivationCache(SAMPLES, device_budget=2**20)
-        fill_shared(cache, data, 0, 2, chunk=CHUNK, device=torch.device("cpu"), run=run, peers=peers, overlap=overlap)
+        fill_shared(CacheJob(cache, data, 0, 2, CHUNK, torch.device("cpu"), run), peers, overlap=overlap)
         with cache.uncounted():
             lookup = cache.get(data.sample_ids, 2)
         assert int(lookup.hit.sum()) == SAMPLES
@@ -259,18 +250,8 @@ def _shared_fill_in_a_tight_budget(ctx: RankContext, world: int) -> dict[str, in
     group = dist.new_group(list(range(world)))
     peers = FillPeers(group, dist.get_rank(group), world)
     for old, new in ((0, 1), (1, 3)):
-        prefix_cache.prepare_cache(
-            cache,
-            data,
-            mode="on",
-            old_frozen=old,
-            frozen=new,
-            per_replica=8,
-            chunk=BIG_CHUNK,
-            device=torch.device("cpu"),
-            run=run,
-            peers=peers,
-        )
+        job = CacheJob(cache, data, old, new, BIG_CHUNK, torch.device("cpu"), run)
+        prefix_cache.prepare_cache(job, mode="on", per_replica=8, peers=peers)
     with cache.uncounted():
         lookup = cache.get(data.sample_ids, 3)
     expected = run(data.inputs, 0, 3)[lookup.hit]

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from bench_elastic_gpu import workload  # the benchmark's own workload: same model, data and batch
 from elastic_pipe.cache import ActivationCache
 from elastic_pipe.orchestrator.data import split_samples
-from elastic_pipe.orchestrator.prefix.carry import FillPeers
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers
 from elastic_pipe.orchestrator.prefix.shared import fill_shared
 
 
@@ -100,11 +100,11 @@ def main() -> int:
             for b in cache.boundaries():  # entries at ``old`` only (none when ``old`` is 0)
                 cache.drop(b)
             if old:
-                fill_shared(cache, train, 0, old, chunk=chunk, device=device, run=run, peers=peers)
+                fill_shared(CacheJob(cache, train, 0, old, chunk, device, run), peers)
 
         for overlap in (True, False):
             fill = functools.partial(
-                fill_shared, cache, train, old, new, chunk=chunk, device=device, run=run, peers=peers, overlap=overlap
+                fill_shared, CacheJob(cache, train, old, new, chunk, device, run), peers, overlap=overlap
             )
             row["overlapped_s" if overlap else "sequential_s"] = timed(fill, setup=as_the_transition_finds_it)
         cache.close()

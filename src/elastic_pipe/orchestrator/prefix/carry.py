@@ -1,6 +1,6 @@
 """The one path by which cached entries reach a new boundary (:func:`carry_entries`), and what every fill shares:
-the sub-layers' runner (:data:`RunSublayers`, widened to the dtype they expect: :func:`widening`) and the peers
-that fill together (:class:`FillPeers`).
+the sub-layers' runner (:data:`RunSublayers`, widened to the dtype they expect: :func:`widening`), the peers
+that fill together (:class:`FillPeers`) and what one boundary's cache work runs on (:class:`CacheJob`).
 
 With ``[pipeline] cache_dtype`` narrower than the prefix output, the entries are stored (and all-gathered and
 broadcast between peers) in the narrower dtype; sub-layers that run on cached entries take them widened back.
@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator.data import StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 
@@ -54,6 +55,43 @@ class FillPeers:
     group: Any
     index: int
     count: int
+
+
+@dataclass(frozen=True)
+class CacheJob:
+    """What one boundary's cache work on a stage-0 rank runs on: the cache carried (or filled) from ``old_frozen``
+    to ``frozen`` over the training split ``data``, ``chunk`` samples per forward of ``run`` on ``device``.
+
+    Attributes:
+        cache: the rank's activation cache.
+        data: the training split.
+        old_frozen: the cached boundary before the transition (0: none).
+        frozen: the new boundary (number of frozen sub-layers, > 0).
+        chunk: samples per prefix forward (a replica's batch: the shapes the training step already ran).
+        device: where the inputs go.
+        run: runs a range of sub-layers (:func:`widening` of the context's runner).
+        example: the prefix output at ``frozen`` for one sample (the entries' shape and dtype), if the caller
+            has it; ``None``: whoever needs it runs the prefix on one sample.
+    """
+
+    cache: acache.ActivationCache
+    data: StepData
+    old_frozen: int
+    frozen: int
+    chunk: int
+    device: torch.device
+    run: RunSublayers
+    example: torch.Tensor | None = None
+
+    def carry(self, peers: FillPeers | None = None, only: torch.Tensor | None = None) -> None:
+        """:func:`carry_entries` of this job's entries from ``old_frozen`` to ``frozen``."""
+        carry_entries(self.cache, self.old_frozen, self.frozen, run=self.run, peers=peers, only=only)
+
+    def shape_example(self) -> torch.Tensor:
+        """:attr:`example`, or the prefix run on the split's first sample to learn the entries' shape and dtype."""
+        if self.example is not None:
+            return self.example
+        return self.run(self.data.input_rows(0, 1).to(self.device), 0, self.frozen)
 
 
 def carry_entries(

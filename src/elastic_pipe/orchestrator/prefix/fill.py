@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
 
 from elastic_pipe import cache as acache
-from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers
 from elastic_pipe.orchestrator.prefix.shared import all_peers, fill_shared
 
 if TYPE_CHECKING:
@@ -44,37 +45,22 @@ def stored_as(cache: acache.ActivationCache, example: torch.Tensor) -> str:
 
 
 def prepare_cache(
-    cache: acache.ActivationCache,
-    data: StepData,
+    job: CacheJob,
     *,
     mode: str,
-    old_frozen: int,
-    frozen: int,
     per_replica: int,
-    chunk: int,
-    device: torch.device,
-    run: RunSublayers,
     peers: FillPeers | None = None,
-    example: torch.Tensor | None = None,
     fill: bool = True,
 ) -> tuple[bool, str]:
-    """Carry cached entries from ``old_frozen`` to ``frozen``, decide whether reading pays, fill when it does.
+    """Carry cached entries from ``job.old_frozen`` to ``job.frozen``, decide whether reading pays, fill when it does.
 
     Args:
-        cache: the rank's activation cache.
-        data: the training split.
+        job: the cache, the training split, the boundaries and the sub-layers' runner (``job.frozen > 0``).
         mode: ``"on"`` (always read) or ``"auto"`` (read when :func:`elastic_pipe.cache.measure_payoff` says so).
-        old_frozen: the boundary before the transition (0: none).
-        frozen: the new boundary (number of frozen sub-layers, > 0).
         per_replica: samples per replica per step (the payoff is measured on one such batch).
-        chunk: samples per prefix forward when filling.
-        device: where the inputs go.
-        run: runs a range of sub-layers.
         peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
             split the carrying and filling between them and all-gather the results; the new boundary takes over
             the old one's memory. ``None``: this rank does it all alone.
-        example: the prefix's output at ``frozen`` for one sample, if the caller has it (the shared fill needs
-            the entry's shape and dtype, and otherwise runs the whole prefix once to learn them).
         fill: ``False``: a rank alone (no ``peers``) that reads the cache does not fill it here; the steps store
             what they miss (the caller's choice, when a pass over the split would cost more than it saves).
 
@@ -84,59 +70,54 @@ def prepare_cache(
     A cache that bypasses itself (random transforms, ``cache_policy = "bypass"``) is never read or filled. With
     per-epoch views every view is filled (each a fresh read of the dataset, so a fresh draw of its transforms).
     """
+    cache, old_frozen, frozen = job.cache, job.old_frozen, job.frozen
     if not cache.enabled:
         return False, BYPASS_REASON
     views = cache.config.views_per_sample
     if peers is not None and peers.count > 1:
-        enabled, reason = _decide(
-            cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run, old=old_frozen
-        )
-        agreed = all_peers(enabled, peers, device)  # every peer reads only if all would (the fill is a collective)
+        enabled, reason = _decide(job, mode=mode, per_replica=per_replica, old=old_frozen)
+        agreed = all_peers(enabled, peers, job.device)  # every peer reads only if all would (the fill is a collective)
         if agreed:
             for view in range(views):
                 cache.set_epoch(view)
-                carried = old_frozen if view == 0 else frozen  # the first pass carries every view's entries
-                fill_shared(
-                    cache, data, carried, frozen, chunk=chunk, device=device, run=run, peers=peers, example=example
-                )
+                # the first pass carries every view's entries
+                fill_shared(job if view == 0 else replace(job, old_frozen=frozen), peers)
             return True, reason
         if old_frozen and old_frozen != frozen:
             cache.drop(old_frozen)
         return False, reason if not enabled else f"{reason}, but not on another replica's stage 0: off on all"
-    carry_entries(cache, old_frozen, frozen, run=run)  # only the newly frozen sub-layers run on the entries
-    enabled, reason = _decide(cache, data, mode=mode, frozen=frozen, per_replica=per_replica, device=device, run=run)
+    job.carry()  # only the newly frozen sub-layers run on the entries
+    enabled, reason = _decide(job, mode=mode, per_replica=per_replica)
     if enabled and not fill:
         return True, f"{reason}; filled by the steps as they miss"
     if enabled:
         # Every rank may be handed any sample in a later epoch, so the whole training split is cached.
         for view in range(views):
             cache.set_epoch(view)
-            fill_cache(cache, data, frozen, chunk=chunk, device=device, run_prefix=lambda v: run(v, 0, frozen))
+            fill_cache(
+                cache,
+                job.data,
+                frozen,
+                chunk=job.chunk,
+                device=job.device,
+                run_prefix=lambda v: job.run(v, 0, frozen),
+            )
     return enabled, reason
 
 
-def _decide(
-    cache: acache.ActivationCache,
-    data: StepData,
-    *,
-    mode: str,
-    frozen: int,
-    per_replica: int,
-    device: torch.device,
-    run: RunSublayers,
-    old: int = 0,
-) -> tuple[bool, str]:
+def _decide(job: CacheJob, *, mode: str, per_replica: int, old: int = 0) -> tuple[bool, str]:
     """``"on"``, or the measured answer for the whole fill, each tier weighed by the entries it would hold
     (:func:`elastic_pipe.cache.measure_tiered_payoff`); ``old``: a boundary whose space the fill will reuse."""
     if mode == "on":
         return True, "cache = 'on'"
+    cache, frozen = job.cache, job.frozen
     reused = old if old and old != frozen and old in cache.boundaries() else frozen
     decision = acache.measure_tiered_payoff(
         cache,
-        data.input_rows(0, per_replica).to(device),
+        job.data.input_rows(0, per_replica).to(job.device),
         reused,
-        lambda v: run(v, 0, frozen),
-        samples=len(data),
+        lambda v: job.run(v, 0, frozen),
+        samples=len(job.data),
     )
     return decision.enabled, decision.reason
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
-from elastic_pipe.orchestrator.prefix.carry import FillPeers, widening
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, widening
 from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, prepare_cache, stored_as
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
@@ -172,10 +172,20 @@ class FrozenPrefix:
         peers = None
         if self._group is not None:
             peers = FillPeers(self._group, dist.get_rank(self._group), layout.replicas)
-        run = widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype)
         example = ctx.prefix_example(layout.frozen)
-        released = self._state.released
-        if released and carry(ctx, layout, self._state, cache, old_frozen, run=run, chunk=per_replica, peers=peers):
+        job = CacheJob(
+            cache,
+            ctx.train_set,
+            old_frozen,
+            layout.frozen,
+            # A replica's batch per forward: the shapes the training step's prefix forward already ran (kernels
+            # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
+            chunk=per_replica,
+            device=ctx.device,
+            run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
+            example=example,
+        )
+        if self._state.released and carry(ctx, layout, self._state, job, peers=peers):
             self.cache_complete = covers(cache, ctx.train_set, layout.frozen)
             return True, KEPT_REASON + stored_as(cache, example)  # only the newly frozen sub-layers ran
         # With "auto" a rank alone fills a boundary it has nothing to carry to by its steps, not by a pass over the
@@ -187,20 +197,7 @@ class FrozenPrefix:
             and self._fills_in_steps(cache, layout)
         )
         on, reason = prepare_cache(
-            cache,
-            ctx.train_set,
-            mode=ctx.config.pipeline.cache,
-            old_frozen=old_frozen,
-            frozen=layout.frozen,
-            per_replica=per_replica,
-            # A replica's batch per forward: the shapes the training step's prefix forward already ran (kernels
-            # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
-            chunk=per_replica,
-            device=ctx.device,
-            run=run,
-            peers=peers,
-            example=example,
-            fill=not in_steps,
+            job, mode=ctx.config.pipeline.cache, per_replica=per_replica, peers=peers, fill=not in_steps
         )
         self.cache_complete = on and covers(cache, ctx.train_set, layout.frozen)
         self.fills_in_steps = not on and self._fills_in_steps(cache, layout)

@@ -43,7 +43,7 @@ from elastic_pipe.orchestrator.transition import recv_tensors, send_tensors
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers
+    from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers
     from elastic_pipe.orchestrator.prefix.state import PrefixState
     from elastic_pipe.orchestrator.timing import PhaseClock
     from elastic_pipe.types import Layout
@@ -129,17 +129,7 @@ def restore(ctx: RunContext, layout: Layout, released: int) -> None:
     recv_tensors(_tensors(modules), KEEPER, device=ctx.device)
 
 
-def carry(
-    ctx: RunContext,
-    layout: Layout,
-    state: PrefixState,
-    cache: acache.ActivationCache,
-    old_frozen: int,
-    *,
-    run: RunSublayers,
-    chunk: int,
-    peers: FillPeers | None,
-) -> bool:
+def carry(ctx: RunContext, layout: Layout, state: PrefixState, job: CacheJob, *, peers: FillPeers | None) -> bool:
     """On stage-0 ranks, with the prefix released: bring the cache to ``layout.frozen`` without it.
 
     Returns:
@@ -147,17 +137,7 @@ def carry(
         does not, the prefix is back (:func:`restore`) and ``state.released`` is 0: the caller fills the rest
         as with a resident prefix.
     """
-    ok = carry_released(
-        cache,
-        ctx.train_set,
-        old_frozen,
-        layout.frozen,
-        chunk=chunk,
-        device=ctx.device,
-        run=run,
-        example=ctx.prefix_example(layout.frozen),
-        peers=peers,
-    )
+    ok = carry_released(job, peers)
     if not ok:
         restore(ctx, layout, state.released)
         state.forget()

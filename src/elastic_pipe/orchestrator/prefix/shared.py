@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from elastic_pipe.orchestrator.prefix.carry import FillPeers, RunSublayers, carry_entries
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, RunSublayers
 from elastic_pipe.orchestrator.prefix.reads import covers
 
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
-    from elastic_pipe.orchestrator.data import StepData
 
 __all__: list[str] = []  # internal: the package face exports what others use
 
@@ -74,39 +73,28 @@ def send_from_peer_zero(
             cache.put(ids, frozen, rows)  # ids already cached here (node-shared files) are skipped
 
 
-def fill_shared(
-    cache: acache.ActivationCache,
-    data: StepData,
-    old_frozen: int,
-    frozen: int,
-    *,
-    chunk: int,
-    device: torch.device,
-    run: RunSublayers,
-    peers: FillPeers,
-    example: torch.Tensor | None = None,
-    overlap: bool = True,
-) -> None:
+def fill_shared(job: CacheJob, peers: FillPeers, *, overlap: bool = True) -> None:
     """Cache the prefix output at ``frozen`` for the whole training split, the work split between ``peers``.
 
-    The split's chunks are dealt round-robin: in each round every peer computes one chunk, then one all-gather
-    gives every peer all of the round's rows. Before the rounds, each peer carries its own chunks' entries at
-    ``old_frozen`` to ``frozen`` in place (running only sub-layers ``old_frozen:frozen``,
-    :meth:`~elastic_pipe.cache.ActivationCache.extend` with ``only``); the other entries' slots stay reserved for
-    the rows the all-gather brings, so the new boundary reuses the old one's memory instead of fitting into
-    what the old one leaves of the budget. Samples not cached at ``old_frozen`` run the whole prefix from their
-    inputs. ``example``, the output at ``frozen`` for one sample, gives the entries' shape and dtype
-    (``None``: the prefix runs on one sample to learn them). ``overlap``: each round's all-gather runs while the
-    next round computes (``False``: one after the other). A collective: every peer calls it with the same
-    arguments.
+    The split's chunks (``job.chunk`` samples each) are dealt round-robin: in each round every peer computes one
+    chunk, then one all-gather gives every peer all of the round's rows. Before the rounds, each peer carries its
+    own chunks' entries at ``job.old_frozen`` to ``job.frozen`` in place (running only the newly frozen
+    sub-layers, :meth:`~elastic_pipe.cache.ActivationCache.extend` with ``only``); the other entries' slots stay
+    reserved for the rows the all-gather brings, so the new boundary reuses the old one's memory instead of
+    fitting into what the old one leaves of the budget. Samples not cached at ``old_frozen`` run the whole prefix
+    from their inputs. The entries' shape and dtype come from :meth:`~.carry.CacheJob.shape_example`.
+    ``overlap``: each round's all-gather runs while the next round computes (``False``: one after the other).
+    A collective: every peer calls it with the same arguments.
     """
+    cache, data, frozen, chunk, device = job.cache, job.data, job.frozen, job.chunk, job.device
     # Ids stay on the host, where the cache's bookkeeping is: the loop never waits for the device, so each
     # round's compute, all-gather and store queue up behind the last.
     ids_all, n = data.sample_ids.to("cpu", torch.int64), int(data.sample_ids.shape[0])
     if n == 0:
         return
     starts = list(range(0, n, chunk))
-    probe = example if example is not None else run(data.input_rows(0, 1).to(device), 0, frozen)  # shape and dtype
+    probe = job.shape_example()
+    old_frozen = job.old_frozen
     if old_frozen and old_frozen != frozen:
         holds = old_frozen in cache.boundaries()
         # Peers split the carry when each holds its own copy of every entry; where a peer lacks them (it was not
@@ -118,7 +106,7 @@ def fill_shared(
             mine_ids = torch.cat(
                 [ids_all[starts[c] : starts[c] + chunk] for c in range(peers.index, len(starts), peers.count)]
             )
-        carry_entries(cache, old_frozen, frozen, run=run, peers=peers, only=mine_ids)
+        job.carry(peers, only=mine_ids)
         if not split:
             covered = bool(cache.cached(ids_all, frozen).all())
             if all_peers(covered, peers, device):
@@ -149,7 +137,7 @@ def fill_shared(
                 ids_all[lo : lo + chunk],
                 functools.partial(data.input_rows, lo, lo + chunk),
                 frozen=frozen,
-                run=run,
+                run=job.run,
                 device=device,
             )
             mine[buf][: rows.shape[0]] = rows  # cast to the stored dtype as a put would
@@ -173,18 +161,7 @@ def fill_shared(
         )
 
 
-def carry_released(
-    cache: acache.ActivationCache,
-    data: StepData,
-    old_frozen: int,
-    frozen: int,
-    *,
-    chunk: int,
-    device: torch.device,
-    run: RunSublayers,
-    example: torch.Tensor,
-    peers: FillPeers | None = None,
-) -> bool:
+def carry_released(job: CacheJob, peers: FillPeers | None = None) -> bool:
     """Bring the cache to ``frozen`` without the released prefix: only sub-layers ``old_frozen:frozen`` run.
 
     Every peer that holds entries at ``old_frozen`` carries all of them (every view) through the newly frozen
@@ -194,15 +171,14 @@ def carry_released(
     and broadcasts them in ``peers.group``. A collective in ``peers.group``: every peer calls it with the same
     arguments.
 
-    Args:
-        example: the prefix output at ``frozen`` for one sample (the broadcast rows' shape; their dtype is the
-            one the entries are stored in).
+    The broadcast rows take :meth:`~.carry.CacheJob.shape_example`'s shape and the dtype the entries are stored in.
 
     Returns:
         Whether every peer's cache now holds every training sample (every view) at ``frozen``, the same answer
         on every peer; ``False`` leaves entries missing, and the caller brings the prefix back to fill them.
     """
-    carry_entries(cache, old_frozen, frozen, run=run, peers=peers)
+    cache, data, frozen, device = job.cache, job.data, job.frozen, job.device
+    job.carry(peers)
     if peers is None or peers.count == 1:
         return covers(cache, data, frozen)
     mine = covers(cache, data, frozen)
@@ -214,7 +190,8 @@ def carry_released(
         ids_all = data.sample_ids.to("cpu", torch.int64)
         for view in range(cache.config.views_per_sample):
             cache.set_epoch(view)
-            send_from_peer_zero(cache, ids_all, frozen, example, chunk=chunk, device=device, peers=peers)
+            example = job.shape_example()
+            send_from_peer_zero(cache, ids_all, frozen, example, chunk=job.chunk, device=device, peers=peers)
         cache.set_epoch(0)
     done = torch.tensor([1.0 if covers(cache, data, frozen) else 0.0], device=device)
     dist.all_reduce(done, op=dist.ReduceOp.MIN, group=peers.group)
