@@ -407,6 +407,8 @@ def elastic_run(
         "setup_seconds": result.setup_s,
         "frozen_timeline": [[e["step"], e["frozen_units"]] for e in result.transitions],
         "transition_seconds": sum(e["seconds"] for e in result.transitions),
+        # where each transition's time went (decide, moves, cache, eval_store, runner, compile, capture, ...)
+        "transition_phases": [e.get("phases", {}) for e in result.transitions],
         "cache_by_epoch": [e.get("cache") for e in result.epochs],
         "compile_seconds": sum(e.get("compile_s", 0.0) for e in result.epochs),
     }
