@@ -52,7 +52,7 @@ def _run(ctx: RankContext, configs: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
     """The whole model in one process, no pipeline: without and with the freezes the elastic runs make."""
-    configs = {"fixed": _config(), "frozen": _config({1: 1})}
+    configs = {"fixed": _config(), "frozen1": _config({1: 1}), "frozen2": _config({1: 2})}
     (results,) = run_distributed(_run, 1, configs, timeout=120)
     return results  # type: ignore[no-any-return]
 
@@ -69,3 +69,27 @@ def test_two_stages_per_rank_train_as_one_process(schedule: str, reference: dict
     assert run["final_eval_loss"] == pytest.approx(fixed["final_eval_loss"], rel=1e-10)
     assert results[1]["virtual"]["losses"] == run["losses"]  # every rank reports the same numbers
     assert run["losses"][-1] != pytest.approx(run["losses"][0], rel=1e-3)  # and training did something
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("compression", "units", "shapes", "boundaries"),
+    [
+        # the rule keeps 2 ranks: the 5 active sub-layers are cut into 4 stages again, 2 on each rank
+        ("none", 1, [(0, 2, 1), (1, 2, 1)], [3, 4, 5, 6, 8]),
+        # 3 active sub-layers cannot fill 2 ranks x 2 stages: 1 rank holds both stages, 2 replicas
+        ("halving", 2, [(0, 2, 1), (2, 1, 2)], [5, 6, 8]),
+    ],
+)
+def test_a_transition_re_partitions_the_stages_of_every_rank(
+    compression: str, units: int, shapes: list[tuple[int, int, int]], boundaries: list[int], reference: dict[str, Any]
+) -> None:
+    config = _config({1: units}, pipe_len=2, virtual=2, schedule="interleaved", compression=compression)
+    results = run_distributed(_run, 2, {"virtual": config}, timeout=180)
+    run, frozen = results[0]["virtual"], reference[f"frozen{units}"]
+    assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in run["epochs"]] == shapes
+    (transition,) = run["transitions"]
+    assert transition["boundaries"] == boundaries  # v = 2 stages per rank: 2 * pipe_len + 1 boundaries
+    assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
+    assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
+    assert results[1]["virtual"]["losses"] == run["losses"]
