@@ -13,12 +13,64 @@ from typing import Any
 import pytest
 
 import tiny_vit
+from elastic_pipe.freeze import ManualSchedule
+from elastic_pipe.groups import plan_spmd
+from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout_rule import MemoryBudget, decide_units, initial_layout, next_layout
+from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed
+from elastic_pipe.types import Layout
 
 #: Runs on a 160-sample slice of the digits so that 2 epochs take a few seconds.
 SAMPLES = 160
 #: Steps of one epoch: 4/5 of the samples train, 32 a step.
 STEPS = (SAMPLES - SAMPLES // 5) // 32
+
+
+def test_the_layout_rule_cuts_v_stages_per_rank_and_keeps_v_at_transitions() -> None:
+    costs = [1.0] * 8
+    layout, budget = initial_layout(costs, 2, 2, solver="optimal", microbatches=2, virtual=2)
+    assert layout == Layout(0, 2, 1, (0, 2, 4, 6, 8), 2, virtual=2)
+    assert budget == 4.0  # the bottleneck of 2 ranks' blocks, what the compression rule compares
+    # one stage per rank: the layout of before, bit for bit
+    assert initial_layout(costs, 2, 2, solver="optimal", microbatches=2) == (Layout(0, 2, 1, (0, 4, 8), 2), 4.0)
+    kept = next_layout(
+        layout, 3, costs, compression=COMPRESSION_RULES["none"], solver="optimal", budget=budget, world_size=2
+    )
+    assert kept == Layout(3, 2, 1, (3, 5, 6, 7, 8), 2, virtual=2)
+    # halving: 3 active sub-layers fill 1 rank x 2 stages, never 2 x 2
+    halved = next_layout(
+        layout, 5, costs, compression=COMPRESSION_RULES["halving"], solver="optimal", budget=budget, world_size=2
+    )
+    assert (halved.pipe_len, halved.replicas, halved.virtual, halved.boundaries) == (1, 2, 2, (5, 7, 8))
+    # freezing stops while every one of the K x v stages (v on one rank, when the rule may shorten) keeps a layer
+    for rule, cap in (("none", 4), ("halving", 6)):
+        units = decide_units(
+            ManualSchedule(7, {1: 7}),
+            epoch=1,
+            step=1,
+            current=0,
+            unit_ends=(1, 2, 3, 4, 5, 6, 7),
+            num_sublayers=8,
+            pipe_len=2,
+            compression=COMPRESSION_RULES[rule],
+            virtual=2,
+        )
+        assert units == cap
+
+
+def test_a_rank_holds_and_receives_the_layers_of_all_its_stages() -> None:
+    layout = Layout(2, 2, 1, (2, 3, 4, 6, 8), 2, virtual=2)  # rank 0: stages 0, 2; rank 1: stages 1, 3
+    plan = plan_spmd(2, 2)
+    assert owned_sublayers(layout, plan, 0) == (2, 4, 5)
+    assert owned_sublayers(layout, plan, 1) == (3, 6, 7)
+    assert held_sublayers(layout, plan, 0) == (0, 1, 2, 4, 5)  # with the frozen prefix
+    budget = MemoryBudget(100, (1,) * 8, (10,) * 8)
+    assert budget.stage_bytes(layout) == [3 + 20, 3]
+    # 4 stages over 2 ranks -> 2 stages on 1 rank and 2 replicas: each rank gains what its position lacks
+    one = Layout(5, 1, 2, (5, 6, 8), 1, virtual=2)
+    moves = [(t.src, t.dst, t.sublayers, t.optimizer_state) for t in plan_transfers(layout, one, plan, plan_spmd(2, 1))]
+    assert moves == [(0, 1, (0, 1, 2, 4), False), (0, 1, (5,), True), (1, 0, (3,), False), (1, 0, (6, 7), True)]
 
 
 def _config(freeze: dict[int, int] | None = None, **pipeline: Any) -> Any:
@@ -93,3 +145,18 @@ def test_a_transition_re_partitions_the_stages_of_every_rank(
     assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
     assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
     assert results[1]["virtual"]["losses"] == run["losses"]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("compression", "units"), [("none", 1), ("halving", 2)])
+def test_the_zero_bubble_schedule_trains_through_a_transition(
+    compression: str, units: int, reference: dict[str, Any]
+) -> None:
+    """ZB-H1 (``zb1p``, one stage per rank: input and weight gradients apart) with a transition inside."""
+    config = _config({1: units}, pipe_len=2, schedule="zb1p", compression=compression)
+    results = run_distributed(_run, 2, {"zb": config}, timeout=180)
+    run, frozen = results[0]["zb"], reference[f"frozen{units}"]
+    assert len(run["transitions"]) == 1
+    assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
+    assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
+

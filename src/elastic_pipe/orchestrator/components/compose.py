@@ -79,8 +79,7 @@ def check_runnable_schedule(schedule: str, virtual: int = 1, *, checkpoint_dir: 
         sched.generate(schedule, 1, 1, virtual)
     except sched.ScheduleError as exc:
         raise ConfigError(
-            f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: "
-            f"{exc}"
+            f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: {exc}"
         ) from None
     if virtual > 1 and checkpoint_dir:
         raise ConfigError(
@@ -149,9 +148,7 @@ def components_from_config(
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
     else:
         policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
-    check_runnable_schedule(
-        schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, probe=freeze.needs_probe(policy)
-    )
+    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, probe=freeze.needs_probe(policy))
     return Components(
         model=model,
         data=samples,
