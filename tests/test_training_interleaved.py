@@ -159,4 +159,3 @@ def test_the_zero_bubble_schedule_trains_through_a_transition(
     assert len(run["transitions"]) == 1
     assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
     assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
-

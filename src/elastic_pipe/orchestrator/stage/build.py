@@ -81,13 +81,13 @@ def build_runner(
         return GraphedStep(local, always=graph_always) if graph else local
     held = [(stage, module, examples), *others]
     num_stages = k * len(held)
-    stages = [_pipeline_stage(m, s, num_stages, device, group, ex) for s, m, ex in held]
+    stages = [_pipeline_stage(m, s, num_stages, device=device, group=group, examples=ex) for s, m, ex in held]
     plan = sched.generate(schedule, k, microbatches, len(held))
     return sched.torch_schedule(plan, stage % k, stages, loss_fn, scale_grads=True)
 
 
 def _pipeline_stage(
-    module: nn.Module, s: int, num_stages: int, device: torch.device, group: dist.ProcessGroup, examples: Examples
+    module: nn.Module, s: int, num_stages: int, *, device: torch.device, group: dist.ProcessGroup, examples: Examples
 ) -> PipelineStage:
     """Stage ``s`` of ``num_stages`` over ``module``, its shapes declared from ``examples``."""
     example_in, example_out = examples()
