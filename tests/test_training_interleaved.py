@@ -15,6 +15,7 @@ import pytest
 import tiny_vit
 from elastic_pipe.freeze import ManualSchedule
 from elastic_pipe.groups import plan_spmd
+from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget, decide_units, initial_layout, next_layout
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers, plan_transfers
@@ -142,6 +143,7 @@ def test_a_transition_re_partitions_the_stages_of_every_rank(
     assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in run["epochs"]] == shapes
     (transition,) = run["transitions"]
     assert transition["boundaries"] == boundaries  # v = 2 stages per rank: 2 * pipe_len + 1 boundaries
+    assert [e["boundaries"] for e in planned_epochs(config)] == [[0, 2, 4, 6, 8], boundaries]  # the dry run agrees
     assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
     assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
     assert results[1]["virtual"]["losses"] == run["losses"]
