@@ -126,21 +126,28 @@ def test_two_stages_per_rank_train_as_one_process(schedule: str, reference: dict
 
 @pytest.mark.distributed
 @pytest.mark.parametrize(
-    ("compression", "units", "shapes", "boundaries"),
+    ("compression", "units", "shapes", "boundaries", "cache"),
     [
         # the rule keeps 2 ranks: the 5 active sub-layers are cut into 4 stages again, 2 on each rank
-        ("none", 1, [(0, 2, 1), (1, 2, 1)], [3, 4, 5, 6, 8]),
-        # 3 active sub-layers cannot fill 2 ranks x 2 stages: 1 rank holds both stages, 2 replicas
-        ("halving", 2, [(0, 2, 1), (2, 1, 2)], [5, 6, 8]),
+        ("none", 1, [(0, 2, 1), (1, 2, 1)], [3, 4, 5, 6, 8], "off"),
+        # 3 active sub-layers cannot fill 2 ranks x 2 stages: 1 rank holds both stages, 2 replicas; the frozen
+        # prefix is served from the activation cache
+        ("halving", 2, [(0, 2, 1), (2, 1, 2)], [5, 6, 8], "on"),
     ],
 )
 def test_a_transition_re_partitions_the_stages_of_every_rank(
-    compression: str, units: int, shapes: list[tuple[int, int, int]], boundaries: list[int], reference: dict[str, Any]
+    compression: str,
+    units: int,
+    shapes: list[tuple[int, int, int]],
+    boundaries: list[int],
+    cache: str,
+    reference: dict[str, Any],
 ) -> None:
-    config = _config({1: units}, pipe_len=2, virtual=2, schedule="interleaved", compression=compression)
+    config = _config({1: units}, pipe_len=2, virtual=2, schedule="interleaved", compression=compression, cache=cache)
     results = run_distributed(_run, 2, {"virtual": config}, timeout=180)
     run, frozen = results[0]["virtual"], reference[f"frozen{units}"]
     assert [(e["frozen_units"], e["pipe_len"], e["replicas"]) for e in run["epochs"]] == shapes
+    assert [e["cache"] for e in run["epochs"]] == [False, cache == "on"]
     (transition,) = run["transitions"]
     assert transition["boundaries"] == boundaries  # v = 2 stages per rank: 2 * pipe_len + 1 boundaries
     assert [e["boundaries"] for e in planned_epochs(config)] == [[0, 2, 4, 6, 8], boundaries]  # the dry run agrees
