@@ -68,7 +68,6 @@ def test_a_schedule_of_several_stages_per_rank_is_accepted_with_virtual(name: st
         ({"pipeline": {"schedule": "1f1b", "virtual": 2}}, "1f1b holds one stage per rank"),
         ({"pipeline": {"schedule": "zb1p", "virtual": 2}}, "ZB-H1) holds one stage per rank"),
         ({"checkpoint": {"dir": "/tmp/ckpt"}}, "checkpoints of several stages per rank are not supported yet"),
-        ({"freeze": {"policy": "drift"}}, "the freeze probe (a drift policy) does not run with several stages"),
     ],
 )
 def test_what_several_stages_per_rank_cannot_run_is_refused_in_one_line(tables: dict[str, Any], reason: str) -> None:

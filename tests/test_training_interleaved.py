@@ -15,8 +15,8 @@ import pytest
 import tiny_vit
 from elastic_pipe.freeze import ManualSchedule
 from elastic_pipe.groups import plan_spmd
-from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.layout_rule import MemoryBudget, decide_units, initial_layout, next_layout
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed
@@ -135,7 +135,7 @@ def test_two_stages_per_rank_train_as_one_process(schedule: str, reference: dict
         ("halving", 2, [(0, 2, 1), (2, 1, 2)], [5, 6, 8], "on"),
     ],
 )
-def test_a_transition_re_partitions_the_stages_of_every_rank(
+def test_a_transition_re_partitions_the_stages_of_every_rank(  # noqa: PLR0917 - the parametrized cases
     compression: str,
     units: int,
     shapes: list[tuple[int, int, int]],
@@ -168,3 +168,30 @@ def test_the_zero_bubble_schedule_trains_through_a_transition(
     assert len(run["transitions"]) == 1
     assert run["losses"] == pytest.approx(frozen["losses"], rel=1e-10, abs=1e-12)
     assert run["final_eval_loss"] == pytest.approx(frozen["final_eval_loss"], rel=1e-10)
+
+
+def _drift_run(ctx: RankContext, config: Any) -> dict[str, Any]:
+    """``config`` trained under a drift policy that records the probe's changes and freezes a unit whenever asked."""
+    from elastic_pipe.orchestrator import ElasticTrainer
+    from recording_drift import RecordingDrift
+
+    policy = RecordingDrift(3, threshold=1e9, patience=1, tolerance=None)  # every change is below the threshold
+    with ElasticTrainer(config, data=_samples(), policy=policy, quiet=True) as trainer:
+        result = trainer.fit()
+    shapes = [(t["frozen_units"], t["pipe_len"]) for t in result.transitions]
+    return {"seen": policy.seen, "shapes": shapes, "losses": result.losses}
+
+
+@pytest.mark.distributed
+def test_the_freeze_probe_travels_down_two_stages_per_rank() -> None:
+    """The probe runs through 2 ranks x 2 stages, then (halving, 2 units frozen) through 2 stages on one rank."""
+    tables = {"freeze.decide_every": 2}
+    (one,) = run_distributed(_drift_run, 1, _config().override(tables), timeout=120)
+    config = _config(pipe_len=2, virtual=2, schedule="interleaved", compression="halving").override(tables)
+    results = run_distributed(_drift_run, 2, config, timeout=180)
+    run = results[0]
+    assert run["shapes"] == [(1, 2), (2, 1)] and [u for u, _ in one["shapes"]] == [1, 2]
+    assert len(run["seen"]) == len(one["seen"]) >= 3  # a measurement at every decision point
+    for mine, reference in zip(run["seen"], one["seen"], strict=True):
+        assert mine == pytest.approx(reference, rel=1e-9, abs=1e-12)
+    assert run["losses"] == pytest.approx(one["losses"], rel=1e-10, abs=1e-12)

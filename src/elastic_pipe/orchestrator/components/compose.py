@@ -57,20 +57,19 @@ class Components:
     eval_data: Samples | Any | None = None
 
 
-def check_runnable_schedule(schedule: str, virtual: int = 1, *, checkpoint_dir: str = "", probe: bool = False) -> None:
+def check_runnable_schedule(schedule: str, virtual: int = 1, *, checkpoint_dir: str = "") -> None:
     """Refuse a registered schedule the runtime cannot run with ``virtual`` stages per rank, before any process
     starts.
 
     The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
     runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate` on one
     rank and one micro-batch): ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2.
-    With v > 1 checkpoints and a policy that reads the freeze probe (``drift``) do not run yet.
+    With v > 1 checkpoints do not run yet.
 
     Args:
         schedule: a registered schedule kind.
         virtual: stages per rank.
         checkpoint_dir: ``[checkpoint] dir`` ("" for none).
-        probe: whether the freeze policy reads the probe's output drift.
 
     Raises:
         ConfigError: one line naming the schedule, v and the generator's reason, or what v > 1 cannot do yet.
@@ -85,11 +84,6 @@ def check_runnable_schedule(schedule: str, virtual: int = 1, *, checkpoint_dir: 
         raise ConfigError(
             f"pipeline.virtual = {virtual}: checkpoints of several stages per rank are not supported yet; "
             "set checkpoint.dir = '' or pipeline.virtual = 1"
-        )
-    if virtual > 1 and probe:
-        raise ConfigError(
-            f"pipeline.virtual = {virtual}: the freeze probe (a drift policy) does not run with several stages per "
-            "rank yet; choose another freeze.policy or pipeline.virtual = 1"
         )
 
 
@@ -143,12 +137,12 @@ def components_from_config(
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
+    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
     else:
         policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
-    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, probe=freeze.needs_probe(policy))
     return Components(
         model=model,
         data=samples,

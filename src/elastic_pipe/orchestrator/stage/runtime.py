@@ -51,10 +51,11 @@ class StageRuntime:
         self.stage = int(plan.stage_of(ctx.rank))
         self.replica = int(plan.replica_of(ctx.rank))
         self.owned = ctx.owned(layout)
-        placement = layout.placement()
+        #: Which stages, and so which sub-layers, each rank of the pipeline runs (loop style).
+        self.placement = layout.placement()
         #: The stages this rank runs and their sub-layers ``(lo, hi)``, in order (one with one stage per rank).
-        self._stages = placement.stages_of(self.stage)
-        self._ranges = placement.ranges_of(self.stage)
+        self._stages = self.placement.stages_of(self.stage)
+        self._ranges = self.placement.ranges_of(self.stage)
         sublayers = ctx.sublayers
         self.modules = [nn.Sequential(*ctx.stage_sublayers(lo, hi)) for lo, hi in self._ranges]
         for m in self.modules:
