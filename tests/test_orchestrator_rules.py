@@ -68,6 +68,13 @@ def test_a_schedule_of_several_stages_per_rank_is_accepted_with_virtual(name: st
         ({"pipeline": {"schedule": "1f1b", "virtual": 2}}, "1f1b holds one stage per rank"),
         ({"pipeline": {"schedule": "zb1p", "virtual": 2}}, "ZB-H1) holds one stage per rank"),
         ({"checkpoint": {"dir": "/tmp/ckpt"}}, "checkpoints of several stages per rank are not supported yet"),
+        (
+            {
+                "pipeline": {"schedule": "interleaved", "virtual": 2, "pipe_len": 2, "microbatches": 3},
+                "train": {"global_batch": 60},
+            },
+            "microbatches to be a multiple of ranks=2",
+        ),
     ],
 )
 def test_what_several_stages_per_rank_cannot_run_is_refused_in_one_line(tables: dict[str, Any], reason: str) -> None:
@@ -76,7 +83,7 @@ def test_what_several_stages_per_rank_cannot_run_is_refused_in_one_line(tables: 
         "pipeline": {"schedule": "interleaved", "virtual": 2},
         "freeze": {"policy": "manual", "options": {"schedule": {}}},
     }
-    config = config_from_tables({**base, **tables})
+    config = config_from_tables({**base, "launch": {"nproc_per_node": 2}, **tables})
     with pytest.raises(ConfigError, match="virtual = 2") as info:
         components_from_config(config)
     assert reason in str(info.value) and "\n" not in str(info.value)

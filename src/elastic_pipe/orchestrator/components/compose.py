@@ -4,6 +4,7 @@ config names (each keyword given is used instead).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,15 @@ from elastic_pipe.orchestrator.components.policy import adapt_policy, make_polic
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
-from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
+from elastic_pipe.orchestrator.data import (
+    Loss,
+    Samples,
+    as_data,
+    cross_entropy,
+    is_samples,
+    num_samples,
+    reachable_pipe_lens,
+)
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
@@ -57,25 +66,33 @@ class Components:
     eval_data: Samples | Any | None = None
 
 
-def check_runnable_schedule(schedule: str, virtual: int = 1, *, checkpoint_dir: str = "") -> None:
+def check_runnable_schedule(
+    schedule: str,
+    virtual: int = 1,
+    *,
+    checkpoint_dir: str = "",
+    shapes: Iterable[tuple[int, int]] = ((1, 1),),
+) -> None:
     """Refuse a registered schedule the runtime cannot run with ``virtual`` stages per rank, before any process
     starts.
 
     The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
-    runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate` on one
-    rank and one micro-batch): ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2.
-    With v > 1 checkpoints do not run yet.
+    runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
+    ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
+    of the pipeline length. With v > 1 checkpoints do not run yet.
 
     Args:
         schedule: a registered schedule kind.
         virtual: stages per rank.
         checkpoint_dir: ``[checkpoint] dir`` ("" for none).
+        shapes: the ``(pipeline length, micro-batches)`` pairs the run may reach.
 
     Raises:
         ConfigError: one line naming the schedule, v and the generator's reason, or what v > 1 cannot do yet.
     """
     try:
-        sched.generate(schedule, 1, 1, virtual)
+        for ranks, microbatches in shapes:
+            sched.generate(schedule, ranks, microbatches, virtual)
     except sched.ScheduleError as exc:
         raise ConfigError(
             f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: {exc}"
@@ -137,7 +154,8 @@ def components_from_config(
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
-    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir)
+    shapes = [(k, config.microbatches_for(k)) for k in reachable_pipe_lens(p.pipe_len, config.world_size)]
+    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, shapes=shapes)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
