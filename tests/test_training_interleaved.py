@@ -125,6 +125,21 @@ def test_two_stages_per_rank_train_as_one_process(schedule: str, reference: dict
 
 
 @pytest.mark.distributed
+def test_two_replicas_of_two_stages_per_rank_average_every_stage(reference: dict[str, Any]) -> None:
+    """4 ranks: 2 replicas of a 2-rank pipeline, 2 stages on each rank; the gradients of both stages a rank holds
+    are averaged with the other replica's."""
+    config = _config(pipe_len=2, virtual=2, schedule="interleaved", compression="none").override(
+        {"launch.nproc_per_node": 4}
+    )
+    results = run_distributed(_run, 4, {"virtual": config}, timeout=240)
+    run = results[0]["virtual"]
+    assert [(e["pipe_len"], e["replicas"]) for e in run["epochs"]] == [(2, 2), (2, 2)]
+    assert run["losses"] == pytest.approx(reference["fixed"]["losses"], rel=1e-10, abs=1e-12)
+    assert run["final_eval_loss"] == pytest.approx(reference["fixed"]["final_eval_loss"], rel=1e-10)
+    assert all(r["virtual"]["losses"] == run["losses"] for r in results)
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize(
     ("compression", "units", "shapes", "boundaries", "cache"),
     [
