@@ -117,8 +117,8 @@ class RunContext:
         """The rank plan of ``layout``'s pipeline length."""
         return self.groups.plan(layout.pipe_len)
 
-    def owned(self, layout: Layout) -> range:
-        """The sub-layers this rank's stage trains in ``layout``."""
+    def owned(self, layout: Layout) -> range | tuple[int, ...]:
+        """The sub-layers this rank's stages train in ``layout``."""
         return owned_sublayers(layout, self.plan(layout), self.rank)
 
     def held(self, layout: Layout) -> tuple[int, ...]:

@@ -30,6 +30,7 @@ def message_for(layout: Layout, *, epoch: int, step: int, budget: float, changed
         pipe_len=layout.pipe_len,
         boundaries=tuple(layout.boundaries),
         microbatches=layout.microbatches,
+        virtual=layout.virtual,
         max_cost_at_start=float(budget),
         changed_ranks=tuple(changed),
     )
@@ -43,7 +44,9 @@ def layout_from_message(msg: TransitionMessage, world_size: int) -> Layout:
     """
     if world_size % msg.pipe_len:
         raise OrchestratorError(f"message pipe_len={msg.pipe_len} does not divide the world size {world_size}")
-    return Layout(msg.frozen, msg.pipe_len, world_size // msg.pipe_len, tuple(msg.boundaries), msg.microbatches)
+    return Layout(
+        msg.frozen, msg.pipe_len, world_size // msg.pipe_len, tuple(msg.boundaries), msg.microbatches, msg.virtual
+    )
 
 
 def announce(

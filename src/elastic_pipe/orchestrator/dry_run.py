@@ -86,6 +86,7 @@ def _every_n_steps(
             num_sublayers=len(costs),
             pipe_len=layout.pipe_len,
             compression=parts.compression,
+            virtual=layout.virtual,
         )
         new = next_layout(
             layout,
@@ -148,5 +149,6 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
             microbatches_for=config.microbatches_for,
             pipe_lens=candidate_pipe_lens(config),
             memory=memory_budget(config, parts.model),
+            virtual=config.pipeline.virtual,
         )
     return [{"epoch": epoch, **_row(units, layout)} for epoch, (units, layout) in enumerate(sequence)]

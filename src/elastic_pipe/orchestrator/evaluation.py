@@ -5,7 +5,9 @@ replica's pipeline: stage 0 reads the inputs and runs the frozen prefix and its 
 prefix is released because the activation cache serves it, reads the prefix's outputs kept for the evaluation
 split, :meth:`~.prefix.FrozenPrefix.eval_input`, and runs its own sub-layers on them), every stage sends
 its output to the next one (point to point, a small header with the shape and dtype first), and the last stage
-scores the batch. One all-reduce sums the loss, the correct answers and the counts over the world.
+scores the batch. With several stages per rank (``layout.virtual`` > 1) a rank runs each of its stages in turn,
+the batch travelling down the stages (:meth:`~elastic_pipe.types.Layout.placement`) and so round the ranks v times.
+One all-reduce sums the loss, the correct answers and the counts over the world.
 """
 
 from __future__ import annotations
@@ -69,13 +71,18 @@ def evaluate(ctx: RunContext, layout: Layout, prefix: FrozenPrefix) -> tuple[flo
         The mean loss and the accuracy (``None`` when the output is not per-sample class scores).
     """
     plan = ctx.plan(layout)
-    stage, replica = int(plan.stage_of(ctx.rank)), int(plan.replica_of(ctx.rank))
-    last = stage == layout.pipe_len - 1
+    position, replica = int(plan.stage_of(ctx.rank)), int(plan.replica_of(ctx.rank))
+    placement = layout.placement()
+    last = position == layout.pipe_len - 1  # the last position holds the last stage (loop placement)
     pipeline = plan.pipeline_groups[replica]
     group = ctx.groups.pipeline_group(layout.pipe_len)
-    lo, hi = layout.boundaries[stage], layout.boundaries[stage + 1]
-    kept = stage == 0 and prefix.released > 0  # the prefix's outputs are kept, its weights released
-    start = 0 if stage == 0 and not kept else lo  # stage 0 runs the frozen prefix too, unless it is released
+    # (stage, its rank's position, the sub-layers it runs, the next stage's position or None after the last)
+    ranks, n = placement.ranks, placement.num_stages
+    kept = position == 0 and prefix.released > 0  # the prefix's outputs are kept, its weights released
+    runs = [
+        (s, lo if s > 0 or kept else 0, hi, ranks[s + 1] if s + 1 < n else None)  # stage 0 runs the prefix too,
+        for s, (lo, hi) in zip(placement.stages_of(position), placement.ranges_of(position), strict=True)
+    ]  # unless it is released
     was = ctx.model.training
     ctx.model.eval()
     data = ctx.eval_set
@@ -83,20 +90,25 @@ def evaluate(ctx: RunContext, layout: Layout, prefix: FrozenPrefix) -> tuple[flo
     chunks = [chunk.tolist() for chunk in torch.split(mine, EVAL_BATCH)]
     totals = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss sum, correct, count, not-classified
     sublayers = ctx.sublayers
-    for batch in data.batches(chunks, inputs=stage == 0 and not kept, labels=last, device=ctx.device):
-        x: torch.Tensor | None
-        if kept:
-            x, at = prefix.eval_input(batch.positions)
-            assert at == layout.frozen == lo
-        else:
-            x = batch.inputs if stage == 0 else recv_activation(pipeline[stage - 1], ctx.device, group)
-        assert x is not None  # stage 0 reads inputs
-        with ctx.autocast():
-            for j in range(start, hi):
-                x = sublayers[j](x)
+    for batch in data.batches(chunks, inputs=position == 0 and not kept, labels=last, device=ctx.device):
+        x: torch.Tensor | None = None
+        for s, start, hi, after in runs:
+            if s == 0 and kept:
+                x, at = prefix.eval_input(batch.positions)
+                assert at == layout.frozen == start
+            elif s == 0:
+                x = batch.inputs
+            elif ranks[s - 1] != position:  # from another rank (with one rank, the stages pass it along here)
+                x = recv_activation(pipeline[ranks[s - 1]], ctx.device, group)
+            assert x is not None  # stage 0 reads inputs
+            with ctx.autocast():
+                for j in range(start, hi):
+                    x = sublayers[j](x)
+            if after is not None and after != position:
+                send_activation(x, pipeline[after], group)
         if not last:
-            send_activation(x, pipeline[stage + 1], group)
             continue
+        assert x is not None  # the last stage ran here
         y = batch.labels
         assert y is not None  # the last stage reads labels
         rows = len(batch.positions)

@@ -54,6 +54,7 @@ def initial_state(ctx: RunContext) -> RunState:
             solver=ctx.parts.partitioner,
             microbatches_for=c.microbatches_for,
             memory=ctx.memory,
+            virtual=c.pipeline.virtual,
         )
         return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
 
@@ -159,6 +160,7 @@ def decide(
             num_sublayers=len(ctx.costs),
             pipe_len=current.pipe_len,
             compression=rule,
+            virtual=current.virtual,
         )
         layout = layout_rule.next_layout(
             current,

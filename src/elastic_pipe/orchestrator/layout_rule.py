@@ -8,6 +8,11 @@ functions, so a plan predicts exactly the layouts a run performs. The partition 
 A per-rank memory budget (:class:`MemoryBudget`, from ``[pipeline] memory_budget``) bounds every layout on top of
 that: the initial length is the shortest that fits it (:func:`initial_layout_within`), and when a rule's choice
 does not fit, :func:`next_layout` takes the shortest longer length, up to the current one, that does.
+
+With several stages per rank (``[pipeline] virtual`` = v > 1, interleaved schedules) the rule chooses the number
+of ranks K as with one (the compression rule and the budget see each rank's share of the layers as one block),
+then partitions the active sub-layers over ``K * v`` stages, placed in loop style
+(:meth:`~elastic_pipe.types.Layout.placement`): a layout keeps its v through every transition.
 """
 
 from __future__ import annotations
@@ -62,9 +67,14 @@ class MemoryBudget:
         return cls(limit, tuple(b * (2 + optimizer_slots) for b in param_bytes), tuple(param_bytes))
 
     def stage_bytes(self, layout: Layout) -> list[int]:
-        """Bytes each stage's ranks hold under ``layout`` (stage 0 with the frozen prefix)."""
+        """Bytes the ranks of each pipeline position hold under ``layout`` (all their stages; position 0 with the
+        frozen prefix)."""
         b = layout.boundaries
-        out = [sum(self.active[b[s] : b[s + 1]]) for s in range(layout.pipe_len)]
+        if layout.virtual == 1:
+            out = [sum(self.active[b[s] : b[s + 1]]) for s in range(layout.pipe_len)]
+        else:
+            placement = layout.placement()
+            out = [sum(sum(self.active[lo:hi]) for lo, hi in placement.ranges_of(p)) for p in range(layout.pipe_len)]
         out[0] += sum(self.frozen[: layout.frozen])
         return out
 
@@ -74,11 +84,19 @@ class MemoryBudget:
 
 
 def initial_layout(
-    costs: Sequence[float], pipe_len: int, world_size: int, *, solver: Solver, microbatches: int
+    costs: Sequence[float], pipe_len: int, world_size: int, *, solver: Solver, microbatches: int, virtual: int = 1
 ) -> tuple[Layout, float]:
-    """The layout at the start (nothing frozen) and its bottleneck cost, the budget compression must respect."""
+    """The layout at the start (nothing frozen) and its bottleneck cost, the budget compression must respect.
+
+    With ``virtual`` stages per rank the sub-layers are partitioned over ``pipe_len * virtual`` stages; the budget
+    stays the bottleneck of ``pipe_len`` blocks, the granularity the compression rule compares.
+    """
     p = part.solve(list(costs), pipe_len, solver)
-    layout = Layout(0, pipe_len, world_size // pipe_len, tuple(p.boundaries), microbatches)
+    if virtual == 1:
+        layout = Layout(0, pipe_len, world_size // pipe_len, tuple(p.boundaries), microbatches)
+    else:
+        stages = part.solve(list(costs), pipe_len * virtual, solver)
+        layout = Layout(0, pipe_len, world_size // pipe_len, tuple(stages.boundaries), microbatches, virtual)
     return layout, float(p.bottleneck)
 
 
@@ -90,15 +108,19 @@ def initial_layout_within(
     *,
     solver: Solver,
     microbatches_for: Callable[[int], int],
+    virtual: int = 1,
 ) -> tuple[Layout, float]:
-    """The start layout of the shortest pipeline among ``pipe_lens`` whose every rank fits ``memory``.
+    """The start layout of the shortest pipeline among ``pipe_lens`` whose every rank fits ``memory`` (``virtual``
+    stages per rank).
 
     Raises:
         ConfigError: no length fits; the message gives the bytes the best one needs per rank and the limit.
     """
     best: tuple[int, int] | None = None
     for k in sorted(pipe_lens):
-        layout, bottleneck = initial_layout(costs, k, world_size, solver=solver, microbatches=microbatches_for(k))
+        layout, bottleneck = initial_layout(
+            costs, k, world_size, solver=solver, microbatches=microbatches_for(k), virtual=virtual
+        )
         need = max(memory.stage_bytes(layout))
         if need <= memory.limit:
             return layout, bottleneck
@@ -119,19 +141,21 @@ def start_layout(
     solver: Solver,
     microbatches_for: Callable[[int], int],
     memory: MemoryBudget | None = None,
+    virtual: int = 1,
 ) -> tuple[Layout, float]:
     """A run's first layout and the bottleneck compression keeps: over the initial length ``pipe_lens[0]``, or
-    with a memory budget over the shortest of ``pipe_lens`` that fits it (:func:`initial_layout_within`).
+    with a memory budget over the shortest of ``pipe_lens`` that fits it (:func:`initial_layout_within`), with
+    ``virtual`` stages per rank.
 
     Raises:
         ConfigError: a budget no length fits.
     """
     if memory is not None:
         return initial_layout_within(
-            costs, pipe_lens, world_size, memory, solver=solver, microbatches_for=microbatches_for
+            costs, pipe_lens, world_size, memory, solver=solver, microbatches_for=microbatches_for, virtual=virtual
         )
     k = pipe_lens[0]
-    return initial_layout(costs, k, world_size, solver=solver, microbatches=microbatches_for(k))
+    return initial_layout(costs, k, world_size, solver=solver, microbatches=microbatches_for(k), virtual=virtual)
 
 
 def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:
@@ -158,7 +182,7 @@ def next_layout(
     microbatches_for: Callable[[int], int] | None = None,
     memory: MemoryBudget | None = None,
 ) -> Layout:
-    """The layout once the first ``frozen`` sub-layers are frozen.
+    """The layout once the first ``frozen`` sub-layers are frozen (with ``current``'s stages per rank).
 
     Args:
         current: the layout now.
@@ -185,17 +209,22 @@ def next_layout(
             f"compression {compression.name!r} chose pipe_len={pipe_len}, which does not divide the world size "
             f"{world_size}"
         )
+    active = list(costs[frozen:])
+    if current.virtual > 1:  # the ranks chosen, the active sub-layers are cut into v stages per rank
+        v = current.virtual
+        pipe_len = max(k for k in range(1, pipe_len + 1) if world_size % k == 0 and k * v <= len(active))
+        p = part.solve(active, pipe_len * v, solver)
     layout = _layout(frozen, p, world_size, current, microbatches_for)
     if memory is None or memory.fits(layout):
         return layout
-    active = len(costs) - frozen
     longer = [
         k
-        for k in range(pipe_len + 1, min(current.pipe_len, active) + 1)
+        for k in range(pipe_len + 1, min(current.pipe_len, len(active) // current.virtual) + 1)
         if current.pipe_len % k == 0 and world_size % k == 0
     ]
     for k in longer:
-        candidate = _layout(frozen, part.solve(list(costs[frozen:]), k, solver), world_size, current, microbatches_for)
+        stages = part.solve(active, k * current.virtual, solver)
+        candidate = _layout(frozen, stages, world_size, current, microbatches_for)
         if memory.fits(candidate):
             return candidate
     return current  # no layout of this many frozen sub-layers fits: the freeze waits for the next decision
@@ -204,10 +233,11 @@ def next_layout(
 def _layout(
     frozen: int, p: part.Partition, world_size: int, current: Layout, microbatches_for: Callable[[int], int] | None
 ) -> Layout:
-    pipe_len = p.num_stages
+    """The layout of partition ``p``'s stages, ``current.virtual`` of them per rank."""
+    pipe_len = p.num_stages // current.virtual
     boundaries = tuple(frozen + b for b in p.boundaries)
     microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
-    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches)
+    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches, current.virtual)
 
 
 def frozen_sublayers(unit_ends: Sequence[int], units: int) -> int:
@@ -225,11 +255,13 @@ def decide_units(
     num_sublayers: int,
     pipe_len: int,
     compression: CompressionRule,
+    virtual: int = 1,
 ) -> int:
     """The frozen unit count after a decision point: the policy's proposal (checked by
-    :func:`elastic_pipe.freeze.decide`), capped so that the pipeline keeps an active sub-layer per stage when the
-    rule keeps its length (one otherwise), and never below ``current``."""
-    cap = max_frozen_units(unit_ends, num_sublayers, pipe_len if compression.keeps_length else 1)
+    :func:`elastic_pipe.freeze.decide`), capped so that the pipeline keeps an active sub-layer per stage
+    (``pipe_len * virtual`` stages when the rule keeps its length, ``virtual`` on one rank otherwise), and never
+    below ``current``."""
+    cap = max_frozen_units(unit_ends, num_sublayers, (pipe_len if compression.keeps_length else 1) * virtual)
     return max(min(freeze.decide(policy, epoch, step, current), cap), current)
 
 
@@ -247,6 +279,7 @@ def layout_sequence(
     microbatches_for: Callable[[int], int],
     pipe_lens: Sequence[int] | None = None,
     memory: MemoryBudget | None = None,
+    virtual: int = 1,
 ) -> list[tuple[int, Layout]]:
     """``(frozen units, layout)`` per epoch, decided exactly as a run decides them (a decision point before every
     epoch but the first), for a policy that reads no measured statistics (``needs_stats`` False).
@@ -264,9 +297,16 @@ def layout_sequence(
         microbatches_for: micro-batches for a pipeline length.
         pipe_lens: the reachable lengths, ``pipe_len`` first (default: ``pipe_len`` alone); read with ``memory``.
         memory: the per-rank budget, as a run applies it (start and compression).
+        virtual: stages per rank.
     """
     layout, budget = start_layout(
-        costs, pipe_lens or (pipe_len,), world_size, solver=solver, microbatches_for=microbatches_for, memory=memory
+        costs,
+        pipe_lens or (pipe_len,),
+        world_size,
+        solver=solver,
+        microbatches_for=microbatches_for,
+        memory=memory,
+        virtual=virtual,
     )
     units = 0
     out = [(units, layout)]
@@ -280,6 +320,7 @@ def layout_sequence(
             num_sublayers=len(costs),
             pipe_len=layout.pipe_len,
             compression=compression,
+            virtual=virtual,
         )
         layout = next_layout(
             layout,

@@ -179,6 +179,7 @@ def planned_start(config: TrainConfig, parts: Components) -> tuple[Layout, float
         solver=parts.partitioner,
         microbatches_for=config.microbatches_for,
         memory=memory_budget(config, parts.model),
+        virtual=config.pipeline.virtual,
     )
 
 
@@ -215,6 +216,7 @@ def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
         memory,
         solver=config.pipeline.solver,
         microbatches_for=config.microbatches_for,
+        virtual=config.pipeline.virtual,
     )
 
 

@@ -81,14 +81,20 @@ class Transfer:
     optimizer_state: bool
 
 
-def _stage_ranges(layout: Layout) -> list[range]:
+def _position_sublayers(layout: Layout) -> list[range | tuple[int, ...]]:
+    """The active sub-layers of each pipeline position (rank of a replica): one stage's range with one stage per
+    rank, the layers of its stages (:meth:`~elastic_pipe.types.Layout.placement`, loop style) with several."""
     b = layout.boundaries
-    return [range(b[s], b[s + 1]) for s in range(layout.pipe_len)]
+    if layout.virtual == 1:
+        return [range(b[s], b[s + 1]) for s in range(layout.pipe_len)]
+    placement = layout.placement()
+    return [tuple(j for lo, hi in placement.ranges_of(p) for j in range(lo, hi)) for p in range(layout.pipe_len)]
 
 
-def owned_sublayers(layout: Layout, plan: RankLayout, rank: int) -> range:
-    """The sub-layers ``rank`` holds (and trains) under ``layout``."""
-    return _stage_ranges(layout)[plan.stage_of(rank)]
+def owned_sublayers(layout: Layout, plan: RankLayout, rank: int) -> range | tuple[int, ...]:
+    """The sub-layers ``rank`` holds (and trains) under ``layout``: a range with one stage per rank, the layers of
+    its stages, increasing, with several."""
+    return _position_sublayers(layout)[plan.stage_of(rank)]
 
 
 def held_sublayers(layout: Layout, plan: RankLayout, rank: int) -> tuple[int, ...]:
@@ -101,9 +107,9 @@ def held_sublayers(layout: Layout, plan: RankLayout, rank: int) -> tuple[int, ..
 def _holders(layout: Layout, plan: RankLayout, num_sublayers: int) -> list[tuple[int, ...]]:
     """For each sub-layer, the ranks holding it under ``layout`` (increasing)."""
     holders: list[list[int]] = [[] for _ in range(num_sublayers)]
-    for s, sublayers in enumerate(_stage_ranges(layout)):
+    for position, sublayers in enumerate(_position_sublayers(layout)):
         for j in sublayers:
-            holders[j].extend(plan.dp_groups[s])
+            holders[j].extend(plan.dp_groups[position])
     for j in range(layout.frozen):
         holders[j].extend(plan.dp_groups[0])
     return [tuple(sorted(set(h))) for h in holders]
@@ -288,7 +294,9 @@ def recv_optimizer_state(
     return states, received
 
 
-def drop_foreign_state(optimizer: torch.optim.Optimizer, sublayers: Sequence[nn.Module], owned: range) -> int:
+def drop_foreign_state(
+    optimizer: torch.optim.Optimizer, sublayers: Sequence[nn.Module], owned: range | tuple[int, ...]
+) -> int:
     """Forget optimizer state of parameters this rank does not own (it lives with their owners); returns a count."""
     dropped = 0
     for j, module in enumerate(sublayers):

@@ -17,7 +17,6 @@ policy, and a user's made whole), :mod:`.steps` (a run's step counts and decisio
 from __future__ import annotations
 
 from elastic_pipe.orchestrator.components.compose import (
-    STAGES_PER_RANK,
     Components,
     check_runnable_schedule,
     components_from_config,
@@ -38,7 +37,6 @@ __all__ = [
     "DATASETS",
     "KEYS",
     "MODEL_BUILDERS",
-    "STAGES_PER_RANK",
     "Components",
     "adapt_policy",
     "build_model",

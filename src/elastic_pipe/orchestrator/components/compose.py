@@ -4,6 +4,7 @@ config names (each keyword given is used instead).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -15,14 +16,22 @@ from elastic_pipe.orchestrator.components.policy import adapt_policy, make_polic
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
-from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
+from elastic_pipe.orchestrator.data import (
+    Loss,
+    Samples,
+    as_data,
+    cross_entropy,
+    is_samples,
+    num_samples,
+    reachable_pipe_lens,
+)
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
 
-__all__ = ["STAGES_PER_RANK", "Components", "check_runnable_schedule", "components_from_config"]
+__all__ = ["Components", "check_runnable_schedule", "components_from_config"]
 
 
 @dataclass
@@ -57,27 +66,42 @@ class Components:
     eval_data: Samples | Any | None = None
 
 
-#: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
-#: a schedule whose generator needs more (``interleaved``) cannot run.
-STAGES_PER_RANK = 1
+def check_runnable_schedule(
+    schedule: str,
+    virtual: int = 1,
+    *,
+    checkpoint_dir: str = "",
+    shapes: Iterable[tuple[int, int]] = ((1, 1),),
+) -> None:
+    """Refuse a registered schedule the runtime cannot run with ``virtual`` stages per rank, before any process
+    starts.
 
+    The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
+    runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
+    ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
+    of the pipeline length. With v > 1 checkpoints do not run yet.
 
-def check_runnable_schedule(schedule: str) -> None:
-    """Refuse a registered schedule the runtime cannot run, before any process starts.
-
-    The runtime holds :data:`STAGES_PER_RANK` stage per rank; a schedule whose generator refuses that placement
-    (:func:`elastic_pipe.schedule.generate` on one rank and one micro-batch) would fail on every rank at its first
-    runner build.
+    Args:
+        schedule: a registered schedule kind.
+        virtual: stages per rank.
+        checkpoint_dir: ``[checkpoint] dir`` ("" for none).
+        shapes: the ``(pipeline length, micro-batches)`` pairs the run may reach.
 
     Raises:
-        ConfigError: one line naming the schedule and the generator's reason.
+        ConfigError: one line naming the schedule, v and the generator's reason, or what v > 1 cannot do yet.
     """
     try:
-        sched.generate(schedule, 1, 1, STAGES_PER_RANK)
+        for ranks, microbatches in shapes:
+            sched.generate(schedule, ranks, microbatches, virtual)
     except sched.ScheduleError as exc:
         raise ConfigError(
-            f"pipeline.schedule {schedule!r} cannot run here: the trainer holds one stage per rank and {exc}"
+            f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: {exc}"
         ) from None
+    if virtual > 1 and checkpoint_dir:
+        raise ConfigError(
+            f"pipeline.virtual = {virtual}: checkpoints of several stages per rank are not supported yet; "
+            "set checkpoint.dir = '' or pipeline.virtual = 1"
+        )
 
 
 def components_from_config(
@@ -130,7 +154,8 @@ def components_from_config(
     schedule = schedule if schedule is not None else p.schedule
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
-    check_runnable_schedule(schedule)
+    shapes = [(k, config.microbatches_for(k)) for k in reachable_pipe_lens(p.pipe_len, config.world_size)]
+    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, shapes=shapes)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]

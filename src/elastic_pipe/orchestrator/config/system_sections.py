@@ -67,6 +67,8 @@ class PipelineSection:
         compression: "halving" (the published rule), "memory", "none" (freeze only; length and replicas fixed), or
             ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.compression.CompressionRule` object.
         schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
+        virtual: stages per rank v (``pipe_len * virtual`` stages, stage ``s`` on rank ``s % pipe_len``): 1 for
+            ``gpipe``, ``1f1b`` and ``zb1p``, 2 or more for ``interleaved`` (micro-batches a multiple of pipe_len).
         microbatches: micro-batches per step and replica while the pipeline has more than one stage.
         microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
             (the published system profiled one M per K). A length not listed uses ``microbatches``, except
@@ -103,6 +105,7 @@ class PipelineSection:
     cost: str = "params"
     compression: str = "halving"
     schedule: str = "gpipe"
+    virtual: int = 1
     microbatches: int = 4
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
@@ -121,7 +124,7 @@ class PipelineSection:
     def __post_init__(self) -> None:
         if self.memory_budget != "" and size_bytes(self.memory_budget, "pipeline.memory_budget") < 1:
             raise ConfigError(f"pipeline.memory_budget must be at least one byte, got {self.memory_budget!r}")
-        for name in ("pipe_len", "microbatches", "cache_mb", "views"):
+        for name in ("pipe_len", "virtual", "microbatches", "cache_mb", "views"):
             check_positive_int(f"pipeline.{name}", getattr(self, name))
         for name in ("solver", "schedule"):
             check_string(f"pipeline.{name}", getattr(self, name))

@@ -1,5 +1,6 @@
-"""Building one rank's pipeline stage: its schedule runner (declared shapes, or a :class:`~.local_step.LocalStep`
-for one stage and one micro-batch, graphed or not) and the freeze units its sub-layers hold."""
+"""Building one rank's pipeline stages: their schedule runner (declared shapes, one ``PipelineStage`` per stage the
+rank holds, or a :class:`~.local_step.LocalStep` for one stage and one micro-batch, graphed or not) and the freeze
+units their sub-layers hold."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def _stage_takes_grads() -> bool:
 #: Whether this torch's PipelineStage accepts declared gradient shapes (``input_grads``/``output_grads``).
 _STAGE_TAKES_GRADS = _stage_takes_grads()
 
+#: Examples of one micro-batch at a stage's input and output (what its ``PipelineStage`` declares).
+Examples = Callable[[], tuple[torch.Tensor, torch.Tensor]]
+
 
 def build_runner(
     module: nn.Module,
@@ -42,13 +46,14 @@ def build_runner(
     grad_input: bool = False,
     graph: bool = False,
     graph_always: bool = False,
+    others: Sequence[tuple[int, nn.Module, Examples]] = (),
 ) -> Any:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
 
     Args:
         module: the stage's sub-layers.
         stage: this rank's stage index.
-        pipe_len: the number of stages.
+        pipe_len: the number of ranks of the pipeline (and of stages, without ``others``).
         microbatches: micro-batches per step.
         schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
         device: this rank's device.
@@ -61,16 +66,30 @@ def build_runner(
         graph: replay the one-stage step as a CUDA graph
             (:func:`~elastic_pipe.orchestrator.stage.graph_choice.decide_graph` says when that is safe).
         graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
+        others: the further stages this rank holds (virtual stages: index, sub-layers, examples), so that the
+            pipeline has ``pipe_len * (1 + len(others))`` stages placed in loop style (stage ``s`` on rank
+            ``s % pipe_len``); ``stage`` is then this rank's first.
 
     Returns:
         An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
         a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.stage.graphed_step.GraphedStep` with
         ``graph``).
     """
-    s, k = stage, pipe_len
-    if k == 1 and microbatches == 1:
+    k = pipe_len
+    if k == 1 and microbatches == 1 and not others:
         local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
         return GraphedStep(local, always=graph_always) if graph else local
+    held = [(stage, module, examples), *others]
+    num_stages = k * len(held)
+    stages = [_pipeline_stage(m, s, num_stages, device=device, group=group, examples=ex) for s, m, ex in held]
+    plan = sched.generate(schedule, k, microbatches, len(held))
+    return sched.torch_schedule(plan, stage % k, stages, loss_fn, scale_grads=True)
+
+
+def _pipeline_stage(
+    module: nn.Module, s: int, num_stages: int, *, device: torch.device, group: dist.ProcessGroup, examples: Examples
+) -> PipelineStage:
+    """Stage ``s`` of ``num_stages`` over ``module``, its shapes declared from ``examples``."""
     example_in, example_out = examples()
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
     shapes: dict[str, Any] = {}
@@ -79,13 +98,12 @@ def build_runner(
             "input_args": example_in,
             "output_args": example_out,
             "input_grads": example_in if s > 0 else None,
-            "output_grads": example_out if s < k - 1 else None,
+            "output_grads": example_out if s < num_stages - 1 else None,
         }
-    pipe_stage = PipelineStage(module, s, k, device, group=group, **shapes)
+    pipe_stage = PipelineStage(module, s, num_stages, device, group=group, **shapes)
     if not _STAGE_TAKES_GRADS:
         _declare_shapes_before_2_12(pipe_stage, example_in, example_out)
-    plan = sched.generate(schedule, k, microbatches)
-    return sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)
+    return pipe_stage
 
 
 def _declare_shapes_before_2_12(pipe_stage: PipelineStage, example_in: torch.Tensor, example_out: torch.Tensor) -> None:

@@ -5,6 +5,7 @@ events on a GPU. A CUDA-graph replay runs no hooks: a graphed step sets them asi
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,19 +17,25 @@ __all__: list[str] = []  # internal: the package face exports what others use
 class ForwardTimer:
     """Measures the stage module's forward time inside the pipelined step (hooks; CUDA events on GPU).
 
-    Only while :attr:`active`; :meth:`collect` needs the device synchronised first.
+    Only while :attr:`active`; :meth:`collect` needs the device synchronised first. ``module`` may be the modules of
+    several stages a rank holds (virtual stages): their forwards never nest, and their times add up.
     """
 
-    def __init__(self, module: nn.Module, device: torch.device) -> None:
+    def __init__(self, module: nn.Module | Sequence[nn.Module], device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self._device = device
         self._pending: list[tuple[Any, Any]] = []
         self._open: Any = None
         self.active = True
         self.seconds = 0.0
+        modules = [module] if isinstance(module, nn.Module) else module
         self._handles = [
-            module.register_forward_pre_hook(lambda *_: self._begin()),
-            module.register_forward_hook(lambda *_: self._end()),
+            handle
+            for m in modules
+            for handle in (
+                m.register_forward_pre_hook(lambda *_: self._begin()),
+                m.register_forward_hook(lambda *_: self._end()),
+            )
         ]
 
     def _now(self) -> Any:

@@ -57,7 +57,7 @@ def _segment(sublayers: Sequence[torch.nn.Module], lo: int, hi: int) -> torch.nn
 @torch.no_grad()
 def _unit_outputs(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix, watched: int) -> dict[int, torch.Tensor]:
     """The probe outputs of units ``frozen .. watched - 1`` that end on this rank (replica 0 only; point to point
-    within its pipeline)."""
+    within its pipeline). A rank holding several stages runs them in turn, the probe travelling down the stages."""
     layout = stage.layout
     frozen_units = sum(1 for end in ctx.unit_ends if end <= layout.frozen)
     if stage.replica != 0 or frozen_units >= watched:  # the same answer on every rank of the pipeline
@@ -65,46 +65,51 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix, wa
     plan = ctx.plan(layout)
     pipeline = plan.pipeline_groups[0]
     group = ctx.groups.pipeline_group(layout.pipe_len)
-    s = stage.stage
-    lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+    placement, position = stage.placement, stage.stage
+    ranks = placement.ranks
     ends = {end: u for u, end in enumerate(ctx.unit_ends)}
     # the last sub-layer a later stage needs: past the last watched unit nothing is sent
     needed = ctx.unit_ends[watched - 1]
-    if s > 0 and lo >= needed:
-        return {}
     rows = list(range(min(PROBE_SAMPLES, len(ctx.eval_set))))
-    if s == 0 and prefix.released > 0:
-        # the prefix's weights are released and its evaluation outputs kept (the probe is evaluation rows): start
-        # from them, as the evaluation does; right after a transition they are still at the old boundary, and the
-        # newly frozen sub-layers after it are resident (the transition carries the outputs on after the baseline)
-        x, start = prefix.eval_input(torch.tensor(rows, dtype=torch.int64))
-        assert prefix.released <= start <= layout.frozen, (prefix.released, start, layout)
-    elif s == 0:
-        batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
-        inputs = next(iter(batches)).inputs
-        close = getattr(batches, "close", None)
-        if close is not None:  # a data loader's workers go now
-            close()
-        assert inputs is not None  # asked for inputs
-        x, start = inputs, 0  # stage 0 runs the frozen prefix too
-    else:
-        x = recv_activation(pipeline[s - 1], ctx.device, group)
-        start = lo
     out: dict[int, torch.Tensor] = {}
     sublayers = ctx.sublayers
     graphs = stage.probe_graphs
     assert graphs is not None  # built with the drift
-    stop = min(hi, needed)
-    # one segment per unit (cut at the stage's ends), in eval mode, each replayed as a CUDA graph once captured
-    # (.forward_graphs)
-    bounds = [start, *sorted(e for e in ctx.unit_ends if start < e < stop), stop] if start < stop else []
-    for lo_j, hi_j in itertools.pairwise(bounds):
-        x = graphs.run((lo_j, hi_j), x, functools.partial(_segment, sublayers, lo_j, hi_j))
-        u = ends.get(hi_j)
-        if u is not None and frozen_units <= u < watched:
-            out[u] = x  # a graph's static output: measure copies what it keeps
-    if hi < needed and s + 1 < layout.pipe_len:
-        send_activation(x, pipeline[s + 1], group)
+    x: torch.Tensor | None = None
+    for s, (lo, hi) in zip(placement.stages_of(position), placement.ranges_of(position), strict=True):
+        if s > 0 and lo >= needed:
+            break
+        if s == 0 and prefix.released > 0:
+            # the prefix's weights are released and its evaluation outputs kept (the probe is evaluation rows):
+            # start from them, as the evaluation does; right after a transition they are still at the old boundary,
+            # and the newly frozen sub-layers after it are resident (the transition carries the outputs on after the
+            # baseline)
+            x, start = prefix.eval_input(torch.tensor(rows, dtype=torch.int64))
+            assert prefix.released <= start <= layout.frozen, (prefix.released, start, layout)
+        elif s == 0:
+            batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
+            inputs = next(iter(batches)).inputs
+            close = getattr(batches, "close", None)
+            if close is not None:  # a data loader's workers go now
+                close()
+            assert inputs is not None  # asked for inputs
+            x, start = inputs, 0  # stage 0 runs the frozen prefix too
+        elif ranks[s - 1] != position:
+            x, start = recv_activation(pipeline[ranks[s - 1]], ctx.device, group), lo
+        else:  # the stage before ran on this rank (one rank holding several stages)
+            start = lo
+        assert x is not None
+        stop = min(hi, needed)
+        # one segment per unit (cut at the stage's ends), in eval mode, each replayed as a CUDA graph once captured
+        # (.forward_graphs)
+        bounds = [start, *sorted(e for e in ctx.unit_ends if start < e < stop), stop] if start < stop else []
+        for lo_j, hi_j in itertools.pairwise(bounds):
+            x = graphs.run((lo_j, hi_j), x, functools.partial(_segment, sublayers, lo_j, hi_j))
+            u = ends.get(hi_j)
+            if u is not None and frozen_units <= u < watched:
+                out[u] = x  # a graph's static output: measure copies what it keeps
+        if hi < needed and s + 1 < placement.num_stages and ranks[s + 1] != position:
+            send_activation(x, pipeline[ranks[s + 1]], group)
     return out
 
 

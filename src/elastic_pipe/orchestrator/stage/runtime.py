@@ -1,11 +1,15 @@
 """One rank's stage in one layout: the stage module and its runner, gradient tracking and sync.
 
+With several stages per rank (``layout.virtual`` > 1, loop placement) the rank's "stage" is its pipeline position:
+it holds one module per stage it runs (:meth:`~elastic_pipe.types.Layout.placement`), and one runner steps them all.
+
 A :class:`StageRuntime` is built from a layout and thrown away at the next transition; nothing in it outlives its
 layout. The frozen prefix before stage 0 is the run's :class:`~.prefix.FrozenPrefix`, which outlives layouts.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,7 +36,7 @@ def _widen(t: torch.Tensor, rows: int, requires_grad: bool) -> torch.Tensor:
 
 
 class StageRuntime:
-    """This rank's stage of ``layout``: what a step runs.
+    """This rank's stage of ``layout`` (its stages, with several per rank): what a step runs.
 
     Args:
         ctx: the rank's fixed facts.
@@ -43,26 +47,35 @@ class StageRuntime:
         self.ctx = ctx
         self.layout = layout
         plan = ctx.plan(layout)
+        #: The rank's pipeline position; with one stage per rank also its stage index.
         self.stage = int(plan.stage_of(ctx.rank))
         self.replica = int(plan.replica_of(ctx.rank))
         self.owned = ctx.owned(layout)
-        s = self.stage
-        lo, hi = layout.boundaries[s], layout.boundaries[s + 1]
+        #: Which stages, and so which sub-layers, each rank of the pipeline runs (loop style).
+        self.placement = layout.placement()
+        #: The stages this rank runs and their sub-layers ``(lo, hi)``, in order (one with one stage per rank).
+        self._stages = self.placement.stages_of(self.stage)
+        self._ranges = self.placement.ranges_of(self.stage)
         sublayers = ctx.sublayers
-        self.module = nn.Sequential(*ctx.stage_sublayers(lo, hi))
-        self.module.train()
-        self._bounds = (lo, hi)
+        self.modules = [nn.Sequential(*ctx.stage_sublayers(lo, hi)) for lo, hi in self._ranges]
+        for m in self.modules:
+            m.train()
+        #: The module of the rank's first stage (its only one with one stage per rank).
+        self.module = self.modules[0]
         #: The micro-batch size of a full step; a short last step has a runner of its own (declared shapes).
         self.rows = ctx.config.train.global_batch // layout.replicas // layout.microbatches
         self._runners: dict[int, Any] = {}
         #: Whether each step size's runner replays a CUDA graph, and why not (``[train] cuda_graphs``).
         self.graph_choices: dict[int, GraphChoice] = {}
         self.runner: Any = self.runner_for(self.rows)
-        self.forward_timer = ForwardTimer(self.module, ctx.device)
+        self.forward_timer = ForwardTimer(self.modules, ctx.device)
         # only the units the policy can still freeze: frozen ones are outside the stage, those past the policy's
         # cap (freeze.signal_layers) are never read
         watched = freeze.signal_layers(ctx.parts.policy)
-        tracked = unit_modules(sublayers, ctx.unit_ends, lo, hi) if ctx.track_gradients else {}
+        tracked: dict[int, nn.ModuleList] = {}
+        for lo, hi in self._ranges if ctx.track_gradients else ():
+            for u, held in unit_modules(sublayers, ctx.unit_ends, lo, hi).items():
+                tracked.setdefault(u, nn.ModuleList()).extend(held)
         self.tracker = freeze.GradNormTracker({u: m for u, m in tracked.items() if u < watched})
         #: The probe outputs of the units this rank holds, for a probe-driven policy (:mod:`.probe`); else None.
         self.drift = freeze.OutputDrift() if freeze.needs_probe(ctx.parts.policy) else None
@@ -85,7 +98,7 @@ class StageRuntime:
 
     @property
     def is_last(self) -> bool:
-        """Whether this rank runs the last stage (and so the loss)."""
+        """Whether this rank runs the last stage (and so the loss; loop placement puts it on the last position)."""
         return self.stage == self.layout.pipe_len - 1
 
     def _dp_group(self) -> dist.ProcessGroup:
@@ -98,11 +111,11 @@ class StageRuntime:
         runner = self._runners.get(rows)
         if runner is None:
             ctx, layout = self.ctx, self.layout
-            lo, hi = self._bounds
+            (lo, hi), stage = self._ranges[0], self._stages[0]
             choice = self.graph_choices[rows] = decide_graph(
                 ctx.config.train.cuda_graphs,
                 device_type=ctx.device.type,
-                pipe_len=layout.pipe_len,
+                pipe_len=layout.num_stages,  # with one stage per rank, its length
                 microbatches=layout.microbatches,
                 replicas=layout.replicas,
                 rows=rows,
@@ -110,7 +123,7 @@ class StageRuntime:
             )
             runner = self._runners[rows] = build_runner(
                 self.module,
-                stage=self.stage,
+                stage=stage,
                 pipe_len=layout.pipe_len,
                 microbatches=layout.microbatches,
                 schedule=ctx.parts.schedule,
@@ -123,6 +136,10 @@ class StageRuntime:
                 grad_input=ctx.compiled is not None and lo > 0,
                 graph=choice.use,
                 graph_always=ctx.config.train.cuda_graphs == "on",
+                others=[
+                    (s, m, functools.partial(self._example_io, lo_s, hi_s, rows))
+                    for s, m, (lo_s, hi_s) in zip(self._stages[1:], self.modules[1:], self._ranges[1:], strict=True)
+                ],
             )
         return runner
 
