@@ -12,7 +12,7 @@ what they hold.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import torch
@@ -43,6 +43,10 @@ if TYPE_CHECKING:
     from elastic_pipe.types import Layout
 
 __all__ = ["TrainerBase"]
+
+#: What a part loads from a checkpoint written before the part was kept: no partial losses, no probe outputs (a new
+#: baseline is taken from the loaded weights), no inference record (a resume never reads it).
+OLDER: dict[str, object] = {"epoch_losses": (), "inference": None, "probe": None}
 
 
 class TrainerBase:
@@ -111,9 +115,7 @@ class TrainerBase:
         self._prefix = FrozenPrefix.build(ctx)
         if c.checkpoint.dir:
             parts = self.checkpoint_parts()
-            # a part an older checkpoint lacks: no partial losses, no probe outputs (a new baseline is taken from the
-            # loaded weights), no inference record (a resume never reads it)
-            older = {k: v for k, v in {"epoch_losses": [], "inference": None, "probe": None}.items() if k in parts}
+            older = {k: v for k, v in OLDER.items() if k in parts}
             self.checkpointer = Checkpointer(c, self.ctx, parts, defaults=older, given=self.given_config)
 
     def _enter(
@@ -280,7 +282,7 @@ class TrainerBase:
             )
         return epoch_losses
 
-    def _load_losses(self, saved: list[float]) -> None:
+    def _load_losses(self, saved: Sequence[float]) -> None:
         self.losses = EpochLosses(partial=[float(v) for v in saved])
 
     def _keep_probe(self, saved: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
