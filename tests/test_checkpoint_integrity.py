@@ -253,6 +253,17 @@ def test_keep_last_prunes_the_oldest_checkpoints(keep: int, kept: list[str], tmp
     assert all(manifest_path(tmp_path / n).exists() for n in kept)
 
 
+def test_a_checkpoint_that_kept_decision_due_beside_the_run_is_read_with_it_in_the_run(tmp_path: Path) -> None:
+    """Format 3 before decision_due moved into RunState kept it beside ``run``; a load reads it into ``run``, where the
+    position part finds it, and leaves a current checkpoint's own flag alone."""
+    old = _save(tmp_path, "epoch-0001.pt", {**_state(), "decision_due": True})
+    state, _ = load_verified(old)
+    assert state["run"] == {"epoch": 1, "layout": [1, 2], "decision_due": True} and "decision_due" not in state
+    current = {**_state(), "run": {"epoch": 1, "decision_due": False}, "decision_due": True}
+    state, _ = load_verified(_save(tmp_path, "epoch-0002.pt", current))
+    assert state["run"]["decision_due"] is False
+
+
 #: The trainer's modules, which nothing in persist/ may import, at run time or for type checking.
 TRAINER = ("elastic_pipe.orchestrator.trainer", "elastic_pipe.orchestrator.trainer_base")
 
@@ -343,6 +354,14 @@ def test_a_checkpointer_over_toy_parts_saves_and_restores_each_by_name(one_rank_
             "weights": Part(lambda: {k: v.clone() for k, v in weights.items()}, load_weights),
             "counter": counter,
             "notes": Part(lambda: list(notes), load_notes),
+        }
+        # the trainer's own map: the names its checkpoints have always kept, in the main file's order
+        assert list(trainer.checkpoint_parts()) == [
+            "run", "rng", "model", "optimizer", "inference", "scheduler", "policy", "sampler", "history", "epoch_losses"
+        ]  # fmt: skip
+        assert trainer.checkpointer is not None and trainer.checkpointer.defaults == {
+            "epoch_losses": (),
+            "inference": None,
         }
         checkpointer = Checkpointer(config, trainer.ctx, toys)
         path = checkpointer.save(trainer.state)
