@@ -160,11 +160,12 @@ class ElasticTrainer(TrainerBase):
         return self.result
 
     def resume(self) -> bool:
-        """Continue from the newest checkpoint in ``[checkpoint] dir`` every rank finds intact, if any (a collective,
-        after :meth:`setup`; :meth:`fit` calls it with ``resume = "auto"``): every part restored by name
+        """Continue from the newest checkpoint in ``[checkpoint] dir`` every rank finds intact, if any (a collective;
+        sets the trainer up first; :meth:`fit` calls it with ``resume = "auto"``): every part restored by name
         (:meth:`checkpoint_parts`), then the saved layout entered, the saved probe outputs the probe's baseline.
         Says so on stderr (rank 0); returns whether a checkpoint was loaded (never without ``[checkpoint] dir``).
         """
+        self.setup()
         checkpointer = self.checkpointer
         if checkpointer is None or (found := checkpointer.find()) is None:  # every check, on every rank, first
             return False
