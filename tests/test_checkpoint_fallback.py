@@ -327,7 +327,9 @@ def _find_after_damage(ctx: RankContext, root: str) -> dict[str, Any]:
             config = config_from_tables(_tables(2, str(copy)))
             with _warnings("elastic_pipe.orchestrator.persist.checkpoint") as warned:
                 try:
-                    hit = Checkpointer(config).find(trainer)
+                    mine = trainer.checkpointer  # the same parts, over the damaged copy
+                    assert mine is not None
+                    hit = Checkpointer(config, trainer.ctx, mine.parts, defaults=mine.defaults).find()
                     found[kind] = (hit and hit.path.name, warned)
                 except ConfigError as exc:
                     found[kind] = (f"error: {exc}", warned)

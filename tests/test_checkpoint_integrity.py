@@ -7,6 +7,7 @@ that only the value check can catch it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from elastic_pipe.orchestrator.persist.files import (
 )
 from elastic_pipe.orchestrator.persist.integrity import MAX_ABS, tensor_checksums, value_problems
 from elastic_pipe.orchestrator.persist.loads import load_latest, load_verified
+from script_module import load_script
 
 
 def _state(scale: float = 1.0) -> dict[str, Any]:
@@ -251,14 +253,146 @@ def test_keep_last_prunes_the_oldest_checkpoints(keep: int, kept: list[str], tmp
     assert all(manifest_path(tmp_path / n).exists() for n in kept)
 
 
+def test_a_checkpoint_that_kept_decision_due_beside_the_run_is_read_with_it_in_the_run(tmp_path: Path) -> None:
+    """Format 3 before decision_due moved into RunState kept it beside ``run``; a load reads it into ``run``, where the
+    position part finds it, and leaves a current checkpoint's own flag alone."""
+    old = _save(tmp_path, "epoch-0001.pt", {**_state(), "decision_due": True})
+    state, _ = load_verified(old)
+    assert state["run"] == {"epoch": 1, "layout": [1, 2], "decision_due": True} and "decision_due" not in state
+    current = {**_state(), "run": {"epoch": 1, "decision_due": False}, "decision_due": True}
+    state, _ = load_verified(_save(tmp_path, "epoch-0002.pt", current))
+    assert state["run"]["decision_due"] is False
+
+
+#: The trainer's modules, which nothing in persist/ may import, at run time or for type checking.
+TRAINER = ("elastic_pipe.orchestrator.trainer", "elastic_pipe.orchestrator.trainer_base")
+
+
 def test_the_checkpointer_never_imports_the_trainer() -> None:
-    """checkpoint.py needs only the Checkpointable protocol: no import of the trainer, not even for type checking."""
+    """No module of persist/ imports the trainer, not even for type checking (every import statement, those under
+    ``if TYPE_CHECKING:`` too), nor reaches it through another module at run time; the trainer's old protocol is gone:
+    the Checkpointer is built with a map of Stateful parts."""
     import ast
 
-    from elastic_pipe.orchestrator.persist import checkpoint
+    from elastic_pipe.orchestrator import persist
+    from elastic_pipe.orchestrator.persist import checkpoint, parts
 
-    tree = ast.parse(Path(checkpoint.__file__).read_text(encoding="utf-8"))
-    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    assert "elastic_pipe.orchestrator.trainer" not in imported and "elastic_pipe.orchestrator.persist.files" in imported
-    assert {"ctx", "state", "state_dict", "load_state_dict"} <= set(dir(checkpoint.Checkpointable))
+    folder = Path(persist.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        modules = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        modules |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+        names = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for a in node.names}
+        assert not [m for m in modules if m.startswith(TRAINER)], f"{path.name} imports the trainer"
+        assert not names & {"ElasticTrainer", "TrainerBase", "trainer", "trainer_base"}, path.name
+    graph = load_script(Path("benchmarks/import_graph.py"))
+    arrows = graph.graph(Path(persist.__file__).parents[2])
+    reached, todo = set(), [m for m in arrows if m.startswith("elastic_pipe.orchestrator.persist")]
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo.extend(arrows.get(m, ()))
+    assert "elastic_pipe.orchestrator.persist.checkpoint" in reached and not [
+        m for m in reached if m.startswith(TRAINER)
+    ]
+    assert not hasattr(checkpoint, "Checkpointable")
+    assert list(inspect.signature(checkpoint.Checkpointer).parameters)[:3] == ["config", "ctx", "parts"]
+    assert {"state_dict", "load_state_dict"} <= set(dir(parts.Stateful))
+
+
+class _Counter:
+    """A toy part: plain data."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self.loaded: list[object] = []
+
+    def state_dict(self) -> dict[str, int]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.loaded.append(state)
+        self.value = state["value"]
+
+
+def test_a_checkpointer_over_toy_parts_saves_and_restores_each_by_name(one_rank_here: None, tmp_path: Path) -> None:
+    """A Checkpointer built over a map of toy Stateful parts (no weights) writes each part's state under its name and
+    restores each part from its own entry, in the map's order; a part the checkpoint lacks is refused by name unless
+    given a default, and a default for no part, or a part named as one of the files' own entries, is an error."""
+    import tiny_vit
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.data import Split
+    from elastic_pipe.orchestrator.persist import Checkpointer, Part
+
+    tables = {
+        "model": tiny_vit.model_table(),
+        "train": {"epochs": 1, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+        "freeze": {"policy": "never", "options": {}},
+        "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "off"},
+        "launch": {"nproc_per_node": 1},
+        "log": {"progress": False},
+    }
+    config = config_from_tables({**tables, "checkpoint": {"dir": str(tmp_path)}})
+    d = load_digits()
+    order: list[str] = []
+    with ElasticTrainer(config, data=Split(d.inputs[:64], d.labels[:64], d.sample_ids[:64]), quiet=True) as trainer:
+        trainer.start()
+        counter, weights = _Counter(3), {"w": torch.arange(4.0)}
+        notes = ["kept"]
+
+        def load_weights(state: dict[str, torch.Tensor]) -> None:
+            order.append("weights")
+            weights.update(state)
+
+        def load_notes(state: list[str]) -> None:
+            order.append("notes")
+            notes[:] = state
+
+        toys = {
+            "weights": Part(lambda: {k: v.clone() for k, v in weights.items()}, load_weights),
+            "counter": counter,
+            "notes": Part(lambda: list(notes), load_notes),
+        }
+        # the trainer's own map: the names its checkpoints have always kept, in the main file's order
+        assert list(trainer.checkpoint_parts()) == [
+            "run", "rng", "model", "optimizer", "inference", "scheduler", "policy", "sampler", "history", "epoch_losses"
+        ]  # fmt: skip
+        assert trainer.checkpointer is not None and trainer.checkpointer.defaults == {
+            "epoch_losses": (),
+            "inference": None,
+        }
+        checkpointer = Checkpointer(config, trainer.ctx, toys)
+        path = checkpointer.save(trainer.state)
+        saved = torch.load(path, weights_only=True)
+        assert list(saved) == ["weights", "counter", "notes", "shards", "keys", "format"]  # each under its name
+        assert saved["counter"] == {"value": 3} and saved["notes"] == ["kept"]
+        assert torch.equal(saved["weights"]["w"], torch.arange(4.0))
+        assert torch.load(tmp_path / "epoch-0000.stage-0000.shard", weights_only=True) == {}  # no sharded part
+
+        counter.value, weights["w"], notes[:] = 9, torch.zeros(4), ["changed"]
+        found = checkpointer.find()
+        assert found is not None and found.path == path
+        checkpointer.load(found)
+        assert order == ["weights", "notes"] and counter.loaded == [{"value": 3}]  # each its own entry, in order
+        assert counter.value == 3 and notes == ["kept"] and torch.equal(weights["w"], torch.arange(4.0))
+
+        # a part the checkpoint lacks: refused by name (no older checkpoint to fall back to), unless given a default
+        extra = _Counter(0)
+        named = (
+            r"epoch-0000.pt: the checkpoint holds no part \['extra'\] \(it holds \[.*'counter', .*'notes', .*'weights'"
+        )
+        with pytest.raises(ConfigError, match=named):
+            Checkpointer(config, trainer.ctx, {**toys, "extra": extra}).find()
+        later = Checkpointer(config, trainer.ctx, {**toys, "extra": extra}, defaults={"extra": {"value": 7}})
+        found = later.find()
+        assert found is not None
+        later.load(found)
+        assert extra.loaded == [{"value": 7}] and counter.loaded == [{"value": 3}, {"value": 3}]
+
+        # a default for a part the map does not have, and a part named as one of the main file's own entries
+        with pytest.raises(ConfigError, match=r"defaults for unknown checkpoint parts \['extra'\]"):
+            Checkpointer(config, trainer.ctx, toys, defaults={"extra": 1})
+        with pytest.raises(ConfigError, match=r"checkpoint part names \['shards'\]"):
+            Checkpointer(config, trainer.ctx, {**toys, "shards": extra})

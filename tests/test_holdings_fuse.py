@@ -26,7 +26,7 @@ def _step(optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter], k:
 
 
 def _as_saved(optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]:
-    """Each parameter's state as a checkpoint keeps it: tensors on the CPU (``snapshot.local_state``)."""
+    """Each parameter's state as a checkpoint keeps it: tensors on the CPU (``snapshot.OptimizerShare.state_dict``)."""
     params = optimizer.param_groups[0]["params"]
     return [{k: v.detach().cpu().clone() for k, v in optimizer.state[p].items()} for p in params]
 
@@ -51,7 +51,7 @@ def test_an_adamw_that_holds_restored_state_runs_fused_and_steps_as_the_uninterr
 
     resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
     optimizer = torch.optim.AdamW(resumed, lr=0.01)  # built before the parameters reach the device: not fused
-    for p, s in zip(resumed, saved, strict=True):  # restored as snapshot.restore does for a non-fused optimizer
+    for p, s in zip(resumed, saved, strict=True):  # restored as snapshot.OptimizerShare does, non-fused
         optimizer.state[p] = {k: (v if k == "step" else v.to(p.device)) for k, v in s.items()}
     assert holdings.fuse_on_device(optimizer)
     assert optimizer.defaults["fused"] and all(g["fused"] for g in optimizer.param_groups)

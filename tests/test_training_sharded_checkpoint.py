@@ -89,12 +89,12 @@ def _resume(ctx: RankContext, directory: str) -> dict[str, Any]:
     """Resume on this rank, compare what it loaded with the files, then train on (tensors stay in the rank: ones
     sent back through the result queue would not outlive it)."""
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.persist import Checkpointer, load_weights
+    from elastic_pipe.orchestrator.persist import load_weights
 
     config = _config(Path(directory), {"launch.nproc_per_node": 2, "pipeline.pipe_len": 2})
     with ElasticTrainer(config, quiet=True) as trainer:
         trainer.setup()
-        assert Checkpointer(config).resume(trainer)
+        assert trainer.resume()
         names = {id(p): n for n, p in trainer.ctx.model.named_parameters()}
         state = {names[id(p)]: s for p, s in trainer.optimizer.state.items()}
         layout = trainer.state.layout

@@ -136,9 +136,8 @@ class ElasticTrainer(TrainerBase):
         """
         t0 = time.perf_counter()
         self.setup()
-        c = self.config
-        checkpointer = Checkpointer(c) if c.checkpoint.dir else None
-        if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self._resume(checkpointer)):
+        c, checkpointer = self.config, self.checkpointer
+        if self._state is None and not (checkpointer and c.checkpoint.resume == "auto" and self.resume()):
             self.start()
         elif self.state.epoch >= c.train.epochs or self.step_limit_reached():
             self._already_complete()
@@ -149,25 +148,33 @@ class ElasticTrainer(TrainerBase):
             self.train_epoch(checkpointer)
             if self.step_limit_reached():
                 if checkpointer is not None:
-                    checkpointer.save(self, steps_done=self._epoch_step())
+                    checkpointer.save(self.state, steps_done=self._epoch_step())
                 break
             if self.state.epoch < c.train.epochs and self.state.decision_due:
                 self.transition()
             if checkpointer is not None:
-                checkpointer.maybe_save(self)
+                checkpointer.maybe_save(self.state)
             if on_epoch_end is not None:
                 on_epoch_end(self)
         self.result.seconds = time.perf_counter() - t0
         return self.result
 
-    def _resume(self, checkpointer: Checkpointer) -> bool:
-        """Load the newest checkpoint, if any, and say so on stderr (rank 0)."""
-        found = checkpointer.find(self)  # every check, on every rank, before anything loads
-        if found is None:
+    def resume(self) -> bool:
+        """Continue from the newest checkpoint in ``[checkpoint] dir`` every rank finds intact, if any (a collective;
+        sets the trainer up first; :meth:`fit` calls it with ``resume = "auto"``): every part restored by name
+        (:meth:`checkpoint_parts`), then the saved layout entered, the saved probe outputs the probe's baseline.
+        Says so on stderr (rank 0); returns whether a checkpoint was loaded (never without ``[checkpoint] dir``).
+        """
+        self.setup()
+        checkpointer = self.checkpointer
+        if checkpointer is None or (found := checkpointer.find()) is None:  # every check, on every rank, first
             return False
         # a config the checkpoint's run did not have is refused before anything loads (unless allowed)
         changes = rerun.check_config(found.manifest, self.given_config)
-        self.load_state_dict(found.state)
+        checkpointer.load(found)
+        self.prefix.forget()  # the loaded weights are resident
+        outputs, self._saved_probe = self._saved_probe, None  # none: a new baseline from the loaded weights
+        self._enter(self.state, 0, probe_outputs=outputs)
         self._record_resume(changes)
         if self.ctx.log.stream is not None:  # the file actually loaded, after any fallback
             where = found.path
@@ -216,7 +223,7 @@ class ElasticTrainer(TrainerBase):
                 self.transition(epoch_step=ran.done)
                 run.go_on(self.stage)
             if ran.checkpoint and checkpointer is not None:
-                checkpointer.maybe_save_step(self, ran.done)
+                checkpointer.maybe_save_step(self.state, ran.done)
             if stopped or not (ran.decision or ran.checkpoint):
                 break
         state = self.state

@@ -4,20 +4,22 @@ The components (:mod:`.components`), the rank's fixed facts (:class:`~.context.R
 :meth:`TrainerBase.setup` with the optimizer, the learning-rate schedule, the elastic sampler and the frozen prefix),
 the run's position (:class:`~.state.RunState`), this rank's stage in the current layout
 (:class:`~.stage.StageRuntime`, entered with :meth:`TrainerBase._enter`), the epoch's losses and the run's
-result. A checkpoint saves and loads them (:meth:`TrainerBase.state_dict`, :meth:`TrainerBase.load_state_dict`);
-:meth:`TrainerBase.close` releases what they hold.
+result. A checkpoint saves and restores them as named parts (:meth:`TrainerBase.checkpoint_parts`, the map the
+:class:`~.persist.Checkpointer` is built with in :meth:`TrainerBase.setup`); :meth:`TrainerBase.close` releases
+what they hold.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import torch
 import torch.distributed as dist
 
 from elastic_pipe import data as edata
+from elastic_pipe import freeze
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import holdings
 from elastic_pipe.orchestrator.data import DatasetSplit
@@ -26,7 +28,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.metrics import RunResult
 from elastic_pipe.orchestrator.optim import lr_lambda
-from elastic_pipe.orchestrator.persist import rerun, snapshot
+from elastic_pipe.orchestrator.persist import Checkpointer, Part, rerun, snapshot
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.setup import build_context, check_memory_budget, check_untied_stages
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
@@ -36,13 +38,19 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.persist import Stateful
     from elastic_pipe.orchestrator.state import RunState
+    from elastic_pipe.types import Layout
 
 __all__ = ["TrainerBase"]
 
+#: What a part loads from a checkpoint written before the part was kept: no partial losses, no probe outputs (a new
+#: baseline is taken from the loaded weights), no inference record (a resume never reads it).
+OLDER: dict[str, object] = {"epoch_losses": (), "inference": None, "probe": None}
+
 
 class TrainerBase:
-    """The parts an elastic trainer holds, their lifecycle and their state (a :class:`~.checkpoint.Checkpointable`);
+    """The parts an elastic trainer holds, their lifecycle and their state (the named parts of a checkpoint);
     :class:`~.trainer.ElasticTrainer` documents the arguments."""
 
     def __init__(
@@ -64,6 +72,10 @@ class TrainerBase:
         self._owns_group = False
         self._groups: GroupManager | None = None
         self._prefix: FrozenPrefix | None = None
+        #: Saves and restores the run's parts (after :meth:`setup`, with ``[checkpoint] dir``; ``None`` without).
+        self.checkpointer: Checkpointer | None = None
+        #: A checkpoint's probe outputs, from its load until the layout it saved is entered.
+        self._saved_probe: Mapping[str, Mapping[str, torch.Tensor]] | None = None
         self.losses = EpochLosses()
         #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
         #: and graph capture its first steps paid to the record's phases).
@@ -101,6 +113,10 @@ class TrainerBase:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
         self._prefix = FrozenPrefix.build(ctx)
+        if c.checkpoint.dir:
+            parts = self.checkpoint_parts()
+            older = {k: v for k, v in OLDER.items() if k in parts}
+            self.checkpointer = Checkpointer(c, self.ctx, parts, defaults=older, given=self.given_config)
 
     def _enter(
         self, state: RunState, old_frozen: int, *, probe_outputs: Mapping[str, Mapping[str, torch.Tensor]] | None = None
@@ -220,15 +236,43 @@ class TrainerBase:
             self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
 
     # -------------------------------------------------------------------------------------------------- state
-    def state_dict(self) -> dict[str, Any]:
-        """This rank's share of what the run needs to continue (a collective: the epoch's losses are summed).
+    def checkpoint_parts(self) -> dict[str, Stateful]:
+        """What a checkpoint saves and restores, by the name each part keeps in the files (after :meth:`setup`).
 
-        Returns:
-            On every rank the run's position and the trainer's state, the weights of the sub-layers this rank
-            holds and the optimizer state of the parameters it owns (tensors on the CPU, plain data otherwise), and,
-            for a probe-driven policy, ``probe``: the probe outputs this rank keeps (:func:`.probe.kept`). No rank
-            receives another's optimizer state; a checkpoint writes one share per stage.
+        Loaded in this order: the run's position first (``run``), which says the layout the weights (``model``)
+        and this rank's optimizer state (``optimizer``, after the frozen prefix left the optimizer) are placed by;
+        then the RNG state, the inference record (never read back), the learning-rate scheduler, the freeze policy,
+        the sampler's position, the history, the epoch's losses so far and, for a probe-driven policy, the probe
+        outputs kept for the next decision point (``probe``, the baseline when the saved layout is entered).
+        Saving takes ``epoch_losses`` with a collective (the losses are summed) and refuses a state trained past a
+        non-finite loss (``[train] on_nonfinite = "stop"``).
         """
+        ctx = self.ctx
+
+        def layout() -> Layout:
+            return self.state.layout
+
+        parts: dict[str, Stateful] = {
+            "run": Part(lambda: self.state.to_dict(), self._load_position),  # noqa: PLW0108 (the state at a save)
+            "rng": snapshot.RngState(),
+            "model": snapshot.Weights(ctx, layout),
+            "optimizer": snapshot.OptimizerShare(ctx, self.optimizer, layout),
+            "inference": snapshot.InferenceRecord(ctx),
+            "scheduler": self.scheduler,
+            "policy": self.parts.policy,
+            "sampler": self.sampler,
+            "history": Part(self.result.history, self.result.load_history),
+            "epoch_losses": Part(self._global_losses, self._load_losses),
+        }
+        if freeze.needs_probe(self.parts.policy):  # replica 0's outputs, by stage
+            parts["probe"] = Part(lambda: probe.kept(self.stage), self._keep_probe)
+        return parts
+
+    def _load_position(self, saved: dict[str, Any]) -> None:
+        self._state = snapshot.position(self.ctx, saved)
+
+    def _global_losses(self) -> list[float]:
+        """The epoch's global losses so far (a collective), refused when one is not finite and the run stops there."""
         ctx = self.ctx
         epoch_losses = self.losses.global_losses(self.stage, ctx.device)
         if self.config.train.on_nonfinite == "stop":  # never checkpoint a state trained past a non-finite loss
@@ -236,17 +280,13 @@ class TrainerBase:
             check_finite_losses(
                 epoch_losses, epoch=self.state.epoch, steps_before=before, steps_per_epoch=ctx.epoch.steps
             )
-        extra: dict[str, Any] = {
-            "scheduler": self.scheduler.state_dict(),
-            "policy": self.parts.policy.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "history": self.result.history(),
-            "epoch_losses": epoch_losses,
-        }
-        kept = probe.kept(self.stage)  # a probe-driven policy's baseline: replica 0's outputs, by stage
-        if kept is not None:
-            extra["probe"] = kept
-        return snapshot.local_state(ctx, self.state, self.optimizer, extra=extra)
+        return epoch_losses
+
+    def _load_losses(self, saved: Sequence[float]) -> None:
+        self.losses = EpochLosses(partial=[float(v) for v in saved])
+
+    def _keep_probe(self, saved: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
+        self._saved_probe = saved
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
@@ -258,20 +298,3 @@ class TrainerBase:
             the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
         """
         return snapshot.full_model(self.ctx, self.state.layout)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved state (after :meth:`setup`): every rank passes a state holding at least its share
-        in the saved layout - a sharded checkpoint's lazy view (:class:`~.checkpoint_files.ShardedCheckpoint`), or
-        one whole state. Saved probe outputs (``probe``) become the probe's baseline; a state without them (older
-        checkpoints) takes a new baseline from the loaded weights."""
-        ctx = self.ctx
-        run_state = snapshot.restore(ctx, self.optimizer, state)
-        self.prefix.forget()  # the loaded weights are resident
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.parts.policy.load_state_dict(state["policy"])
-        self.sampler.load_state_dict(state["sampler"])
-        self.result.load_history(state["history"])
-        self.losses = EpochLosses(partial=[float(v) for v in state.get("epoch_losses", [])])
-        if "decision_due" not in state["run"]:  # checkpoints that kept the flag beside the run's position
-            run_state = run_state.replace(decision_due=bool(state.get("decision_due", False)))
-        self._enter(run_state, 0, probe_outputs=state.get("probe"))

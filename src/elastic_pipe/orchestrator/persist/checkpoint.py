@@ -1,13 +1,20 @@
 """Checkpoints: everything a run needs to continue, one shard per pipeline stage plus a main file, with manifests.
 
-What is saved is :meth:`ElasticTrainer.state_dict`, each rank's share: the rank running stage ``s`` of replica 0
-writes the shard of stage ``s`` (the weights of the sub-layers it holds - the frozen prefix too on stage 0 - the
-optimizer state of the parameters it owns, by name, and, for a probe-driven freeze policy, the probe outputs it
-keeps for the next decision point: :mod:`~elastic_pipe.orchestrator.stage.probe`); rank 0 then writes the main file:
-the optimizer's hyper-parameters, the learning-rate scheduler, the freeze policy's state, the sampler's position,
-the RNG state, the run's position (:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch,
-step), the history so far and the shard table (each shard's file and SHA-256, and which shard keeps each stage's
-probe outputs). No rank receives another stage's weights or optimizer state.
+The :class:`Checkpointer` is built once with a map of named parts (:class:`~.parts.Stateful`: any object with
+``state_dict()`` and ``load_state_dict(state)``) and saves each part's state under its name; it knows nothing of
+what holds them (it never imports the trainer). The trainer's map (:meth:`TrainerBase.checkpoint_parts
+<elastic_pipe.orchestrator.trainer_base.TrainerBase.checkpoint_parts>`) holds the run's position
+(:class:`~elastic_pipe.orchestrator.state.RunState`: layout, budget, epoch, step), the RNG state, the weights and
+the optimizer state (:mod:`.snapshot`), the inference record, the learning-rate scheduler, the freeze policy, the
+sampler's position, the history, the epoch's losses so far and, for a probe-driven freeze policy, the probe
+outputs kept for the next decision point (:mod:`~elastic_pipe.orchestrator.stage.probe`).
+
+Three parts go to the stages' shards: the rank running stage ``s`` of replica 0 writes the shard
+of stage ``s``, with the ``model`` part (the weights of the sub-layers it holds - the frozen prefix too on stage
+0), the ``optimizer`` part's ``state`` (of the parameters it owns, by name) and its own stage's entry of the
+``probe`` part; rank 0 then writes the main file: every other part (the optimizer's ``param_groups`` too) and the
+shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank receives
+another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -27,8 +34,9 @@ Loading uses ``torch.load(..., weights_only=True)``: tensors, numbers, strings, 
 ever unpickled. Before that the main file's and every shard's SHA-256 must match their manifests; after it, every
 tensor's CRC-32 must, every floating-point value must be finite and within
 :data:`~elastic_pipe.orchestrator.persist.integrity.MAX_ABS` (unless ``allow_nonfinite``), and the manifest's model
-fingerprint (names and shapes of its parameters) must be the model's. Every check runs before anything is loaded
-into the run: each rank checks the main file and a share of the shards (whole), and the ranks agree
+fingerprint (names and shapes of its parameters) must be the model's, and the main file must hold every part (but
+those given a default: an older checkpoint's missing part). Every check runs before anything is loaded into the
+run: each rank checks the main file and a share of the shards (whole), and the ranks agree
 (:meth:`Checkpointer.find`). A checkpoint any rank finds wrong is skipped on every rank with a warning naming it and
 the reason, and the newest older one that passes is loaded instead; when none passes the run stops (it never
 starts afresh over checkpoints; ``resume = 'never'`` does). A directory holding only another model's checkpoints is
@@ -38,7 +46,9 @@ A run resumes into the same world size or a different one, and any layout: the l
 divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
 reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns
 (and replica 0's ranks their stage's probe outputs, the probe's baseline: the next drift measured is the
-uninterrupted run's; an older checkpoint without them takes the baseline from its weights).
+uninterrupted run's; an older checkpoint without them takes the baseline from its weights). The parts are loaded
+in the map's order, each from its entry: the position first, which the weights and the optimizer state are placed
+by.
 """
 
 from __future__ import annotations
@@ -47,16 +57,13 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.persist.files import (
-    FORMATS,
-    Fingerprint,
     JsonObject,
     Latest,
     SavedState,
@@ -67,7 +74,8 @@ from elastic_pipe.orchestrator.persist.files import (
     write_checkpoint,
     write_shard,
 )
-from elastic_pipe.orchestrator.persist.loads import candidates, load_verified
+from elastic_pipe.orchestrator.persist.loads import candidates, check_compatible, fingerprint, load_verified
+from elastic_pipe.orchestrator.persist.parts import Stateful, check_parts, entries
 from elastic_pipe.orchestrator.persist.shards import verify_shards
 from elastic_pipe.orchestrator.transition import held_sublayers
 
@@ -76,69 +84,9 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.state import RunState
 
-__all__ = ["Checkpointable", "Checkpointer", "Found", "check_compatible", "fingerprint"]
+__all__ = ["Checkpointer", "Found"]
 
 log = logging.getLogger(__name__)
-
-
-def fingerprint(model: nn.Module) -> Fingerprint:
-    """Names and shapes of the model's parameters and buffers (what must match for a checkpoint to fit)."""
-    state = model.state_dict()
-    return {"names": list(state), "shapes": [list(t.shape) for t in state.values()]}
-
-
-def check_compatible(meta: Mapping[str, Any], model: nn.Module, source: str) -> None:
-    """Refuse a checkpoint made for another model.
-
-    Args:
-        meta: the checkpoint's manifest or ``latest.json`` as read (JSON, not yet checked).
-        model: this run's model.
-        source: what to name in the error (the file or the directory).
-
-    Raises:
-        ConfigError: if the format or the model fingerprint differs.
-    """
-    if meta.get("format") not in FORMATS:
-        raise ConfigError(f"{source}: checkpoint format {meta.get('format')!r}, expected one of {list(FORMATS)}")
-    mine = fingerprint(model)
-    theirs = meta.get("fingerprint", {})
-    if theirs != mine:
-        names = set(theirs.get("names", []))
-        diff = (
-            sorted(names.symmetric_difference(mine["names"]))[:3]
-            or [n for n, a, b in zip(mine["names"], mine["shapes"], theirs.get("shapes", []), strict=False) if a != b][
-                :3
-            ]
-        )
-        raise ConfigError(
-            f"{source}: checkpoint is from another model ({len(names)} tensors vs {len(mine['names'])}; "
-            f"first differences: {diff}); use another checkpoint directory or resume = 'never'"
-        )
-
-
-class Checkpointable(Protocol):
-    """What a :class:`Checkpointer` needs of a run (an :class:`~elastic_pipe.orchestrator.ElasticTrainer` is one)."""
-
-    #: The config as given (what a checkpoint keeps, and a resume compares with).
-    given_config: TrainConfig
-
-    @property
-    def ctx(self) -> RunContext:
-        """The rank's fixed facts: rank, groups, model, the layout's plan, the sub-layers' keys."""
-        ...
-
-    @property
-    def state(self) -> RunState:
-        """Where the run stands."""
-        ...
-
-    def state_dict(self) -> SavedState:
-        """This rank's share of the run's state (a collective)."""
-        ...
-
-    def load_state_dict(self, state: SavedState) -> None:
-        """Continue from a saved state."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,53 +99,81 @@ class Found:
 
 
 class Checkpointer:
-    """Saves a run (an :class:`ElasticTrainer`) every ``[checkpoint] every`` epochs and resumes it.
+    """Saves a run's parts every ``[checkpoint] every`` epochs (and every ``steps`` steps) and restores them by name.
 
-    It only writes and reads files: the state comes from the run's ``state_dict`` and goes back through its
-    ``load_state_dict`` (:class:`Checkpointable`).
+    It only writes and reads files: each part's state comes from its ``state_dict`` and goes back through its
+    ``load_state_dict``; it knows nothing of what holds the parts.
 
     Args:
-        config: the run's configuration (``[checkpoint] dir`` must be set).
+        config: the run's configuration (``[checkpoint] dir`` must be set; ``every``, ``steps``, ``keep_last``,
+            ``allow_nonfinite`` and ``[train] epochs`` are read).
+        ctx: the rank's fixed facts: its rank and control group, the model (its fingerprint), each layout's plan
+            and the sub-layers' keys (which shard holds which weight).
+        parts: the parts by name, the name each keeps in the files, saved and loaded in this order (a part another
+            one depends on first: the position before the weights it places). ``model``, ``optimizer`` (its
+            ``state``) and ``probe`` go to the shards, the others to the main file.
+        defaults: by part name, what a part loads when a checkpoint has no entry for it (one written before the
+            part was kept); any other part missing makes a checkpoint refused.
+        given: the config as given, which a checkpoint keeps for a resume to compare with (:mod:`.rerun`);
+            default ``config``.
+
+    Raises:
+        ConfigError: no ``[checkpoint] dir``, a part named as one of the main file's own entries
+            (:data:`~.parts.RESERVED`), or a default for a part the map does not have.
     """
 
-    def __init__(self, config: TrainConfig) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        ctx: RunContext,
+        parts: Mapping[str, Stateful],
+        *,
+        defaults: Mapping[str, object] | None = None,
+        given: TrainConfig | None = None,
+    ) -> None:
         if not config.checkpoint.dir:
             raise ConfigError("a Checkpointer needs [checkpoint] dir")
+        defaults = dict(defaults or {})
+        check_parts(parts, defaults)
         self.config = config
+        self.ctx = ctx
+        self.parts = dict(parts)
+        self.defaults = defaults
+        self.given = given if given is not None else config
         self.directory = Path(config.checkpoint.dir)
-        #: The checkpoint file the last :meth:`resume` loaded (after any fallback), or ``None``.
-        self.loaded: Path | None = None
 
-    def maybe_save(self, trainer: Checkpointable) -> bool:
+    def maybe_save(self, position: RunState) -> bool:
         """Save if the epoch just finished is due (a collective); returns whether a checkpoint was written."""
-        epoch = trainer.state.epoch
+        epoch = position.epoch
         if epoch % self.config.checkpoint.every and epoch != self.config.train.epochs:
             return False
-        self.save(trainer)
+        self.save(position)
         return True
 
-    def maybe_save_step(self, trainer: Checkpointable, steps_done: int) -> bool:
+    def maybe_save_step(self, position: RunState, steps_done: int) -> bool:
         """Save inside an epoch every ``[checkpoint] steps`` steps (a collective); returns whether it did."""
         every = self.config.checkpoint.steps
         if not every or steps_done % every:
             return False
-        self.save(trainer, steps_done=steps_done)
+        self.save(position, steps_done=steps_done)
         return True
 
-    def save(self, trainer: Checkpointable, *, steps_done: int | None = None) -> Path:
-        """Write a checkpoint of ``trainer`` (a collective: replica 0 of each stage writes its shard, rank 0 the main
-        file).
+    def save(self, position: RunState, *, steps_done: int | None = None) -> Path:
+        """Write a checkpoint of every part (a collective: each part's state is taken on every rank - a part's
+        ``state_dict`` may be a collective, and may refuse - then replica 0 of each stage writes its shard, rank 0
+        the main file).
 
         Args:
-            trainer: the run, at an epoch's end (after its transition) or after ``steps_done`` steps of its epoch.
+            position: where the run stands (the file's name, the layout that says who writes which shard): at an
+                epoch's end (after its transition) or after ``steps_done`` steps of its epoch.
             steps_done: steps of the current epoch already done, for a checkpoint inside an epoch.
         """
-        ctx = trainer.ctx
-        state = trainer.state_dict()
-        epoch = trainer.state.epoch
+        ctx = self.ctx
+        state: dict[str, Any] = {name: part.state_dict() for name, part in self.parts.items()}
+        epoch = position.epoch
         name = f"epoch-{epoch:04d}.pt" if steps_done is None else f"epoch-{epoch:04d}-step-{steps_done:06d}.pt"
         path = self.directory / name
-        layout = trainer.state.layout
+        layout = position.layout
         plan = ctx.plan(layout)
         writers = plan.pipeline_groups[0]  # replica 0's ranks, stage by stage: replicas hold the same bits
         if ctx.rank == 0:
@@ -206,7 +182,11 @@ class Checkpointer:
         dist.barrier(group=ctx.groups.control_group)
         if ctx.rank in writers:
             s = writers.index(ctx.rank)
-            shard = {"model": state["model"], "optimizer": {"state": state["optimizer"]["state"]}}
+            shard: dict[str, object] = {}
+            if "model" in state:
+                shard["model"] = state["model"]
+            if "optimizer" in state:
+                shard["optimizer"] = {"state": state["optimizer"]["state"]}
             if "probe" in state:  # a probe-driven policy's baseline: the outputs of the units ending on this stage
                 shard["probe"] = state["probe"][str(s)]
             write_shard(self.directory, shard_name(name, s), shard)
@@ -220,35 +200,38 @@ class Checkpointer:
                 for k in ctx.sublayer_keys[j]
             }
             main = {k: v for k, v in state.items() if k not in ("model", "probe")}
-            main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
+            if "optimizer" in state:
+                main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
             # each shard's SHA-256 (from its fresh manifest): a shard later swapped together with its manifest no
             # longer matches the main file, and the resume falls back
             main["shards"] = {"files": files, "index": index, "sha256": shard_digests(self.directory, files)}
             if "probe" in state:  # which shard keeps each stage's probe outputs
                 main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
-            meta: Latest = {"epoch": epoch, "step": trainer.state.step, "fingerprint": fingerprint(ctx.model)}
-            meta["config"] = trainer.given_config.to_dict()  # what a resume compares its config with (.rerun)
+            meta: Latest = {"epoch": epoch, "step": position.step, "fingerprint": fingerprint(ctx.model)}
+            meta["config"] = self.given.to_dict()  # what a resume compares its config with (.rerun)
             write_checkpoint(self.directory, name, main, meta)
             prune(self.directory, self.config.checkpoint.keep_last, path)
         dist.barrier(group=ctx.groups.control_group)
         return path
 
-    def _check(self, path: Path, ctx: RunContext) -> tuple[Found | None, str]:
-        """This rank's checks of one checkpoint: the main file and its shards' SHA-256, the model fingerprint, and
-        every tensor of this rank's share of the shards (shard ``i`` for ``i % world == rank``); returns the
-        checkpoint, or ``None`` and what is wrong with it."""
+    def _check(self, path: Path) -> tuple[Found | None, str]:
+        """This rank's checks of one checkpoint: the main file and its shards' SHA-256, the model fingerprint, an
+        entry for every part (or a default), and every tensor of this rank's share of the shards (shard ``i`` for
+        ``i % world == rank``); returns the checkpoint, or ``None`` and what is wrong with it."""
+        ctx = self.ctx
         try:
             state, manifest = load_verified(path, allow_nonfinite=self.config.checkpoint.allow_nonfinite)
             check_compatible(manifest, ctx.model, str(path))
+            entries(self.parts, self.defaults, state, path)
             verify_shards(state, ctx.rank, ctx.world_size)
-        except ConfigError as exc:  # CorruptCheckpoint, or another model's fingerprint
+        except ConfigError as exc:  # CorruptCheckpoint, another model's fingerprint, a part missing
             return None, str(exc)
         except (TypeError, ValueError, KeyError, AttributeError) as exc:  # a manifest of the wrong shape
             return None, f"{path}: cannot be checked ({type(exc).__name__}: {exc})"
         return Found(state, manifest, path), ""
 
-    def find(self, trainer: Checkpointable) -> Found | None:
+    def find(self) -> Found | None:
         """The newest checkpoint every rank found intact (a collective on the control group), before anything is
         loaded: each rank checks it (:meth:`_check`), the ranks agree, and one any rank refused is skipped on every
         rank, with a warning naming the file, the rank and the reason, for the next older one. A missing or corrupt
@@ -261,13 +244,13 @@ class Checkpointer:
         Raises:
             ConfigError: checkpoints are there but none is intact (or all are another model's).
         """
-        ctx = trainer.ctx
+        ctx = self.ctx
         paths = candidates(self.directory, warn=ctx.rank == 0)
         if paths is None:
             return None
         failures = []
         for path in paths:
-            found, problem = self._check(path, ctx)
+            found, problem = self._check(path)
             refused = torch.zeros(ctx.world_size, dtype=torch.int32)
             refused[ctx.rank] = int(found is None)
             dist.all_reduce(refused, group=ctx.groups.control_group)
@@ -281,20 +264,14 @@ class Checkpointer:
             f"no intact checkpoint in {self.directory}: " + " | ".join(failures) + " (resume = 'never' starts afresh)"
         )
 
-    def resume(self, trainer: Checkpointable) -> bool:
-        """Load the newest checkpoint every rank found intact (:meth:`find`) into ``trainer``; :attr:`loaded` names
-        the file (every rank reads the main file and, of the shards, only the tensors it needs).
-
-        Returns:
-            Whether a checkpoint was loaded.
+    def load(self, found: Found) -> None:
+        """Restore every part from a checkpoint :meth:`find` gave, by name, in the map's order (no collective: every
+        rank reads the main file and, of the shards, only the tensors its parts ask for).
 
         Raises:
-            ConfigError: checkpoints are there but none is intact (or all are another model's).
-            OrchestratorError: its pipeline length does not fit this world size.
+            ConfigError: the checkpoint holds no entry for a part without a default (:meth:`find` refused it).
+            OrchestratorError: a part refuses its state (the position: a pipeline length this world size cannot
+                run).
         """
-        found = self.find(trainer)
-        if found is None:
-            return False
-        trainer.load_state_dict(found.state)
-        self.loaded = found.path
-        return True
+        for name, saved in entries(self.parts, self.defaults, found.state, found.path).items():
+            self.parts[name].load_state_dict(saved)

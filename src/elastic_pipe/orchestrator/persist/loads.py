@@ -6,7 +6,8 @@ unpickled. Before that a file's SHA-256 must match its manifest; after it, every
 ``allow_nonfinite``) every floating-point value must be finite and within
 :data:`~elastic_pipe.orchestrator.persist.integrity.MAX_ABS`. A sharded checkpoint's shards are checked and read
 through :mod:`.shards`. A missing or corrupt ``latest.json`` falls back to scanning the directory
-(:func:`candidates`), never to a fresh start.
+(:func:`candidates`), never to a fresh start. A checkpoint of another model (its :func:`fingerprint`: the names and
+shapes of the model's tensors) is refused (:func:`check_compatible`).
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.persist.files import (
+    FORMATS,
     LATEST,
     CorruptCheckpoint,
+    Fingerprint,
     JsonObject,
     SavedState,
     checkpoint_files,
@@ -37,7 +42,9 @@ from elastic_pipe.orchestrator.persist.shards import attach_shards, verify_shard
 __all__ = [
     "candidate_manifests",
     "candidates",
+    "check_compatible",
     "find_latest",
+    "fingerprint",
     "latest_meta",
     "load_latest",
     "load_verified",
@@ -45,6 +52,41 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+def fingerprint(model: nn.Module) -> Fingerprint:
+    """Names and shapes of the model's parameters and buffers (what must match for a checkpoint to fit)."""
+    state = model.state_dict()
+    return {"names": list(state), "shapes": [list(t.shape) for t in state.values()]}
+
+
+def check_compatible(meta: Mapping[str, Any], model: nn.Module, source: str) -> None:
+    """Refuse a checkpoint made for another model.
+
+    Args:
+        meta: the checkpoint's manifest or ``latest.json`` as read (JSON, not yet checked).
+        model: this run's model.
+        source: what to name in the error (the file or the directory).
+
+    Raises:
+        ConfigError: if the format or the model fingerprint differs.
+    """
+    if meta.get("format") not in FORMATS:
+        raise ConfigError(f"{source}: checkpoint format {meta.get('format')!r}, expected one of {list(FORMATS)}")
+    mine = fingerprint(model)
+    theirs = meta.get("fingerprint", {})
+    if theirs != mine:
+        names = set(theirs.get("names", []))
+        diff = (
+            sorted(names.symmetric_difference(mine["names"]))[:3]
+            or [n for n, a, b in zip(mine["names"], mine["shapes"], theirs.get("shapes", []), strict=False) if a != b][
+                :3
+            ]
+        )
+        raise ConfigError(
+            f"{source}: checkpoint is from another model ({len(names)} tensors vs {len(mine['names'])}; "
+            f"first differences: {diff}); use another checkpoint directory or resume = 'never'"
+        )
 
 
 def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[SavedState, JsonObject]:
@@ -72,7 +114,16 @@ def load_verified(path: Path, *, allow_nonfinite: bool = False) -> tuple[SavedSt
         raise CorruptCheckpoint(f"{path}: {'; '.join(problems[:3])}{more}")
     if "shards" in state:
         attach_shards(path, state, allow_nonfinite=allow_nonfinite)
+    _as_current(state)
     return state, manifest
+
+
+def _as_current(state: SavedState) -> None:
+    """Read an older layout of the state as the current one: a checkpoint written before ``decision_due`` moved into
+    the run's position (format 3) kept it beside ``run``."""
+    run = state.get("run")
+    if "decision_due" in state and isinstance(run, dict) and "decision_due" not in run:
+        run["decision_due"] = bool(state.pop("decision_due"))
 
 
 def load_weights(path: Path) -> tuple[dict[str, torch.Tensor], SavedState]:

@@ -27,9 +27,9 @@ _T = TypeVar("_T")
 class ShardedCheckpoint:
     """The shards of one checkpoint, read tensor by tensor (memory-mapped; nothing is read until asked for).
 
-    ``model`` and ``optimizer_state`` are mappings by model key and parameter name, the shape
-    :func:`elastic_pipe.orchestrator.persist.snapshot.restore` reads; every tensor handed out has passed its CRC-32
-    and (unless ``allow_nonfinite``) the value checks.
+    ``model`` and ``optimizer_state`` are mappings by model key and parameter name, the shape the ``model`` and
+    ``optimizer`` parts read (:mod:`elastic_pipe.orchestrator.persist.snapshot`); every tensor handed out has passed
+    its CRC-32 and (unless ``allow_nonfinite``) the value checks.
 
     Args:
         directory: where the shards are.
