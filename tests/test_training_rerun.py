@@ -13,7 +13,7 @@ import pytest
 
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.persist.rerun import already_complete, check_config, config_changes
+from elastic_pipe.orchestrator.persist.rerun import already_complete, check_config, config_changes, config_defaults
 from elastic_pipe.testing import RankContext, run_distributed
 
 TOML = """
@@ -75,6 +75,22 @@ def test_what_a_resume_may_change() -> None:
     assert "max_steps 5 reached" in str(
         already_complete({"epoch": 0, "step": 5}, base.override({"train.max_steps": 5}))
     )
+
+
+def test_a_key_newer_than_the_checkpoint_counts_as_unchanged_only_at_its_default() -> None:
+    """A checkpoint written before ``[pipeline] virtual`` existed resumes under its default; another value is a
+    change, and so is a key the checkpoint lacks whose value here is not its default."""
+    base = config_from_tables({"model": {"name": "vit"}, "checkpoint": {"dir": "c"}})
+    saved = json.loads(json.dumps(base.to_dict()))
+    del saved["pipeline"]["virtual"]  # as a checkpoint from before the key kept its config
+    assert check_config({"config": saved}, base) == {}
+    two = base.override({"pipeline.virtual": 2})
+    with pytest.raises(ConfigError, match=r"checkpoint's in pipeline\.virtual \(pipeline\.virtual None -> 2\)"):
+        check_config({"config": saved}, two)
+    defaults = config_defaults(base)
+    assert defaults["pipeline"]["virtual"] == 1 and defaults["model"]["name"] == ""
+    del saved["model"]["name"]
+    assert config_changes(saved, base.to_dict(), defaults) == {"model.name": [None, "vit"]}
 
 
 def _runs(ctx: RankContext, path: str) -> dict[str, Any]:

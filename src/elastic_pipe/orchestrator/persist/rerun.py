@@ -13,11 +13,13 @@ resume may change only how the run is carried out, not what it computes:
 Any other difference is refused with one line listing the differing keys, unless ``[checkpoint]
 allow_config_change`` (``elastic-pipe train --allow-config-change``) is set; then the run continues with the new
 config and its ``resume`` record in ``events.jsonl`` lists the changes. Checkpoints written before the config was
-kept are not compared.
+kept are not compared; a key added to the config after a checkpoint was written counts as unchanged while this
+run leaves it at its default (``[pipeline] virtual = 1`` resumes a checkpoint that predates the key).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,15 @@ from elastic_pipe.orchestrator.errors import ConfigError
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
 
-__all__ = ["RESUMABLE_KEYS", "RESUMABLE_SECTIONS", "already_complete", "check_config", "config_changes", "describe"]
+__all__ = [
+    "RESUMABLE_KEYS",
+    "RESUMABLE_SECTIONS",
+    "already_complete",
+    "check_config",
+    "config_changes",
+    "config_defaults",
+    "describe",
+]
 
 #: Keys a resume may change (besides whole :data:`RESUMABLE_SECTIONS`): how far the run goes, the initial pipeline
 #: length (a resumed run continues the checkpoint's layout; another world size may need another initial length),
@@ -45,24 +55,46 @@ RESUMABLE_SECTIONS = ("log", "launch", "checkpoint")
 
 
 def config_changes(
-    saved: Mapping[str, Mapping[str, object]], current: Mapping[str, Mapping[str, object]]
+    saved: Mapping[str, Mapping[str, object]],
+    current: Mapping[str, Mapping[str, object]],
+    defaults: Mapping[str, Mapping[str, object]] | None = None,
 ) -> dict[str, list[object]]:
     """The ``"section.key": [saved, current]`` pairs that differ, but for what a resume may change.
 
     Args:
         saved: the checkpoint's config tables (:meth:`TrainConfig.to_dict`).
         current: this run's config tables.
+        defaults: each section's default values (:func:`config_defaults`): a key ``saved`` lacks (added to the
+            config after the checkpoint was written) is unchanged while ``current`` holds its default.
     """
     changes: dict[str, list[object]] = {}
     for section in sorted(set(saved) | set(current)):
         if section in RESUMABLE_SECTIONS:
             continue
         old, new = saved.get(section, {}), current.get(section, {})
+        known = (defaults or {}).get(section, {})
         for key in sorted(set(old) | set(new)):
             name = f"{section}.{key}"
-            if name not in RESUMABLE_KEYS and _plain(old.get(key)) != _plain(new.get(key)):
-                changes[name] = [old.get(key), new.get(key)]
+            if name in RESUMABLE_KEYS or _plain(old.get(key)) == _plain(new.get(key)):
+                continue
+            if key not in old and key in known and _plain(known[key]) == _plain(new.get(key)):
+                continue  # a key newer than the checkpoint, left at its default
+            changes[name] = [old.get(key), new.get(key)]
     return changes
+
+
+def config_defaults(config: TrainConfig) -> dict[str, dict[str, object]]:
+    """Each section's default values, in the tables' shape (the keys a section declares with a default)."""
+    out: dict[str, dict[str, object]] = {}
+    for section in config.to_dict():
+        values: dict[str, object] = {}
+        for f in dataclasses.fields(getattr(config, section)):
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                values[f.name] = f.default_factory()
+        out[section] = values
+    return out
 
 
 def _plain(value: object) -> object:
@@ -92,7 +124,7 @@ def check_config(meta: Mapping[str, object] | None, config: TrainConfig) -> dict
     saved = (meta or {}).get("config")
     if not isinstance(saved, Mapping):
         return {}
-    changes = config_changes(saved, config.to_dict())
+    changes = config_changes(saved, config.to_dict(), config_defaults(config))
     if changes and not config.checkpoint.allow_config_change:
         raise ConfigError(
             f"the config differs from the checkpoint's in {', '.join(changes)} ({describe(changes)}); a resume may "
