@@ -64,7 +64,7 @@ def _every_n_steps(
     """The decision points of ``[freeze] decide_every`` and ``(frozen units, layout)`` of each epoch's last step."""
     every = config.freeze.every_steps
     costs = sublayer_costs(parts.model)
-    unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
+    unit_ends = tuple(parts.model.unit_ends)
     memory = memory_budget(config, parts.model)
     layout, budget = planned_start(config, parts)
     total = config.train.epochs * steps
@@ -137,7 +137,7 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
     else:
         sequence = layout_sequence(
             sublayer_costs(parts.model),
-            tuple(parts.model.unit_ends),  # type: ignore[arg-type]
+            tuple(parts.model.unit_ends),
             parts.policy,
             epochs=config.train.epochs,
             steps_per_epoch=steps,

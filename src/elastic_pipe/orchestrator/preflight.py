@@ -66,8 +66,9 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         if directory:
             check_writable(directory, f"[{section}] dir")
     if config.pipeline.cache != "off":  # the activation cache's directories, before any worker maps a file there
-        for key in ("disk", "host_dir"):
-            if directory := config.pipeline.cache_tiers.get(key, ""):
+        tiers = config.pipeline.cache_tiers
+        for key, directory in (("disk", tiers.get("disk", "")), ("host_dir", tiers.get("host_dir", ""))):
+            if directory:
                 check_writable(directory, f"[pipeline] cache_tiers.{key}")
     if config.log.tensorboard and (missing := tensorboard_missing()) is not None:
         raise ConfigError(missing)

@@ -5,9 +5,7 @@ config names (each keyword given is used instead).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze, partition
 from elastic_pipe import schedule as sched
@@ -15,11 +13,12 @@ from elastic_pipe.orchestrator.components.policy import adapt_policy, make_polic
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
-from elastic_pipe.orchestrator.data import Loss, Samples, as_data, cross_entropy, is_samples, num_samples
+from elastic_pipe.orchestrator.data import Data, Loss, as_data, cross_entropy, is_samples, num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
 if TYPE_CHECKING:
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["STAGES_PER_RANK", "Components", "check_runnable_schedule", "components_from_config"]
@@ -46,15 +45,15 @@ class Components:
             ``data`` is held out instead.
     """
 
-    model: nn.Module
-    data: Samples | Any
+    model: SubLayerModel
+    data: Data
     policy: freeze.FreezePolicy
     partitioner: str | partition.Solver = "greedy"
     compression: CompressionRule = field(default_factory=lambda: COMPRESSION_RULES["halving"])
     schedule: str = "gpipe"
     optimizer: OptimizerFactory | None = None
     loss: Loss = cross_entropy
-    eval_data: Samples | Any | None = None
+    eval_data: Data | None = None
 
 
 #: Stages one rank holds: the runtime builds one ``PipelineStage`` per rank (several per rank is a later issue), so
@@ -83,15 +82,15 @@ def check_runnable_schedule(schedule: str) -> None:
 def components_from_config(
     config: TrainConfig,
     *,
-    model: nn.Module | None = None,
-    data: Any = None,
+    model: SubLayerModel | None = None,
+    data: object = None,
     policy: freeze.PolicyLike | None = None,
     partitioner: str | partition.Solver | None = None,
     compression: CompressionRule | None = None,
     schedule: str | None = None,
     optimizer: OptimizerFactory | None = None,
     loss: Loss | None = None,
-    eval_data: Any = None,
+    eval_data: object = None,
 ) -> Components:
     """Build every component a :class:`TrainConfig` names (the only reader of the registries).
 
@@ -133,9 +132,9 @@ def components_from_config(
     check_runnable_schedule(schedule)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
-        policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
+        policy = make_policy(config, len(model.unit_ends), total_steps=total)
     else:
-        policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
+        policy = adapt_policy(policy, len(model.unit_ends))
     return Components(
         model=model,
         data=samples,
