@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,11 @@ __all__ = [
     "send_tensors",
     "state_entries",
 ]
+
+
+#: One parameter's optimizer state as torch keeps it (``Optimizer.state[p]``, typed ``Any`` by torch): tensors and
+#: numbers by name; :func:`state_entries` refuses anything else.
+ParamState: TypeAlias = dict[str, Any]
 
 
 class RankLayout(Protocol):
@@ -173,7 +178,9 @@ def _by_dtype(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.dtype, list[t
     return [(dtype, groups[dtype]) for dtype in sorted(groups, key=str)]
 
 
-def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: Any = None) -> int:
+def send_tensors(
+    tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: dist.ProcessGroup | None = None
+) -> int:
     """Send ``tensors`` to ``dst``, one flat buffer per dtype (``dst`` calls :func:`recv_tensors` with tensors of
     the same shapes and dtypes); returns the bytes sent."""
     sent = 0
@@ -184,7 +191,9 @@ def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.dev
     return sent
 
 
-def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: Any = None) -> int:
+def recv_tensors(
+    tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: dist.ProcessGroup | None = None
+) -> int:
     """Receive into ``tensors`` (in place) what ``src`` sends with :func:`send_tensors`; returns the bytes received."""
     received = 0
     for dtype, same in _by_dtype(tensors):
@@ -199,7 +208,7 @@ def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.dev
     return received
 
 
-def state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
+def state_entries(state: ParamState) -> tuple[protocol.StateEntry, ...]:
     """One parameter's optimizer state described for :class:`~elastic_pipe.protocol.OptimizerStateHeader`.
 
     Raises:
@@ -221,12 +230,12 @@ def state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
     return tuple(entries)
 
 
-def _send_bytes(payload: bytes, dst: int, group: Any) -> None:
+def _send_bytes(payload: bytes, dst: int, group: dist.ProcessGroup) -> None:
     dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst, group=group)
     dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst, group=group)
 
 
-def _recv_bytes(src: int, group: Any) -> bytes:
+def _recv_bytes(src: int, group: dist.ProcessGroup) -> bytes:
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, src, group=group)
     buf = torch.empty(int(size), dtype=torch.uint8)
@@ -235,7 +244,13 @@ def _recv_bytes(src: int, group: Any) -> bytes:
 
 
 def send_optimizer_state(
-    states: Sequence[dict[str, Any]], dst: int, *, rank: int, device: torch.device, control: Any, group: Any = None
+    states: Sequence[ParamState],
+    dst: int,
+    *,
+    rank: int,
+    device: torch.device,
+    control: dist.ProcessGroup,
+    group: dist.ProcessGroup | None = None,
 ) -> int:
     """Send the optimizer state of some parameters (one dict each, in an order both ends agree on) to ``dst``.
 
@@ -259,8 +274,8 @@ def send_optimizer_state(
 
 
 def recv_optimizer_state(
-    count: int, src: int, *, device: torch.device, control: Any, group: Any = None
-) -> tuple[list[dict[str, Any]], int]:
+    count: int, src: int, *, device: torch.device, control: dist.ProcessGroup, group: dist.ProcessGroup | None = None
+) -> tuple[list[ParamState], int]:
     """Receive what :func:`send_optimizer_state` sends for ``count`` parameters.
 
     Returns:
@@ -275,9 +290,7 @@ def recv_optimizer_state(
         raise OrchestratorError(f"rank {message.rank} could not send its optimizer state: {message.reason}")
     if not isinstance(message, protocol.OptimizerStateHeader) or len(message.params) != count:
         raise OrchestratorError(f"rank {src} sent no optimizer state header for the {count} parameters")
-    states: list[dict[str, Any]] = [
-        {e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params
-    ]
+    states: list[ParamState] = [{e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params]
     slots: list[tuple[int, str, str, torch.Tensor]] = []
     for i, e in message.tensors():
         assert e.shape is not None and e.dtype is not None and e.device is not None  # tensor entries carry them
