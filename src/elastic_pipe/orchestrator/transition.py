@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 
-#: One parameter's optimizer state as torch keeps it (``Optimizer.state[p]``, typed ``Any`` by torch): tensors and
+#: One parameter's optimizer state as torch keeps it (``Optimizer.state[p]``, untyped in torch): tensors and
 #: numbers by name; :func:`state_entries` refuses anything else.
 ParamState: TypeAlias = dict[str, Any]
 

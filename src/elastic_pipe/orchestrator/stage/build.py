@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -13,10 +13,19 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
-from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep
+from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep, StageRunner
 from elastic_pipe.orchestrator.stage.local_step import LocalStep
 
 __all__: list[str] = []  # internal: the package face exports what others use
+
+
+class _Shapes(TypedDict, total=False):
+    """What a torch 2.12+ ``PipelineStage`` is told of its micro-batches up front (gradients: ``None`` at the ends)."""
+
+    input_args: torch.Tensor
+    output_args: torch.Tensor
+    input_grads: torch.Tensor | None
+    output_grads: torch.Tensor | None
 
 
 def _stage_takes_grads() -> bool:
@@ -42,7 +51,7 @@ def build_runner(
     grad_input: bool = False,
     graph: bool = False,
     graph_always: bool = False,
-) -> Any:
+) -> StageRunner:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
 
     Args:
@@ -73,7 +82,7 @@ def build_runner(
         return GraphedStep(local, always=graph_always) if graph else local
     example_in, example_out = examples()
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
-    shapes: dict[str, Any] = {}
+    shapes: _Shapes = {}
     if _STAGE_TAKES_GRADS:
         shapes = {
             "input_args": example_in,
@@ -85,7 +94,8 @@ def build_runner(
     if not _STAGE_TAKES_GRADS:
         _declare_shapes_before_2_12(pipe_stage, example_in, example_out)
     plan = sched.generate(schedule, k, microbatches)
-    return sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)
+    runner: StageRunner = sched.torch_schedule(plan, s, [pipe_stage], loss_fn, scale_grads=True)  # torch's schedule
+    return runner
 
 
 def _declare_shapes_before_2_12(pipe_stage: PipelineStage, example_in: torch.Tensor, example_out: torch.Tensor) -> None:

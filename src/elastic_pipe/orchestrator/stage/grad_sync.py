@@ -4,7 +4,7 @@ backward pass when each parameter's gradient is final after one accumulation, af
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -96,7 +96,7 @@ class OverlappedAverager:
         self._buckets = grad_buckets(list(reversed(params)), cap_bytes)
         self._bucket_of = {id(p): b for b, bucket in enumerate(self._buckets) for p in bucket}
         self._pending = [len(bucket) for bucket in self._buckets]
-        self._flights: dict[int, tuple[torch.Tensor, Any]] = {}
+        self._flights: dict[int, tuple[torch.Tensor, dist.Work]] = {}
         self._handles = [
             p.register_post_accumulate_grad_hook(self._ready)  # type: ignore[no-untyped-call]  # torch stub
             for p in params
