@@ -34,6 +34,8 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 if TYPE_CHECKING:
     from elastic_pipe.types import Layout
 
+ParamState: TypeAlias = dict[str, Any]  #: one parameter's ``Optimizer.state`` (untyped in torch): tensors, numbers
+Group: TypeAlias = "dist.ProcessGroup | None"  #: a process group to send over (``None``: the default group)
 __all__ = [
     "RankLayout",
     "Transfer",
@@ -48,11 +50,6 @@ __all__ = [
     "send_tensors",
     "state_entries",
 ]
-
-
-#: One parameter's optimizer state as torch keeps it (``Optimizer.state[p]``, untyped in torch): tensors and
-#: numbers by name; :func:`state_entries` refuses anything else.
-ParamState: TypeAlias = dict[str, Any]
 
 
 class RankLayout(Protocol):
@@ -178,9 +175,7 @@ def _by_dtype(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.dtype, list[t
     return [(dtype, groups[dtype]) for dtype in sorted(groups, key=str)]
 
 
-def send_tensors(
-    tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: dist.ProcessGroup | None = None
-) -> int:
+def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: Group = None) -> int:
     """Send ``tensors`` to ``dst``, one flat buffer per dtype (``dst`` calls :func:`recv_tensors` with tensors of
     the same shapes and dtypes); returns the bytes sent."""
     sent = 0
@@ -191,9 +186,7 @@ def send_tensors(
     return sent
 
 
-def recv_tensors(
-    tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: dist.ProcessGroup | None = None
-) -> int:
+def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: Group = None) -> int:
     """Receive into ``tensors`` (in place) what ``src`` sends with :func:`send_tensors`; returns the bytes received."""
     received = 0
     for dtype, same in _by_dtype(tensors):
@@ -230,12 +223,12 @@ def state_entries(state: ParamState) -> tuple[protocol.StateEntry, ...]:
     return tuple(entries)
 
 
-def _send_bytes(payload: bytes, dst: int, group: dist.ProcessGroup) -> None:
+def _send_bytes(payload: bytes, dst: int, group: Group) -> None:
     dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst, group=group)
     dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst, group=group)
 
 
-def _recv_bytes(src: int, group: dist.ProcessGroup) -> bytes:
+def _recv_bytes(src: int, group: Group) -> bytes:
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, src, group=group)
     buf = torch.empty(int(size), dtype=torch.uint8)
@@ -244,13 +237,7 @@ def _recv_bytes(src: int, group: dist.ProcessGroup) -> bytes:
 
 
 def send_optimizer_state(
-    states: Sequence[ParamState],
-    dst: int,
-    *,
-    rank: int,
-    device: torch.device,
-    control: dist.ProcessGroup,
-    group: dist.ProcessGroup | None = None,
+    states: Sequence[ParamState], dst: int, *, rank: int, device: torch.device, control: Group, group: Group = None
 ) -> int:
     """Send the optimizer state of some parameters (one dict each, in an order both ends agree on) to ``dst``.
 
@@ -274,7 +261,7 @@ def send_optimizer_state(
 
 
 def recv_optimizer_state(
-    count: int, src: int, *, device: torch.device, control: dist.ProcessGroup, group: dist.ProcessGroup | None = None
+    count: int, src: int, *, device: torch.device, control: Group, group: Group = None
 ) -> tuple[list[ParamState], int]:
     """Receive what :func:`send_optimizer_state` sends for ``count`` parameters.
 
