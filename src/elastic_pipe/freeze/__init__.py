@@ -15,7 +15,9 @@ This package imports no other elastic_pipe primitive; it may use :mod:`elastic_p
 * :class:`OutputDrift` and :func:`relative_change` - each layer's output change on a fixed probe batch between
   decision points, the signal of :class:`Drift`.
 * :func:`signal_layers` and :func:`needs_probe` - what a runtime must measure for a policy;
-  :func:`decisions_per_epoch` - how often it asks to decide.
+  :func:`decisions_per_epoch` - how often it asks to decide. Each reads an optional capability declared as a
+  protocol (:class:`SignalCap`, :class:`ProbePolicy`, :class:`DecisionRhythm`): a policy that lacks it gets the
+  default (every layer watched, no probe, one decision per epoch).
 * :func:`freeze_modules` - frozen parameters leave the optimizer; the others keep their exact state.
 * :func:`frozen_by_epoch` - dry-run a schedule-driven policy.
 """
@@ -42,8 +44,16 @@ from elastic_pipe.freeze.guard import HeldOutGuard
 from elastic_pipe.freeze.manual import ManualSchedule, Never, parse_manual
 from elastic_pipe.freeze.paper import PaperRule
 from elastic_pipe.freeze.plan import frozen_by_epoch
-from elastic_pipe.freeze.policy import FreezePolicy, decide, decisions_per_epoch, needs_probe, signal_layers
-from elastic_pipe.freeze.probe import OutputDrift, relative_change
+from elastic_pipe.freeze.policy import (
+    DecisionRhythm,
+    FreezePolicy,
+    SignalCap,
+    decide,
+    decisions_per_epoch,
+    needs_probe,
+    signal_layers,
+)
+from elastic_pipe.freeze.probe import OutputDrift, ProbePolicy, relative_change
 from elastic_pipe.freeze.registry import POLICIES, PolicyFactory, make_policy, register_policy, takes_total_steps
 from elastic_pipe.freeze.settled import Settled
 from elastic_pipe.freeze.stats import LayerStats, merge_stats
@@ -54,6 +64,7 @@ __all__ = [
     "AlphaSchedule",
     "AutoFreeze",
     "Converged",
+    "DecisionRhythm",
     "Drift",
     "FreezeError",
     "FreezeOut",
@@ -71,8 +82,10 @@ __all__ = [
     "PolicyFactory",
     "PolicyFunction",
     "PolicyLike",
+    "ProbePolicy",
     "Proposer",
     "Settled",
+    "SignalCap",
     "alpha_frozen",
     "as_policy",
     "change_ratios",

@@ -16,11 +16,12 @@ A policy written against the earlier protocol (every member but ``observe_eval``
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from elastic_pipe.freeze.errors import CHECK, FreezeError, FreezeTypeError
 from elastic_pipe.freeze.policy import MEMBERS, FreezePolicy, check_num_layers
+from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = [
@@ -127,13 +128,19 @@ class FunctionPolicy(Policy):
 
 
 class _Completed(Policy):
-    """A policy object lacking some members, completed with the defaults; every attribute it has is its own."""
+    """A policy object lacking some members, completed with the defaults; every attribute it has is its own.
+
+    The optional capabilities (:class:`~.probe.ProbePolicy`, :class:`~.policy.SignalCap`,
+    :class:`~.policy.DecisionRhythm`) are members of their own that answer with the inner object's (``None`` where
+    it has none, which the runtime reads as "no capability"), so that a protocol check sees them (Python 3.12 checks
+    protocols without ``__getattr__``).
+    """
 
     def __init__(self, inner: Proposer) -> None:
         super().__init__(int(inner.num_layers))
         self.inner = inner
 
-    def __getattr__(self, key: str) -> Any:  # only for what the adapter does not define (signal_layers, ...)
+    def __getattr__(self, key: str) -> Any:  # only for what the adapter does not define (a policy's own fields)
         if key == "inner":
             raise AttributeError(key)
         return getattr(self.inner, key)
@@ -156,6 +163,22 @@ class _Completed(Policy):
 
     def propose(self, epoch: int, step: int, current: int) -> int:
         return self.inner.propose(epoch, step, current)
+
+    @property
+    def needs_probe(self) -> bool:
+        return bool(getattr(self.inner, "needs_probe", False)) and callable(getattr(self.inner, "observe_drift", None))
+
+    def observe_drift(self, change: Sequence[float]) -> None:
+        if isinstance(self.inner, ProbePolicy):  # always, where it is asked: only when needs_probe is true
+            self.inner.observe_drift(change)
+
+    @property
+    def signal_layers(self) -> object:
+        return getattr(self.inner, "signal_layers", None)
+
+    @property
+    def decisions_per_epoch(self) -> object:
+        return getattr(self.inner, "decisions_per_epoch", None)
 
     def state_dict(self) -> dict[str, Any]:
         if hasattr(self.inner, "state_dict"):

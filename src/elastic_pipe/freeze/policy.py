@@ -27,12 +27,15 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from elastic_pipe.freeze.errors import CHECK, FreezeError, FreezeTypeError
+from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.freeze.stats import LayerStats
 
 __all__ = [
     "MAX_LAYERS",
     "MEMBERS",
+    "DecisionRhythm",
     "FreezePolicy",
+    "SignalCap",
     "check_config",
     "check_current",
     "check_num_layers",
@@ -112,6 +115,28 @@ class FreezePolicy(Protocol):
         ...
 
 
+@runtime_checkable
+class SignalCap(Protocol):
+    """The optional capability of a policy that never freezes past a cap (``converged``, ``settled`` and ``drift``
+    have it): the runtime watches only the layers below ``signal_layers`` (:func:`signal_layers`)."""
+
+    @property
+    def signal_layers(self) -> int:
+        """Leading layers whose signal the policy ever reads (a class attribute, an attribute or a property)."""
+        ...
+
+
+@runtime_checkable
+class DecisionRhythm(Protocol):
+    """The optional capability of a policy that asks for its own number of decision points per epoch
+    (:class:`~elastic_pipe.freeze.Drift`: 4); :func:`decisions_per_epoch` reads it."""
+
+    @property
+    def decisions_per_epoch(self) -> int:
+        """Decision points per epoch (a class attribute, an attribute or a property)."""
+        ...
+
+
 def check_policy(owner: str, obj: object) -> None:
     """Raise :class:`FreezeError` naming the :data:`MEMBERS` that ``obj`` lacks, if it is no :class:`FreezePolicy`."""
     missing = [member for member in MEMBERS if not hasattr(obj, member)]
@@ -186,12 +211,12 @@ def decide(policy: FreezePolicy, epoch: int, step: int, current: int) -> int:
 def signal_layers(policy: FreezePolicy) -> int:
     """Leading layers whose signal (gradient statistics or probe drift) ``policy`` ever reads.
 
-    A policy that never freezes past a cap may say so with an optional ``signal_layers`` attribute (``converged``,
-    ``settled`` and ``drift`` do); the runtime then watches only the layers below it. Without one: all
-    ``num_layers``. Always in ``[0, num_layers]``.
+    A policy that never freezes past a cap may say so with the optional ``signal_layers`` capability
+    (:class:`SignalCap`; ``converged``, ``settled`` and ``drift`` have it); the runtime then watches only the layers
+    below it. Without one, or with one that is not an integer: all ``num_layers``. Always in ``[0, num_layers]``.
     """
-    CHECK.int("signal_layers: policy.num_layers", getattr(policy, "num_layers", None))
-    limit = getattr(policy, "signal_layers", None)
+    CHECK.int("signal_layers: policy.num_layers", getattr(policy, "num_layers", None))  # a required member, checked
+    limit = policy.signal_layers if isinstance(policy, SignalCap) else None
     n = int(policy.num_layers)
     if isinstance(limit, bool) or not isinstance(limit, int):
         return n
@@ -199,14 +224,15 @@ def signal_layers(policy: FreezePolicy) -> int:
 
 
 def needs_probe(policy: FreezePolicy) -> bool:
-    """Whether ``policy`` reads the output drift of a fixed probe batch (an optional ``needs_probe`` attribute and
-    an ``observe_drift(change)`` method, as :class:`~elastic_pipe.freeze.Drift` has); False without them."""
-    return bool(getattr(policy, "needs_probe", False)) and callable(getattr(policy, "observe_drift", None))
+    """Whether ``policy`` reads the output drift of a fixed probe batch: it has the optional probe capability
+    (:class:`~elastic_pipe.freeze.probe.ProbePolicy`: ``needs_probe`` and a callable ``observe_drift(change)``,
+    as :class:`~elastic_pipe.freeze.Drift` has) and its ``needs_probe`` is true; False without it."""
+    return isinstance(policy, ProbePolicy) and bool(policy.needs_probe) and callable(policy.observe_drift)
 
 
 def decisions_per_epoch(policy: object) -> int:
     """How many decision points per epoch ``policy`` asks for: its optional ``decisions_per_epoch`` integer
-    (:class:`~elastic_pipe.freeze.Drift`: 4, the rhythm its defaults were measured at), else 1 (after every epoch,
-    the published rhythm). A value that is not an integer >= 1 counts as 1."""
-    n = getattr(policy, "decisions_per_epoch", None)
+    (:class:`DecisionRhythm`; :class:`~elastic_pipe.freeze.Drift`: 4, the rhythm its defaults were measured at),
+    else 1 (after every epoch, the published rhythm). A value that is not an integer >= 1 counts as 1."""
+    n = policy.decisions_per_epoch if isinstance(policy, DecisionRhythm) else None
     return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1

@@ -7,7 +7,7 @@ initial partition) and the world size, and returns the new length with its parti
 * ``memory`` - the shortest length dividing the current one whose partition fits the budget;
 * ``none`` - keep the length (freeze only; the pipeline needs one active sub-layer per stage).
 
-Any object with ``name``, ``keeps_length`` and this ``__call__`` is a rule (``[pipeline] compression`` takes a
+An object with ``name``, ``keeps_length`` and this ``__call__`` is a rule (``[pipeline] compression`` takes a
 built-in's name or the ``"module:attr"`` of one). :mod:`.layout_rule` applies the rule a run is given.
 """
 

@@ -14,8 +14,9 @@ materializing the model (:mod:`.setup`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -23,7 +24,8 @@ from torch import nn
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers
 
 if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setup does)
-    from elastic_pipe.groups import GroupManager
+    from elastic_pipe.groups import GroupManager, RankPlan
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.data import EpochPlan, StepData
@@ -90,8 +92,8 @@ class RunContext:
         object.__setattr__(self, "_sublayers", list(self.parts.model.children()))
 
     @property
-    def model(self) -> nn.Module:
-        """The whole model (a SubLayerModel)."""
+    def model(self) -> SubLayerModel:
+        """The whole model."""
         return self.parts.model
 
     @property
@@ -106,14 +108,14 @@ class RunContext:
     @property
     def unit_ends(self) -> tuple[int, ...]:
         """Where each freezable unit ends (sub-layer index, exclusive)."""
-        return tuple(self.parts.model.unit_ends)  # type: ignore[arg-type]
+        return tuple(self.parts.model.unit_ends)
 
     @property
     def track_gradients(self) -> bool:
         """Whether the policy reads gradient statistics (then steps accumulate them and decisions gather them)."""
         return bool(self.parts.policy.needs_stats)
 
-    def plan(self, layout: Layout) -> Any:
+    def plan(self, layout: Layout) -> RankPlan:
         """The rank plan of ``layout``'s pipeline length."""
         return self.groups.plan(layout.pipe_len)
 
@@ -129,7 +131,7 @@ class RunContext:
         """Broadcast bytes from ``src`` over the gloo control group (a collective)."""
         return self.groups.broadcast_bytes(payload, src=src)
 
-    def autocast(self) -> Any:
+    def autocast(self) -> torch.autocast:
         """The autocast context the forward passes run in."""
         return self.autocast_for(self.config, self.device)()
 
@@ -144,7 +146,7 @@ class RunContext:
         return torch.bfloat16 if config.train.autocast == "bf16" else None
 
     @staticmethod
-    def autocast_for(config: TrainConfig, device: torch.device) -> Any:
+    def autocast_for(config: TrainConfig, device: torch.device) -> Callable[[], torch.autocast]:
         """A function returning the autocast context ``config`` asks for on ``device``."""
         dtype = RunContext.autocast_dtype_for(config)
         return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
 
 import torch.distributed as dist
 
@@ -64,7 +63,7 @@ DIGITS_SAMPLES = 1797
 
 #: The demo's configuration, in the TOML's shape (``freeze.options.total_steps`` is filled in by
 #: :func:`demo_config` from the epochs and the batch).
-DEMO: dict[str, dict[str, Any]] = {
+DEMO: dict[str, dict[str, object]] = {
     # 4x4 patches: 5 tokens per 8x8 digit; width 256 so that a step's arithmetic outweighs its host cost.
     "model": {"name": "vit", "options": {"preset": "vit-tiny", "patch_size": 4, "dim": 256, "mlp_dim": 512}},
     "data": {"dataset": "digits"},
@@ -94,7 +93,7 @@ DEMO: dict[str, dict[str, Any]] = {
 #: The reference run: the same job without freezing, every other key the same. Under the demo's memory
 #: budget it keeps the pipeline it starts with: the shortest that fits, the best static configuration the budget
 #: allows.
-REFERENCE: dict[str, Any] = {"freeze.policy": "never", "freeze.options": {}}
+REFERENCE: dict[str, object] = {"freeze.policy": "never", "freeze.options": {}}
 
 
 def steps_per_epoch(config: TrainConfig, samples: int = DIGITS_SAMPLES) -> int:
@@ -113,7 +112,7 @@ def steps_per_epoch(config: TrainConfig, samples: int = DIGITS_SAMPLES) -> int:
     return steps
 
 
-def demo_config(overrides: Mapping[str, Any] | None = None) -> TrainConfig:
+def demo_config(overrides: Mapping[str, object] | None = None) -> TrainConfig:
     """The demo's :class:`TrainConfig` with ``{"section.key": value}`` overrides applied.
 
     FreezeOut's ``total_steps`` is set from the resulting epochs and batch unless the overrides give it.
@@ -126,7 +125,7 @@ def demo_config(overrides: Mapping[str, Any] | None = None) -> TrainConfig:
     return config
 
 
-def budget_report(config: TrainConfig) -> dict[str, Any]:
+def budget_report(config: TrainConfig) -> dict[str, object]:
     """What ``[pipeline] memory_budget`` allows at the start, as the layout rule counts it (no process is started:
     the model is built on the meta device).
 
@@ -153,7 +152,7 @@ def budget_report(config: TrainConfig) -> dict[str, Any]:
     return {"limit_bytes": memory.limit, "training_state_bytes": sum(memory.active), "start": start}
 
 
-def _demo_entry(tables: dict[str, Any]) -> dict[str, Any]:
+def _demo_entry(tables: Mapping[str, object]) -> dict[str, object]:
     config = config_from_tables(tables)
     join_process_group(config)
     try:
@@ -162,7 +161,7 @@ def _demo_entry(tables: dict[str, Any]) -> dict[str, Any]:
         dist.destroy_process_group()
 
 
-def run_demo(config: TrainConfig, *, baseline: bool = True) -> dict[str, Any]:
+def run_demo(config: TrainConfig, *, baseline: bool = True) -> dict[str, object]:
     """Launch the demo's processes and return rank 0's results (``{"elastic": ..., "baseline": ...}``).
 
     Each run gets processes of its own, so that neither inherits what the other left behind (process groups,
@@ -172,7 +171,7 @@ def run_demo(config: TrainConfig, *, baseline: bool = True) -> dict[str, Any]:
         config: the elastic run (see :func:`demo_config`).
         baseline: then train the no-freezing reference (:data:`REFERENCE`) too.
     """
-    out: dict[str, Any] = {"elastic": launch(config, _demo_entry, config.to_dict())[0]}
+    out: dict[str, object] = {"elastic": launch(config, _demo_entry, config.to_dict())[0]}
     if baseline:
         sys.stderr.write("--- the reference: the same run without freezing ---\n")
         reference = config.override(REFERENCE)

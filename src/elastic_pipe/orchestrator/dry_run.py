@@ -9,7 +9,7 @@ point after every epoch; :func:`~elastic_pipe.orchestrator.layout_rule.decide_un
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps, with_decisions
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["planned_decisions", "planned_epochs"]
 
 
-def _row(units: int, layout: Layout) -> dict[str, Any]:
+def _row(units: int, layout: Layout) -> dict[str, object]:
     return {
         "frozen_units": units,
         "frozen": layout.frozen,
@@ -60,18 +60,18 @@ def _plannable(config: TrainConfig) -> tuple[TrainConfig, Components, int]:
 
 def _every_n_steps(
     config: TrainConfig, parts: Components, steps: int
-) -> tuple[list[dict[str, Any]], list[tuple[int, Layout]]]:
+) -> tuple[list[dict[str, object]], list[tuple[int, Layout]]]:
     """The decision points of ``[freeze] decide_every`` and ``(frozen units, layout)`` of each epoch's last step."""
     every = config.freeze.every_steps
     costs = sublayer_costs(parts.model)
-    unit_ends = tuple(parts.model.unit_ends)  # type: ignore[arg-type]
+    unit_ends = tuple(parts.model.unit_ends)
     memory = memory_budget(config, parts.model)
     layout, budget = planned_start(config, parts)
     total = config.train.epochs * steps
     if config.train.max_steps:
         total = min(total, config.train.max_steps)
     units = 0
-    points: list[dict[str, Any]] = []
+    points: list[dict[str, object]] = []
     ends = [(units, layout)]
     for step in range(every, total, every):  # none after the run's last step
         epoch, inside = divmod(step, steps)
@@ -109,7 +109,7 @@ def _every_n_steps(
     return points, ends
 
 
-def planned_decisions(config: TrainConfig) -> list[dict[str, Any]]:
+def planned_decisions(config: TrainConfig) -> list[dict[str, object]]:
     """Per decision point of ``[freeze] decide_every = N`` (empty when it is 0): ``{"step", "epoch", "epoch_step",
     "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}`` - the run's step
     count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and the layout
@@ -124,7 +124,7 @@ def planned_decisions(config: TrainConfig) -> list[dict[str, Any]]:
     return _every_n_steps(config, parts, steps)[0]
 
 
-def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
+def planned_epochs(config: TrainConfig) -> list[dict[str, object]]:
     """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}``, the
     layout of the epoch's last step (with a decision point after every epoch, the layout of the whole epoch).
 
@@ -138,7 +138,7 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, Any]]:
     else:
         sequence = layout_sequence(
             sublayer_costs(parts.model),
-            tuple(parts.model.unit_ends),  # type: ignore[arg-type]
+            tuple(parts.model.unit_ends),
             parts.policy,
             epochs=config.train.epochs,
             steps_per_epoch=steps,

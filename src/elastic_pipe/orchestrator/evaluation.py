@@ -41,24 +41,24 @@ _DTYPES = (
 )
 
 
-def send_activation(x: torch.Tensor, dst: int, group: object = None) -> None:
+def send_activation(x: torch.Tensor, dst: int, group: dist.ProcessGroup | None = None) -> None:
     """Send ``x`` to rank ``dst``: a header (dtype code, dimensions, sizes), then the tensor."""
     if x.dim() > MAX_NDIM or x.dtype not in _DTYPES:
         raise ValueError(f"cannot send an activation of dtype {x.dtype} with {x.dim()} dimensions")
     header = torch.zeros(2 + MAX_NDIM, dtype=torch.int64, device=x.device)
     header[0], header[1] = _DTYPES.index(x.dtype), x.dim()
     header[2 : 2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
-    dist.send(header, dst, group=group)  # type: ignore[arg-type]
-    dist.send(x.contiguous(), dst, group=group)  # type: ignore[arg-type]
+    dist.send(header, dst, group=group)
+    dist.send(x.contiguous(), dst, group=group)
 
 
-def recv_activation(src: int, device: torch.device, group: object = None) -> torch.Tensor:
+def recv_activation(src: int, device: torch.device, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Receive what :func:`send_activation` sends from rank ``src``."""
     header = torch.zeros(2 + MAX_NDIM, dtype=torch.int64, device=device)
-    dist.recv(header, src, group=group)  # type: ignore[arg-type]
+    dist.recv(header, src, group=group)
     code, ndim, *sizes = header.tolist()
     x = torch.empty(sizes[:ndim], dtype=_DTYPES[code], device=device)
-    dist.recv(x, src, group=group)  # type: ignore[arg-type]
+    dist.recv(x, src, group=group)
     return x
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 __all__ = ["EventLog", "RecordSink"]
 
@@ -17,7 +17,7 @@ __all__ = ["EventLog", "RecordSink"]
 class RecordSink(Protocol):
     """Anything else a record goes to besides the JSON lines (e.g. TensorBoard scalars)."""
 
-    def write(self, payload: dict[str, Any]) -> None:
+    def write(self, payload: Mapping[str, object]) -> None:
         """Take one record (the plain data of :meth:`EpochMetrics.to_dict` or :meth:`TransitionEvent.to_dict`)."""
 
     def close(self) -> None:
@@ -49,7 +49,7 @@ class EventLog:
         """A log whose human lines go to stderr."""
         return cls(path, sys.stderr)
 
-    def record(self, payload: dict[str, Any], line: str | None = None) -> None:
+    def record(self, payload: Mapping[str, object], line: str | None = None) -> None:
         """Append ``payload`` as one JSON line, hand it to every sink and print ``line``."""
         if self._path is not None:
             with self._path.open("a", encoding="utf-8") as f:

@@ -25,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe import freeze, protocol
-from elastic_pipe.freeze.probe import ProbePolicy
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
 from elastic_pipe.orchestrator import decision, layout_rule
 from elastic_pipe.orchestrator.errors import OrchestratorError
@@ -147,7 +146,7 @@ def decide(
     def next_message() -> protocol.TransitionMessage:
         if stats is not None:
             policy.observe(stats)
-        if change is not None and isinstance(policy, ProbePolicy):  # measured only for a policy that reads it
+        if change is not None and isinstance(policy, freeze.ProbePolicy):  # measured only for a policy that reads it
             policy.observe_drift(change)
         if eval_loss is not None:
             policy.observe_eval(eval_loss)

@@ -178,13 +178,13 @@ def hold(ctx: RunContext, layout: Layout, *, fill: bool = True) -> tuple[int, ..
     fresh = tuple(j for j in held if _is_meta(ctx.sublayers[j]))
     if fresh:
         if fill:
-            materialize_sublayers(model, fresh, ctx.device)  # type: ignore[arg-type]
+            materialize_sublayers(model, fresh, ctx.device)
         else:
-            materialize(model, fresh, ctx.device)  # type: ignore[arg-type]
+            materialize(model, fresh, ctx.device)
     for j in held:
         if j not in fresh:
             ctx.sublayers[j].to(ctx.device)
-    release(model, [j for j in range(len(ctx.sublayers)) if j not in held])  # type: ignore[arg-type]
+    release(model, [j for j in range(len(ctx.sublayers)) if j not in held])
     return fresh
 
 
@@ -240,12 +240,12 @@ def transfer(
     held_next = tuple(j for j in held_sublayers(new, ctx.plan(new), ctx.rank) if j >= released)
     incoming = [j for j in held_next if j not in held_now]
     if incoming:
-        materialize(ctx.model, incoming, ctx.device)  # type: ignore[arg-type]
+        materialize(ctx.model, incoming, ctx.device)
     received = 0
     for t in transfers:
         if ctx.rank in (t.src, t.dst):
             received += _run(ctx, t, optimizer)
-    release(ctx.model, [j for j in held_now if j not in held_next])  # type: ignore[arg-type]
+    release(ctx.model, [j for j in held_now if j not in held_next])
     point_optimizer(ctx, optimizer, new)
     total = torch.tensor([received], dtype=torch.int64)
     dist.all_reduce(total, group=ctx.groups.control_group)

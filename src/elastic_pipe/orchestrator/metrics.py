@@ -103,7 +103,7 @@ class EpochMetrics:
     cache_view: int = -1
     eval_s: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The record as plain data (with ``"kind": "epoch"``)."""
         return {"kind": "epoch", **dataclasses.asdict(self)}
 
@@ -172,7 +172,7 @@ class TransitionEvent:
     cache_entries: int = 0
     cache_bytes: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The record as plain data (with ``"kind": "transition"``)."""
         d = dataclasses.asdict(self)
         d["boundaries"] = list(self.boundaries)
@@ -216,7 +216,7 @@ class RunResult:
     seconds: float = 0.0
     setup_s: float = 0.0
 
-    def history(self) -> dict[str, Any]:
+    def history(self) -> dict[str, object]:
         """The records so far (what a checkpoint keeps)."""
         return {"epochs": self.epochs, "transitions": self.transitions, "losses": self.losses}
 
@@ -226,7 +226,7 @@ class RunResult:
         self.transitions = list(history["transitions"])
         self.losses = [float(v) for v in history["losses"]]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """Plain data."""
         return {
             "epochs": self.epochs,

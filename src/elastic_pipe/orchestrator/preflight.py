@@ -16,8 +16,9 @@ batch, and a checkpoint to resume from is checked against the model.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
@@ -32,9 +33,27 @@ from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, 
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
 if TYPE_CHECKING:
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.config import TrainConfig
 
-__all__ = ["check_batch_fits", "check_layouts", "check_policy_decides", "check_writable", "preflight", "resume_meta"]
+__all__ = [
+    "Facts",
+    "check_batch_fits",
+    "check_layouts",
+    "check_policy_decides",
+    "check_writable",
+    "preflight",
+    "resume_meta",
+]
+
+
+class Facts(TypedDict):
+    """What :func:`preflight` learns about the run's model, and the checkpoint a resume would start from."""
+
+    sublayers: int
+    units: int
+    params: int
+    resume: Mapping[str, object] | None
 
 
 def check_writable(directory: str | Path, what: str) -> None:
@@ -53,7 +72,7 @@ def check_writable(directory: str | Path, what: str) -> None:
         raise ConfigError(f"{what} {str(path)!r} is not a writable directory: {exc.strerror or exc}") from None
 
 
-def preflight(config: TrainConfig) -> dict[str, Any]:
+def preflight(config: TrainConfig) -> Facts:
     """Check ``config`` against the registries, the model and any checkpoint; returns facts about the model.
 
     Returns:
@@ -66,8 +85,9 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
         if directory:
             check_writable(directory, f"[{section}] dir")
     if config.pipeline.cache != "off":  # the activation cache's directories, before any worker maps a file there
-        for key in ("disk", "host_dir"):
-            if directory := config.pipeline.cache_tiers.get(key, ""):
+        tiers = config.pipeline.cache_tiers
+        for key, directory in (("disk", tiers.get("disk", "")), ("host_dir", tiers.get("host_dir", ""))):
+            if directory:
                 check_writable(directory, f"[pipeline] cache_tiers.{key}")
     if config.log.tensorboard and (missing := tensorboard_missing()) is not None:
         raise ConfigError(missing)
@@ -78,7 +98,7 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     parts = components_from_config(config)
     model = parts.model
     sublayers = len(list(model.children()))
-    units = len(getattr(model, "unit_ends", ()))
+    units = len(model.unit_ends)
     if p.pipe_len > sublayers:
         raise ConfigError(
             f"pipe_len={p.pipe_len} is longer than the model: {config.model.name!r} has {sublayers} sub-layers"
@@ -88,12 +108,12 @@ def preflight(config: TrainConfig) -> dict[str, Any]:
     check_policy_decides(config, parts)
     check_batch_fits(config, parts)
     resume = resume_meta(config, model)
-    facts: dict[str, Any] = {
+    return {
         "sublayers": sublayers,
         "units": units,
         "params": sum(q.numel() for q in model.parameters()),
+        "resume": resume,
     }
-    return {**facts, "resume": resume}
 
 
 def check_layouts(config: TrainConfig, parts: Components) -> None:
@@ -110,7 +130,7 @@ def check_layouts(config: TrainConfig, parts: Components) -> None:
     where = "the initial layout"
     try:
         layout, budget = planned_start(config, parts)
-        unit_ends = list(getattr(parts.model, "unit_ends", ()))
+        unit_ends = list(parts.model.unit_ends)
         if users and len(unit_ends) > 1:
             where = "the layout after freezing one unit"
             next_layout(
@@ -169,7 +189,7 @@ def check_batch_fits(config: TrainConfig, parts: Components) -> None:
         )
 
 
-def resume_meta(config: TrainConfig, model: torch.nn.Module) -> dict[str, Any] | None:
+def resume_meta(config: TrainConfig, model: SubLayerModel) -> Mapping[str, object] | None:
     """The manifest of the checkpoint a resume would start from: the newest one made for this model (a newer one
     whose fingerprint differs is damaged or another run's: the workers skip it, with a warning), checked against the
     config; ``None`` when there is nothing to resume.

@@ -16,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 
 if TYPE_CHECKING:
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.types import Layout
@@ -78,7 +79,7 @@ def _is_meta(module: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def visiting(model: nn.Module, j: int, device: torch.device) -> Iterator[nn.Module]:
+def visiting(model: SubLayerModel, j: int, device: torch.device) -> Iterator[nn.Module]:
     """Sub-layer ``j`` of ``model`` on ``device`` for a moment, so that it can run there.
 
     A sub-layer with weights moves there and back. One on the meta device gets zero-filled storage there, freed
@@ -87,7 +88,7 @@ def visiting(model: nn.Module, j: int, device: torch.device) -> Iterator[nn.Modu
     """
     sub = list(model.children())[j]
     if _is_meta(sub):
-        fresh = set(materialize(model, [j], device))  # type: ignore[arg-type]
+        fresh = set(materialize(model, [j], device))
         with torch.no_grad():
             for key, t in model.state_dict(keep_vars=True).items():
                 if key in fresh:
@@ -95,7 +96,7 @@ def visiting(model: nn.Module, j: int, device: torch.device) -> Iterator[nn.Modu
         try:
             yield sub
         finally:
-            release(model, [j])  # type: ignore[arg-type]
+            release(model, [j])
         return
     home = next((t.device for t in (*sub.parameters(), *sub.buffers())), device)
     sub.to(device)
@@ -105,7 +106,7 @@ def visiting(model: nn.Module, j: int, device: torch.device) -> Iterator[nn.Modu
         sub.to(home)
 
 
-def profiled_costs(model: nn.Module, train_set: StepData, config: TrainConfig, device: torch.device) -> list[float]:
+def profiled_costs(model: SubLayerModel, train_set: StepData, config: TrainConfig, device: torch.device) -> list[float]:
     """Forward + backward seconds per sub-layer on one micro-batch (``partition.profile_layers``), one sub-layer
     on the device at a time (:func:`visiting`), each on the previous one's output."""
     mb = max(1, config.train.global_batch // config.world_size // config.pipeline.microbatches)
@@ -124,7 +125,9 @@ def profiled_costs(model: nn.Module, train_set: StepData, config: TrainConfig, d
 
 
 @torch.no_grad()
-def boundary_examples(model: nn.Module, x: torch.Tensor, device: torch.device, autocast: Any) -> list[torch.Tensor]:
+def boundary_examples(
+    model: SubLayerModel, x: torch.Tensor, device: torch.device, autocast: Callable[[], torch.autocast]
+) -> list[torch.Tensor]:
     """One sample's activation at every sub-layer boundary, in eval mode, on ``device``.
 
     Each sub-layer visits the device only while it runs (:func:`visiting`), so this needs the device memory of one

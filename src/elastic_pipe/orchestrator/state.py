@@ -4,11 +4,42 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict, Unpack
 
 from elastic_pipe.types import Layout
 
-__all__ = ["RunState", "layout_from_dict", "layout_to_dict"]
+__all__ = ["LayoutRecord", "RunState", "RunStateRecord", "layout_from_dict", "layout_to_dict"]
+
+
+class LayoutRecord(TypedDict):
+    """A layout as plain data (:func:`layout_to_dict`); the replica count follows from the world size."""
+
+    frozen: int
+    pipe_len: int
+    boundaries: list[int]
+    microbatches: int
+
+
+class RunStateRecord(TypedDict):
+    """A :class:`RunState` as plain data (:meth:`RunState.to_dict`); older checkpoints lack ``decision_due``."""
+
+    layout: LayoutRecord
+    budget: float
+    frozen_units: int
+    epoch: int
+    step: int
+    decision_due: NotRequired[bool]
+
+
+class _Changes(TypedDict, total=False):
+    """The fields :meth:`RunState.replace` may change."""
+
+    layout: Layout
+    budget: float
+    frozen_units: int
+    epoch: int
+    step: int
+    decision_due: bool
 
 
 @dataclass(frozen=True)
@@ -33,11 +64,11 @@ class RunState:
     step: int = 0
     decision_due: bool = False
 
-    def replace(self, **changes: Any) -> RunState:
+    def replace(self, **changes: Unpack[_Changes]) -> RunState:
         """A copy with ``changes``."""
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RunStateRecord:
         """Plain data (what a checkpoint stores)."""
         return {
             "layout": layout_to_dict(self.layout),
@@ -49,7 +80,7 @@ class RunState:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], world_size: int) -> RunState:
+    def from_dict(cls, d: RunStateRecord, world_size: int) -> RunState:
         """The inverse of :meth:`to_dict`, in a job of ``world_size`` ranks (the replica count follows)."""
         return cls(
             layout=layout_from_dict(d["layout"], world_size),
@@ -61,7 +92,7 @@ class RunState:
         )
 
 
-def layout_to_dict(layout: Layout) -> dict[str, Any]:
+def layout_to_dict(layout: Layout) -> LayoutRecord:
     """A layout as plain data; the replica count is left out (it follows from the world size)."""
     return {
         "frozen": layout.frozen,
@@ -71,7 +102,7 @@ def layout_to_dict(layout: Layout) -> dict[str, Any]:
     }
 
 
-def layout_from_dict(d: dict[str, Any], world_size: int) -> Layout:
+def layout_from_dict(d: LayoutRecord, world_size: int) -> Layout:
     """The inverse of :func:`layout_to_dict` for ``world_size`` ranks."""
     pipe_len = int(d["pipe_len"])
     return Layout(

@@ -7,8 +7,8 @@ The ``tensorboard`` package is an optional extra (``pip install 'elastic-pipe[te
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 __all__ = ["EPOCH_SCALARS", "TRANSITION_SCALARS", "TensorBoardSink", "tensorboard_missing"]
 
@@ -55,16 +55,17 @@ class TensorBoardSink:
 
         self._writer = SummaryWriter(log_dir=str(directory))
 
-    def write(self, payload: dict[str, Any]) -> None:
+    def write(self, payload: Mapping[str, object]) -> None:
         """Add ``payload``'s scalars and flush, so that a crashed run keeps every record it wrote."""
         kind = payload.get("kind")
         fields = _SCALARS.get(kind) if isinstance(kind, str) else None
         if fields is None:
             return
-        step = int(payload["epoch"])
+        step = payload["epoch"]
+        assert isinstance(step, int), step  # epoch and transition records count epochs in ints
         for name in fields:
             value = payload.get(name)
-            if value is None or not math.isfinite(float(value)):
+            if not isinstance(value, int | float) or not math.isfinite(value):  # None: a skipped evaluation
                 continue
             self._writer.add_scalar(f"{kind}/{name}", float(value), global_step=step)
         self._writer.flush()

@@ -44,9 +44,8 @@ from elastic_pipe.orchestrator.step_ops import decision_point
 from elastic_pipe.orchestrator.trainer_base import TrainerBase
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from elastic_pipe import freeze, partition
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.compression import CompressionRule
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.data import Loss, Samples
@@ -88,7 +87,7 @@ class ElasticTrainer(TrainerBase):
         self,
         config: TrainConfig,
         *,
-        model: nn.Module | None = None,
+        model: SubLayerModel | None = None,
         data: Samples | Any = None,
         policy: freeze.PolicyLike | None = None,
         partitioner: str | partition.Solver | None = None,

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.persist import Stateful
-    from elastic_pipe.orchestrator.state import RunState
+    from elastic_pipe.orchestrator.state import RunState, RunStateRecord
     from elastic_pipe.types import Layout
 
 __all__ = ["TrainerBase"]
@@ -268,7 +268,7 @@ class TrainerBase:
             parts["probe"] = Part(lambda: probe.kept(self.stage), self._keep_probe)
         return parts
 
-    def _load_position(self, saved: dict[str, Any]) -> None:
+    def _load_position(self, saved: RunStateRecord) -> None:
         self._state = snapshot.position(self.ctx, saved)
 
     def _global_losses(self) -> list[float]:

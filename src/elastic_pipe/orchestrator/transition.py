@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,8 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 if TYPE_CHECKING:
     from elastic_pipe.types import Layout
 
+ParamState: TypeAlias = dict[str, Any]  #: one parameter's ``Optimizer.state`` (untyped in torch): tensors, numbers
+Group: TypeAlias = "dist.ProcessGroup | None"  #: a process group to send over (``None``: the default group)
 __all__ = [
     "RankLayout",
     "Transfer",
@@ -179,7 +181,7 @@ def _by_dtype(tensors: Sequence[torch.Tensor]) -> list[tuple[torch.dtype, list[t
     return [(dtype, groups[dtype]) for dtype in sorted(groups, key=str)]
 
 
-def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: Any = None) -> int:
+def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.device, group: Group = None) -> int:
     """Send ``tensors`` to ``dst``, one flat buffer per dtype (``dst`` calls :func:`recv_tensors` with tensors of
     the same shapes and dtypes); returns the bytes sent."""
     sent = 0
@@ -190,7 +192,7 @@ def send_tensors(tensors: Sequence[torch.Tensor], dst: int, *, device: torch.dev
     return sent
 
 
-def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: Any = None) -> int:
+def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.device, group: Group = None) -> int:
     """Receive into ``tensors`` (in place) what ``src`` sends with :func:`send_tensors`; returns the bytes received."""
     received = 0
     for dtype, same in _by_dtype(tensors):
@@ -205,7 +207,7 @@ def recv_tensors(tensors: Sequence[torch.Tensor], src: int, *, device: torch.dev
     return received
 
 
-def state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
+def state_entries(state: ParamState) -> tuple[protocol.StateEntry, ...]:
     """One parameter's optimizer state described for :class:`~elastic_pipe.protocol.OptimizerStateHeader`.
 
     Raises:
@@ -227,12 +229,12 @@ def state_entries(state: dict[str, Any]) -> tuple[protocol.StateEntry, ...]:
     return tuple(entries)
 
 
-def _send_bytes(payload: bytes, dst: int, group: Any) -> None:
+def _send_bytes(payload: bytes, dst: int, group: Group) -> None:
     dist.send(torch.tensor([len(payload)], dtype=torch.int64), dst, group=group)
     dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8), dst, group=group)
 
 
-def _recv_bytes(src: int, group: Any) -> bytes:
+def _recv_bytes(src: int, group: Group) -> bytes:
     size = torch.zeros(1, dtype=torch.int64)
     dist.recv(size, src, group=group)
     buf = torch.empty(int(size), dtype=torch.uint8)
@@ -241,7 +243,7 @@ def _recv_bytes(src: int, group: Any) -> bytes:
 
 
 def send_optimizer_state(
-    states: Sequence[dict[str, Any]], dst: int, *, rank: int, device: torch.device, control: Any, group: Any = None
+    states: Sequence[ParamState], dst: int, *, rank: int, device: torch.device, control: Group, group: Group = None
 ) -> int:
     """Send the optimizer state of some parameters (one dict each, in an order both ends agree on) to ``dst``.
 
@@ -265,8 +267,8 @@ def send_optimizer_state(
 
 
 def recv_optimizer_state(
-    count: int, src: int, *, device: torch.device, control: Any, group: Any = None
-) -> tuple[list[dict[str, Any]], int]:
+    count: int, src: int, *, device: torch.device, control: Group, group: Group = None
+) -> tuple[list[ParamState], int]:
     """Receive what :func:`send_optimizer_state` sends for ``count`` parameters.
 
     Returns:
@@ -281,9 +283,7 @@ def recv_optimizer_state(
         raise OrchestratorError(f"rank {message.rank} could not send its optimizer state: {message.reason}")
     if not isinstance(message, protocol.OptimizerStateHeader) or len(message.params) != count:
         raise OrchestratorError(f"rank {src} sent no optimizer state header for the {count} parameters")
-    states: list[dict[str, Any]] = [
-        {e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params
-    ]
+    states: list[ParamState] = [{e.key: e.value for e in entries if e.kind != "tensor"} for entries in message.params]
     slots: list[tuple[int, str, str, torch.Tensor]] = []
     for i, e in message.tensors():
         assert e.shape is not None and e.dtype is not None and e.device is not None  # tensor entries carry them

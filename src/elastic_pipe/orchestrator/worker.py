@@ -13,10 +13,8 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-from torch import nn
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables, load_config
 from elastic_pipe.orchestrator.launch.worker_status import Heartbeat, reporting_failures
@@ -24,6 +22,7 @@ from elastic_pipe.orchestrator.preflight import preflight
 from elastic_pipe.orchestrator.trainer import ElasticTrainer
 
 if TYPE_CHECKING:
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.data import Samples
     from elastic_pipe.orchestrator.metrics import RunResult
 
@@ -33,7 +32,7 @@ __all__ = ["entry", "main", "run_rank"]
 def run_rank(
     config: TrainConfig,
     *,
-    model: nn.Module | None = None,
+    model: SubLayerModel | None = None,
     samples: Samples | None = None,
     quiet: bool = False,
 ) -> RunResult:
@@ -57,7 +56,7 @@ def run_rank(
         return trainer.fit()  # a failure is reported before the trainer tears down its groups
 
 
-def entry(tables: dict[str, Any]) -> dict[str, Any]:
+def entry(tables: Mapping[str, object]) -> dict[str, object]:
     """A picklable entry point for ``elastic_launch``: run this rank from the config's tables, return the result.
 
     The launcher learns of a failure when it is caught, and of a worker that stops responding, through

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from torch import nn
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze, partition
 from elastic_pipe import schedule as sched
@@ -17,8 +15,8 @@ from elastic_pipe.orchestrator.components.registry import build_model, load_eval
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.data import (
+    Data,
     Loss,
-    Samples,
     as_data,
     cross_entropy,
     is_samples,
@@ -29,6 +27,7 @@ from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
 if TYPE_CHECKING:
+    from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["Components", "check_runnable_schedule", "components_from_config"]
@@ -55,15 +54,15 @@ class Components:
             ``data`` is held out instead.
     """
 
-    model: nn.Module
-    data: Samples | Any
+    model: SubLayerModel
+    data: Data
     policy: freeze.FreezePolicy
     partitioner: str | partition.Solver = "greedy"
     compression: CompressionRule = field(default_factory=lambda: COMPRESSION_RULES["halving"])
     schedule: str = "gpipe"
     optimizer: OptimizerFactory | None = None
     loss: Loss = cross_entropy
-    eval_data: Samples | Any | None = None
+    eval_data: Data | None = None
 
 
 def check_runnable_schedule(
@@ -107,15 +106,15 @@ def check_runnable_schedule(
 def components_from_config(
     config: TrainConfig,
     *,
-    model: nn.Module | None = None,
-    data: Any = None,
+    model: SubLayerModel | None = None,
+    data: object = None,
     policy: freeze.PolicyLike | None = None,
     partitioner: str | partition.Solver | None = None,
     compression: CompressionRule | None = None,
     schedule: str | None = None,
     optimizer: OptimizerFactory | None = None,
     loss: Loss | None = None,
-    eval_data: Any = None,
+    eval_data: object = None,
 ) -> Components:
     """Build every component a :class:`TrainConfig` names (the only reader of the registries).
 
@@ -158,9 +157,9 @@ def components_from_config(
     check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, shapes=shapes)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
-        policy = make_policy(config, len(model.unit_ends), total_steps=total)  # type: ignore[arg-type]
+        policy = make_policy(config, len(model.unit_ends), total_steps=total)
     else:
-        policy = adapt_policy(policy, len(model.unit_ends))  # type: ignore[arg-type]
+        policy = adapt_policy(policy, len(model.unit_ends))
     return Components(
         model=model,
         data=samples,

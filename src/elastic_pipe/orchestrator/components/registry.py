@@ -7,14 +7,14 @@ from __future__ import annotations
 import importlib
 from collections import ChainMap
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from torch import nn
 
 from elastic_pipe import data as edata
 from elastic_pipe import models
-from elastic_pipe.orchestrator.data import Samples, as_data, bbcnews
+from elastic_pipe.orchestrator.data import Data, as_data, bbcnews
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.types import ElasticPipeError
 
@@ -27,7 +27,7 @@ __all__ = ["DATASETS", "KEYS", "MODEL_BUILDERS", "T", "build_model", "load_eval_
 T = TypeVar("T")
 
 #: Model name in a config -> builder in :mod:`elastic_pipe.models`.
-MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+MODEL_BUILDERS: dict[str, Callable[..., models.SubLayerModel]] = {
     "vit": models.vit,
     "bert": models.bert_encoder,
     "gpt": models.gpt_decoder,
@@ -35,15 +35,15 @@ MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
 }
 
 #: Datasets that need a model's tokenizer, which :mod:`elastic_pipe.data` (a primitive) may not import.
-_TOKENISED_DATASETS: dict[str, Callable[..., Samples | Any]] = {
+_TOKENISED_DATASETS: dict[str, Callable[..., object]] = {
     "bbcnews": bbcnews,  # a tokenised map-style dataset (orchestrator.data.text_data)
 }
 
 #: Dataset name in a config -> loader: a read-through view of the one registry, :data:`elastic_pipe.data.DATASETS`
 #: (a dataset added there is a config name at once), plus the tokenised text datasets above.
-DATASETS: Mapping[str, Callable[..., Samples | Any]] = ChainMap(
+DATASETS: Mapping[str, Callable[..., object]] = ChainMap(
     _TOKENISED_DATASETS,
-    cast("dict[str, Callable[..., Samples | Any]]", edata.DATASETS),  # read only: a ChainMap writes to its first map
+    cast("dict[str, Callable[..., object]]", edata.DATASETS),  # read only: a ChainMap writes to its first map
 )
 
 #: What is looked up -> the config key that names it (error messages name the key).
@@ -79,7 +79,7 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
     module_name, _, attr = spec.partition(":")
     key = KEYS.get(kind, kind)
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: object = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(
             f"{kind} {spec!r} ({key}): cannot import {module_name!r}: {exc}; it must be importable from the current "
@@ -93,10 +93,10 @@ def resolve(spec: str, registry: Mapping[str, T], kind: str) -> T:
         if not part or not hasattr(obj, part):
             raise ConfigError(f"{kind} {spec!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
-    return obj  # type: ignore[no-any-return]
+    return cast("T", obj)  # an imported object: each caller checks it is what it asked for
 
 
-def build_model(config: TrainConfig, *, meta: bool = False) -> nn.Module:
+def build_model(config: TrainConfig, *, meta: bool = False) -> models.SubLayerModel:
     """Build the config's model, seeded with ``train.seed`` and in ``train.dtype``, on the CPU (or the meta device).
 
     A built-in builder gets ``options`` (``preset`` is its first positional argument) plus ``seed``, ``dtype`` and
@@ -132,7 +132,7 @@ def build_model(config: TrainConfig, *, meta: bool = False) -> nn.Module:
     return model.to(dtype)
 
 
-def load_samples(config: TrainConfig) -> Samples | Any:
+def load_samples(config: TrainConfig) -> Data:
     """Load the config's dataset: a built-in one by name, or the result of ``factory(**options)`` by import path
     (samples held in memory, or a map-style dataset, which is not read here).
 
@@ -148,7 +148,7 @@ def load_samples(config: TrainConfig) -> Samples | Any:
         raise ConfigError(f"dataset {spec!r}: {exc}") from None
 
 
-def load_eval_samples(config: TrainConfig) -> Samples | Any | None:
+def load_eval_samples(config: TrainConfig) -> Data | None:
     """The user's validation set that ``[data] eval_dataset`` names (``None`` when it names none): a dataset
     object as it is, or what a function returns when called with ``[data] eval_options``.
 
@@ -158,7 +158,7 @@ def load_eval_samples(config: TrainConfig) -> Samples | Any | None:
     spec = config.data.eval_dataset
     if not spec:
         return None
-    found: Any = resolve(spec, DATASETS, "eval dataset")
+    found = resolve(spec, DATASETS, "eval dataset")
     try:
         # a function or a Dataset class is called with the options; a dataset object is taken as it is
         is_data = not isinstance(found, type) and (hasattr(found, "__getitem__") or hasattr(found, "inputs"))

@@ -104,7 +104,7 @@ class TrainConfig:
             return table[pipe_len]
         return self.pipeline.microbatches if pipe_len > 1 else 1
 
-    def override(self, changes: Mapping[str, Any]) -> TrainConfig:
+    def override(self, changes: Mapping[str, object]) -> TrainConfig:
         """A copy with ``{"section.key": value}`` changes applied, validated again (the CLI's ``--set``).
 
         Raises:
@@ -123,20 +123,20 @@ class TrainConfig:
             tables[section][key] = value
         return config_from_tables(tables, source="override")
 
-    def to_dict(self) -> dict[str, dict[str, Any]]:
+    def to_dict(self) -> dict[str, dict[str, object]]:
         """Plain-data form in the TOML's shape (JSON-friendly), the inverse of :func:`config_from_tables`."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, object]] = {}
         for name in SECTIONS:
             section = getattr(self, name)
             out[name] = {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)}
         return out
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     return dict(value) if isinstance(value, Mapping) else value
 
 
-def config_from_tables(tables: Mapping[str, Any], *, source: str = "config") -> TrainConfig:
+def config_from_tables(tables: Mapping[str, object], *, source: str = "config") -> TrainConfig:
     """Build a :class:`TrainConfig` from TOML-shaped tables (``{"model": {...}, "train": {...}}``).
 
     Raises:

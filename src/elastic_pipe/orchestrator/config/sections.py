@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from elastic_pipe.orchestrator.config.values import (
     AUTOCAST,
@@ -46,7 +45,7 @@ class ModelSection:
     """
 
     name: str = ""
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_string("model.name", self.name)
@@ -85,10 +84,10 @@ class DataSection:
     """
 
     dataset: str = "digits"
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
     eval_fraction: float = 0.2
     eval_dataset: str = ""
-    eval_options: Mapping[str, Any] = field(default_factory=dict)
+    eval_options: Mapping[str, object] = field(default_factory=dict)
     workers: int = 0
     drop_last: bool = True
     check: bool = True
@@ -202,7 +201,7 @@ class FreezeSection:
     """
 
     policy: str = DEFAULT_POLICY
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, object] = field(default_factory=dict)
     decide_every: int | str = DECIDE_AUTO
 
     def __post_init__(self) -> None:
@@ -234,7 +233,7 @@ class FreezeSection:
         return self.decide_every
 
     @property
-    def policy_options(self) -> dict[str, Any]:
+    def policy_options(self) -> dict[str, object]:
         """The options the policy is built with: ``options``, with ``alpha = 1/3`` (the published schedule) for
         ``alpha`` without any and ``t0 = 0.7`` (:data:`DEFAULT_T0`) for ``freezeout`` without one. FreezeOut's
         ``total_steps``, when not given, is the run's length, filled in when the data is known

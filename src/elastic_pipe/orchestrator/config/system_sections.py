@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, cast
 
 from elastic_pipe.orchestrator.config.values import (
     BACKENDS,
@@ -29,10 +29,21 @@ from elastic_pipe.orchestrator.config.values import (
 )
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = ["CheckpointSection", "LaunchSection", "LogSection", "PipelineSection"]
+__all__ = ["CacheTierTable", "CheckpointSection", "LaunchSection", "LogSection", "PipelineSection"]
 
 
-def _cache_tiers(value: object) -> dict[str, Any]:
+class CacheTierTable(TypedDict, total=False):
+    """``[pipeline] cache_tiers`` once checked: sizes in bytes, the rest strings (see :class:`PipelineSection`)."""
+
+    device: int
+    host: int
+    disk: str
+    disk_size: int
+    host_kind: str
+    host_dir: str
+
+
+def _cache_tiers(value: object) -> CacheTierTable:
     """``[pipeline] cache_tiers`` checked, sizes as byte counts (so the table round-trips through ``to_dict``)."""
     table = as_table("pipeline.cache_tiers", value)
     unknown = sorted(set(table) - set(CACHE_TIER_KEYS))
@@ -40,20 +51,20 @@ def _cache_tiers(value: object) -> dict[str, Any]:
         raise ConfigError(
             f"pipeline.cache_tiers: unknown key {unknown[0]!r}; expected one of {', '.join(CACHE_TIER_KEYS)}"
         )
-    out: dict[str, Any] = {}
+    out: dict[str, int | str] = {}
     for key, raw in table.items():
         if key in ("device", "host", "disk_size"):
             out[key] = size_bytes(raw, f"pipeline.cache_tiers.{key}")
         else:
             check_string(f"pipeline.cache_tiers.{key}", raw)
-            out[key] = raw
+            out[key] = str(raw)
     if "host_kind" in out:
         check_one_of("pipeline.cache_tiers.host_kind", out["host_kind"], HOST_KINDS)
     if out.get("disk_size") and not out.get("disk"):
         raise ConfigError(f"pipeline.cache_tiers.disk_size = {out['disk_size']} needs a disk directory (disk = ...)")
     if out.get("host_dir") and out.get("host_kind") == "pinned":
         raise ConfigError("pipeline.cache_tiers.host_dir is for host_kind = 'shared'; a pinned host tier has no files")
-    return out
+    return cast("CacheTierTable", out)  # its keys are CACHE_TIER_KEYS (checked), sizes ints, the rest strings
 
 
 @dataclass(frozen=True)
@@ -110,7 +121,7 @@ class PipelineSection:
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
     cache_mb: int = 256
-    cache_tiers: Mapping[str, Any] = field(default_factory=dict)
+    cache_tiers: CacheTierTable = field(default_factory=CacheTierTable)
     cache_policy: str = "bypass"
     views: int = 1
     cache_dtype: str = "auto"
@@ -143,8 +154,7 @@ class PipelineSection:
                 length = int(key)  # TOML and JSON keys are strings
             except (TypeError, ValueError):
                 raise ConfigError(f"microbatches_by_pipe_len keys must be pipeline lengths, got {key!r}") from None
-            check_positive_int(f"microbatches_by_pipe_len[{length}]", value)
-            table[length] = value
+            table[length] = check_positive_int(f"microbatches_by_pipe_len[{length}]", value)
         object.__setattr__(self, "microbatches_by_pipe_len", table)
 
 

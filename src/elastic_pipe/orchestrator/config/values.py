@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.types import ByteSizeError, parse_bytes
@@ -96,9 +95,10 @@ def size_bytes(value: object, name: str) -> int:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def check_positive_int(name: str, value: object) -> None:
+def check_positive_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
 
 
 def check_nonnegative_int(name: str, value: object) -> None:
@@ -131,7 +131,7 @@ def check_string(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a string, got {value!r}")
 
 
-def as_table(name: str, value: object) -> dict[str, Any]:
+def as_table(name: str, value: object) -> dict[str, object]:
     if not isinstance(value, Mapping):
         raise ConfigError(f"{name} must be a table of options, got {value!r}")
     return dict(value)

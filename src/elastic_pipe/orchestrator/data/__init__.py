@@ -27,6 +27,7 @@ from elastic_pipe.orchestrator.data.epoch_steps import (
 from elastic_pipe.orchestrator.data.step_data import Batch, StepData
 from elastic_pipe.orchestrator.data.text_data import bbcnews
 from elastic_pipe.orchestrator.data.workload import (
+    Data,
     Loss,
     Samples,
     Split,
@@ -41,6 +42,7 @@ from elastic_pipe.orchestrator.data.workload import (
 
 __all__ = [
     "Batch",
+    "Data",
     "DatasetSplit",
     "ElasticBatchSampler",
     "EpochPlan",

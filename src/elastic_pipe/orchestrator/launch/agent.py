@@ -30,7 +30,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError, one_line
 from elastic_pipe.orchestrator.launch.job import (
@@ -61,8 +61,22 @@ DEBUG_ENV = "ELASTIC_PIPE_DEBUG"
 #: torch's loggers that print a failed worker's traceback (and the sibling it stops) on the agent's stderr.
 _FAILURE_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
 
+#: What a worker's entry point returns (rank 0's result comes back to the launcher).
+R = TypeVar("R")
 
-def describe_failure(failure: Any) -> tuple[str, str | None]:
+
+class _Failure(Protocol):
+    """What is read of a failed worker (torch's ``ProcessFailure``; its ``message`` is a dict when the worker left an
+    error report, though torch declares a string)."""
+
+    @property
+    def message(self) -> object: ...
+
+    @property
+    def timestamp(self) -> int: ...
+
+
+def describe_failure(failure: _Failure) -> tuple[str, str | None]:
     """A failed worker (torch's ``ProcessFailure``) as ``(one-line error, traceback or None)``.
 
     A worker that raised leaves an error report: its ``message`` is then a dict whose ``"message"`` is
@@ -116,12 +130,12 @@ def _quiet_failure_logs(enabled: bool) -> Iterator[None]:
 
 def launch(
     config: TrainConfig,
-    entrypoint: Callable[..., Any],
-    *args: Any,
+    entrypoint: Callable[..., R],
+    *args: object,
     run_id: str | None = None,
     quiet: bool = False,
     secret_file: str | None = None,
-) -> dict[int, Any]:
+) -> dict[int, R]:
     """Run ``entrypoint(*args)`` on this node's ``nproc_per_node`` ranks under the elastic agent.
 
     Args:
@@ -180,7 +194,7 @@ def launch(
             _quiet_failure_logs(not os.environ.get(DEBUG_ENV)),
             Watchdog(status, config.launch.timeout) as watchdog,
         ):
-            result: dict[int, Any] = elastic_launch(launch_config, entrypoint)(*args)
+            result: dict[int, R] = elastic_launch(launch_config, entrypoint)(*args)
     except ChildFailedError as exc:
         raise _worker_failed(config, exc.failures, watchdog, first_failure(status)) from None
     except (RuntimeError, ValueError, TimeoutError) as exc:  # the agent itself (rendezvous, rank assignment)
@@ -200,7 +214,7 @@ def launch(
 
 
 def _worker_failed(
-    config: TrainConfig, failures: Mapping[int, Any], watchdog: Watchdog, reported: FailureReport | None
+    config: TrainConfig, failures: Mapping[int, _Failure], watchdog: Watchdog, reported: FailureReport | None
 ) -> WorkerFailedError:
     """The launch's one-line error: a worker the watchdog found silent, else the earliest failure a worker
     reported when it caught it, else the earliest failure torch's agent saw (among simultaneous ones, one that left

@@ -20,7 +20,7 @@ import os
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch.rendezvous import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND
@@ -96,7 +96,7 @@ class RendezvousOptions:
 
     backend: str
     endpoint: str
-    configs: dict[str, Any] = field(default_factory=dict)
+    configs: dict[str, object] = field(default_factory=dict)
     local_addr: str | None = None
 
 

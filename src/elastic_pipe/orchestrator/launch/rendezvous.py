@@ -28,12 +28,14 @@ import logging
 import pickle
 import socket
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch.secret import fresh_secret
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch._C._distributed_c10d import TCPStore
     from torch.distributed.distributed_c10d import Store
     from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
@@ -78,7 +80,7 @@ _SECRETS: dict[str, bytes] = {}
 class _StateStore(Protocol):
     """What torch's c10d stores take at run time beyond their type stubs: bytes in a compare-and-set."""
 
-    def compare_set(self, key: str, expected_value: str, desired_value: bytes) -> bytes: ...
+    def compare_set(self, key: str, expected_value: str | bytes, desired_value: bytes) -> bytes: ...
 
 
 class AuthenticatedBackend:
@@ -135,7 +137,7 @@ class AuthenticatedBackend:
             return None
         return state
 
-    def _read(self, value: bytes) -> tuple[bytes, Any] | None:
+    def _read(self, value: bytes) -> tuple[bytes, bytes] | None:
         if value == _NULL and self._last is None:
             return None  # no agent wrote a state yet (after one did, none writes the sentinel again: a forgery)
         state = self.open(value)
@@ -153,25 +155,25 @@ class AuthenticatedBackend:
         self._last = state
         return state, value
 
-    def get_state(self) -> tuple[bytes, Any] | None:
-        """The authenticated state and its token, or ``None`` before any agent wrote one."""
-        return self._read(self._call("get", self._key))
+    def get_state(self) -> tuple[bytes, bytes] | None:
+        """The authenticated state and its token (the stored value), or ``None`` before any agent wrote one."""
+        return self._read(self._call(lambda: self._store.get(self._key)))
 
-    def set_state(self, state: bytes, token: Any = None) -> tuple[bytes, Any, bool] | None:
+    def set_state(self, state: bytes, token: object = None) -> tuple[bytes, bytes, bool] | None:
         """Write ``state`` if the store still holds ``token``; returns the state now held, its token, and success."""
         sealed = self.seal(state)
         expected = token if isinstance(token, bytes) else _NULL
-        value: bytes = self._call("compare_set", self._key, expected, sealed)
+        value = self._call(lambda: cast("_StateStore", self._store).compare_set(self._key, expected, sealed))
         result = self._read(value)
         if result is None:
             return None
         return result[0], result[1], value == sealed
 
-    def _call(self, op: str, *args: Any) -> Any:
+    def _call(self, op: Callable[[], bytes]) -> bytes:
         from torch.distributed.elastic.rendezvous import RendezvousConnectionError  # noqa: PLC0415
 
         try:
-            return getattr(self._store, op)(*args)
+            return op()
         except (ValueError, RuntimeError, TimeoutError) as exc:
             raise RendezvousConnectionError(f"the rendezvous store failed: {exc}") from exc
 

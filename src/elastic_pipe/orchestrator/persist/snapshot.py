@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.state import RunState
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.state import RunStateRecord
     from elastic_pipe.types import Layout
 
 __all__ = ["InferenceRecord", "OptimizerShare", "RngState", "Weights", "full_model", "position"]
@@ -32,7 +33,7 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
     return [k for j in ctx.held(layout) for k in ctx.sublayer_keys[j]]
 
 
-def position(ctx: RunContext, saved: dict[str, Any]) -> RunState:
+def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     """A saved position (:meth:`RunState.to_dict`) on this world size.
 
     Raises:

@@ -110,7 +110,7 @@ def release(ctx: RunContext, frozen: int) -> int:
         for m in modules:
             m.to("cpu")
     else:
-        release_to_meta(ctx.model, range(frozen))  # type: ignore[arg-type]
+        release_to_meta(ctx.model, range(frozen))
     return _bytes_on(modules, None) - _bytes_on(modules, ctx.device)
 
 
@@ -125,7 +125,7 @@ def restore(ctx: RunContext, layout: Layout, released: int) -> None:
             if dst != KEEPER:
                 send_tensors(_tensors(modules), dst, device=ctx.device)
         return
-    materialize(ctx.model, range(released), ctx.device)  # type: ignore[arg-type]
+    materialize(ctx.model, range(released), ctx.device)
     recv_tensors(_tensors(modules), KEEPER, device=ctx.device)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TypedDict
 
 import torch
 import torch.distributed as dist
@@ -14,10 +14,19 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
 from elastic_pipe import schedule as sched
-from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep
+from elastic_pipe.orchestrator.stage.graphed_step import GraphedStep, StageRunner
 from elastic_pipe.orchestrator.stage.local_step import LocalStep
 
 __all__: list[str] = []  # internal: the package face exports what others use
+
+
+class _Shapes(TypedDict, total=False):
+    """What a torch 2.12+ ``PipelineStage`` is told of its micro-batches up front (gradients: ``None`` at the ends)."""
+
+    input_args: torch.Tensor
+    output_args: torch.Tensor
+    input_grads: torch.Tensor | None
+    output_grads: torch.Tensor | None
 
 
 def _stage_takes_grads() -> bool:
@@ -47,7 +56,7 @@ def build_runner(
     graph: bool = False,
     graph_always: bool = False,
     others: Sequence[tuple[int, nn.Module, Examples]] = (),
-) -> Any:
+) -> StageRunner:
     """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
 
     Args:
@@ -83,7 +92,8 @@ def build_runner(
     num_stages = k * len(held)
     stages = [_pipeline_stage(m, s, num_stages, device=device, group=group, examples=ex) for s, m, ex in held]
     plan = sched.generate(schedule, k, microbatches, len(held))
-    return sched.torch_schedule(plan, stage % k, stages, loss_fn, scale_grads=True)
+    runner: StageRunner = sched.torch_schedule(plan, stage % k, stages, loss_fn, scale_grads=True)  # torch's schedule
+    return runner
 
 
 def _pipeline_stage(
@@ -92,7 +102,7 @@ def _pipeline_stage(
     """Stage ``s`` of ``num_stages`` over ``module``, its shapes declared from ``examples``."""
     example_in, example_out = examples()
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
-    shapes: dict[str, Any] = {}
+    shapes: _Shapes = {}
     if _STAGE_TAKES_GRADS:
         shapes = {
             "input_args": example_in,

@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TypeAlias
 
 import torch
 from torch import nn
 
 __all__: list[str] = []  # internal: the package face exports what others use
+
+#: A moment: a recorded CUDA event on a GPU, ``time.perf_counter()`` seconds elsewhere.
+_Stamp: TypeAlias = "torch.Event | float"
+
+
+def _seconds(a: _Stamp, b: _Stamp) -> float:
+    """Seconds from ``a`` to ``b`` (two events, synchronised, or two host times)."""
+    if isinstance(a, torch.Event) and isinstance(b, torch.Event):
+        return a.elapsed_time(b) / 1e3
+    assert isinstance(a, float) and isinstance(b, float), (a, b)  # one timer takes stamps of one kind
+    return b - a
 
 
 class ForwardTimer:
@@ -24,8 +35,8 @@ class ForwardTimer:
     def __init__(self, module: nn.Module | Sequence[nn.Module], device: torch.device) -> None:
         self._cuda = device.type == "cuda"
         self._device = device
-        self._pending: list[tuple[Any, Any]] = []
-        self._open: Any = None
+        self._pending: list[tuple[_Stamp, _Stamp]] = []
+        self._open: _Stamp = 0.0
         self.active = True
         self.seconds = 0.0
         modules = [module] if isinstance(module, nn.Module) else module
@@ -38,7 +49,7 @@ class ForwardTimer:
             )
         ]
 
-    def _now(self) -> Any:
+    def _now(self) -> _Stamp:
         if self._cuda:
             event = torch.Event(self._device, enable_timing=True)  # torch.cuda.Event's call is untyped
             event.record()  # on the current stream, as torch.cuda.Event.record()
@@ -57,7 +68,7 @@ class ForwardTimer:
         """Seconds of forward since the last call (call after the device is synchronised)."""
         total = 0.0
         for a, b in self._pending:
-            total += a.elapsed_time(b) / 1e3 if self._cuda else b - a
+            total += _seconds(a, b)
         self._pending.clear()
         return total
 

@@ -3,11 +3,14 @@ backward pass when each parameter's gradient is final after one accumulation, af
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 __all__: list[str] = []  # internal: the package face exports what others use
 
@@ -63,6 +66,15 @@ def _write_back(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     torch._foreach_copy_(list(tensors), [p.view_as(t) for p, t in zip(pieces, tensors, strict=True)])
 
 
+def _on_grad_ready(p: torch.nn.Parameter, hook: Callable[[torch.nn.Parameter], None]) -> RemovableHandle:
+    """Call ``hook(p)`` once ``p``'s gradient of a backward pass is accumulated."""
+    register = cast(
+        "Callable[[Callable[[torch.nn.Parameter], None]], RemovableHandle]",
+        p.register_post_accumulate_grad_hook,  # untyped in torch: its documented signature
+    )
+    return register(hook)
+
+
 class OverlappedAverager:
     """Gradient averaging that overlaps the backward pass, as ``torch.nn.parallel.DistributedDataParallel`` does.
 
@@ -96,11 +108,8 @@ class OverlappedAverager:
         self._buckets = grad_buckets(list(reversed(params)), cap_bytes)
         self._bucket_of = {id(p): b for b, bucket in enumerate(self._buckets) for p in bucket}
         self._pending = [len(bucket) for bucket in self._buckets]
-        self._flights: dict[int, tuple[torch.Tensor, Any]] = {}
-        self._handles = [
-            p.register_post_accumulate_grad_hook(self._ready)  # type: ignore[no-untyped-call]  # torch stub
-            for p in params
-        ]
+        self._flights: dict[int, tuple[torch.Tensor, dist.Work]] = {}
+        self._handles = [_on_grad_ready(p, self._ready) for p in params]
 
     def _ready(self, param: torch.nn.Parameter) -> None:
         b = self._bucket_of[id(param)]

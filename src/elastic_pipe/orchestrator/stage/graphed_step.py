@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any, Protocol
+from typing import Protocol, TypedDict, runtime_checkable
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from torch import nn
 from elastic_pipe.orchestrator.stage.capture import capture, capture_failure, on_side_stream, side_stream
 from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, graph_pays
 
-__all__ = ["step_record"]
+__all__ = ["StageRunner", "StepRecord", "step_record"]
 
 #: Eager steps a layout runs before its capture: the first one carries lazy initialisation (cuBLAS workspaces,
 #: the autograd engine's device threads, the optimizer's state) and, compiled, the compilation; the second
@@ -48,6 +48,32 @@ class EagerStep(Protocol):
         """One eager forward and backward (gradients accumulate into ``.grad``)."""
 
 
+class StageRunner(Protocol):
+    """A stage's runner: a torch schedule, whose ``step(*inputs, target=, losses=)`` takes what the stage's place in
+    the pipeline gets, or for one stage and one micro-batch an :class:`EagerStep` or a :class:`GraphedStep`
+    (``step(x, target=, losses=)``)."""
+
+    @property
+    def step(self) -> Callable[..., object]: ...
+
+
+@runtime_checkable
+class CountsCompile(Protocol):
+    """The optional capability of a runner that counts the compilation seconds of its steps (an :class:`EagerStep`
+    and a :class:`GraphedStep` do; a torch schedule does not)."""
+
+    compile_s: float
+
+
+class StepRecord(TypedDict):
+    """The epoch record's step-path fields (:func:`step_record`)."""
+
+    cuda_graph: bool
+    graph_reason: str
+    capture_s: float
+    compile_s: float
+
+
 @contextmanager
 def _forward_hooks_off(module: nn.Module) -> Iterator[None]:
     """The module's own forward hooks (the stage's forward timer) set aside: CUDA events recorded during a capture
@@ -62,7 +88,7 @@ def _forward_hooks_off(module: nn.Module) -> Iterator[None]:
         module._forward_hooks.update(post)
 
 
-def _no_recompile(compiled: bool) -> AbstractContextManager[Any]:
+def _no_recompile(compiled: bool) -> AbstractContextManager[object]:
     """For a compiled stage: fail fast instead of compiling inside the capture (a compile's own device work and
     synchronisation would invalidate it); the warm-up compiled everything a steady step runs."""
     stance = getattr(torch.compiler, "set_stance", None)
@@ -200,7 +226,7 @@ class GraphedStep:
             losses.append(self._loss.clone())
 
 
-def step_record(runner: Any, choice: GraphChoice | None) -> dict[str, Any]:
+def step_record(runner: StageRunner, choice: GraphChoice | None) -> StepRecord:
     """The epoch record's step-path fields, taking the capture and compile seconds measured since the last call.
 
     Args:
@@ -211,20 +237,20 @@ def step_record(runner: Any, choice: GraphChoice | None) -> dict[str, Any]:
         ``cuda_graph`` (steps replay a graph), ``graph_reason`` (why not, or why the capture failed),
         ``capture_s`` and ``compile_s``.
     """
-    graphed = isinstance(runner, GraphedStep)
     reason = "" if choice is None else choice.reason
-    if graphed and runner.failure:  # skipped by "auto" (GPU-bound) or a failed capture
-        reason = runner.failure
-    elif graphed and not runner.captured:
-        reason = f"warming up ({WARMUP_STEPS} eager steps before the capture)"
-    capture_s = runner.capture_s if graphed else 0.0
-    compile_s = float(getattr(runner, "compile_s", 0.0))
-    if graphed:
+    capture_s, compile_s, captured = 0.0, 0.0, False
+    if isinstance(runner, GraphedStep):
+        if runner.failure:  # skipped by "auto" (GPU-bound) or a failed capture
+            reason = runner.failure
+        elif not runner.captured:
+            reason = f"warming up ({WARMUP_STEPS} eager steps before the capture)"
+        capture_s, captured = runner.capture_s, runner.captured
         runner.capture_s = 0.0
-    if hasattr(runner, "compile_s"):
+    if isinstance(runner, CountsCompile):
+        compile_s = float(runner.compile_s)
         runner.compile_s = 0.0
     return {
-        "cuda_graph": graphed and runner.captured,
+        "cuda_graph": captured,
         "graph_reason": reason,
         "capture_s": capture_s,
         "compile_s": compile_s,

@@ -10,13 +10,14 @@ layout. The frozen prefix before stage 0 is the run's :class:`~.prefix.FrozenPre
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe import freeze
+from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.stage.build import build_runner, unit_modules
 from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
@@ -25,6 +26,7 @@ from elastic_pipe.orchestrator.stage.graph_choice import GraphChoice, decide_gra
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.stage.graphed_step import StageRunner
     from elastic_pipe.types import Layout
 
 __all__ = ["StageRuntime"]
@@ -33,6 +35,16 @@ __all__ = ["StageRuntime"]
 def _widen(t: torch.Tensor, rows: int, requires_grad: bool) -> torch.Tensor:
     """``t``'s first row repeated ``rows`` times (contiguous: torch allocates its receive buffers like it)."""
     return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(requires_grad)
+
+
+class _Closed:
+    """The runner of a closed stage (:meth:`StageRuntime.close` lets its runners go): it runs no step."""
+
+    def step(self, *args: object, **kwargs: object) -> None:
+        raise OrchestratorError("this stage was closed (a transition replaced it): it runs no step")
+
+
+_CLOSED = _Closed()
 
 
 class StageRuntime:
@@ -64,10 +76,10 @@ class StageRuntime:
         self.module = self.modules[0]
         #: The micro-batch size of a full step; a short last step has a runner of its own (declared shapes).
         self.rows = ctx.config.train.global_batch // layout.replicas // layout.microbatches
-        self._runners: dict[int, Any] = {}
+        self._runners: dict[int, StageRunner] = {}
         #: Whether each step size's runner replays a CUDA graph, and why not (``[train] cuda_graphs``).
         self.graph_choices: dict[int, GraphChoice] = {}
-        self.runner: Any = self.runner_for(self.rows)
+        self.runner: StageRunner = self.runner_for(self.rows)
         self.forward_timer = ForwardTimer(self.modules, ctx.device)
         # only the units the policy can still freeze: frozen ones are outside the stage, those past the policy's
         # cap (freeze.signal_layers) are never read
@@ -105,7 +117,7 @@ class StageRuntime:
         group: dist.ProcessGroup = self.ctx.groups.dp_group(self.layout.pipe_len)
         return group
 
-    def runner_for(self, rows: int) -> Any:
+    def runner_for(self, rows: int) -> StageRunner:
         """The schedule runner of micro-batches of ``rows`` samples (built at first use; a collective then, in the
         replica's pipeline, when torch infers the shapes)."""
         runner = self._runners.get(rows)
@@ -191,7 +203,7 @@ class StageRuntime:
             self.averager.remove()
             self.averager = None
         self.forward_timer.remove()
-        self.runner = None
+        self.runner = _CLOSED
         self._runners.clear()
         self.drift = None
         self.probe_graphs = None
