@@ -16,6 +16,9 @@ from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainC
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.launch.job import (
+    AUTH_C10D_BACKEND,
+    LOOPBACK,
+    LOOPBACK_BACKEND,
     RUN_ID_ENV,
     RendezvousOptions,
     rendezvous_options,
@@ -24,7 +27,7 @@ from elastic_pipe.orchestrator.launch.job import (
     worker_environ,
     worker_environment,
 )
-from elastic_pipe.orchestrator.launch.rendezvous import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND, loopback_store
+from elastic_pipe.orchestrator.launch.rendezvous import loopback_store
 
 
 def _listening(port: int) -> set[str]:

@@ -26,7 +26,8 @@ import pytest
 from elastic_pipe.orchestrator.config import LaunchSection, ModelSection, TrainConfig
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import launch
-from elastic_pipe.orchestrator.launch.rendezvous import LOOPBACK, LOOPBACK_BACKEND, AuthenticatedBackend
+from elastic_pipe.orchestrator.launch.job import LOOPBACK, LOOPBACK_BACKEND
+from elastic_pipe.orchestrator.launch.rendezvous import AuthenticatedBackend
 from elastic_pipe.orchestrator.launch.secret import (
     MIN_SECRET_BITS,
     SECRET_ENV,

@@ -9,7 +9,8 @@ Wherever a registry name is accepted, so is an import path ``"package.module:att
 process that resolves it, so under ``elastic-pipe train`` (spawned workers) and torchrun alike every worker finds the
 user's own policy, model or dataset without anything being registered.
 
-Modules: :mod:`.registry` (names and import paths to models and datasets), :mod:`.policy` (the config's freeze
+Modules: :mod:`.lookup` (a registry name or an import path to its object), :mod:`.registry` (the models and
+datasets a config may name), :mod:`.policy` (the config's freeze
 policy, and a user's made whole), :mod:`.steps` (a run's step counts and decision rhythm), :mod:`.compose`
 (:class:`Components` and :func:`components_from_config`). The rest of the toolkit imports from here.
 """
@@ -21,15 +22,14 @@ from elastic_pipe.orchestrator.components.compose import (
     check_runnable_schedule,
     components_from_config,
 )
+from elastic_pipe.orchestrator.components.lookup import KEYS, resolve
 from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
 from elastic_pipe.orchestrator.components.registry import (
     DATASETS,
-    KEYS,
     MODEL_BUILDERS,
     build_model,
     load_eval_samples,
     load_samples,
-    resolve,
 )
 from elastic_pipe.orchestrator.components.steps import decision_interval, epoch_steps, run_steps, with_decisions
 

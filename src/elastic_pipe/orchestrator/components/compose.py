@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze, partition
 from elastic_pipe import schedule as sched
+from elastic_pipe.orchestrator.components.lookup import resolve
 from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
-from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples, resolve
+from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples
 from elastic_pipe.orchestrator.components.steps import run_steps
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.data import (

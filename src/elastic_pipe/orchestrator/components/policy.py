@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.components.registry import resolve
+from elastic_pipe.orchestrator.components.lookup import resolve
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.types import ElasticPipeError
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator.config import DECIDE_AUTO, TrainConfig
 from elastic_pipe.orchestrator.data import epoch_plan, eval_count, reachable_pipe_lens, split_unit
+
+if TYPE_CHECKING:
+    from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = ["decision_interval", "epoch_steps", "run_steps", "with_decisions"]
 
@@ -53,8 +56,8 @@ def decision_interval(
     after every epoch (the published rhythm).
     """
     every = config.freeze.decide_every
-    if every != DECIDE_AUTO:
-        return int(every)
+    if not isinstance(every, str):  # the one string the config takes is "auto" (config.DECIDE_AUTO)
+        return every
     n = freeze.decisions_per_epoch(policy)
     per_epoch = epoch_steps(config, samples, own_eval=own_eval)
     if n <= 1 or not per_epoch:

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.launch.rendezvous import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
 
 __all__ = [
+    "AUTH_C10D_BACKEND",
+    "LOOPBACK",
+    "LOOPBACK_BACKEND",
     "NCCL_ERROR_HANDLING_ENV",
     "RUN_ID_ENV",
     "RendezvousOptions",
@@ -40,6 +42,14 @@ __all__ = [
     "worker_environment",
 ]
 
+#: A single-node job's stores listen here only: no other machine can join or read it.
+LOOPBACK = "127.0.0.1"
+#: The rendezvous backend a single-node job uses (:mod:`.rendezvous` registers it): authenticated, on stores bound
+#: to :data:`LOOPBACK`.
+LOOPBACK_BACKEND = "elastic-pipe-loopback"
+#: The rendezvous backend a job at a given endpoint uses (:mod:`.rendezvous` registers it): authenticated, on
+#: torch's c10d TCPStore.
+AUTH_C10D_BACKEND = "elastic-pipe-c10d"
 #: Seconds the agents wait for each other at the rendezvous.
 RDZV_TIMEOUT_S = 120
 #: The environment variable that may carry the job's shared run id (``--run-id`` and ``[launch] run_id`` win).

@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, cast
 
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.launch.job import AUTH_C10D_BACKEND, LOOPBACK, LOOPBACK_BACKEND
 from elastic_pipe.orchestrator.launch.secret import fresh_secret
 
 if TYPE_CHECKING:
@@ -42,9 +43,6 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousBackend
 
 __all__ = [
-    "AUTH_C10D_BACKEND",
-    "LOOPBACK",
-    "LOOPBACK_BACKEND",
     "AuthenticatedBackend",
     "forged_states",
     "forget_secret",
@@ -54,12 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: A single-node job's stores listen here only: no other machine can join or read it.
-LOOPBACK = "127.0.0.1"
-#: The rendezvous backend registered for single-node jobs: authenticated, on stores bound to :data:`LOOPBACK`.
-LOOPBACK_BACKEND = "elastic-pipe-loopback"
-#: The rendezvous backend registered for jobs at a given endpoint: authenticated, on torch's c10d TCPStore.
-AUTH_C10D_BACKEND = "elastic-pipe-c10d"
 #: Pending connections a store's socket queues (torch's own TCPStore backlog is larger; a node has few agents).
 _LISTEN_BACKLOG = 128
 #: Seconds the agents wait for each other when the parameters name no timeout.
