@@ -180,7 +180,7 @@ class ElasticTrainer(TrainerBase):
             self.ctx.log.say(f"resuming from epoch {self.state.epoch + 1} step {self.state.step} ({where})")
         return True
 
-    def _record_resume(self, changes: dict[str, list[Any]]) -> None:
+    def _record_resume(self, changes: dict[str, list[object]]) -> None:
         """``events.jsonl``: drop the records of what the resumed run does again, then add a ``resume`` record."""
         log, state = self.ctx.log, self.state
         log.rewind(state.epoch, state.step)

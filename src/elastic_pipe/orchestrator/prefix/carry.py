@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -52,7 +52,7 @@ class FillPeers:
         count: the number of peers.
     """
 
-    group: Any
+    group: dist.ProcessGroup
     index: int
     count: int
 

@@ -27,7 +27,7 @@ prefix from the checkpoint's stage-0 shard, fills the cache and releases the pre
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -161,7 +161,9 @@ def _empty_eval(shape: tuple[int, ...], dtype: torch.dtype, home: torch.device, 
     return torch.empty(shape, dtype=dtype, device=home, pin_memory=pinned)
 
 
-def _fill_eval(ctx: RunContext, layout: Layout, state: PrefixState, group: Any, home: torch.device) -> None:
+def _fill_eval(
+    ctx: RunContext, layout: Layout, state: PrefixState, group: dist.ProcessGroup | None, home: torch.device
+) -> None:
     """Every stage-0 rank's evaluation outputs at ``layout.frozen``, kept at ``home`` (a collective of the stage-0
     ranks).
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -120,9 +120,9 @@ def fill_shared(job: CacheJob, peers: FillPeers, *, overlap: bool = True) -> Non
     # (then stored) only after that compute is queued. The stream orders each buffer's reuse two rounds later.
     mine = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)]
     gathered = [torch.empty((peers.count * chunk, *shape[1:]), dtype=dtype, device=device) for _ in range(2)]
-    in_flight: tuple[Any, torch.Tensor, int] | None = None  # (all-gather, its output, first row of its round)
+    in_flight: tuple[dist.Work, torch.Tensor, int] | None = None  # (all-gather, its output, first row of its round)
 
-    def store(flight: tuple[Any, torch.Tensor, int]) -> None:
+    def store(flight: tuple[dist.Work, torch.Tensor, int]) -> None:
         work, rows, lo = flight
         work.wait()
         valid = min(n - lo, peers.count * chunk)
