@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Unpack
 
 import torch
 
@@ -44,13 +44,9 @@ from elastic_pipe.orchestrator.step_ops import decision_point
 from elastic_pipe.orchestrator.trainer_base import TrainerBase
 
 if TYPE_CHECKING:
-    from elastic_pipe import freeze, partition
-    from elastic_pipe.models import SubLayerModel
-    from elastic_pipe.orchestrator.compression import CompressionRule
+    from elastic_pipe.orchestrator.components import Overrides
     from elastic_pipe.orchestrator.config import TrainConfig
-    from elastic_pipe.orchestrator.data import Loss, Samples
     from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
-    from elastic_pipe.orchestrator.optim import OptimizerFactory
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 
@@ -83,36 +79,11 @@ class ElasticTrainer(TrainerBase):
         quiet: no human lines on stderr (records still go to ``[log] dir``).
     """
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        *,
-        model: SubLayerModel | None = None,
-        data: Samples | Any = None,
-        policy: freeze.PolicyLike | None = None,
-        partitioner: str | partition.Solver | None = None,
-        compression: CompressionRule | None = None,
-        schedule: str | None = None,
-        optimizer: OptimizerFactory | None = None,
-        loss: Loss | None = None,
-        eval_data: Samples | Any = None,
-        quiet: bool = False,
-    ) -> None:
-        parts = components_from_config(
-            config,
-            model=model,
-            data=data,
-            policy=policy,
-            partitioner=partitioner,
-            compression=compression,
-            schedule=schedule,
-            optimizer=optimizer,
-            loss=loss,
-            eval_data=eval_data,
-        )
+    def __init__(self, config: TrainConfig, *, quiet: bool = False, **given: Unpack[Overrides]) -> None:
+        parts = components_from_config(config, **given)
         # ``[freeze] decide_every = "auto"`` becomes the policy's rhythm in steps: what the run reads from here on
         run_config = with_decisions(config, parts.policy, num_samples(parts.data), own_eval=parts.eval_data is not None)
-        super().__init__(parts, run_config, given=config, quiet=quiet, config_optimizer=optimizer is None)
+        super().__init__(parts, run_config, given=config, quiet=quiet, config_optimizer=given.get("optimizer") is None)
 
     def start(self) -> None:
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""

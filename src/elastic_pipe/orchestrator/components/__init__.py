@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from elastic_pipe.orchestrator.components.compose import (
     Components,
+    Overrides,
     check_runnable_schedule,
     components_from_config,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "KEYS",
     "MODEL_BUILDERS",
     "Components",
+    "Overrides",
     "adapt_policy",
     "build_model",
     "check_runnable_schedule",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from elastic_pipe import freeze, partition
 from elastic_pipe import schedule as sched
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.config import TrainConfig
 
-__all__ = ["Components", "check_runnable_schedule", "components_from_config"]
+__all__ = ["Components", "Overrides", "check_runnable_schedule", "components_from_config"]
 
 
 @dataclass
@@ -104,26 +104,33 @@ def check_runnable_schedule(
         )
 
 
-def components_from_config(
-    config: TrainConfig,
-    *,
-    model: SubLayerModel | None = None,
-    data: object = None,
-    policy: freeze.PolicyLike | None = None,
-    partitioner: str | partition.Solver | None = None,
-    compression: CompressionRule | None = None,
-    schedule: str | None = None,
-    optimizer: OptimizerFactory | None = None,
-    loss: Loss | None = None,
-    eval_data: object = None,
-) -> Components:
+class Overrides(TypedDict, total=False):
+    """The components a caller gives instead of what the config names (every key optional; ``None`` is not
+    given): the keywords of :func:`components_from_config` and of
+    :class:`~elastic_pipe.orchestrator.trainer.ElasticTrainer`, whose docstring says what each may be."""
+
+    model: SubLayerModel | None
+    data: object
+    policy: freeze.PolicyLike | None
+    partitioner: str | partition.Solver | None
+    compression: CompressionRule | None
+    schedule: str | None
+    optimizer: OptimizerFactory | None
+    loss: Loss | None
+    eval_data: object
+
+
+def components_from_config(config: TrainConfig, **given: Unpack[Overrides]) -> Components:
     """Build every component a :class:`TrainConfig` names (the only reader of the registries).
 
-    Each keyword given is used as it is instead of what the config names.
+    Each component given (:class:`Overrides`) is used as it is instead of what the config names.
 
     Raises:
         ConfigError: naming the bad value and the valid choices.
     """
+    model, data, eval_data = given.get("model"), given.get("data"), given.get("eval_data")
+    policy, partitioner, compression = given.get("policy"), given.get("partitioner"), given.get("compression")
+    schedule, optimizer, loss = given.get("schedule"), given.get("optimizer"), given.get("loss")
     p = config.pipeline
     # on the meta device: each rank materializes only the sub-layers it holds (holdings.hold)
     model = model if model is not None else build_model(config, meta=True)
@@ -142,12 +149,12 @@ def components_from_config(
                 )
         elif p.solver not in partition.SOLVERS:
             raise ConfigError(f"unknown partition solver {p.solver!r}; expected one of {', '.join(partition.SOLVERS)}")
-    given = compression is not None
+    named = compression is None  # by the config
     if compression is None:
         compression = resolve(p.compression, COMPRESSION_RULES, "compression rule")
     if not isinstance(compression, CompressionRule):
         raise ConfigError(
-            f"compression {compression!r}{'' if given else f' ([pipeline] compression {p.compression!r})'} lacks "
+            f"compression {compression!r}{f' ([pipeline] compression {p.compression!r})' if named else ''} lacks "
             "the CompressionRule members (name, keeps_length, and a call (active, pipe_len, budget, *, world_size, "
             "solver) -> Partition)"
         )
