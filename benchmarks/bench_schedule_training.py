@@ -31,7 +31,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from _report import emit, provenance  # benchmarks/gpu: where a result was measured
-
 from elastic_pipe.testing import RankContext, run_distributed
 
 RESULTS = Path(__file__).resolve().parent / "results" / "schedule_training_cpu.json"
@@ -48,7 +47,7 @@ GLOBAL_BATCH = 64
 MICROBATCHES = 8
 #: Steps per epoch and epochs per setting; the first epoch is warm-up.
 STEPS = 8
-EPOCHS = 4
+EPOCHS = 6
 #: Training samples of an epoch, and the 1/5 more that ``[data] eval_fraction = 0.2`` holds out.
 SAMPLES = STEPS * GLOBAL_BATCH * 5 // 4
 

@@ -5,6 +5,7 @@ Examples::
     elastic-pipe plan --model vit-b16 --gpus 16 --gpus-per-node 8 --gpu-memory 16GiB --alpha 0.3333 --epochs 10
     elastic-pipe plan --model gpt2-xl --gpus 64 --gpu-memory 80GB --pipe-len 8 --json
     elastic-pipe plan --costs measured.json --costs-batch 32 --gpus 8 --plot plots/
+    elastic-pipe plan --config run.toml    # the layouts a training config runs, with v, step time and bubble
 
 Defaults describe H200 GPUs as measured on the lent machine (141 GB, achieved 490 TFLOP/s in matrix multiplies,
 ~1 ms of eager host time per block, micro-batch and pass, NVLink 300 GB/s, 45 us per message) with one 400 Gb/s
@@ -99,7 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--config",
         metavar="FILE.toml",
-        help="a training config: print the per-epoch layouts `elastic-pipe train --config` will run",
+        help="a training config: print the per-epoch layouts `elastic-pipe train --config` will run, each with its "
+        "stages per rank v ([pipeline] virtual) and its step and bubble predicted under [pipeline] schedule on the "
+        "cluster the options describe",
     )
     what.add_argument("--model", help=f"a built-in config: {', '.join(MODEL_CONFIGS)}")
     what.add_argument(
@@ -340,16 +343,12 @@ def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> l
     device = next(parts.model.parameters()).device
     costs = model_costs(parts.model, _example(parts.data).to(device), cluster.gpu)
     v = config.pipeline.virtual
+    rows: list[dict[str, Any]] = planned_epochs(config)
     out = []
-    for row in planned_epochs(config):
-        layout = Layout(
-            row["frozen"],  # type: ignore[arg-type]
-            row["pipe_len"],  # type: ignore[arg-type]
-            row["replicas"],  # type: ignore[arg-type]
-            tuple(row["boundaries"]),  # type: ignore[call-overload]
-            row["microbatches"],  # type: ignore[arg-type]
-            virtual=v,
-        )
+    for row in rows:
+        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches")
+        frozen, pipe_len, replicas, boundaries, microbatches = (row[k] for k in keys)
+        layout = Layout(frozen, pipe_len, replicas, tuple(boundaries), microbatches, virtual=v)
         step = predict_layout(
             costs,
             cluster,
