@@ -6,10 +6,11 @@ A small ViT (6 blocks of width 64 on the 8x8 digits, float32) trains in 4 gloo p
 * ``gpipe``, ``1f1b``, ``zb1p``: 4 stages, one per rank (``pipe_len = 4``, ``virtual = 1``);
 * ``interleaved`` and ``gpipe`` (looped): 8 stages, two per rank (``pipe_len = 4``, ``virtual = 2``).
 
-Each setting trains :data:`EPOCHS` epochs of :data:`STEPS` steps in the same 4 processes, one setting after the
-other; an epoch's step time is its time without its first step (which carries the layout's warm-up) over the
-steps left, and the first epoch is left out as warm-up. The table gives the median over the other epochs, and
-beside it the planner's prediction for the same layout (``elastic-pipe plan --config``'s: the stages the layout
+The same 4 processes train every setting in turn, :data:`EPOCHS` epochs of :data:`STEPS` steps each, and go
+round the settings :data:`ROUNDS` times (so that a burst of load from elsewhere falls on every setting alike). An
+epoch's step time is its time without its first step (which carries the layout's warm-up) over the steps left;
+each run's first epoch is left out as warm-up. The table gives the median and the fastest of the other epochs,
+and beside them the planner's prediction for the same layout (``elastic-pipe plan --config``'s: the stages the layout
 rule cut, the FLOPs of each sub-layer, the simulated schedule), whose bubble share is what the schedules change.
 
 The 4 processes share the machine's cores (2 on the machine that measured ``benchmarks/results``), so the times
@@ -23,6 +24,7 @@ Markdown table of docs/schedule.md.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -45,9 +47,10 @@ MODEL: dict[str, Any] = {
 }
 GLOBAL_BATCH = 64
 MICROBATCHES = 8
-#: Steps per epoch and epochs per setting; the first epoch is warm-up.
-STEPS = 8
-EPOCHS = 6
+#: Steps per epoch, epochs per run of a setting (the first is warm-up) and rounds over the settings.
+STEPS = 10
+EPOCHS = 3
+ROUNDS = 3
 #: Training samples of an epoch, and the 1/5 more that ``[data] eval_fraction = 0.2`` holds out.
 SAMPLES = STEPS * GLOBAL_BATCH * 5 // 4
 
@@ -80,19 +83,19 @@ def _samples() -> Any:
     return Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
 
 
-def _train(ctx: RankContext, settings: tuple[tuple[str, int], ...]) -> list[dict[str, Any]]:
-    """Every setting in turn on this rank: per epoch, its steps, seconds and first step's seconds."""
+def _train(ctx: RankContext, settings: tuple[tuple[str, int], ...], rounds: int) -> list[list[dict[str, Any]]]:
+    """Every setting in turn on this rank, ``rounds`` times: per round and setting, the run's epochs (steps,
+    seconds, first step's seconds, layout)."""
     from elastic_pipe.orchestrator import config_from_tables, run_rank
 
     out = []
-    for schedule, virtual in settings:
-        t0 = time.perf_counter()
-        result = run_rank(config_from_tables(tables(schedule, virtual)), samples=_samples(), quiet=True).to_dict()
-        epochs = [
-            {k: e[k] for k in ("steps", "seconds", "first_step_s", "pipe_len", "replicas", "microbatches")}
-            for e in result["epochs"]
-        ]
-        out.append({"epochs": epochs, "wall_seconds": time.perf_counter() - t0})
+    for _ in range(rounds):
+        runs = []
+        for schedule, virtual in settings:
+            result = run_rank(config_from_tables(tables(schedule, virtual)), samples=_samples(), quiet=True)
+            keys = ("steps", "seconds", "first_step_s", "pipe_len", "replicas", "microbatches")
+            runs.append([{k: e[k] for k in keys} for e in result.to_dict()["epochs"]])
+        out.append(runs)
     return out
 
 
@@ -115,20 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the stamped JSON goes")
     opts = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    (runs, *_) = run_distributed(_train, WORLD, SETTINGS, timeout=600)
+    t0, load_start = time.perf_counter(), os.getloadavg()[0]
+    (rounds, *_) = run_distributed(_train, WORLD, SETTINGS, ROUNDS, timeout=600)
     rows = []
-    for (schedule, virtual), run in zip(SETTINGS, runs, strict=True):
-        steps = [step_seconds(e) for e in run["epochs"][1:]]
+    for i, (schedule, virtual) in enumerate(SETTINGS):
+        runs = [r[i] for r in rounds]
+        steps = [step_seconds(e) for run in runs for e in run[1:]]
+        first = runs[0][0]
         plan = predicted(schedule, virtual)
         rows.append(
             {
                 "schedule": schedule,
                 "virtual": virtual,
-                "pipe_len": run["epochs"][0]["pipe_len"],
-                "replicas": run["epochs"][0]["replicas"],
-                "microbatches": run["epochs"][0]["microbatches"],
+                "pipe_len": first["pipe_len"],
+                "replicas": first["replicas"],
+                "microbatches": first["microbatches"],
                 "step_ms": 1e3 * statistics.median(steps),
+                "fastest_step_ms": 1e3 * min(steps),
                 "step_ms_by_epoch": [1e3 * s for s in steps],
                 "predicted_bubble": plan["predicted"]["bubble_fraction"],
                 "predicted_step_ms": 1e3 * plan["predicted"]["step_time"],
@@ -146,16 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         "microbatches": MICROBATCHES,
         "steps_per_epoch": STEPS,
         "epochs": EPOCHS,
+        "rounds": ROUNDS,
+        "load_average": {"start": load_start, "end": os.getloadavg()[0]},  # 1-minute: the machine is shared
         "rows": rows,
         "wall_seconds": time.perf_counter() - t0,
         **provenance(),
     }
     emit(report, opts.out)
-    print("\n| schedule | v | K | step ms (median) | vs gpipe | predicted bubble |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| schedule | v | K | step ms, median | fastest epoch | vs gpipe | predicted bubble |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
         print(
-            f"| {r['schedule']} | {r['virtual']} | {r['pipe_len']} | {r['step_ms']:.1f} | "
+            f"| {r['schedule']} | {r['virtual']} | {r['pipe_len']} | {r['step_ms']:.1f} | {r['fastest_step_ms']:.1f} | "
             f"{r['relative_to_gpipe']:.2f} | {r['predicted_bubble']:.1%} |"
         )
     return 0
