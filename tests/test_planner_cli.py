@@ -157,3 +157,13 @@ def test_plan_config_prints_v_and_the_predicted_bubble_per_layout(
         )
     # the same K and micro-batches: two stages per rank idle less
     assert docs[2]["epochs"][0]["predicted"]["bubble_fraction"] < docs[1]["epochs"][0]["predicted"]["bubble_fraction"]
+
+
+def test_virtual_sets_the_stages_per_rank_of_a_model_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "vit-b16", "--gpus", "8", "--epochs", "2", "--pipe-len", "4", "--json"]
+    assert main([*base, "--schedule", "interleaved", "--virtual", "3"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["job"]["virtual"] == 3 and all(e["virtual"] == 3 for e in doc["epochs"])
+    assert all(len(e["partition"]["layers_per_stage"]) == e["pipe_len"] * 3 for e in doc["epochs"])
+    assert main([*base, "--virtual", "2"]) == 2  # 1f1b holds one stage per rank: one line
+    assert "1f1b holds one stage per rank" in capsys.readouterr().err
