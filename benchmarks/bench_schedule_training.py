@@ -115,9 +115,10 @@ def step_seconds(epoch: dict[str, Any]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time every setting, predict its layout, write the stamped JSON and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=RESULTS, help="where the stamped JSON goes")
-    opts = ap.parse_args(argv)
+    opts = ap.parse_args([] if argv is None else argv)  # run_all.py calls main() with its own argv
     t0, load_start = time.perf_counter(), os.getloadavg()[0]
     (rounds, *_) = run_distributed(_train, WORLD, SETTINGS, ROUNDS, timeout=600)
     rows = []
@@ -170,4 +171,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(sys.argv[1:]))
