@@ -1192,6 +1192,30 @@ ROWS += [
     ("docs/training.md", "the second (to 7) in\n{} files", TRACE, "transitions.1.file_count", ".0f"),
     ("docs/training.md", "files with {} returns", TRACE, "transitions.1.returns", ".0f"),
 ]
+SCHED_CPU = "schedule_training_cpu.json"  # docs/schedule.md: every training schedule timed on CPU, 4 gloo processes
+ROWS += table_rows(
+    "docs/schedule.md",
+    [
+        (SCHED_CPU, "0", ["gpipe", "1", "4", "81.9", "68.4", "1.00", "23.8%"]),
+        (SCHED_CPU, "1", ["1f1b", "1", "4", "76.1", "62.9", "0.93", "23.8%"]),
+        (SCHED_CPU, "2", ["zb1p", "1", "4", "122.9", "96.6", "1.50", "13.5%"]),
+        (SCHED_CPU, "3", ["interleaved", "2", "4", "121.9", "96.2", "1.49", "5.9%"]),
+        (SCHED_CPU, "4", ["gpipe", "2", "4", "141.4", "131.5", "1.73", "11.1%"]),
+    ],
+    [
+        None,
+        ("rows.{arm}.virtual", ".0f"),
+        ("rows.{arm}.pipe_len", ".0f"),
+        ("rows.{arm}.step_ms", ".1f"),
+        ("rows.{arm}.fastest_step_ms", ".1f"),
+        ("rows.{arm}.relative_to_gpipe", ".2f"),
+        ("rows.{arm}.predicted_bubble", ".1%"),
+    ],
+)
+ROWS += [
+    ("docs/schedule.md", "(load average {} at the start,", SCHED_CPU, "load_average.start", ".1f"),
+    ("docs/schedule.md", "at the start, {} at the end)", SCHED_CPU, "load_average.end", ".1f"),
+]
 HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer callback on MiniLM, one H100
 LCPU = "lightning_callback_cpu.json"  # docs/integrations.md: the Lightning callback on MiniLM, CPU
 LC = "arms."
@@ -1257,6 +1281,7 @@ def test_rows_are_distinct_and_cover_every_doc_that_quotes_results() -> None:
         "docs/freeze.md",
         "docs/integrations.md",
         "docs/minilm_bbc.md",
+        "docs/schedule.md",
         "docs/training.md",
     }
 

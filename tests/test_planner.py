@@ -27,17 +27,20 @@ from elastic_pipe.planner import (
     format_table,
     from_layer_costs,
     make_plan,
+    model_costs,
     model_shape,
     model_work,
     parse_bytes,
     plan_model,
     plan_to_dict,
+    predict_layout,
     predict_step,
     price,
     to_layer_costs,
 )
 from elastic_pipe.planner.step import gradient_sync_time, ring_allreduce_time, transfer_time
-from elastic_pipe.types import ByteSizeError, ElasticPipeError, LayerCost
+from elastic_pipe.schedule import generate, simulate
+from elastic_pipe.types import ByteSizeError, ElasticPipeError, LayerCost, Layout
 
 # --- model configs -------------------------------------------------------------------------------------------
 
@@ -561,3 +564,71 @@ def test_plan_with_virtual_stages_reports_v_and_no_alternative() -> None:
     assert all(e.virtual == 4 and e.interleaved is None for e in plan.epochs)
     assert len(plan.epochs[0].step.layers_per_stage) == 8
     assert "[v=2: " not in format_table(plan)
+
+
+# --- a layout as a run holds it (``plan --config``): K x v stages the layout rule cut, predicted as they stand -----
+
+
+def _even_layout(ranks: int, microbatches: int, virtual: int, sublayers: int, frozen: int = 0) -> Layout:
+    per = (sublayers - frozen) // (ranks * virtual)
+    return Layout(frozen, ranks, 1, tuple(range(frozen, sublayers + 1, per)), microbatches, virtual=virtual)
+
+
+@pytest.mark.parametrize(("ranks", "microbatches"), [(2, 4), (4, 8), (4, 4)])
+def test_a_layout_with_more_stages_per_rank_has_the_simulators_smaller_bubble(ranks: int, microbatches: int) -> None:
+    # 4 equal sub-layers per rank, cut into v = 1, 2, 4 stages per rank: the same work per rank, the same K and M
+    costs = _uniform(4 * ranks)
+    cluster = ClusterSpec(ranks, gpu=NO_FIXED_COSTS)
+    mb = 8
+    fractions = {}
+    for schedule, v in (("1f1b", 1), ("interleaved", 2), ("interleaved", 4)):
+        layout = _even_layout(ranks, microbatches, v, 4 * ranks)
+        pred = predict_layout(costs, cluster, layout, schedule=schedule, global_batch=mb * microbatches)
+        stage = 4 // v * mb  # sub-layers per stage x samples: seconds per micro-batch of 1 ms + 2 ms per sample
+        sim = simulate(generate(schedule, ranks, microbatches, v), stage * 1e-3, stage * 2e-3)
+        work = microbatches * 4 * mb * 3e-3  # one rank's forwards and backwards
+        assert pred.chunks == v and pred.layers_per_stage == (4 // v,) * (ranks * v)
+        assert pred.breakdown.compute == pytest.approx(work, rel=1e-9)
+        assert pred.breakdown.bubble == pytest.approx(sim.makespan - work, rel=1e-9)
+        fractions[v] = pred.breakdown.bubble_fraction
+    # the textbook bubbles: (K - 1) / (v M + K - 1) of the span
+    for v, fraction in fractions.items():
+        assert fraction == pytest.approx((ranks - 1) / (v * microbatches + ranks - 1), rel=1e-9)
+    assert fractions[1] > fractions[2] > fractions[4]
+
+
+def test_a_layouts_frozen_prefix_sits_on_stage_0() -> None:
+    costs = _uniform(10)
+    cluster = ClusterSpec(2, gpu=NO_FIXED_COSTS)
+    layout = _even_layout(2, 4, 2, 10, frozen=2)  # stages (2, 4, 6, 8, 10): stage 0 also recomputes sub-layers 0, 1
+    recomputed = predict_layout(costs, cluster, layout, schedule="interleaved", global_batch=32)
+    cached = predict_layout(costs, cluster, layout, schedule="interleaved", global_batch=32, cached=True)
+    assert recomputed.layers_per_stage == cached.layers_per_stage == (4, 2, 2, 2)
+    assert cached.step_time < recomputed.step_time
+    assert predict_layout(costs, ClusterSpec(4, gpu=NO_FIXED_COSTS), replace(layout, replicas=2), schedule="gpipe",
+                          global_batch=32).replicas == 2  # fmt: skip
+
+
+def test_predict_layout_refuses_what_the_layout_cannot_run() -> None:
+    costs = _uniform(8)
+    layout = _even_layout(2, 4, 2, 8)
+    cluster = ClusterSpec(2, gpu=NO_FIXED_COSTS)
+    with pytest.raises(PlannerError, match=r"1f1b at K=2, v=2: 1f1b holds one stage per rank"):
+        predict_layout(costs, cluster, layout, schedule="1f1b", global_batch=32)
+    with pytest.raises(PlannerError, match=r"the layout occupies 2 GPUs, the cluster has 4"):
+        predict_layout(costs, ClusterSpec(4), layout, schedule="interleaved", global_batch=32)
+    with pytest.raises(PlannerError, match=r"stages end at sub-layer 8, but the costs describe 9"):
+        predict_layout(_uniform(9), cluster, layout, schedule="interleaved", global_batch=32)
+    with pytest.raises(PlannerError, match=r"unknown schedule 'v'"):
+        predict_layout(costs, cluster, layout, schedule="v", global_batch=32)
+
+
+def test_model_costs_price_every_sub_layer_by_its_flops() -> None:
+    import torch
+
+    model = vit(vit_config("vit-tiny", image_size=8, patch_size=4, in_channels=1, num_classes=10, depth=2))
+    costs = model_costs(model, torch.zeros(2, 1, 8, 8), H200)
+    assert [c.name for c in costs] == list(model.layer_names)
+    assert [c.unit for c in costs] == [0, 0, 0, 1, 1, None]  # units end after each block, the head never freezes
+    assert all(c.forward > 0 and c.backward == pytest.approx(2 * c.forward) for c in costs)
+    assert costs[1].params == sum(p.numel() for p in list(model.children())[1].parameters())

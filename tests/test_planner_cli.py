@@ -103,3 +103,67 @@ def test_cache_filled_in_the_transition(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--cache-fill", "later"])
     assert exit_info.value.code == 2 and "invalid choice: 'later'" in capsys.readouterr().err
+
+
+#: A training config for ``plan --config``: a small ViT on the digits, a fixed layout of 2 ranks.
+CONFIG = """
+[model]
+name = "vit"
+options = {{ preset = "vit-tiny", depth = 4, dim = 32, heads = 2, mlp_dim = 64 }}
+[data]
+dataset = "digits"
+[train]
+epochs = 2
+global_batch = 32
+[freeze]
+policy = "never"
+[pipeline]
+pipe_len = 2
+virtual = {virtual}
+schedule = "{schedule}"
+microbatches = 4
+compression = "none"
+[launch]
+nproc_per_node = 2
+"""
+
+
+def _plan_config(tmp_path: Path, capsys: pytest.CaptureFixture[str], *flags: str, **pipeline: object) -> str:
+    path = tmp_path / f"{pipeline['schedule']}_{pipeline['virtual']}.toml"
+    path.write_text(CONFIG.format(**pipeline), encoding="utf-8")
+    assert main(["plan", "--config", str(path), *flags]) == 0
+    return capsys.readouterr().out
+
+
+def test_plan_config_prints_v_and_the_predicted_bubble_per_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = _plan_config(tmp_path, capsys, schedule="interleaved", virtual=2)
+    head, columns, *rows = text.splitlines()
+    assert head.startswith("schedule interleaved, v = 2 stage(s) per rank; steps predicted on 2 GPUs")
+    assert columns.split()[:9] == ["epoch", "frozen", "units", "frozen", "sub-layers", "K", "v", "R", "M"]
+    assert len(rows) == 2 and all(r.split()[3:6] == ["2", "2", "1"] for r in rows)  # K = 2, v = 2, R = 1
+    docs = {
+        v: json.loads(_plan_config(tmp_path, capsys, "--json", schedule=schedule, virtual=v))
+        for schedule, v in (("1f1b", 1), ("interleaved", 2))
+    }
+    for v, doc in docs.items():
+        assert doc["virtual"] == v and [e["virtual"] for e in doc["epochs"]] == [v, v]
+        assert [len(e["boundaries"]) for e in doc["epochs"]] == [2 * v + 1] * 2  # K x v stages
+        step = doc["epochs"][0]["predicted"]
+        assert step["step_time"] > step["bubble"] > 0
+        assert step["bubble_fraction"] == pytest.approx(
+            step["bubble"] / (step["breakdown"]["compute"] + step["bubble"])
+        )
+    # the same K and micro-batches: two stages per rank idle less
+    assert docs[2]["epochs"][0]["predicted"]["bubble_fraction"] < docs[1]["epochs"][0]["predicted"]["bubble_fraction"]
+
+
+def test_virtual_sets_the_stages_per_rank_of_a_model_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "vit-b16", "--gpus", "8", "--epochs", "2", "--pipe-len", "4", "--json"]
+    assert main([*base, "--schedule", "interleaved", "--virtual", "3"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["job"]["virtual"] == 3 and all(e["virtual"] == 3 for e in doc["epochs"])
+    assert all(len(e["partition"]["layers_per_stage"]) == e["pipe_len"] * 3 for e in doc["epochs"])
+    assert main([*base, "--virtual", "2"]) == 2  # 1f1b holds one stage per rank: one line
+    assert "1f1b holds one stage per rank" in capsys.readouterr().err

@@ -5,6 +5,7 @@ Examples::
     elastic-pipe plan --model vit-b16 --gpus 16 --gpus-per-node 8 --gpu-memory 16GiB --alpha 0.3333 --epochs 10
     elastic-pipe plan --model gpt2-xl --gpus 64 --gpu-memory 80GB --pipe-len 8 --json
     elastic-pipe plan --costs measured.json --costs-batch 32 --gpus 8 --plot plots/
+    elastic-pipe plan --config run.toml    # the layouts a training config runs, with v, step time and bubble
 
 Defaults describe H200 GPUs as measured on the lent machine (141 GB, achieved 490 TFLOP/s in matrix multiplies,
 ~1 ms of eager host time per block, micro-batch and pass, NVLink 300 GB/s, 45 us per message) with one 400 Gb/s
@@ -32,7 +33,8 @@ from elastic_pipe.cli._common import (
 from elastic_pipe.types import LayerCost
 
 if TYPE_CHECKING:
-    from elastic_pipe.planner import GpuSpec, Plan
+    from elastic_pipe.orchestrator import TrainConfig
+    from elastic_pipe.planner import ClusterSpec, GpuSpec, Plan
 
 HELP = "Dry-run an elastic training job and predict its speedup over a static baseline."
 
@@ -98,7 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--config",
         metavar="FILE.toml",
-        help="a training config: print the per-epoch layouts `elastic-pipe train --config` will run",
+        help="a training config: print the per-epoch layouts `elastic-pipe train --config` will run, each with its "
+        "stages per rank v ([pipeline] virtual) and its step and bubble predicted under [pipeline] schedule on the "
+        "cluster the options describe",
     )
     what.add_argument("--model", help=f"a built-in config: {', '.join(MODEL_CONFIGS)}")
     what.add_argument(
@@ -137,6 +141,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--manual", help="manual policy: EPOCH:FROZEN pairs, e.g. 2:4,5:8")
     job.add_argument("--pipe-len", type=int, help="initial pipeline length (default: the fastest that fits)")
     job.add_argument("--schedule", default="1f1b", choices=sorted(GENERATORS), help="pipeline schedule")
+    job.add_argument(
+        "--virtual",
+        type=int,
+        help="stages per rank v (default: 2 for interleaved, else 1; 1f1b and zb1p take 1, gpipe 1 or more)",
+    )
     job.add_argument("--microbatches", type=int, help="fixed micro-batches per step (default: tuned in [K, 6K])")
     job.add_argument("--no-cache", action="store_true", help="recompute the frozen prefix instead of caching it")
     job.add_argument("--cache-tier", default="auto", choices=["auto", *CACHE_TIERS])
@@ -186,35 +195,11 @@ def _policy_options(args: argparse.Namespace, steps: int) -> dict[str, Any]:
     return {}
 
 
-def build(args: argparse.Namespace) -> Plan:
-    """Turn parsed arguments into a plan (separate from :func:`run` so tests and scripts can call it)."""
-    from elastic_pipe.planner import (  # noqa: PLC0415 (see _gpu_defaults)
-        ClusterSpec,
-        GpuSpec,
-        JobSpec,
-        make_plan,
-        model_config,
-        model_work,
-        parse_bytes,
-        plan_to_dict,
-        price,
-    )
-    from elastic_pipe.planner.cluster import MAX_GPUS  # noqa: PLC0415 (see _gpu_defaults)
-    from elastic_pipe.planner.job import MAX_EPOCHS, MAX_MICROBATCHES, MAX_PIPE_LEN  # noqa: PLC0415 (likewise)
+def cluster_from_args(args: argparse.Namespace, gpus: int) -> ClusterSpec:
+    """The cluster the options describe, with ``gpus`` GPUs (``--gpus``, or a config's world size)."""
+    from elastic_pipe.planner import ClusterSpec, GpuSpec, parse_bytes  # noqa: PLC0415 (see _gpu_defaults)
 
     defaults = _gpu_defaults()
-    if (args.model is None) == (args.costs is None):
-        raise CliInputError("give exactly one of --model NAME or --costs FILE")
-    if args.gpus is None:
-        raise CliInputError("--model and --costs need --gpus W (the GPU count)")
-    if args.gpus < 1:
-        raise CliInputError(f"--gpus must be >= 1, got {args.gpus}")
-    check_limit("--gpus", args.gpus, MAX_GPUS, LIMIT_REASON)
-    check_limit("--epochs", args.epochs, MAX_EPOCHS, LIMIT_REASON)
-    if args.microbatches is not None:
-        check_limit("--microbatches", args.microbatches, MAX_MICROBATCHES, LIMIT_REASON)
-    if args.pipe_len is not None:
-        check_limit("--pipe-len", args.pipe_len, MAX_PIPE_LEN, LIMIT_REASON)
     scale = args.gpu_tflops * 1e12 / defaults.matmul_flops
     if not (math.isfinite(scale) and scale > 0):
         raise CliInputError(f"--gpu-tflops must be a finite number > 0, got {args.gpu_tflops}")
@@ -230,8 +215,8 @@ def build(args: argparse.Namespace) -> Plan:
         memory_bandwidth=args.memory_bandwidth * _GB,
         host_overhead=args.host_overhead_ms / 1e3,
     )
-    cluster = ClusterSpec(
-        gpus=args.gpus,
+    return ClusterSpec(
+        gpus=gpus,
         gpus_per_node=args.gpus_per_node,
         gpu=gpu,
         intra_node_bandwidth=args.intra_bw * _GB,
@@ -241,6 +226,34 @@ def build(args: argparse.Namespace) -> Plan:
         disk_bandwidth=args.disk_bw * _GB,
         host_cache_memory=parse_bytes(args.host_cache_memory),
     )
+
+
+def build(args: argparse.Namespace) -> Plan:
+    """Turn parsed arguments into a plan (separate from :func:`run` so tests and scripts can call it)."""
+    from elastic_pipe.planner import (  # noqa: PLC0415 (see _gpu_defaults)
+        JobSpec,
+        make_plan,
+        model_config,
+        model_work,
+        plan_to_dict,
+        price,
+    )
+    from elastic_pipe.planner.cluster import MAX_GPUS  # noqa: PLC0415 (see _gpu_defaults)
+    from elastic_pipe.planner.job import MAX_EPOCHS, MAX_MICROBATCHES, MAX_PIPE_LEN  # noqa: PLC0415 (likewise)
+
+    if (args.model is None) == (args.costs is None):
+        raise CliInputError("give exactly one of --model NAME or --costs FILE")
+    if args.gpus is None:
+        raise CliInputError("--model and --costs need --gpus W (the GPU count)")
+    if args.gpus < 1:
+        raise CliInputError(f"--gpus must be >= 1, got {args.gpus}")
+    check_limit("--gpus", args.gpus, MAX_GPUS, LIMIT_REASON)
+    check_limit("--epochs", args.epochs, MAX_EPOCHS, LIMIT_REASON)
+    if args.microbatches is not None:
+        check_limit("--microbatches", args.microbatches, MAX_MICROBATCHES, LIMIT_REASON)
+    if args.pipe_len is not None:
+        check_limit("--pipe-len", args.pipe_len, MAX_PIPE_LEN, LIMIT_REASON)
+    cluster = cluster_from_args(args, args.gpus)
     batch = args.global_batch if args.global_batch is not None else DEFAULT_BATCH_PER_GPU * args.gpus
     if batch < 1 or args.dataset_size < 1:
         raise CliInputError(f"--global-batch and --dataset-size must be >= 1, got {batch}, {args.dataset_size}")
@@ -260,12 +273,13 @@ def build(args: argparse.Namespace) -> Plan:
         dataset_size=args.dataset_size,
         transition_seconds=args.transition_seconds,
         solver=args.solver,
+        virtual=args.virtual,
     )
     if args.model is not None:
         config = model_config(args.model)
         if args.seq_len is not None:
             config = config.with_seq_len(args.seq_len)
-        name, costs = config.name, price(model_work(config), gpu)
+        name, costs = config.name, price(model_work(config), cluster.gpu)
     else:
         name, costs = _costs_from_file(args.costs, args.costs_batch, args.costs_host_weight)
     try:
@@ -283,14 +297,83 @@ _EXTREME = "use realistic values for the rates, times and sizes (e.g. --host-ove
 
 
 def render_layouts(epochs: list[dict[str, Any]]) -> str:
-    """The table of a training config's per-epoch layouts."""
-    lines = ["epoch  frozen units  frozen sub-layers  K  R  M  boundaries"]
+    """The table of a training config's per-epoch layouts, each with its predicted step and bubble."""
+    lines = ["epoch  frozen units  frozen sub-layers  K  v  R  M  step ms  bubble  boundaries"]
     for e in epochs:
+        step = e["predicted"]
         lines.append(
-            f"{e['epoch'] + 1:>5}  {e['frozen_units']:>12}  {e['frozen']:>17}  {e['pipe_len']}  {e['replicas']}  "
-            f"{e['microbatches']}  {e['boundaries']}"
+            f"{e['epoch'] + 1:>5}  {e['frozen_units']:>12}  {e['frozen']:>17}  {e['pipe_len']}  {e['virtual']}  "
+            f"{e['replicas']}  {e['microbatches']}  {step['step_time'] * 1e3:>7.3g}  {step['bubble_fraction']:>6.1%}  "
+            f"{e['boundaries']}"
         )
     return "\n".join(lines)
+
+
+def _example(data: Any) -> Any:
+    """One sample of a config's data as a batch of one: held in memory, or a dataset's first item."""
+    import torch  # noqa: PLC0415 (see _gpu_defaults)
+
+    from elastic_pipe.orchestrator.data import is_samples  # noqa: PLC0415
+
+    return data.inputs[:1] if is_samples(data) else torch.as_tensor(data[0][0]).unsqueeze(0)
+
+
+def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> list[dict[str, Any]]:
+    """Per epoch of ``config``: the layout the trainer's rule chooses (``planned_epochs``), its stages per rank
+    ``"virtual"`` and ``"predicted"``, the planner's step of that layout under ``[pipeline] schedule`` on
+    ``cluster`` (``step_time``, ``bubble``, ``bubble_fraction`` and the ``breakdown``).
+
+    Sub-layers are priced by their FLOPs (:func:`elastic_pipe.planner.model_costs`); the frozen prefix is read from
+    a device cache unless ``[pipeline] cache = "off"`` (``"auto"`` is priced as ``"on"``).
+
+    Args:
+        config: the training config.
+        cluster: the GPUs; default H200-like ones, as many as the config's world size.
+
+    Raises:
+        ConfigError: as :func:`elastic_pipe.orchestrator.dry_run.planned_epochs`.
+    """
+    from elastic_pipe.orchestrator import components_from_config  # noqa: PLC0415
+    from elastic_pipe.orchestrator.dry_run import planned_epochs  # noqa: PLC0415
+    from elastic_pipe.planner import ClusterSpec, model_costs, predict_layout  # noqa: PLC0415
+    from elastic_pipe.types import Layout  # noqa: PLC0415
+
+    cluster = cluster if cluster is not None else ClusterSpec(config.world_size)
+    parts = components_from_config(config)
+    device = next(parts.model.parameters()).device
+    costs = model_costs(parts.model, _example(parts.data).to(device), cluster.gpu)
+    v = config.pipeline.virtual
+    rows: list[dict[str, Any]] = planned_epochs(config)
+    out = []
+    for row in rows:
+        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches")
+        frozen, pipe_len, replicas, boundaries, microbatches = (row[k] for k in keys)
+        layout = Layout(frozen, pipe_len, replicas, tuple(boundaries), microbatches, virtual=v)
+        step = predict_layout(
+            costs,
+            cluster,
+            layout,
+            schedule=config.pipeline.schedule,
+            global_batch=config.train.global_batch,
+            cached=config.pipeline.cache != "off",
+        )
+        b = step.breakdown
+        predicted = {
+            "step_time": step.step_time,
+            "bubble": b.bubble,
+            "bubble_fraction": b.bubble_fraction,
+            "breakdown": {
+                "compute": b.compute,
+                "bubble": b.bubble,
+                "transfers": b.transfers,
+                "cache_reads": b.cache_reads,
+                "allreduce": b.allreduce,
+                "optimizer": b.optimizer,
+                "host": b.host,
+            },
+        }
+        out.append({**row, "virtual": v, "predicted": predicted})
+    return out
 
 
 def render_decisions(decisions: list[dict[str, Any]]) -> str:
@@ -308,14 +391,20 @@ def render_decisions(decisions: list[dict[str, Any]]) -> str:
 def run_config(args: argparse.Namespace) -> int:
     """``plan --config``: the layouts the training config leads to, decided by the trainer's own rule."""
     from elastic_pipe.orchestrator import load_config  # noqa: PLC0415
-    from elastic_pipe.orchestrator.dry_run import planned_decisions, planned_epochs  # noqa: PLC0415
+    from elastic_pipe.orchestrator.dry_run import planned_decisions  # noqa: PLC0415
 
     if args.model is not None or args.costs is not None:
         raise CliInputError("give exactly one of --config FILE, --model NAME or --costs FILE")
     config = load_config(args.config)
-    epochs = planned_epochs(config)
-    doc: dict[str, Any] = {"config": args.config, "epochs": epochs}
-    text = render_layouts(epochs)
+    cluster = cluster_from_args(args, config.world_size)
+    epochs = predict_config(config, cluster)
+    p = config.pipeline
+    doc: dict[str, Any] = {"config": args.config, "schedule": p.schedule, "virtual": p.virtual, "epochs": epochs}
+    text = (
+        f"schedule {p.schedule}, v = {p.virtual} stage(s) per rank; steps predicted on {cluster.gpus} GPUs "
+        f"({args.gpu_tflops:g} TFLOP/s, {args.host_overhead_ms:g} ms host per block and pass; sub-layers priced "
+        "by their FLOPs)\n" + render_layouts(epochs)
+    )
     decisions = planned_decisions(config)
     if decisions:  # decision points inside epochs ([freeze] decide_every): list them too
         doc["decisions"] = decisions

@@ -8,6 +8,8 @@ cache pay-off rule) over an analytic cost model calibrated on measured H200 runs
   times on a :class:`GpuSpec`, and
   :func:`from_layer_costs` does the same from measured :class:`~elastic_pipe.types.LayerCost` records;
 * :class:`ClusterSpec`: GPUs, nodes, memory, links;
+* :func:`predict_layout`: the step of a layout a run holds (the orchestrator's layout rule chose it, ``v`` stages
+  per rank included), and :func:`model_costs`, the FLOP-priced costs of a built model it takes;
 * :func:`predict_step`: one layout's step, split into compute, bubble, transfers, all-reduce, cache reads,
   optimizer and fixed host work;
 * :class:`JobSpec` and :func:`make_plan`: the per-epoch :class:`Plan` with its static and freeze-only baselines;
@@ -22,6 +24,7 @@ from elastic_pipe.planner.cluster import H200, ClusterSpec, GpuSpec
 from elastic_pipe.planner.costs import SubLayerCost, from_layer_costs, price, to_layer_costs
 from elastic_pipe.planner.errors import CHECK, PlannerError, PlannerTypeError
 from elastic_pipe.planner.job import CACHE_FILLS, CACHE_TIERS, JobSpec
+from elastic_pipe.planner.layouts import model_costs, predict_layout
 from elastic_pipe.planner.models import MODEL_CONFIGS, ModelConfig, SubLayerWork, model_config, model_work
 from elastic_pipe.planner.plan import make_plan
 from elastic_pipe.planner.report import format_table, plan_to_dict, plot_throughput, plot_timeline
@@ -53,6 +56,7 @@ __all__ = [
     "from_layer_costs",
     "make_plan",
     "model_config",
+    "model_costs",
     "model_shape",
     "model_work",
     "parse_bytes",
@@ -60,6 +64,7 @@ __all__ = [
     "plan_to_dict",
     "plot_throughput",
     "plot_timeline",
+    "predict_layout",
     "predict_step",
     "price",
     "to_layer_costs",

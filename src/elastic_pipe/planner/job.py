@@ -68,8 +68,8 @@ class JobSpec:
         solver: partition solver name.
         virtual: stages per rank v for ``schedule``; ``None`` takes :data:`INTERLEAVED_CHUNKS` for "interleaved"
             and 1 for the others. The schedule must accept it (1f1b and zb1p hold one stage per rank,
-            interleaved at least two). Training runs one stage per rank until the runtime part of issue 43 lands;
-            a plan with ``v > 1`` is a prediction.
+            interleaved at least two, gpipe any). Training takes the same v as ``[pipeline] virtual``
+            (docs/schedule.md, "Which schedules run in training").
     """
 
     global_batch: int

@@ -71,7 +71,8 @@ def _variant(frozen: int, held: tuple[int, str | None], job: JobSpec) -> CacheVa
 def _epoch(
     e: int, job: JobSpec, ev: LayoutSearch, pred: StepPrediction, v: CacheVariant, *, transition: float = 0.0
 ) -> EpochPlan:
-    # Training runs one stage per rank: the interleaved step of the same K and M is reported beside it, not chosen.
+    # The job's v is planned; with one stage per rank, the interleaved step of the same K and M is reported beside
+    # it, never chosen.
     interleaved = None
     if pred.chunks == 1 and pred.pipe_len > 1:
         interleaved = ev.predict(v, pred.pipe_len, pred.microbatches, virtual=INTERLEAVED_CHUNKS)

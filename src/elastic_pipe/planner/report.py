@@ -133,7 +133,7 @@ def format_table(plan: Plan) -> str:
         lines += [
             "",
             f"[v={INTERLEAVED_CHUNKS}: ...] the same K and M predicted with {INTERLEAVED_CHUNKS} interleaved stages "
-            "per rank (not run in training yet)",
+            "per rank (plan and train it with --schedule interleaved --virtual 2, [pipeline] virtual = 2)",
         ]
     if notes:
         lines += ["", "transitions:", *notes]

@@ -30,9 +30,10 @@ class EpochPlan:
         why: one sentence per decision: what froze, how the prefix is served, why this layout.
         interleaved: the same pipeline length and micro-batch count predicted with
             :data:`~elastic_pipe.planner.job.INTERLEAVED_CHUNKS` stages per rank (interleaved 1F1B), reported
-            beside ``step`` and never chosen: training runs one stage per rank until the runtime part of issue 43
-            lands. ``None`` when ``step`` already holds several stages per rank, for one-stage pipelines, and where
-            interleaving does not apply (micro-batches not a multiple of K, too few sub-layers).
+            beside ``step`` and never chosen: a plan keeps the job's stages per rank (:attr:`JobSpec.virtual`, the
+            run's ``[pipeline] virtual``). ``None`` when ``step`` already holds several stages per rank, for
+            one-stage pipelines, and where interleaving does not apply (micro-batches not a multiple of K, too few
+            sub-layers).
     """
 
     epoch: int

@@ -85,6 +85,12 @@ class StepBreakdown:
     host: float = 0.0
 
     @property
+    def bubble_fraction(self) -> float:
+        """The schedule's idle share on the busiest rank, ``bubble / (compute + bubble)`` (0 without work)."""
+        span = self.compute + self.bubble
+        return self.bubble / span if span > 0 else 0.0
+
+    @property
     def total(self) -> float:
         """The step time."""
         return (
