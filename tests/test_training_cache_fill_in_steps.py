@@ -52,7 +52,8 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     # replaced: the machine's speed must not matter)
     boundaries: list[int] = []
 
-    def decide(cache: Any, data: Any, *, frozen: int, mode: str, **_: Any) -> tuple[bool, str]:
+    def decide(job: Any, *, mode: str, **_: Any) -> tuple[bool, str]:
+        frozen = job.frozen
         boundaries.append(frozen)
         return mode == "on" or read_first or frozen > boundaries[0], f"test: frozen {frozen}"
 
