@@ -5,8 +5,9 @@ Two uninterrupted 2-rank runs (float64, CPU, gloo) write a checkpoint every 2 st
 v = 2 stages per rank (the interleaved schedule, 4 stages: rank 0 holds stages 0 and 2, rank 1 stages 1 and 3),
 one with v = 1 (GPipe). A unit freezes after epoch 0, so a resume from inside epoch 0 goes through a transition and
 one from epoch 1 starts with a frozen prefix. Each resume puts one checkpoint alone in a directory and continues
-to the end: with the checkpoint's v it ends bit-identical to the uninterrupted run; with the other v (the layout
-re-cut to it, the weights and the optimizer state read by sub-layer from the shards) it ends within 1e-10 of it.
+to the end bit-identical to the uninterrupted run: with the checkpoint's v, and with the other v too (the layout
+re-cut to it, the weights and the optimizer state read by sub-layer from the shards; the issue asks 1e-10 there,
+and float64 on CPU gives every bit: both schedules sum each gradient over the same micro-batches in one order).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _config(directory: Path, virtual: int) -> Any:
 
     tables: dict[str, Any] = {
         "model": tiny_vit.model_table(),
-        "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": "adamw", "lr": 0.005},
+        "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": "adamw", "lr": 0.02},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1}}},
         "pipeline": {
             "pipe_len": 2,
@@ -192,7 +193,7 @@ def test_each_stage_of_a_rank_holding_two_writes_its_own_shard(job: tuple[Path, 
 def test_runs_with_one_and_two_stages_per_rank_train_alike(job: tuple[Path, dict[str, Any]]) -> None:
     _, out = job
     assert out["v2"]["shapes"] == out["v1"]["shapes"] == [(0, 2), (1, 2)]
-    assert out["v2"]["losses"] == pytest.approx(out["v1"]["losses"], rel=1e-10, abs=1e-12)
+    assert out["v2"]["losses"] == out["v1"]["losses"]  # bit for bit: see the resumes below
     assert out["v2"]["losses"][-1] != pytest.approx(out["v2"]["losses"][0], rel=1e-3)  # training did something
 
 
@@ -218,11 +219,8 @@ def test_a_resume_with_either_v_ends_as_the_uninterrupted_run(
     weights = _final_weights(tmp / f"{source}-{name}-v{virtual}")
     assert list(weights) == list(expected)
     assert resumed["shapes"] == clean["shapes"]
-    if virtual == int(source[1:]):  # the checkpoint's own v: bit for bit
-        assert resumed["losses"] == clean["losses"]
-        assert all(torch.equal(weights[k], expected[k]) for k in expected)
-    else:  # the layout re-cut: the same sums in another order at most
-        assert resumed["losses"] == pytest.approx(clean["losses"], rel=1e-10, abs=1e-12)
-        for k, v in expected.items():
-            torch.testing.assert_close(weights[k], v, rtol=1e-10, atol=1e-12)
-    assert resumed["eval"] == pytest.approx(clean["eval"], rel=1e-10)
+    # bit for bit, with the checkpoint's v and with the other (the issue asks 1e-10 for the other): each
+    # parameter's gradient sums the same micro-batches in the same order under both schedules
+    assert resumed["losses"] == clean["losses"]
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert resumed["eval"] == clean["eval"]
