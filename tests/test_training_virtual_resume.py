@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import tiny_vit
+from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.layout_rule import with_virtual
 from elastic_pipe.orchestrator.persist.snapshot import regroup_probe
 from elastic_pipe.testing import RankContext, run_distributed
@@ -62,8 +63,9 @@ def test_a_layout_takes_another_v_over_the_same_ranks_and_frozen_prefix() -> Non
         Layout(5, 2, 1, (5, 7, 8), 2), 2, costs, solver="optimal", world_size=2, microbatches_for=microbatches
     )
     assert short == Layout(5, 1, 2, (5, 7, 8), 3, virtual=2)
-    with pytest.raises(Exception, match="1 active sub-layer"):
-        with_virtual(Layout(7, 1, 2, (7, 8), 2), 2, costs, solver="optimal", world_size=2, microbatches_for=microbatches)
+    last = Layout(7, 1, 2, (7, 8), 2)
+    with pytest.raises(OrchestratorError, match="1 active sub-layer"):
+        with_virtual(last, 2, costs, solver="optimal", world_size=2, microbatches_for=microbatches)
 
 
 def test_probe_outputs_are_regrouped_by_the_ranks_of_the_new_layout() -> None:
@@ -224,3 +226,53 @@ def test_a_resume_with_either_v_ends_as_the_uninterrupted_run(
     assert resumed["losses"] == clean["losses"]
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
     assert resumed["eval"] == clean["eval"]
+
+
+#: The drift job's step checkpoint: after step 1 of epoch 1 (step 5 of the run), strictly between the decision
+#: points after steps 4 and 6.
+DRIFT_CHECKPOINT = "epoch-0001-step-000001"
+
+
+def _drift_fit(directory: Path, virtual: int) -> dict[str, Any]:
+    """A run under a drift policy that records the probe's changes and never freezes (a threshold of 0), deciding
+    every 2 steps and checkpointing after every step."""
+    from elastic_pipe.data import load_digits
+    from elastic_pipe.orchestrator import ElasticTrainer
+    from elastic_pipe.orchestrator.data import Split
+    from recording_drift import RecordingDrift
+
+    d = load_digits()
+    samples = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
+    config = _config(directory, virtual).override({"freeze.decide_every": 2, "checkpoint.steps": 1})
+    policy = RecordingDrift(3, threshold=0.0, patience=1, tolerance=None)
+    with ElasticTrainer(config, data=samples, policy=policy, quiet=True) as trainer:
+        result = trainer.fit()
+    return {"seen": policy.seen, "losses": result.losses}
+
+
+def _drift_job(ctx: RankContext, tmp: str) -> dict[str, Any]:
+    """The uninterrupted v = 2 run, then its step checkpoint resumed with v = 2 and with v = 1."""
+    import torch.distributed as dist
+
+    root = Path(tmp)
+    out = {"clean": _drift_fit(root / "clean", 2)}
+    for v in (2, 1):
+        if ctx.rank == 0:
+            _copy_checkpoint(root / "clean", root / f"v{v}", DRIFT_CHECKPOINT)
+        dist.barrier()
+        out[f"v{v}"] = _drift_fit(root / f"v{v}", v)
+    return out
+
+
+@pytest.mark.distributed
+def test_the_probe_outputs_follow_the_stages_into_another_v(tmp_path: Path) -> None:
+    """The kept probe outputs of 2 ranks x 2 stages, regrouped by the ranks of 2 ranks x 1 stage, are the baseline
+    of the resumed run's next decision point: it measures the drift of the uninterrupted run (rank 0 decides and
+    records them)."""
+    out: dict[str, Any] = run_distributed(_drift_job, 2, str(tmp_path), timeout=300)[0]
+    clean = out["clean"]
+    assert len(clean["seen"]) == 3  # the decision points after steps 2, 4 and 6
+    assert all(c > 0 for c in clean["seen"][2][:2])  # a change measured, not a unit seen first (inf)
+    for v in (2, 1):
+        assert out[f"v{v}"]["seen"] == clean["seen"][2:]  # the resumed policy saw the last decision only
+        assert out[f"v{v}"]["losses"] == clean["losses"]

@@ -9,12 +9,14 @@ the optimizer state (:mod:`.snapshot`), the inference record, the learning-rate 
 sampler's position, the history, the epoch's losses so far and, for a probe-driven freeze policy, the probe
 outputs kept for the next decision point (:mod:`~elastic_pipe.orchestrator.stage.probe`).
 
-Three parts go to the stages' shards: the rank running stage ``s`` of replica 0 writes the shard
-of stage ``s``, with the ``model`` part (the weights of the sub-layers it holds - the frozen prefix too on stage
-0), the ``optimizer`` part's ``state`` (of the parameters it owns, by name) and its own stage's entry of the
-``probe`` part; rank 0 then writes the main file: every other part (the optimizer's ``param_groups`` too) and the
-shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank receives
-another stage's weights or optimizer state.
+Three parts go to the stages' shards: the rank of replica 0 running stage ``s`` writes the shard of stage ``s``,
+with the ``model`` part's weights of the stage's sub-layers (the frozen prefix too on stage 0), the ``optimizer``
+part's ``state`` of their parameters (by name) and, in the shard of its first stage, its own entry of the ``probe``
+part; a rank holding several stages (``[pipeline] virtual`` = v > 1, stage ``s`` on rank ``s % K``) writes one shard
+for each, ``K * v`` in all, so a shard is one stage's whatever v is and one stage per rank writes what it wrote
+before virtual stages. Rank 0 then writes the main file: every other part (the optimizer's ``param_groups`` too)
+and the shard table (each shard's file and SHA-256, which shard holds each model key, and which keeps each rank's
+probe outputs). No rank receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -43,7 +45,8 @@ starts afresh over checkpoints; ``resume = 'never'`` does). A directory holding 
 refused before any process starts.
 
 A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
-divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
+divide the new world size; the replica count follows, the stages per rank follow the config (the saved layout
+re-cut, :func:`.snapshot.position`), the sampler re-shards from its saved position, and each rank
 reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns
 (and replica 0's ranks their stage's probe outputs, the probe's baseline: the next drift measured is the
 uninterrupted run's; an older checkpoint without them takes the baseline from its weights). The parts are loaded
@@ -167,8 +170,8 @@ class Checkpointer:
 
     def save(self, position: RunState, *, steps_done: int | None = None) -> Path:
         """Write a checkpoint of every part (a collective: each part's state is taken on every rank - a part's
-        ``state_dict`` may be a collective, and may refuse - then replica 0 of each stage writes its shard, rank 0
-        the main file).
+        ``state_dict`` may be a collective, and may refuse - then replica 0's ranks write the shards of their stages,
+        rank 0 the main file).
 
         Args:
             position: where the run stands (the file's name, the layout that says who writes which shard): at an

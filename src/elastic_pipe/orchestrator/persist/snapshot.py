@@ -4,8 +4,10 @@ Each rank saves the weights of the sub-layers it holds (:class:`Weights`, the ``
 state of the parameters it owns, by name (:class:`OptimizerShare`, the ``optimizer`` part); a checkpoint
 (:mod:`.checkpoint`) writes one such share per stage. Loading takes from a saved state - one whole state, or
 shards read on demand (:class:`~elastic_pipe.orchestrator.persist.shards.ShardedCheckpoint`) - only what this rank
-holds in the saved layout, whatever layout or world size wrote it: the position (:func:`position`, loaded first)
-says which layout that is. :class:`RngState` and :class:`InferenceRecord` are the ``rng`` and ``inference`` parts.
+holds in the resumed layout, whatever layout or world size wrote it: the position (:func:`position`, loaded first)
+says which layout that is - the saved one, its active sub-layers re-cut when the config's stages per rank differ
+(a probe-driven policy's kept outputs are regrouped by rank then, :func:`regroup_probe`). :class:`RngState` and
+:class:`InferenceRecord` are the ``rng`` and ``inference`` parts.
 """
 
 from __future__ import annotations
