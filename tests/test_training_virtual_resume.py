@@ -161,6 +161,26 @@ def _final_weights(directory: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _launch(directory: Path, fault: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A v = 2 job under torchrun with one restart allowed (as ``elastic-pipe train`` runs it), on all the digits;
+    ``fault``: where the fault hook kills a rank on the first attempt ("" for none)."""
+    from elastic_pipe.orchestrator import launch
+    from elastic_pipe.orchestrator.launch.faults import FAULT_ENV
+    from elastic_pipe.orchestrator.worker import entry
+
+    if fault:
+        monkeypatch.setenv(FAULT_ENV, fault)
+    tables = {
+        "data.eval_fraction": 0.8,  # 5 steps of 64 an epoch
+        "train.global_batch": 64,
+        "launch.max_restarts": 1,
+        "log.dir": str(directory / "log"),
+    }
+    config = _config(directory / "ckpt", 2).override(tables)
+    results = launch(config, entry, config.to_dict())
+    return dict(results[0])
+
+
 def _load(path: Path) -> dict[str, Any]:
     state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     return state
@@ -208,6 +228,23 @@ def test_a_stopped_run_with_two_stages_per_rank_continues_exactly(job: tuple[Pat
     weights = _final_weights(tmp / "stopped")
     assert list(weights) == list(expected)
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
+
+
+@pytest.mark.distributed
+def test_a_killed_rank_holding_two_stages_costs_time_not_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 (stages 1 and 3) exits in step 3 of epoch 1; torchrun restarts both ranks, which resume from the
+    checkpoint after step 2 of epoch 1 and end with the weights of the uninterrupted job, bit for bit."""
+    clean = _launch(tmp_path / "clean", "", monkeypatch)
+    killed = _launch(tmp_path / "killed", "step:1:1:3", monkeypatch)
+    assert (tmp_path / "killed" / "ckpt" / "epoch-0001-step-000002.stage-0003.shard").exists()
+    assert killed["losses"] == clean["losses"] and len(clean["losses"]) == 10
+    expected = _final_weights(tmp_path / "clean" / "ckpt")
+    weights = _final_weights(tmp_path / "killed" / "ckpt")
+    assert list(weights) == list(expected) and all(torch.equal(weights[k], expected[k]) for k in expected)
+    records = [json.loads(line) for line in (tmp_path / "killed" / "log" / "events.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["kind"] == "resume"] == [1]
 
 
 @pytest.mark.distributed
