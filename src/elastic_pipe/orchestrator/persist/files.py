@@ -10,7 +10,7 @@ A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSS
 weights and optimizer state, written by the rank that runs it: v shards by a rank holding v stages) with its own
 manifest; the main file then holds
 everything else and a ``shards`` table (the shard files and which shard holds each model key; with a probe-driven
-freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs) and each shard's SHA-256 as
+freeze policy also a ``probe`` table: which shard keeps each rank's probe outputs) and each shard's SHA-256 as
 its writer recorded it (:func:`shard_digests`).
 """
 
