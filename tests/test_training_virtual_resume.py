@@ -8,6 +8,8 @@ one from epoch 1 starts with a frozen prefix. Each resume puts one checkpoint al
 to the end bit-identical to the uninterrupted run: with the checkpoint's v, and with the other v too (the layout
 re-cut to it, the weights and the optimizer state read by sub-layer from the shards; the issue asks 1e-10 there,
 and float64 on CPU gives every bit: both schedules sum each gradient over the same micro-batches in one order).
+A run stopped by ``max_steps`` and continued, a torchrun job whose rank holding stages 1 and 3 is killed, and a
+``drift`` policy's probe outputs resumed into v = 1 (regrouped by rank) are checked the same way.
 """
 
 from __future__ import annotations
