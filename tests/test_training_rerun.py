@@ -53,10 +53,15 @@ def test_what_a_resume_may_change() -> None:
             "log.dir": "x",
             "launch.nproc_per_node": 4,
             "pipeline.pipe_len": 2,
+            "pipeline.virtual": 2,  # the checkpoint's layout is re-cut to 2 stages per rank
+            "pipeline.schedule": "interleaved",
             "checkpoint.every": 2,
         }
     )
     assert config_changes(saved, free.to_dict()) == {}
+    # a checkpoint from before [pipeline] virtual resumes with another v too
+    del saved["pipeline"]["virtual"]
+    assert config_changes(saved, free.to_dict(), config_defaults(free)) == {}
     changed = base.override({"train.lr": 0.01, "model.options": {"depth": 2}})
     assert config_changes(saved, changed.to_dict()) == {
         "model.options": [{}, {"depth": 2}],
@@ -78,17 +83,19 @@ def test_what_a_resume_may_change() -> None:
 
 
 def test_a_key_newer_than_the_checkpoint_counts_as_unchanged_only_at_its_default() -> None:
-    """A checkpoint written before ``[pipeline] virtual`` existed resumes under its default; another value is a
-    change, and so is a key the checkpoint lacks whose value here is not its default."""
+    """A checkpoint written before a key (here ``[pipeline] cache_dtype``) existed resumes under its default;
+    another value is a change, and so is a key the checkpoint lacks whose value here is not its default."""
     base = config_from_tables({"model": {"name": "vit"}, "checkpoint": {"dir": "c"}})
     saved = json.loads(json.dumps(base.to_dict()))
-    del saved["pipeline"]["virtual"]  # as a checkpoint from before the key kept its config
+    del saved["pipeline"]["cache_dtype"]  # as a checkpoint from before the key kept its config
     assert check_config({"config": saved}, base) == {}
-    two = base.override({"pipeline.virtual": 2})
-    with pytest.raises(ConfigError, match=r"checkpoint's in pipeline\.virtual \(pipeline\.virtual None -> 2\)"):
-        check_config({"config": saved}, two)
+    narrow = base.override({"pipeline.cache_dtype": "bfloat16"})
+    with pytest.raises(
+        ConfigError, match=r"checkpoint's in pipeline\.cache_dtype \(pipeline\.cache_dtype None -> 'bfloat16'\)"
+    ):
+        check_config({"config": saved}, narrow)
     defaults = config_defaults(base)
-    assert defaults["pipeline"]["virtual"] == 1 and defaults["model"]["name"] == ""
+    assert defaults["pipeline"]["cache_dtype"] == "auto" and defaults["model"]["name"] == ""
     del saved["model"]["name"]
     assert config_changes(saved, base.to_dict(), defaults) == {"model.name": [None, "vit"]}
 

@@ -39,6 +39,7 @@ __all__ = [
     "max_frozen_units",
     "next_layout",
     "start_layout",
+    "with_virtual",
 ]
 
 
@@ -238,6 +239,39 @@ def _layout(
     boundaries = tuple(frozen + b for b in p.boundaries)
     microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
     return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches, current.virtual)
+
+
+def with_virtual(
+    layout: Layout,
+    virtual: int,
+    costs: Sequence[float],
+    *,
+    solver: Solver,
+    world_size: int,
+    microbatches_for: Callable[[int], int],
+) -> Layout:
+    """``layout`` with ``virtual`` stages per rank: the same frozen prefix and number of ranks, the active
+    sub-layers partitioned over ``pipe_len * virtual`` stages (a resume whose ``[pipeline] virtual`` differs from
+    the checkpoint's). When fewer active sub-layers remain than stages, the number of ranks drops to the largest
+    divisor of the world size that leaves every stage one, as at a transition (:func:`next_layout`).
+
+    Raises:
+        OrchestratorError: fewer active sub-layers than ``virtual`` (not even one rank can hold them).
+    """
+    if virtual == layout.virtual:
+        return layout
+    active = list(costs[layout.frozen :])
+    fits = [k for k in range(1, layout.pipe_len + 1) if world_size % k == 0 and k * virtual <= len(active)]
+    if not fits:
+        raise OrchestratorError(
+            f"{len(active)} active sub-layer(s) cannot fill {virtual} stage(s) per rank: "
+            "use a smaller [pipeline] virtual"
+        )
+    pipe_len = max(fits)
+    p = part.solve(active, pipe_len * virtual, solver)
+    boundaries = tuple(layout.frozen + b for b in p.boundaries)
+    microbatches = layout.microbatches if pipe_len == layout.pipe_len else microbatches_for(pipe_len)
+    return Layout(layout.frozen, pipe_len, world_size // pipe_len, boundaries, microbatches, virtual)
 
 
 def frozen_sublayers(unit_ends: Sequence[int], units: int) -> int:

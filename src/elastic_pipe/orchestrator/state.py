@@ -12,12 +12,15 @@ __all__ = ["LayoutRecord", "RunState", "RunStateRecord", "layout_from_dict", "la
 
 
 class LayoutRecord(TypedDict):
-    """A layout as plain data (:func:`layout_to_dict`); the replica count follows from the world size."""
+    """A layout as plain data (:func:`layout_to_dict`); the replica count follows from the world size, and
+    ``virtual`` is there only when it is not 1 (a record of one stage per rank is the one written before virtual
+    stages)."""
 
     frozen: int
     pipe_len: int
     boundaries: list[int]
     microbatches: int
+    virtual: NotRequired[int]
 
 
 class RunStateRecord(TypedDict):
@@ -93,13 +96,17 @@ class RunState:
 
 
 def layout_to_dict(layout: Layout) -> LayoutRecord:
-    """A layout as plain data; the replica count is left out (it follows from the world size)."""
-    return {
+    """A layout as plain data; the replica count is left out (it follows from the world size), and so is
+    ``virtual`` when it is 1."""
+    record: LayoutRecord = {
         "frozen": layout.frozen,
         "pipe_len": layout.pipe_len,
         "boundaries": list(layout.boundaries),
         "microbatches": layout.microbatches,
     }
+    if layout.virtual != 1:
+        record["virtual"] = layout.virtual
+    return record
 
 
 def layout_from_dict(d: LayoutRecord, world_size: int) -> Layout:
@@ -111,4 +118,5 @@ def layout_from_dict(d: LayoutRecord, world_size: int) -> Layout:
         world_size // pipe_len,
         tuple(int(b) for b in d["boundaries"]),
         int(d["microbatches"]),
+        int(d.get("virtual", 1)),
     )

@@ -76,6 +76,8 @@ class TrainerBase:
         self.checkpointer: Checkpointer | None = None
         #: A checkpoint's probe outputs, from its load until the layout it saved is entered.
         self._saved_probe: Mapping[str, Mapping[str, torch.Tensor]] | None = None
+        #: Whether the loaded position's layout was re-cut to the config's ``[pipeline] virtual``.
+        self._recut = False
         self.losses = EpochLosses()
         #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
         #: and graph capture its first steps paid to the record's phases).
@@ -270,6 +272,8 @@ class TrainerBase:
 
     def _load_position(self, saved: RunStateRecord) -> None:
         self._state = snapshot.position(self.ctx, saved)
+        # the config's v differs from the checkpoint's: the layout was re-cut, the probe outputs are regrouped
+        self._recut = self._state.layout.virtual != int(saved["layout"].get("virtual", 1))
 
     def _global_losses(self) -> list[float]:
         """The epoch's global losses so far (a collective), refused when one is not finite and the run stops there."""
@@ -286,6 +290,8 @@ class TrainerBase:
         self.losses = EpochLosses(partial=[float(v) for v in saved])
 
     def _keep_probe(self, saved: Mapping[str, Mapping[str, torch.Tensor]] | None) -> None:
+        if saved is not None and self._recut:
+            saved = snapshot.regroup_probe(saved, self.state.layout, self.ctx.unit_ends)
         self._saved_probe = saved
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -70,7 +70,6 @@ def check_runnable_schedule(
     schedule: str,
     virtual: int = 1,
     *,
-    checkpoint_dir: str = "",
     shapes: Iterable[tuple[int, int]] = ((1, 1),),
 ) -> None:
     """Refuse a registered schedule the runtime cannot run with ``virtual`` stages per rank, before any process
@@ -79,16 +78,15 @@ def check_runnable_schedule(
     The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
     runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
     ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
-    of the pipeline length. With v > 1 checkpoints do not run yet.
+    of the pipeline length.
 
     Args:
         schedule: a registered schedule kind.
         virtual: stages per rank.
-        checkpoint_dir: ``[checkpoint] dir`` ("" for none).
         shapes: the ``(pipeline length, micro-batches)`` pairs the run may reach.
 
     Raises:
-        ConfigError: one line naming the schedule, v and the generator's reason, or what v > 1 cannot do yet.
+        ConfigError: one line naming the schedule, v and the generator's reason.
     """
     try:
         for ranks, microbatches in shapes:
@@ -97,11 +95,6 @@ def check_runnable_schedule(
         raise ConfigError(
             f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: {exc}"
         ) from None
-    if virtual > 1 and checkpoint_dir:
-        raise ConfigError(
-            f"pipeline.virtual = {virtual}: checkpoints of several stages per rank are not supported yet; "
-            "set checkpoint.dir = '' or pipeline.virtual = 1"
-        )
 
 
 class Overrides(TypedDict, total=False):
@@ -162,7 +155,7 @@ def components_from_config(config: TrainConfig, **given: Unpack[Overrides]) -> C
     if schedule not in sched.GENERATORS:
         raise ConfigError(f"unknown schedule {schedule!r}; expected one of {', '.join(sched.GENERATORS)}")
     shapes = [(k, config.microbatches_for(k)) for k in reachable_pipe_lens(p.pipe_len, config.world_size)]
-    check_runnable_schedule(schedule, p.virtual, checkpoint_dir=config.checkpoint.dir, shapes=shapes)
+    check_runnable_schedule(schedule, p.virtual, shapes=shapes)
     if policy is None:
         total = run_steps(config, num_samples(samples), own_eval=held is not None)
         policy = make_policy(config, len(model.unit_ends), total_steps=total)

@@ -5,7 +5,8 @@ record of an exported model.
 Modules: :mod:`.checkpoint` (the :class:`Checkpointer`, built with a map of named :class:`Stateful` parts: when to
 save, which part goes in which file, the ranks agreeing on a checkpoint to resume, each part restored by name),
 :mod:`.parts` (the :class:`Stateful` protocol, :class:`Part`, the checks of a map of parts), :mod:`.snapshot` (the
-parts of a rank's share that are tensors - weights, optimizer state - restored on any layout), :mod:`.files` (the
+parts of a rank's share that are tensors - weights, optimizer state - restored on any layout, and the position,
+re-cut to the config's stages per rank), :mod:`.files` (the
 files' names, manifests and atomic writes, pruning), :mod:`.loads` (verified loads with fallback, whether a
 checkpoint fits the model), :mod:`.shards` (a sharded checkpoint's shards, read and checked tensor by tensor),
 :mod:`.integrity` (checksums and value checks), :mod:`.rerun` (what a resume may change, and a finished run),

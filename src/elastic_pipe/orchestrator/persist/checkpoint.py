@@ -9,12 +9,14 @@ the optimizer state (:mod:`.snapshot`), the inference record, the learning-rate 
 sampler's position, the history, the epoch's losses so far and, for a probe-driven freeze policy, the probe
 outputs kept for the next decision point (:mod:`~elastic_pipe.orchestrator.stage.probe`).
 
-Three parts go to the stages' shards: the rank running stage ``s`` of replica 0 writes the shard
-of stage ``s``, with the ``model`` part (the weights of the sub-layers it holds - the frozen prefix too on stage
-0), the ``optimizer`` part's ``state`` (of the parameters it owns, by name) and its own stage's entry of the
-``probe`` part; rank 0 then writes the main file: every other part (the optimizer's ``param_groups`` too) and the
-shard table (each shard's file and SHA-256, and which shard keeps each stage's probe outputs). No rank receives
-another stage's weights or optimizer state.
+Three parts go to the stages' shards: the rank of replica 0 running stage ``s`` writes the shard of stage ``s``,
+with the ``model`` part's weights of the stage's sub-layers (the frozen prefix too on stage 0), the ``optimizer``
+part's ``state`` of their parameters (by name) and, in the shard of its first stage, its own entry of the ``probe``
+part; a rank holding several stages (``[pipeline] virtual`` = v > 1, stage ``s`` on rank ``s % K``) writes one shard
+for each, ``K * v`` in all, so a shard is one stage's whatever v is and one stage per rank writes what it wrote
+before virtual stages. Rank 0 then writes the main file: every other part (the optimizer's ``param_groups`` too)
+and the shard table (each shard's file and SHA-256, which shard holds each model key, and which keeps each rank's
+probe outputs). No rank receives another stage's weights or optimizer state.
 
 Files in ``[checkpoint] dir`` (shared by every rank that writes a shard)::
 
@@ -43,7 +45,8 @@ starts afresh over checkpoints; ``resume = 'never'`` does). A directory holding 
 refused before any process starts.
 
 A run resumes into the same world size or a different one, and any layout: the layout's pipeline length must
-divide the new world size; the replica count follows, the sampler re-shards from its saved position, and each rank
+divide the new world size; the replica count follows, the stages per rank follow the config (the saved layout
+re-cut, :func:`.snapshot.position`), the sampler re-shards from its saved position, and each rank
 reads from the shards (memory-mapped) only the weights it holds and the optimizer state of the parameters it owns
 (and replica 0's ranks their stage's probe outputs, the probe's baseline: the next drift measured is the
 uninterrupted run's; an older checkpoint without them takes the baseline from its weights). The parts are loaded
@@ -77,16 +80,23 @@ from elastic_pipe.orchestrator.persist.files import (
 from elastic_pipe.orchestrator.persist.loads import candidates, check_compatible, fingerprint, load_verified
 from elastic_pipe.orchestrator.persist.parts import Stateful, check_parts, entries
 from elastic_pipe.orchestrator.persist.shards import verify_shards
-from elastic_pipe.orchestrator.transition import held_sublayers
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.state import RunState
+    from elastic_pipe.types import Layout
 
 __all__ = ["Checkpointer", "Found"]
 
 log = logging.getLogger(__name__)
+
+
+def _stage_sublayers(layout: Layout, stage: int) -> tuple[int, ...]:
+    """The sub-layers whose weights stage ``stage``'s shard keeps: the stage's own, after the frozen prefix on stage
+    0 (whose rank holds it)."""
+    own = range(layout.boundaries[stage], layout.boundaries[stage + 1])
+    return (*range(layout.frozen), *own) if stage == 0 else tuple(own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +170,8 @@ class Checkpointer:
 
     def save(self, position: RunState, *, steps_done: int | None = None) -> Path:
         """Write a checkpoint of every part (a collective: each part's state is taken on every rank - a part's
-        ``state_dict`` may be a collective, and may refuse - then replica 0 of each stage writes its shard, rank 0
-        the main file).
+        ``state_dict`` may be a collective, and may refuse - then replica 0's ranks write the shards of their stages,
+        rank 0 the main file).
 
         Args:
             position: where the run stands (the file's name, the layout that says who writes which shard): at an
@@ -174,39 +184,38 @@ class Checkpointer:
         name = f"epoch-{epoch:04d}.pt" if steps_done is None else f"epoch-{epoch:04d}-step-{steps_done:06d}.pt"
         path = self.directory / name
         layout = position.layout
-        plan = ctx.plan(layout)
-        writers = plan.pipeline_groups[0]  # replica 0's ranks, stage by stage: replicas hold the same bits
+        writers = ctx.plan(layout).pipeline_groups[0]  # replica 0's ranks, by position: replicas hold the same bits
+        placement = layout.placement()
+        stages = range(layout.num_stages)
+        files = [shard_name(name, s) for s in stages]
+        stage_keys = [[k for j in _stage_sublayers(layout, s) for k in ctx.sublayer_keys[j]] for s in stages]
         if ctx.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
             remove_leftovers(self.directory)
         dist.barrier(group=ctx.groups.control_group)
         if ctx.rank in writers:
-            s = writers.index(ctx.rank)
-            shard: dict[str, object] = {}
-            if "model" in state:
-                shard["model"] = state["model"]
-            if "optimizer" in state:
-                shard["optimizer"] = {"state": state["optimizer"]["state"]}
-            if "probe" in state:  # a probe-driven policy's baseline: the outputs of the units ending on this stage
-                shard["probe"] = state["probe"][str(s)]
-            write_shard(self.directory, shard_name(name, s), shard)
+            p = writers.index(ctx.rank)
+            for s in placement.stages_of(p):  # one shard per stage this rank holds
+                mine = set(stage_keys[s])
+                shard: dict[str, object] = {}
+                if "model" in state:
+                    shard["model"] = {k: t for k, t in state["model"].items() if k in mine}
+                if "optimizer" in state:
+                    shard["optimizer"] = {"state": {n: v for n, v in state["optimizer"]["state"].items() if n in mine}}
+                if "probe" in state and s == p:  # the outputs of the units ending on this rank, in its first stage's
+                    shard["probe"] = state["probe"][str(p)]
+                write_shard(self.directory, files[s], shard)
         dist.barrier(group=ctx.groups.control_group)
         if ctx.rank == 0:
-            files = [shard_name(name, s) for s in range(layout.pipe_len)]
-            index = {
-                k: files[s]
-                for s, rank in enumerate(writers)
-                for j in held_sublayers(layout, plan, rank)
-                for k in ctx.sublayer_keys[j]
-            }
+            index = {k: files[s] for s in stages for k in stage_keys[s]}
             main = {k: v for k, v in state.items() if k not in ("model", "probe")}
             if "optimizer" in state:
                 main["optimizer"] = {"param_groups": state["optimizer"]["param_groups"]}
             # each shard's SHA-256 (from its fresh manifest): a shard later swapped together with its manifest no
             # longer matches the main file, and the resume falls back
             main["shards"] = {"files": files, "index": index, "sha256": shard_digests(self.directory, files)}
-            if "probe" in state:  # which shard keeps each stage's probe outputs
-                main["probe"] = {str(s): files[s] for s in range(layout.pipe_len)}
+            if "probe" in state:  # which shard keeps each position's probe outputs: its first stage's
+                main["probe"] = {str(p): files[p] for p in range(layout.pipe_len)}
             main["keys"] = [k for keys in ctx.sublayer_keys for k in keys]
             meta: Latest = {"epoch": epoch, "step": position.step, "fingerprint": fingerprint(ctx.model)}
             meta["config"] = self.given.to_dict()  # what a resume compares its config with (.rerun)

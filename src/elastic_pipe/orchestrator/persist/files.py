@@ -7,9 +7,10 @@ A checkpoint is ``epoch-EEEE[-step-SSSSSS].pt`` (``torch.save`` of tensors and p
 only names, writes and prunes the files (:mod:`.loads` reads them back, :mod:`.shards` reads the shards).
 
 A sharded checkpoint adds one shard per pipeline stage, ``epoch-EEEE[-step-SSSSSS].stage-NNNN.shard`` (the stage's
-weights and optimizer state, written by the rank that runs it) with its own manifest; the main file then holds
+weights and optimizer state, written by the rank that runs it: v shards by a rank holding v stages) with its own
+manifest; the main file then holds
 everything else and a ``shards`` table (the shard files and which shard holds each model key; with a probe-driven
-freeze policy also a ``probe`` table: which shard keeps each stage's probe outputs) and each shard's SHA-256 as
+freeze policy also a ``probe`` table: which shard keeps each rank's probe outputs) and each shard's SHA-256 as
 its writer recorded it (:func:`shard_digests`).
 """
 

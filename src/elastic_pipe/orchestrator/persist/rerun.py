@@ -6,15 +6,17 @@ resume may change only how the run is carried out, not what it computes:
 
 * ``[train] epochs`` and ``[train] max_steps`` (to continue a run further),
 * ``[pipeline] pipe_len`` (only the initial layout: a resumed run continues the checkpoint's, and another world size
-  may need another initial length), ``[data] workers`` and ``check``, ``[train] compile`` and ``cuda_graphs`` (how
-  the same computation is carried out),
+  may need another initial length), ``[pipeline] virtual`` and ``schedule`` (the resumed layout takes this run's
+  stages per rank: the checkpoint's layout, its active sub-layers cut into v stages per rank; a schedule that runs
+  that v), ``[data] workers`` and ``check``, ``[train] compile`` and ``cuda_graphs`` (how the same computation is
+  carried out),
 * every key of ``[log]``, ``[launch]`` (the world size, restarts, endpoints) and ``[checkpoint]``.
 
 Any other difference is refused with one line listing the differing keys, unless ``[checkpoint]
 allow_config_change`` (``elastic-pipe train --allow-config-change``) is set; then the run continues with the new
 config and its ``resume`` record in ``events.jsonl`` lists the changes. Checkpoints written before the config was
 kept are not compared; a key added to the config after a checkpoint was written counts as unchanged while this
-run leaves it at its default (``[pipeline] virtual = 1`` resumes a checkpoint that predates the key).
+run leaves it at its default.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ __all__ = [
 
 #: Keys a resume may change (besides whole :data:`RESUMABLE_SECTIONS`): how far the run goes, the initial pipeline
 #: length (a resumed run continues the checkpoint's layout; another world size may need another initial length),
-#: and how the same computation is carried out (data loading, compilation).
+#: the stages per rank and the schedule (the checkpoint's layout is re-cut to this run's v,
+#: :func:`.snapshot.position`), and how the same computation is carried out (data loading, compilation).
 RESUMABLE_KEYS = (
     "train.epochs",
     "train.max_steps",
     "pipeline.pipe_len",
+    "pipeline.virtual",
+    "pipeline.schedule",
     "data.workers",
     "data.check",
     "train.compile",
@@ -129,8 +134,9 @@ def check_config(meta: Mapping[str, object] | None, config: TrainConfig) -> dict
         raise ConfigError(
             f"the config differs from the checkpoint's in {', '.join(changes)} ({describe(changes)}); a resume may "
             "change only train.epochs, train.max_steps, [log], [launch], [checkpoint] and how the run is carried out "
-            "(pipeline.pipe_len, data.workers, train.compile, ...): pass --allow-config-change ([checkpoint] "
-            "allow_config_change = true) to continue with it, or --resume never to start afresh"
+            "(pipeline.pipe_len, pipeline.virtual, pipeline.schedule, data.workers, train.compile, ...): pass "
+            "--allow-config-change ([checkpoint] allow_config_change = true) to continue with it, or --resume never "
+            "to start afresh"
         )
     return changes
 

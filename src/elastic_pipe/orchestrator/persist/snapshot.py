@@ -4,18 +4,21 @@ Each rank saves the weights of the sub-layers it holds (:class:`Weights`, the ``
 state of the parameters it owns, by name (:class:`OptimizerShare`, the ``optimizer`` part); a checkpoint
 (:mod:`.checkpoint`) writes one such share per stage. Loading takes from a saved state - one whole state, or
 shards read on demand (:class:`~elastic_pipe.orchestrator.persist.shards.ShardedCheckpoint`) - only what this rank
-holds in the saved layout, whatever layout or world size wrote it: the position (:func:`position`, loaded first)
-says which layout that is. :class:`RngState` and :class:`InferenceRecord` are the ``rng`` and ``inference`` parts.
+holds in the resumed layout, whatever layout or world size wrote it: the position (:func:`position`, loaded first)
+says which layout that is - the saved one, its active sub-layers re-cut when the config's stages per rank differ
+(a probe-driven policy's kept outputs are regrouped by rank then, :func:`regroup_probe`). :class:`RngState` and
+:class:`InferenceRecord` are the ``rng`` and ``inference`` parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from elastic_pipe import freeze
+from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.persist.exported import inference_record
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.state import RunStateRecord
     from elastic_pipe.types import Layout
 
-__all__ = ["InferenceRecord", "OptimizerShare", "RngState", "Weights", "full_model", "position"]
+__all__ = ["InferenceRecord", "OptimizerShare", "RngState", "Weights", "full_model", "position", "regroup_probe"]
 
 
 def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
@@ -34,10 +37,14 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
 
 
 def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
-    """A saved position (:meth:`RunState.to_dict`) on this world size.
+    """A saved position (:meth:`RunState.to_dict`) on this world size, with this run's ``[pipeline] virtual``
+    stages per rank: the saved layout (its frozen prefix, its ranks) is continued, its active sub-layers cut into
+    the config's v stages per rank when the checkpoint's v differs (:func:`.layout_rule.with_virtual`); the
+    weights and the optimizer state, loaded after it, are placed by that layout.
 
     Raises:
-        OrchestratorError: the saved pipeline length cannot run on this world size.
+        OrchestratorError: the saved pipeline length cannot run on this world size, or its active sub-layers
+            cannot fill the config's v stages per rank.
     """
     pipe_len = int(saved["layout"]["pipe_len"])
     if ctx.world_size % pipe_len or pipe_len not in ctx.groups.pipe_lens:
@@ -45,7 +52,38 @@ def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
             f"the checkpoint's pipeline length {pipe_len} cannot run on {ctx.world_size} processes "
             f"(possible lengths: {list(ctx.groups.pipe_lens)})"
         )
-    return RunState.from_dict(saved, ctx.world_size)
+    state = RunState.from_dict(saved, ctx.world_size)
+    layout = layout_rule.with_virtual(
+        state.layout,
+        ctx.config.pipeline.virtual,
+        ctx.costs,
+        solver=ctx.parts.partitioner,
+        world_size=ctx.world_size,
+        microbatches_for=ctx.config.microbatches_for,
+    )
+    return state.replace(layout=layout)
+
+
+def regroup_probe(
+    saved: Mapping[str, Mapping[str, torch.Tensor]], layout: Layout, unit_ends: Sequence[int]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """A checkpoint's probe outputs (by pipeline position of the layout that saved them, :func:`.stage.probe.kept`)
+    by position of ``layout``: each position gets the units that end on one of its stages (a resume that changed
+    the stages per rank; reads every position's piece).
+
+    Args:
+        saved: by position (a string), the outputs of the units ending there, by unit (a string).
+        layout: the layout the resume enters.
+        unit_ends: where each freeze unit ends (sub-layer index, exclusive).
+    """
+    every = {u: h for piece in saved.values() for u, h in piece.items()}
+    placement = layout.placement()
+    return {
+        str(p): {
+            u: h for u, h in every.items() if any(lo < unit_ends[int(u)] <= hi for lo, hi in placement.ranges_of(p))
+        }
+        for p in range(layout.pipe_len)
+    }
 
 
 class Weights:
