@@ -19,7 +19,8 @@ from elastic_pipe.orchestrator import (
 )
 from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.layout_rule import initial_layout, max_frozen_units, next_layout
+from elastic_pipe.orchestrator.layout_rule import max_frozen_units, next_layout
+from elastic_pipe.orchestrator.layout_start import initial_layout
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from elastic_pipe import freeze, protocol
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
-from elastic_pipe.orchestrator import decision, layout_rule
+from elastic_pipe.orchestrator import decision, layout_rule, layout_start
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
@@ -46,7 +46,7 @@ def initial_state(ctx: RunContext) -> RunState:
 
     def initial() -> protocol.TransitionMessage:
         # with [pipeline] memory_budget: the shortest pipeline whose every rank fits it
-        layout, budget = layout_rule.start_layout(
+        layout, budget = layout_start.start_layout(
             ctx.costs,
             ctx.groups.pipe_lens,
             ctx.world_size,

@@ -37,7 +37,7 @@ from elastic_pipe.orchestrator.apply_transition import apply, event_for
 from elastic_pipe.orchestrator.components import components_from_config, with_decisions
 from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.epoch_record import finish_epoch
-from elastic_pipe.orchestrator.persist import Checkpointer, rerun
+from elastic_pipe.orchestrator.persist import Checkpointer, rerun, snapshot
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.step_loop import EpochRun
 from elastic_pipe.orchestrator.step_ops import decision_point
@@ -89,6 +89,17 @@ class ElasticTrainer(TrainerBase):
         """Agree on the initial layout (rank 0 partitions and broadcasts it) and build this rank's stage."""
         self.setup()
         self._enter(executor.initial_state(self.ctx), 0)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
+        its sub-layers' weights to rank 0, point to point; no other rank gathers anything).
+
+        Returns:
+            On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
+            separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks. Load it into the model
+            the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
+        """
+        return snapshot.full_model(self.ctx, self.state.layout)
 
     # -------------------------------------------------------------------------------------------------- train
     def fit(self, *, on_epoch_end: Callable[[ElasticTrainer], object] | None = None) -> RunResult:

@@ -293,14 +293,3 @@ class TrainerBase:
         if saved is not None and self._recut:
             saved = snapshot.regroup_probe(saved, self.state.layout, self.ctx.unit_ends)
         self._saved_probe = saved
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole trained model's weights, assembled on request (a collective: replica 0 of every stage sends
-        its sub-layers' weights to rank 0, point to point; no other rank gathers anything).
-
-        Returns:
-            On rank 0 the model's ``state_dict`` with every tensor on the CPU (a copy: tied tensors come out as
-            separate equal tensors, ready for ``safetensors``); ``{}`` on the other ranks. Load it into the model
-            the config builds (:func:`~elastic_pipe.orchestrator.components.build_model`).
-        """
-        return snapshot.full_model(self.ctx, self.state.layout)

@@ -38,7 +38,7 @@ from elastic_pipe.models.residency import release as release_to_meta
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers
 from elastic_pipe.orchestrator.prefix.reads import covers
 from elastic_pipe.orchestrator.prefix.shared import carry_released
-from elastic_pipe.orchestrator.transition import recv_tensors, send_tensors
+from elastic_pipe.orchestrator.state_moves import recv_tensors, send_tensors
 
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
