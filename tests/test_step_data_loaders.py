@@ -396,3 +396,53 @@ def test_loader_workers_are_forked_even_in_a_spawned_process_such_as_a_cli_rank(
     child.join(60)
     assert method == "spawn"  # the process's own default: what a loader would have used
     assert marks == [7.0, 7.0]  # yet its worker saw the reader's memory: forked
+
+
+class _Inherited:
+    """Part of an unreachable cycle: finalizing it records the pid of the process that did (one line in ``path``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.me = self
+
+    def __del__(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class _Collecting(Pids):
+    """Pids whose reads in a worker run a full garbage collection there (a worker's own GC, made certain)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.reader = os.getpid()
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        import gc
+
+        if os.getpid() != self.reader:
+            gc.collect()
+        return super().__getitem__(index)
+
+
+def test_a_loader_worker_never_collects_garbage_it_inherited(tmp_path: Path) -> None:
+    """A forked worker that collects an unreachable cycle it inherited finalizes the parent's objects in the child:
+    for a cycle holding a CUDA tensor that kills the worker (CUDA cannot be used after a fork). The workers are
+    forked with everything the reader held out of the collector's reach (``loader_pool.forking``)."""
+    import gc
+
+    marks = tmp_path / "finalized"
+    gc.disable()  # the cycle must still exist when the workers fork
+    try:
+        _Inherited(marks)  # unreachable at once: only the cycle keeps it
+        part = _split(_Collecting(8), workers=2)
+        got = [
+            b.positions.tolist()
+            for b in part.batches([[0, 1, 2, 3], [4, 5, 6, 7]], inputs=True, labels=False, device=CPU)
+        ]
+        part.close()
+    finally:
+        gc.enable()
+    gc.collect()  # here, in the reader, the cycle goes
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert marks.read_text().split() == [str(os.getpid())]  # finalized once, by the reader, never in a worker
