@@ -8,6 +8,10 @@ and freeze decisions, float64 on CPU: only the order of floating-point sums diff
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -211,3 +215,24 @@ def test_the_freeze_probe_travels_down_two_stages_per_rank() -> None:
     for mine, reference in zip(run["seen"], one["seen"], strict=True):
         assert mine == pytest.approx(reference, rel=1e-9, abs=1e-12)
     assert run["losses"] == pytest.approx(one["losses"], rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.distributed
+def test_the_cli_trains_the_example_interleaved_and_re_partitions_at_its_transitions(tmp_path: Path) -> None:
+    """``elastic-pipe train`` on the example config with ``schedule = "interleaved"`` and ``virtual = 2``
+    (docs/schedule.md gives the command): 2 gloo ranks, 4 stages, FreezeOut freezing 2 units after the first epoch;
+    the transition re-cuts the active sub-layers into K x 2 stages and the run learns."""
+    root = Path(__file__).resolve().parent.parent
+    argv = [
+        sys.executable, "-m", "elastic_pipe", "train", "--config", str(root / "examples" / "vit_digits.toml"),
+        "--epochs", "2", "--set", "pipeline.schedule=interleaved", "--set", "pipeline.virtual=2",
+        "--set", "log.progress=false", "--set", f"log.dir={tmp_path / 'log'}", "--json",
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert [(e["pipe_len"], e["frozen_units"]) for e in doc["epochs"]] == [(2, 0), (2, 2)]
+    (transition,) = doc["transitions"]
+    assert transition["frozen_units"] == 2 and len(transition["boundaries"]) == 2 * 2 + 1  # K x v stages
+    assert transition["boundaries"][0] == transition["frozen"]  # the first stage starts after the frozen prefix
+    assert doc["final_accuracy"] > 0.5  # ten classes: chance is 0.1
