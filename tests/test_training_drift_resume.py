@@ -6,12 +6,12 @@ baseline from its weights, so the first interval after the resume is shorter and
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from checkpoint_copy import copy_checkpoint
 from elastic_pipe.testing import RankContext, run_distributed
 from recording_drift import RecordingDrift
 
@@ -54,17 +54,6 @@ def _fit(directory: Path, threshold: float, max_steps: int = 0) -> dict[str, Any
     }
 
 
-def _copy_checkpoint(source: Path, target: Path, name: str) -> None:
-    """Put checkpoint ``name`` (main file, shards, manifests) of ``source`` alone in ``target`` and name it newest."""
-    target.mkdir(parents=True)
-    for part in source.glob(f"{name}.*"):
-        shutil.copy(part, target / part.name)
-    meta = json.loads((source / "latest.json").read_text())
-    main = json.loads((source / f"{name}.manifest.json").read_text())
-    meta.update(file=f"{name}.pt", epoch=main["epoch"], step=main["step"])
-    (target / "latest.json").write_text(json.dumps(meta))
-
-
 def _without_probe_outputs(directory: Path, name: str) -> None:
     """Rewrite checkpoint ``name``'s main file without its probe table, as checkpoints before it were written (the
     shards' outputs are then never read)."""
@@ -81,7 +70,7 @@ def _without_probe_outputs(directory: Path, name: str) -> None:
 
 def _copy_as_written_before(source: Path, target: Path) -> None:
     """The step checkpoint of ``source`` alone in ``target``, without its probe outputs (an older checkpoint)."""
-    _copy_checkpoint(source, target, STEP_CHECKPOINT)
+    copy_checkpoint(source, target, STEP_CHECKPOINT)
     _without_probe_outputs(target, STEP_CHECKPOINT)
 
 
@@ -110,7 +99,7 @@ def _runs(ctx: RankContext, tmp: str, threshold: float | None, stop_at: int = 0)
     out["threshold"] = threshold
     out["clean"] = _fit(root / "clean", threshold)
     if ctx.rank == 0:
-        _copy_checkpoint(root / "clean", root / "resumed", STEP_CHECKPOINT)
+        copy_checkpoint(root / "clean", root / "resumed", STEP_CHECKPOINT)
         _copy_as_written_before(root / "clean", root / "old")
     dist.barrier()
     out["resumed"] = _fit(root / "resumed", threshold)

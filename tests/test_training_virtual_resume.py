@@ -15,7 +15,6 @@ A run stopped by ``max_steps`` and continued, a torchrun job whose rank holding 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 import tiny_vit
+from checkpoint_copy import copy_checkpoint
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.layout_rule import with_virtual
 from elastic_pipe.orchestrator.persist.snapshot import regroup_probe
@@ -118,17 +118,6 @@ def _fit(directory: Path, virtual: int, max_steps: int = 0) -> dict[str, Any]:
     return {"losses": result.losses, "shapes": shapes, "eval": result.final_eval_loss, "keys": keys}
 
 
-def _copy_checkpoint(source: Path, target: Path, name: str) -> None:
-    """Put checkpoint ``name`` (main file, shards, manifests) of ``source`` alone in ``target`` and name it newest."""
-    target.mkdir(parents=True)
-    for part in source.glob(f"{name}.*"):
-        shutil.copy(part, target / part.name)
-    meta = json.loads((source / "latest.json").read_text())
-    main = json.loads((source / f"{name}.manifest.json").read_text())
-    meta.update(file=f"{name}.pt", epoch=main["epoch"], step=main["step"])
-    (target / "latest.json").write_text(json.dumps(meta))
-
-
 def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     """The uninterrupted runs, a run stopped inside epoch 1 and continued, then every resume of :data:`RESUMES`, one
     after the other in one 2-rank job, each in its own directory."""
@@ -141,7 +130,7 @@ def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     for source, name, v in RESUMES:
         target = root / f"{source}-{name}-v{v}"
         if ctx.rank == 0:
-            _copy_checkpoint(root / source, target, name)
+            copy_checkpoint(root / source, target, name)
         dist.barrier()
         out[target.name] = _fit(target, v)
     return out
@@ -297,7 +286,7 @@ def _drift_job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     out = {"clean": _drift_fit(root / "clean", 2)}
     for v in (2, 1):
         if ctx.rank == 0:
-            _copy_checkpoint(root / "clean", root / f"v{v}", DRIFT_CHECKPOINT)
+            copy_checkpoint(root / "clean", root / f"v{v}", DRIFT_CHECKPOINT)
         dist.barrier()
         out[f"v{v}"] = _drift_fit(root / f"v{v}", v)
     return out
