@@ -58,8 +58,8 @@ LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": ["query
 #: The study's MiniLM settings (benchmarks/bench_freeze_accuracy.py): batch 32, lr 5e-5, 4 epochs.
 BATCH, LR, EPOCHS = 32, 5e-5, 4
 #: The LoRA arm's rate: what benchmarks/time_to_accuracy.py's tuning chose for LoRA on the same task (BBC News,
-#: seed 0, best of 2, 5, 10 and 20 times the full rate; results/time_to_accuracy_bbc.json): at the full fine-tune's
-#: 5e-5 the adapters barely move in four epochs (34% held-out accuracy), which compares nothing.
+#: seed 0, best of 2, 5, 10 and 20 times the full rate; results/time_to_accuracy_bbc_seed0_lora_tuning.json): at
+#: the full fine-tune's 5e-5 the adapters barely move in four epochs (34% held-out accuracy), which compares nothing.
 LORA_LR = 1e-3
 EVAL_BATCH = 128
 #: The share of the training articles held out for validation (benchmarks/bench_freeze_accuracy.py's).
