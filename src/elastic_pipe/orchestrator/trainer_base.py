@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,17 @@ if TYPE_CHECKING:
     from elastic_pipe.types import Layout
 
 __all__ = ["TrainerBase"]
+
+_T = TypeVar("_T")
+_NOT_SET_UP = "the trainer is not set up: call fit(), start() or setup() first"
+
+
+def _held(part: _T | None, missing: str) -> _T:
+    """``part``, or :class:`OrchestratorError` ``missing`` while the trainer does not hold it yet."""
+    if part is None:
+        raise OrchestratorError(missing)
+    return part
+
 
 #: What a part loads from a checkpoint written before the part was kept: no partial losses, no probe outputs (a new
 #: baseline is taken from the loaded weights), no inference record (a resume never reads it).
@@ -177,30 +188,22 @@ class TrainerBase:
     @property
     def ctx(self) -> RunContext:
         """This rank's fixed facts (after :meth:`setup`)."""
-        if self._ctx is None:
-            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
-        return self._ctx
+        return _held(self._ctx, _NOT_SET_UP)
 
     @property
     def prefix(self) -> FrozenPrefix:
         """This rank's frozen prefix and its activation cache (after :meth:`setup`)."""
-        if self._prefix is None:
-            raise OrchestratorError("the trainer is not set up: call fit(), start() or setup() first")
-        return self._prefix
+        return _held(self._prefix, _NOT_SET_UP)
 
     @property
     def state(self) -> RunState:
         """Where the run stands (after :meth:`start`)."""
-        if self._state is None:
-            raise OrchestratorError("the trainer has no layout yet: call fit() or start() first")
-        return self._state
+        return _held(self._state, "the trainer has no layout yet: call fit() or start() first")
 
     @property
     def stage(self) -> StageRuntime:
         """This rank's stage in the current layout (after :meth:`start`)."""
-        if self._stage is None:
-            raise OrchestratorError("the trainer has no stage yet: call fit() or start() first")
-        return self._stage
+        return _held(self._stage, "the trainer has no stage yet: call fit() or start() first")
 
     @property
     def steps_per_epoch(self) -> int:

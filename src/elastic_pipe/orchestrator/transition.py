@@ -21,17 +21,13 @@ through files, nothing pickled) are :mod:`.state_moves`'.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Protocol
 
 from elastic_pipe.orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
     from elastic_pipe.types import Layout
 
-ParamState: TypeAlias = dict[str, Any]  #: one parameter's ``Optimizer.state`` (untyped in torch): tensors, numbers
-Group: TypeAlias = "dist.ProcessGroup | None"  #: a process group to send over (``None``: the default group)
 __all__ = ["RankLayout", "Transfer", "changed_ranks", "held_sublayers", "owned_sublayers", "plan_transfers"]
 
 
