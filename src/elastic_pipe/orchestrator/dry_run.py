@@ -22,6 +22,7 @@ from elastic_pipe.orchestrator.layout_rule import (
     next_layout,
 )
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
@@ -66,6 +67,7 @@ def _every_n_steps(
     costs = sublayer_costs(parts.model)
     unit_ends = tuple(parts.model.unit_ends)
     memory = memory_budget(config, parts.model)
+    virtual = virtual_rule(config.pipeline.virtual, parts.schedule)
     layout, budget = planned_start(config, parts)
     total = config.train.epochs * steps
     if config.train.max_steps:
@@ -86,7 +88,7 @@ def _every_n_steps(
             num_sublayers=len(costs),
             pipe_len=layout.pipe_len,
             compression=parts.compression,
-            virtual=layout.virtual,
+            virtual=virtual,
         )
         new = next_layout(
             layout,
@@ -98,6 +100,7 @@ def _every_n_steps(
             world_size=config.world_size,
             microbatches_for=config.microbatches_for,
             memory=memory,
+            virtual=virtual,
         )
         points.append(
             {"step": step, "epoch": epoch, "epoch_step": inside, "changed": new != layout, **_row(units, new)}
@@ -149,6 +152,6 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, object]]:
             microbatches_for=config.microbatches_for,
             pipe_lens=candidate_pipe_lens(config),
             memory=memory_budget(config, parts.model),
-            virtual=config.pipeline.virtual,
+            virtual=virtual_rule(config.pipeline.virtual, parts.schedule),
         )
     return [{"epoch": epoch, **_row(units, layout)} for epoch, (units, layout) in enumerate(sequence)]

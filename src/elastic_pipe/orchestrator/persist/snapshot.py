@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.persist.exported import inference_record
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
@@ -55,7 +56,7 @@ def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     state = RunState.from_dict(saved, ctx.world_size)
     layout = layout_rule.with_virtual(
         state.layout,
-        ctx.config.pipeline.virtual,
+        virtual_rule(ctx.config.pipeline.virtual, ctx.parts.schedule),
         ctx.costs,
         solver=ctx.parts.partitioner,
         world_size=ctx.world_size,
