@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from elastic_pipe import partition as part
 from elastic_pipe import schedule as sched
-from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.compression import Solver
@@ -66,8 +65,8 @@ class AutoVirtual:
 
     @property
     def fewest(self) -> int:
-        """The smallest v the schedule runs (what the freeze cap must leave room for)."""
-        return next(v for v in range(1, self.most + 1) if _runs(self.schedule, 1, 1, v))
+        """The smallest v the schedule runs (what the freeze cap must leave room for); 1 when it runs none."""
+        return next((v for v in range(1, self.most + 1) if _runs(self.schedule, 1, 1, v)), 1)
 
     def choose(self, active: Sequence[float], pipe_len: int, microbatches: int, solver: Solver) -> int:
         """:func:`choose_virtual` with this setting."""
@@ -84,12 +83,9 @@ def stages_per_rank(
 
 
 def virtual_rule(value: int | str, schedule: str) -> int | AutoVirtual:
-    """``[pipeline] virtual`` as the layout rule takes it: a fixed v, or :class:`AutoVirtual` for ``"auto"``."""
-    if value == "auto":
-        return AutoVirtual(schedule)
-    if not isinstance(value, int):
-        raise ConfigError(f"pipeline.virtual must be an integer >= 1 or 'auto', got {value!r}")
-    return value
+    """``[pipeline] virtual`` (checked by the config: an int, or the string ``"auto"``) as the layout rule takes
+    it: a fixed v, or :class:`AutoVirtual` for ``schedule``."""
+    return value if isinstance(value, int) else AutoVirtual(schedule)
 
 
 def virtual_steps(
@@ -133,7 +129,8 @@ def choose_virtual(
     """The v with the smallest simulated step (:func:`virtual_steps`), the smaller v on a tie.
 
     When no v leaves every one of ``pipe_len * v`` stages a sub-layer, the smallest v the schedule runs (the
-    layout rule then shortens the pipeline, as for a fixed v).
+    layout rule then shortens the pipeline, as for a fixed v; a schedule that runs none is refused before the run
+    starts, ``check_runnable_schedule``).
 
     Args:
         active: the active sub-layers' costs, in order.
@@ -143,17 +140,11 @@ def choose_virtual(
         solver: the partition solver.
         most: the largest v tried.
         hop_share: the per-hop cost as a share of the mean active sub-layer's cost.
-
-    Raises:
-        OrchestratorError: the schedule runs no v up to ``most`` at this K and micro-batch count.
     """
     steps = virtual_steps(active, pipe_len, microbatches, schedule, solver=solver, most=most, hop_share=hop_share)
     if steps:
         return min(steps, key=lambda v: (steps[v].makespan, v))
-    fallback = [v for v in range(1, most + 1) if _runs(schedule, 1, 1, v)]
-    if not fallback:
-        raise OrchestratorError(f"schedule {schedule!r} runs no v from 1 to {most} stages per rank")
-    return fallback[0]
+    return AutoVirtual(schedule, most).fewest
 
 
 def _runs(schedule: str, pipe_len: int, microbatches: int, v: int) -> bool:
