@@ -342,12 +342,11 @@ def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> l
     parts = components_from_config(config)
     device = next(parts.model.parameters()).device
     costs = model_costs(parts.model, _example(parts.data).to(device), cluster.gpu)
-    v = config.pipeline.virtual
     rows: list[dict[str, Any]] = planned_epochs(config)
     out = []
     for row in rows:
-        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches")
-        frozen, pipe_len, replicas, boundaries, microbatches = (row[k] for k in keys)
+        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches", "virtual")
+        frozen, pipe_len, replicas, boundaries, microbatches, v = (row[k] for k in keys)
         layout = Layout(frozen, pipe_len, replicas, tuple(boundaries), microbatches, virtual=v)
         step = predict_layout(
             costs,
@@ -372,7 +371,7 @@ def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> l
                 "host": b.host,
             },
         }
-        out.append({**row, "virtual": v, "predicted": predicted})
+        out.append({**row, "predicted": predicted})
     return out
 
 
@@ -400,8 +399,9 @@ def run_config(args: argparse.Namespace) -> int:
     epochs = predict_config(config, cluster)
     p = config.pipeline
     doc: dict[str, Any] = {"config": args.config, "schedule": p.schedule, "virtual": p.virtual, "epochs": epochs}
+    per_rank = "chosen per layout by the layout rule" if p.virtual == "auto" else "stage(s) per rank"
     text = (
-        f"schedule {p.schedule}, v = {p.virtual} stage(s) per rank; steps predicted on {cluster.gpus} GPUs "
+        f"schedule {p.schedule}, v = {p.virtual} {per_rank}; steps predicted on {cluster.gpus} GPUs "
         f"({args.gpu_tflops:g} TFLOP/s, {args.host_overhead_ms:g} ms host per block and pass; sub-layers priced "
         "by their FLOPs)\n" + render_layouts(epochs)
     )

@@ -39,6 +39,7 @@ def _row(units: int, layout: Layout) -> dict[str, object]:
         "replicas": layout.replicas,
         "boundaries": list(layout.boundaries),
         "microbatches": layout.microbatches,
+        "virtual": layout.virtual,
     }
 
 
@@ -114,9 +115,9 @@ def _every_n_steps(
 
 def planned_decisions(config: TrainConfig) -> list[dict[str, object]]:
     """Per decision point of ``[freeze] decide_every = N`` (empty when it is 0): ``{"step", "epoch", "epoch_step",
-    "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}`` - the run's step
-    count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and the layout
-    after the decision.
+    "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches", "virtual"}`` - the
+    run's step count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and
+    the layout after the decision.
 
     Raises:
         ConfigError: as :func:`planned_epochs`.
@@ -128,7 +129,8 @@ def planned_decisions(config: TrainConfig) -> list[dict[str, object]]:
 
 
 def planned_epochs(config: TrainConfig) -> list[dict[str, object]]:
-    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}``, the
+    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches",
+    "virtual"}`` (``virtual``: the layout's stages per rank, the rule's choice under ``"auto"``), the
     layout of the epoch's last step (with a decision point after every epoch, the layout of the whole epoch).
 
     Raises:
