@@ -99,7 +99,8 @@ def virtual_steps(
     hop_share: float = HOP_SHARE,
 ) -> dict[int, sched.Simulation]:
     """Per candidate v (see the module docstring), the simulated step of ``active`` cut into ``pipe_len * v``
-    stages; empty when no v from 1 to ``most`` both runs under ``schedule`` and leaves every stage a sub-layer."""
+    stages; empty when no v from 1 to ``most`` both runs under ``schedule`` and leaves every stage a sub-layer.
+    A v the solver refuses to cut (the published greedy rule can leave a stage empty) is no candidate."""
     hop = hop_share * math.fsum(active) / len(active) if active else 0.0
     out: dict[int, sched.Simulation] = {}
     for v in range(1, most + 1):
@@ -107,9 +108,9 @@ def virtual_steps(
             continue
         try:
             plan = sched.generate(schedule, pipe_len, microbatches, v)
-        except sched.ScheduleError:
-            continue  # the schedule does not run this v
-        stages = part.solve(list(active), pipe_len * v, solver)
+            stages = part.solve(list(active), pipe_len * v, solver)
+        except (sched.ScheduleError, part.PartitionError):
+            continue  # the schedule does not run this v, or the solver cannot cut this many stages
         forward = [math.fsum(active[lo:hi]) for lo, hi in zip(stages.boundaries, stages.boundaries[1:], strict=False)]
         backward = [BACKWARD_PER_FORWARD * f for f in forward]
         out[v] = sched.simulate(plan, forward, backward, transfer=hop, overhead=hop)
