@@ -143,8 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--schedule", default="1f1b", choices=sorted(GENERATORS), help="pipeline schedule")
     job.add_argument(
         "--virtual",
-        type=int,
-        help="stages per rank v (default: 2 for interleaved, else 1; 1f1b and zb1p take 1, gpipe 1 or more)",
+        type=_virtual,
+        help="stages per rank v (default: 2 for interleaved, else 1; 1f1b and zb1p take 1, gpipe 1 or more), or "
+        "'auto': each epoch plans the fastest v the schedule runs and lists the others' step and bubble",
     )
     job.add_argument("--microbatches", type=int, help="fixed micro-batches per step (default: tuned in [K, 6K])")
     job.add_argument("--no-cache", action="store_true", help="recompute the frozen prefix instead of caching it")
@@ -294,6 +295,16 @@ def build(args: argparse.Namespace) -> Plan:
 
 #: What to check when the planner's arithmetic overflows.
 _EXTREME = "use realistic values for the rates, times and sizes (e.g. --host-overhead-ms 1e308 or --intra-bw 1e-308)"
+
+
+def _virtual(text: str) -> int | str:
+    """``--virtual``: a stage count, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a stage count or 'auto', got {text!r}") from None
 
 
 def render_layouts(epochs: list[dict[str, Any]]) -> str:
