@@ -22,6 +22,18 @@ from elastic_pipe.orchestrator.virtual_choice import (
     virtual_rule,
     virtual_steps,
 )
+from elastic_pipe.planner import (
+    ClusterSpec,
+    GpuSpec,
+    JobSpec,
+    Plan,
+    PlannerError,
+    SubLayerCost,
+    format_table,
+    make_plan,
+    plan_to_dict,
+)
+from elastic_pipe.planner.job import MAX_AUTO_VIRTUAL as PLANNER_MAX_AUTO_VIRTUAL
 from elastic_pipe.types import Layout
 
 TINY = {"name": "vit", "options": {"preset": "vit-tiny", "depth": 2, "dim": 16, "heads": 2, "mlp_dim": 32}}
@@ -205,3 +217,84 @@ def test_plan_config_prints_the_v_the_rule_chose_per_layout(tmp_path: Path, caps
     assert text.startswith("schedule gpipe, v = auto chosen per layout by the layout rule;")
     rows = [line.split() for line in text.splitlines()[2:4]]
     assert [(r[3], r[4]) for r in rows] == [("2", "3"), ("1", "1")]  # the K and v columns
+
+
+# --- the planner: JobSpec(virtual="auto"), elastic-pipe plan --virtual auto ---------------------------------------
+
+NO_FIXED_COSTS = GpuSpec(
+    host_overhead=0.0, data_overhead=0.0, pass_overhead=0.0, optimizer_overhead=0.0, optimizer_sublayer_overhead=0.0
+)
+
+
+def _uniform(n: int, *, hop_latency: float = 0.0) -> Plan:
+    costs = [
+        SubLayerCost(
+            f"l{i}",
+            unit=i if i < n - 1 else None,
+            params=0,
+            forward=1e-3,
+            backward=2e-3,
+            frozen_forward=1e-3,
+            output_bytes=0.0,
+            stored_bytes=0.0,
+        )
+        for i in range(n)
+    ]
+    job = JobSpec(64, 1, 10, frozen=(0,), pipe_len=4, microbatches=4, schedule="gpipe", virtual="auto")
+    return make_plan(costs, ClusterSpec(4, gpu=NO_FIXED_COSTS, p2p_latency=hop_latency), job, model="uniform")
+
+
+def test_an_auto_job_tries_the_v_its_schedule_runs() -> None:
+    assert JobSpec(8, 1, 1, schedule="gpipe", virtual="auto").virtual_candidates == (1, 2, 3, 4)
+    assert JobSpec(8, 1, 1, schedule="interleaved", virtual="auto").virtual_candidates == (2, 3, 4)
+    assert JobSpec(8, 1, 1, schedule="zb1p", virtual="auto").virtual_candidates == (1,)
+    assert JobSpec(8, 1, 1, schedule="interleaved", virtual="auto").chunks == 2  # the layout search's v
+    assert PLANNER_MAX_AUTO_VIRTUAL == MAX_AUTO_VIRTUAL  # the planner tries what the training run's rule tries
+    with pytest.raises(PlannerError, match=r"JobSpec\.virtual must be an int"):
+        JobSpec(8, 1, 1, virtual="many")
+
+
+def test_the_plan_chooses_the_fastest_v_and_reports_the_others() -> None:
+    plan = _uniform(16)
+    (epoch,) = plan.epochs
+    options = {p.chunks: p for p in epoch.virtual_options}
+    assert sorted(options) == [1, 2, 3, 4] and epoch.interleaved is None
+    # equal stages and no per-pass cost: the bubble alone decides, and 4 stages per rank leave the least
+    assert epoch.virtual == 4 and epoch.step.step_time == min(p.step_time for p in options.values())
+    assert options[4].breakdown.bubble < options[2].breakdown.bubble < options[1].breakdown.bubble
+    doc = plan_to_dict(plan)["epochs"][0]
+    assert [(o["virtual"], o["chosen"]) for o in doc["virtual_options"]] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, True),
+    ]
+    assert doc["virtual_options"][0]["step_time"] == options[1].step_time
+    table = format_table(plan)
+    assert "[v=1: " in table and "v=4: " not in table.split("virtual = auto")[0].split("[", 1)[1]
+    assert "virtual = auto: v is the fastest of 1, 2, 3, 4" in table
+
+
+def test_a_per_hop_latency_that_dominates_keeps_one_stage_per_rank() -> None:
+    (epoch,) = _uniform(16, hop_latency=0.05).epochs
+    assert epoch.virtual == 1
+    assert all(p.step_time > epoch.step.step_time for p in epoch.virtual_options if p.chunks != 1)
+
+
+def test_plan_virtual_auto_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["plan", "--model", "vit-b16", "--gpus", "8", "--epochs", "2", "--pipe-len", "4", "--schedule", "gpipe"]
+    assert main([*base, "--virtual", "auto", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["job"]["virtual"] == "auto"
+    first = doc["epochs"][0]
+    assert [o["virtual"] for o in first["virtual_options"]] == [1, 2, 3, 4]
+    (chosen,) = [o for o in first["virtual_options"] if o["chosen"]]
+    assert chosen["virtual"] == first["virtual"] and chosen["step_time"] == first["step_time"]
+    assert first["step_time"] == min(o["step_time"] for o in first["virtual_options"] if o["fits"])
+    assert main([*base, "--virtual", "auto"]) == 0
+    assert "virtual = auto: v is the fastest of 1, 2, 3, 4" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:  # argparse's own type check: one line, exit 2
+        main([*base, "--virtual", "lots"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected a stage count or 'auto', got 'lots'" in err
