@@ -78,7 +78,8 @@ def next_layout(
             not, the shortest longer divisor of the current length that fits is taken; when none does, the
             current layout stays (the freeze waits for a later decision point).
         virtual: the new layout's stages per rank: fixed, or :class:`~.virtual_choice.AutoVirtual` (chosen for
-            the rule's length and the active sub-layers); ``None`` keeps ``current``'s.
+            the compression rule's length and the active sub-layers, and kept by the memory budget's longer
+            lengths); ``None`` keeps ``current``'s.
 
     Raises:
         OrchestratorError: if the compressed length does not divide the world size.
