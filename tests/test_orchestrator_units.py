@@ -345,6 +345,7 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
         "prefix_released_bytes": 0,
         "cache_entries": 120,
         "cache_bytes": 120 * 64,
+        "virtual": 1,
     }
     assert stream.getvalue() == (
         "transition before epoch 3: frozen 2 units, K=2 R=2, boundaries [5, 9, 14], 1.00 MB moved, cache off, 0.250 s\n"

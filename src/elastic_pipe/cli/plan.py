@@ -143,8 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--schedule", default="1f1b", choices=sorted(GENERATORS), help="pipeline schedule")
     job.add_argument(
         "--virtual",
-        type=int,
-        help="stages per rank v (default: 2 for interleaved, else 1; 1f1b and zb1p take 1, gpipe 1 or more)",
+        type=_virtual,
+        help="stages per rank v (default: 2 for interleaved, else 1; 1f1b and zb1p take 1, gpipe 1 or more), or "
+        "'auto': each epoch plans the fastest v the schedule runs and lists the others' step and bubble",
     )
     job.add_argument("--microbatches", type=int, help="fixed micro-batches per step (default: tuned in [K, 6K])")
     job.add_argument("--no-cache", action="store_true", help="recompute the frozen prefix instead of caching it")
@@ -296,6 +297,16 @@ def build(args: argparse.Namespace) -> Plan:
 _EXTREME = "use realistic values for the rates, times and sizes (e.g. --host-overhead-ms 1e308 or --intra-bw 1e-308)"
 
 
+def _virtual(text: str) -> int | str:
+    """``--virtual``: a stage count, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a stage count or 'auto', got {text!r}") from None
+
+
 def render_layouts(epochs: list[dict[str, Any]]) -> str:
     """The table of a training config's per-epoch layouts, each with its predicted step and bubble."""
     lines = ["epoch  frozen units  frozen sub-layers  K  v  R  M  step ms  bubble  boundaries"]
@@ -342,12 +353,11 @@ def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> l
     parts = components_from_config(config)
     device = next(parts.model.parameters()).device
     costs = model_costs(parts.model, _example(parts.data).to(device), cluster.gpu)
-    v = config.pipeline.virtual
     rows: list[dict[str, Any]] = planned_epochs(config)
     out = []
     for row in rows:
-        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches")
-        frozen, pipe_len, replicas, boundaries, microbatches = (row[k] for k in keys)
+        keys = ("frozen", "pipe_len", "replicas", "boundaries", "microbatches", "virtual")
+        frozen, pipe_len, replicas, boundaries, microbatches, v = (row[k] for k in keys)
         layout = Layout(frozen, pipe_len, replicas, tuple(boundaries), microbatches, virtual=v)
         step = predict_layout(
             costs,
@@ -372,7 +382,7 @@ def predict_config(config: TrainConfig, cluster: ClusterSpec | None = None) -> l
                 "host": b.host,
             },
         }
-        out.append({**row, "virtual": v, "predicted": predicted})
+        out.append({**row, "predicted": predicted})
     return out
 
 
@@ -400,8 +410,9 @@ def run_config(args: argparse.Namespace) -> int:
     epochs = predict_config(config, cluster)
     p = config.pipeline
     doc: dict[str, Any] = {"config": args.config, "schedule": p.schedule, "virtual": p.virtual, "epochs": epochs}
+    per_rank = "chosen per layout by the layout rule" if p.virtual == "auto" else "stage(s) per rank"
     text = (
-        f"schedule {p.schedule}, v = {p.virtual} stage(s) per rank; steps predicted on {cluster.gpus} GPUs "
+        f"schedule {p.schedule}, v = {p.virtual} {per_rank}; steps predicted on {cluster.gpus} GPUs "
         f"({args.gpu_tflops:g} TFLOP/s, {args.host_overhead_ms:g} ms host per block and pass; sub-layers priced "
         "by their FLOPs)\n" + render_layouts(epochs)
     )

@@ -124,4 +124,5 @@ def event_for(
         epoch_step=epoch_step,
         cache_entries=applied.prefix.cache_entries,
         cache_bytes=applied.prefix.cache_bytes,
+        virtual=layout.virtual,
     )

@@ -22,6 +22,7 @@ from elastic_pipe.orchestrator.layout_rule import (
     next_layout,
 )
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig
@@ -38,6 +39,7 @@ def _row(units: int, layout: Layout) -> dict[str, object]:
         "replicas": layout.replicas,
         "boundaries": list(layout.boundaries),
         "microbatches": layout.microbatches,
+        "virtual": layout.virtual,
     }
 
 
@@ -66,6 +68,7 @@ def _every_n_steps(
     costs = sublayer_costs(parts.model)
     unit_ends = tuple(parts.model.unit_ends)
     memory = memory_budget(config, parts.model)
+    virtual = virtual_rule(config.pipeline.virtual, parts.schedule)
     layout, budget = planned_start(config, parts)
     total = config.train.epochs * steps
     if config.train.max_steps:
@@ -86,7 +89,7 @@ def _every_n_steps(
             num_sublayers=len(costs),
             pipe_len=layout.pipe_len,
             compression=parts.compression,
-            virtual=layout.virtual,
+            virtual=virtual,
         )
         new = next_layout(
             layout,
@@ -98,6 +101,7 @@ def _every_n_steps(
             world_size=config.world_size,
             microbatches_for=config.microbatches_for,
             memory=memory,
+            virtual=virtual,
         )
         points.append(
             {"step": step, "epoch": epoch, "epoch_step": inside, "changed": new != layout, **_row(units, new)}
@@ -111,9 +115,9 @@ def _every_n_steps(
 
 def planned_decisions(config: TrainConfig) -> list[dict[str, object]]:
     """Per decision point of ``[freeze] decide_every = N`` (empty when it is 0): ``{"step", "epoch", "epoch_step",
-    "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}`` - the run's step
-    count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and the layout
-    after the decision.
+    "changed", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches", "virtual"}`` - the
+    run's step count, the epoch the next step belongs to and the steps of it done, whether the layout changed, and
+    the layout after the decision.
 
     Raises:
         ConfigError: as :func:`planned_epochs`.
@@ -125,7 +129,8 @@ def planned_decisions(config: TrainConfig) -> list[dict[str, object]]:
 
 
 def planned_epochs(config: TrainConfig) -> list[dict[str, object]]:
-    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches"}``, the
+    """Per epoch: ``{"epoch", "frozen_units", "frozen", "pipe_len", "replicas", "boundaries", "microbatches",
+    "virtual"}`` (``virtual``: the layout's stages per rank, the rule's choice under ``"auto"``), the
     layout of the epoch's last step (with a decision point after every epoch, the layout of the whole epoch).
 
     Raises:
@@ -149,6 +154,6 @@ def planned_epochs(config: TrainConfig) -> list[dict[str, object]]:
             microbatches_for=config.microbatches_for,
             pipe_lens=candidate_pipe_lens(config),
             memory=memory_budget(config, parts.model),
-            virtual=config.pipeline.virtual,
+            virtual=virtual_rule(config.pipeline.virtual, parts.schedule),
         )
     return [{"epoch": epoch, **_row(units, layout)} for epoch, (units, layout) in enumerate(sequence)]

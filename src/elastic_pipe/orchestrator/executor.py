@@ -31,6 +31,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import changed_ranks
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
@@ -53,7 +54,7 @@ def initial_state(ctx: RunContext) -> RunState:
             solver=ctx.parts.partitioner,
             microbatches_for=c.microbatches_for,
             memory=ctx.memory,
-            virtual=c.pipeline.virtual,
+            virtual=virtual_rule(c.pipeline.virtual, ctx.parts.schedule),
         )
         return decision.message_for(layout, epoch=0, step=0, budget=budget, changed=())
 
@@ -142,6 +143,7 @@ def decide(
     change = probe.measure(ctx, stage, prefix)  # the probe's output drift, for a policy that reads it
     current = state.layout
     policy, rule = ctx.parts.policy, ctx.parts.compression
+    virtual = virtual_rule(ctx.config.pipeline.virtual, ctx.parts.schedule)
 
     def next_message() -> protocol.TransitionMessage:
         if stats is not None:
@@ -159,7 +161,7 @@ def decide(
             num_sublayers=len(ctx.costs),
             pipe_len=current.pipe_len,
             compression=rule,
-            virtual=current.virtual,
+            virtual=virtual,
         )
         layout = layout_rule.next_layout(
             current,
@@ -171,6 +173,7 @@ def decide(
             world_size=ctx.world_size,
             microbatches_for=ctx.config.microbatches_for,
             memory=ctx.memory,
+            virtual=virtual,
         )
         changed = changed_ranks(ctx.plan(current), ctx.plan(layout), ctx.world_size)
         return decision.message_for(

@@ -13,7 +13,10 @@ shortest longer length, up to the current one, that does. The first layout of a 
 With several stages per rank (``[pipeline] virtual`` = v > 1, interleaved schedules) the rule chooses the number
 of ranks K as with one (the compression rule and the budget see each rank's share of the layers as one block),
 then partitions the active sub-layers over ``K * v`` stages, placed in loop style
-(:meth:`~elastic_pipe.types.Layout.placement`): a layout keeps its v through every transition.
+(:meth:`~elastic_pipe.types.Layout.placement`). A fixed v is kept through every transition; with
+``virtual = "auto"`` (:class:`~.virtual_choice.AutoVirtual`) every layout made (the first, each transition's, a
+resume's) gets the v :func:`~.virtual_choice.choose_virtual` picks for its K, micro-batches and active sub-layers,
+so v may change at a transition.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from elastic_pipe import freeze
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.layout_start import start_layout
+from elastic_pipe.orchestrator.virtual_choice import AutoVirtual, stages_per_rank
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
@@ -57,8 +61,9 @@ def next_layout(
     world_size: int,
     microbatches_for: Callable[[int], int] | None = None,
     memory: MemoryBudget | None = None,
+    virtual: int | AutoVirtual | None = None,
 ) -> Layout:
-    """The layout once the first ``frozen`` sub-layers are frozen (with ``current``'s stages per rank).
+    """The layout once the first ``frozen`` sub-layers are frozen.
 
     Args:
         current: the layout now.
@@ -72,6 +77,9 @@ def next_layout(
         memory: a per-rank memory budget: a layout that does not fit it is never chosen. When the rule's does
             not, the shortest longer divisor of the current length that fits is taken; when none does, the
             current layout stays (the freeze waits for a later decision point).
+        virtual: the new layout's stages per rank: fixed, or :class:`~.virtual_choice.AutoVirtual` (chosen for
+            the compression rule's length and the active sub-layers, and kept by the memory budget's longer
+            lengths); ``None`` keeps ``current``'s.
 
     Raises:
         OrchestratorError: if the compressed length does not divide the world size.
@@ -86,39 +94,46 @@ def next_layout(
             f"{world_size}"
         )
     active = list(costs[frozen:])
-    if current.virtual > 1:  # the ranks chosen, the active sub-layers are cut into v stages per rank
-        v = current.virtual
+    microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
+    v = stages_per_rank(current.virtual if virtual is None else virtual, active, pipe_len, microbatches, solver)
+    if v > 1:  # the ranks chosen, the active sub-layers are cut into v stages per rank
         pipe_len = max(k for k in range(1, pipe_len + 1) if world_size % k == 0 and k * v <= len(active))
         p = part.solve(active, pipe_len * v, solver)
-    layout = _layout(frozen, p, world_size, current, microbatches_for)
+    layout = _layout(frozen, p, world_size, current, microbatches_for, virtual=v)
     if memory is None or memory.fits(layout):
         return layout
     longer = [
         k
-        for k in range(pipe_len + 1, min(current.pipe_len, len(active) // current.virtual) + 1)
+        for k in range(pipe_len + 1, min(current.pipe_len, len(active) // v) + 1)
         if current.pipe_len % k == 0 and world_size % k == 0
     ]
     for k in longer:
-        stages = part.solve(active, k * current.virtual, solver)
-        candidate = _layout(frozen, stages, world_size, current, microbatches_for)
+        stages = part.solve(active, k * v, solver)
+        candidate = _layout(frozen, stages, world_size, current, microbatches_for, virtual=v)
         if memory.fits(candidate):
             return candidate
     return current  # no layout of this many frozen sub-layers fits: the freeze waits for the next decision
 
 
 def _layout(
-    frozen: int, p: part.Partition, world_size: int, current: Layout, microbatches_for: Callable[[int], int] | None
+    frozen: int,
+    p: part.Partition,
+    world_size: int,
+    current: Layout,
+    microbatches_for: Callable[[int], int] | None,
+    *,
+    virtual: int,
 ) -> Layout:
-    """The layout of partition ``p``'s stages, ``current.virtual`` of them per rank."""
-    pipe_len = p.num_stages // current.virtual
+    """The layout of partition ``p``'s stages, ``virtual`` of them per rank."""
+    pipe_len = p.num_stages // virtual
     boundaries = tuple(frozen + b for b in p.boundaries)
     microbatches = current.microbatches if microbatches_for is None else microbatches_for(pipe_len)
-    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches, current.virtual)
+    return Layout(frozen, pipe_len, world_size // pipe_len, boundaries, microbatches, virtual)
 
 
 def with_virtual(
     layout: Layout,
-    virtual: int,
+    virtual: int | AutoVirtual,
     costs: Sequence[float],
     *,
     solver: Solver,
@@ -128,14 +143,17 @@ def with_virtual(
     """``layout`` with ``virtual`` stages per rank: the same frozen prefix and number of ranks, the active
     sub-layers partitioned over ``pipe_len * virtual`` stages (a resume whose ``[pipeline] virtual`` differs from
     the checkpoint's). When fewer active sub-layers remain than stages, the number of ranks drops to the largest
-    divisor of the world size that leaves every stage one, as at a transition (:func:`next_layout`).
+    divisor of the world size that leaves every stage one, as at a transition (:func:`next_layout`). Under
+    ``"auto"`` (:class:`~.virtual_choice.AutoVirtual`) v is chosen for the saved length and micro-batches: a run
+    that chose it keeps its layout.
 
     Raises:
         OrchestratorError: fewer active sub-layers than ``virtual`` (not even one rank can hold them).
     """
+    active = list(costs[layout.frozen :])
+    virtual = stages_per_rank(virtual, active, layout.pipe_len, layout.microbatches, solver)
     if virtual == layout.virtual:
         return layout
-    active = list(costs[layout.frozen :])
     fits = [k for k in range(1, layout.pipe_len + 1) if world_size % k == 0 and k * virtual <= len(active)]
     if not fits:
         raise OrchestratorError(
@@ -164,13 +182,14 @@ def decide_units(
     num_sublayers: int,
     pipe_len: int,
     compression: CompressionRule,
-    virtual: int = 1,
+    virtual: int | AutoVirtual = 1,
 ) -> int:
     """The frozen unit count after a decision point: the policy's proposal (checked by
     :func:`elastic_pipe.freeze.decide`), capped so that the pipeline keeps an active sub-layer per stage
-    (``pipe_len * virtual`` stages when the rule keeps its length, ``virtual`` on one rank otherwise), and never
-    below ``current``."""
-    cap = max_frozen_units(unit_ends, num_sublayers, (pipe_len if compression.keeps_length else 1) * virtual)
+    (``pipe_len * virtual`` stages when the rule keeps its length, ``virtual`` on one rank otherwise; under
+    ``"auto"`` the fewest stages per rank the schedule runs), and never below ``current``."""
+    v = virtual.fewest if isinstance(virtual, AutoVirtual) else virtual
+    cap = max_frozen_units(unit_ends, num_sublayers, (pipe_len if compression.keeps_length else 1) * v)
     return max(min(freeze.decide(policy, epoch, step, current), cap), current)
 
 
@@ -188,7 +207,7 @@ def layout_sequence(
     microbatches_for: Callable[[int], int],
     pipe_lens: Sequence[int] | None = None,
     memory: MemoryBudget | None = None,
-    virtual: int = 1,
+    virtual: int | AutoVirtual = 1,
 ) -> list[tuple[int, Layout]]:
     """``(frozen units, layout)`` per epoch, decided exactly as a run decides them (a decision point before every
     epoch but the first), for a policy that reads no measured statistics (``needs_stats`` False).
@@ -206,7 +225,7 @@ def layout_sequence(
         microbatches_for: micro-batches for a pipeline length.
         pipe_lens: the reachable lengths, ``pipe_len`` first (default: ``pipe_len`` alone); read with ``memory``.
         memory: the per-rank budget, as a run applies it (start and compression).
-        virtual: stages per rank.
+        virtual: stages per rank: fixed, or :class:`~.virtual_choice.AutoVirtual` (chosen per layout).
     """
     layout, budget = start_layout(
         costs,
@@ -241,6 +260,7 @@ def layout_sequence(
             world_size=world_size,
             microbatches_for=microbatches_for,
             memory=memory,
+            virtual=virtual,
         )
         out.append((units, layout))
     return out

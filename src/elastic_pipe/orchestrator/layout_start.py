@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.virtual_choice import stages_per_rank
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.compression import Solver
+    from elastic_pipe.orchestrator.virtual_choice import AutoVirtual
 
 __all__ = ["MemoryBudget", "initial_layout", "initial_layout_within", "start_layout"]
 
@@ -62,14 +64,23 @@ class MemoryBudget:
 
 
 def initial_layout(
-    costs: Sequence[float], pipe_len: int, world_size: int, *, solver: Solver, microbatches: int, virtual: int = 1
+    costs: Sequence[float],
+    pipe_len: int,
+    world_size: int,
+    *,
+    solver: Solver,
+    microbatches: int,
+    virtual: int | AutoVirtual = 1,
 ) -> tuple[Layout, float]:
     """The layout at the start (nothing frozen) and its bottleneck cost, the budget compression must respect.
 
-    With ``virtual`` stages per rank the sub-layers are partitioned over ``pipe_len * virtual`` stages; the budget
-    stays the bottleneck of ``pipe_len`` blocks, the granularity the compression rule compares.
+    With ``virtual`` stages per rank (fixed, or chosen for this length by
+    :func:`~.virtual_choice.choose_virtual` under ``"auto"``) the sub-layers are partitioned over
+    ``pipe_len * virtual`` stages; the budget stays the bottleneck of ``pipe_len`` blocks, the granularity the
+    compression rule compares.
     """
     p = part.solve(list(costs), pipe_len, solver)
+    virtual = stages_per_rank(virtual, costs, pipe_len, microbatches, solver)
     if virtual == 1:
         layout = Layout(0, pipe_len, world_size // pipe_len, tuple(p.boundaries), microbatches)
     else:
@@ -86,7 +97,7 @@ def initial_layout_within(
     *,
     solver: Solver,
     microbatches_for: Callable[[int], int],
-    virtual: int = 1,
+    virtual: int | AutoVirtual = 1,
 ) -> tuple[Layout, float]:
     """The start layout of the shortest pipeline among ``pipe_lens`` whose every rank fits ``memory`` (``virtual``
     stages per rank).
@@ -119,11 +130,11 @@ def start_layout(
     solver: Solver,
     microbatches_for: Callable[[int], int],
     memory: MemoryBudget | None = None,
-    virtual: int = 1,
+    virtual: int | AutoVirtual = 1,
 ) -> tuple[Layout, float]:
     """A run's first layout and the bottleneck compression keeps: over the initial length ``pipe_lens[0]``, or
     with a memory budget over the shortest of ``pipe_lens`` that fits it (:func:`initial_layout_within`), with
-    ``virtual`` stages per rank.
+    ``virtual`` stages per rank (fixed, or ``"auto"``: chosen for the length taken).
 
     Raises:
         ConfigError: a budget no length fits.

@@ -132,7 +132,7 @@ class TransitionEvent:
         pipe_len: pipeline length after it.
         replicas: replicas after it.
         microbatches: micro-batches per step and replica after it.
-        boundaries: ``pipe_len + 1`` sub-layer offsets of the new partition.
+        boundaries: ``pipe_len * virtual + 1`` sub-layer offsets of the new partition.
         changed_ranks: ranks whose (replica, stage) role changed.
         bytes_moved: bytes of weights, buffers and optimizer state the ranks received, summed over the job.
         cache: whether stage 0 reads the frozen prefix from the activation cache after it.
@@ -152,6 +152,7 @@ class TransitionEvent:
             the activation cache serves the prefix completely, summed over the job (0: the prefix is resident).
         cache_entries: training entries rank 0's activation cache holds at the new boundary (carried or filled).
         cache_bytes: their bytes as stored.
+        virtual: stages per rank after it (``[pipeline] virtual``, or the layout rule's choice under ``"auto"``).
     """
 
     epoch: int
@@ -171,6 +172,7 @@ class TransitionEvent:
     prefix_released_bytes: int = 0
     cache_entries: int = 0
     cache_bytes: int = 0
+    virtual: int = 1
 
     def to_dict(self) -> dict[str, object]:
         """The record as plain data (with ``"kind": "transition"``)."""

@@ -31,6 +31,7 @@ from elastic_pipe.orchestrator.layout_rule import frozen_sublayers, next_layout
 from elastic_pipe.orchestrator.persist import candidate_manifests, check_compatible, rerun
 from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, planned_start, sublayer_costs
 from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
@@ -143,6 +144,7 @@ def check_layouts(config: TrainConfig, parts: Components) -> None:
                 world_size=config.world_size,
                 microbatches_for=config.microbatches_for,
                 memory=memory_budget(config, parts.model),
+                virtual=virtual_rule(config.pipeline.virtual, parts.schedule),
             )
     except Exception as exc:  # a user's solver or rule may raise anything
         if not users:

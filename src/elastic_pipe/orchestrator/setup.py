@@ -45,6 +45,7 @@ from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
@@ -182,7 +183,7 @@ def planned_start(config: TrainConfig, parts: Components) -> tuple[Layout, float
         solver=parts.partitioner,
         microbatches_for=config.microbatches_for,
         memory=memory_budget(config, parts.model),
-        virtual=config.pipeline.virtual,
+        virtual=virtual_rule(config.pipeline.virtual, parts.schedule),
     )
 
 
@@ -219,7 +220,7 @@ def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
         memory,
         solver=config.pipeline.solver,
         microbatches_for=config.microbatches_for,
-        virtual=config.pipeline.virtual,
+        virtual=virtual_rule(config.pipeline.virtual, config.pipeline.schedule),
     )
 
 

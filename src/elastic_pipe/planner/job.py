@@ -14,9 +14,11 @@ __all__ = [
     "CACHE_FILLS",
     "CACHE_TIERS",
     "INTERLEAVED_CHUNKS",
+    "MAX_AUTO_VIRTUAL",
     "MAX_EPOCHS",
     "MAX_MICROBATCHES",
     "MAX_PIPE_LEN",
+    "VIRTUAL_AUTO",
     "JobSpec",
 ]
 
@@ -29,6 +31,10 @@ CACHE_FILLS = ("epoch", "transition")
 #: Stages per rank for the interleaved schedule when the job does not set ``virtual``; also the stages per rank
 #: each epoch's interleaved alternative is predicted with (:attr:`~elastic_pipe.planner.EpochPlan.interleaved`).
 INTERLEAVED_CHUNKS = 2
+#: ``JobSpec.virtual`` that lets the plan choose the stages per rank of every epoch (``[pipeline] virtual = "auto"``).
+VIRTUAL_AUTO = "auto"
+#: The largest v ``"auto"`` tries, as the training run's layout rule (``orchestrator.virtual_choice``).
+MAX_AUTO_VIRTUAL = 4
 
 
 #: Upper bounds on a job's sizes: the planner prices every layout (pipeline length, micro-batch count) of every
@@ -37,6 +43,15 @@ INTERLEAVED_CHUNKS = 2
 MAX_EPOCHS = 2_000
 MAX_MICROBATCHES = 4_096
 MAX_PIPE_LEN = 1_024
+
+
+def _runs(schedule: str, virtual: int) -> bool:
+    """Whether ``schedule``'s generator takes ``virtual`` stages per rank (on one rank, one micro-batch)."""
+    try:
+        generate(schedule, 1, 1, virtual)
+    except ScheduleError:
+        return False
+    return True
 
 
 def _default_policy_options() -> dict[str, Any]:
@@ -69,7 +84,11 @@ class JobSpec:
         virtual: stages per rank v for ``schedule``; ``None`` takes :data:`INTERLEAVED_CHUNKS` for "interleaved"
             and 1 for the others. The schedule must accept it (1f1b and zb1p hold one stage per rank,
             interleaved at least two, gpipe any). Training takes the same v as ``[pipeline] virtual``
-            (docs/schedule.md, "Which schedules run in training").
+            (docs/schedule.md, "Which schedules run in training"). ``"auto"``: every epoch's layout is searched
+            with the fewest stages per rank the schedule runs (:attr:`chunks`), then each v up to
+            :data:`MAX_AUTO_VIRTUAL` the schedule runs is predicted at the chosen K and M and the fastest that
+            fits memory is planned (the smaller v on a tie); the epoch reports them all
+            (:attr:`~elastic_pipe.planner.EpochPlan.virtual_options`).
     """
 
     global_batch: int
@@ -87,7 +106,7 @@ class JobSpec:
     dataset_size: int | None = None
     transition_seconds: float = 5.0
     solver: str = "optimal"
-    virtual: int | None = None
+    virtual: int | str | None = None
 
     def __post_init__(self) -> None:
         CHECK.int("JobSpec.global_batch", self.global_batch, lo=1)
@@ -96,7 +115,8 @@ class JobSpec:
         CHECK.optional_int("JobSpec.pipe_len", self.pipe_len, lo=1, hi=MAX_PIPE_LEN)
         CHECK.optional_int("JobSpec.microbatches", self.microbatches, lo=1, hi=MAX_MICROBATCHES)
         CHECK.optional_int("JobSpec.dataset_size", self.dataset_size, lo=1)
-        CHECK.optional_int("JobSpec.virtual", self.virtual, lo=1, hi=MAX_CHUNKS)
+        if self.virtual != VIRTUAL_AUTO:
+            CHECK.optional_int("JobSpec.virtual", self.virtual, lo=1, hi=MAX_CHUNKS)
         for key in ("policy", "schedule", "cache_tier", "cache_fill", "solver"):
             CHECK.str(f"JobSpec.{key}", getattr(self, key))
         CHECK.mapping("JobSpec.policy_options", self.policy_options)
@@ -124,10 +144,19 @@ class JobSpec:
 
     @property
     def chunks(self) -> int:
-        """Stages per rank v: ``virtual``, or the schedule's default when it is ``None``."""
-        if self.virtual is not None:
+        """Stages per rank v: ``virtual``, or the schedule's default when it is ``None``; under ``"auto"`` the
+        fewest the schedule runs (the layout search's, before v is chosen)."""
+        if isinstance(self.virtual, int):
             return self.virtual
+        if self.virtual == VIRTUAL_AUTO:
+            return self.virtual_candidates[0]
         return INTERLEAVED_CHUNKS if self.schedule == "interleaved" else 1
+
+    @property
+    def virtual_candidates(self) -> tuple[int, ...]:
+        """The v an ``"auto"`` job tries: those up to :data:`MAX_AUTO_VIRTUAL` the schedule's generator accepts
+        (its micro-batch and length constraints are checked per layout)."""
+        return tuple(v for v in range(1, MAX_AUTO_VIRTUAL + 1) if _runs(self.schedule, v))
 
     @property
     def samples_per_epoch(self) -> int:

@@ -36,9 +36,9 @@ from elastic_pipe.partition import divisors
 from elastic_pipe.planner.cluster import ClusterSpec
 from elastic_pipe.planner.costs import SubLayerCost, check_costs
 from elastic_pipe.planner.errors import CHECK, PlannerError
-from elastic_pipe.planner.job import INTERLEAVED_CHUNKS, JobSpec
+from elastic_pipe.planner.job import INTERLEAVED_CHUNKS, VIRTUAL_AUTO, JobSpec
 from elastic_pipe.planner.result import EpochPlan, Plan
-from elastic_pipe.planner.search import CacheVariant, LayoutSearch
+from elastic_pipe.planner.search import TIE_DIGITS, CacheVariant, LayoutSearch
 from elastic_pipe.planner.step import StepPrediction
 
 __all__ = ["make_plan"]
@@ -68,14 +68,41 @@ def _variant(frozen: int, held: tuple[int, str | None], job: JobSpec) -> CacheVa
     return CacheVariant(frozen, start, frozen > start, "auto", source if start else None)
 
 
+def _choose_virtual(
+    ev: LayoutSearch, v: CacheVariant, pred: StepPrediction
+) -> tuple[StepPrediction, tuple[StepPrediction, ...]]:
+    """Under ``JobSpec.virtual = "auto"``: every v the schedule runs predicted at ``pred``'s K and M, and the
+    fastest that fits memory (steps within :data:`~elastic_pipe.planner.search.TIE_DIGITS` relative digits tie,
+    and the smaller v wins a tie); ``pred`` itself when the job's v is fixed."""
+    if ev.job.virtual != VIRTUAL_AUTO:
+        return pred, ()
+    options = tuple(
+        p
+        for c in ev.job.virtual_candidates
+        if (p := ev.predict(v, pred.pipe_len, pred.microbatches, virtual=c)) is not None
+    )
+    fitting = [p for p in options if p.fits] or [pred]
+    fastest = min(p.step_time for p in fitting) or 1.0
+    return min(fitting, key=lambda p: (round(p.step_time / fastest, TIE_DIGITS), p.chunks)), options
+
+
 def _epoch(
-    e: int, job: JobSpec, ev: LayoutSearch, pred: StepPrediction, v: CacheVariant, *, transition: float = 0.0
+    e: int,
+    job: JobSpec,
+    ev: LayoutSearch,
+    pred: StepPrediction,
+    v: CacheVariant,
+    *,
+    transition: float = 0.0,
+    options: tuple[StepPrediction, ...] = (),
 ) -> EpochPlan:
-    # The job's v is planned; with one stage per rank, the interleaved step of the same K and M is reported beside
-    # it, never chosen.
+    # The job's v is planned (under "auto" the fastest v at the layout's K and M, ``options`` the steps of every v);
+    # with one stage per rank fixed, the interleaved step of the same K and M is reported beside it, never chosen.
     interleaved = None
-    if pred.chunks == 1 and pred.pipe_len > 1:
-        interleaved = ev.predict(v, pred.pipe_len, pred.microbatches, virtual=INTERLEAVED_CHUNKS)
+    if pred.chunks == 1 and pred.pipe_len > 1 and job.virtual != VIRTUAL_AUTO:
+        interleaved = ev.predict(
+            v, pred.pipe_len, pred.microbatches, virtual=INTERLEAVED_CHUNKS, schedule="interleaved"
+        )
     return EpochPlan(
         epoch=e,
         frozen=v.frozen,
@@ -88,6 +115,7 @@ def _epoch(
         global_batch=job.global_batch,
         transition_seconds=transition,
         interleaved=interleaved,
+        virtual_options=options,
     )
 
 
@@ -100,7 +128,7 @@ def _stay(ev: LayoutSearch, v: CacheVariant, previous: EpochPlan) -> tuple[StepP
     counts = previous.step.layers_per_stage
     fixed = (counts[0] + previous.first_layer, *counts[1:])
     for tiered in [*ev.tier_variants(v), CacheVariant(v.frozen, 0, False, None)]:
-        pred = ev.predict(tiered, previous.pipe_len, previous.step.microbatches, fixed)
+        pred = ev.predict(tiered, previous.pipe_len, previous.step.microbatches, fixed, virtual=previous.step.chunks)
         if pred is not None and pred.fits and (tiered.tier is None or ev.tier_fits(tiered.tier, tiered, pred)):
             return pred, tiered
     return None
@@ -195,7 +223,8 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
             f"the model fits no layout of {cluster.gpus} GPUs with {cluster.gpu.usable_memory / 2**30:.1f} GiB usable "
             f"each: the best needs {worst / 2**30:.1f} GiB per GPU (add GPUs or memory, or lower the batch)"
         )
-    static = tuple(_epoch(e, job, ev, static_best[0], plain) for e in range(job.epochs))
+    static_step, static_options = _choose_virtual(ev, plain, static_best[0])
+    static = tuple(_epoch(e, job, ev, static_step, plain, options=static_options) for e in range(job.epochs))
 
     first_lengths = [job.pipe_len] if job.pipe_len is not None else all_lengths
     elastic: list[EpochPlan] = []
@@ -224,9 +253,12 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
                 found = stay
                 options = {}  # the note says why; no "beats" list
         pred, used = found
-        moved = previous is not None and pred.pipe_len != previous.pipe_len
+        pred, chosen = _choose_virtual(ev, used, pred)
+        moved = previous is not None and (pred.pipe_len, pred.chunks) != (previous.pipe_len, previous.virtual)
         fill = ev.fill_seconds(used, *held)
-        epoch = _epoch(e, job, ev, pred, used, transition=(job.transition_seconds if moved else 0.0) + fill)
+        epoch = _epoch(
+            e, job, ev, pred, used, transition=(job.transition_seconds if moved else 0.0) + fill, options=chosen
+        )
         why = _explain(epoch, previous, used, options, job, fill=fill)
         elastic.append(replace(epoch, why=f"{why}; {note}" if note else why))
         if used.tier is not None:
@@ -241,7 +273,7 @@ def make_plan(costs: Sequence[SubLayerCost], cluster: ClusterSpec, job: JobSpec,
         v = _variant(f, held, job)
         pred_fixed: StepPrediction | None = None
         for tiered in [*ev.tier_variants(v), CacheVariant(f, 0, False, None)]:
-            pred_fixed = ev.predict(tiered, start.pipe_len, start.microbatches, fixed)
+            pred_fixed = ev.predict(tiered, start.pipe_len, start.microbatches, fixed, virtual=start.chunks)
             if pred_fixed is not None and (tiered.tier is None or ev.tier_fits(tiered.tier, tiered, pred_fixed)):
                 v = tiered
                 break

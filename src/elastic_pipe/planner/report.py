@@ -9,6 +9,7 @@ from typing import Any
 from elastic_pipe.planner.errors import CHECK, PlannerError
 from elastic_pipe.planner.job import INTERLEAVED_CHUNKS
 from elastic_pipe.planner.result import EpochPlan, Plan
+from elastic_pipe.planner.step import StepPrediction
 
 __all__ = ["format_table", "plan_to_dict", "plot_throughput", "plot_timeline"]
 
@@ -53,6 +54,17 @@ def _epoch_dict(e: EpochPlan) -> dict[str, Any]:
         "interleaved": None
         if alt is None
         else {"virtual": alt.chunks, "step_time": alt.step_time, "bubble": alt.breakdown.bubble, "fits": alt.fits},
+        "virtual_options": [
+            {
+                "virtual": p.chunks,
+                "step_time": p.step_time,
+                "bubble": p.breakdown.bubble,
+                "bubble_fraction": p.breakdown.bubble_fraction,
+                "fits": p.fits,
+                "chosen": p.chunks == e.virtual,
+            }
+            for p in e.virtual_options
+        ],
     }
 
 
@@ -97,6 +109,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
+def _option(p: StepPrediction) -> str:
+    """One v an ``"auto"`` epoch did not choose: its step and bubble."""
+    fits = "" if p.fits else ", does not fit"
+    return f"v={p.chunks}: {_ms(p.step_time)} ms, bubble {p.breakdown.bubble_fraction:.1%}{fits}"
+
+
 def format_table(plan: Plan) -> str:
     """A human-readable table: one row per epoch, then the baselines and the speedups."""
     CHECK.instance("plan", plan, Plan)
@@ -117,6 +135,9 @@ def format_table(plan: Plan) -> str:
         alt = e.interleaved
         if alt is not None:
             moved += f"  [v={alt.chunks}: {_ms(alt.step_time)} ms, bubble {_ms(alt.breakdown.bubble)}]"
+        others = [p for p in e.virtual_options if p.chunks != e.virtual]
+        if others:
+            moved += "  [" + "; ".join(_option(p) for p in others) + "]"
         lines.append(
             f"{e.epoch:>5} {e.frozen:>6} {cache:>9} {e.pipe_len:>3} {e.virtual:>2} {e.replicas:>4} "
             f"{e.step.microbatches:>3} "
@@ -134,6 +155,12 @@ def format_table(plan: Plan) -> str:
             "",
             f"[v={INTERLEAVED_CHUNKS}: ...] the same K and M predicted with {INTERLEAVED_CHUNKS} interleaved stages "
             "per rank (plan and train it with --schedule interleaved --virtual 2, [pipeline] virtual = 2)",
+        ]
+    if any(e.virtual_options for e in plan.epochs):
+        lines += [
+            "",
+            f"virtual = auto: v is the fastest of {', '.join(str(v) for v in j.virtual_candidates)} at each epoch's K "
+            "and M that fits memory; [v=...: step ms, bubble] the others",
         ]
     if notes:
         lines += ["", "transitions:", *notes]

@@ -34,6 +34,8 @@ class EpochPlan:
             run's ``[pipeline] virtual``). ``None`` when ``step`` already holds several stages per rank, for
             one-stage pipelines, and where interleaving does not apply (micro-batches not a multiple of K, too few
             sub-layers).
+        virtual_options: under ``JobSpec.virtual = "auto"``, the step predicted with each v the schedule runs at
+            this epoch's K and M (``step`` is the fastest of them that fits memory); empty for a fixed v.
     """
 
     epoch: int
@@ -47,6 +49,7 @@ class EpochPlan:
     transition_seconds: float = 0.0
     why: str = ""
     interleaved: StepPrediction | None = None
+    virtual_options: tuple[StepPrediction, ...] = ()
 
     @property
     def pipe_len(self) -> int:

@@ -131,11 +131,14 @@ class LayoutSearch:
         pipe_len: int,
         microbatches: int,
         fixed: tuple[int, ...] | None = None,
+        *,
         virtual: int | None = None,
+        schedule: str | None = None,
     ) -> StepPrediction | None:
-        """The step of (variant, K, M) under the job's schedule, or interleaved with ``virtual`` stages per rank
-        when that is given; ``None`` when it cannot be scheduled."""
-        key = (v, pipe_len, microbatches, fixed, virtual)
+        """The step of (variant, K, M) under ``schedule`` (default: the job's) with ``virtual`` stages per rank
+        (default: the job's :attr:`~elastic_pipe.planner.JobSpec.chunks`); ``None`` when it cannot be
+        scheduled."""
+        key = (v, pipe_len, microbatches, fixed, virtual, schedule)
         if key not in self.memo:
             try:
                 self.memo[key] = predict_step(
@@ -144,7 +147,7 @@ class LayoutSearch:
                     global_batch=self.job.global_batch,
                     pipe_len=pipe_len,
                     microbatches=microbatches,
-                    schedule=self.job.schedule if virtual is None else "interleaved",
+                    schedule=self.job.schedule if schedule is None else schedule,
                     chunks=self.job.chunks if virtual is None else virtual,
                     cache_seconds_per_sample=self.cache_seconds(v),
                     layers_per_stage=fixed,

@@ -26,6 +26,7 @@ from elastic_pipe.orchestrator.data import (
 )
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
+from elastic_pipe.orchestrator.virtual_choice import MAX_AUTO_VIRTUAL
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
@@ -68,7 +69,7 @@ class Components:
 
 def check_runnable_schedule(
     schedule: str,
-    virtual: int = 1,
+    virtual: int | str = 1,
     *,
     shapes: Iterable[tuple[int, int]] = ((1, 1),),
 ) -> None:
@@ -78,23 +79,32 @@ def check_runnable_schedule(
     The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
     runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
     ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
-    of the pipeline length.
+    of the pipeline length. With ``"auto"`` every shape needs some v up to
+    :data:`~elastic_pipe.orchestrator.virtual_choice.MAX_AUTO_VIRTUAL` the generator accepts.
 
     Args:
         schedule: a registered schedule kind.
-        virtual: stages per rank.
+        virtual: stages per rank, or ``"auto"``.
         shapes: the ``(pipeline length, micro-batches)`` pairs the run may reach.
 
     Raises:
         ConfigError: one line naming the schedule, v and the generator's reason.
     """
-    try:
-        for ranks, microbatches in shapes:
-            sched.generate(schedule, ranks, microbatches, virtual)
-    except sched.ScheduleError as exc:
-        raise ConfigError(
-            f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {virtual} stage(s) per rank: {exc}"
-        ) from None
+    tried = range(1, MAX_AUTO_VIRTUAL + 1) if virtual == "auto" else range(int(virtual), int(virtual) + 1)
+    shown = repr(virtual) if isinstance(virtual, str) else f"{virtual} stage(s) per rank"
+    for ranks, microbatches in shapes:
+        reasons = []
+        for v in tried:
+            try:
+                sched.generate(schedule, ranks, microbatches, v)
+            except sched.ScheduleError as exc:
+                reasons.append(str(exc))
+            else:
+                break
+        else:
+            raise ConfigError(
+                f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {shown}: {reasons[-1]}"
+            )
 
 
 class Overrides(TypedDict, total=False):

@@ -18,6 +18,7 @@ from elastic_pipe.orchestrator.config.values import (
     COST_METRICS,
     HOST_KINDS,
     MAX_TIMEOUT_S,
+    VIRTUAL_AUTO,
     as_table,
     check_at_most,
     check_nonnegative_int,
@@ -79,7 +80,9 @@ class PipelineSection:
             ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.compression.CompressionRule` object.
         schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
         virtual: stages per rank v (``pipe_len * virtual`` stages, stage ``s`` on rank ``s % pipe_len``): 1 for
-            ``gpipe``, ``1f1b`` and ``zb1p``, 2 or more for ``interleaved`` (micro-batches a multiple of pipe_len).
+            ``gpipe``, ``1f1b`` and ``zb1p``, 2 or more for ``interleaved`` (micro-batches a multiple of pipe_len);
+            or ``"auto"``: the layout rule chooses v for every layout it makes, among those the schedule runs, by
+            the simulated step (:func:`~elastic_pipe.orchestrator.virtual_choice.choose_virtual`).
         microbatches: micro-batches per step and replica while the pipeline has more than one stage.
         microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
             (the published system profiled one M per K). A length not listed uses ``microbatches``, except
@@ -116,7 +119,7 @@ class PipelineSection:
     cost: str = "params"
     compression: str = "halving"
     schedule: str = "gpipe"
-    virtual: int = 1
+    virtual: int | str = 1
     microbatches: int = 4
     microbatches_by_pipe_len: Mapping[int, int] = field(default_factory=dict)
     cache: str = "auto"
@@ -135,8 +138,11 @@ class PipelineSection:
     def __post_init__(self) -> None:
         if self.memory_budget != "" and size_bytes(self.memory_budget, "pipeline.memory_budget") < 1:
             raise ConfigError(f"pipeline.memory_budget must be at least one byte, got {self.memory_budget!r}")
-        for name in ("pipe_len", "virtual", "microbatches", "cache_mb", "views"):
+        for name in ("pipe_len", "microbatches", "cache_mb", "views"):
             check_positive_int(f"pipeline.{name}", getattr(self, name))
+        v = self.virtual
+        if v != VIRTUAL_AUTO and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ConfigError(f"pipeline.virtual must be an integer >= 1 or {VIRTUAL_AUTO!r}, got {v!r}")
         for name in ("solver", "schedule"):
             check_string(f"pipeline.{name}", getattr(self, name))
         check_one_of("pipeline.cost", self.cost, COST_METRICS)

@@ -33,6 +33,7 @@ __all__ = [
     "MAX_TIMEOUT_S",
     "OPTIMIZERS",
     "SEED_LIMIT",
+    "VIRTUAL_AUTO",
     "as_table",
     "check_at_most",
     "check_nonnegative_float",
@@ -60,6 +61,8 @@ CACHE_TIER_KEYS = ("device", "host", "disk", "disk_size", "host_kind", "host_dir
 HOST_KINDS = ("shared", "pinned")
 BACKENDS = ("auto", "gloo", "nccl")
 COMPILE_MODES = ("auto", "on", "off")
+#: ``[pipeline] virtual`` that lets the layout rule choose the stages per rank of every layout.
+VIRTUAL_AUTO = "auto"
 CUDA_GRAPH_MODES = ("auto", "on", "off")
 #: Seeds stay below 2**31 so that they fit a signed 32-bit integer, which every consumer of a seed accepts (numpy's
 #: legacy ``RandomState``, a C ``int``, a torch generator, JSON readers in other languages).

@@ -23,6 +23,7 @@ from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.persist.exported import inference_record
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
@@ -39,7 +40,8 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
 def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     """A saved position (:meth:`RunState.to_dict`) on this world size, with this run's ``[pipeline] virtual``
     stages per rank: the saved layout (its frozen prefix, its ranks) is continued, its active sub-layers cut into
-    the config's v stages per rank when the checkpoint's v differs (:func:`.layout_rule.with_virtual`); the
+    the config's v stages per rank when the checkpoint's v differs (:func:`.layout_rule.with_virtual`; under
+    ``"auto"`` the v the layout rule chooses for the saved layout's length); the
     weights and the optimizer state, loaded after it, are placed by that layout.
 
     Raises:
@@ -55,7 +57,7 @@ def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     state = RunState.from_dict(saved, ctx.world_size)
     layout = layout_rule.with_virtual(
         state.layout,
-        ctx.config.pipeline.virtual,
+        virtual_rule(ctx.config.pipeline.virtual, ctx.parts.schedule),
         ctx.costs,
         solver=ctx.parts.partitioner,
         world_size=ctx.world_size,
