@@ -1,0 +1,68 @@
+"""A toy model with parameter-free sub-layers, and a partition solver that gives them stages of their own: what
+the frozen-aware stage tests (``tests/test_training_frozen_stages.py``) train.
+
+:func:`toy_model` (``[model] name = "frozen_toy:toy_model"``) is 6 sub-layers on the 8x8 digits::
+
+    0 flatten   (no parameters)   unit 0
+    1 squash    (no parameters)   unit 0
+    2 lin0      Linear(64, 16)    unit 0
+    3 tanh0     (no parameters)   unit 1
+    4 lin1      Linear(16, 16)    unit 1
+    5 tanh1     (no parameters)   head
+    6 head      Linear(16, 10)    head
+
+:func:`leading_singles` (``[pipeline] solver = "frozen_toy:leading_singles"``) puts one sub-layer on each stage
+but the last, which takes the rest. Over 2 stages the first holds ``flatten`` alone (no parameters, and an input
+that needs no gradient), and after unit 0 freezes ``tanh0`` alone (reading the frozen prefix); the second stage's
+input then needs no gradient either. Over 4 stages (2 ranks x 2 virtual stages) the second holds ``squash``, a
+later stage whose upstream is parameter-free too, and after unit 0 freezes the third holds ``tanh1``: a stage with
+no parameters whose input does need a gradient, which it must pass on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from elastic_pipe.models import SubLayerModel
+
+#: The parameter-free sub-layers of :func:`toy_model`.
+PARAMETER_FREE = (0, 1, 3, 5)
+
+
+def toy_model(**options: Any) -> SubLayerModel:
+    """The toy model (seeded by the caller: the trainer seeds a builder given by import path); no options."""
+    del options
+    layers: list[tuple[str, nn.Module]] = [
+        ("flatten", nn.Flatten()),
+        ("squash", nn.Tanh()),
+        ("lin0", nn.Linear(64, 16)),
+        ("tanh0", nn.Tanh()),
+        ("lin1", nn.Linear(16, 16)),
+        ("tanh1", nn.Tanh()),
+        ("head", nn.Linear(16, 10)),
+    ]
+    return SubLayerModel(layers, (3, 5))
+
+
+def leading_singles(costs: Sequence[float], stages: int, /, **options: Any) -> tuple[int, ...]:
+    """One sub-layer on each stage but the last, which holds the rest (a partition solver)."""
+    del options
+    return (1,) * (stages - 1) + (len(costs) - stages + 1,)
+
+
+def saved_tensors(fn: Any, *args: Any) -> tuple[Any, int]:
+    """``fn(*args)`` and the number of tensors autograd saved for backward while it ran."""
+    packed = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal packed
+        packed += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return out, packed
