@@ -1,7 +1,8 @@
-"""A toy model with parameter-free sub-layers, and a partition solver that gives them stages of their own: what
-the frozen-aware stage tests (``tests/test_training_frozen_stages.py``) train.
+"""A toy model with parameter-free sub-layers that count what autograd saves in their forward, and a partition
+solver that gives them stages of their own: what the frozen-aware stage tests
+(``tests/test_training_frozen_stages.py``) train.
 
-:func:`toy_model` (``[model] name = "frozen_toy:toy_model"``) is 6 sub-layers on the 8x8 digits::
+:func:`toy_model` (``[model] name = "frozen_toy:toy_model"``) is 7 sub-layers on the 8x8 digits::
 
     0 flatten   (no parameters)   unit 0
     1 squash    (no parameters)   unit 0
@@ -21,7 +22,7 @@ no parameters whose input does need a gradient, which it must pass on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,20 +30,49 @@ from torch import nn
 
 from elastic_pipe.models import SubLayerModel
 
-#: The parameter-free sub-layers of :func:`toy_model`.
-PARAMETER_FREE = (0, 1, 3, 5)
+#: Per parameter-free sub-layer, over the training-mode forwards of this process: ``[forwards, tensors autograd
+#: saved for backward, outputs with a gradient history]``. Eval-mode forwards (the setup's boundary examples, the
+#: frozen prefix, evaluation) are not counted.
+RECORD: dict[str, list[int]] = {}
+
+
+class Counted(nn.Module):
+    """A parameter-free sub-layer ``fn`` that counts, in :data:`RECORD`, what autograd saved while it ran."""
+
+    def __init__(self, name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.name, self.fn = name, fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``fn(x)``, counted."""
+        if not self.training:
+            return self.fn(x)
+        saved = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal saved
+            saved += 1
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = self.fn(x)
+        counts = RECORD.setdefault(self.name, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += saved
+        counts[2] += out.grad_fn is not None
+        return out
 
 
 def toy_model(**options: Any) -> SubLayerModel:
-    """The toy model (seeded by the caller: the trainer seeds a builder given by import path); no options."""
+    """The toy model (the trainer seeds a builder given by import path); no options."""
     del options
     layers: list[tuple[str, nn.Module]] = [
-        ("flatten", nn.Flatten()),
-        ("squash", nn.Tanh()),
+        ("flatten", Counted("flatten", lambda x: x.flatten(1))),
+        ("squash", Counted("squash", torch.tanh)),
         ("lin0", nn.Linear(64, 16)),
-        ("tanh0", nn.Tanh()),
+        ("tanh0", Counted("tanh0", torch.tanh)),
         ("lin1", nn.Linear(16, 16)),
-        ("tanh1", nn.Tanh()),
+        ("tanh1", Counted("tanh1", torch.tanh)),
         ("head", nn.Linear(16, 10)),
     ]
     return SubLayerModel(layers, (3, 5))
@@ -52,17 +82,3 @@ def leading_singles(costs: Sequence[float], stages: int, /, **options: Any) -> t
     """One sub-layer on each stage but the last, which holds the rest (a partition solver)."""
     del options
     return (1,) * (stages - 1) + (len(costs) - stages + 1,)
-
-
-def saved_tensors(fn: Any, *args: Any) -> tuple[Any, int]:
-    """``fn(*args)`` and the number of tensors autograd saved for backward while it ran."""
-    packed = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal packed
-        packed += 1
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn(*args)
-    return out, packed
