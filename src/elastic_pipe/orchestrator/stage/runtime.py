@@ -46,15 +46,14 @@ class _NoGradStage(nn.Sequential):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The sub-layers in order, under ``torch.no_grad``."""
         with torch.no_grad():
-            out: torch.Tensor = super().forward(x)
-        return out
+            for layer in self:
+                x = layer(x)
+        return x
 
 
 def _first_trainable(sublayers: Sequence[nn.Module]) -> int:
     """The first of ``sublayers`` with a trainable parameter (``len(sublayers)`` if none)."""
-    return next(
-        (j for j, m in enumerate(sublayers) if any(p.requires_grad for p in m.parameters())), len(sublayers)
-    )
+    return next((j for j, m in enumerate(sublayers) if any(p.requires_grad for p in m.parameters())), len(sublayers))
 
 
 def gradient_from(first: int, boundaries: Sequence[int], *, split_backward: bool) -> int:
@@ -66,7 +65,7 @@ def gradient_from(first: int, boundaries: Sequence[int], *, split_backward: bool
     takes none from a stage after the first whose input needs none.
     """
     if split_backward and first < boundaries[-1]:
-        return max(b for b in boundaries[:-1] if b <= first)
+        return max((b for b in boundaries[:-1] if b <= first), default=boundaries[0])
     return first + 1
 
 
@@ -211,8 +210,8 @@ class StageRuntime:
         parameter-free or frozen sub-layers declares none, so that it computes and sends no gradient nobody reads.
         """
         x, y = self.ctx.examples[lo], self.ctx.examples[hi]
-        grads = self.grad_from
-        return _widen(x, mb, lo >= grads and x.is_floating_point()), _widen(y, mb, hi >= grads and y.is_floating_point())
+        grads_in, grads_out = lo >= self.grad_from, hi >= self.grad_from
+        return _widen(x, mb, grads_in and x.is_floating_point()), _widen(y, mb, grads_out and y.is_floating_point())
 
     # ------------------------------------------------------------------------------------------------- a step
     def run(
