@@ -63,9 +63,9 @@ class Counted(nn.Module):
         return out
 
 
-def toy_model(**options: Any) -> SubLayerModel:
-    """The toy model (the trainer seeds a builder given by import path); no options."""
-    del options
+def toy_model(frozen: Sequence[str] = ()) -> SubLayerModel:
+    """The toy model (the trainer seeds a builder given by import path), the parameters of the sub-layers named
+    in ``frozen`` not requiring a gradient (frozen by the user, wherever the layout puts them)."""
     layers: list[tuple[str, nn.Module]] = [
         ("flatten", Counted("flatten", lambda x: x.flatten(1))),
         ("squash", Counted("squash", torch.tanh)),
@@ -75,6 +75,9 @@ def toy_model(**options: Any) -> SubLayerModel:
         ("tanh1", Counted("tanh1", torch.tanh)),
         ("head", nn.Linear(16, 10)),
     ]
+    for name, layer in layers:
+        if name in frozen:
+            layer.requires_grad_(False)
     return SubLayerModel(layers, (3, 5))
 
 

@@ -4,8 +4,9 @@ train under every schedule, through a transition, as a one-process run does.
 The model is ``frozen_toy``'s (parameter-free sub-layers that count what autograd saves for backward) cut by a
 solver that gives those sub-layers stages of their own: ``flatten`` alone on stage 0, and after unit 0 freezes
 ``tanh0`` alone on stage 0 behind the frozen prefix; with 2 stages per rank ``squash`` alone on stage 1 (behind
-``flatten``: its input needs no gradient either) and ``tanh1`` alone on stage 2 (no parameter, but an input that
-needs a gradient). Float64 on CPU, same seed, data order, global batch and freeze decisions as the reference: the
+``flatten``: its input needs no gradient either), and after the freeze ``tanh1`` alone on stage 2 (no parameter,
+but an input that needs a gradient); with the user's ``lin0`` frozen, a stage of frozen parameters outside the
+frozen prefix. Float64 on CPU, same seed, data order, global batch and freeze decisions as the reference: the
 losses agree to 1e-10. Each run also says what the stages did: a stage behind nothing trainable built no autograd
 graph and saved nothing for backward, a rank whose stages train nothing ran no gradient all-reduce and its
 optimizer holds no parameter, and every stage behind a trainable one kept its graph.
@@ -41,11 +42,13 @@ def test_a_gradient_crosses_the_boundaries_after_the_first_trainable_sub_layer()
     assert not splits_backward("interleaved", 2, 2, 2)
 
 
-def _config(optimizer: str = "sgd", freeze: dict[int, int] | None = None, **pipeline: Any) -> Any:
+def _config(
+    optimizer: str = "sgd", freeze: dict[int, int] | None = None, model: dict[str, Any] | None = None, **pipeline: Any
+) -> Any:
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
-        "model": {"name": "frozen_toy:toy_model"},
+        "model": {"name": "frozen_toy:toy_model", "options": model or {}},
         "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": optimizer, "lr": 0.05},
         "freeze": {"policy": "manual", "options": {"schedule": {1: 1} if freeze is None else freeze}},
         "pipeline": {"microbatches": 2, "solver": "frozen_toy:leading_singles", "cache": "off", **pipeline},
@@ -82,8 +85,8 @@ class _CountingDist(types.ModuleType):
 
 def _train(ctx: RankContext, config: Any) -> dict[str, Any]:
     """Train ``config`` with every gradient all-reduce counted and each step's gradient sync recorded by the
-    stages the rank held; returns the run, the toy's record and what the optimizer holds at the end."""
-    from elastic_pipe.orchestrator import ElasticTrainer
+    stages the rank held; returns the run, the toy's record and the parameters the optimizer held in each layout."""
+    from elastic_pipe.orchestrator import ElasticTrainer, holdings
     from elastic_pipe.orchestrator.stage import grad_sync, runtime
 
     frozen_toy.RECORD.clear()
@@ -102,16 +105,24 @@ def _train(ctx: RankContext, config: Any) -> dict[str, Any]:
         seen = counting.calls
         return ops
 
+    optimizer_params: dict[str, int] = {}  # each layout's boundaries -> parameters the rank's optimizer holds
+    point = holdings.point_optimizer
+
+    def point_counted(ctx: Any, optimizer: Any, layout: Any) -> None:
+        point(ctx, optimizer, layout)
+        optimizer_params[str(list(layout.boundaries))] = sum(len(g["params"]) for g in optimizer.param_groups)
+
     grad_sync.dist = counting  # type: ignore[assignment]
     runtime.StageRuntime.grad_sync = grad_sync_counted  # type: ignore[method-assign]
+    holdings.point_optimizer = point_counted
     try:
         with ElasticTrainer(config, data=_samples(), quiet=True) as trainer:
             result = trainer.fit().to_dict()
-            optimizer_params = sum(len(g["params"]) for g in trainer.optimizer.param_groups)
             groups = len(trainer.optimizer.param_groups)
     finally:
         grad_sync.dist = counting._dist  # type: ignore[assignment]
         runtime.StageRuntime.grad_sync = original  # type: ignore[method-assign]
+        holdings.point_optimizer = point
     return {
         "result": result,
         "record": dict(frozen_toy.RECORD),
@@ -130,6 +141,18 @@ def reference() -> dict[str, Any]:
     """The whole model in one process, no pipeline, with the freeze the elastic runs make (SGD and AdamW)."""
     (results,) = run_distributed(_references, 1, timeout=120)
     return results  # type: ignore[no-any-return]
+
+
+def _check_optimizers(runs: list[dict[str, Any]], layouts: list[list[int]], trainable: tuple[int, ...]) -> None:
+    """In each layout the optimizer of every rank held the weight and bias of each trainable sub-layer of its
+    stages (``trainable``: the toy's ``Linear`` sub-layers the user did not freeze), and nothing else: none for a
+    rank whose stages train nothing."""
+    for rank, run in enumerate(runs):
+        position = rank % 2  # 2 pipeline ranks; stage s on position s % 2
+        for b in layouts:
+            held = [j for s in range(position, len(b) - 1, 2) for j in range(b[s], b[s + 1])]
+            assert run["optimizer_params"][str(b)] == 2 * len(set(held) & set(trainable)), (rank, b)
+    assert {r["groups"] for r in runs} == {1}  # the config's one group stays, empty where nothing trains
 
 
 def _check_record(runs: list[dict[str, Any]], forwards: int, *, split: bool = False) -> None:
@@ -179,10 +202,9 @@ def test_stages_without_parameters_or_input_gradient_train_as_one_process(
     assert runs[1]["result"]["losses"] == run["losses"]
     assert run["losses"][-1] != pytest.approx(run["losses"][0], rel=1e-3)  # training did something
     _check_record(runs, STEPS * 2, split=schedule == "zb1p")  # 2 micro-batches a step
-    # rank 0 ends holding tanh0 (and tanh1 with 2 stages per rank) and the frozen prefix: nothing to step; rank 1
-    # lin1's and the head's weights and biases
-    assert [r["optimizer_params"] for r in runs] == [0, 4]
-    assert {r["groups"] for r in runs} == {1}  # the config's group stays, empty, for the scheduler
+    # rank 0 holds flatten (with lin0 on 2 stages per rank), then tanh0 (and tanh1) behind the frozen prefix
+    _check_optimizers(runs, boundaries, (2, 4, 6))
+    assert [runs[0]["optimizer_params"][str(boundaries[1])], runs[1]["optimizer_params"][str(boundaries[1])]] == [0, 4]
 
 
 @pytest.mark.distributed
@@ -214,4 +236,34 @@ def test_a_stage_without_parameters_averages_no_gradient_over_its_replicas(
         for ranges, (steps, reported, ran) in r["syncs"].items():
             assert steps == STEPS and reported == ran  # the code's own count is the calls torch saw
             assert (ran == 0) == (ranges in free), (rank, ranges, ran)
-    assert [r["optimizer_params"] for r in runs] == [0, 4, 0, 4]
+    layouts = [[0, 1, 7], [3, 4, 7]] if virtual == 1 else [[0, 1, 2, 3, 7], [3, 4, 5, 6, 7]]
+    _check_optimizers(runs, layouts, (2, 4, 6))
+
+
+@pytest.mark.distributed
+def test_a_stage_of_parameters_the_user_froze_trains_nothing_and_passes_no_gradient(reference: dict[str, Any]) -> None:
+    """lin0 frozen by the user (not by the freeze policy): with 2 stages per rank it sits alone on stage 2, after
+    flatten and squash, outside the frozen prefix; rank 0 then holds flatten and lin0, nothing to train. The
+    stages up to lin0 run without autograd, the one after it receives an input that needs no gradient."""
+    config = _config(model={"frozen": ["lin0"]}, pipe_len=2, virtual=2, schedule="interleaved", compression="none")
+    (one,) = run_distributed(_train, 1, _config(model={"frozen": ["lin0"]}), timeout=120)
+    runs = run_distributed(_train, 2, config, timeout=180)
+    run, fixed = runs[0]["result"], one["result"]
+    assert run["losses"] == pytest.approx(fixed["losses"], rel=1e-10, abs=1e-12)
+    assert run["final_eval_loss"] == pytest.approx(fixed["final_eval_loss"], rel=1e-10)
+    assert run["losses"] != pytest.approx(reference["sgd"]["losses"], rel=1e-6)  # lin0 did not train
+    layouts = [[0, 1, 2, 3, 7], [3, 4, 5, 6, 7]]
+    _check_optimizers(runs, layouts, (4, 6))
+    assert runs[0]["optimizer_params"][str(layouts[0])] == 0  # flatten and the frozen lin0
+    total: dict[str, list[int]] = {}
+    for r in runs:
+        for name, counts in r["record"].items():
+            total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0]), counts, strict=True)]
+    forwards = STEPS * 2
+    # tanh0 runs behind the frozen lin0 in the first layout too: no graph there either
+    assert total == {
+        "flatten": [forwards, 0, 0],
+        "squash": [forwards, 0, 0],
+        "tanh0": [2 * forwards, 0, 0],
+        "tanh1": [2 * forwards, 2 * forwards, 2 * forwards],
+    }
