@@ -68,7 +68,8 @@ def build_runner(
         device: this rank's device.
         group: the pipeline group of this rank's replica.
         examples: returns example micro-batches at the stage's input and output (``StageRuntime._example_io``);
-            called only when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes.
+            called only when a :class:`~torch.distributed.pipelining.PipelineStage` is built, to declare its shapes
+            and, by their ``requires_grad``, whether a gradient crosses each of its boundaries.
         loss_fn: ``loss_fn(output, target)``, run by the last stage.
         compiled: ``module`` is built from compiled sub-layers (see :class:`LocalStep`).
         grad_input: the one-stage step's input always carries a gradient (see :class:`LocalStep`).
@@ -96,19 +97,32 @@ def build_runner(
     return runner
 
 
+def splits_backward(schedule: str, pipe_len: int, microbatches: int, virtual: int) -> bool:
+    """Whether the schedule runs a stage's input and weight gradients apart (``W`` actions: ``zb1p``)."""
+    if pipe_len == 1 and microbatches == 1 and virtual == 1:
+        return False  # a LocalStep: one backward
+    plan = sched.generate(schedule, pipe_len, microbatches, virtual)
+    return any(a.kind is sched.ActionKind.W for acts in plan.actions.values() for a in acts)
+
+
 def _pipeline_stage(
     module: nn.Module, s: int, num_stages: int, *, device: torch.device, group: dist.ProcessGroup, examples: Examples
 ) -> PipelineStage:
     """Stage ``s`` of ``num_stages`` over ``module``, its shapes declared from ``examples``."""
     example_in, example_out = examples()
+    # A gradient crosses a boundary where its example requires one (after the model's first trainable sub-layer):
+    # a stage behind parameter-free or frozen sub-layers neither computes nor sends an input gradient, and one that
+    # trains nothing behind them receives none.
+    grad_in, grad_out = example_in.requires_grad and s > 0, example_out.requires_grad and s < num_stages - 1
+    example_out = example_out.detach()
     # Shapes are declared up front where torch accepts gradient shapes too (2.12+).
     shapes: _Shapes = {}
     if _STAGE_TAKES_GRADS:
         shapes = {
             "input_args": example_in,
             "output_args": example_out,
-            "input_grads": example_in if s > 0 else None,
-            "output_grads": example_out if s < num_stages - 1 else None,
+            "input_grads": example_in if grad_in else None,
+            "output_grads": example_out if grad_out else None,
         }
     pipe_stage = PipelineStage(module, s, num_stages, device, group=group, **shapes)
     if not _STAGE_TAKES_GRADS:

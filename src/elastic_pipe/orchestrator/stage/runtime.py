@@ -10,6 +10,7 @@ layout. The frozen prefix before stage 0 is the run's :class:`~.prefix.FrozenPre
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +19,7 @@ from torch import nn
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.stage.build import build_runner, unit_modules
+from elastic_pipe.orchestrator.stage.build import build_runner, splits_backward, unit_modules
 from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import OverlappedAverager, average_gradients
@@ -35,6 +36,37 @@ __all__ = ["StageRuntime"]
 def _widen(t: torch.Tensor, rows: int, requires_grad: bool) -> torch.Tensor:
     """``t``'s first row repeated ``rows`` times (contiguous: torch allocates its receive buffers like it)."""
     return t.detach()[:1].expand(rows, *t.shape[1:]).contiguous().requires_grad_(requires_grad)
+
+
+class _NoGradStage(nn.Sequential):
+    """A stage that neither trains a parameter nor receives an input that needs a gradient (parameter-free or
+    frozen sub-layers behind nothing trainable): its forward runs without autograd, so it saves nothing for a
+    backward pass, and its output carries no gradient history (torch's schedules then skip its backward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The sub-layers in order, under ``torch.no_grad``."""
+        with torch.no_grad():
+            for layer in self:
+                x = layer(x)
+        return x
+
+
+def _first_trainable(sublayers: Sequence[nn.Module]) -> int:
+    """The first of ``sublayers`` with a trainable parameter (``len(sublayers)`` if none)."""
+    return next((j for j, m in enumerate(sublayers) if any(p.requires_grad for p in m.parameters())), len(sublayers))
+
+
+def gradient_from(first: int, boundaries: Sequence[int], *, split_backward: bool) -> int:
+    """The first stage boundary (a sub-layer index) that a gradient crosses backwards: no gradient flows into
+    the sub-layers before the first trainable one, ``first``, so one crosses every boundary after it.
+
+    A schedule that splits the backward (``W`` actions: ``zb1p``) needs one at the input of the stage holding
+    ``first`` too: torch's input-gradient pass finds a stage's weight gradients through its input's gradient, and
+    takes none from a stage after the first whose input needs none.
+    """
+    if split_backward and first < boundaries[-1]:
+        return max((b for b in boundaries[:-1] if b <= first), default=boundaries[0])
+    return first + 1
 
 
 class _Closed:
@@ -69,7 +101,16 @@ class StageRuntime:
         self._stages = self.placement.stages_of(self.stage)
         self._ranges = self.placement.ranges_of(self.stage)
         sublayers = ctx.sublayers
-        self.modules = [nn.Sequential(*ctx.stage_sublayers(lo, hi)) for lo, hi in self._ranges]
+        # Frozen-aware stages (docs/schedule.md), decided here once per layout: no gradient flows into the
+        # sub-layers before the first trainable one, so a stage that ends at or before it runs without autograd,
+        # and a gradient crosses only the boundaries from grad_from on (what each stage declares).
+        first = _first_trainable(sublayers)
+        split = splits_backward(ctx.parts.schedule, layout.pipe_len, layout.microbatches, layout.virtual)
+        #: The first stage boundary a gradient crosses (:func:`gradient_from`).
+        self.grad_from = gradient_from(first, layout.boundaries, split_backward=split)
+        self.modules = [
+            (_NoGradStage if hi <= first else nn.Sequential)(*ctx.stage_sublayers(lo, hi)) for lo, hi in self._ranges
+        ]
         for m in self.modules:
             m.train()
         #: The module of the rank's first stage (its only one with one stage per rank).
@@ -97,10 +138,13 @@ class StageRuntime:
             if self.drift is not None
             else None
         )
+        params = [p for j in self.owned for p in sublayers[j].parameters() if p.requires_grad]
+        #: Whether the rank's gradients are averaged over its replicas: not when its stages train no parameter
+        #: (parameter-free or frozen sub-layers only), which then run no all-reduce at all.
+        self.syncs = layout.replicas > 1 and bool(params)
         self.averager: OverlappedAverager | None = None
-        if layout.replicas > 1 and layout.microbatches == 1:
+        if self.syncs and layout.microbatches == 1:
             # With one micro-batch and several replicas, gradients are averaged while the backward pass runs.
-            params = [p for j in self.owned for p in sublayers[j].parameters() if p.requires_grad]
             self.averager = OverlappedAverager(params, group=self._dp_group(), replicas=layout.replicas)
 
     @property
@@ -160,11 +204,14 @@ class StageRuntime:
 
         They come from the boundary examples taken at setup (:attr:`RunContext.examples`): a stage declares
         shapes and dtypes, which need none of the sub-layers before it, so a rank that holds only its stage can
-        declare them. A stage after the first receives an activation that needs a gradient; the metadata must say
-        so, or the stage computes no input gradient and the stages before it train on zeros.
+        declare them. Each example requires a gradient where one crosses that boundary (:attr:`grad_from`). A
+        stage behind a trainable one receives an activation that needs a gradient, and the metadata must say so,
+        or the stage computes no input gradient and the stages before it train on zeros; one behind only
+        parameter-free or frozen sub-layers declares none, so that it computes and sends no gradient nobody reads.
         """
         x, y = self.ctx.examples[lo], self.ctx.examples[hi]
-        return _widen(x, mb, lo > 0 and x.is_floating_point()), _widen(y, mb, False)
+        grads_in, grads_out = lo >= self.grad_from, hi >= self.grad_from
+        return _widen(x, mb, grads_in and x.is_floating_point()), _widen(y, mb, grads_out and y.is_floating_point())
 
     # ------------------------------------------------------------------------------------------------- a step
     def run(
@@ -187,15 +234,15 @@ class StageRuntime:
                 runner.step()
 
     def grad_sync(self) -> int:
-        """Average the stage's gradients over its replica group; returns the number of all-reduce calls."""
-        replicas = self.layout.replicas
-        if replicas == 1:
+        """Average the stage's gradients over its replica group; returns the number of all-reduce calls (none with
+        one replica, or when the rank's stages train no parameter)."""
+        if not self.syncs:
             return 0
         if self.averager is not None:
             return self.averager.finish()
         sublayers = self.ctx.sublayers
         grads = [p.grad for j in self.owned for p in sublayers[j].parameters() if p.grad is not None]
-        return average_gradients(grads, group=self._dp_group(), replicas=replicas)
+        return average_gradients(grads, group=self._dp_group(), replicas=self.layout.replicas)
 
     def close(self) -> None:
         """Take this stage's hooks off the model's parameters and modules. Idempotent."""
