@@ -15,6 +15,7 @@ A run stopped by ``max_steps`` and continued, a torchrun job whose rank holding 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def test_probe_outputs_are_regrouped_by_the_ranks_of_the_new_layout() -> None:
     assert regrouped["1"]["2"] is h["2"]  # the tensors themselves, not copies
 
 
-def _config(directory: Path, virtual: int) -> Any:
+def _config(directory: Path, virtual: int | str, changes: Mapping[str, object] | None = None) -> Any:
+    """The 2-rank run checkpointing every 2 steps, with ``virtual`` stages per rank (the interleaved schedule when
+    it may be more than 1) and then ``changes`` (``{"section.key": value}``) applied."""
     from elastic_pipe.orchestrator import config_from_tables
 
     tables: dict[str, Any] = {
@@ -94,23 +97,25 @@ def _config(directory: Path, virtual: int) -> Any:
             "cache": "off",
             "compression": "none",
             "virtual": virtual,
-            "schedule": "interleaved" if virtual > 1 else "gpipe",
+            "schedule": "gpipe" if virtual == 1 else "interleaved",
         },
         "launch": {"nproc_per_node": 2},
         "log": {"progress": False},
         "checkpoint": {"dir": str(directory), "steps": 2},
     }
-    return config_from_tables(tables)
+    return config_from_tables(tables).override(changes or {})
 
 
-def _fit(directory: Path, virtual: int, max_steps: int = 0) -> dict[str, Any]:
+def _fit(
+    directory: Path, virtual: int | str, max_steps: int = 0, changes: Mapping[str, object] | None = None
+) -> dict[str, Any]:
     from elastic_pipe.data import load_digits
     from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.data import Split
 
     d = load_digits()
     samples = Split(d.inputs[:SAMPLES], d.labels[:SAMPLES], d.sample_ids[:SAMPLES])
-    config = _config(directory, virtual).override({"train.max_steps": max_steps})
+    config = _config(directory, virtual, {**(changes or {}), "train.max_steps": max_steps})
     with ElasticTrainer(config, data=samples, quiet=True) as trainer:
         result = trainer.fit()
         keys = trainer.ctx.sublayer_keys
