@@ -29,7 +29,7 @@ from elastic_pipe import partition as part
 from elastic_pipe import schedule as sched
 
 if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.compression import Solver
+    from elastic_pipe.orchestrator.layout.compression import Solver
 
 __all__ = [
     "HOP_SHARE",
