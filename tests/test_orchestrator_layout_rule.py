@@ -1,4 +1,4 @@
-"""The one layout rule (orchestrator.layout_rule): exact per-epoch layouts for a freeze schedule."""
+"""The one layout rule (orchestrator.layout.rule): exact per-epoch layouts for a freeze schedule."""
 
 from __future__ import annotations
 

@@ -1,16 +1,16 @@
 """A decision point, as data then action: rank 0 decides a :class:`~elastic_pipe.protocol.TransitionMessage`, every
 rank applies it.
 
-Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision
-point), or measure the probe's output drift (:mod:`~elastic_pipe.orchestrator.stage.probe`, for a probe-driven policy), ask the policy
-(:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
-sub-layers, compute the next layout with the layout rule (:mod:`.rule`), and broadcast the encoded message
-on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
+Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision point),
+or measure the probe's output drift (:mod:`~elastic_pipe.orchestrator.stage.probe`, for a probe-driven policy), ask the
+policy (:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
+sub-layers, compute the next layout with the layout rule (:mod:`.rule`), and broadcast the encoded message on the gloo
+control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
 
-Apply (:mod:`~elastic_pipe.orchestrator.apply_transition`): move the sub-layers whose owner changes (weights and optimizer state,
-:mod:`~elastic_pipe.orchestrator.transition`), freeze the new prefix (its parameters leave the optimizer), build the new
-:class:`~elastic_pipe.orchestrator.stage.StageRuntime`, and bring the run's :class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix` to the new boundary (its
-activation cache carried there).
+Apply (:mod:`~elastic_pipe.orchestrator.apply_transition`): move the sub-layers whose owner changes (weights and
+optimizer state, :mod:`~elastic_pipe.orchestrator.transition`), freeze the new prefix (its parameters leave the
+optimizer), build the new :class:`~elastic_pipe.orchestrator.stage.StageRuntime`, and bring the run's
+:class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix` to the new boundary (its activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
 step of the run, inside an epoch too (the step loop returns to the trainer there, which decides and applies;
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
-__all__ = ["decide", "gather_stats", "initial_state", "meet"]
+__all__ = ["decide", "initial_state"]  # for the trainer, through the module
 
 
 def initial_state(ctx: RunContext) -> RunState:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from elastic_pipe.orchestrator.layout.compression import CompressionRule, Solver
     from elastic_pipe.orchestrator.layout.start import MemoryBudget
 
-__all__ = ["decide_units", "frozen_sublayers", "layout_sequence", "max_frozen_units", "next_layout", "with_virtual"]
+__all__ = ["decide_units", "frozen_sublayers", "layout_sequence", "next_layout", "with_virtual"]  # for the face
 
 
 def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:

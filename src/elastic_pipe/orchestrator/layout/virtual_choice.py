@@ -31,15 +31,7 @@ from elastic_pipe import schedule as sched
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.layout.compression import Solver
 
-__all__ = [
-    "HOP_SHARE",
-    "MAX_AUTO_VIRTUAL",
-    "AutoVirtual",
-    "choose_virtual",
-    "stages_per_rank",
-    "virtual_rule",
-    "virtual_steps",
-]
+__all__ = ["MAX_AUTO_VIRTUAL", "AutoVirtual", "choose_virtual", "stages_per_rank", "virtual_rule"]  # the face, siblings
 
 #: The largest v ``"auto"`` tries: beyond 4 the bubble left is small and every extra stage adds host work.
 MAX_AUTO_VIRTUAL = 4

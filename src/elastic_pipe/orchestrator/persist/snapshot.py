@@ -39,9 +39,9 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
 def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     """A saved position (:meth:`RunState.to_dict`) on this world size, with this run's ``[pipeline] virtual``
     stages per rank: the saved layout (its frozen prefix, its ranks) is continued, its active sub-layers cut into
-    the config's v stages per rank when the checkpoint's v differs (:func:`~elastic_pipe.orchestrator.layout.rule.with_virtual`; under
-    ``"auto"`` the v the layout rule chooses for the saved layout's length); the
-    weights and the optimizer state, loaded after it, are placed by that layout.
+    the config's v stages per rank when the checkpoint's v differs
+    (:func:`~elastic_pipe.orchestrator.layout.with_virtual`; under ``"auto"`` the v the layout rule chooses for the
+    saved layout's length); the weights and the optimizer state, loaded after it, are placed by that layout.
 
     Raises:
         OrchestratorError: the saved pipeline length cannot run on this world size, or its active sub-layers
