@@ -14,9 +14,10 @@ stage, and the face leaves it out so that the parts that only make layouts do no
 
 Entering a decided layout (the moves, the freeze, the new stage, the carried cache) is
 :mod:`elastic_pipe.orchestrator.apply_transition`, and the transfer plan it follows
-:mod:`elastic_pipe.orchestrator.transition`: both stand beside this package, not in it (the transfer plan is what
-:mod:`~elastic_pipe.orchestrator.holdings` builds on, and applying a layout moves holdings: inside, this package
-would import holdings and holdings it, or stand a floor higher than the parts that import it).
+:mod:`elastic_pipe.orchestrator.transition`: both stand beside this package, not in it. Holdings
+(:mod:`~elastic_pipe.orchestrator.holdings`) build on the transfer plan and applying a layout moves them: with both
+inside, this package and holdings would import each other; with either one, the orchestrator's parts would stand on
+one more floor.
 """
 
 from __future__ import annotations
