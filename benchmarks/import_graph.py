@@ -7,8 +7,8 @@ Usage::
 
 Every module is a node (a package is its ``__init__``); an arrow is one module importing another of the toolkit,
 anywhere in the module (a function's local import counts: it runs), except under ``if TYPE_CHECKING:`` (it never
-runs). ``from elastic_pipe.orchestrator import executor`` is an arrow to the module ``executor`` when it is one, to
-the package's ``__init__`` otherwise.
+runs). ``from elastic_pipe.orchestrator.layout import executor`` is an arrow to the module ``executor`` when it is
+one, to the package's ``__init__`` otherwise.
 
 * circles: the strongly connected groups of more than one module (modules that import each other, directly or
   around a ring);

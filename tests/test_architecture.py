@@ -125,7 +125,7 @@ def test_the_rules_reject_what_they_should(tmp_path: Path, monkeypatch: pytest.M
         (tmp_path / name / "__init__.py").write_text('"""x"""\n')
     (tmp_path / "types.py").write_text("")
     (tmp_path / "freeze" / "bad.py").write_text("from elastic_pipe import partition\n")
-    (tmp_path / "planner" / "bad.py").write_text("from elastic_pipe.orchestrator import decision\n")
+    (tmp_path / "planner" / "bad.py").write_text("from elastic_pipe.orchestrator import layout\n")
     (tmp_path / "planner" / "good.py").write_text("from elastic_pipe import freeze, types\n")
     (tmp_path / "testing" / "bad.py").write_text("import elastic_pipe.groups\n")
     (tmp_path / "integrations" / "bad.py").write_text("from elastic_pipe.orchestrator import trainer\n")

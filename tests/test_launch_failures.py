@@ -27,7 +27,6 @@ import torch
 from elastic_pipe.cli import main
 from elastic_pipe.groups import GroupManager, silent_ranks
 from elastic_pipe.orchestrator.errors import OrchestratorError, WorkerFailedError
-from elastic_pipe.orchestrator.executor import meet
 from elastic_pipe.orchestrator.launch.agent import describe_failure, write_failure_report
 from elastic_pipe.orchestrator.launch.faults import FAULT_ACTION_ENV, FAULT_ENV
 from elastic_pipe.orchestrator.launch.job import (
@@ -44,6 +43,7 @@ from elastic_pipe.orchestrator.launch.worker_status import (
     report_failure,
     reporting_failures,
 )
+from elastic_pipe.orchestrator.layout.executor import meet
 from elastic_pipe.testing import RankContext, run_distributed
 
 PLUGINS = Path(__file__).parent / "plugins"

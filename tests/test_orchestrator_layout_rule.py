@@ -1,12 +1,12 @@
-"""The one layout rule (orchestrator.layout_rule): exact per-epoch layouts for a freeze schedule."""
+"""The one layout rule (orchestrator.layout.rule): exact per-epoch layouts for a freeze schedule."""
 
 from __future__ import annotations
 
 import pytest
 
 from elastic_pipe.freeze import FreezeError, ManualSchedule
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
-from elastic_pipe.orchestrator.layout_rule import layout_sequence, max_frozen_units
+from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout.rule import layout_sequence, max_frozen_units
 
 # Ten sub-layers of cost 1: the embedding with block 0 (unit 0 ends at 3), blocks 1-3, the head.
 RULE_COSTS = [1.0] * 10

@@ -133,7 +133,7 @@ def test_a_finished_run_leaves_no_hooks_on_the_model(two_rank_runs: list[dict[st
 
 
 def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
-    from elastic_pipe.orchestrator import executor
+    from elastic_pipe.orchestrator.layout import executor
 
     seen: dict[str, Any] = {}
     original = executor.decide
@@ -154,21 +154,21 @@ def _what_is_tracked(ctx: RankContext, policy: str) -> dict[str, Any]:
 
 
 def _units_decided_by_the_one_rule(ctx: RankContext) -> dict[str, Any]:
-    from elastic_pipe.orchestrator import layout_rule
+    from elastic_pipe.orchestrator.layout import rule
 
     calls: list[dict[str, Any]] = []
-    original = layout_rule.decide_units
+    original = rule.decide_units
 
     def spy(policy: Any, **kw: Any) -> int:
         units = original(policy, **kw)
         calls.append({**{k: v for k, v in kw.items() if k in ("epoch", "current", "pipe_len")}, "units": units})
         return units
 
-    layout_rule.decide_units = spy  # type: ignore[assignment]
+    rule.decide_units = spy  # type: ignore[assignment]
     try:  # the alpha schedule freezes one unit at the decision point before epoch 2 (as above)
         _, result = _train_tiny({"train.epochs": 2, "freeze.policy": "alpha", "freeze.options": {"alpha": 0.5}})
     finally:
-        layout_rule.decide_units = original
+        rule.decide_units = original
     return {"calls": calls, "frozen": [e["frozen_units"] for e in result["epochs"]]}
 
 
@@ -196,7 +196,7 @@ def test_gradient_statistics_are_collected_only_for_policies_that_read_them(
 
 @pytest.mark.distributed
 def test_the_executor_decides_the_frozen_count_with_the_one_rule(two_rank_runs: list[dict[str, Any]]) -> None:
-    """``executor.decide`` calls ``layout_rule.decide_units`` (as the dry run does), not a clamp of its own."""
+    """``executor.decide`` calls ``rule.decide_units`` (as the dry run does), not a clamp of its own."""
     for result in (r["rule"] for r in two_rank_runs):
         rank_0_calls = result["calls"]  # rank 0 decides; the other rank applies the broadcast message
         assert result["frozen"] == [0, 1]

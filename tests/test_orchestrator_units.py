@@ -17,10 +17,10 @@ from elastic_pipe.orchestrator import (
     load_config,
     preflight,
 )
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.layout_rule import max_frozen_units, next_layout
-from elastic_pipe.orchestrator.layout_start import initial_layout
+from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout.rule import max_frozen_units, next_layout
+from elastic_pipe.orchestrator.layout.start import initial_layout
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
@@ -354,7 +354,7 @@ def test_event_log_writes_json_lines(tmp_path: Path) -> None:
 
 def test_a_failed_decision_reaches_every_rank() -> None:
     from elastic_pipe.orchestrator import OrchestratorError
-    from elastic_pipe.orchestrator.decision import announce, message_for
+    from elastic_pipe.orchestrator.layout.decision import announce, message_for
     from elastic_pipe.partition import PartitionError
 
     sent: list[bytes] = []

@@ -19,10 +19,10 @@ import pytest
 import tiny_vit
 from elastic_pipe.freeze import ManualSchedule
 from elastic_pipe.groups import plan_spmd
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.dry_run import planned_epochs
-from elastic_pipe.orchestrator.layout_rule import decide_units, next_layout
-from elastic_pipe.orchestrator.layout_start import MemoryBudget, initial_layout
+from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout.rule import decide_units, next_layout
+from elastic_pipe.orchestrator.layout.start import MemoryBudget, initial_layout
 from elastic_pipe.orchestrator.transition import held_sublayers, owned_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed
 from elastic_pipe.types import Layout

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from elastic_pipe.groups import plan_spmd
 from elastic_pipe.orchestrator import ConfigError, config_from_tables
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.config import size_bytes
-from elastic_pipe.orchestrator.layout_rule import next_layout
-from elastic_pipe.orchestrator.layout_start import MemoryBudget, initial_layout_within
+from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout.rule import next_layout
+from elastic_pipe.orchestrator.layout.start import MemoryBudget, initial_layout_within
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 from elastic_pipe.types import Layout
@@ -334,7 +334,7 @@ def test_a_rank_that_loses_sublayers_frees_them_and_gets_them_back_exactly() -> 
 def _budgets() -> tuple[int, int, Any]:
     """A budget only 4 stages fit (the whole training state exceeds it), one 2 stages fit, and the sizes."""
     from elastic_pipe.orchestrator.components import build_model
-    from elastic_pipe.orchestrator.layout_start import initial_layout
+    from elastic_pipe.orchestrator.layout.start import initial_layout
     from elastic_pipe.orchestrator.setup import memory_budget, sublayer_costs
 
     config = _config()

@@ -25,7 +25,7 @@ import torch
 import tiny_vit
 from checkpoint_copy import copy_checkpoint
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.layout_rule import with_virtual
+from elastic_pipe.orchestrator.layout.rule import with_virtual
 from elastic_pipe.orchestrator.persist.snapshot import regroup_probe
 from elastic_pipe.testing import RankContext, run_distributed
 from elastic_pipe.types import Layout

@@ -12,10 +12,10 @@ import pytest
 from elastic_pipe.cli import main
 from elastic_pipe.freeze import ManualSchedule
 from elastic_pipe.orchestrator import ConfigError, components_from_config, config_from_tables
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES
-from elastic_pipe.orchestrator.layout_rule import decide_units, layout_sequence, next_layout, with_virtual
-from elastic_pipe.orchestrator.layout_start import initial_layout
-from elastic_pipe.orchestrator.virtual_choice import (
+from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
+from elastic_pipe.orchestrator.layout.rule import decide_units, layout_sequence, next_layout, with_virtual
+from elastic_pipe.orchestrator.layout.start import initial_layout
+from elastic_pipe.orchestrator.layout.virtual_choice import (
     MAX_AUTO_VIRTUAL,
     AutoVirtual,
     choose_virtual,

@@ -11,7 +11,6 @@ processes with torchrun's elastic agent. See docs/training.md.
 from __future__ import annotations
 
 from elastic_pipe.orchestrator.components import Components, components_from_config, resolve
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule, Halving, KeepLength, MemoryFit
 from elastic_pipe.orchestrator.config import (
     CheckpointSection,
     DataSection,
@@ -28,7 +27,14 @@ from elastic_pipe.orchestrator.config import (
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
 from elastic_pipe.orchestrator.event_log import EventLog, RecordSink
 from elastic_pipe.orchestrator.launch import launch
-from elastic_pipe.orchestrator.layout_rule import layout_sequence
+from elastic_pipe.orchestrator.layout import (
+    COMPRESSION_RULES,
+    CompressionRule,
+    Halving,
+    KeepLength,
+    MemoryFit,
+    layout_sequence,
+)
 from elastic_pipe.orchestrator.metrics import EpochMetrics, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.persist import Checkpointer, fingerprint
 from elastic_pipe.orchestrator.preflight import preflight

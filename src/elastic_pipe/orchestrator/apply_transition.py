@@ -1,6 +1,6 @@
 """Applying a decided transition on one rank, and its record.
 
-Every rank applies the :class:`~elastic_pipe.protocol.TransitionMessage` rank 0 decided (:mod:`.executor`): move
+Every rank applies the :class:`~elastic_pipe.protocol.TransitionMessage` rank 0 decided (:mod:`.layout.executor`): move
 the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new prefix (its
 parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the run's
 :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there); :func:`event_for` makes
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from elastic_pipe import freeze, protocol
-from elastic_pipe.orchestrator import decision
 from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.launch import maybe_fail
+from elastic_pipe.orchestrator.layout import layout_from_message
 from elastic_pipe.orchestrator.metrics import TransitionEvent
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state_moves import drop_foreign_state
@@ -73,7 +73,7 @@ def apply(
         epoch_step: steps of the epoch done before the decision point (for the fault hook).
     """
     old = state.layout
-    new = decision.layout_from_message(msg, ctx.world_size)
+    new = layout_from_message(msg, ctx.world_size)
     if new == old:
         return None
     maybe_fail("transition", ctx.rank, msg.epoch, epoch_step)

@@ -52,7 +52,7 @@ from elastic_pipe.orchestrator.components import build_model, epoch_steps
 from elastic_pipe.orchestrator.config import TrainConfig, config_from_tables
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.orchestrator.launch import join_process_group, launch
-from elastic_pipe.orchestrator.layout_start import initial_layout
+from elastic_pipe.orchestrator.layout import initial_layout
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, sublayer_costs
 from elastic_pipe.orchestrator.worker import run_rank
 

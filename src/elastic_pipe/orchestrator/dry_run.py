@@ -2,9 +2,9 @@
 
 ``elastic-pipe plan --config run.toml`` prints this; ``elastic-pipe train --config run.toml`` then performs the
 same sequence, because both build the components with :func:`components_from_config`, price the sub-layers the
-same way and call the one layout rule (:func:`elastic_pipe.orchestrator.layout_rule.layout_sequence` for a decision
-point after every epoch; :func:`~elastic_pipe.orchestrator.layout_rule.decide_units` and
-:func:`~elastic_pipe.orchestrator.layout_rule.next_layout` at every ``[freeze] decide_every`` steps otherwise).
+same way and call the one layout rule (:func:`elastic_pipe.orchestrator.layout.rule.layout_sequence` for a decision
+point after every epoch; :func:`~elastic_pipe.orchestrator.layout.rule.decide_units` and
+:func:`~elastic_pipe.orchestrator.layout.rule.next_layout` at every ``[freeze] decide_every`` steps otherwise).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from elastic_pipe import freeze
 from elastic_pipe.orchestrator.components import Components, components_from_config, epoch_steps, with_decisions
 from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout_rule import (
+from elastic_pipe.orchestrator.layout import (
     decide_units,
     frozen_sublayers,
     layout_sequence,
     next_layout,
+    virtual_rule,
 )
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, memory_budget, planned_start, sublayer_costs
-from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig

@@ -26,7 +26,6 @@ from torch import nn
 from elastic_pipe import partition
 from elastic_pipe.groups import GroupManager
 from elastic_pipe.models.residency import materialize, release
-from elastic_pipe.orchestrator import layout_start
 from elastic_pipe.orchestrator.compilation import compile_enabled, compile_sublayers
 from elastic_pipe.orchestrator.context import RunContext
 from elastic_pipe.orchestrator.data import (
@@ -44,8 +43,8 @@ from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
 from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
+from elastic_pipe.orchestrator.layout import MemoryBudget, initial_layout_within, start_layout, virtual_rule
 from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
-from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
@@ -165,18 +164,18 @@ def optimizer_slots(config: TrainConfig) -> int:
     return 2
 
 
-def memory_budget(config: TrainConfig, model: nn.Module) -> layout_start.MemoryBudget | None:
+def memory_budget(config: TrainConfig, model: nn.Module) -> MemoryBudget | None:
     """The per-rank budget ``[pipeline] memory_budget`` sets for ``model``, or ``None`` when it sets none."""
     limit = config.pipeline.memory_budget_bytes
     if limit is None:
         return None
-    return layout_start.MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
+    return MemoryBudget.for_parameters(limit, param_bytes(model), optimizer_slots(config))
 
 
 def planned_start(config: TrainConfig, parts: Components) -> tuple[Layout, float]:
     """The run's first layout and its budget, computed from the config and the components alone, as rank 0 computes
     them at the start (for the dry run and the preflight; the trainer's own comes from its context)."""
-    return layout_start.start_layout(
+    return start_layout(
         sublayer_costs(parts.model),
         candidate_pipe_lens(config),
         config.world_size,
@@ -213,7 +212,7 @@ def check_memory_budget(config: TrainConfig, model: nn.Module) -> None:
     memory = memory_budget(config, model)
     if memory is None:
         return
-    layout_start.initial_layout_within(
+    initial_layout_within(
         sublayer_costs(model),
         candidate_pipe_lens(config),
         config.world_size,

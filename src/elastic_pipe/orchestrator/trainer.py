@@ -10,8 +10,8 @@ The trainer only composes (docs/training.md, "How the trainer is put together", 
 lifecycle and state (:mod:`.trainer_base`), components (:mod:`.components`), the rank's fixed facts
 (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`), one layout's stage (:mod:`.stage`),
 the run's frozen prefix and its activation cache (:mod:`.prefix`), the epoch (:mod:`.step_loop`,
-:mod:`.epoch_losses`, :mod:`.epoch_record`), decision points (:mod:`.executor`, :mod:`.apply_transition`,
-:mod:`.layout_rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
+:mod:`.epoch_losses`, :mod:`.epoch_record`), decision points (:mod:`.layout.executor`, :mod:`.apply_transition`,
+:mod:`.layout.rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
 It alone holds and advances the run's position: the step loop returns the steps it ran and why it stopped (the
 epoch's end, ``max_steps``, a decision point, a step checkpoint); the trainer decides or saves there and lets it go
@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Unpack
 
 import torch
 
-from elastic_pipe.orchestrator import executor
 from elastic_pipe.orchestrator.apply_transition import apply, event_for
 from elastic_pipe.orchestrator.components import components_from_config, with_decisions
 from elastic_pipe.orchestrator.data import num_samples
 from elastic_pipe.orchestrator.epoch_record import finish_epoch
+from elastic_pipe.orchestrator.layout import executor
 from elastic_pipe.orchestrator.persist import Checkpointer, rerun, snapshot
 from elastic_pipe.orchestrator.setup import candidate_pipe_lens, sublayer_costs
 from elastic_pipe.orchestrator.step_loop import EpochRun
@@ -69,7 +69,7 @@ class ElasticTrainer(TrainerBase):
             get defaults), or a function ``(epoch, step, current) -> int``. ``num_layers`` must be the model's
             units (``len(model.unit_ends)``).
         partitioner: a partition solver name or function (``partition.optimal``).
-        compression: a :class:`~elastic_pipe.orchestrator.compression.CompressionRule`.
+        compression: a :class:`~elastic_pipe.orchestrator.layout.compression.CompressionRule`.
         schedule: a schedule kind ("gpipe", "1f1b", ...).
         optimizer: ``params -> torch.optim.Optimizer``.
         loss: ``loss(output, target)``, a mean over the micro-batch.

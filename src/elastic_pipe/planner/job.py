@@ -33,7 +33,7 @@ CACHE_FILLS = ("epoch", "transition")
 INTERLEAVED_CHUNKS = 2
 #: ``JobSpec.virtual`` that lets the plan choose the stages per rank of every epoch (``[pipeline] virtual = "auto"``).
 VIRTUAL_AUTO = "auto"
-#: The largest v ``"auto"`` tries, as the training run's layout rule (``orchestrator.virtual_choice``).
+#: The largest v ``"auto"`` tries, as the training run's layout rule (``orchestrator.layout.virtual_choice``).
 MAX_AUTO_VIRTUAL = 4
 
 

@@ -14,7 +14,6 @@ from elastic_pipe.orchestrator.components.lookup import resolve
 from elastic_pipe.orchestrator.components.policy import adapt_policy, make_policy
 from elastic_pipe.orchestrator.components.registry import build_model, load_eval_samples, load_samples
 from elastic_pipe.orchestrator.components.steps import run_steps
-from elastic_pipe.orchestrator.compression import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.data import (
     Data,
     Loss,
@@ -25,8 +24,8 @@ from elastic_pipe.orchestrator.data import (
     reachable_pipe_lens,
 )
 from elastic_pipe.orchestrator.errors import ConfigError
+from elastic_pipe.orchestrator.layout import COMPRESSION_RULES, MAX_AUTO_VIRTUAL, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
-from elastic_pipe.orchestrator.virtual_choice import MAX_AUTO_VIRTUAL
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
@@ -48,7 +47,7 @@ class Components:
             completes what the user gave).
         partitioner: a solver name of :data:`elastic_pipe.partition.SOLVERS` or a solver function
             (``partition.optimal``).
-        compression: a :class:`~elastic_pipe.orchestrator.compression.CompressionRule`.
+        compression: a :class:`~elastic_pipe.orchestrator.layout.compression.CompressionRule`.
         schedule: a schedule kind of :data:`elastic_pipe.schedule.GENERATORS` ("gpipe", "1f1b", ...).
         optimizer: builds the optimizer over a list of trainable parameters.
         loss: ``loss(output, target)``, a mean over the micro-batch.
@@ -80,7 +79,7 @@ def check_runnable_schedule(
     runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
     ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
     of the pipeline length. With ``"auto"`` every shape needs some v up to
-    :data:`~elastic_pipe.orchestrator.virtual_choice.MAX_AUTO_VIRTUAL` the generator accepts.
+    :data:`~elastic_pipe.orchestrator.layout.virtual_choice.MAX_AUTO_VIRTUAL` the generator accepts.
 
     Args:
         schedule: a registered schedule kind.

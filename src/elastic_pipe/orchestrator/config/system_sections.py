@@ -77,12 +77,12 @@ class PipelineSection:
         solver: partition solver name in :data:`elastic_pipe.partition.SOLVERS`, or ``"module:attr"``.
         cost: per-sub-layer cost the partition balances: "params" (the published proxy) or "time" (profiled).
         compression: "halving" (the published rule), "memory", "none" (freeze only; length and replicas fixed), or
-            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.compression.CompressionRule` object.
+            ``"module:attr"`` of a :class:`~elastic_pipe.orchestrator.layout.compression.CompressionRule` object.
         schedule: pipeline schedule kind in :data:`elastic_pipe.schedule.GENERATORS`.
         virtual: stages per rank v (``pipe_len * virtual`` stages, stage ``s`` on rank ``s % pipe_len``): 1 for
             ``gpipe``, ``1f1b`` and ``zb1p``, 2 or more for ``interleaved`` (micro-batches a multiple of pipe_len);
             or ``"auto"``: the layout rule chooses v for every layout it makes, among those the schedule runs, by
-            the simulated step (:func:`~elastic_pipe.orchestrator.virtual_choice.choose_virtual`).
+            the simulated step (:func:`~elastic_pipe.orchestrator.layout.virtual_choice.choose_virtual`).
         microbatches: micro-batches per step and replica while the pipeline has more than one stage.
         microbatches_by_pipe_len: micro-batches for particular pipeline lengths, e.g. ``{2: 4, 1: 1}``
             (the published system profiled one M per K). A length not listed uses ``microbatches``, except

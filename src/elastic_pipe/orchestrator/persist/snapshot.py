@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from elastic_pipe import freeze
-from elastic_pipe.orchestrator import layout_rule
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
+from elastic_pipe.orchestrator.layout import virtual_rule, with_virtual
 from elastic_pipe.orchestrator.persist.exported import inference_record
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
@@ -40,9 +39,9 @@ def _held_keys(ctx: RunContext, layout: Layout) -> list[str]:
 def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
     """A saved position (:meth:`RunState.to_dict`) on this world size, with this run's ``[pipeline] virtual``
     stages per rank: the saved layout (its frozen prefix, its ranks) is continued, its active sub-layers cut into
-    the config's v stages per rank when the checkpoint's v differs (:func:`.layout_rule.with_virtual`; under
-    ``"auto"`` the v the layout rule chooses for the saved layout's length); the
-    weights and the optimizer state, loaded after it, are placed by that layout.
+    the config's v stages per rank when the checkpoint's v differs
+    (:func:`~elastic_pipe.orchestrator.layout.with_virtual`; under ``"auto"`` the v the layout rule chooses for the
+    saved layout's length); the weights and the optimizer state, loaded after it, are placed by that layout.
 
     Raises:
         OrchestratorError: the saved pipeline length cannot run on this world size, or its active sub-layers
@@ -55,7 +54,7 @@ def position(ctx: RunContext, saved: RunStateRecord) -> RunState:
             f"(possible lengths: {list(ctx.groups.pipe_lens)})"
         )
     state = RunState.from_dict(saved, ctx.world_size)
-    layout = layout_rule.with_virtual(
+    layout = with_virtual(
         state.layout,
         virtual_rule(ctx.config.pipeline.virtual, ctx.parts.schedule),
         ctx.costs,

@@ -29,17 +29,9 @@ from elastic_pipe import partition as part
 from elastic_pipe import schedule as sched
 
 if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.compression import Solver
+    from elastic_pipe.orchestrator.layout.compression import Solver
 
-__all__ = [
-    "HOP_SHARE",
-    "MAX_AUTO_VIRTUAL",
-    "AutoVirtual",
-    "choose_virtual",
-    "stages_per_rank",
-    "virtual_rule",
-    "virtual_steps",
-]
+__all__ = ["MAX_AUTO_VIRTUAL", "AutoVirtual", "choose_virtual", "stages_per_rank", "virtual_rule"]  # the face, siblings
 
 #: The largest v ``"auto"`` tries: beyond 4 the bubble left is small and every extra stage adds host work.
 MAX_AUTO_VIRTUAL = 4

@@ -8,7 +8,7 @@ initial partition) and the world size, and returns the new length with its parti
 * ``none`` - keep the length (freeze only; the pipeline needs one active sub-layer per stage).
 
 An object with ``name``, ``keeps_length`` and this ``__call__`` is a rule (``[pipeline] compression`` takes a
-built-in's name or the ``"module:attr"`` of one). :mod:`.layout_rule` applies the rule a run is given.
+built-in's name or the ``"module:attr"`` of one). :mod:`.rule` applies the rule a run is given.
 """
 
 from __future__ import annotations

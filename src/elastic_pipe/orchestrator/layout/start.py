@@ -1,7 +1,7 @@
 """The first layout of a run and the per-rank memory budget every layout must fit (``[pipeline] memory_budget``):
 the initial pipeline length is the configured one (:func:`initial_layout`), or with a budget the shortest that fits
 it (:func:`initial_layout_within`); :func:`start_layout` picks between them. The layouts after it come from the
-layout rule (:mod:`.layout_rule`).
+layout rule (:mod:`.rule`).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.virtual_choice import stages_per_rank
+from elastic_pipe.orchestrator.layout.virtual_choice import stages_per_rank
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.compression import Solver
-    from elastic_pipe.orchestrator.virtual_choice import AutoVirtual
+    from elastic_pipe.orchestrator.layout.compression import Solver
+    from elastic_pipe.orchestrator.layout.virtual_choice import AutoVirtual
 
 __all__ = ["MemoryBudget", "initial_layout", "initial_layout_within", "start_layout"]
 

@@ -1,16 +1,16 @@
 """A decision point, as data then action: rank 0 decides a :class:`~elastic_pipe.protocol.TransitionMessage`, every
 rank applies it.
 
-Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision
-point), or measure the probe's output drift (:mod:`.stage.probe`, for a probe-driven policy), ask the policy
-(:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
-sub-layers, compute the next layout with the layout rule (:mod:`.layout_rule`), and broadcast the encoded message
-on the gloo control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
+Decide: gather per-unit gradient statistics to rank 0 (only when the policy reads them; one gather per decision point),
+or measure the probe's output drift (:mod:`~elastic_pipe.orchestrator.stage.probe`, for a probe-driven policy), ask the
+policy (:func:`elastic_pipe.freeze.decide` checks its answer), cap the frozen count so the pipeline keeps enough active
+sub-layers, compute the next layout with the layout rule (:mod:`.rule`), and broadcast the encoded message on the gloo
+control group (:func:`.decision.announce`; rank 0's error travels instead, so every rank stops at once).
 
-Apply (:mod:`.apply_transition`): move the sub-layers whose owner changes (weights and optimizer state,
-:mod:`.transition`), freeze the new prefix (its parameters leave the optimizer), build the new
-:class:`~.stage.StageRuntime`, and bring the run's :class:`~.prefix.FrozenPrefix` to the new boundary (its
-activation cache carried there).
+Apply (:mod:`~elastic_pipe.orchestrator.apply_transition`): move the sub-layers whose owner changes (weights and
+optimizer state, :mod:`~elastic_pipe.orchestrator.transition`), freeze the new prefix (its parameters leave the
+optimizer), build the new :class:`~elastic_pipe.orchestrator.stage.StageRuntime`, and bring the run's
+:class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix` to the new boundary (its activation cache carried there).
 
 A decision point follows every epoch but the last, or, with ``[freeze] decide_every = N``, every N-th optimizer
 step of the run, inside an epoch too (the step loop returns to the trainer there, which decides and applies;
@@ -26,18 +26,18 @@ import torch.distributed as dist
 
 from elastic_pipe import freeze, protocol
 from elastic_pipe.groups import BarrierTimeoutError, GroupManager
-from elastic_pipe.orchestrator import decision, layout_rule, layout_start
 from elastic_pipe.orchestrator.errors import OrchestratorError
+from elastic_pipe.orchestrator.layout import decision, rule, start
+from elastic_pipe.orchestrator.layout.virtual_choice import virtual_rule
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
 from elastic_pipe.orchestrator.state import RunState
 from elastic_pipe.orchestrator.transition import changed_ranks
-from elastic_pipe.orchestrator.virtual_choice import virtual_rule
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import FrozenPrefix
 
-__all__ = ["decide", "gather_stats", "initial_state", "meet"]
+__all__ = ["decide", "initial_state"]  # for the trainer, through the module
 
 
 def initial_state(ctx: RunContext) -> RunState:
@@ -47,7 +47,7 @@ def initial_state(ctx: RunContext) -> RunState:
 
     def initial() -> protocol.TransitionMessage:
         # with [pipeline] memory_budget: the shortest pipeline whose every rank fits it
-        layout, budget = layout_start.start_layout(
+        layout, budget = start.start_layout(
             ctx.costs,
             ctx.groups.pipe_lens,
             ctx.world_size,
@@ -142,7 +142,7 @@ def decide(
     stats = gather_stats(ctx, stage)
     change = probe.measure(ctx, stage, prefix)  # the probe's output drift, for a policy that reads it
     current = state.layout
-    policy, rule = ctx.parts.policy, ctx.parts.compression
+    policy, compression = ctx.parts.policy, ctx.parts.compression
     virtual = virtual_rule(ctx.config.pipeline.virtual, ctx.parts.schedule)
 
     def next_message() -> protocol.TransitionMessage:
@@ -152,7 +152,7 @@ def decide(
             policy.observe_drift(change)
         if eval_loss is not None:
             policy.observe_eval(eval_loss)
-        units = layout_rule.decide_units(  # the one rule, as the dry run applies it
+        units = rule.decide_units(  # the one rule, as the dry run applies it
             policy,
             epoch=state.epoch,
             step=state.step,
@@ -160,14 +160,14 @@ def decide(
             unit_ends=ctx.unit_ends,
             num_sublayers=len(ctx.costs),
             pipe_len=current.pipe_len,
-            compression=rule,
+            compression=compression,
             virtual=virtual,
         )
-        layout = layout_rule.next_layout(
+        layout = rule.next_layout(
             current,
-            layout_rule.frozen_sublayers(ctx.unit_ends, units),
+            rule.frozen_sublayers(ctx.unit_ends, units),
             ctx.costs,
-            compression=rule,
+            compression=compression,
             solver=ctx.parts.partitioner,
             budget=state.budget,
             world_size=ctx.world_size,

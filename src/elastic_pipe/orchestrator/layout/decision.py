@@ -1,7 +1,7 @@
 """A decision travels as a message: a :class:`Layout` to and from a :class:`TransitionMessage`, and rank 0's
 broadcast of it on the control group (its error travels instead when it could not decide).
 
-The layout itself comes from :mod:`elastic_pipe.orchestrator.layout_rule`; the format from
+The layout itself comes from :mod:`elastic_pipe.orchestrator.layout.rule`; the format from
 :mod:`elastic_pipe.protocol`.
 """
 

@@ -5,10 +5,10 @@ functions, so a plan predicts exactly the layouts a run performs. The partition 
 :func:`elastic_pipe.partition.solve`, the shorter pipeline from a :class:`~.compression.CompressionRule`
 (:mod:`.compression`: ``halving``, ``memory``, ``none``).
 
-A per-rank memory budget (:class:`~.layout_start.MemoryBudget`, from ``[pipeline] memory_budget``) bounds every
+A per-rank memory budget (:class:`~.start.MemoryBudget`, from ``[pipeline] memory_budget``) bounds every
 layout on top of that: the initial length is the shortest that fits it
-(:func:`~.layout_start.initial_layout_within`), and when a rule's choice does not fit, :func:`next_layout` takes the
-shortest longer length, up to the current one, that does. The first layout of a run: :mod:`.layout_start`.
+(:func:`~.start.initial_layout_within`), and when a rule's choice does not fit, :func:`next_layout` takes the
+shortest longer length, up to the current one, that does. The first layout of a run: :mod:`.start`.
 
 With several stages per rank (``[pipeline] virtual`` = v > 1, interleaved schedules) the rule chooses the number
 of ranks K as with one (the compression rule and the budget see each rank's share of the layers as one block),
@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING
 from elastic_pipe import freeze
 from elastic_pipe import partition as part
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.layout_start import start_layout
-from elastic_pipe.orchestrator.virtual_choice import AutoVirtual, stages_per_rank
+from elastic_pipe.orchestrator.layout.start import start_layout
+from elastic_pipe.orchestrator.layout.virtual_choice import AutoVirtual, stages_per_rank
 from elastic_pipe.types import Layout
 
 if TYPE_CHECKING:
-    from elastic_pipe.orchestrator.compression import CompressionRule, Solver
-    from elastic_pipe.orchestrator.layout_start import MemoryBudget
+    from elastic_pipe.orchestrator.layout.compression import CompressionRule, Solver
+    from elastic_pipe.orchestrator.layout.start import MemoryBudget
 
-__all__ = ["decide_units", "frozen_sublayers", "layout_sequence", "max_frozen_units", "next_layout", "with_virtual"]
+__all__ = ["decide_units", "frozen_sublayers", "layout_sequence", "next_layout", "with_virtual"]  # for the face
 
 
 def max_frozen_units(unit_ends: Sequence[int], num_sublayers: int, min_active: int) -> int:
