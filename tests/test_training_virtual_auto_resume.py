@@ -112,7 +112,6 @@ def test_an_auto_run_resumed_with_auto_ends_as_the_uninterrupted_run(job: tuple[
     assert len(out["max_steps"]["losses"]) == 6
     _ends_as(tmp, out, "stopped", "auto")
     assert _layouts(tmp / "stopped") == layouts
-    assert out["stopped"]["shapes"] == out["auto"]["shapes"]  # one record per epoch: the partial one replaced
 
 
 @pytest.mark.distributed

@@ -227,8 +227,6 @@ class ElasticTrainer(TrainerBase):
         # losses of its first steps, which ``losses`` repeats
         del self.result.losses[state.step - len(losses) :]
         self.result.losses.extend(losses)
-        if self.result.epochs and self.result.epochs[-1]["epoch"] == metrics.epoch:  # ... and its partial record
-            self.result.epochs.pop()
         self.result.epochs.append(metrics.to_dict())
         if self._fresh_layout is not None:  # what the layout's first steps paid belongs to the transition before
             self._fresh_layout["phases"].update(
