@@ -177,12 +177,14 @@ def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None
     assert max(accuracies) > 0.2  # it learned (10 classes: chance is 0.1)
 
 
-def test_the_measured_table_in_the_docs_is_the_result_file(tta: Any) -> None:
-    """docs/time_to_accuracy.md quotes the table the benchmark prints for its results JSON, which names a clean
+@pytest.mark.parametrize("name", ["bbc", "digits", "digits_bypass"])
+def test_the_measured_table_in_the_docs_is_the_result_file(tta: Any, name: str) -> None:
+    """docs/time_to_accuracy.md quotes the table the benchmark prints for each results JSON, which names a clean
     commit; a re-run writes a new JSON, and the doc must quote its table."""
     root = Path(__file__).resolve().parent.parent
-    report = json.loads((root / "benchmarks/results/time_to_accuracy_bbc.json").read_text(encoding="utf-8"))
+    report = json.loads((root / f"benchmarks/results/time_to_accuracy_{name}.json").read_text(encoding="utf-8"))
     assert report["dirty"] is False and len(report["commit"]) >= 7
+    assert sorted(report["seeds"]) == [0, 1, 2]
     doc = (root / "docs/time_to_accuracy.md").read_text(encoding="utf-8")
     assert tta.table(report) in doc
-    assert f"at {report['commit'][:7]} (`benchmarks/results/time_to_accuracy_bbc.json`" in " ".join(doc.split())
+    assert f"at {report['commit'][:7]} (`benchmarks/results/time_to_accuracy_{name}.json`" in " ".join(doc.split())

