@@ -218,14 +218,18 @@ def test_the_freeze_probe_travels_down_two_stages_per_rank() -> None:
 
 
 @pytest.mark.distributed
-def test_the_cli_trains_the_example_interleaved_and_re_partitions_at_its_transitions(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("schedule", "virtual"), [("interleaved", 2), ("zb1p", 1)])
+def test_the_cli_trains_the_example_and_re_partitions_at_its_transitions(
+    schedule: str, virtual: int, tmp_path: Path
+) -> None:
     """``elastic-pipe train`` on the example config with ``schedule = "interleaved"`` and ``virtual = 2``
-    (docs/schedule.md gives the command): 2 gloo ranks, 4 stages, FreezeOut freezing 2 units after the first epoch;
-    the transition re-cuts the active sub-layers into K x 2 stages and the run learns."""
+    (docs/schedule.md gives the command), and with the zero-bubble ``zb1p``: 2 gloo ranks, K x v stages, FreezeOut
+    freezing 2 units after the first epoch; the transition re-cuts the active sub-layers into K x v stages and the
+    run learns."""
     root = Path(__file__).resolve().parent.parent
     argv = [
         sys.executable, "-m", "elastic_pipe", "train", "--config", str(root / "examples" / "vit_digits.toml"),
-        "--epochs", "2", "--set", "pipeline.schedule=interleaved", "--set", "pipeline.virtual=2",
+        "--epochs", "2", "--set", f"pipeline.schedule={schedule}", "--set", f"pipeline.virtual={virtual}",
         "--set", "log.progress=false", "--set", f"log.dir={tmp_path / 'log'}", "--json",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
@@ -233,6 +237,6 @@ def test_the_cli_trains_the_example_interleaved_and_re_partitions_at_its_transit
     doc = json.loads(done.stdout)
     assert [(e["pipe_len"], e["frozen_units"]) for e in doc["epochs"]] == [(2, 0), (2, 2)]
     (transition,) = doc["transitions"]
-    assert transition["frozen_units"] == 2 and len(transition["boundaries"]) == 2 * 2 + 1  # K x v stages
+    assert transition["frozen_units"] == 2 and len(transition["boundaries"]) == 2 * virtual + 1  # K x v stages
     assert transition["boundaries"][0] == transition["frozen"]  # the first stage starts after the frozen prefix
     assert doc["final_accuracy"] > 0.5  # ten classes: chance is 0.1
