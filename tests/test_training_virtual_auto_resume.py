@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from checkpoint_copy import copy_checkpoint
 from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.testing import RankContext, run_distributed
-from test_training_virtual_resume import EPOCH1, STEP0, _config, _final_weights, _fit, _load
+from test_training_virtual_resume import EPOCH1, STEP0, _config, _final_weights, _fit, _fit_resumed, _load
 
 #: GPipe (which runs any v), halving, 2 units freezing after epoch 0, a checkpoint after every step.
 CHANGES: dict[str, object] = {
@@ -54,7 +53,6 @@ def _name(source: str, checkpoint: str, virtual: int | str) -> str:
 def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     """The uninterrupted runs, an ``"auto"`` run stopped inside epoch 1 and continued, then every resume of
     :data:`RESUMES`, one after the other in one 2-rank job, each in its own directory."""
-    import torch.distributed as dist
 
     root = Path(tmp)
     out = {name: _fit(root / name, v, changes=CHANGES) for name, v in RUNS.items()}
@@ -62,10 +60,7 @@ def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     out["stopped"] = _fit(root / "stopped", "auto", changes=CHANGES)  # continued in its directory
     for source, checkpoint, v in RESUMES:
         target = root / _name(source, checkpoint, v)
-        if ctx.rank == 0:
-            copy_checkpoint(root / source, target, checkpoint)
-        dist.barrier()
-        out[target.name] = _fit(target, v, changes=CHANGES)
+        out[target.name] = _fit_resumed(ctx, root / source, checkpoint, target, v, changes=CHANGES)
     return out
 
 

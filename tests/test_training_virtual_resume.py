@@ -126,7 +126,6 @@ def _fit(
 def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     """The uninterrupted runs, a run stopped inside epoch 1 and continued, then every resume of :data:`RESUMES`, one
     after the other in one 2-rank job, each in its own directory."""
-    import torch.distributed as dist
 
     root = Path(tmp)
     out = {name: _fit(root / name, v) for name, v in (("v2", 2), ("v1", 1))}
@@ -134,11 +133,27 @@ def _job(ctx: RankContext, tmp: str) -> dict[str, Any]:
     out["continued"] = _fit(root / "stopped", 2)
     for source, name, v in RESUMES:
         target = root / f"{source}-{name}-v{v}"
-        if ctx.rank == 0:
-            copy_checkpoint(root / source, target, name)
-        dist.barrier()
-        out[target.name] = _fit(target, v)
+        out[target.name] = _fit_resumed(ctx, root / source, name, target, v)
     return out
+
+
+def _fit_resumed(
+    ctx: RankContext,
+    source: Path,
+    checkpoint: str,
+    target: Path,
+    virtual: int | str,
+    *,
+    changes: Mapping[str, object] | None = None,
+) -> dict[str, Any]:
+    """Copy ``source``'s ``checkpoint`` into ``target`` (rank 0, every rank waiting) and continue it there with
+    ``virtual`` stages per rank (:func:`_fit`)."""
+    import torch.distributed as dist
+
+    if ctx.rank == 0:
+        copy_checkpoint(source, target, checkpoint)
+    dist.barrier()
+    return _fit(target, virtual, changes=changes)
 
 
 @pytest.fixture(scope="module")
