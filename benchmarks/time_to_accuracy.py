@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elastic_pipe import data as edata
-from elastic_pipe import models
+from elastic_pipe import freeze, models
 from elastic_pipe.models.sublayer import SubLayerModel
 from elastic_pipe.orchestrator import ElasticTrainer, TrainConfig, config_from_tables
 from elastic_pipe.orchestrator.launch import join_process_group
@@ -414,6 +414,15 @@ def elastic_run(
     }
 
 
+def variant_arm(spec: str) -> tuple[str, dict[str, Any]]:
+    """``--policy-arm``'s ``policy:key=value,...`` (the accuracy study's arm grammar) as an elastic arm's name and
+    ``[freeze]`` table: ``"drift:max_fraction=0.95"`` is the arm ``elastic-drift:max_fraction=0.95``."""
+    parsed = study.parse_arm(spec)
+    if parsed.policy not in freeze.POLICIES:
+        raise SystemExit(f"--policy-arm: unknown policy {parsed.policy!r} in {spec!r}")
+    return f"elastic-{spec}", {"policy": parsed.policy, "options": dict(parsed.options)}
+
+
 def run_arm(task: Task, arm: str, setting: Setting, seed: int, lora_lr: Mapping[str, float]) -> dict[str, Any]:
     """One arm of ``task`` for ``seed``, from a fresh copy of the checkpoint, with the compiler's state reset."""
     torch._dynamo.reset()
@@ -427,7 +436,8 @@ def run_arm(task: Task, arm: str, setting: Setting, seed: int, lora_lr: Mapping[
         rank, targets = LORA_ARMS[arm]
         lora = add_lora(model, rank, targets)
         return plain_run(task, lora, setting, seed, compiled=setting.compile_lora, lr=lora_lr[arm])
-    return elastic_run(task, model, setting, seed, ELASTIC_ARMS[arm])
+    table = ELASTIC_ARMS[arm] if arm in ELASTIC_ARMS else variant_arm(arm.removeprefix("elastic-"))[1]
+    return elastic_run(task, model, setting, seed, table)
 
 
 def tune_lora(task: Task, arms: Sequence[str], setting: Setting, grid: Sequence[float]) -> dict[str, Any]:
@@ -567,6 +577,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tiny", action="store_true", help="digits: vit-tiny at 8 px on a few samples (a smoke test)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {', '.join(ARMS)}")
+    ap.add_argument(
+        "--policy-arm",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="an elastic arm more, policy:key=value,... (e.g. drift:max_fraction=0.95); repeatable",
+    )
     ap.add_argument("--epochs", type=int, default=0, help="default: bbc 6, digits 10, custom 3")
     ap.add_argument("--batch", type=int, default=0, help="default: bbc 32, digits 64, custom 32")
     ap.add_argument("--lr", type=float, default=0.0, help="full fine-tuning's rate (default: bbc 5e-5, digits 1e-4)")
@@ -633,8 +650,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     up or slows down meets every arm alike)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
+    variants = [variant_arm(spec)[0] for spec in args.policy_arm]
+    arms = [a for a in args.arms.split(",") if a] + variants
+    elastic = [a for a in arms if a in ELASTIC_ARMS] + variants
+    unknown = sorted(set(arms) - set(ARMS) - set(elastic))
     if unknown:
         raise SystemExit(f"--arms: unknown {', '.join(unknown)}; expected some of {', '.join(ARMS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -655,7 +674,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     lora_arms = [a for a in arms if a in LORA_ARMS]
     lora_lr = dict.fromkeys(lora_arms, args.lora_lr or 10 * task.lr)
     # one process group for every elastic run (the trainer leaves a group it did not create alone)
-    joined = join_process_group(task_config(task, setting, 0)) if any(a in ELASTIC_ARMS for a in arms) else False
+    joined = join_process_group(task_config(task, setting, 0)) if elastic else False
     try:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run

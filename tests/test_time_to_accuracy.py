@@ -188,3 +188,12 @@ def test_the_measured_table_in_the_docs_is_the_result_file(tta: Any, name: str) 
     doc = (root / "docs/time_to_accuracy.md").read_text(encoding="utf-8")
     assert tta.table(report) in doc
     assert f"at {report['commit'][:7]} (`benchmarks/results/time_to_accuracy_{name}.json`" in " ".join(doc.split())
+
+
+def test_a_policy_arm_names_its_policy_and_options_and_refuses_unknown_policies(tta: Any) -> None:
+    name, table = tta.variant_arm("drift:max_fraction=0.95,settle=null")
+    assert name == "elastic-drift:max_fraction=0.95,settle=null"
+    assert table == {"policy": "drift", "options": {"max_fraction": 0.95, "settle": None}}
+    assert tta.variant_arm("alpha:alpha=0.25")[1] == {"policy": "alpha", "options": {"alpha": 0.25}}
+    with pytest.raises(SystemExit, match="unknown policy 'nonesuch'"):
+        tta.variant_arm("nonesuch:x=1")
