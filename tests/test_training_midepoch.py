@@ -206,12 +206,24 @@ def _record_ids(ctx: RankContext) -> dict[str, Any]:
 def _default_rhythm(ctx: RankContext) -> dict[str, Any]:
     """The config without a [freeze] table: the default policy (drift) at its own rhythm (decide_every "auto")."""
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+    from elastic_pipe.orchestrator.step_loop import EpochRun
 
     tables = {k: v for k, v in _tables(**{"train.epochs": 4, "train.lr_schedule": "cosine"}).items() if k != "freeze"}
-    with ElasticTrainer(config_from_tables(tables), data=_samples(), quiet=True) as t:
-        every = t.config.freeze.decide_every
-        result = t.fit().to_dict()
-    return {"every": every, "transitions": result["transitions"]}
+    reads: list[int] = []  # the step a loader iteration of the training batches starts at
+    original = EpochRun._read_from
+
+    def counted(self: EpochRun, step: int, stage: Any) -> Any:
+        reads.append(step)
+        return original(self, step, stage)
+
+    EpochRun._read_from = counted  # type: ignore[method-assign]
+    try:
+        with ElasticTrainer(config_from_tables(tables), data=_samples(), quiet=True) as t:
+            every = t.config.freeze.decide_every
+            result = t.fit().to_dict()
+    finally:
+        EpochRun._read_from = original  # type: ignore[method-assign]
+    return {"every": every, "transitions": result["transitions"], "reads": reads}
 
 
 @pytest.fixture(scope="module")
@@ -459,3 +471,8 @@ def test_the_default_policy_decides_four_times_an_epoch_and_settles_after_60_per
     assert transitions and all(t["step"] % 2 == 0 for t in transitions)
     assert all(t["frozen_units"] < 3 for t in transitions if t["step"] < 0.6 * 32)
     assert [(t["step"], t["epoch"], t["epoch_step"], t["frozen_units"]) for t in transitions][-1] == (20, 2, 4, 3)
+    # the batches are read once an epoch and again only after a transition inside it: the decision points that keep
+    # the layout (three an epoch, most of them here) go on with the loader's read-ahead
+    inside = [t["epoch_step"] for t in transitions if t["epoch_step"]]
+    assert len(inside) < 3 * 4
+    assert sorted(out["reads"]) == sorted([0] * 4 + inside)

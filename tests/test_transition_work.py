@@ -123,7 +123,7 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
         with ElasticTrainer(config, data=data, quiet=True) as trainer:
             transition = trainer.transition
 
-            def counted(*, epoch_step: int = 0) -> Any:
+            def counted(*, epoch_step: int = 0, before: Any = None) -> Any:
                 old, released = trainer.state.layout, trainer.prefix.released
                 measure, baseline = probe.measure, probe.baseline
                 with count_work(
@@ -141,9 +141,13 @@ def _run(ctx: RankContext, when: str, residency: str, disk: str) -> dict[str, An
 
                         return probed
 
+                    def paused(leave: Any) -> None:  # the step loop leaving its batches: counted apart
+                        with work.part("pause"):
+                            leave()
+
                     probe.measure, probe.baseline = in_probe(measure), in_probe(baseline)
                     try:
-                        event = transition(epoch_step=epoch_step)
+                        event = transition(epoch_step=epoch_step, before=before and (lambda: paused(before)))
                     finally:
                         probe.measure, probe.baseline = measure, baseline
                 if event is None:  # a decision point that changed nothing
@@ -363,6 +367,25 @@ def test_a_decision_point_that_changes_nothing_does_nothing(
                 for u in r["unchanged"]:
                     main = u["work"]["main"]
                     assert {k: main[k] for k in nothing} == nothing and not main["called"], (world, residency, u)
+                    assert "pause" not in u["work"], u  # the epoch goes on with its batches
+
+
+def test_a_transition_inside_an_epoch_pauses_it_once_and_the_pause_only_folds_the_losses(
+    runs: dict[tuple[int, str, str], list[dict[str, Any]]],
+) -> None:
+    """The step loop leaves its batches and folds the epoch's losses (one all-reduce) only once a decision is known
+    to change the layout, and only inside an epoch (an epoch-end transition has no batches to leave)."""
+    for (world, when, residency), results in runs.items():
+        for r in results:
+            for rec in r["records"]:
+                pause = rec["work"].get("pause")
+                if rec["epoch_step"] == 0:
+                    assert pause is None, (world, when, residency, rec)
+                    continue
+                assert pause is not None, (world, when, residency, rec)
+                assert not any(pause["calls"]) and pause["items_read"] == 0, (world, when, residency, rec)
+                assert pause["cache_put"] == pause["cache_carried"] == pause["cache_got"] == 0, rec
+                assert set(pause["copied"]) == {"all_reduce"}, (world, when, residency, rec)
 
 
 def test_the_default_policy_adds_only_its_probe_forwards(

@@ -9,6 +9,7 @@ the :class:`~.metrics.TransitionEvent` of what it did.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,16 +67,21 @@ def apply(
     optimizer: torch.optim.Optimizer,
     prefix: FrozenPrefix,
     epoch_step: int = 0,
+    before: Callable[[], None] | None = None,
 ) -> Applied | None:
     """Apply a decoded message on this rank (a collective); ``None`` when the layout stays as it is.
 
     Args:
         epoch_step: steps of the epoch done before the decision point (for the fault hook).
+        before: called once the layout is known to change, before anything moves (inside an epoch, the step loop
+            leaves its batches there); a decision that changes nothing costs the epoch no restart of its reads.
     """
     old = state.layout
     new = layout_from_message(msg, ctx.world_size)
     if new == old:
         return None
+    if before is not None:
+        before()
     maybe_fail("transition", ctx.rank, msg.epoch, epoch_step)
     clock = PhaseClock(ctx.device, TRANSITION_PHASES)
     clock.start()

@@ -199,10 +199,8 @@ class ElasticTrainer(TrainerBase):
             stopped = self.step_limit_reached()
             if ran.decision and stopped:  # the decision is made first when the run continues
                 self._state = self.state.replace(decision_due=True)
-            elif ran.decision:
-                run.pause(self.state.step)
-                self.transition(epoch_step=ran.done)
-                run.go_on(self.stage)
+            elif ran.decision and self.transition(epoch_step=ran.done, before=lambda: run.pause(self.state.step)):
+                run.go_on(self.stage)  # a decision that keeps the layout goes on with the same batches
             if ran.checkpoint and checkpointer is not None:
                 checkpointer.maybe_save_step(self.state, ran.done)
             if stopped or not (ran.decision or ran.checkpoint):
@@ -243,9 +241,9 @@ class ElasticTrainer(TrainerBase):
         every = c.freeze.every_steps
         self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or decision_point(state.step, every))
 
-    def transition(self, *, epoch_step: int = 0) -> TransitionEvent | None:
+    def transition(self, *, epoch_step: int = 0, before: Callable[[], None] | None = None) -> TransitionEvent | None:
         """Decide and apply at the decision point before the current epoch, or inside it after ``epoch_step`` of its
-        steps; returns the event when the layout changed.
+        steps; returns the event when the layout changed (``before`` is called then, before anything moves).
 
         The policy observes the gradient statistics gathered since the previous decision point and the held-out
         loss of the latest evaluation (evaluations run at epoch ends only).
@@ -258,7 +256,9 @@ class ElasticTrainer(TrainerBase):
             ctx, state, stage, prefix=prefix, eval_loss=self._latest_eval_loss(), epoch_step=epoch_step
         )
         decide_s = time.perf_counter() - t0
-        applied = apply(ctx, state, stage, msg, optimizer=self.optimizer, prefix=prefix, epoch_step=epoch_step)
+        applied = apply(
+            ctx, state, stage, msg, optimizer=self.optimizer, prefix=prefix, epoch_step=epoch_step, before=before
+        )
         if applied is None:
             return None
         if ctx.device.type == "cuda":
