@@ -155,6 +155,8 @@ BASELINES: dict[str, Callable[[], dict[str, Any]]] = {
         "actions": {0: (schedule.Action(0, "F", 0), schedule.Action(0, "B", 0))},
     },
     "schedule.generate": lambda: {"kind": "gpipe"},
+    "schedule.refusal": lambda: {"kind": "gpipe"},
+    "schedule.accepts": lambda: {"kind": "gpipe"},
     "schedule.interleaved_1f1b": lambda: {"ranks": 1, "microbatches": 1, "chunks": 2},
     "schedule.check_structure": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},
     "schedule.validate": lambda: {"schedule": schedule.generate("1f1b", 1, 1)},

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.data import cross_entropy
 from elastic_pipe.orchestrator.stage.build import build_runner
 from elastic_pipe.orchestrator.stage.local_step import LocalStep
@@ -49,8 +50,6 @@ def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
         if name == "torch":
             from torch.distributed.pipelining import PipelineStage
 
-            from elastic_pipe import schedule as sched
-
             stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=dist.group.WORLD)
             runner: Any = sched.torch_schedule(
                 sched.generate("1f1b", 1, microbatches), 0, [stage], cross_entropy, scale_grads=True
@@ -59,9 +58,7 @@ def _one_stage_runners(ctx: RankContext, microbatches: int) -> dict[str, Any]:
             runner = build_runner(
                 model,
                 stage=0,
-                pipe_len=1,
-                microbatches=microbatches,
-                schedule="1f1b",
+                schedule=sched.generate("1f1b", 1, microbatches),
                 device=torch.device("cpu"),
                 group=dist.group.WORLD,
                 # one micro-batch of rows, as the runtime declares (torch < 2.12 checks the declared shape)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -13,14 +14,20 @@ from hypothesis import strategies as st
 
 from elastic_pipe.schedule import (
     GENERATORS,
+    MAX_AUTO_VIRTUAL,
     Action,
     ActionKind,
     Schedule,
     ScheduleError,
+    ScheduleTypeError,
+    accepts,
     generate,
+    refusal,
     simulate,
     validate,
 )
+from elastic_pipe.schedule.generators import MAX_ACTIONS
+from elastic_pipe.schedule.ir import MAX_CHUNKS, MAX_MICROBATCHES, MAX_RANKS
 
 GOLDEN = Path(__file__).parent / "golden" / "schedule"
 
@@ -114,6 +121,91 @@ def test_golden_files_cover_every_generator() -> None:
 def test_generators_refuse_with_the_constraint(kind: str, ranks: int, mbs: int, chunks: int, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
         generate(kind, ranks, mbs, chunks)
+
+
+# --- what each generator accepts (refusal, accepts) ----------------------------------------------------------------
+
+#: Shapes at and past the generators' limits (only the refused ones are large: they are refused before any work).
+LIMIT_SHAPES = [
+    (MAX_RANKS, 1, 1),
+    (MAX_RANKS + 1, 1, 1),
+    (1, MAX_MICROBATCHES + 1, 1),
+    (1, 1, MAX_CHUNKS),
+    (1, 1, MAX_CHUNKS + 1),
+    (MAX_RANKS, MAX_ACTIONS // (3 * MAX_RANKS) + 1, 1),
+    (2, 4, 2**40),
+]
+
+
+def _generated(kind: str, ranks: int, mbs: int, chunks: int) -> str | None:
+    """What calling the generator says: None when it builds a schedule (a valid one), else its error's message."""
+    try:
+        schedule = generate(kind, ranks, mbs, chunks)
+    except ScheduleError as exc:
+        return str(exc)
+    if ranks * mbs * chunks <= 1_000:
+        validate(schedule)  # every action once, in dependency order, no deadlock
+    return None
+
+
+def _documented(kind: str, ranks: int, mbs: int, chunks: int) -> bool:
+    """docs/schedule.md's table of what each generator accepts, within the limits every generator keeps."""
+    within = ranks <= MAX_RANKS and mbs <= MAX_MICROBATCHES and chunks <= MAX_CHUNKS
+    own = {"gpipe": True, "1f1b": chunks == 1, "zb1p": chunks == 1, "interleaved": chunks >= 2 and mbs % ranks == 0}
+    return within and 3 * ranks * mbs * chunks <= MAX_ACTIONS and own[kind]
+
+
+@pytest.mark.parametrize("kind", sorted(GENERATORS))
+def test_refusal_answers_as_the_generator_over_a_grid(kind: str) -> None:
+    grid = [*itertools.product(range(1, 5), range(1, 7), range(1, MAX_AUTO_VIRTUAL + 2)), *LIMIT_SHAPES]
+    for ranks, mbs, chunks in grid:
+        reason = refusal(kind, ranks, mbs, chunks)
+        assert reason == _generated(kind, ranks, mbs, chunks), (kind, ranks, mbs, chunks)
+        assert accepts(kind, ranks, mbs, chunks) is (reason is None) is _documented(kind, ranks, mbs, chunks)
+        if reason is None:
+            if ranks * mbs * chunks <= 1_000:  # the generator called directly builds the same schedule
+                assert generate(kind, ranks, mbs, chunks).actions == {
+                    r: tuple(a) for r, a in GENERATORS[kind](ranks, mbs, chunks).items()
+                }
+        else:
+            assert "\n" not in reason
+            with pytest.raises(ScheduleError, match=re.escape(reason)):  # and refuses with the same reason
+                GENERATORS[kind](ranks, mbs, chunks)
+
+
+def test_refusal_names_the_limit_a_count_passes() -> None:
+    assert refusal("gpipe", MAX_RANKS + 1, 1) == f"ranks must be an integer <= {MAX_RANKS}, got {MAX_RANKS + 1}"
+    assert refusal("gpipe", 2, 4, 2**40) == f"chunks must be an integer <= {MAX_CHUNKS}, got {2**40}"
+    assert "above the limit of" in str(refusal("1f1b", MAX_RANKS, MAX_RANKS))
+    assert (
+        refusal("interleaved", 4, 6, 2)
+        == "interleaved needs microbatches to be a multiple of ranks=4, got microbatches=6"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (("pipedream", 2, 4, 1), ScheduleError, "unknown schedule kind 'pipedream': expected one of"),
+        ((3, 2, 4, 1), ScheduleTypeError, "kind must be a string"),
+        (("gpipe", 0, 4, 1), ScheduleError, "ranks must be an integer >= 1, got 0"),
+        (("gpipe", 2, -1, 1), ScheduleError, "microbatches must be an integer >= 1, got -1"),
+        (("gpipe", 2, 4, 0), ScheduleError, "chunks must be an integer >= 1, got 0"),
+        (("gpipe", 2.0, 4, 1), ScheduleTypeError, "ranks must be an integer"),
+        (("gpipe", 2, "4", 1), ScheduleTypeError, "microbatches must be an integer"),
+        (("gpipe", 10**30, 4, 1), ScheduleError, "ranks must be an integer <= 9223372036854775807"),  # no int64
+    ],
+)
+def test_refusal_and_accepts_raise_on_bad_arguments(args: tuple[object, ...], error: type, message: str) -> None:
+    for ask in (refusal, accepts):
+        with pytest.raises(error, match=message):
+            ask(*args)  # type: ignore[arg-type]
+
+
+def test_every_kind_runs_some_v_that_auto_tries() -> None:
+    # the planner and the layout rule start "auto" from the fewest v the schedule runs: there is one for every kind
+    for kind in GENERATORS:
+        assert any(accepts(kind, 1, 1, v) for v in range(1, MAX_AUTO_VIRTUAL + 1)), kind
 
 
 # --- validator -----------------------------------------------------------------------------------------------------

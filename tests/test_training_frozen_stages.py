@@ -23,6 +23,7 @@ import frozen_toy
 from elastic_pipe.orchestrator.dry_run import planned_epochs
 from elastic_pipe.orchestrator.stage.build import splits_backward
 from elastic_pipe.orchestrator.stage.runtime import gradient_from
+from elastic_pipe.schedule import generate
 from elastic_pipe.testing import RankContext, run_distributed
 
 #: A 160-sample slice of the digits: 128 train, 4 steps of 32 per epoch, 2 epochs, the transition between them.
@@ -37,9 +38,10 @@ def test_a_gradient_crosses_the_boundaries_after_the_first_trainable_sub_layer()
     assert gradient_from(4, boundaries, split_backward=True) == 4
     assert gradient_from(3, (3, 7), split_backward=True) == 3  # the first stage: its input is the prefix's output
     assert gradient_from(7, boundaries, split_backward=True) == 8  # nothing trains: no gradient anywhere
-    assert splits_backward("zb1p", 2, 2, 1)
-    assert not any(splits_backward(s, 2, 2, 1) for s in ("gpipe", "1f1b"))
-    assert not splits_backward("interleaved", 2, 2, 2)
+    assert splits_backward(generate("zb1p", 2, 2, 1))
+    assert not any(splits_backward(generate(s, 2, 2, 1)) for s in ("gpipe", "1f1b"))
+    assert not splits_backward(generate("interleaved", 2, 2, 2))
+    assert not splits_backward(generate("zb1p", 1, 1, 1))  # one stage, one micro-batch: a LocalStep, one backward
 
 
 def _config(

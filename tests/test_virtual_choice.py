@@ -16,7 +16,6 @@ from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.layout.rule import decide_units, layout_sequence, next_layout, with_virtual
 from elastic_pipe.orchestrator.layout.start import initial_layout
 from elastic_pipe.orchestrator.layout.virtual_choice import (
-    MAX_AUTO_VIRTUAL,
     AutoVirtual,
     choose_virtual,
     virtual_rule,
@@ -33,7 +32,7 @@ from elastic_pipe.planner import (
     make_plan,
     plan_to_dict,
 )
-from elastic_pipe.planner.job import MAX_AUTO_VIRTUAL as PLANNER_MAX_AUTO_VIRTUAL
+from elastic_pipe.schedule import MAX_AUTO_VIRTUAL
 from elastic_pipe.types import Layout
 
 TINY = {"name": "vit", "options": {"preset": "vit-tiny", "depth": 2, "dim": 16, "heads": 2, "mlp_dim": 32}}
@@ -249,7 +248,9 @@ def test_an_auto_job_tries_the_v_its_schedule_runs() -> None:
     assert JobSpec(8, 1, 1, schedule="interleaved", virtual="auto").virtual_candidates == (2, 3, 4)
     assert JobSpec(8, 1, 1, schedule="zb1p", virtual="auto").virtual_candidates == (1,)
     assert JobSpec(8, 1, 1, schedule="interleaved", virtual="auto").chunks == 2  # the layout search's v
-    assert PLANNER_MAX_AUTO_VIRTUAL == MAX_AUTO_VIRTUAL  # the planner tries what the training run's rule tries
+    # the planner tries what the training run's rule tries: every v up to the one limit both read
+    assert JobSpec(8, 1, 1, schedule="gpipe", virtual="auto").virtual_candidates[-1] == MAX_AUTO_VIRTUAL
+    assert AutoVirtual("gpipe").most == MAX_AUTO_VIRTUAL
     with pytest.raises(PlannerError, match=r"JobSpec\.virtual must be an int"):
         JobSpec(8, 1, 1, virtual="many")
 

@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from elastic_pipe.planner.errors import CHECK, PlannerError
-from elastic_pipe.schedule import GENERATORS, MAX_CHUNKS, ScheduleError, generate
+from elastic_pipe.schedule import GENERATORS, MAX_AUTO_VIRTUAL, MAX_CHUNKS, accepts, refusal
 
 __all__ = [
     "CACHE_FILLS",
     "CACHE_TIERS",
     "INTERLEAVED_CHUNKS",
-    "MAX_AUTO_VIRTUAL",
     "MAX_EPOCHS",
     "MAX_MICROBATCHES",
     "MAX_PIPE_LEN",
@@ -33,8 +32,6 @@ CACHE_FILLS = ("epoch", "transition")
 INTERLEAVED_CHUNKS = 2
 #: ``JobSpec.virtual`` that lets the plan choose the stages per rank of every epoch (``[pipeline] virtual = "auto"``).
 VIRTUAL_AUTO = "auto"
-#: The largest v ``"auto"`` tries, as the training run's layout rule (``orchestrator.layout.virtual_choice``).
-MAX_AUTO_VIRTUAL = 4
 
 
 #: Upper bounds on a job's sizes: the planner prices every layout (pipeline length, micro-batch count) of every
@@ -43,15 +40,6 @@ MAX_AUTO_VIRTUAL = 4
 MAX_EPOCHS = 2_000
 MAX_MICROBATCHES = 4_096
 MAX_PIPE_LEN = 1_024
-
-
-def _runs(schedule: str, virtual: int) -> bool:
-    """Whether ``schedule``'s generator takes ``virtual`` stages per rank (on one rank, one micro-batch)."""
-    try:
-        generate(schedule, 1, 1, virtual)
-    except ScheduleError:
-        return False
-    return True
 
 
 def _default_policy_options() -> dict[str, Any]:
@@ -86,9 +74,9 @@ class JobSpec:
             interleaved at least two, gpipe any). Training takes the same v as ``[pipeline] virtual``
             (docs/schedule.md, "Which schedules run in training"). ``"auto"``: every epoch's layout is searched
             with the fewest stages per rank the schedule runs (:attr:`chunks`), then each v up to
-            :data:`MAX_AUTO_VIRTUAL` the schedule runs is predicted at the chosen K and M and the fastest that
-            fits memory is planned (the smaller v on a tie); the epoch reports them all
-            (:attr:`~elastic_pipe.planner.EpochPlan.virtual_options`).
+            :data:`~elastic_pipe.schedule.MAX_AUTO_VIRTUAL` (training's limit too) the schedule runs is predicted at
+            the chosen K and M and the fastest that fits memory is planned (the smaller v on a tie); the epoch
+            reports them all (:attr:`~elastic_pipe.planner.EpochPlan.virtual_options`).
     """
 
     global_batch: int
@@ -125,10 +113,9 @@ class JobSpec:
         CHECK.number("JobSpec.transition_seconds", self.transition_seconds)
         if self.schedule not in GENERATORS:
             raise PlannerError(f"unknown schedule {self.schedule!r}; expected one of {sorted(GENERATORS)}")
-        try:  # the generator states which stage counts per rank its schedule takes
-            generate(self.schedule, 1, 1, self.chunks)
-        except ScheduleError as exc:
-            raise PlannerError(f"JobSpec.virtual={self.virtual}: {exc}") from None
+        reason = refusal(self.schedule, 1, 1, self.chunks)  # the stage counts per rank its generator takes
+        if reason is not None:
+            raise PlannerError(f"JobSpec.virtual={self.virtual}: {reason}")
         if self.cache_tier not in ("auto", *CACHE_TIERS):
             raise PlannerError(
                 f"unknown cache tier {self.cache_tier!r} (cache_tier); expected one of {['auto', *CACHE_TIERS]}"
@@ -154,9 +141,10 @@ class JobSpec:
 
     @property
     def virtual_candidates(self) -> tuple[int, ...]:
-        """The v an ``"auto"`` job tries: those up to :data:`MAX_AUTO_VIRTUAL` the schedule's generator accepts
-        (its micro-batch and length constraints are checked per layout)."""
-        return tuple(v for v in range(1, MAX_AUTO_VIRTUAL + 1) if _runs(self.schedule, v))
+        """The v an ``"auto"`` job tries: those up to :data:`~elastic_pipe.schedule.MAX_AUTO_VIRTUAL` the schedule's
+        generator accepts on one rank (:func:`~elastic_pipe.schedule.accepts`; its micro-batch and length constraints
+        are checked per layout)."""
+        return tuple(v for v in range(1, MAX_AUTO_VIRTUAL + 1) if accepts(self.schedule, 1, 1, v))
 
     @property
     def samples_per_epoch(self) -> int:

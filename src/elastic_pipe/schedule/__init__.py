@@ -1,5 +1,6 @@
-"""Pipeline schedules as data: an action IR, generators (GPipe, 1F1B, interleaved, zero-bubble), a validator,
-an event-driven simulator, micro-batch tuning, Gantt charts and lowering to torch.distributed.pipelining.
+"""Pipeline schedules as data: an action IR, generators (GPipe, 1F1B, interleaved, zero-bubble) and what each
+accepts (``refusal``, ``accepts``), a validator, an event-driven simulator, micro-batch tuning, Gantt charts and
+lowering to torch.distributed.pipelining.
 
 This package imports no other elastic_pipe primitive; it may use :mod:`elastic_pipe.types`.
 """
@@ -10,11 +11,14 @@ from elastic_pipe.schedule.errors import MissingExtraError, ScheduleError, Sched
 from elastic_pipe.schedule.gantt import KIND_COLOURS, gantt
 from elastic_pipe.schedule.generators import (
     GENERATORS,
+    MAX_AUTO_VIRTUAL,
     ScheduleGenerator,
+    accepts,
     generate,
     gpipe,
     interleaved_1f1b,
     one_f_one_b,
+    refusal,
     zb_h1,
 )
 from elastic_pipe.schedule.ir import MAX_CHUNKS, Action, ActionKind, Schedule
@@ -36,6 +40,7 @@ __all__ = [
     "EAGER_HOST_SECONDS_PER_BLOCK",
     "GENERATORS",
     "KIND_COLOURS",
+    "MAX_AUTO_VIRTUAL",
     "MAX_CHUNKS",
     "PUBLISHED_SEARCH_FACTORS",
     "Action",
@@ -52,6 +57,7 @@ __all__ = [
     "Simulation",
     "StageTimes",
     "TuningRow",
+    "accepts",
     "check_structure",
     "gantt",
     "generate",
@@ -59,6 +65,7 @@ __all__ = [
     "interleaved_1f1b",
     "one_f_one_b",
     "peak_activations",
+    "refusal",
     "simulate",
     "torch_actions",
     "torch_schedule",

@@ -3,7 +3,9 @@
 Each generator is a pure function ``(ranks, microbatches, chunks) -> {rank: [Action, ...]}``; ``chunks`` is the
 number of stages per rank (``ranks * chunks`` stages in all, stage ``s`` on rank ``s % ranks``, the looped
 placement of torch's interleaved schedules). A generator refuses parameters it cannot schedule with a
-:class:`ScheduleError` naming the constraint. Timelines below: 4 ranks, 4 micro-batches, equal costs, B = 2F.
+:class:`ScheduleError` naming the constraint; :func:`refusal` gives that reason (``None`` where it runs) without
+building the schedule, and each generator refuses with it, so the answer and the generator cannot disagree.
+Timelines below: 4 ranks, 4 micro-batches, equal costs, B = 2F.
 
 GPipe (Huang et al. 2019): all forwards, then all backwards; every stage holds all ``m`` micro-batches::
 
@@ -37,12 +39,14 @@ from elastic_pipe.schedule.ir import MAX_CHUNKS, MAX_MICROBATCHES, MAX_RANKS, Ac
 __all__ = [
     "GENERATORS",
     "MAX_ACTIONS",
+    "MAX_AUTO_VIRTUAL",
     "ScheduleGenerator",
-    "check_shape",
+    "accepts",
     "generate",
     "gpipe",
     "interleaved_1f1b",
     "one_f_one_b",
+    "refusal",
     "zb_h1",
 ]
 
@@ -54,17 +58,26 @@ FWD, BWD, IGRAD, WGRAD = ActionKind.F, ActionKind.B, ActionKind.I, ActionKind.W
 MAX_ACTIONS = 2**20
 
 
-def check_shape(ranks: int, microbatches: int, chunks: int) -> None:
-    """Raise :class:`ScheduleError` unless the three counts are ints in range and the schedule stays within
-    :data:`MAX_ACTIONS`."""
-    CHECK.int("ranks", ranks, lo=1, hi=MAX_RANKS)
-    CHECK.int("microbatches", microbatches, lo=1, hi=MAX_MICROBATCHES)
-    CHECK.int("chunks", chunks, lo=1, hi=MAX_CHUNKS)
+#: The largest v (stages per rank) ``[pipeline] virtual = "auto"`` tries, in training's layout rule and in the
+#: planner alike: beyond 4 the bubble left is small and every extra stage adds host work.
+MAX_AUTO_VIRTUAL = 4
+
+
+def _shape_refusal(ranks: int, microbatches: int, chunks: int) -> str | None:
+    """Why any generator refuses these counts (each >= 1): one above its limit, or too many actions in all."""
+    for name, value, most in (
+        ("ranks", ranks, MAX_RANKS),
+        ("microbatches", microbatches, MAX_MICROBATCHES),
+        ("chunks", chunks, MAX_CHUNKS),
+    ):
+        if value > most:
+            return f"{name} must be an integer <= {most}, got {value}"
     if 3 * ranks * chunks * microbatches > MAX_ACTIONS:
-        raise ScheduleError(
+        return (
             f"ranks={ranks} x chunks={chunks} x microbatches={microbatches} makes up to "
             f"{3 * ranks * chunks * microbatches} actions, above the limit of {MAX_ACTIONS}"
         )
+    return None
 
 
 class ScheduleGenerator(Protocol):
@@ -79,7 +92,7 @@ def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Acti
     With ``chunks > 1`` a rank runs its stages breadth first, the order of torch's ScheduleLoopedBFS: all forwards
     of its lowest stage, then the next stage's; backwards from its highest stage down, latest micro-batch first.
     """
-    check_shape(ranks, microbatches, chunks)
+    _require("gpipe", ranks, microbatches, chunks)
     out: dict[int, list[Action]] = {}
     backward_order = range(microbatches) if chunks == 1 else range(microbatches - 1, -1, -1)
     for rank in range(ranks):
@@ -92,17 +105,13 @@ def gpipe(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Acti
 
 def one_f_one_b(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Action]]:
     """1F1B: ``min(p - r - 1, m)`` warm-up forwards on rank ``r``, then alternate forward and backward."""
-    check_shape(ranks, microbatches, chunks)
-    if chunks != 1:
-        raise ScheduleError(f"1f1b holds one stage per rank (chunks=1), got chunks={chunks}; use 'interleaved'")
+    _require("1f1b", ranks, microbatches, chunks)
     return {r: _one_f_one_b_rank(r, ranks, microbatches, split=False) for r in range(ranks)}
 
 
 def zb_h1(ranks: int, microbatches: int, chunks: int = 1) -> dict[int, list[Action]]:
     """ZB-H1: 1F1B with split backwards; rank ``r`` keeps up to ``r`` weight-gradient passes pending."""
-    check_shape(ranks, microbatches, chunks)
-    if chunks != 1:
-        raise ScheduleError(f"zb1p (ZB-H1) holds one stage per rank (chunks=1), got chunks={chunks}")
+    _require("zb1p", ranks, microbatches, chunks)
     return {r: _one_f_one_b_rank(r, ranks, microbatches, split=True) for r in range(ranks)}
 
 
@@ -132,13 +141,7 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> dict[int
     Raises:
         ScheduleError: ``chunks < 2`` (that is plain 1F1B) or ``microbatches`` not a multiple of ``ranks``.
     """
-    check_shape(ranks, microbatches, chunks)
-    if chunks < 2:
-        raise ScheduleError(f"interleaved needs chunks >= 2 stages per rank, got chunks={chunks}; use '1f1b'")
-    if microbatches % ranks:
-        raise ScheduleError(
-            f"interleaved needs microbatches to be a multiple of ranks={ranks}, got microbatches={microbatches}"
-        )
+    _require("interleaved", ranks, microbatches, chunks)
     total = microbatches * chunks
     group = ranks * chunks
 
@@ -178,6 +181,78 @@ GENERATORS: dict[str, ScheduleGenerator] = {
 }
 
 
+def _gpipe_refusal(ranks: int, microbatches: int, chunks: int) -> str | None:
+    """GPipe runs any counts."""
+    return None
+
+
+def _one_f_one_b_refusal(ranks: int, microbatches: int, chunks: int) -> str | None:
+    """1F1B holds one stage per rank."""
+    if chunks != 1:
+        return f"1f1b holds one stage per rank (chunks=1), got chunks={chunks}; use 'interleaved'"
+    return None
+
+
+def _zb_h1_refusal(ranks: int, microbatches: int, chunks: int) -> str | None:
+    """ZB-H1 holds one stage per rank."""
+    if chunks != 1:
+        return f"zb1p (ZB-H1) holds one stage per rank (chunks=1), got chunks={chunks}"
+    return None
+
+
+def _interleaved_refusal(ranks: int, microbatches: int, chunks: int) -> str | None:
+    """Interleaved 1F1B needs two stages per rank or more and micro-batches in whole groups of ``ranks``."""
+    if chunks < 2:
+        return f"interleaved needs chunks >= 2 stages per rank, got chunks={chunks}; use '1f1b'"
+    if microbatches % ranks:
+        return f"interleaved needs microbatches to be a multiple of ranks={ranks}, got microbatches={microbatches}"
+    return None
+
+
+#: Per kind of :data:`GENERATORS`, what its generator refuses beyond the limits every generator keeps.
+_KIND_REFUSALS: dict[str, Callable[[int, int, int], str | None]] = {
+    "gpipe": _gpipe_refusal,
+    "1f1b": _one_f_one_b_refusal,
+    "interleaved": _interleaved_refusal,
+    "zb1p": _zb_h1_refusal,
+}
+
+
+def refusal(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> str | None:
+    """Why :func:`generate` refuses ``kind`` on ``ranks`` ranks with ``microbatches`` micro-batches and ``chunks``
+    stages per rank (the one-line message it raises), or ``None`` when it builds the schedule; decided from the
+    counts alone, without building it.
+
+    Every generator refuses with this reason, so ``refusal(...) is None`` exactly when ``generate(...)`` returns: a
+    kind's own constraint (``1f1b``/``zb1p`` one stage per rank, ``interleaved`` two or more and micro-batches a
+    multiple of ``ranks``), a count above its limit (:data:`~elastic_pipe.schedule.ir.MAX_RANKS`,
+    ``MAX_MICROBATCHES``, :data:`~elastic_pipe.schedule.MAX_CHUNKS`) or more than :data:`MAX_ACTIONS` actions.
+
+    Raises:
+        ScheduleError: an unknown kind (the message lists the valid ones), or a count below 1.
+        ScheduleTypeError: a kind that is not a string, or a count that is not an int.
+    """
+    if CHECK.str("kind", kind) not in GENERATORS:
+        raise ScheduleError(f"unknown schedule kind {kind!r}: expected one of {', '.join(GENERATORS)}")
+    ranks = CHECK.int("ranks", ranks, lo=1)
+    microbatches = CHECK.int("microbatches", microbatches, lo=1)
+    chunks = CHECK.int("chunks", chunks, lo=1)
+    return _shape_refusal(ranks, microbatches, chunks) or _KIND_REFUSALS[kind](ranks, microbatches, chunks)
+
+
+def accepts(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> bool:
+    """Whether :func:`generate` builds ``kind`` for these counts (:func:`refusal` gives no reason; it raises as
+    :func:`refusal` does)."""
+    return refusal(kind, ranks, microbatches, chunks) is None
+
+
+def _require(kind: str, ranks: int, microbatches: int, chunks: int) -> None:
+    """Raise :class:`ScheduleError` with :func:`refusal`'s reason, if it gives one."""
+    reason = refusal(kind, ranks, microbatches, chunks)
+    if reason is not None:
+        raise ScheduleError(reason)
+
+
 def generate(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> Schedule:
     """Generate a schedule of ``kind`` for ``ranks`` pipeline ranks with ``chunks`` stages each.
 
@@ -188,13 +263,11 @@ def generate(kind: str, ranks: int, microbatches: int, chunks: int = 1) -> Sched
         chunks: stages per rank (``ranks * chunks`` stages, stage ``s`` on rank ``s % ranks``).
 
     Raises:
-        ScheduleError: unknown kind (the message lists the valid ones), or parameters the generator refuses.
+        ScheduleError: unknown kind (the message lists the valid ones), or parameters the generator refuses
+            (:func:`refusal`'s reason).
     """
-    check_shape(ranks, microbatches, chunks)
-    try:
-        generator: Callable[[int, int, int], dict[int, list[Action]]] = GENERATORS[CHECK.str("kind", kind)]
-    except KeyError:
-        raise ScheduleError(f"unknown schedule kind {kind!r}: expected one of {', '.join(GENERATORS)}") from None
+    _require(kind, ranks, microbatches, chunks)
+    generator: Callable[[int, int, int], dict[int, list[Action]]] = GENERATORS[kind]
     actions = generator(ranks, microbatches, chunks)
     return Schedule(
         kind=kind,

@@ -24,7 +24,7 @@ from elastic_pipe.orchestrator.data import (
     reachable_pipe_lens,
 )
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.layout import COMPRESSION_RULES, MAX_AUTO_VIRTUAL, CompressionRule
+from elastic_pipe.orchestrator.layout import COMPRESSION_RULES, CompressionRule
 from elastic_pipe.orchestrator.optim import OptimizerFactory, optimizer_factory
 
 if TYPE_CHECKING:
@@ -76,10 +76,10 @@ def check_runnable_schedule(
     starts.
 
     The runtime builds one ``PipelineStage`` per stage a rank holds (``[pipeline] virtual``, loop placement), so it
-    runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.generate`):
+    runs what the schedule's generator accepts for that placement (:func:`elastic_pipe.schedule.refusal`):
     ``gpipe`` with any v, ``1f1b`` and ``zb1p`` with v = 1, ``interleaved`` with v >= 2 and micro-batches a multiple
     of the pipeline length. With ``"auto"`` every shape needs some v up to
-    :data:`~elastic_pipe.orchestrator.layout.virtual_choice.MAX_AUTO_VIRTUAL` the generator accepts.
+    :data:`~elastic_pipe.schedule.MAX_AUTO_VIRTUAL` the generator accepts.
 
     Args:
         schedule: a registered schedule kind.
@@ -87,20 +87,14 @@ def check_runnable_schedule(
         shapes: the ``(pipeline length, micro-batches)`` pairs the run may reach.
 
     Raises:
-        ConfigError: one line naming the schedule, v and the generator's reason.
+        ConfigError: one line naming the schedule, v and the generator's reason (for ``"auto"``, its reason for
+            the largest v tried).
     """
-    tried = range(1, MAX_AUTO_VIRTUAL + 1) if virtual == "auto" else range(int(virtual), int(virtual) + 1)
+    tried = range(1, sched.MAX_AUTO_VIRTUAL + 1) if virtual == "auto" else (int(virtual),)
     shown = repr(virtual) if isinstance(virtual, str) else f"{virtual} stage(s) per rank"
     for ranks, microbatches in shapes:
-        reasons = []
-        for v in tried:
-            try:
-                sched.generate(schedule, ranks, microbatches, v)
-            except sched.ScheduleError as exc:
-                reasons.append(str(exc))
-            else:
-                break
-        else:
+        reasons = [sched.refusal(schedule, ranks, microbatches, v) for v in tried]
+        if None not in reasons:
             raise ConfigError(
                 f"pipeline.schedule {schedule!r} cannot run here with pipeline.virtual = {shown}: {reasons[-1]}"
             )

@@ -7,7 +7,7 @@ Modules: :mod:`.rule` (the layout rule: ``next_layout``, ``decide_units``, ``lay
 :mod:`.virtual_choice` (the stages per rank of each layout, ``virtual = "auto"``), :mod:`.decision` (a layout as a
 :class:`~elastic_pipe.protocol.TransitionMessage` and its broadcast), :mod:`.executor` (a decision point's decide,
 and the run's start). They are not API: the rest of the orchestrator uses what this face exports - the rule's
-functions, the first layout, the compression rules, ``MAX_AUTO_VIRTUAL`` and ``virtual_rule``,
+functions, the first layout, the compression rules and ``virtual_rule``,
 ``layout_from_message`` - except the trainer, which imports the :mod:`.executor` module itself (``initial_state``,
 ``decide``; called through the module, so a test can wrap them): the executor measures the probe through the
 stage, and the face leaves it out so that the parts that only make layouts do not import the stage.
@@ -38,11 +38,10 @@ from elastic_pipe.orchestrator.layout.rule import (
     with_virtual,
 )
 from elastic_pipe.orchestrator.layout.start import MemoryBudget, initial_layout, initial_layout_within, start_layout
-from elastic_pipe.orchestrator.layout.virtual_choice import MAX_AUTO_VIRTUAL, virtual_rule
+from elastic_pipe.orchestrator.layout.virtual_choice import virtual_rule
 
 __all__ = [
     "COMPRESSION_RULES",
-    "MAX_AUTO_VIRTUAL",
     "CompressionRule",
     "Halving",
     "KeepLength",

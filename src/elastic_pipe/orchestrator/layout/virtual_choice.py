@@ -4,9 +4,9 @@
 the micro-batch count and the schedule, so every rank (and the dry run, ``elastic-pipe plan --config``) makes the
 same one. It is called only when a layout is made (the first, each transition's, a resume's), never per step.
 
-The candidates are the v from 1 to :data:`MAX_AUTO_VIRTUAL` that the schedule's generator accepts
-(:func:`elastic_pipe.schedule.generate`: ``1f1b`` and ``zb1p`` 1, ``interleaved`` 2 and more, ``gpipe`` any) and
-whose ``K * v`` stages each get an active sub-layer. Each is priced by the schedule simulator
+The candidates are the v from 1 to :data:`elastic_pipe.schedule.MAX_AUTO_VIRTUAL` that the schedule's generator
+accepts (:func:`elastic_pipe.schedule.accepts`: ``1f1b`` and ``zb1p`` 1, ``interleaved`` 2 and more, ``gpipe``
+any) and whose ``K * v`` stages each get an active sub-layer. Each is priced by the schedule simulator
 (:func:`elastic_pipe.schedule.simulate`): the active sub-layers partitioned over ``K * v`` stages by the run's
 solver, a stage's forward the sum of its sub-layers' costs, its backward twice that (the ``B = 2F`` of
 docs/schedule.md), and a per-hop cost ``hop`` added both to every compute action (host launch work) and to every
@@ -31,10 +31,8 @@ from elastic_pipe import schedule as sched
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.layout.compression import Solver
 
-__all__ = ["MAX_AUTO_VIRTUAL", "AutoVirtual", "choose_virtual", "stages_per_rank", "virtual_rule"]  # the face, siblings
+__all__ = ["AutoVirtual", "choose_virtual", "stages_per_rank", "virtual_rule"]  # the face, siblings
 
-#: The largest v ``"auto"`` tries: beyond 4 the bubble left is small and every extra stage adds host work.
-MAX_AUTO_VIRTUAL = 4
 #: Per-hop cost as a share of the mean active sub-layer's cost (one compute action's host work, one crossing).
 HOP_SHARE = 0.1
 #: Backward costs this many forwards (the convention of docs/schedule.md's timelines).
@@ -52,13 +50,13 @@ class AutoVirtual:
     """
 
     schedule: str
-    most: int = MAX_AUTO_VIRTUAL
+    most: int = sched.MAX_AUTO_VIRTUAL
     hop_share: float = HOP_SHARE
 
     @property
     def fewest(self) -> int:
         """The smallest v the schedule runs (what the freeze cap must leave room for); 1 when it runs none."""
-        return next((v for v in range(1, self.most + 1) if _runs(self.schedule, 1, 1, v)), 1)
+        return next((v for v in range(1, self.most + 1) if sched.accepts(self.schedule, 1, 1, v)), 1)
 
     def choose(self, active: Sequence[float], pipe_len: int, microbatches: int, solver: Solver) -> int:
         """:func:`choose_virtual` with this setting."""
@@ -87,7 +85,7 @@ def virtual_steps(
     schedule: str,
     *,
     solver: Solver,
-    most: int = MAX_AUTO_VIRTUAL,
+    most: int = sched.MAX_AUTO_VIRTUAL,
     hop_share: float = HOP_SHARE,
 ) -> dict[int, sched.Simulation]:
     """Per candidate v (see the module docstring), the simulated step of ``active`` cut into ``pipe_len * v``
@@ -116,7 +114,7 @@ def choose_virtual(
     schedule: str,
     *,
     solver: Solver,
-    most: int = MAX_AUTO_VIRTUAL,
+    most: int = sched.MAX_AUTO_VIRTUAL,
     hop_share: float = HOP_SHARE,
 ) -> int:
     """The v with the smallest simulated step (:func:`virtual_steps`), the smaller v on a tie.
@@ -138,12 +136,3 @@ def choose_virtual(
     if steps:
         return min(steps, key=lambda v: (steps[v].makespan, v))
     return AutoVirtual(schedule, most).fewest
-
-
-def _runs(schedule: str, pipe_len: int, microbatches: int, v: int) -> bool:
-    """Whether ``schedule``'s generator accepts ``v`` stages per rank on ``pipe_len`` ranks."""
-    try:
-        sched.generate(schedule, pipe_len, microbatches, v)
-    except sched.ScheduleError:
-        return False
-    return True

@@ -44,9 +44,7 @@ def build_runner(
     module: nn.Module,
     *,
     stage: int,
-    pipe_len: int,
-    microbatches: int,
-    schedule: str,
+    schedule: sched.Schedule,
     device: torch.device,
     group: dist.ProcessGroup,
     examples: Callable[[], tuple[torch.Tensor, torch.Tensor]],
@@ -57,14 +55,13 @@ def build_runner(
     graph_always: bool = False,
     others: Sequence[tuple[int, nn.Module, Examples]] = (),
 ) -> StageRunner:
-    """Wrap ``module`` as stage ``stage`` of ``pipe_len`` and return the schedule runner that steps it.
+    """Wrap ``module`` as stage ``stage`` of ``schedule`` and return the schedule runner that steps it.
 
     Args:
         module: the stage's sub-layers.
         stage: this rank's stage index.
-        pipe_len: the number of ranks of the pipeline (and of stages, without ``others``).
-        microbatches: micro-batches per step.
-        schedule: the schedule's registered name (:func:`elastic_pipe.schedule.generate`).
+        schedule: the layout's schedule (:func:`elastic_pipe.schedule.generate`, generated once per layout): its
+            ranks are the pipeline's, its stages ``1 + len(others)`` per rank, its micro-batches those of a step.
         device: this rank's device.
         group: the pipeline group of this rank's replica.
         examples: returns example micro-batches at the stage's input and output (``StageRuntime._example_io``);
@@ -77,32 +74,36 @@ def build_runner(
             (:func:`~elastic_pipe.orchestrator.stage.graph_choice.decide_graph` says when that is safe).
         graph_always: capture without first checking that the step is host-bound (``cuda_graphs = "on"``).
         others: the further stages this rank holds (virtual stages: index, sub-layers, examples), so that the
-            pipeline has ``pipe_len * (1 + len(others))`` stages placed in loop style (stage ``s`` on rank
-            ``s % pipe_len``); ``stage`` is then this rank's first.
+            pipeline has ``ranks * (1 + len(others))`` stages placed in loop style (stage ``s`` on rank
+            ``s % ranks``); ``stage`` is then this rank's first.
 
     Returns:
         An object whose ``step`` runs one training step: a torch schedule, or for one stage and one micro-batch
         a :class:`LocalStep` (wrapped in a :class:`~elastic_pipe.orchestrator.stage.graphed_step.GraphedStep` with
         ``graph``).
     """
-    k = pipe_len
-    if k == 1 and microbatches == 1 and not others:
+    held = [(stage, module, examples), *others]
+    if _local(schedule):
         local = LocalStep(module, loss_fn, compiled=compiled, grad_input=grad_input)
         return GraphedStep(local, always=graph_always) if graph else local
-    held = [(stage, module, examples), *others]
-    num_stages = k * len(held)
-    stages = [_pipeline_stage(m, s, num_stages, device=device, group=group, examples=ex) for s, m, ex in held]
-    plan = sched.generate(schedule, k, microbatches, len(held))
-    runner: StageRunner = sched.torch_schedule(plan, stage % k, stages, loss_fn, scale_grads=True)  # torch's schedule
+    n = schedule.num_stages
+    stages = [_pipeline_stage(m, s, n, device=device, group=group, examples=ex) for s, m, ex in held]
+    runner: StageRunner = sched.torch_schedule(  # torch's schedule
+        schedule, stage % schedule.num_ranks, stages, loss_fn, scale_grads=True
+    )
     return runner
 
 
-def splits_backward(schedule: str, pipe_len: int, microbatches: int, virtual: int) -> bool:
+def _local(schedule: sched.Schedule) -> bool:
+    """Whether a rank steps ``schedule`` as a :class:`LocalStep`: one stage, one micro-batch, one backward."""
+    return schedule.num_stages == 1 and schedule.microbatches == 1
+
+
+def splits_backward(schedule: sched.Schedule) -> bool:
     """Whether the schedule runs a stage's input and weight gradients apart (``W`` actions: ``zb1p``)."""
-    if pipe_len == 1 and microbatches == 1 and virtual == 1:
+    if _local(schedule):
         return False  # a LocalStep: one backward
-    plan = sched.generate(schedule, pipe_len, microbatches, virtual)
-    return any(a.kind is sched.ActionKind.W for acts in plan.actions.values() for a in acts)
+    return any(a.kind is sched.ActionKind.W for acts in schedule.actions.values() for a in acts)
 
 
 def _pipeline_stage(

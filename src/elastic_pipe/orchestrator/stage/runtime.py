@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from elastic_pipe import freeze
+from elastic_pipe import schedule as sched
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.stage.build import build_runner, splits_backward, unit_modules
 from elastic_pipe.orchestrator.stage.forward_graphs import ForwardGraphs
@@ -105,9 +106,10 @@ class StageRuntime:
         # sub-layers before the first trainable one, so a stage that ends at or before it runs without autograd,
         # and a gradient crosses only the boundaries from grad_from on (what each stage declares).
         first = _first_trainable(sublayers)
-        split = splits_backward(ctx.parts.schedule, layout.pipe_len, layout.microbatches, layout.virtual)
+        #: The layout's schedule, generated once: what every step size's runner steps.
+        self.schedule = sched.generate(ctx.parts.schedule, layout.pipe_len, layout.microbatches, layout.virtual)
         #: The first stage boundary a gradient crosses (:func:`gradient_from`).
-        self.grad_from = gradient_from(first, layout.boundaries, split_backward=split)
+        self.grad_from = gradient_from(first, layout.boundaries, split_backward=splits_backward(self.schedule))
         self.modules = [
             (_NoGradStage if hi <= first else nn.Sequential)(*ctx.stage_sublayers(lo, hi)) for lo, hi in self._ranges
         ]
@@ -180,9 +182,7 @@ class StageRuntime:
             runner = self._runners[rows] = build_runner(
                 self.module,
                 stage=stage,
-                pipe_len=layout.pipe_len,
-                microbatches=layout.microbatches,
-                schedule=ctx.parts.schedule,
+                schedule=self.schedule,
                 device=ctx.device,
                 group=ctx.groups.pipeline_group(layout.pipe_len),
                 examples=lambda: self._example_io(lo, hi, rows),
