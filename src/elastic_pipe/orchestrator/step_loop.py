@@ -11,12 +11,10 @@ seconds) and runs steps until the epoch's end, ``[train] max_steps``, a decision
 says which in a :class:`Steps`. The trainer then decides or saves and asks it to go on from the next step.
 
 Decision points inside an epoch (``[freeze] decide_every = N``): after every step that brings the run's step count
-to a multiple of ``N`` (but an epoch's last, which the trainer decides after the epoch's evaluation). The trainer
-decides; a decision that keeps the layout lets the epoch go on with the same batches (the loader's read-ahead
-kept; its time counts in the epoch's seconds). One that changes it :meth:`~EpochRun.pause`\\ s the epoch (the
-losses of the steps so far are reduced in the old layout), applies the transition, and :meth:`~EpochRun.go_on`\\ s
-in the new layout: the batches are read anew from the sampler's position (re-sharded by the transition), and the
-transition's time is left out of the epoch's seconds.
+to a multiple of ``N`` (but an epoch's last, which the trainer decides after the epoch's evaluation). A decision
+that keeps the layout goes on with the same batches; one that changes it :meth:`~EpochRun.pause`\\ s the epoch
+(the losses so far reduced in the old layout), applies the transition and :meth:`~EpochRun.go_on`\\ s: the batches
+read anew from the sampler's position (re-sharded), the transition's time left out of the epoch's seconds.
 """
 
 from __future__ import annotations
