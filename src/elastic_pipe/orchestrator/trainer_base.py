@@ -24,7 +24,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import holdings
-from elastic_pipe.orchestrator.data import DatasetSplit
+from elastic_pipe.orchestrator.data import DatasetSplit, close_splits
 from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
@@ -178,9 +178,8 @@ class TrainerBase:
             if self._prefix is not None:
                 self._prefix.close()
         if self._ctx is not None:
-            with self._closing("loaders"):
-                for part in (self._ctx.train_set, self._ctx.eval_set):
-                    getattr(part, "close", lambda: None)()  # a dataset's kept loaders: their workers go
+            with self._closing("loaders"):  # a dataset's kept loaders: their workers go
+                close_splits((self._ctx.train_set, self._ctx.eval_set))
             with self._closing("log"):
                 self._ctx.log.close()
         with self._closing("groups"):
