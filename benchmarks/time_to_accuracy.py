@@ -405,6 +405,8 @@ def elastic_run(
         "accuracy": result.final_accuracy,
         "total_seconds": total,
         "setup_seconds": result.setup_s,
+        # what the trainer's close (counted in total_seconds) took per part: loaders, groups, cache, ...
+        "close_phases": result.close_phases,
         "frozen_timeline": [[e["step"], e["frozen_units"]] for e in result.transitions],
         "transition_seconds": sum(e["seconds"] for e in result.transitions),
         # where each transition's time went (decide, moves, cache, eval_store, runner, compile, capture, ...)

@@ -80,6 +80,8 @@ def test_the_api_form_returns_the_same_result_on_every_rank(tmp_path: Path) -> N
         assert result[key] == other[key], key
     fields = ("epoch", "loss", "eval_loss", "eval_accuracy", "frozen_units", "pipe_len", "replicas")
     assert [[e[f] for f in fields] for e in result["epochs"]] == [[e[f] for f in fields] for e in other["epochs"]]
-    assert set(result) == {"epochs", "transitions", "losses", "final_accuracy", "final_eval_loss", "seconds", "setup_s"}
+    times = {"seconds", "setup_s", "close_phases"}
+    assert set(result) == {"epochs", "transitions", "losses", "final_accuracy", "final_eval_loss", *times}
+    assert set(result["close_phases"]) == {"stage", "cache", "loaders", "log", "groups", "process_group"}
     assert [e["frozen_units"] for e in result["epochs"]] == [0, 0, 0, 1]
     assert result["final_accuracy"] > 0.5 and (tmp_path / "model.safetensors").is_file()

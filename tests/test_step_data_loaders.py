@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +313,39 @@ def test_start_steps_starts_the_workers_that_the_steps_then_read_through() -> No
         assert part.loaders_built == 2
     finally:
         part.close()
+
+
+def test_the_splits_loaders_are_shut_down_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    from elastic_pipe.orchestrator.data import close_splits
+
+    train, held_out = _split(Pids(96), workers=2), _split(Pids(48), workers=1)
+    try:
+        assert train.start_steps(inputs=True, labels=True, device=CPU, shard=(1, 0))
+        train.input_rows(0, 96)  # a second kept loader of the training split ("rows")
+        next(held_out.batches([[0, 1]], inputs=True, labels=False, device=CPU))  # and one of the held-out split
+        loaders = [e.loader for part in (train, held_out) for e in part._pool._entries.values()]
+        workers = [w for loader in loaders for w in loader._iterator._workers]
+        assert len(loaders) == 3 and all(w.is_alive() for w in workers)
+        # each shutdown waits until all three have begun: shut down one after the other, the first would wait for
+        # the others forever (here: until the barrier breaks)
+        barrier = threading.Barrier(len(loaders), timeout=60)
+        iterator = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+        shutdown = iterator._shutdown_workers
+
+        def together(self: Any) -> None:
+            if not self._shutdown:
+                barrier.wait()
+            shutdown(self)
+
+        monkeypatch.setattr(iterator, "_shutdown_workers", together)
+        close_splits([train, held_out, "samples in memory"])
+        assert not barrier.broken
+        assert not any(w.is_alive() for w in workers)
+        assert train._pool.keys() == [] and held_out._pool.keys() == []
+    finally:
+        monkeypatch.undo()
+        train.close()
+        held_out.close()
 
 
 def test_start_steps_does_nothing_without_workers_or_without_items_to_read() -> None:

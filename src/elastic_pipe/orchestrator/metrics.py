@@ -208,6 +208,9 @@ class RunResult:
         seconds: wall time of the whole run on this rank.
         setup_s: of which the set-up before the first step: process groups, the model's sub-layers, the data
             splits, the activation cache, the initial layout (or the checkpoint's) and its stage.
+        close_phases: seconds the trainer's ``close()`` took to release each part (after ``fit()``, not in
+            ``seconds``): ``stage``, ``cache``, ``loaders`` (their worker processes), ``log``, ``groups`` (the
+            process groups it created), ``process_group`` (the default group, when it joined it); empty before.
     """
 
     epochs: list[dict[str, Any]] = field(default_factory=list)
@@ -217,6 +220,7 @@ class RunResult:
     final_eval_loss: float = math.nan
     seconds: float = 0.0
     setup_s: float = 0.0
+    close_phases: dict[str, float] = field(default_factory=dict)
 
     def history(self) -> dict[str, object]:
         """The records so far (what a checkpoint keeps)."""
@@ -238,4 +242,5 @@ class RunResult:
             "final_eval_loss": self.final_eval_loss,
             "seconds": self.seconds,
             "setup_s": self.setup_s,
+            "close_phases": self.close_phases,
         }

@@ -11,8 +11,10 @@ what they hold.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import torch
@@ -22,7 +24,7 @@ from elastic_pipe import data as edata
 from elastic_pipe import freeze
 from elastic_pipe.models.weights import check_materializable
 from elastic_pipe.orchestrator import holdings
-from elastic_pipe.orchestrator.data import DatasetSplit
+from elastic_pipe.orchestrator.data import DatasetSplit, close_splits
 from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
@@ -167,22 +169,37 @@ class TrainerBase:
     def close(self) -> None:
         """Release what the trainer holds beyond its results: the stage's hooks on the model, the activation
         cache, a dataset's loader workers, and the process groups it created (the default group too, when it
-        joined it). Idempotent."""
-        if self._stage is not None:
-            self._stage.close()
-            self._stage = None
-        if self._prefix is not None:
-            self._prefix.close()
+        joined it). Idempotent. The seconds each part took add up in the result's ``close_phases``."""
+        with self._closing("stage"):
+            if self._stage is not None:
+                self._stage.close()
+                self._stage = None
+        with self._closing("cache"):
+            if self._prefix is not None:
+                self._prefix.close()
         if self._ctx is not None:
-            for part in (self._ctx.train_set, self._ctx.eval_set):
-                getattr(part, "close", lambda: None)()  # a dataset's kept loaders: their workers go
-            self._ctx.log.close()
-        if self._groups is not None:
-            self._groups.destroy()
-            self._groups = None
-        if self._owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-            self._owns_group = False
+            with self._closing("loaders"):  # a dataset's kept loaders: their workers go
+                close_splits((self._ctx.train_set, self._ctx.eval_set))
+            with self._closing("log"):
+                self._ctx.log.close()
+        with self._closing("groups"):
+            if self._groups is not None:
+                self._groups.destroy()
+                self._groups = None
+        with self._closing("process_group"):
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+                self._owns_group = False
+
+    @contextlib.contextmanager
+    def _closing(self, part: str) -> Iterator[None]:
+        """Add the seconds the block takes to the result's ``close_phases[part]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            phases = self.result.close_phases
+            phases[part] = phases.get(part, 0.0) + time.perf_counter() - t0
 
     # ---------------------------------------------------------------------------------------------- properties
     @property

@@ -16,7 +16,7 @@ steps and the batch sampler over them), :mod:`.data_check` (the check before the
 from __future__ import annotations
 
 from elastic_pipe.orchestrator.data.data_check import local_failure, raise_first_failure
-from elastic_pipe.orchestrator.data.dataset_split import DatasetSplit, split_data
+from elastic_pipe.orchestrator.data.dataset_split import DatasetSplit, close_splits, split_data
 from elastic_pipe.orchestrator.data.epoch_steps import (
     ElasticBatchSampler,
     EpochPlan,
@@ -53,6 +53,7 @@ __all__ = [
     "StepData",
     "as_data",
     "bbcnews",
+    "close_splits",
     "cross_entropy",
     "epoch_plan",
     "eval_count",

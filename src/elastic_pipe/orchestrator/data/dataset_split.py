@@ -34,12 +34,13 @@ from elastic_pipe.orchestrator.data.loader_pool import (
     Parts,
     joined,
     make_loader,
+    stop_workers,
 )
 from elastic_pipe.orchestrator.data.step_data import Batch, MapDataset
 from elastic_pipe.orchestrator.data.workload import Data, Split, eval_count, is_samples, own_eval_samples, split_samples
 from elastic_pipe.orchestrator.errors import ConfigError
 
-__all__ = ["DatasetSplit", "split_data"]
+__all__ = ["DatasetSplit", "close_splits", "split_data"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,13 @@ class DatasetSplit:
 
 #: A training or evaluation part as :func:`split_data` makes it.
 Part: TypeAlias = Split | DatasetSplit
+
+
+def close_splits(parts: Iterable[object]) -> None:
+    """Shut down the kept loaders of every :class:`DatasetSplit` among ``parts`` (the run's training and evaluation
+    parts, say; samples in memory have none) all side by side (:func:`~.loader_pool.stop_workers`), not one part
+    after the other."""
+    stop_workers(*(loader for part in parts if isinstance(part, DatasetSplit) for loader in part._pool.take()))
 
 
 def split_dataset(

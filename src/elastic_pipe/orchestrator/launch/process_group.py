@@ -124,7 +124,12 @@ def warm_up(groups: GroupManager, device: torch.device) -> None:
     NCCL creates a communicator on a group's first collective, which can take a second; doing it here keeps that
     cost out of the first step and out of every transition. Every rank walks the groups in the same global order
     (by pipeline length, pipeline group before data-parallel group), which cannot deadlock.
+
+    A group of one rank is left alone: no step, evaluation, probe or transition runs a collective on it (a pipeline
+    of one stage sends nothing, one replica averages nothing), so it never gets a communicator, which would cost
+    its creation here and its destruction when the trainer closes (on one GPU both groups are such; issue #41).
     """
     for k in groups.pipe_lens:
         for group in (groups.pipeline_group(k), groups.dp_group(k)):
-            dist.all_reduce(torch.zeros(1, device=device), group=group)
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(torch.zeros(1, device=device), group=group)
