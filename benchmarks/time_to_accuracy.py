@@ -375,6 +375,8 @@ def plain_run(
             optimizer.step()
             scheduler.step()
         curve.append([time.perf_counter() - t0, accuracy(model, task.eval, setting)])
+    # the loader's persistent workers shut down inside the total, as the elastic arms' trainer closes its loaders
+    del loader
     return {"curve": curve, "accuracy": curve[-1][1], "total_seconds": time.perf_counter() - t0, "lr": lr or task.lr}
 
 
