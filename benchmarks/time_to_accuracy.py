@@ -81,7 +81,7 @@ ELASTIC_ARMS: dict[str, dict[str, Any]] = {
 }
 ARMS = [*PLAIN_ARMS, *LORA_ARMS, *ELASTIC_ARMS]
 #: ``--tune-lora-lr`` without values: these multiples of the task's full fine-tuning rate.
-LORA_LR_FACTORS = (2.0, 5.0, 10.0, 20.0)
+LORA_LR_FACTORS = (2.0, 5.0, 10.0, 20.0, 50.0)
 #: The random crop's padding of the digits task, in pixels per side at 224 px (4 at CIFAR's 32 px, scaled).
 CROP_PAD = 28
 EVAL_BATCH = 256
@@ -597,7 +597,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         nargs="?",
         const="",
         default=None,
-        help="first run each LoRA arm on seed 0 at these rates (comma-separated; default: 2, 5, 10, 20x --lr) and "
+        help="first run each LoRA arm on seed 0 at these rates (comma-separated; default: 2, 5, 10, 20, 50x --lr) and "
         "use the best one's",
     )
     ap.add_argument("--lora-lr-from", type=Path, default=None, help="the LoRA rates (and tuning) of a report")
