@@ -657,7 +657,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     variants = [variant_arm(spec)[0] for spec in args.policy_arm]
     arms = [a for a in args.arms.split(",") if a] + variants
     elastic = [a for a in arms if a in ELASTIC_ARMS] + variants
-    unknown = sorted(set(arms) - set(ARMS) - set(elastic))
+    unknown = sorted(set(arms) - set(ARMS) - set(variants))
     if unknown:
         raise SystemExit(f"--arms: unknown {', '.join(unknown)}; expected some of {', '.join(ARMS)}")
     seeds = [int(s) for s in args.seeds.split(",") if s]
