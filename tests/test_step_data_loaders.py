@@ -480,3 +480,33 @@ def test_a_loader_worker_never_collects_garbage_it_inherited(tmp_path: Path) -> 
     gc.collect()  # here, in the reader, the cycle goes
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert marks.read_text().split() == [str(os.getpid())]  # finalized once, by the reader, never in a worker
+
+
+def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its_workers(
+    one_rank_here: None,
+) -> None:
+    # A probe-driven policy runs its probe batch (the held-out split's first rows) at every decision point. Read
+    # through the held-out split's kept loaders, it replaced the evaluation's loader (the same kind of read, other
+    # parts of the items) at every decision point and the evaluation then built it again: two forks of the
+    # training process per decision point (about 0.7 s per epoch of ViT-B/16 on one H200, issue #41).
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    config = config_from_tables(
+        {
+            "model": tiny_vit.model_table(),
+            "data": {"drop_last": True, "workers": 1},
+            "train": {"dtype": "float64", "epochs": 3, "global_batch": 16, "optimizer": "sgd", "lr": 0.05},
+            # nothing is ever still: the probe runs at all 4 decision points of every epoch, nothing freezes
+            "freeze": {"policy": "drift", "options": {"threshold": 0.0, "relative": None, "settle": None}},
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "off"},
+            "launch": {"nproc_per_node": 1},
+            "log": {"progress": False},
+        }
+    )
+    built: list[tuple[int, int]] = []
+    with ElasticTrainer(config, data=Digits(96), quiet=True) as trainer:
+        result = trainer.fit(
+            on_epoch_end=lambda t: built.append((t.ctx.train_set.loaders_built, t.ctx.eval_set.loaders_built))
+        )
+    assert result.transitions == [] and len(result.epochs) == 3
+    assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run

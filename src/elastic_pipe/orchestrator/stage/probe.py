@@ -13,7 +13,9 @@ and rank 0 turns them into the relative changes the policy observes.
 A rank keeps the outputs of the units it holds, so after a transition (units change owners) every rank takes a new
 baseline in the new layout at once (:func:`baseline`); the weights are those the decision was made with, so the
 next decision point compares with the same point in time. Cost: one forward of the probe through the watched units
-per decision point (two when the layout changes); nothing per step. Each unit's forward (the part of it on this
+per decision point (two when the layout changes); nothing per step. Stage 0 reads the probe's inputs once per layout, in
+this process: through the held-out split's loaders it would replace the evaluation's loader, and fork its workers
+again, at every decision point. Each unit's forward (the part of it on this
 stage) is a segment of the stage's :class:`~.forward_graphs.ForwardGraphs`: on a GPU, eager at a layout's baseline,
 captured at its first decision point and replayed after (``[train] cuda_graphs = "off"``: always eager).
 
@@ -54,6 +56,15 @@ def _segment(sublayers: Sequence[torch.nn.Module], lo: int, hi: int) -> torch.nn
     return torch.nn.Sequential(*sublayers[lo:hi])
 
 
+def _inputs(ctx: RunContext, stage: StageRuntime, rows: int) -> torch.Tensor:
+    """The probe batch's inputs on the device: read at the layout's first probe, in this process (a few rows: no
+    loader, so the held-out split's kept loaders, and their workers, stay as the evaluation left them), then kept
+    on the stage for the layout's later probes."""
+    if stage.probe_inputs is None:
+        stage.probe_inputs = ctx.eval_set.input_rows(0, rows).to(ctx.device)
+    return stage.probe_inputs
+
+
 @torch.no_grad()
 def _unit_outputs(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix, watched: int) -> dict[int, torch.Tensor]:
     """The probe outputs of units ``frozen .. watched - 1`` that end on this rank (replica 0 only; point to point
@@ -87,13 +98,7 @@ def _unit_outputs(ctx: RunContext, stage: StageRuntime, prefix: FrozenPrefix, wa
             x, start = prefix.eval_input(torch.tensor(rows, dtype=torch.int64))
             assert prefix.released <= start <= layout.frozen, (prefix.released, start, layout)
         elif s == 0:
-            batches = ctx.eval_set.batches([rows], inputs=True, labels=False, device=ctx.device)
-            inputs = next(iter(batches)).inputs
-            close = getattr(batches, "close", None)
-            if close is not None:  # a data loader's workers go now
-                close()
-            assert inputs is not None  # asked for inputs
-            x, start = inputs, 0  # stage 0 runs the frozen prefix too
+            x, start = _inputs(ctx, stage, len(rows)), 0  # stage 0 runs the frozen prefix too
         elif ranks[s - 1] != position:
             x, start = recv_activation(pipeline[ranks[s - 1]], ctx.device, group), lo
         else:  # the stage before ran on this rank (one rank holding several stages)

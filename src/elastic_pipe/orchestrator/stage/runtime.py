@@ -140,6 +140,8 @@ class StageRuntime:
             if self.drift is not None
             else None
         )
+        #: The probe batch's inputs on the device, read at the layout's first probe on the stage that reads inputs.
+        self.probe_inputs: torch.Tensor | None = None
         params = [p for j in self.owned for p in sublayers[j].parameters() if p.requires_grad]
         #: Whether the rank's gradients are averaged over its replicas: not when its stages train no parameter
         #: (parameter-free or frozen sub-layers only), which then run no all-reduce at all.
@@ -254,3 +256,4 @@ class StageRuntime:
         self._runners.clear()
         self.drift = None
         self.probe_graphs = None
+        self.probe_inputs = None
