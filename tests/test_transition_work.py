@@ -52,7 +52,7 @@ WHEN = {
     "mid_epoch": {"policy": "freezeout", "options": {"t0": 1 / 6, "total_steps": 12}, "decide_every": 2},
     # every layer counts as still (threshold), one unit per decision point: steps 2 (inside epoch 0), 4 (its end),
     # 6 (inside epoch 1)
-    "drift": {"policy": "drift", "options": {"threshold": 1e9, "max_step": 1}, "decide_every": 2},
+    "drift": {"policy": "drift", "options": {"threshold": 1e9, "max_step": 1, "max_fraction": 1.0}, "decide_every": 2},
     # 2 ranks as 2 stages, compressed to 1 stage x 2 replicas by the second transition (halving): rank 1 becomes a
     # stage-0 rank that holds no cache entry
     "relayout": {"policy": "manual", "options": {"schedule": {1: 1, 2: 3}}, "decide_every": 0},
