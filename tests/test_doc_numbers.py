@@ -1202,6 +1202,36 @@ def lookup(data: Any, path: str) -> float:
     return float(value)
 
 
+SETTLE = "freeze_standin_settle_cpu.json"  # docs/freeze.md: the settle floor on the stand-in for (b), 6 seeds
+ROWS += [
+    ("docs/freeze.md", "| `none` | {} | - | 0.0% |", SETTLE, SD + "none.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "60% of the run) | {} | -1.58 |", SETTLE, SD + "drift.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "| -1.58 | {} |", SETTLE, SD + "drift.compute_saved", ".1%"),
+    (
+        "docs/freeze.md",
+        "| `drift:settle_after=0.8` | {} | -0.32 |",
+        SETTLE,
+        SD + "drift:settle_after=0.8.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "| -0.32 | {} |\n| `drift:max_step", SETTLE, SD + "drift:settle_after=0.8.compute_saved", ".1%"),
+    ("docs/freeze.md", "| `drift:settle_after=0.9` | {} |", SETTLE, SD + "drift:settle_after=0.9.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "(the relative test alone) | {} |", SETTLE, SD + "drift:settle=null.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "| `drift:settle=0.15` | {} | -0.65 | 17.4% |",
+        SETTLE,
+        SD + "drift:settle=0.15.accuracy_mean",
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "| `drift:settle=0.15` | 92.15% | -0.65 | {} |",
+        SETTLE,
+        SD + "drift:settle=0.15.compute_saved",
+        ".1%",
+    ),
+]
 TTA_BBC = "time_to_accuracy_bbc.json"  # README and docs: task (a), seeds 0-2, one H100
 TTA_DIGITS = "time_to_accuracy_digits.json"  # README and docs: task (b), seeds 0-2, one H100
 TA = "arms."
