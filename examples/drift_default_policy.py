@@ -8,8 +8,9 @@ What it shows:
   * ``freeze_modules`` for the newly frozen units, which then run once per sample into a cache of their output;
   * two runs of the same small ViT fine-tuned on digits 5-9: one pre-trained on digits 0-4 first, one from its
     initial weights. It prints when each run froze what: a unit freezes early only while it moves by at most 15%
-    as much as the top one (a pre-trained MiniLM's two lowest blocks do, at the first decision point), and the
-    rest once the top has settled, not before 60% of the run (on this small model both runs adapt as a whole).
+    as much as the highest watched one (a pre-trained MiniLM's two lowest blocks do, at the first decision point),
+    and the rest up to the cap once that one has settled, not before 60% of the run; the top block keeps training
+    (on this small model both runs adapt as a whole).
 
 Run:  python examples/drift_default_policy.py [--epochs 8] [--json out.json]     (about a minute on a laptop CPU)
 """
