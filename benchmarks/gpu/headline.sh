@@ -13,6 +13,19 @@
 #   benchmarks/gpu/headline.sh OUT data         the disk-data arms (bench_disk_data_gpu.py, 50,000 images from a
 #                                               file) (about 7 minutes)
 #   benchmarks/gpu/headline.sh OUT all          both, one after the other
+#   benchmarks/gpu/headline.sh OUT tta TASK:SEED ...
+#                                               time to accuracy (run_time_to_accuracy.sh), one seed per job, e.g.
+#                                               tta bbc:0 bbc:1 bbc:2 digits:0: the LoRA rates from the committed
+#                                               results (no tuning), EXTRA passed on (e.g. --policy-arm SPEC); on a
+#                                               fresh H100/H200 (a) takes 100-130 s for seed 0 and 50-80 s later,
+#                                               (b) 200-235 s for seed 0 (its pre-training) and about 90 s later.
+#                                               Merge the parts here with time_to_accuracy.py --merge
+#   benchmarks/gpu/headline.sh OUT hf           the HF Trainer callback on BBC News, seeds 0-2 (about 1 minute)
+#
+# README quotes every file these write; a change under src/ re-runs single, tta (both tasks, seeds 0-2) and hf at
+# its commit (tests/test_doc_numbers.py fails until README's files name a commit whose src/ is today's). One device
+# command may run 10 minutes: single + tta bbc:0 in one call, the other seeds in the next (the machine stays warm
+# for 30 s between calls, and the ViT's pre-training is kept in PARTS on a warm machine).
 #
 # On the lent GPU machine (one call per part; .device_site travels as a carried path):
 #   ELASTIC_PIPE_COMMIT=$(git rev-parse HEAD) ELASTIC_PIPE_DIRTY=... benchmarks/gpu/headline.sh $OUT single
@@ -54,7 +67,13 @@ fi
 
 out=${1:?usage: headline.sh OUT [single|data|all], or headline.sh --prepare}
 what=${2:-all}
-case $what in single | data | all) ;; *) echo "headline.sh: unknown part '$what' (single, data or all)" >&2; exit 2 ;; esac
+case $what in single | data | all | tta | hf) ;; *) echo "headline.sh: unknown part '$what' (single, data, all, tta or hf)" >&2; exit 2 ;; esac
+if [[ $what == tta ]]; then
+  (( $# > 2 )) || { echo "headline.sh: tta needs TASK:SEED arguments, e.g. tta bbc:0 digits:0" >&2; exit 2; }
+  for job in "${@:3}"; do
+    [[ $job =~ ^(bbc|digits):[0-9]+$ ]] || { echo "headline.sh: '$job' is not TASK:SEED (bbc or digits)" >&2; exit 2; }
+  done
+fi
 export PYTHONPATH="$root/src:$site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 [[ -d $site/minilm ]] && export ELASTIC_PIPE_MINILM_DIR="$site/minilm"
 mkdir -p "$out"
@@ -80,6 +99,26 @@ for arm, a in r["tasks"]["minilm_bbc"]["arms"].items():
     print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {wall:.2f} s (median)")
 EOF
   echo "default policy's runs done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == tta ]]; then
+  # the LoRA rates tuned before (docs/time_to_accuracy.md): no tuning in a re-measure
+  declare -A rates=([bbc]=benchmarks/results/time_to_accuracy_bbc_seed0_lora_tuning.json
+    [digits]=benchmarks/results/time_to_accuracy_digits.json)
+  for job in "${@:3}"; do
+    task=${job%%:*} seed=${job##*:}
+    LORA_FROM=${rates[$task]} benchmarks/gpu/run_time_to_accuracy.sh "$out" "$task" "$seed" \
+      || { tail -30 "$out/time_to_accuracy_${task}_seeds$seed.log"; exit 1; }
+    grep -v "^\[" "$out/time_to_accuracy_${task}_seeds$seed.log" | tail -14
+    echo "$job done after $(( $(date +%s) - start )) s"
+  done
+fi
+
+if [[ $what == hf ]]; then
+  python3 benchmarks/gpu/bench_hf_callback.py --out "$out/gpu_hf_callback.json" > "$out/hf.log" 2>&1 \
+    || { tail -30 "$out/hf.log"; exit 1; }
+  tail -5 "$out/hf.log"
+  echo "HF callback done after $(( $(date +%s) - start )) s"
 fi
 
 if [[ $what == data || $what == all ]]; then
