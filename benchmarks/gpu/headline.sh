@@ -109,7 +109,7 @@ if [[ $what == tta ]]; then
     task=${job%%:*} seed=${job##*:}
     LORA_FROM=${rates[$task]} benchmarks/gpu/run_time_to_accuracy.sh "$out" "$task" "$seed" \
       || { tail -30 "$out/time_to_accuracy_${task}_seeds$seed.log"; exit 1; }
-    grep -v "^\[" "$out/time_to_accuracy_${task}_seeds$seed.log" | tail -14
+    { grep -v "^\[" "$out/time_to_accuracy_${task}_seeds$seed.log" || true; } | tail -14  # the table and warnings
     echo "$job done after $(( $(date +%s) - start )) s"
   done
 fi
