@@ -21,11 +21,12 @@ from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.layout.rule import max_frozen_units, next_layout
 from elastic_pipe.orchestrator.layout.start import initial_layout
-from elastic_pipe.orchestrator.metrics import TransitionEvent
+from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
+from elastic_pipe.orchestrator.optim import lr_scheduler
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.step_loop import _timed_step
-from elastic_pipe.orchestrator.timing import PhaseClock
+from elastic_pipe.orchestrator.timing import PhaseClock, seconds_into
 from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout
@@ -428,3 +429,32 @@ def test_the_default_policy_is_drift_over_the_run_s_steps() -> None:
     given = components_from_config(freezeout.override({"freeze.options": {"t0": 0.5, "total_steps": 7}})).policy
     assert isinstance(given, FreezeOut) and (given.t0, given.total_steps) == (0.5, 7)
     assert config.override({"freeze.policy": "alpha"}).freeze.policy_options == {"alpha": 1 / 3}
+
+
+def test_seconds_into_adds_each_block_s_time_even_when_it_raises() -> None:
+    phases: dict[str, float] = {"stage": 1.0}
+    with seconds_into(phases, "stage"):
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError), seconds_into(phases, "cache"):
+        time.sleep(0.01)
+        raise RuntimeError("boom")
+    assert phases["stage"] >= 1.01 and 0.01 <= phases["cache"] < 1.0
+
+
+@pytest.mark.parametrize(("epochs", "max_steps", "total"), [(4, 0, 40), (4, 25, 25), (2, 100, 20)])
+def test_the_schedule_decays_over_the_steps_the_run_takes(epochs: int, max_steps: int, total: int) -> None:
+    train = _tiny({"train.epochs": epochs, "train.max_steps": max_steps, "train.lr_schedule": "cosine"}).train
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=1.0)
+    sched = lr_scheduler(opt, train, steps_per_epoch=10)
+    factors = [sched.lr_lambdas[0](step) for step in range(total + 1)]
+    warm = train.warmup_steps
+    assert factors[total] == pytest.approx(0.0, abs=1e-12)
+    assert all(f > 0 for f in factors[warm:total])
+
+
+def test_the_last_evaluation_skips_epochs_that_did_not_evaluate() -> None:
+    result = RunResult()
+    assert result.last_evaluation() is None
+    result.epochs = [{"epoch": 0, "eval_loss": 0.5}, {"epoch": 1, "eval_loss": 0.4}, {"epoch": 2, "eval_loss": None}]
+    assert result.last_evaluation() == {"epoch": 1, "eval_loss": 0.4}

@@ -16,6 +16,7 @@ import tiny_vit
 from elastic_pipe.data import ElasticSampler
 from elastic_pipe.orchestrator.data import DatasetSplit, ElasticBatchSampler, epoch_plan
 from elastic_pipe.orchestrator.data.items import item_spec, label_table
+from elastic_pipe.orchestrator.data.loader_pool import MIN_PART, Parts, cut
 from elastic_pipe.orchestrator.errors import ConfigError
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks
 
@@ -510,3 +511,14 @@ def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its
         )
     assert result.transitions == [] and len(result.epochs) == 3
     assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run
+
+
+@pytest.mark.parametrize(("n", "workers", "parts"), [(0, 4, 1), (31, 4, 1), (64, 4, 2), (130, 4, 4), (1000, 0, 1)])
+def test_a_list_is_cut_into_one_part_per_worker_of_at_least_min_part(n: int, workers: int, parts: int) -> None:
+    positions = list(range(100, 100 + n))
+    pieces = cut(positions, workers)
+    assert len(pieces) == parts
+    assert [p for piece in pieces for p in piece] == positions
+    assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
+    assert n < MIN_PART or min(map(len, pieces)) >= MIN_PART
+    assert list(Parts([positions, positions[:10]], workers)) == [*pieces, positions[:10]]

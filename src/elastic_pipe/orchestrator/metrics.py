@@ -222,6 +222,10 @@ class RunResult:
     setup_s: float = 0.0
     close_phases: dict[str, float] = field(default_factory=dict)
 
+    def last_evaluation(self) -> dict[str, Any] | None:
+        """The record of the latest epoch that evaluated (``None`` before the first evaluation)."""
+        return next((e for e in reversed(self.epochs) if e["eval_loss"] is not None), None)
+
     def history(self) -> dict[str, object]:
         """The records so far (what a checkpoint keeps)."""
         return {"epochs": self.epochs, "transitions": self.transitions, "losses": self.losses}

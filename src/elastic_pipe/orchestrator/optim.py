@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.config import TrainConfig, TrainSection
 
-__all__ = ["OptimizerFactory", "can_fuse", "lr_lambda", "optimizer_factory"]
+__all__ = ["OptimizerFactory", "can_fuse", "lr_lambda", "lr_scheduler", "optimizer_factory"]
 
 #: Builds an optimizer over a list of trainable parameters.
 OptimizerFactory = Callable[[list[nn.Parameter]], torch.optim.Optimizer]
@@ -59,3 +60,12 @@ def lr_lambda(train: TrainSection, total_steps: int) -> Callable[[int], float]:
         return 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return factor
+
+
+def lr_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection, steps_per_epoch: int) -> LambdaLR:
+    """The run's learning-rate schedule (:func:`lr_lambda`) over its optimizer steps: ``[train] epochs`` of
+    ``steps_per_epoch``, or ``[train] max_steps`` when that is fewer."""
+    total = train.epochs * steps_per_epoch
+    if train.max_steps:
+        total = min(total, train.max_steps)
+    return LambdaLR(optimizer, lr_lambda(train, total))

@@ -3,17 +3,18 @@ forward time: :mod:`~elastic_pipe.orchestrator.stage.forward_timer`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from typing import TextIO
 
 import torch
 
 from elastic_pipe.orchestrator.metrics import PHASES
 
-__all__ = ["PhaseClock", "Progress"]
+__all__ = ["PhaseClock", "Progress", "seconds_into"]
 
 
 class PhaseClock:
@@ -143,3 +144,13 @@ class Progress:
             self.stream.write("\r" + " " * self._width + "\r")
             self.stream.flush()
             self._width = 0
+
+
+@contextlib.contextmanager
+def seconds_into(phases: MutableMapping[str, float], part: str) -> Iterator[None]:
+    """Add the wall seconds the block takes (whether it ends or raises) to ``phases[part]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[part] = phases.get(part, 0.0) + time.perf_counter() - t0

@@ -251,10 +251,10 @@ class ElasticTrainer(TrainerBase):
         ctx, prefix = self.ctx, self.prefix
         state, stage = self.state.replace(decision_due=False), self.stage
         self._state = state
+        last = self.result.last_evaluation()
+        eval_loss = None if last is None else last["eval_loss"]
         t0 = time.perf_counter()
-        msg = executor.decide(
-            ctx, state, stage, prefix=prefix, eval_loss=self._latest_eval_loss(), epoch_step=epoch_step
-        )
+        msg = executor.decide(ctx, state, stage, prefix=prefix, eval_loss=eval_loss, epoch_step=epoch_step)
         decide_s = time.perf_counter() - t0
         applied = apply(
             ctx, state, stage, msg, optimizer=self.optimizer, prefix=prefix, epoch_step=epoch_step, before=before

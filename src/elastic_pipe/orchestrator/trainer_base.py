@@ -11,10 +11,9 @@ what they hold.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import time
-from collections.abc import Iterator, Mapping, Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import torch
@@ -29,11 +28,12 @@ from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_los
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
 from elastic_pipe.orchestrator.metrics import RunResult
-from elastic_pipe.orchestrator.optim import lr_lambda
+from elastic_pipe.orchestrator.optim import lr_scheduler
 from elastic_pipe.orchestrator.persist import Checkpointer, Part, rerun, snapshot
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.setup import build_context, check_memory_budget, check_untied_stages
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
+from elastic_pipe.orchestrator.timing import seconds_into
 
 if TYPE_CHECKING:
     from elastic_pipe.groups import GroupManager
@@ -122,10 +122,7 @@ class TrainerBase:
         # optimizer then covers only what this rank owns (holdings.point_optimizer, at every layout).
         self.optimizer = make([p for p in model.parameters() if p.requires_grad])
         ctx = self._ctx = dataclasses.replace(ctx, param_group_of=holdings.param_groups_by_name(self.optimizer, model))
-        total = c.train.epochs * self.steps_per_epoch
-        if c.train.max_steps:
-            total = min(total, c.train.max_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(c.train, total))
+        self.scheduler = lr_scheduler(self.optimizer, c.train, self.steps_per_epoch)
         self.sampler = edata.ElasticSampler(len(ctx.train_set), 1, 0, seed=c.train.seed, shuffle=True, drop_last=False)
         self._prefix = FrozenPrefix.build(ctx)
         if c.checkpoint.dir:
@@ -170,36 +167,27 @@ class TrainerBase:
         """Release what the trainer holds beyond its results: the stage's hooks on the model, the activation
         cache, a dataset's loader workers, and the process groups it created (the default group too, when it
         joined it). Idempotent. The seconds each part took add up in the result's ``close_phases``."""
-        with self._closing("stage"):
+        closing = functools.partial(seconds_into, self.result.close_phases)
+        with closing("stage"):
             if self._stage is not None:
                 self._stage.close()
                 self._stage = None
-        with self._closing("cache"):
+        with closing("cache"):
             if self._prefix is not None:
                 self._prefix.close()
         if self._ctx is not None:
-            with self._closing("loaders"):  # a dataset's kept loaders: their workers go
+            with closing("loaders"):  # a dataset's kept loaders: their workers go
                 close_splits((self._ctx.train_set, self._ctx.eval_set))
-            with self._closing("log"):
+            with closing("log"):
                 self._ctx.log.close()
-        with self._closing("groups"):
+        with closing("groups"):
             if self._groups is not None:
                 self._groups.destroy()
                 self._groups = None
-        with self._closing("process_group"):
+        with closing("process_group"):
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
                 self._owns_group = False
-
-    @contextlib.contextmanager
-    def _closing(self, part: str) -> Iterator[None]:
-        """Add the seconds the block takes to the result's ``close_phases[part]``."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            phases = self.result.close_phases
-            phases[part] = phases.get(part, 0.0) + time.perf_counter() - t0
 
     # ---------------------------------------------------------------------------------------------- properties
     @property
@@ -244,16 +232,12 @@ class TrainerBase:
         """Whether a decision point was reached and not decided yet (:attr:`RunState.decision_due`)."""
         return self.state.decision_due
 
-    def _latest_eval_loss(self) -> float | None:
-        """The held-out loss of the run's latest evaluation (``None`` before the first)."""
-        return next((e["eval_loss"] for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
-
     def _already_complete(self) -> None:
         """A resumed run with nothing left to train: say so, and report the last evaluation it made (not NaN)."""
         c = self.config
         meta = {"epoch": self.state.epoch, "step": self.state.step}
         self.ctx.log.say(rerun.already_complete(meta, c) or "run already complete")
-        last = next((e for e in reversed(self.result.epochs) if e["eval_loss"] is not None), None)
+        last = self.result.last_evaluation()
         if last is not None:
             self.result.final_eval_loss, self.result.final_accuracy = last["eval_loss"], last["eval_accuracy"]
 

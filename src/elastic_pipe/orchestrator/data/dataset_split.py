@@ -27,11 +27,11 @@ from elastic_pipe.orchestrator.data.items import (
     read_inputs,
 )
 from elastic_pipe.orchestrator.data.loader_pool import (
-    MIN_PART,
     BuildLoader,
     LoaderKey,
     LoaderPool,
     Parts,
+    cut,
     joined,
     make_loader,
     stop_workers,
@@ -121,25 +121,15 @@ class DatasetSplit:
 
         return build
 
-    def _cut(self, positions: list[int]) -> list[list[int]]:
-        """``positions`` in consecutive parts of nearly equal length, one per worker but at least
-        :data:`MIN_PART` positions each (one part without workers): the parts of one list are read by different
-        workers at the same time, so a list's batch is ready in a fraction of the time one worker takes for all
-        of it (the first step of an epoch waits for it)."""
-        k = max(1, min(self.workers, len(positions) // MIN_PART))
-        q, r = divmod(len(positions), k)
-        bounds = [i * q + min(i, r) for i in range(k + 1)]
-        return [positions[bounds[i] : bounds[i + 1]] for i in range(k)]
-
     def _read(
         self, key: LoaderKey, lists: Iterable[list[int]], collate: Collate
     ) -> Iterator[tuple[list[int], list[Pair]]]:
-        """Per list, the list and the collated batches of its parts (:meth:`_cut`), from the pool's loader for
-        ``key``."""
-        reader = self._pool.read(key, Parts(lists, self._cut), self._build(key, collate))
+        """Per list, the list and the collated batches of its parts (:func:`~.loader_pool.cut`), from the pool's
+        loader for ``key``."""
+        reader = self._pool.read(key, Parts(lists, self.workers), self._build(key, collate))
         try:
             for positions in lists:
-                yield positions, [next(reader) for _ in self._cut(positions)]
+                yield positions, [next(reader) for _ in cut(positions, self.workers)]
         finally:
             reader.close()
 
@@ -202,7 +192,7 @@ class DatasetSplit:
         fill chunks): read in parts by the split's workers when it has several (a kept loader of its own, so its
         workers start once), in this process otherwise."""
         positions = list(range(start, min(stop, len(self))))
-        if len(self._cut(positions)) > 1:
+        if len(cut(positions, self.workers)) > 1:
             key = LoaderKey("rows", inputs=True, labels=False, pin=False)
             ((_, parts),) = self._read(key, [positions], Collate(self.spec, None, inputs=True, labels=False))
             return cast_floating(torch.cat([x for x, _ in parts if x is not None]), self.dtype)

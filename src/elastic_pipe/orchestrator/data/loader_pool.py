@@ -16,9 +16,9 @@ Rules that keep this safe:
 * a reader that raises drops its loader (the iterator's state after an error is not to be trusted); a reader
   closed early leaves it (the next iteration discards what the workers had read ahead).
 
-A list is read in parts (:class:`Parts`, at least :data:`MIN_PART` positions each) that several workers read side by
-side, and joined again on the device (:func:`joined`); the workers are forked (:data:`WORKER_START`), and
-:func:`make_loader` builds a loader with these settings.
+A list is read in parts (:func:`cut`, :class:`Parts`, at least :data:`MIN_PART` positions each) that several
+workers read side by side, and joined again on the device (:func:`joined`); the workers are forked
+(:data:`WORKER_START`), and :func:`make_loader` builds a loader with these settings.
 """
 
 from __future__ import annotations
@@ -248,15 +248,27 @@ def make_loader(
     )
 
 
-class Parts:
-    """The parts of each of ``lists``, in order: what a split's loader reads (its batch sampler's lists)."""
+def cut(positions: list[int], workers: int) -> list[list[int]]:
+    """``positions`` in consecutive parts of nearly equal length, one per worker but at least :data:`MIN_PART`
+    positions each (one part without workers): the parts of one list are read by different workers at the same
+    time, so a list's batch is ready in a fraction of the time one worker takes for all of it (the first step of
+    an epoch waits for it)."""
+    k = max(1, min(workers, len(positions) // MIN_PART))
+    q, r = divmod(len(positions), k)
+    bounds = [i * q + min(i, r) for i in range(k + 1)]
+    return [positions[bounds[i] : bounds[i + 1]] for i in range(k)]
 
-    def __init__(self, lists: Iterable[list[int]], cut: Callable[[list[int]], list[list[int]]]) -> None:
-        self.lists, self.cut = lists, cut
+
+class Parts:
+    """The parts (:func:`cut` for ``workers``) of each of ``lists``, in order: what a split's loader reads (its
+    batch sampler's lists)."""
+
+    def __init__(self, lists: Iterable[list[int]], workers: int) -> None:
+        self.lists, self.workers = lists, workers
 
     def __iter__(self) -> Iterator[list[int]]:
         for positions in self.lists:
-            yield from self.cut(positions)
+            yield from cut(positions, self.workers)
 
 
 def joined(parts: list[torch.Tensor | None], device: torch.device) -> torch.Tensor | None:
