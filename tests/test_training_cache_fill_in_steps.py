@@ -30,7 +30,7 @@ def _config(cache: str = "auto", world: int = 1) -> Any:
     return config_from_tables(
         {
             "model": tiny_vit.model_table(),
-            "train": {"dtype": "float64", "epochs": 3, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+            "train": {"dtype": "float64", "epochs": 4, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
             "freeze": {"policy": "manual", "options": {"schedule": {1: 1, 2: 2}}},
             "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": cache},
             "log": {"progress": False},
@@ -46,7 +46,7 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import fill as prefix_cache
-    from elastic_pipe.orchestrator.prefix.frozen import FrozenPrefix
+    from elastic_pipe.orchestrator.prefix import frozen as prefix_frozen
 
     # reading pays from the first boundary on (read_first), or only from the second (the measured decision is
     # replaced: the machine's speed must not matter)
@@ -66,10 +66,10 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
         return run_sublayers(self, x, lo, hi)
 
     RunContext.run_sublayers = counted  # type: ignore[method-assign]
-    fills = FrozenPrefix._fills_in_steps
+    fills = prefix_frozen.in_steps
     out: dict[str, Any] = {}
     for name, in_steps in (("in_steps", True), ("at_transition", False)):
-        FrozenPrefix._fills_in_steps = fills if in_steps else (lambda self, cache, layout: False)  # type: ignore[method-assign]
+        prefix_frozen.in_steps = fills if in_steps else (lambda cache, frozen, example, samples: False)
         prefix_runs.clear()
         boundaries.clear()
         with ElasticTrainer(_config(world=world), data=Digits(SAMPLES), quiet=True) as trainer:
@@ -83,7 +83,7 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
                 "stored": trainer.prefix.cache.stats.stored if trainer.prefix.cache is not None else -1,
                 "boundaries": list(boundaries),
             }
-    FrozenPrefix._fills_in_steps = fills  # type: ignore[method-assign]
+    prefix_frozen.in_steps = fills
     return out
 
 
@@ -93,15 +93,15 @@ def _each_read_first(ctx: RankContext) -> dict[bool, dict[str, Any]]:
     in a job of its own."""
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import fill as prefix_cache
-    from elastic_pipe.orchestrator.prefix.frozen import FrozenPrefix
+    from elastic_pipe.orchestrator.prefix import frozen as prefix_frozen
 
     out = {}
     for read_first in (False, True):
-        originals = (prefix_cache._decide, RunContext.run_sublayers, FrozenPrefix._fills_in_steps)
+        originals = (prefix_cache._decide, RunContext.run_sublayers, prefix_frozen.in_steps)
         try:
             out[read_first] = _runs(ctx, read_first)
         finally:
-            prefix_cache._decide, RunContext.run_sublayers, FrozenPrefix._fills_in_steps = originals  # type: ignore[method-assign]
+            prefix_cache._decide, RunContext.run_sublayers, prefix_frozen.in_steps = originals  # type: ignore[method-assign]
     return out
 
 
@@ -117,7 +117,7 @@ def _rows(runs: list[tuple[int, int, int]], lo: int, hi: int) -> int:
 def test_steps_fill_an_unread_boundary_and_the_next_one_is_carried_from_it(one_rank: dict[bool, Any]) -> None:
     r = one_rank[False]
     in_steps, at_transition = r["in_steps"], r["at_transition"]
-    expected = [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0)]
+    expected = [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0), (2, True, TRAIN, 0)]
     assert in_steps["epochs"] == at_transition["epochs"] == expected
     assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
     first, second = in_steps["boundaries"]  # sub-layer boundaries of epochs 1 and 2
@@ -139,8 +139,8 @@ def test_a_first_boundary_that_is_read_is_filled_by_the_steps_misses(one_rank: d
     r = one_rank[True]
     in_steps, at_transition = r["in_steps"], r["at_transition"]
     # epoch 1 reads the cache in both; filled by its steps, every read misses (and is stored), then all hit
-    assert in_steps["epochs"] == [(0, False, 0, 0), (1, True, 0, TRAIN), (2, True, TRAIN, 0)]
-    assert at_transition["epochs"] == [(0, False, 0, 0), (1, True, TRAIN, 0), (2, True, TRAIN, 0)]
+    assert in_steps["epochs"] == [(0, False, 0, 0), (1, True, 0, TRAIN), (2, True, TRAIN, 0), (2, True, TRAIN, 0)]
+    assert at_transition["epochs"] == [(0, False, 0, 0), (1, True, TRAIN, 0), (2, True, TRAIN, 0), (2, True, TRAIN, 0)]
     assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
     first, second = in_steps["boundaries"]
     held_out = SAMPLES - TRAIN
@@ -159,7 +159,9 @@ def test_two_replicas_fill_an_unread_boundary_by_their_steps_and_the_shared_fill
     for r in run_distributed(_runs, 2, False, 2, timeout=300):
         in_steps, at_transition = r["in_steps"], r["at_transition"]
         assert (
-            in_steps["epochs"] == at_transition["epochs"] == [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0)]
+            in_steps["epochs"]
+            == at_transition["epochs"]
+            == [(0, False, 0, 0), (1, False, 0, 0), (2, True, TRAIN, 0), (2, True, TRAIN, 0)]
         )
         assert in_steps["losses"] == pytest.approx(at_transition["losses"], rel=1e-10, abs=1e-12)
         first, second = in_steps["boundaries"]

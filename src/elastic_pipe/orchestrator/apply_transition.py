@@ -103,7 +103,7 @@ def apply(
     # the units changed owners: each rank keeps the outputs of those it holds now
     probe.baseline(ctx, new_stage, prefix)
     clock.lap("probe")
-    report = prefix.enter(new, old.frozen, clock=clock)
+    report = prefix.enter(new, old.frozen, step=state.step, clock=clock)
     return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals), report)
 
 

@@ -115,6 +115,13 @@ class RunContext:
         """Whether the policy reads gradient statistics (then steps accumulate them and decisions gather them)."""
         return bool(self.parts.policy.needs_stats)
 
+    def epochs_left(self, step: int | None) -> float | None:
+        """The run's epochs left after ``step`` optimizer steps, a fraction inside an epoch (``None``: not known)."""
+        if step is None:
+            return None
+        per_epoch = self.epoch.steps
+        return (self.config.train.run_steps(per_epoch) - step) / per_epoch
+
     def plan(self, layout: Layout) -> RankPlan:
         """The rank plan of ``layout``'s pipeline length."""
         return self.groups.plan(layout.pipe_len)

@@ -120,7 +120,7 @@ def demo_config(overrides: Mapping[str, object] | None = None) -> TrainConfig:
     config = config_from_tables(DEMO, source="demo").override(dict(overrides or {}))
     options = dict(config.freeze.options)
     if config.freeze.policy == "freezeout" and "total_steps" not in options:
-        options["total_steps"] = steps_per_epoch(config) * config.train.epochs
+        options["total_steps"] = config.train.run_steps(steps_per_epoch(config))
         config = config.override({"freeze.options": options})
     return config
 

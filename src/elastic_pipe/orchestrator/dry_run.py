@@ -70,9 +70,7 @@ def _every_n_steps(
     memory = memory_budget(config, parts.model)
     virtual = virtual_rule(config.pipeline.virtual, parts.schedule)
     layout, budget = planned_start(config, parts)
-    total = config.train.epochs * steps
-    if config.train.max_steps:
-        total = min(total, config.train.max_steps)
+    total = config.train.run_steps(steps)
     units = 0
     points: list[dict[str, object]] = []
     ends = [(units, layout)]

@@ -63,9 +63,6 @@ def lr_lambda(train: TrainSection, total_steps: int) -> Callable[[int], float]:
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection, steps_per_epoch: int) -> LambdaLR:
-    """The run's learning-rate schedule (:func:`lr_lambda`) over its optimizer steps: ``[train] epochs`` of
-    ``steps_per_epoch``, or ``[train] max_steps`` when that is fewer."""
-    total = train.epochs * steps_per_epoch
-    if train.max_steps:
-        total = min(total, train.max_steps)
-    return LambdaLR(optimizer, lr_lambda(train, total))
+    """The run's learning-rate schedule (:func:`lr_lambda`) over its optimizer steps
+    (:meth:`~.config.TrainSection.run_steps`)."""
+    return LambdaLR(optimizer, lr_lambda(train, train.run_steps(steps_per_epoch)))

@@ -160,7 +160,7 @@ class TrainerBase:
             probe.baseline(ctx, self._stage, prefix)  # a probe-driven policy's first comparison starts here
         else:  # a checkpoint's: the comparison spans the whole interval, as in the run that wrote it
             probe.restore(ctx, self._stage, probe_outputs)
-        prefix.enter(state.layout, old_frozen)
+        prefix.enter(state.layout, old_frozen, step=state.step)
         self.sampler.reshard(state.layout.replicas, self._stage.replica)
 
     def close(self) -> None:

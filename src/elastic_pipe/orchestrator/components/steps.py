@@ -40,10 +40,7 @@ def epoch_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = No
 def run_steps(config: TrainConfig, samples: int, *, own_eval: bool | None = None) -> int | None:
     """The optimizer steps of the whole run (its epochs, or ``max_steps`` when that comes sooner)."""
     per_epoch = epoch_steps(config, samples, own_eval=own_eval)
-    if per_epoch is None:
-        return None
-    total = per_epoch * config.train.epochs
-    return min(total, config.train.max_steps) if config.train.max_steps else total
+    return None if per_epoch is None else config.train.run_steps(per_epoch)
 
 
 def decision_interval(

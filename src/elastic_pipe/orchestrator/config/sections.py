@@ -181,6 +181,12 @@ class TrainSection:
         check_one_of("train.compile", self.compile, COMPILE_MODES)
         check_one_of("train.cuda_graphs", self.cuda_graphs, CUDA_GRAPH_MODES)
 
+    def run_steps(self, steps_per_epoch: int) -> int:
+        """The optimizer steps of the whole run: :attr:`epochs` of ``steps_per_epoch``, or :attr:`max_steps` when
+        that comes sooner."""
+        total = self.epochs * steps_per_epoch
+        return min(total, self.max_steps) if self.max_steps else total
+
 
 @dataclass(frozen=True)
 class FreezeSection:

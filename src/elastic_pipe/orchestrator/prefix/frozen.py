@@ -23,7 +23,7 @@ import torch.distributed as dist
 from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
 from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, widening
-from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, prepare_cache, stored_as
+from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, in_steps, pass_idle, prepare_cache, stored_as
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.prefix.state import PrefixState
@@ -78,7 +78,7 @@ class FrozenPrefix:
         self.report = PrefixReport()
         #: Whether the cache holds every training sample's entry at the boundary (steps then load no inputs).
         self.cache_complete = False
-        #: Whether steps store the prefix outputs they compute (the cache is not read here: :meth:`_fills_in_steps`).
+        #: Whether steps store the prefix outputs they compute (the cache is not read here: :func:`.fill.in_steps`).
         self.fills_in_steps = False
         self._was_on = False
         self._ahead: PrefetchedBatches | None = None
@@ -135,12 +135,16 @@ class FrozenPrefix:
         self._state.forget()
 
     # ------------------------------------------------------------------------------------------------ a layout
-    def enter(self, layout: Layout, old_frozen: int, *, clock: PhaseClock | None = None) -> PrefixReport:
+    def enter(
+        self, layout: Layout, old_frozen: int, *, step: int | None = None, clock: PhaseClock | None = None
+    ) -> PrefixReport:
         """Bring the prefix to ``layout`` (a collective): on stage-0 ranks carry the cached entries from
         ``old_frozen`` to the new boundary, then decide whether reading pays (filling when it does); then, on every
         rank, release the frozen prefix where the cache serves it (:func:`.residency.settle`).
 
         Args:
+            step: the run's optimizer steps done (a first fill by a pass over the split is skipped when the rest of
+                the run reads no more entries than it fills: :func:`.fill.pass_idle`); ``None``: not weighed.
             clock: a transition's clock: the carry or fill laps ``cache``, then :func:`.residency.settle` laps
                 ``eval_store`` and ``prefix``.
         """
@@ -149,7 +153,7 @@ class FrozenPrefix:
         self._first = int(ctx.plan(layout).stage_of(ctx.rank)) == 0
         self._group = ctx.groups.dp_group(layout.pipe_len) if layout.replicas > 1 else None
         self._was_on = self.report.cache
-        on, reason = self._prepare(layout, old_frozen)
+        on, reason = self._prepare(layout, old_frozen, step)
         entries, stored = 0, 0
         if self.cache is not None and on and layout.frozen > 0:
             entries, stored = held(self.cache, ctx.train_set, layout.frozen, ctx.prefix_example(layout.frozen))
@@ -160,7 +164,7 @@ class FrozenPrefix:
         self.report = PrefixReport(on, reason, freed, entries, stored)
         return self.report
 
-    def _prepare(self, layout: Layout, old_frozen: int) -> tuple[bool, str]:
+    def _prepare(self, layout: Layout, old_frozen: int, step: int | None) -> tuple[bool, str]:
         """Carry, judge and fill the cache for ``layout`` on a stage-0 rank; whether stage 0 reads it, and why."""
         ctx, cache = self.ctx, self.cache
         self.cache_complete = self.fills_in_steps = False
@@ -190,36 +194,18 @@ class FrozenPrefix:
             return True, KEPT_REASON + stored_as(cache, example)  # only the newly frozen sub-layers ran
         # With "auto" a rank alone fills a boundary it has nothing to carry to by its steps, not by a pass over the
         # split first: the pass would read every input once more (through the loader) for one epoch of reads.
-        in_steps = (
-            peers is None
-            and ctx.config.pipeline.cache == "auto"
-            and old_frozen not in cache.boundaries()
-            and self._fills_in_steps(cache, layout)
-        )
-        on, reason = prepare_cache(
-            job, mode=ctx.config.pipeline.cache, per_replica=per_replica, peers=peers, fill=not in_steps
-        )
+        mode, first_fill = ctx.config.pipeline.cache, old_frozen not in cache.boundaries()
+        samples, frozen = len(ctx.train_set), layout.frozen
+        steps_fill = peers is None and mode == "auto" and first_fill and in_steps(cache, frozen, example, samples)
+        pass_due = mode == "auto" and first_fill and not steps_fill
+        idle = pass_idle(ctx.epochs_left(step), cache.config.views_per_sample) if pass_due else ""
+        if idle:  # the steps run the prefix (storing what they compute where they may)
+            self.fills_in_steps = in_steps(cache, frozen, example, samples)
+            return False, idle
+        on, reason = prepare_cache(job, mode=mode, per_replica=per_replica, peers=peers, fill=not steps_fill)
         self.cache_complete = on and covers(cache, ctx.train_set, layout.frozen)
-        self.fills_in_steps = not on and self._fills_in_steps(cache, layout)
+        self.fills_in_steps = not on and in_steps(cache, frozen, example, samples)
         return on, reason + stored_as(cache, example)
-
-    def _fills_in_steps(self, cache: acache.ActivationCache, layout: Layout) -> bool:
-        """Whether this layout's steps may store the frozen prefix's outputs they compute: those they compute anyway
-        when the cache is not read at this boundary (reading did not pay, ``cache = "auto"``), or, for a rank
-        alone with ``"auto"``, a first fill by the steps' misses instead of a pass over the split.
-
-        A later transition then carries them through the newly frozen sub-layers only
-        (:meth:`~elastic_pipe.cache.ActivationCache.extend`) and its fill reads and runs only what is still
-        missing, instead of a pass over the whole training split through the loader (on one H200, ViT-B/16 and
-        47,500 images from a file: the pass took 39 s and the epoch after it 11 s; filled by its steps, that epoch
-        took 36 s). Only where every entry fits in the device and host tiers (so no put is ever refused; a disk
-        write checksums every row, on the host) and with one view per sample.
-        """
-        if cache.config.views_per_sample != 1:
-            return False
-        example = self.ctx.prefix_example(layout.frozen)
-        spread = cache.placement(layout.frozen, tuple(example.shape[1:]), example.dtype, len(self.ctx.train_set))
-        return spread.get("disk", 0) == 0 and spread["none"] == 0
 
     # ------------------------------------------------------------------------------------------------ an epoch
     def begin_epoch(self, epoch: int, *, going_on: bool = False) -> None:
