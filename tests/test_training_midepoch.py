@@ -460,18 +460,17 @@ progress = false
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_the_default_policy_decides_four_times_an_epoch_and_settles_after_60_percent(
+def test_the_default_policy_decides_four_times_an_epoch_and_freezes_up_to_its_cap(
     two_ranks: list[dict[str, Any]],
 ) -> None:
     # 8 steps an epoch, 4 epochs: a decision point every 2 steps; the tiny ViT from its initial weights adapts as a
-    # whole, so its units up to the cap (all but the top one) freeze together once the highest watched one has
-    # settled, at the first decision point from step 19.2 on
+    # whole, so no unit is still by the relative test and the settle test waits for 80% of the run (step 25.6);
+    # the units up to the cap (all but the top one) freeze together at step 24, once the cosine schedule's steps
+    # are small enough that both watched units move by less than the threshold
     out = two_ranks[0]["default_rhythm"]
     assert out["every"] == 2
     transitions = out["transitions"]
-    assert transitions and all(t["step"] % 2 == 0 for t in transitions)
-    assert all(t["frozen_units"] < 2 for t in transitions if t["step"] < 0.6 * 32)
-    assert [(t["step"], t["epoch"], t["epoch_step"], t["frozen_units"]) for t in transitions][-1] == (20, 2, 4, 2)
+    assert [(t["step"], t["epoch"], t["epoch_step"], t["frozen_units"]) for t in transitions] == [(24, 3, 0, 2)]
     # the batches are read once an epoch and again only after a transition inside it: the decision points that keep
     # the layout (three an epoch, most of them here) go on with the loader's read-ahead
     inside = [t["epoch_step"] for t in transitions if t["epoch_step"]]
