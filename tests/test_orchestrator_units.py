@@ -419,7 +419,7 @@ def test_the_default_policy_is_drift_over_the_run_s_steps() -> None:
     # digits: 1,797 samples, 20% held out -> 1,437 training samples, 22 whole steps of 64 an epoch (drop_last)
     assert run_steps(config, 1797) == 22 * 3
     policy = components_from_config(config).policy
-    assert isinstance(policy, Drift) and (policy.total_steps, policy.settle_after, policy.relative) == (66, 0.6, 0.15)
+    assert isinstance(policy, Drift) and (policy.total_steps, policy.settle_after, policy.relative) == (66, 0.8, 0.15)
     capped = components_from_config(config.override({"train.max_steps": 10})).policy
     assert isinstance(capped, Drift) and capped.total_steps == 10
     freezeout = config.override({"freeze.policy": "freezeout"})

@@ -26,6 +26,7 @@ from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, widening
 from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, in_steps, pass_idle, prepare_cache, stored_as
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
+from elastic_pipe.orchestrator.prefix.shared import all_peers
 from elastic_pipe.orchestrator.prefix.state import PrefixState
 
 if TYPE_CHECKING:
@@ -199,6 +200,8 @@ class FrozenPrefix:
         steps_fill = peers is None and mode == "auto" and first_fill and in_steps(cache, frozen, example, samples)
         pass_due = mode == "auto" and first_fill and not steps_fill
         idle = pass_idle(ctx.epochs_left(step), cache.config.views_per_sample) if pass_due else ""
+        if peers is not None and mode == "auto" and not all_peers(bool(idle), peers, ctx.device):
+            idle = ""  # another peer holds entries to carry: the shared fill (a collective) runs on every peer
         if idle:  # the steps run the prefix (storing what they compute where they may)
             self.fills_in_steps = in_steps(cache, frozen, example, samples)
             return False, idle
