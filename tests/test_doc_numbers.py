@@ -1299,6 +1299,55 @@ ROWS += [
     ),
     ("docs/freeze.md", "no freezing\n   ({}): the settle", TTA_DIGITS_52, TA + "elastic-none.accuracy_mean", ".2%"),
 ]
+VAR_BBC = "time_to_accuracy_variants_bbc_c443191.json"  # docs/freeze.md step 5: the settle-floor screen
+VAR_DIGITS = "time_to_accuracy_variants_digits_c443191.json"
+ROWS += [
+    # docs/freeze.md step 5: the screen at c443191, then the full runs at e077353
+    ("docs/freeze.md", "freezing ({} on (b), 96.70%", VAR_DIGITS, TA + "elastic-none.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "on (b), {} on (a)):", VAR_BBC, TA + "elastic-none.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "the ViT/digits task, {} with the floor at 80%",
+        VAR_DIGITS,
+        TA + "elastic-drift:settle_after=0.8.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "against {} with it at 60%;", VAR_DIGITS, TA + "elastic-default.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "MiniLM-L6 / BBC News, {} against 96.18%, one",
+        VAR_BBC,
+        TA + "elastic-drift:settle_after=0.8.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "96.03% against {}, one test", VAR_BBC, TA + "elastic-default.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "(`settle=null`) ended at {} and",
+        VAR_DIGITS,
+        TA + "elastic-drift:settle=null.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "ended at 81.52% and {}.", VAR_BBC, TA + "elastic-drift:settle=null.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "digits}.json`) {} against 77.07%",
+        TTA_DIGITS,
+        TA + "elastic-default.accuracy_mean",
+        ".2%",
+    ),
+    (
+        "docs/freeze.md",
+        "81.71% against {} on the ViT/digits task (no",
+        TTA_DIGITS,
+        TA + "elastic-drift:settle_after=0.6.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/freeze.md", "(no freezing: {}), with", TTA_DIGITS, TA + "elastic-none.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "and {} against 96.25% on BBC", TTA_BBC, TA + "elastic-default.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "96.03% against {} on BBC", TTA_BBC, TA + "elastic-drift:settle_after=0.6.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "on BBC (no freezing: {}).", TTA_BBC, TA + "elastic-none.accuracy_mean", ".2%"),
+]
 TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
 ROWS += [
     ("docs/training.md", "runs code in {} files of 17 parts", TRACE, "transitions.0.file_count", ".0f"),
