@@ -4,7 +4,7 @@
     python benchmarks/bench_loader_parts.py --item-ms 3 --workers 8 --batch 512 --steps 12 --out X.json
 
 ``DatasetSplit`` cuts each step's list into up to ``workers`` parts of at least ``MIN_PART`` positions, one per
-worker, and joins them into one batch (``DatasetSplit._cut``); the rows a rank reads for itself
+worker, and joins them into one batch (``loader_pool.cut``); the rows a rank reads for itself
 (``DatasetSplit.input_rows``) go through a kept loader's workers the same way. Before, one worker read a whole
 batch, and ``input_rows`` read in the training process. This script measures both ways side by side in one run,
 on a dataset whose items each take ``--item-ms`` milliseconds to make (a sleep, standing for the file read and
@@ -16,25 +16,27 @@ with a core per worker, even on this 2-core one):
 * ``epoch_s``: the whole epoch of ``--steps`` steps read without training (the steady state: the same total work);
 * ``input_rows_s``: ``input_rows(0, batch)`` (the set-up's profile reads it, the cache's payoff measure too).
 
-``whole`` is today's split with its cut replaced by "one part per list" (one worker per batch, rows read in this
-process); everything else is the same code. Each number is the median of ``--repeats`` fresh splits.
+``whole`` is today's split with its cut (``loader_pool.cut``, as the split and its loaders' parts read it) replaced
+by "one part per list" (one worker per batch, rows read in this process); everything else is the same code. Each
+number is the median of ``--repeats`` fresh splits.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from elastic_pipe.data import ElasticSampler
-from elastic_pipe.orchestrator.data import DatasetSplit, ElasticBatchSampler, epoch_plan
+from elastic_pipe.orchestrator.data import DatasetSplit, ElasticBatchSampler, dataset_split, epoch_plan, loader_pool
 from elastic_pipe.orchestrator.data.items import item_spec
 from elastic_pipe.orchestrator.data.loader_pool import MIN_PART
 
@@ -55,18 +57,28 @@ class SlowItems(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
         return torch.full((3, 32, 32), float(index)), index % 10
 
 
-class Whole(DatasetSplit):
-    """The split as it read before the parts: one part per list (one worker per batch, rows in this process)."""
-
-    def _cut(self, positions: Sequence[int]) -> list[Sequence[int]]:
-        return [positions]
+def _one_part(positions: Sequence[int], workers: int) -> list[Sequence[int]]:
+    return [positions]
 
 
-def _one(kind: type[DatasetSplit], args: argparse.Namespace) -> dict[str, float]:
+@contextlib.contextmanager
+def cut_into(parts: bool) -> Iterator[None]:
+    """The split's reads cut into one part per worker (``parts``, today's code), or, as before the parts, one part per
+    list (one worker per batch, rows in this process): the cut the split and its loaders' parts read is replaced."""
+    saved = dataset_split.cut, loader_pool.cut
+    if not parts:
+        dataset_split.cut = loader_pool.cut = _one_part  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dataset_split.cut, loader_pool.cut = saved
+
+
+def _one(args: argparse.Namespace) -> dict[str, float]:
     n = args.batch * args.steps
     dataset = SlowItems(n, args.item_ms)
     spec = item_spec(dataset, 10)
-    split = kind(dataset, torch.arange(n), spec, torch.float32, args.workers)
+    split = DatasetSplit(dataset, torch.arange(n), spec, torch.float32, args.workers)
     sampler = ElasticSampler(n, 1, 0, seed=0)
     sampler.set_epoch(0)
     plan = epoch_plan(n, args.batch, 1)
@@ -102,8 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args([] if argv is None else argv)
     runs: dict[str, list[dict[str, float]]] = {"parts": [], "whole": []}
     for r in range(args.repeats):
-        for name, kind in (("parts", DatasetSplit), ("whole", Whole)):
-            runs[name].append(_one(kind, args))
+        for name in ("parts", "whole"):
+            with cut_into(name == "parts"):
+                runs[name].append(_one(args))
             print(f"repeat {r + 1}/{args.repeats} {name}: {runs[name][-1]}", file=sys.stderr, flush=True)
     medians = {name: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for name, rs in runs.items()}
     report = {
