@@ -582,6 +582,7 @@ def train_arm(
     timeline: list[list[int]] = []  # [step, frozen] at each change
     val_losses: list[float] = []
     signal_s = step_s = 0.0
+    step_ms: list[float] = []  # each step's wall time, where the time goes by frozen state
     quarters = decision_steps(spe)
     gen = torch.Generator().manual_seed(seed)
     t_start = time.perf_counter()
@@ -655,7 +656,9 @@ def train_arm(
             optimizer.step()
             scheduler.step()
             _sync(device)
-            step_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            step_s += dt
+            step_ms.append(round(dt * 1e3, 3))
             step += 1
         val_loss, _ = evaluate(model, task.val, device, autocast)
         set_modes(model, frozen)
@@ -675,6 +678,7 @@ def train_arm(
         "compute_saved_no_cache": saved_no_cache,
         "wall_seconds": wall,
         "step_seconds": step_s,
+        "step_ms": step_ms,
         "signal_seconds": signal_s,
         "probe_captures": graphs.captures,
         "probe_capture_seconds": graphs.capture_s,
