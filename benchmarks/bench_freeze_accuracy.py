@@ -414,43 +414,74 @@ def compute_saved(costs: dict[str, list[float]], work: dict[str, Any]) -> tuple[
 class PrefixCache:
     """The frozen prefix's output per sample at the current boundary (sub-layer offset), on the device.
 
-    A row cached at an older (shallower) boundary is advanced through the newly frozen sub-layers only; rows never
-    computed run the whole frozen prefix. ``level[i]`` is the offset sample ``i``'s row is at (0: none).
+    As the trainer's cache does, a freeze carries every cached row through the newly frozen sub-layers at once and,
+    while more than one epoch is left, fills the rows never computed by a pass over the split
+    (:meth:`advance`, ``docs/cache.md`` "No pass that cannot pay"); later, a step whose samples are all cached reads
+    them, and one with any sample not cached runs the whole frozen prefix on its batch and stores it. Every forward
+    runs at the training batch size (a pass's last chunk overlaps the one before), so no step meets a shape the run
+    has not compiled kernels for: on one H100, split batches of new sizes cost 50-120 ms a step on MiniLM-L6.
+    ``level[i]`` is the offset sample ``i``'s row is at (0: none; otherwise the current boundary).
     """
 
-    def __init__(self, num_samples: int) -> None:
+    def __init__(self, num_samples: int, batch: int) -> None:
         self.level = torch.zeros(num_samples, dtype=torch.int64)
+        self.batch = batch
         self.rows: torch.Tensor | None = None
 
-    def prefix(
-        self, model: SubLayerModel, boundary: int, ids: torch.Tensor, x: torch.Tensor, units_of: list[int]
-    ) -> tuple[torch.Tensor, list[int]]:
-        """The boundary activations of ``ids`` (inputs ``x``); returns them and, per unit, the samples whose
-        forward through that unit was run now."""
+    def _store(self, ids: torch.Tensor, ids_dev: torch.Tensor, h: torch.Tensor, boundary: int) -> None:
+        if self.rows is None or self.rows.shape[1:] != h.shape[1:]:
+            self.rows = torch.empty((len(self.level), *h.shape[1:]), dtype=h.dtype, device=h.device)
+        self.rows[ids_dev] = h
+        self.level[ids] = boundary
+
+    def _chunks(self, ids: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """``ids`` in chunks of the batch size (one chunk when fewer), each with the offset of its first row not in
+        an earlier chunk: the last chunk overlaps the one before, so that none is of another size."""
+        n, b = len(ids), self.batch
+        if n <= b:
+            return [(ids, 0)] if n else []
+        return [(ids[i : i + b], 0) for i in range(0, n - b, b)] + [(ids[n - b :], b - n % b if n % b else 0)]
+
+    def advance(
+        self, model: SubLayerModel, old: int, new: int, x: torch.Tensor, units_of: list[int], *, fill: bool
+    ) -> list[int]:
+        """Carry the rows cached at boundary ``old`` to ``new`` and, with ``fill``, compute the rows never cached
+        (``x``: every sample's input, on the device); per unit, the samples run through it (an overlapping last
+        chunk's included)."""
         ran = [0] * len(units_of)
-        levels = self.level[ids]
-        out: torch.Tensor | None = None
-        for lvl in torch.unique(levels).tolist():
-            sel = (levels == lvl).nonzero().flatten()
-            if lvl == boundary:
-                assert self.rows is not None
-                h = self.rows[ids[sel]]
-            else:
-                h = x[sel] if lvl == 0 else self.rows[ids[sel]]  # type: ignore[index]
-                h = model.slice(lvl, boundary)(h)
-                for u in sorted({units_of[s] for s in range(lvl, boundary)}):
-                    ran[u] += int(sel.numel())
-                if self.rows is None:
-                    self.rows = torch.empty((len(self.level), *h.shape[1:]), dtype=h.dtype, device=h.device)
-                if self.rows.shape[1:] != h.shape[1:]:  # a boundary of another shape (not in these models)
-                    self.rows = torch.empty((len(self.level), *h.shape[1:]), dtype=h.dtype, device=h.device)
-                self.rows[ids[sel]] = h
-                self.level[ids[sel]] = boundary
-            if out is None:
-                out = torch.empty((len(ids), *h.shape[1:]), dtype=h.dtype, device=h.device)
-            out[sel] = h
-        assert out is not None
-        return out, ran
+        cached = (self.level == old).nonzero().flatten() if old else torch.empty(0, dtype=torch.int64)
+        missing = (self.level == 0).nonzero().flatten() if fill else torch.empty(0, dtype=torch.int64)
+        for ids, start in ((cached, old), (missing, 0)):
+            for chunk, fresh in self._chunks(ids):
+                chunk_dev = chunk.to(x.device)
+                h = x[chunk_dev] if start == 0 else self.rows[chunk_dev]  # type: ignore[index]
+                h = model.slice(start, new)(h)
+                self._store(chunk[fresh:], chunk_dev[fresh:], h[fresh:], new)  # rows carried once only
+                for u in {units_of[s] for s in range(start, new)}:
+                    ran[u] += len(chunk)
+        return ran
+
+    def prefix(
+        self,
+        model: SubLayerModel,
+        boundary: int,
+        ids: torch.Tensor,
+        ids_dev: torch.Tensor,
+        x: torch.Tensor,
+        *,
+        units_of: list[int],
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The boundary activations of ``ids`` (``ids_dev`` on the device, inputs ``x``); returns them and, per
+        unit, the samples whose forward through that unit was run now."""
+        ran = [0] * len(units_of)
+        if bool((self.level[ids] == boundary).all()):
+            assert self.rows is not None
+            return self.rows[ids_dev], ran
+        h = model.slice(0, boundary)(x)
+        self._store(ids, ids_dev, h, boundary)
+        for u in sorted({units_of[s] for s in range(boundary)}):
+            ran[u] += len(ids)
+        return h, ran
 
 
 def set_modes(model: SubLayerModel, frozen: int) -> None:
@@ -569,7 +600,8 @@ def train_arm(
     drift = freeze.OutputDrift() if freeze.needs_probe(policy) else None
     probe = x_train[:PROBE_SAMPLES].to(device)
     drift_log: list[list[float]] = []  # per decision point, the probe changes the policy read
-    cache = PrefixCache(n)
+    cache = PrefixCache(n, task.batch)
+    fill_s = 0.0  # the freezes' cache carries and passes
     x_dev, y_dev = x_train.to(device), y_train.to(device)
     work: dict[str, Any] = {
         "samples": 0,
@@ -623,9 +655,20 @@ def train_arm(
                 if new > frozen:
                     mods = [m for u in range(frozen, new) for m in model.unit_modules(u)]
                     freeze.freeze_modules(mods, optimizer)
+                    old_boundary = model.prefix_len(frozen)
                     frozen = new
                     set_modes(model, frozen)
                     timeline.append([step, frozen])
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=autocast):
+                        ran = cache.advance(  # a pass over the split only while more than an epoch is left
+                            model, old_boundary, model.prefix_len(frozen), x_dev, units_of, fill=total - step > spe
+                        )
+                    for u in range(num_units):
+                        work["forward_only"][u] += ran[u]
+                    _sync(device)
+                    fill_s += time.perf_counter() - t0
             ids = order[k * task.batch : (k + 1) * task.batch]
             ids_dev = ids.to(device)
             _sync(device)
@@ -634,7 +677,7 @@ def train_arm(
                 boundary = model.prefix_len(frozen)
                 if boundary:
                     with torch.no_grad():
-                        h, ran = cache.prefix(model, boundary, ids, x_dev[ids_dev], units_of)
+                        h, ran = cache.prefix(model, boundary, ids, ids_dev, x_dev[ids_dev], units_of=units_of)
                     for u in range(frozen):
                         work["frozen"][u] += len(ids)
                         work["forward_only"][u] += ran[u]
@@ -679,6 +722,7 @@ def train_arm(
         "wall_seconds": wall,
         "step_seconds": step_s,
         "step_ms": step_ms,
+        "fill_seconds": fill_s,
         "signal_seconds": signal_s,
         "probe_captures": graphs.captures,
         "probe_capture_seconds": graphs.capture_s,

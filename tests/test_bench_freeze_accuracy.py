@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from script_module import load_script
 
@@ -115,3 +116,59 @@ def test_an_arm_option_may_be_a_json_object_with_commas() -> None:
     arm = bench.parse_arm('manual:schedule={"1":3,"2":5},tolerance=null')  # type: ignore[attr-defined]
     assert arm.policy == "manual" and arm.options == {"schedule": {"1": 3, "2": 5}, "tolerance": None}
     assert bench.parse_arm("drift:threshold=0.05,max_step=2").options == {"threshold": 0.05, "max_step": 2}  # type: ignore[attr-defined]
+
+
+class _Counted:
+    """Sub-layers ``x -> x * (i + 2)`` in float64, each recording the batch sizes it ran on (a stand-in model)."""
+
+    def __init__(self, sublayers: int) -> None:
+        self.sizes: list[list[int]] = [[] for _ in range(sublayers)]
+
+    def _layer(self, i: int) -> torch.nn.Module:
+        sizes = self.sizes[i]
+
+        class Scale(torch.nn.Module):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                sizes.append(len(x))
+                return x * (i + 2)
+
+        return Scale()
+
+    def slice(self, start: int, end: int) -> torch.nn.Module:
+        return torch.nn.Sequential(*(self._layer(i) for i in range(start, end)))
+
+
+def test_the_study_cache_carries_fills_and_reads_each_row_once_at_the_batch_size() -> None:
+    bench = _bench()
+    model, units_of = _Counted(3), [0, 1, 2]
+    x = torch.arange(10, dtype=torch.float64).unsqueeze(1)
+    cache = bench.PrefixCache(10, 4)  # type: ignore[attr-defined]
+    # a freeze with more than an epoch left: a pass over the split fills every row, in chunks of the batch size
+    assert cache.advance(model, 0, 1, x, units_of, fill=True) == [12, 0, 0]  # 6-7 twice: work done
+    assert model.sizes == [[4, 4, 4], [], []]  # 0-3, 4-7, and 6-9 overlapping: no batch of a new size
+    assert torch.equal(cache.rows, x * 2)
+    ids = torch.tensor([7, 1, 3, 0])
+    h, ran = cache.prefix(model, 1, ids, ids, x[ids], units_of=units_of)
+    assert ran == [0, 0, 0] and torch.equal(h, x[ids] * 2) and model.sizes[0] == [4, 4, 4]  # read, not run
+    # the next freeze carries every cached row through the newly frozen sub-layer only
+    assert cache.advance(model, 1, 2, x, units_of, fill=False) == [0, 12, 0]
+    assert model.sizes == [[4, 4, 4], [4, 4, 4], []] and torch.equal(cache.rows, x * 6)
+
+
+def test_the_study_cache_without_a_pass_fills_in_steps_on_whole_batches() -> None:
+    bench = _bench()
+    model, units_of = _Counted(3), [0, 1, 2]
+    x = torch.arange(10, dtype=torch.float64).unsqueeze(1)
+    cache = bench.PrefixCache(10, 4)  # type: ignore[attr-defined]
+    assert cache.advance(model, 0, 2, x, units_of, fill=False) == [0, 0, 0]  # an epoch or less left: no pass
+    first = torch.tensor([0, 1, 2, 3])
+    h, ran = cache.prefix(model, 2, first, first, x[first], units_of=units_of)
+    assert ran == [4, 4, 0] and torch.equal(h, x[first] * 6)
+    mixed = torch.tensor([2, 3, 4, 5])  # two cached, two not: the whole batch runs (one shape), and is stored
+    h, ran = cache.prefix(model, 2, mixed, mixed, x[mixed], units_of=units_of)
+    assert ran == [4, 4, 0] and torch.equal(h, x[mixed] * 6) and model.sizes[0] == [4, 4]
+    h, ran = cache.prefix(model, 2, mixed, mixed, x[mixed], units_of=units_of)
+    assert ran == [0, 0, 0] and torch.equal(h, x[mixed] * 6)
+    # the carry at the next freeze takes the six cached rows only; the four never read stay uncached
+    assert cache.advance(model, 2, 3, x, units_of, fill=False) == [0, 0, 8]
+    assert model.sizes[2] == [4, 4] and int((cache.level == 3).sum()) == 6 and int((cache.level == 0).sum()) == 4

@@ -10,6 +10,7 @@
 #                                               CUDA graphs; then the default policy's accuracy/time runs on BBC
 #                                               News (run_freeze_accuracy.sh E2E_ONLY=1) (about 6 minutes on one
 #                                               H200; carry .device_site)
+#   benchmarks/gpu/headline.sh OUT default      the default policy's accuracy/time runs alone (about a minute)
 #   benchmarks/gpu/headline.sh OUT data         the disk-data arms (bench_disk_data_gpu.py, 50,000 images from a
 #                                               file) (about 7 minutes)
 #   benchmarks/gpu/headline.sh OUT all          both, one after the other
@@ -65,9 +66,11 @@ EOF
   exit 0
 fi
 
-out=${1:?usage: headline.sh OUT [single|data|all], or headline.sh --prepare}
+out=${1:?usage: headline.sh OUT [single|default|data|all|tta|hf], or headline.sh --prepare}
 what=${2:-all}
-case $what in single | data | all | tta | hf) ;; *) echo "headline.sh: unknown part '$what' (single, data, all, tta or hf)" >&2; exit 2 ;; esac
+case $what in single | default | data | all | tta | hf) ;; *)
+  echo "headline.sh: unknown part '$what' (single, default, data, all, tta or hf)" >&2; exit 2 ;;
+esac
 if [[ $what == tta ]]; then
   (( $# > 2 )) || { echo "headline.sh: tta needs TASK:SEED arguments, e.g. tta bbc:0 digits:0" >&2; exit 2; }
   for job in "${@:3}"; do
@@ -87,6 +90,9 @@ if [[ $what == single || $what == all ]]; then
     > "$out/single.log" 2>&1 || { tail -30 "$out/single.log"; exit 1; }
   sed -n '/^--- /,$p' "$out/single.log"
   echo "single-GPU arms done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == single || $what == default || $what == all ]]; then
   E2E_ONLY=1 E2E_BEFORE=100000 E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
     benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy.log" 2>&1 \
     || { tail -30 "$out/default_policy.log" "$out/e2e.log"; exit 1; }
