@@ -194,6 +194,31 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_to_the_same_weights(tm
     assert model.bert.encoder.layer[0].forward.__self__ is model.bert.encoder.layer[0]  # stubs taken off at the end
 
 
+class FreezeTwoAtStep3(freeze.Policy):
+    """Freezes 2 blocks at the first decision point from step 3 on: half-way through the first epoch."""
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        del epoch
+        return max(current, 2) if step >= 3 else current
+
+
+def test_a_batch_with_any_miss_fills_at_its_full_size(tmp_path: Path) -> None:
+    model = tiny_bert()
+    sizes: list[int] = []  # rows per forward through block 0 (training before the freeze, fills after)
+    model.bert.encoder.layer[0].attention.self.query.register_forward_hook(
+        lambda _m, args, _out: sizes.append(args[0].shape[0])
+    )
+    callback = FreezeCallback(FreezeTwoAtStep3(LAYERS), decide_every=1, cache=True)
+    args = arguments(tmp_path, remove_unused_columns=False)
+    Trainer(model=model, args=args, train_dataset=Indexed(), callbacks=[callback]).train()
+    assert [e["step"] for e in callback.controller.events] == [3]
+    # the rest of epoch 0 fills half the samples; epoch 1's shuffled batches mix hits and misses, and each of those
+    # runs whole: no forward of another size, and more rows than samples computed (the mixed batches' hits again)
+    assert sizes and set(sizes) == {BATCH}
+    assert callback.cache is not None and SAMPLES < callback.cache.filled < 2 * SAMPLES
+    assert callback.cache.filled % BATCH == 0
+
+
 def test_the_cache_refuses_random_augmentation_unless_views_and_batches_without_the_index(tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="cache_views=V"):
         FreezeCallback(cache=True, augmentation="random")

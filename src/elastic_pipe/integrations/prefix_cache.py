@@ -4,9 +4,10 @@ cached output.
 It needs a stable sample index in every training batch (``index_key``, default ``"idx"``: the sample's position in
 the training set, e.g. ``datasets``' ``map(lambda e, i: {"idx": i}, with_indices=True)``). Per training batch:
 
-    fill:   the ids with no entry at the frozen boundary ``b`` run the model's own forward, rows of the misses only,
-            in eval mode and without gradients, stopped right after block ``b - 1``; its output is stored in an
-            :class:`~elastic_pipe.cache.ActivationCache` under (sample id, ``b``)
+    fill:   a batch with any id not cached at the frozen boundary ``b`` runs the model's own forward on all its
+            rows (one shape: the training batch's), in eval mode and without gradients, stopped right after block
+            ``b - 1``; its output serves the batch and is stored in an :class:`~elastic_pipe.cache.ActivationCache`
+            under (sample id, ``b``) for the misses (a hit keeps its entry)
     serve:  the batch's forward then runs with the frozen modules stubbed out: each returns zeros shaped like its
             output at the fill (nothing reads them), block ``b - 1`` returns the batch's cached outputs; everything
             the model computes outside the blocks (masks, positions) and every block after ``b - 1`` runs as usual
@@ -15,7 +16,9 @@ A boundary's first fill runs the whole forward on its rows instead of stopping, 
 it just stored, and the two model outputs must agree: a model that passes on more than a block's output (a
 residual sum outside the blocks) is refused with an IntegrationError instead of being trained on wrong inputs.
 
-So a frozen module computes each sample once per boundary. A freeze that moves the boundary drops the old entries
+So a frozen module computes each sample once per boundary, and again for a hit in a batch with a miss: on one
+H100 a forward over a batch's misses alone, of a new size at nearly every step, cost 50-120 ms a step on MiniLM-L6
+(``docs/benchmarks.md``), more than recomputing the hits. A freeze that moves the boundary drops the old entries
 (extending them would need each sample's side inputs, such as its attention mask) and the new prefix fills once.
 The cache lives in the training process's memory, on the model's device, and is not saved with a checkpoint: a
 resumed run fills it again. Two limits: the blocks' outputs must be everything the model passes on (true of the
@@ -316,16 +319,12 @@ class PrefixCache:
             lookup = self.cache.get(ids, self.boundary) if self.cache is not None else None
         except ep_cache.CacheError as exc:
             raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
-        hit = lookup.hit if lookup is not None else torch.zeros(ids.numel(), dtype=torch.bool)
-        if bool(hit.all()):
-            assert lookup is not None
+        if lookup is not None and bool(lookup.hit.all()):
             self._batch = lookup.values
             return
-        computed = self._fill(ids, ~hit, run)
-        if lookup is None or lookup.num_hits == 0:
-            self._batch = computed
-        else:
-            self._batch = lookup.to(computed.dtype).merge(computed)
+        # any miss: the whole batch runs, so that every forward has the training batch's size (a forward over a
+        # batch's misses alone meets a new shape at nearly every step, each costing the GPU's kernel setup again)
+        self._batch = self._fill(ids, torch.ones(ids.numel(), dtype=torch.bool), run)
 
     def release(self) -> None:
         """After a training batch's forward (or for any forward that is not one): the modules compute again."""
