@@ -418,8 +418,9 @@ class PrefixCache:
     while more than one epoch is left, fills the rows never computed by a pass over the split
     (:meth:`advance`, ``docs/cache.md`` "No pass that cannot pay"); later, a step whose samples are all cached reads
     them, and one with any sample not cached runs the whole frozen prefix on its batch and stores it. Every forward
-    runs at the training batch size (a pass's last chunk overlaps the one before), so no step meets a shape the run
-    has not compiled kernels for: on one H100, split batches of new sizes cost 50-120 ms a step on MiniLM-L6.
+    runs at the training batch size (a pass's last chunk overlaps the one before), so no step meets a size the run
+    has not set up kernels for: on one H100, split batches of new sizes cost 50-120 ms a step on MiniLM-L6, cuDNN's
+    attention setting itself up for each size (``docs/benchmarks.md``, "What a batch of a new size costs").
     ``level[i]`` is the offset sample ``i``'s row is at (0: none; otherwise the current boundary).
     """
 

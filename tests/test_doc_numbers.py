@@ -1532,6 +1532,25 @@ ROWS += [
         ".2f",
     ),
 ]
+SHAPES = "gpu_1xh100_new_shapes.json"  # docs/benchmarks.md: what a batch of a new size costs, one H100
+SHAPES256 = "gpu_1xh100_new_shapes_seq256.json"
+NS = "backends."
+ROWS += [
+    ("docs/benchmarks.md", "forward at 17 rows took {} ms", SHAPES, NS + "default.1.forward.first_ms", ".1f"),
+    ("docs/benchmarks.md", "96.4 ms ({} ms later) and", SHAPES, NS + "default.1.forward.later_ms", ".1f"),
+    ("docs/benchmarks.md", "the first training step {} ms (18.1", SHAPES, NS + "default.1.train_step.first_ms", ".1f"),
+    ("docs/benchmarks.md", "163.8 ms ({} ms later). With", SHAPES, NS + "default.1.train_step.later_ms", ".1f"),
+    ("docs/benchmarks.md", "forward at 13 rows took {} ms", SHAPES, NS + "no_cudnn.1.forward.first_ms", ".1f"),
+    ("docs/benchmarks.md", "21.7 ms ({} ms later)", SHAPES, NS + "no_cudnn.1.forward.later_ms", ".1f"),
+    ("docs/benchmarks.md", "training step {} ms (13.2 ms", SHAPES, NS + "no_cudnn.1.train_step.first_ms", ".1f"),
+    ("docs/benchmarks.md", "32.3 ms ({} ms later)", SHAPES, NS + "no_cudnn.1.train_step.later_ms", ".1f"),
+    ("docs/benchmarks.md", "without it ({} ms against 17.0", SHAPES, NS + "no_cudnn.0.train_step.later_ms", ".1f"),
+    ("docs/benchmarks.md", "14.3 ms against {} ms)", SHAPES, NS + "default.0.train_step.later_ms", ".1f"),
+    ("docs/benchmarks.md", "the same picture: {} ms and 171.0", SHAPES256, NS + "default.1.forward.first_ms", ".1f"),
+    ("docs/benchmarks.md", "58.6 ms and {} ms for the first", SHAPES256, NS + "default.1.train_step.first_ms", ".1f"),
+    ("docs/benchmarks.md", "at 17 rows, {} ms and 24.9", SHAPES256, NS + "no_cudnn.1.forward.first_ms", ".1f"),
+    ("docs/benchmarks.md", "15.1 ms and {} ms at 13", SHAPES256, NS + "no_cudnn.1.train_step.first_ms", ".1f"),
+]
 TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
 ROWS += [
     ("docs/training.md", "runs code in {} files of 17 parts", TRACE, "transitions.0.file_count", ".0f"),
