@@ -1551,6 +1551,32 @@ ROWS += [
     ("docs/benchmarks.md", "at 17 rows, {} ms and 24.9", SHAPES256, NS + "no_cudnn.1.forward.first_ms", ".1f"),
     ("docs/benchmarks.md", "15.1 ms and {} ms at 13", SHAPES256, NS + "no_cudnn.1.train_step.first_ms", ".1f"),
 ]
+SDPA_ON = "gpu_1xh100_sdpa_screen_default.json"  # docs/benchmarks.md: the elastic eager arm, cuDNN's attention on
+SDPA_OFF = "gpu_1xh100_sdpa_screen_nocudnn.json"  # and off
+ROWS += [
+    (
+        "docs/benchmarks.md",
+        "ended in {} s against 20.47 s with it",
+        SDPA_OFF,
+        S30 + "arms.elastic_eager.total_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "18.81 s against {} s with it", SDPA_ON, S30 + "arms.elastic_eager.total_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "steps at {}x their GPU time against",
+        SDPA_OFF,
+        S30 + "head_only.step_over_gpu.elastic_eager",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "GPU time against {}x; one run",
+        SDPA_ON,
+        S30 + "head_only.step_over_gpu.elastic_eager",
+        ".2f",
+    ),
+]
 TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
 ROWS += [
     ("docs/training.md", "runs code in {} files of 17 parts", TRACE, "transitions.0.file_count", ".0f"),
