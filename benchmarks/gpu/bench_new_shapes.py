@@ -24,8 +24,8 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +47,10 @@ BACKENDS = {
 }
 
 
-@contextmanager
-def backend(name: str) -> Iterator[None]:
+def backend(name: str) -> AbstractContextManager[None]:
     """The attention backends ``name`` allows (``default``: torch's own choice)."""
     allowed = BACKENDS[name]
-    if allowed is None:
-        yield
-        return
-    with sdpa_kernel(allowed):
-        yield
+    return nullcontext() if allowed is None else sdpa_kernel(allowed)
 
 
 def timed(call: Callable[[], None]) -> float:
