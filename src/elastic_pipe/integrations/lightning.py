@@ -186,7 +186,7 @@ class FreezeCallback(pl.Callback):
             cache.check_batch(batch)  # raises, naming the key
             return
         inputs = cache.without_index(batch)
-        cache.prepare(ids, lambda rows: self._probe_forward(pl_module, cache.rows(inputs, rows)))
+        cache.prepare(ids, lambda: self._probe_forward(pl_module, inputs))
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         self.controller.after_backward()

@@ -7,7 +7,7 @@ the training set, e.g. ``datasets``' ``map(lambda e, i: {"idx": i}, with_indices
     fill:   a batch with any id not cached at the frozen boundary ``b`` runs the model's own forward on all its
             rows (one shape: the training batch's), in eval mode and without gradients, stopped right after block
             ``b - 1``; its output serves the batch and is stored in an :class:`~elastic_pipe.cache.ActivationCache`
-            under (sample id, ``b``) for the misses (a hit keeps its entry)
+            under (sample id, ``b``) for every row (a hit's entry is written again, from the same frozen blocks)
     serve:  the batch's forward then runs with the frozen modules stubbed out: each returns zeros shaped like its
             output at the fill (nothing reads them), block ``b - 1`` returns the batch's cached outputs; everything
             the model computes outside the blocks (masks, positions) and every block after ``b - 1`` runs as usual
@@ -133,17 +133,6 @@ def random_transforms(dataset: object) -> list[str]:
     return sorted(set(found))
 
 
-def _rows(obj: Any, mask: torch.Tensor, size: int) -> Any:
-    """``obj`` with every tensor of ``size`` rows cut to the rows of ``mask`` (recursively)."""
-    if isinstance(obj, torch.Tensor):
-        return obj[mask.to(obj.device)] if obj.dim() >= 1 and obj.shape[0] == size else obj
-    if isinstance(obj, Mapping):
-        return {k: _rows(v, mask, size) for k, v in obj.items()}
-    if isinstance(obj, tuple | list):
-        return type(obj)(_rows(v, mask, size) for v in obj)
-    return obj
-
-
 @dataclass(frozen=True)
 class _Spec:
     """A tensor of a stubbed module's output: its shape (rows replaced per batch when ``batched``)."""
@@ -265,11 +254,6 @@ class PrefixCache:
             return {k: v for k, v in batch.items() if k != self.settings.index_key}
         return batch
 
-    @staticmethod
-    def rows(obj: Any, mask: torch.Tensor) -> Any:
-        """``obj`` (a batch, a call's arguments) cut to the rows of ``mask``: every tensor of ``mask.numel()`` rows."""
-        return _rows(obj, mask, mask.numel())
-
     def set_epoch(self, epoch: int) -> None:
         """The epoch whose view reads and writes use (``cache_views``)."""
         self._epoch = max(0, int(epoch))
@@ -301,12 +285,12 @@ class PrefixCache:
 
     # -- per batch -----------------------------------------------------------------------------------------------
 
-    def prepare(self, ids: torch.Tensor, run: Callable[[torch.Tensor], object]) -> None:
+    def prepare(self, ids: torch.Tensor, run: Callable[[], object]) -> None:
         """Before a training batch's forward: fill the misses, then serve the batch's boundary outputs.
 
         Args:
             ids: the batch's sample indices (1-D, CPU).
-            run: runs the model's forward on the rows of a boolean mask over the batch.
+            run: runs the model's forward on the batch (a fill runs it whole when any sample misses).
 
         Raises:
             IntegrationError: an index outside the training set, a boundary output whose shape differs from the
@@ -324,7 +308,7 @@ class PrefixCache:
             return
         # any miss: the whole batch runs, so that every forward has the training batch's size (a forward over a
         # batch's misses alone meets a new shape at nearly every step, each costing the GPU's kernel setup again)
-        self._batch = self._fill(ids, torch.ones(ids.numel(), dtype=torch.bool), run)
+        self._batch = self._fill(ids, run)
 
     def release(self) -> None:
         """After a training batch's forward (or for any forward that is not one): the modules compute again."""
@@ -346,10 +330,10 @@ class PrefixCache:
                 "sum outside the blocks (h = h + block(h)) needs blocks that hold it, or cache=False"
             )
 
-    def _fill(self, ids: torch.Tensor, miss: torch.Tensor, run: Callable[[torch.Tensor], object]) -> torch.Tensor:
+    def _fill(self, ids: torch.Tensor, run: Callable[[], object]) -> torch.Tensor:
         blocks, root = self._need_blocks(), self.root
         assert root is not None
-        rows = int(miss.sum())
+        rows = ids.numel()
         last = blocks.outputs()[self.boundary - 1]
         captured: list[torch.Tensor] = []
         verify = self._verified != self.boundary  # a boundary's first fill runs on and checks the served path
@@ -370,7 +354,7 @@ class PrefixCache:
         try:
             with torch.no_grad():
                 try:
-                    real = run(miss)
+                    real = run()
                 except _Stop:
                     real = None
                 finally:
@@ -378,7 +362,7 @@ class PrefixCache:
                         handle.remove()
                 if verify and captured:
                     self._batch = captured[0]
-                    self._check_served(real, run(miss))
+                    self._check_served(real, run())
                     self._verified = self.boundary
         finally:
             self._filling, self._batch = False, None
@@ -394,7 +378,7 @@ class PrefixCache:
                 "the batch dimension first"
             )
         self.filled += rows
-        self._store(ids[miss], values)
+        self._store(ids, values)
         return values
 
     def _store(self, ids: torch.Tensor, values: torch.Tensor) -> None:

@@ -268,7 +268,7 @@ class FreezeCallback(TrainerCallback):
             ids = cache.ids_of({key: kwargs.pop(key)})
             if module.training and ids is not None:
                 inputs = {k: v for k, v in kwargs.items() if k not in LABEL_KEYS}
-                cache.prepare(ids, lambda rows: module(*cache.rows(args, rows), **cache.rows(inputs, rows)))
+                cache.prepare(ids, lambda: module(*args, **inputs))
             return args, kwargs
 
         if self._cache_hook is None:

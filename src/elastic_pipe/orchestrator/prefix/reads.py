@@ -91,12 +91,17 @@ def read_prefix(
     read_inputs: Callable[[torch.Tensor], torch.Tensor] | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """A batch's prefix output from its (prefetched) lookup; only the misses run the prefix, and are stored.
+    """A batch's prefix output from its (prefetched) lookup; the misses are computed and stored, the hits read.
+
+    A batch with any miss runs the prefix whole, at its own size, and keeps the rows of its misses: a forward on
+    the misses alone would run at a new size at nearly every step of an epoch that fills the cache, and on a GPU
+    each new size pays its kernels' set-up again (tens of milliseconds with cuDNN's attention, more than the rows
+    it saves; docs/benchmarks.md, "What a batch of a new size costs").
 
     Args:
         x: the batch's inputs on the device, or ``None`` when the step did not load them (a complete cache):
             ``read_inputs(missing_ids)`` then reads the inputs of the misses alone (an entry that failed its
-            crc32, say).
+            crc32, say) and only they run.
         dtype: the dtype the layers after the boundary expect (the prefix output's): hits stored narrower
             (``[pipeline] cache_dtype``) are cast back to it on the device, and the recomputed misses are
             rounded through the storage dtype (:meth:`~elastic_pipe.cache.ActivationCache.rounded`), so a
@@ -111,11 +116,13 @@ def read_prefix(
     if x is None:
         assert read_inputs is not None, "a step without inputs needs read_inputs"
         device = lookup.values.device if lookup.num_hits else cache.device
-        misses = read_inputs(lookup.missing_ids).to(device)
-    else:  # nothing cached (the steps filling the cache): the batch as it is, no masked copy (which syncs)
-        misses = x if lookup.num_hits == 0 else x[(~lookup.hit).to(x.device)]
-    with torch.no_grad():
-        computed = run_prefix(misses)
+        with torch.no_grad():
+            computed = run_prefix(read_inputs(lookup.missing_ids).to(device))
+    else:  # the batch as it is; with some rows cached, the misses' rows of its output
+        with torch.no_grad():
+            computed = run_prefix(x)
+        if lookup.num_hits:
+            computed = computed[(~lookup.hit).to(computed.device)]
     cache.put(lookup.missing_ids, frozen, computed)
     return lookup.merge(cache.rounded(computed))
 
