@@ -11,6 +11,10 @@
 #                                               News (run_freeze_accuracy.sh E2E_ONLY=1) (about 6 minutes on one
 #                                               H200; carry .device_site)
 #   benchmarks/gpu/headline.sh OUT default      the default policy's accuracy/time runs alone (about a minute)
+#   benchmarks/gpu/headline.sh OUT default-digits
+#                                               the same timed runs on the accuracy study's other task, vit_digits
+#                                               (its MNIST-5k pre-training first, unless PARTS holds it):
+#                                               headline_default_policy_digits.json
 #   benchmarks/gpu/headline.sh OUT data         the disk-data arms (bench_disk_data_gpu.py, 50,000 images from a
 #                                               file) (about 7 minutes)
 #   benchmarks/gpu/headline.sh OUT all          both, one after the other
@@ -68,8 +72,8 @@ fi
 
 out=${1:?usage: headline.sh OUT [single|default|data|all|tta|hf], or headline.sh --prepare}
 what=${2:-all}
-case $what in single | default | data | all | tta | hf) ;; *)
-  echo "headline.sh: unknown part '$what' (single, default, data, all, tta or hf)" >&2; exit 2 ;;
+case $what in single | default | default-digits | data | all | tta | hf) ;; *)
+  echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta or hf)" >&2; exit 2 ;;
 esac
 if [[ $what == tta ]]; then
   (( $# > 2 )) || { echo "headline.sh: tta needs TASK:SEED arguments, e.g. tta bbc:0 digits:0" >&2; exit 2; }
@@ -105,6 +109,21 @@ for arm, a in r["tasks"]["minilm_bbc"]["arms"].items():
     print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {wall:.2f} s (median)")
 EOF
   echo "default policy's runs done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == default-digits ]]; then
+  E2E_ONLY=1 E2E_BEFORE=100000 E2E_TASKS=vit_digits E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
+    benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy_digits.log" 2>&1 \
+    || { tail -30 "$out/default_policy_digits.log" "$out/e2e.log"; exit 1; }
+  mv "$out/freeze_accuracy_e2e.json" "$out/headline_default_policy_digits.json"
+  python3 - "$out/headline_default_policy_digits.json" <<'EOF'
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+for arm, a in r["tasks"]["vit_digits"]["arms"].items():
+    wall = statistics.median(a["wall_seconds_by_seed"].values())
+    print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {wall:.2f} s (median)")
+EOF
+  echo "default policy's runs on vit_digits done after $(( $(date +%s) - start )) s"
 fi
 
 if [[ $what == tta ]]; then

@@ -7,8 +7,9 @@
 #   ONLY_ARMS) deals the arms round-robin to K processes per seed, THREADS their CPU threads (default 2), SEEDS the
 #   seeds (default "0 1 2"), SIGNAL_COST=1 adds timed runs of the default policy on both tasks with the probe
 #   replayed as CUDA graphs and eager (freeze_signal_cost_{on,off}.json: what the signals cost, alone on the GPU).
-#   E2E_ONLY=1 skips the study (the timed runs only). The units' costs are measured once, alone, before the runs
-#   start.
+#   E2E_ONLY=1 skips the study (the timed runs only), E2E_TASKS the tasks of the timed runs (default minilm_bbc;
+#   vit_digits pre-trains its checkpoint first where PARTS has none). The units' costs are measured once, alone,
+#   before the runs start.
 # The tasks' seeds (and arm groups) run side by side, one process each, to fill the GPU; their wall times are
 # therefore contended.
 # The timed end-to-end runs come last, one at a time, with nothing else on the GPU, seed by seed (each seed's arms
@@ -57,8 +58,13 @@ if [[ -z ${E2E_ONLY:-} ]]; then
 fi
 if (( $(date +%s) - start < ${E2E_BEFORE:-330} )); then
   # one seed at a time, every arm of it in turn: a machine that speeds up or slows down meets every arm alike
+  e2e_tasks=${E2E_TASKS:-minilm_bbc}
+  if [[ $e2e_tasks == *vit_digits* && ! -f $parts/vit_mnist5k.safetensors ]]; then
+    $bench --pretrain-only --vit-checkpoint "$parts/vit_mnist5k.safetensors" --threads 4 2>> "$out/e2e.log"
+  fi
   for s in ${SEEDS:-0 1 2}; do
-    $bench --tasks minilm_bbc --seeds "$s" --arms "$extra" --unit-costs "$parts/costs.json" \
+    $bench --tasks "$e2e_tasks" --seeds "$s" --arms "$extra" --unit-costs "$parts/costs.json" \
+      --vit-checkpoint "$parts/vit_mnist5k.safetensors" \
       --only-arms "${E2E_ARMS:-none;freezeout:t0=0.7;alpha=1/3}" --threads 4 \
       --out "$parts/e2e_$s.json" --plot "$parts/e2e_$s.png" 2>> "$out/e2e.log"
   done
