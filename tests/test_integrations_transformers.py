@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 
 from elastic_pipe import freeze
 from elastic_pipe.integrations import IntegrationError
@@ -192,6 +192,40 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_to_the_same_weights(tm
     for (name, a), b in zip(model.named_parameters(), cached_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=f"{name} differs with the cache")
     assert model.bert.encoder.layer[0].forward.__self__ is model.bert.encoder.layer[0]  # stubs taken off at the end
+
+
+class HeldBoundaries(TrainerCallback):
+    """The boundaries a callback's cache holds entries of, at each epoch's end."""
+
+    def __init__(self, callback: FreezeCallback) -> None:
+        self.callback, self.held = callback, list[list[int]]()
+
+    def on_epoch_end(self, *args: Any, **kwargs: Any) -> None:
+        cache = self.callback.cache
+        self.held.append([] if cache is None or cache.cache is None else cache.cache.boundaries())
+
+
+def test_a_freeze_is_carried_by_the_steps_served_from_the_boundary_before_it(tmp_path: Path) -> None:
+    runs = {}
+    for cache in (False, True):
+        model = tiny_bert()
+        counts = _count_rows(model)
+        callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 1, 2: 3}), cache=cache)
+        held = HeldBoundaries(callback)
+        args = arguments(tmp_path / str(cache), remove_unused_columns=False, num_train_epochs=4)
+        Trainer(model=model, args=args, train_dataset=Indexed(), callbacks=[callback, held]).train()
+        runs[cache] = (counts, model, callback, held.held)
+    (_, model, _, _), (cached, cached_model, callback, held) = runs[False], runs[True]
+    s, b = SAMPLES, BATCH
+    # epoch 0 trains everything; epoch 1 fills boundary 1 (the embeddings and block 0; its first batch also runs
+    # the blocks after it twice, the check); epoch 2 is served from boundary 1 and runs blocks 1-2 once per sample
+    # on the way, storing boundary 3 (no fill: the embeddings and block 0 do not run); epoch 3 reads boundary 3,
+    # its first batch filled again to check the new boundary's served path
+    assert cached == [2 * s + b] * 2 + [3 * s + 3 * b] * 2 + [4 * s + 4 * b]
+    assert callback.cache is not None and callback.cache.filled == s + b and callback.cache.carried == s
+    assert held == [[], [1], [3], [3]]  # boundary 1 let go once boundary 3 held every sample
+    for (name, a), c in zip(model.named_parameters(), cached_model.parameters(), strict=True):
+        torch.testing.assert_close(a, c, msg=f"{name} differs with the carried cache")
 
 
 class FreezeTwoAtStep3(freeze.Policy):

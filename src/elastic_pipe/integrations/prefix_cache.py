@@ -18,8 +18,14 @@ residual sum outside the blocks) is refused with an IntegrationError instead of 
 
 So a frozen module computes each sample once per boundary, and again for a hit in a batch with a miss: on one
 H100 a forward over a batch's misses alone, of a new size at nearly every step, cost 50-120 ms a step on MiniLM-L6
-(``docs/benchmarks.md``), more than recomputing the hits. A freeze that moves the boundary drops the old entries
-(extending them would need each sample's side inputs, such as its attention mask) and the new prefix fills once.
+(``docs/benchmarks.md``), more than recomputing the hits.
+
+    carry:  after a freeze moves the boundary from ``a`` to ``b``, a batch whose samples all have entries at ``a``
+            is served from there: its forward runs blocks ``a .. b - 1`` (frozen, in eval mode, without
+            gradients) and block ``b - 1``'s output is stored at ``b`` as it passes. The entries at ``b`` cost no
+            forward of their own (extending ``a``'s entries apart from the steps would need each sample's side
+            inputs, such as its attention mask); once ``b`` holds every sample, ``a``'s entries are let go. Any
+            older boundary is dropped at a freeze, and with ``cache_views`` every freeze drops and fills.
 The cache lives in the training process's memory, on the model's device, and is not saved with a checkpoint: a
 resumed run fills it again. Two limits: the blocks' outputs must be everything the model passes on (true of the
 Hugging Face and torchvision blocks, whose residual sums are inside the block), and every sample's boundary output
@@ -72,7 +78,9 @@ class CacheSettings:
         index_key: where a batch holds the sample indices: a mapping's key, or a tuple's position.
         augmentation: what the data pipeline declares, ``"none"`` or ``"random"``.
         views: per-epoch views cached per sample under random augmentation (None: random augmentation refused).
-        budget: bytes the cache may hold on the device (an int or ``"2GiB"``); None: every sample's entry.
+        budget: bytes the cache may hold on the device (an int or ``"2GiB"``); None: every sample's entry at two
+            boundaries (after a freeze, the boundary before it serves the steps that carry its entries to the new
+            one, for an epoch).
 
     Raises:
         IntegrationError: an unknown augmentation, random augmentation without ``views``, views below 1, a bad
@@ -110,7 +118,7 @@ class CacheSettings:
     def build(self, num_samples: int, entry_bytes: int, device: torch.device) -> ep_cache.ActivationCache:
         """The activation cache for ``num_samples`` entries of ``entry_bytes`` each on ``device``."""
         keys = num_samples * (self.views or 1)
-        budget = keys * entry_bytes if self.budget is None else ep_cache.parse_bytes(self.budget)
+        budget = 2 * keys * entry_bytes if self.budget is None else ep_cache.parse_bytes(self.budget)
         return ep_cache.ActivationCache(
             num_samples,
             device_budget=budget,
@@ -192,12 +200,18 @@ class PrefixCache:
         self.cache: ep_cache.ActivationCache | None = None
         #: Rows the frozen prefix computed in fills (what the cache saves is every later read of them).
         self.filled = 0
+        #: Rows carried to a new boundary by the steps served from the one before it (no forward of their own).
+        self.carried = 0
         self._epoch = 0
+        self._older = 0  # the boundary before the last freeze, served while the new one is carried from it
         self._batch: torch.Tensor | None = None  # the boundary outputs of the batch being served
+        self._served: frozenset[int] = frozenset()  # the modules the batch being served skips
+        self._last: nn.Module | None = None  # the one of them that returns ``_batch``
+        self._carry: tuple[Any, list[tuple[nn.Module, bool]]] | None = None  # hook and modes of a carry under way
         self._skeletons: dict[int, Any] = {}
         self._stubbed: dict[int, nn.Module] = {}
         self._filling = False
-        self._verified = 0  # the boundary whose served path was checked against the real one
+        self._verified: set[int] = set()  # the boundaries whose served path was checked against the real one
 
     # -- setup ---------------------------------------------------------------------------------------------------
 
@@ -261,12 +275,17 @@ class PrefixCache:
             self.cache.set_epoch(self._epoch)
 
     def set_boundary(self, frozen: int) -> None:
-        """The frozen count now: stub the frozen modules, drop the entries of an older boundary."""
+        """The frozen count now: stub the frozen modules; keep the entries of the boundary before (the new one is
+        carried from them by the steps, see :meth:`prepare`) and drop any older ones."""
         if frozen == self.boundary:
             return
-        if self.cache is not None and self.boundary > 0:
-            self.cache.drop(self.boundary)
-        self.boundary = frozen
+        self._end_carry()
+        keep = self.boundary if self._carries_from(self.boundary, frozen) else 0
+        if self.cache is not None:
+            for boundary in self.cache.boundaries():
+                if boundary != keep:
+                    self.cache.drop(boundary)
+        self._older, self.boundary = keep, frozen
         for module in self._need_blocks().modules(0, frozen):
             if id(module) not in self._stubbed:
                 self._stub(module)
@@ -277,8 +296,10 @@ class PrefixCache:
             del module.forward
         self._stubbed.clear()
         self._skeletons.clear()
+        self._end_carry()
         self._batch = None
-        self.boundary = self._verified = 0  # a later run stubs its frozen modules again
+        self.boundary = self._older = 0  # a later run stubs its frozen modules again
+        self._verified.clear()
         if self.cache is not None:
             self.cache.close()
             self.cache = None
@@ -286,7 +307,12 @@ class PrefixCache:
     # -- per batch -----------------------------------------------------------------------------------------------
 
     def prepare(self, ids: torch.Tensor, run: Callable[[], object]) -> None:
-        """Before a training batch's forward: fill the misses, then serve the batch's boundary outputs.
+        """Before a training batch's forward: serve the batch's boundary outputs, filling or carrying them first.
+
+        A batch cached whole at the boundary is served from it. After a freeze, a batch cached whole at the
+        boundary before it is served from there instead: its forward runs the newly frozen blocks (in eval mode,
+        without gradients, as a fill does) and their output is stored at the new boundary as it passes, so the
+        carry costs no forward of its own. Any other batch is filled: it runs whole, at the training batch's size.
 
         Args:
             ids: the batch's sample indices (1-D, CPU).
@@ -303,17 +329,75 @@ class PrefixCache:
             lookup = self.cache.get(ids, self.boundary) if self.cache is not None else None
         except ep_cache.CacheError as exc:
             raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
-        if lookup is not None and bool(lookup.hit.all()):
-            self._batch = lookup.values
+        if lookup is not None and bool(lookup.hit.all()) and self.boundary in self._verified:
+            self._serve(self.boundary, lookup.values)
             return
+        if self._older and self.cache is not None:
+            older = self.cache.get(ids, self._older)
+            if bool(older.hit.all()):
+                self._serve(self._older, older.values)
+                self._carry_into(ids)
+                return
         # any miss: the whole batch runs, so that every forward has the training batch's size (a forward over a
         # batch's misses alone meets a new shape at nearly every step, each costing the GPU's kernel setup again)
-        self._batch = self._fill(ids, run)
+        self._serve(self.boundary, self._fill(ids, run))
 
     def release(self) -> None:
         """After a training batch's forward (or for any forward that is not one): the modules compute again."""
         if not self._filling:  # a fill's own forwards (through the model's hooks) keep what it serves
             self._batch = None
+            self._end_carry()
+
+    def _serve(self, boundary: int, values: torch.Tensor) -> None:
+        """Serve ``values`` (the outputs of block ``boundary - 1``) to the next forward, skipping blocks before it."""
+        blocks = self._need_blocks()
+        self._batch = values
+        self._served = frozenset(id(m) for m in blocks.modules(0, boundary))
+        self._last = blocks.outputs()[boundary - 1]
+
+    def _carries_from(self, old: int, new: int) -> bool:
+        """Whether the steps may carry a freeze from ``old`` to ``new`` (one view per sample, a checked boundary
+        with entries)."""
+        return (
+            0 < old < new
+            and (self.settings.views or 1) == 1
+            and old in self._verified
+            and self.cache is not None
+            and old in self.cache.boundaries()
+        )
+
+    def _carry_into(self, ids: torch.Tensor) -> None:
+        """During the next forward (served at ``_older``), store block ``boundary - 1``'s output for ``ids``."""
+        blocks = self._need_blocks()
+        modes = [(m, m.training) for m in blocks.modules(self._older, self.boundary)]
+        for module, _ in modes:
+            module.eval()  # as a fill computes its entries: one fixed value per sample
+        rows = ids.numel()
+
+        def store(_module: nn.Module, _args: object, output: object) -> None:
+            self._end_carry()
+            h = first_tensor(output)
+            if h is None or h.shape[0] != rows:
+                raise IntegrationError(
+                    f"cache: block {self.boundary - 1} ({blocks.where}) returned no tensor with {rows} rows"
+                )
+            self._store(ids, h.detach())
+            self.carried += rows
+            assert self.cache is not None
+            if bool(self.cache.cached(torch.arange(self.num_samples), self.boundary).all()):
+                self.cache.drop(self._older)  # the new boundary holds every sample: the old one has served
+                self._older = 0
+
+        self._carry = (blocks.outputs()[self.boundary - 1].register_forward_hook(store), modes)
+
+    def _end_carry(self) -> None:
+        if self._carry is None:
+            return
+        handle, modes = self._carry
+        self._carry = None
+        handle.remove()
+        for module, was in modes:
+            module.train(was)
 
     def _check_served(self, real: object, served: object) -> None:
         """The model's output on a fill's rows, computed through the frozen blocks and served from their cached
@@ -336,7 +420,7 @@ class PrefixCache:
         rows = ids.numel()
         last = blocks.outputs()[self.boundary - 1]
         captured: list[torch.Tensor] = []
-        verify = self._verified != self.boundary  # a boundary's first fill runs on and checks the served path
+        verify = self.boundary not in self._verified  # a boundary's first fill runs on and checks the served path
 
         def record(module: nn.Module, _args: object, output: object) -> None:
             self._skeletons[id(module)] = _skeleton(output, rows)
@@ -361,9 +445,9 @@ class PrefixCache:
                     for handle in handles:
                         handle.remove()
                 if verify and captured:
-                    self._batch = captured[0]
+                    self._serve(self.boundary, captured[0])
                     self._check_served(real, run())
-                    self._verified = self.boundary
+                    self._verified.add(self.boundary)
         finally:
             self._filling, self._batch = False, None
             root.train(was)
@@ -398,13 +482,12 @@ class PrefixCache:
         original = module.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if self._batch is None:
+            if self._batch is None or id(module) not in self._served:
                 return original(*args, **kwargs)
             skeleton = self._skeletons.get(id(module))
             if skeleton is None:
                 raise IntegrationError(f"cache: {type(module).__name__} was stubbed before any fill ran it")
-            last = self._need_blocks().outputs()[self.boundary - 1]
-            first = self._batch if module is last else None
+            first = self._batch if module is self._last else None
             return _rebuild(skeleton, int(self._batch.shape[0]), first)[0]
 
         module.forward = forward
