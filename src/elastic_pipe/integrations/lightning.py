@@ -179,7 +179,7 @@ class FreezeCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         cache = self.cache
-        if cache is None or not pl_module.training:
+        if cache is None or not pl_module.training or cache.boundary == 0:  # nothing frozen: nothing to serve
             return
         ids = cache.ids_of(batch)
         if ids is None:

@@ -265,8 +265,11 @@ class FreezeCallback(TrainerCallback):
             if key not in kwargs:
                 return args, kwargs
             kwargs = dict(kwargs)
-            ids = cache.ids_of({key: kwargs.pop(key)})
-            if module.training and ids is not None:
+            index = kwargs.pop(key)
+            if not module.training or cache.boundary == 0:  # nothing to serve: no copy of the index to the host
+                return args, kwargs
+            ids = cache.ids_of({key: index})
+            if ids is not None:
                 inputs = {k: v for k, v in kwargs.items() if k not in LABEL_KEYS}
                 cache.prepare(ids, lambda: module(*args, **inputs))
             return args, kwargs
