@@ -268,6 +268,7 @@ def run(arm: str, seed: int, data: dict[str, Any], opts: argparse.Namespace, dev
         events = callback.controller.events
         result["freezes"] = [(e["step"], e["frozen"]) for e in events]
         result["prefix_rows_computed_by_cache_fills"] = callback.cache.filled
+        result["prefix_rows_carried_by_steps"] = callback.cache.carried
     return result
 
 
@@ -296,6 +297,7 @@ def summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -
     if "freezes" in runs[0]:
         out["freezes_by_seed"] = [r["freezes"] for r in runs]
         out["prefix_rows_filled_by_seed"] = [r["prefix_rows_computed_by_cache_fills"] for r in runs]
+        out["prefix_rows_carried_by_seed"] = [r["prefix_rows_carried_by_steps"] for r in runs]
     return out
 
 
