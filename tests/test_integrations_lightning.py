@@ -195,6 +195,23 @@ def test_the_cache_runs_the_frozen_prefix_once_per_sample_and_resumes_exactly(tm
         assert torch.equal(a, b), f"{name} differs after resuming from {ckpt.name} with the cache"
 
 
+def test_a_freeze_is_carried_by_the_steps_served_from_the_boundary_before_it(tmp_path: Path) -> None:
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 1, 2: 3}), blocks=net_blocks, cache=True, index_key=2)
+    count = CountRows()
+    _, model = fit(tmp_path / "carried", callback, net=IndexedNet, extra=[count], epochs=4, devices=1)
+    plain = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 1, 2: 3}), blocks=net_blocks, index_key=2)
+    _, plain_model = fit(tmp_path / "plain", plain, net=IndexedNet, epochs=4, devices=1)
+    s, b, validated = SAMPLES, BATCH, 4 * SAMPLES
+    # epoch 1 fills boundary 1 (the embedding and block 0); epoch 2 is served from it, runs blocks 1-2 once per
+    # sample and stores boundary 3 on the way (the embedding and block 0 do not train there); epoch 3 reads
+    # boundary 3 after one checked fill
+    expected = [2 * s + b] * 2 + [3 * s + 3 * b] * 2 + [4 * s + 4 * b]
+    assert count.counts == [n + validated for n in expected]
+    assert callback.cache is not None and callback.cache.filled == s + b and callback.cache.carried == s
+    for (name, a), c in zip(plain_model.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(a, c, msg=f"{name} differs with the carried cache")
+
+
 class ResidualOutside(IndexedNet):
     """IndexedNet summing each block's output into the stream outside the block, as Net does."""
 
