@@ -38,7 +38,7 @@ MIB = 1 << 20
 
 
 def _row(trainer: Any) -> dict[str, Any]:
-    from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
     return {

@@ -68,7 +68,7 @@ def _reset_peak() -> None:
 
 
 def _row(trainer: Any) -> dict[str, Any]:
-    from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
     held = ctx.held(layout)

@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setu
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.data import EpochPlan, StepData
-    from elastic_pipe.orchestrator.event_log import EventLog
     from elastic_pipe.orchestrator.layout import MemoryBudget
+    from elastic_pipe.orchestrator.report import EventLog
     from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from elastic_pipe.orchestrator.evaluation import evaluate
-from elastic_pipe.orchestrator.metrics import EpochMetrics
+from elastic_pipe.orchestrator.report import EpochMetrics
 from elastic_pipe.orchestrator.stage import StageRuntime, step_record
 
 if TYPE_CHECKING:

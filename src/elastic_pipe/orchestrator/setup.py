@@ -40,11 +40,10 @@ from elastic_pipe.orchestrator.data import (
     split_unit,
 )
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
-from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.layout import MemoryBudget, initial_layout_within, start_layout, virtual_rule
-from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
+from elastic_pipe.orchestrator.report import EventLog, TensorBoardSink
+from elastic_pipe.orchestrator.transition import shared_across_sublayers, sublayer_keys
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel

@@ -46,7 +46,7 @@ from elastic_pipe.orchestrator.trainer_base import TrainerBase
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.components import Overrides
     from elastic_pipe.orchestrator.config import TrainConfig
-    from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
+    from elastic_pipe.orchestrator.report import RunResult, TransitionEvent
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 

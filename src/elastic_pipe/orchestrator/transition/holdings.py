@@ -30,8 +30,13 @@ from torch import nn
 from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.models.weights import materialize_sublayers
 from elastic_pipe.orchestrator.optim import can_fuse
-from elastic_pipe.orchestrator.state_moves import recv_optimizer_state, recv_tensors, send_optimizer_state, send_tensors
-from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
+from elastic_pipe.orchestrator.transition.moves import (
+    recv_optimizer_state,
+    recv_tensors,
+    send_optimizer_state,
+    send_tensors,
+)
+from elastic_pipe.orchestrator.transition.plan import Transfer, held_sublayers, plan_transfers
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext
