@@ -4,7 +4,7 @@ Every rank applies the :class:`~elastic_pipe.protocol.TransitionMessage` rank 0 
 the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new prefix (its
 parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the run's
 :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there); :func:`event_for` makes
-the :class:`~.metrics.TransitionEvent` of what it did.
+the :class:`~.report.records.TransitionEvent` of what it did.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ what the run knows about the prefix). It holds no layout: everything layout-depe
 :class:`~elastic_pipe.types.Layout`.
 
 The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
-(:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
-not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
+(:mod:`.transition.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers
+it does not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
 materializing the model (:mod:`.setup`).
 """
 

@@ -1,4 +1,4 @@
-"""An epoch's record: the evaluation when one is due and the :class:`~.metrics.EpochMetrics` built from what the
+"""An epoch's record: the evaluation when one is due and the :class:`~.report.records.EpochMetrics` built from what the
 step loop (:class:`~.step_loop.EpochRun`) measured."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ weights on the CPU (a user's model). Setup reads what every rank must know about
 materializing the model: the parameters' names and sizes come from the meta tensors, and the activation shapes at
 each boundary (:func:`boundary_examples`) and the profiled costs (``cost = "time"``, :func:`profiled_costs`) from
 running one sub-layer at a time, a meta one on zero-filled storage that is freed right after. The trainer then
-materializes only what the rank holds (:func:`elastic_pipe.orchestrator.holdings.hold`), so the setup's memory
+materializes only what the rank holds (:func:`elastic_pipe.orchestrator.transition.hold`), so the setup's memory
 grows with the rank's stage, not with the model.
 """
 

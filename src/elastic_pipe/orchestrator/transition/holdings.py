@@ -1,6 +1,6 @@
 """What one rank keeps in memory, and how a transition hands sub-layers to their new holders.
 
-A rank holds only :func:`~elastic_pipe.orchestrator.transition.held_sublayers`: its stage's active sub-layers and,
+A rank holds only :func:`~.plan.held_sublayers`: its stage's active sub-layers and,
 on stage-0 ranks, the frozen prefix. Everything else stays on the meta device (shapes, no storage:
 :func:`elastic_pipe.models.residency.release`), and the optimizer covers only the rank's own trainable parameters.
 
