@@ -69,9 +69,9 @@ from elastic_pipe.orchestrator import step_loop as loop
 from elastic_pipe.orchestrator.data import ElasticBatchSampler, Split
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
 from elastic_pipe.orchestrator.prefix import reads as prefix_reads
+from elastic_pipe.orchestrator.report import PhaseClock, Progress
 from elastic_pipe.orchestrator.stage import StageRuntime
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
-from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 #: The arguments the JSON records.
 SETTINGS = ("depth", "batch", "steps", "epochs", "repeats", "max_grad_norm", "optimizer", "threads")

@@ -4,10 +4,10 @@ Run: ``python benchmarks/bench_prefix_release.py [--out PATH]`` (CPU, gloo). Fou
 4 -> 2 -> 1 stages with ``[pipeline] cache = "on"`` (halving compression, the manual freeze schedule {1: 4, 2: 6}),
 twice: with the prefix released (:mod:`elastic_pipe.orchestrator.prefix.residency`) and with it kept resident
 (release patched off in the ranks). Per rank and layout (after each epoch's transition) it records the parameter
-bytes with storage (:func:`~elastic_pipe.orchestrator.holdings.held_bytes`), the bytes of the frozen prefix, the
-host bytes of the evaluation outputs kept beside the cache; per transition the event's ``prefix_released_bytes``
-and ``bytes_moved``. Writes JSON (default
-``benchmarks/results/prefix_release.json``) and prints a table.
+bytes with storage (:func:`~elastic_pipe.orchestrator.transition.holdings.held_bytes`), the bytes of the frozen prefix,
+the host bytes of the evaluation outputs kept beside the cache; per transition the event's
+``prefix_released_bytes`` and ``bytes_moved``. Writes JSON (default ``benchmarks/results/prefix_release.json``) and
+prints a table.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ MIB = 1 << 20
 
 
 def _row(trainer: Any) -> dict[str, Any]:
-    from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
     return {

@@ -7,7 +7,7 @@ and prints a table. Four processes train the same run through :class:`elastic_pi
 Per rank and layout (at the start, then after each epoch's transition):
 
 * ``parameters`` / ``optimizer``: bytes of the parameters with storage and of the optimizer's state tensors
-  (:func:`elastic_pipe.orchestrator.holdings.held_bytes`), next to the stage's share (the parameters of the
+  (:func:`elastic_pipe.orchestrator.transition.holdings.held_bytes`), next to the stage's share (the parameters of the
   sub-layers the rank holds - its stage's, plus the frozen prefix on stage 0 - and AdamW's two moments of the ones
   it trains) and to the whole model;
 * ``rss``: the process's resident set when the layout starts (``VmRSS`` of ``/proc/self/status``);
@@ -68,7 +68,7 @@ def _reset_peak() -> None:
 
 
 def _row(trainer: Any) -> dict[str, Any]:
-    from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
     held = ctx.held(layout)

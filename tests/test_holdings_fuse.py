@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from elastic_pipe.orchestrator import holdings
+from elastic_pipe.orchestrator.transition import holdings
 
 
 def _params() -> list[torch.nn.Parameter]:

@@ -17,16 +17,14 @@ from elastic_pipe.orchestrator import (
     load_config,
     preflight,
 )
-from elastic_pipe.orchestrator.event_log import EventLog
 from elastic_pipe.orchestrator.layout.compression import COMPRESSION_RULES
 from elastic_pipe.orchestrator.layout.rule import max_frozen_units, next_layout
 from elastic_pipe.orchestrator.layout.start import initial_layout
-from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
 from elastic_pipe.orchestrator.optim import lr_scheduler
+from elastic_pipe.orchestrator.report import EventLog, PhaseClock, RunResult, TransitionEvent, seconds_into
 from elastic_pipe.orchestrator.stage.forward_timer import ForwardTimer
 from elastic_pipe.orchestrator.stage.grad_sync import grad_buckets
 from elastic_pipe.orchestrator.step_loop import _timed_step
-from elastic_pipe.orchestrator.timing import PhaseClock, seconds_into
 from elastic_pipe.orchestrator.trainer import candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import changed_ranks
 from elastic_pipe.types import Layout

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from elastic_pipe.orchestrator.timing import Progress
+from elastic_pipe.orchestrator.report import Progress
 
 
 class FakeStream(io.StringIO):

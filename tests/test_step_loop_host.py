@@ -10,7 +10,7 @@ import torch
 
 import tiny_vit
 from elastic_pipe.data import ElasticSampler
-from elastic_pipe.orchestrator.epoch_losses import step_loss
+from elastic_pipe.orchestrator.report import step_loss
 from elastic_pipe.orchestrator.step_loop import _zero_grad
 from elastic_pipe.orchestrator.step_ops import reseed
 from elastic_pipe.testing import RankContext, run_distributed, run_tasks

@@ -10,10 +10,9 @@ import pytest
 from elastic_pipe.orchestrator import config_from_tables
 from elastic_pipe.orchestrator.config import LogSection
 from elastic_pipe.orchestrator.errors import ConfigError
-from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.metrics import EpochMetrics, TransitionEvent
 from elastic_pipe.orchestrator.preflight import preflight
-from elastic_pipe.orchestrator.tensorboard_sink import EPOCH_SCALARS, TensorBoardSink
+from elastic_pipe.orchestrator.report import EpochMetrics, EventLog, TransitionEvent
+from elastic_pipe.orchestrator.report.tensorboard import EPOCH_SCALARS, TensorBoardSink
 
 TINY = {
     "model": {"name": "vit", "options": {"preset": "vit-tiny"}},

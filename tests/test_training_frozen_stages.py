@@ -88,8 +88,9 @@ class _CountingDist(types.ModuleType):
 def _train(ctx: RankContext, config: Any) -> dict[str, Any]:
     """Train ``config`` with every gradient all-reduce counted and each step's gradient sync recorded by the
     stages the rank held; returns the run, the toy's record and the parameters the optimizer held in each layout."""
-    from elastic_pipe.orchestrator import ElasticTrainer, holdings
+    from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.stage import grad_sync, runtime
+    from elastic_pipe.orchestrator.transition import holdings
 
     frozen_toy.RECORD.clear()
     counting = _CountingDist(grad_sync.dist)

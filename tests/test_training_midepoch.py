@@ -124,7 +124,7 @@ def test_run_state_keeps_decision_due() -> None:
 
 def test_a_transition_inside_an_epoch_says_where() -> None:
     from elastic_pipe.cli.train import render
-    from elastic_pipe.orchestrator.metrics import TransitionEvent
+    from elastic_pipe.orchestrator.report import TransitionEvent
 
     event = TransitionEvent(2, 21, 2, 5, 1, 2, 1, (5, 8), (1,), 1000, True, 0.5, epoch_step=5)
     assert event.human().startswith("transition in epoch 3 after step 5 (step 21 of the run): frozen 2 units")

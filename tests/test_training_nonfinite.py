@@ -20,8 +20,8 @@ from elastic_pipe.orchestrator import ConfigError
 from elastic_pipe.orchestrator.config import config_from_tables
 from elastic_pipe.orchestrator.data import Split, local_failure
 from elastic_pipe.orchestrator.data.data_check import first_nonfinite
-from elastic_pipe.orchestrator.epoch_losses import check_finite_losses
 from elastic_pipe.orchestrator.errors import NonFiniteLossError, OrchestratorError
+from elastic_pipe.orchestrator.report import check_finite_losses
 from elastic_pipe.testing import RankContext, run_distributed
 
 SAMPLES = 160  # 128 training samples: 4 steps of 32 per epoch

@@ -122,8 +122,8 @@ def _samples() -> Any:
 def _train(release: bool, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.evaluation import evaluate
-    from elastic_pipe.orchestrator.holdings import held_bytes
     from elastic_pipe.orchestrator.prefix import residency as prefix_residency
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     snaps: list[dict[str, Any]] = []
 

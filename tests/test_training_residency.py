@@ -173,7 +173,7 @@ def _config(overrides: dict[str, Any] | None = None) -> Any:
 
 def _snapshot(trainer: Any) -> dict[str, Any]:
     """What this rank holds now, and what its stage's share is."""
-    from elastic_pipe.orchestrator.holdings import held_bytes
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes
 
     ctx, layout = trainer.ctx, trainer.state.layout
     held = ctx.held(layout)
@@ -288,7 +288,7 @@ def _lose_and_regain(ctx: RankContext) -> dict[str, Any]:
     import torch
 
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.holdings import held_bytes, hold, point_optimizer, transfer
+    from elastic_pipe.orchestrator.transition.holdings import held_bytes, hold, point_optimizer, transfer
 
     config = _config({"launch.nproc_per_node": 2, "pipeline.pipe_len": 2})
     with ElasticTrainer(config, quiet=True) as trainer:
@@ -403,8 +403,8 @@ def test_a_parameter_tied_across_sub_layers_is_refused_in_a_pipeline() -> None:
 
     from elastic_pipe.orchestrator import ElasticTrainer
     from elastic_pipe.orchestrator.components import build_model
-    from elastic_pipe.orchestrator.holdings import shared_across_sublayers
     from elastic_pipe.orchestrator.setup import check_untied_stages
+    from elastic_pipe.orchestrator.transition import shared_across_sublayers
 
     config = _config({"launch.nproc_per_node": 2, "pipeline.pipe_len": 2})
     model = build_model(config)

@@ -25,7 +25,6 @@ from elastic_pipe.orchestrator.config import (
     load_config,
 )
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError, WorkerFailedError
-from elastic_pipe.orchestrator.event_log import EventLog, RecordSink
 from elastic_pipe.orchestrator.launch import launch
 from elastic_pipe.orchestrator.layout import (
     COMPRESSION_RULES,
@@ -35,11 +34,17 @@ from elastic_pipe.orchestrator.layout import (
     MemoryFit,
     layout_sequence,
 )
-from elastic_pipe.orchestrator.metrics import EpochMetrics, RunResult, TransitionEvent
 from elastic_pipe.orchestrator.persist import Checkpointer, fingerprint
 from elastic_pipe.orchestrator.preflight import preflight
+from elastic_pipe.orchestrator.report import (
+    EpochMetrics,
+    EventLog,
+    RecordSink,
+    RunResult,
+    TensorBoardSink,
+    TransitionEvent,
+)
 from elastic_pipe.orchestrator.state import RunState
-from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
 from elastic_pipe.orchestrator.trainer import ElasticTrainer, candidate_pipe_lens
 from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
 from elastic_pipe.orchestrator.worker import run_rank

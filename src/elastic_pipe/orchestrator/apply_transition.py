@@ -4,7 +4,7 @@ Every rank applies the :class:`~elastic_pipe.protocol.TransitionMessage` rank 0 
 the sub-layers whose owner changes (weights and optimizer state, :mod:`.transition`), freeze the new prefix (its
 parameters leave the optimizer), build the new :class:`~.stage.StageRuntime`, and bring the run's
 :class:`~.prefix.FrozenPrefix` to the new boundary (its activation cache carried there); :func:`event_for` makes
-the :class:`~.metrics.TransitionEvent` of what it did.
+the :class:`~.report.records.TransitionEvent` of what it did.
 """
 
 from __future__ import annotations
@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from elastic_pipe import freeze, protocol
-from elastic_pipe.orchestrator.holdings import transfer
 from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.layout import layout_from_message
-from elastic_pipe.orchestrator.metrics import TransitionEvent
+from elastic_pipe.orchestrator.report import PhaseClock, TransitionEvent
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
-from elastic_pipe.orchestrator.state_moves import drop_foreign_state
-from elastic_pipe.orchestrator.timing import PhaseClock
+from elastic_pipe.orchestrator.transition import drop_foreign_state, transfer
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext

@@ -7,8 +7,8 @@ what the run knows about the prefix). It holds no layout: everything layout-depe
 :class:`~elastic_pipe.types.Layout`.
 
 The model's structure is whole on every rank, but only the sub-layers a rank holds have storage
-(:mod:`.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers it does
-not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
+(:mod:`.transition.holdings`); the others are on the meta device. What every rank needs to know about the sub-layers
+it does not hold - their activations' shapes, their parameters' names and sizes - is taken once at setup, without
 materializing the model (:mod:`.setup`).
 """
 
@@ -29,8 +29,8 @@ if TYPE_CHECKING:  # the context holds these parts; it builds none of them (setu
     from elastic_pipe.orchestrator.components import Components
     from elastic_pipe.orchestrator.config import TrainConfig
     from elastic_pipe.orchestrator.data import EpochPlan, StepData
-    from elastic_pipe.orchestrator.event_log import EventLog
     from elastic_pipe.orchestrator.layout import MemoryBudget
+    from elastic_pipe.orchestrator.report import EventLog
     from elastic_pipe.types import Layout
 
 __all__ = ["RunContext"]

@@ -1,4 +1,4 @@
-"""An epoch's record: the evaluation when one is due and the :class:`~.metrics.EpochMetrics` built from what the
+"""An epoch's record: the evaluation when one is due and the :class:`~.report.records.EpochMetrics` built from what the
 step loop (:class:`~.step_loop.EpochRun`) measured."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from elastic_pipe.orchestrator.evaluation import evaluate
-from elastic_pipe.orchestrator.metrics import EpochMetrics
+from elastic_pipe.orchestrator.report import EpochMetrics
 from elastic_pipe.orchestrator.stage import StageRuntime, step_record
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from elastic_pipe.orchestrator.errors import ConfigError, one_line
 from elastic_pipe.orchestrator.launch.process_group import choose_backend, local_ranks
 from elastic_pipe.orchestrator.layout import frozen_sublayers, next_layout, virtual_rule
 from elastic_pipe.orchestrator.persist import candidate_manifests, check_compatible, rerun
+from elastic_pipe.orchestrator.report import tensorboard_missing
 from elastic_pipe.orchestrator.setup import check_memory_budget, memory_budget, planned_start, sublayer_costs
-from elastic_pipe.orchestrator.tensorboard_sink import tensorboard_missing
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel

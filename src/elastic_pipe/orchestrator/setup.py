@@ -7,7 +7,7 @@ weights on the CPU (a user's model). Setup reads what every rank must know about
 materializing the model: the parameters' names and sizes come from the meta tensors, and the activation shapes at
 each boundary (:func:`boundary_examples`) and the profiled costs (``cost = "time"``, :func:`profiled_costs`) from
 running one sub-layer at a time, a meta one on zero-filled storage that is freed right after. The trainer then
-materializes only what the rank holds (:func:`elastic_pipe.orchestrator.holdings.hold`), so the setup's memory
+materializes only what the rank holds (:func:`elastic_pipe.orchestrator.transition.hold`), so the setup's memory
 grows with the rank's stage, not with the model.
 """
 
@@ -40,11 +40,10 @@ from elastic_pipe.orchestrator.data import (
     split_unit,
 )
 from elastic_pipe.orchestrator.errors import ConfigError, OrchestratorError
-from elastic_pipe.orchestrator.event_log import EventLog
-from elastic_pipe.orchestrator.holdings import shared_across_sublayers, sublayer_keys
 from elastic_pipe.orchestrator.launch import device_for, training_backend, warm_up
 from elastic_pipe.orchestrator.layout import MemoryBudget, initial_layout_within, start_layout, virtual_rule
-from elastic_pipe.orchestrator.tensorboard_sink import TensorBoardSink
+from elastic_pipe.orchestrator.report import EventLog, TensorBoardSink
+from elastic_pipe.orchestrator.transition import shared_across_sublayers, sublayer_keys
 
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel

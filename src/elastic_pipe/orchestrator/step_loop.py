@@ -28,12 +28,10 @@ import torch
 import torch.distributed as dist
 
 from elastic_pipe.orchestrator.data import Batch, ElasticBatchSampler
-from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses, step_loss
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import maybe_fail
-from elastic_pipe.orchestrator.metrics import PHASES
+from elastic_pipe.orchestrator.report import PHASES, EpochLosses, PhaseClock, Progress, check_finite_losses, step_loss
 from elastic_pipe.orchestrator.step_ops import clip_global_grad_norm, decision_point, reseed, step_seed
-from elastic_pipe.orchestrator.timing import PhaseClock, Progress
 
 if TYPE_CHECKING:
     from elastic_pipe import data as edata

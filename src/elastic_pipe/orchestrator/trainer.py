@@ -10,7 +10,7 @@ The trainer only composes (docs/training.md, "How the trainer is put together", 
 lifecycle and state (:mod:`.trainer_base`), components (:mod:`.components`), the rank's fixed facts
 (:mod:`.context`, :mod:`.setup`), the run's position (:mod:`.state`), one layout's stage (:mod:`.stage`),
 the run's frozen prefix and its activation cache (:mod:`.prefix`), the epoch (:mod:`.step_loop`,
-:mod:`.epoch_losses`, :mod:`.epoch_record`), decision points (:mod:`.layout.executor`, :mod:`.apply_transition`,
+:mod:`.report.losses`, :mod:`.epoch_record`), decision points (:mod:`.layout.executor`, :mod:`.apply_transition`,
 :mod:`.layout.rule`), evaluation and state (:mod:`.evaluation`, :mod:`.snapshot`, :mod:`.checkpoint`).
 
 It alone holds and advances the run's position: the step loop returns the steps it ran and why it stopped (the
@@ -46,7 +46,7 @@ from elastic_pipe.orchestrator.trainer_base import TrainerBase
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.components import Overrides
     from elastic_pipe.orchestrator.config import TrainConfig
-    from elastic_pipe.orchestrator.metrics import RunResult, TransitionEvent
+    from elastic_pipe.orchestrator.report import RunResult, TransitionEvent
 
 __all__ = ["ElasticTrainer", "candidate_pipe_lens", "sublayer_costs"]
 

@@ -22,18 +22,16 @@ import torch.distributed as dist
 from elastic_pipe import data as edata
 from elastic_pipe import freeze
 from elastic_pipe.models.weights import check_materializable
-from elastic_pipe.orchestrator import holdings
 from elastic_pipe.orchestrator.data import DatasetSplit, close_splits
-from elastic_pipe.orchestrator.epoch_losses import EpochLosses, check_finite_losses
 from elastic_pipe.orchestrator.errors import OrchestratorError
 from elastic_pipe.orchestrator.launch import join_process_group
-from elastic_pipe.orchestrator.metrics import RunResult
 from elastic_pipe.orchestrator.optim import lr_scheduler
 from elastic_pipe.orchestrator.persist import Checkpointer, Part, rerun, snapshot
 from elastic_pipe.orchestrator.prefix import FrozenPrefix
+from elastic_pipe.orchestrator.report import EpochLosses, RunResult, check_finite_losses, seconds_into
 from elastic_pipe.orchestrator.setup import build_context, check_memory_budget, check_untied_stages
 from elastic_pipe.orchestrator.stage import StageRuntime, probe
-from elastic_pipe.orchestrator.timing import seconds_into
+from elastic_pipe.orchestrator.transition import holdings
 
 if TYPE_CHECKING:
     from elastic_pipe.groups import GroupManager

@@ -24,7 +24,7 @@ from elastic_pipe.orchestrator.trainer import ElasticTrainer
 if TYPE_CHECKING:
     from elastic_pipe.models import SubLayerModel
     from elastic_pipe.orchestrator.data import Samples
-    from elastic_pipe.orchestrator.metrics import RunResult
+    from elastic_pipe.orchestrator.report import RunResult
 
 __all__ = ["entry", "main", "run_rank"]
 

@@ -13,11 +13,9 @@ functions, the first layout, the compression rules and ``virtual_rule``,
 stage, and the face leaves it out so that the parts that only make layouts do not import the stage.
 
 Entering a decided layout (the moves, the freeze, the new stage, the carried cache) is
-:mod:`elastic_pipe.orchestrator.apply_transition`, and the transfer plan it follows
-:mod:`elastic_pipe.orchestrator.transition`: both stand beside this package, not in it. Holdings
-(:mod:`~elastic_pipe.orchestrator.holdings`) build on the transfer plan and applying a layout moves them: with both
-inside, this package and holdings would import each other; with either one, the orchestrator's parts would stand on
-one more floor.
+:mod:`elastic_pipe.orchestrator.apply_transition`, beside this package; the transfer plan it follows and the
+holdings it moves are :mod:`elastic_pipe.orchestrator.transition`, whose plan this package's decision reads
+(``changed_ranks``).
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ import torch
 
 from elastic_pipe import freeze
 from elastic_pipe.orchestrator.errors import OrchestratorError
-from elastic_pipe.orchestrator.holdings import assemble, hold, point_optimizer
 from elastic_pipe.orchestrator.layout import virtual_rule, with_virtual
 from elastic_pipe.orchestrator.persist.exported import inference_record
 from elastic_pipe.orchestrator.state import RunState
+from elastic_pipe.orchestrator.transition import assemble, hold, point_optimizer
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext

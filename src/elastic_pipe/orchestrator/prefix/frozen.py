@@ -32,7 +32,7 @@ from elastic_pipe.orchestrator.prefix.state import PrefixState
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
     from elastic_pipe.orchestrator.context import RunContext
-    from elastic_pipe.orchestrator.timing import PhaseClock
+    from elastic_pipe.orchestrator.report import PhaseClock
     from elastic_pipe.types import Layout
 
 __all__ = ["FrozenPrefix", "PrefixReport"]

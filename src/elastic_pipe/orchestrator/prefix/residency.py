@@ -35,17 +35,17 @@ from torch import nn
 
 from elastic_pipe.models.residency import materialize
 from elastic_pipe.models.residency import release as release_to_meta
-from elastic_pipe.orchestrator.holdings import shared_across_sublayers
 from elastic_pipe.orchestrator.prefix.reads import covers
 from elastic_pipe.orchestrator.prefix.shared import carry_released
-from elastic_pipe.orchestrator.state_moves import recv_tensors, send_tensors
+from elastic_pipe.orchestrator.transition.holdings import shared_across_sublayers
+from elastic_pipe.orchestrator.transition.moves import recv_tensors, send_tensors
 
 if TYPE_CHECKING:
     from elastic_pipe import cache as acache
     from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers
     from elastic_pipe.orchestrator.prefix.state import PrefixState
-    from elastic_pipe.orchestrator.timing import PhaseClock
+    from elastic_pipe.orchestrator.report import PhaseClock
     from elastic_pipe.types import Layout
 
 __all__: list[str] = []  # internal: the package face exports what others use

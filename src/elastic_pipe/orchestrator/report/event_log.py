@@ -1,6 +1,6 @@
 """Where records go: :class:`EventLog` appends each as one JSON line, hands it to every :class:`RecordSink` (e.g.
 TensorBoard) and prints its human line; a resumed run rewinds it first, so no epoch appears twice. The records
-themselves are :mod:`.metrics`.
+themselves are :mod:`.records`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What one rank keeps in memory, and how a transition hands sub-layers to their new holders.
 
-A rank holds only :func:`~elastic_pipe.orchestrator.transition.held_sublayers`: its stage's active sub-layers and,
+A rank holds only :func:`~.plan.held_sublayers`: its stage's active sub-layers and,
 on stage-0 ranks, the frozen prefix. Everything else stays on the meta device (shapes, no storage:
 :func:`elastic_pipe.models.residency.release`), and the optimizer covers only the rank's own trainable parameters.
 
@@ -30,8 +30,13 @@ from torch import nn
 from elastic_pipe.models.residency import materialize, release
 from elastic_pipe.models.weights import materialize_sublayers
 from elastic_pipe.orchestrator.optim import can_fuse
-from elastic_pipe.orchestrator.state_moves import recv_optimizer_state, recv_tensors, send_optimizer_state, send_tensors
-from elastic_pipe.orchestrator.transition import Transfer, held_sublayers, plan_transfers
+from elastic_pipe.orchestrator.transition.moves import (
+    recv_optimizer_state,
+    recv_tensors,
+    send_optimizer_state,
+    send_tensors,
+)
+from elastic_pipe.orchestrator.transition.plan import Transfer, held_sublayers, plan_transfers
 
 if TYPE_CHECKING:
     from elastic_pipe.orchestrator.context import RunContext

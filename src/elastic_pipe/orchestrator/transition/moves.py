@@ -1,5 +1,5 @@
 """Sending a rank's weights and optimizer state to another rank (the exchanges of a transition's
-:class:`~.transition.Transfer` plan, and of a released prefix brought back): tensors travel as one flat buffer per
+:class:`~.plan.Transfer` plan, and of a released prefix brought back): tensors travel as one flat buffer per
 dtype over ``torch.distributed`` point-to-point (NCCL on GPU, gloo on CPU); the optimizer-state metadata travels as an
 encoded :class:`~elastic_pipe.protocol.OptimizerStateHeader` over the gloo control group. Nothing goes through files
 and nothing is pickled.

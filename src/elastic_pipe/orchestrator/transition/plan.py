@@ -15,7 +15,7 @@ Each :class:`Transfer` is one point-to-point exchange (``torch.distributed.send`
 CPU), run by both ends in the plan's order: the earliest unfinished transfer always has both ends waiting on it, so
 the sequence cannot deadlock. The exchanges themselves (tensors as one flat buffer per dtype, the optimizer-state
 metadata as an encoded :class:`~elastic_pipe.protocol.OptimizerStateHeader` over the gloo control group; nothing
-through files, nothing pickled) are :mod:`.state_moves`'.
+through files, nothing pickled) are :mod:`.moves`'.
 """
 
 from __future__ import annotations

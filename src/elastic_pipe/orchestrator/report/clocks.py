@@ -12,7 +12,7 @@ from typing import TextIO
 
 import torch
 
-from elastic_pipe.orchestrator.metrics import PHASES
+from elastic_pipe.orchestrator.report.records import PHASES
 
 __all__ = ["PhaseClock", "Progress", "seconds_into"]
 
