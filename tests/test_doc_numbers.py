@@ -1579,7 +1579,7 @@ ROWS += [
 ]
 TRACE = "layout_entry_trace.json"  # docs/training.md: the orchestrator files a transition visits
 ROWS += [
-    ("docs/training.md", "runs code in {} files of 17 parts", TRACE, "transitions.0.file_count", ".0f"),
+    ("docs/training.md", "runs code in {} files of 13 parts", TRACE, "transitions.0.file_count", ".0f"),
     ("docs/training.md", "files of {} parts and comes back", TRACE, "transitions.0.part_count", ".0f"),
     ("docs/training.md", "comes back {} times to a file", TRACE, "transitions.0.returns", ".0f"),
     ("docs/training.md", "the second (to 7) in\n{} files", TRACE, "transitions.1.file_count", ".0f"),
