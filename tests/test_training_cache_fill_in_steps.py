@@ -2,7 +2,7 @@
 still stores what its steps compute, so the next boundary is carried from those entries through the newly frozen
 sub-layers alone and its fill runs nothing from the inputs; and a first boundary that is read is filled by its
 steps' misses, not by a pass over the split first. The losses are those of the runs that fill at the
-transition."""
+transition. A step whose batch is partly cached runs the prefix on the whole batch (one forward size per step)."""
 
 from __future__ import annotations
 
@@ -170,3 +170,49 @@ def test_two_replicas_fill_an_unread_boundary_by_their_steps_and_the_shared_fill
         # the shared fill carries the entries a peer stored among its own chunks and runs the whole prefix on less
         assert _rows(in_steps["runs"], first, second) > 0 == _rows(at_transition["runs"], first, second)
         assert _rows(in_steps["runs"], 0, second) < _rows(at_transition["runs"], 0, second)
+
+
+def _mixed_batches(ctx: RankContext) -> dict[str, Any]:
+    """A first boundary entered after step 3 of epoch 0, read and filled by the steps' misses: the rest of epoch 0
+    fills its batches, and epoch 1's shuffled batches mix samples cached then with samples not yet cached."""
+    from plug_data import Digits
+
+    from elastic_pipe.orchestrator import ElasticTrainer
+    from elastic_pipe.orchestrator.context import RunContext
+    from elastic_pipe.orchestrator.prefix import fill as prefix_cache
+
+    prefix_cache._decide = lambda job, *, mode, **_: (True, "test: reading pays")
+    runs: list[tuple[int, int, int]] = []
+    run_sublayers = RunContext.run_sublayers
+
+    def counted(self: RunContext, x: Any, lo: int, hi: int) -> Any:
+        runs.append((lo, hi, int(x.shape[0])))
+        return run_sublayers(self, x, lo, hi)
+
+    RunContext.run_sublayers = counted  # type: ignore[method-assign]
+    tables = {
+        "model": tiny_vit.model_table(),
+        "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},
+        "freeze": {"policy": "plug_policy:OneUnitFromStep3", "decide_every": 1},
+        "pipeline": {"microbatches": 1, "pipe_len": 1, "cache": "auto"},
+        "log": {"progress": False},
+        "data": {"drop_last": False},
+    }
+    with ElasticTrainer(config_from_tables(tables), data=Digits(SAMPLES), quiet=True) as trainer:
+        result = trainer.fit().to_dict()
+    epochs = [(e["frozen_units"], e["cache_hits"], e["cache_misses"]) for e in result["epochs"]]
+    return {"runs": runs, "epochs": epochs}
+
+
+def test_a_step_with_part_of_its_batch_cached_runs_the_prefix_on_the_whole_batch() -> None:
+    r = run_distributed(_mixed_batches, 1, timeout=300)[0]
+    prefix = [rows for lo, hi, rows in r["runs"] if lo == 0 and hi > 0]
+    held_out = SAMPLES - TRAIN
+    # 240 training samples: 7 batches of 32 and one of 16 an epoch; the evaluation runs the held-out 60
+    assert prefix and set(prefix) <= {32, 16, held_out}, sorted(set(prefix))
+    (_, hits0, misses0), (_, hits1, misses1) = r["epochs"]
+    assert hits0 == 0 and 0 < misses0 < TRAIN  # the steps after the freeze, all of them misses
+    assert hits1 > 0 and misses1 > 0 and hits1 + misses1 == TRAIN  # epoch 1: mixed batches
+    # every batch with a miss ran whole: more rows went through the prefix than were missing
+    trained = sum(rows for rows in prefix if rows != held_out)
+    assert trained > misses0 + misses1

@@ -82,3 +82,17 @@ def twelve_units(num_layers: int) -> TwoMembers:
     """A factory that ignores the model and claims 12 units (a 6-block model's policy written for 12 layers)."""
     del num_layers
     return TwoMembers(12)
+
+
+class OneUnitFromStep3:
+    """Freezes the first unit at the first decision point from step 3 on: inside the first epoch."""
+
+    name: ClassVar[str] = "one-unit-from-step-3"
+    needs_stats: ClassVar[bool] = False
+
+    def __init__(self, num_layers: int) -> None:
+        self.num_layers = num_layers
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        del epoch
+        return max(current, 1) if step >= 3 else current
