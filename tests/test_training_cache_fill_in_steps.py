@@ -40,11 +40,26 @@ def _config(cache: str = "auto", world: int = 1) -> Any:
     )
 
 
+def _count_runs() -> list[tuple[int, int, int]]:
+    """Every sub-layer range this process runs from here on, ``(lo, hi, rows)`` in order (``run_sublayers``
+    wrapped; the callers put it back)."""
+    from elastic_pipe.orchestrator.context import RunContext
+
+    runs: list[tuple[int, int, int]] = []
+    run_sublayers = RunContext.run_sublayers
+
+    def counted(self: RunContext, x: Any, lo: int, hi: int) -> Any:
+        runs.append((lo, hi, int(x.shape[0])))
+        return run_sublayers(self, x, lo, hi)
+
+    RunContext.run_sublayers = counted  # type: ignore[method-assign]
+    return runs
+
+
 def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
     from plug_data import Digits
 
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import fill as prefix_cache
     from elastic_pipe.orchestrator.prefix import frozen as prefix_frozen
 
@@ -58,14 +73,7 @@ def _runs(ctx: RankContext, read_first: bool, world: int = 1) -> dict[str, Any]:
         return mode == "on" or read_first or frozen > boundaries[0], f"test: frozen {frozen}"
 
     prefix_cache._decide = decide
-    prefix_runs: list[tuple[int, int, int]] = []
-    run_sublayers = RunContext.run_sublayers
-
-    def counted(self: RunContext, x: Any, lo: int, hi: int) -> Any:
-        prefix_runs.append((lo, hi, int(x.shape[0])))
-        return run_sublayers(self, x, lo, hi)
-
-    RunContext.run_sublayers = counted  # type: ignore[method-assign]
+    prefix_runs = _count_runs()
     fills = prefix_frozen.in_steps
     out: dict[str, Any] = {}
     for name, in_steps in (("in_steps", True), ("at_transition", False)):
@@ -178,18 +186,10 @@ def _mixed_batches(ctx: RankContext) -> dict[str, Any]:
     from plug_data import Digits
 
     from elastic_pipe.orchestrator import ElasticTrainer
-    from elastic_pipe.orchestrator.context import RunContext
     from elastic_pipe.orchestrator.prefix import fill as prefix_cache
 
     prefix_cache._decide = lambda job, *, mode, **_: (True, "test: reading pays")
-    runs: list[tuple[int, int, int]] = []
-    run_sublayers = RunContext.run_sublayers
-
-    def counted(self: RunContext, x: Any, lo: int, hi: int) -> Any:
-        runs.append((lo, hi, int(x.shape[0])))
-        return run_sublayers(self, x, lo, hi)
-
-    RunContext.run_sublayers = counted  # type: ignore[method-assign]
+    runs = _count_runs()
     tables = {
         "model": tiny_vit.model_table(),
         "train": {"dtype": "float64", "epochs": 2, "global_batch": 32, "optimizer": "sgd", "lr": 0.05},

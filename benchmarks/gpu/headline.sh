@@ -96,34 +96,28 @@ if [[ $what == single || $what == all ]]; then
   echo "single-GPU arms done after $(( $(date +%s) - start )) s"
 fi
 
-if [[ $what == single || $what == default || $what == all ]]; then
-  E2E_ONLY=1 E2E_BEFORE=100000 E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
-    benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy.log" 2>&1 \
-    || { tail -30 "$out/default_policy.log" "$out/e2e.log"; exit 1; }
-  mv "$out/freeze_accuracy_e2e.json" "$out/headline_default_policy.json"
-  python3 - "$out/headline_default_policy.json" <<'EOF'
+default_policy_runs() {  # TASK NAME: the default policy's timed runs on one task of the study, into OUT/NAME.json
+  local task=$1 name=$2
+  E2E_ONLY=1 E2E_BEFORE=100000 E2E_TASKS=$task E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
+    benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/$name.log" 2>&1 \
+    || { tail -30 "$out/$name.log" "$out/e2e.log"; exit 1; }
+  mv "$out/freeze_accuracy_e2e.json" "$out/$name.json"
+  python3 - "$out/$name.json" "$task" <<'EOF'
 import json, statistics, sys
 r = json.load(open(sys.argv[1]))
-for arm, a in r["tasks"]["minilm_bbc"]["arms"].items():
+for arm, a in r["tasks"][sys.argv[2]]["arms"].items():
     wall = statistics.median(a["wall_seconds_by_seed"].values())
     print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {wall:.2f} s (median)")
 EOF
-  echo "default policy's runs done after $(( $(date +%s) - start )) s"
+  echo "default policy's runs on $task done after $(( $(date +%s) - start )) s"
+}
+
+if [[ $what == single || $what == default || $what == all ]]; then
+  default_policy_runs minilm_bbc headline_default_policy
 fi
 
 if [[ $what == default-digits ]]; then
-  E2E_ONLY=1 E2E_BEFORE=100000 E2E_TASKS=vit_digits E2E_ARMS="none;drift;alpha=1/3" PARTS=/tmp/headline_parts \
-    benchmarks/gpu/run_freeze_accuracy.sh "$out" > "$out/default_policy_digits.log" 2>&1 \
-    || { tail -30 "$out/default_policy_digits.log" "$out/e2e.log"; exit 1; }
-  mv "$out/freeze_accuracy_e2e.json" "$out/headline_default_policy_digits.json"
-  python3 - "$out/headline_default_policy_digits.json" <<'EOF'
-import json, statistics, sys
-r = json.load(open(sys.argv[1]))
-for arm, a in r["tasks"]["vit_digits"]["arms"].items():
-    wall = statistics.median(a["wall_seconds_by_seed"].values())
-    print(f"{arm:>10}: accuracy {a['accuracy_mean']:.2%}, wall {wall:.2f} s (median)")
-EOF
-  echo "default policy's runs on vit_digits done after $(( $(date +%s) - start )) s"
+  default_policy_runs vit_digits headline_default_policy_digits
 fi
 
 if [[ $what == tta ]]; then
