@@ -159,3 +159,25 @@ def test_the_disk_benchmarks_epoch_profile_covers_only_its_epoch(tmp_path: Path)
     assert "aten::mm" in text and "aten::cumsum" not in text
     profile.after(3)  # nothing more
     assert path.read_text(encoding="utf-8") == text
+
+
+def test_a_compiled_arms_breakdown_is_what_the_arm_added_largest_first() -> None:
+    bench = _load("bench_single_gpu")
+    before = {"graphs": 2.0, "_compile.compile_inner": 1.0, "compile_fx.<locals>.bw_compiler": 0.5, "tiny": 0.2}
+    after = {
+        "graphs": 6.0,
+        "_compile.compile_inner": 4.5,
+        "compile_fx.<locals>.bw_compiler": 5.0,
+        "tiny": 0.205,  # grew by 5 ms: left out
+        "async_compile.wait": 2.0,  # a metric the arm recorded first
+    }
+    out = bench.compile_breakdown(before, after)
+    assert out == {
+        "graphs": 4.0,
+        "compile_fx.<locals>.bw_compiler": 4.5,
+        "_compile.compile_inner": 3.5,
+        "async_compile.wait": 2.0,
+    }
+    assert list(out) == ["graphs", "compile_fx.<locals>.bw_compiler", "_compile.compile_inner", "async_compile.wait"]
+    snap = bench.compile_snapshot()  # torch's own tables, whatever this process compiled so far
+    assert snap["graphs"] >= 0 and all(v >= 0 for v in snap.values())
