@@ -228,6 +228,23 @@ def test_a_freeze_is_carried_by_the_steps_served_from_the_boundary_before_it(tmp
         torch.testing.assert_close(a, c, msg=f"{name} differs with the carried cache")
 
 
+def test_a_resume_inside_the_carried_epoch_fills_instead_and_ends_with_the_same_weights(tmp_path: Path) -> None:
+    def run(out: Path, resume: Path | None = None) -> tuple[FreezeCallback, Trainer]:
+        callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 1, 2: 3}), cache=True, resume_from=resume)
+        args = arguments(out, save_strategy="steps", save_steps=3, remove_unused_columns=False, num_train_epochs=4)
+        trainer = Trainer(model=tiny_bert(), args=args, train_dataset=Indexed(), callbacks=[callback])
+        trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
+        return callback, trainer
+
+    full, trainer = run(tmp_path / "full")
+    assert full.cache is not None and full.cache.carried == SAMPLES
+    step = 2 * SAMPLES // BATCH + 3  # half-way through epoch 2, the epoch that carries boundary 1 to boundary 3
+    resumed, again = run(tmp_path / "again", tmp_path / "full" / f"checkpoint-{step}")
+    assert resumed.cache is not None and resumed.cache.carried == 0  # the cache is not saved: the resume fills
+    for (name, a), b in zip(trainer.model.named_parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b), f"{name} differs after resuming from step {step} inside the carried epoch"
+
+
 class FreezeTwoAtStep3(freeze.Policy):
     """Freezes 2 blocks at the first decision point from step 3 on: half-way through the first epoch."""
 
