@@ -270,6 +270,61 @@ def test_a_batch_with_any_miss_fills_at_its_full_size(tmp_path: Path) -> None:
     assert callback.cache.filled % BATCH == 0
 
 
+def test_a_fill_stores_the_boundary_in_the_steps_own_forward(tmp_path: Path) -> None:
+    model = tiny_bert()
+    calls = [0]  # forwards of the whole model: the training steps', and any a fill runs of its own
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    callback = FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 2}), cache=True)
+    args = arguments(tmp_path, remove_unused_columns=False)
+    Trainer(model=model, args=args, train_dataset=Indexed(), callbacks=[callback]).train()
+    steps = 3 * SAMPLES // BATCH
+    # epoch 1 fills boundary 2 in its steps' own forwards; only the boundary's first fill runs the model twice more
+    # (its forward, and again served from what it stored: the check), and epoch 2 is served
+    assert calls[0] == steps + 2
+    assert callback.cache is not None and callback.cache.filled == SAMPLES and callback.cache.carried == 0
+
+
+class FreezeOneThenTwo(freeze.Policy):
+    """Freezes 1 block from step 3 and 2 from step 9: both freezes half-way through an epoch."""
+
+    def propose(self, epoch: int, step: int, current: int) -> int:
+        del epoch
+        return max(current, 2 if step >= 9 else 1 if step >= 3 else 0)
+
+
+class OlderHoldsTheNewer(TrainerCallback):
+    """After each step while a freeze is carried: every sample the new boundary holds, the older one holds too."""
+
+    def __init__(self, callback: FreezeCallback) -> None:
+        self.callback, self.checked, self.held = callback, 0, list[list[int]]()
+
+    def on_epoch_end(self, *args: Any, **kwargs: Any) -> None:
+        cache = self.callback.cache
+        self.held.append([] if cache is None or cache.cache is None else cache.cache.boundaries())
+
+    def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+        cache = self.callback.cache
+        if cache is None or cache.cache is None or not cache._older:
+            return
+        every = torch.arange(SAMPLES)
+        newer, older = cache.cache.cached(every, cache.boundary), cache.cache.cached(every, cache._older)
+        assert bool(older[newer].all()), f"samples at boundary {cache.boundary} missing at {cache._older}"
+        self.checked += 1
+
+
+def test_a_fill_while_a_freeze_is_carried_also_stores_the_boundary_before_it(tmp_path: Path) -> None:
+    model = tiny_bert()
+    callback = FreezeCallback(FreezeOneThenTwo(LAYERS), decide_every=1, cache=True)
+    check = OlderHoldsTheNewer(callback)
+    args = arguments(tmp_path, remove_unused_columns=False, num_train_epochs=4)
+    Trainer(model=model, args=args, train_dataset=Indexed(), callbacks=[callback, check]).train()
+    assert [(e["step"], e["frozen"]) for e in callback.controller.events] == [(3, 1), (9, 2)]
+    cache = callback.cache
+    assert cache is not None and check.checked > 0  # boundary 1 was kept while boundary 2 filled
+    # boundary 2 was filled and carried until it held every sample, then boundary 1 was let go
+    assert cache.carried > 0 and check.held == [[1], [1, 2], [2], [2]]
+
+
 def test_the_cache_refuses_random_augmentation_unless_views_and_batches_without_the_index(tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="cache_views=V"):
         FreezeCallback(cache=True, augmentation="random")

@@ -4,28 +4,31 @@ cached output.
 It needs a stable sample index in every training batch (``index_key``, default ``"idx"``: the sample's position in
 the training set, e.g. ``datasets``' ``map(lambda e, i: {"idx": i}, with_indices=True)``). Per training batch:
 
-    fill:   a batch with any id not cached at the frozen boundary ``b`` runs the model's own forward on all its
-            rows (one shape: the training batch's), in eval mode and without gradients, stopped right after block
-            ``b - 1``; its output serves the batch and is stored in an :class:`~elastic_pipe.cache.ActivationCache`
-            under (sample id, ``b``) for every row (a hit's entry is written again, from the same frozen blocks)
-    serve:  the batch's forward then runs with the frozen modules stubbed out: each returns zeros shaped like its
-            output at the fill (nothing reads them), block ``b - 1`` returns the batch's cached outputs; everything
-            the model computes outside the blocks (masks, positions) and every block after ``b - 1`` runs as usual
+    fill:   a batch with any id not cached at the frozen boundary ``b`` runs its training step's forward with
+            the frozen blocks in eval mode (one fixed value per sample; they run without gradients, since nothing
+            before them trains), and block ``b - 1``'s output is stored in an
+            :class:`~elastic_pipe.cache.ActivationCache` under (sample id, ``b``) as it passes: the frozen blocks
+            run once on the batch, at the training batch's size, as they would without a cache
+    serve:  a batch cached whole at ``b`` runs its forward with the frozen modules stubbed out: each returns zeros
+            shaped like its output at a fill (nothing reads them), block ``b - 1`` returns the batch's cached
+            outputs; everything the model computes outside the blocks (masks, positions) and every block after
+            ``b - 1`` runs as usual
 
-A boundary's first fill runs the whole forward on its rows instead of stopping, then again served from the outputs
-it just stored, and the two model outputs must agree: a model that passes on more than a block's output (a
-residual sum outside the blocks) is refused with an IntegrationError instead of being trained on wrong inputs.
+A boundary's first fill runs a forward of its own instead (the model's forward on the batch, in eval mode and
+without gradients), then again served from the outputs it just stored, and the two model outputs must agree: a
+model that passes on more than a block's output (a residual sum outside the blocks) is refused with an
+IntegrationError instead of being trained on wrong inputs. Only a checked boundary is served.
 
 So a frozen module computes each sample once per boundary, and again for a hit in a batch with a miss: on one
 H100 a forward over a batch's misses alone, of a new size at nearly every step, cost 50-120 ms a step on MiniLM-L6
 (``docs/benchmarks.md``), more than recomputing the hits.
 
     carry:  after a freeze moves the boundary from ``a`` to ``b``, a batch whose samples all have entries at ``a``
-            is served from there: its forward runs blocks ``a .. b - 1`` (frozen, in eval mode, without
-            gradients) and block ``b - 1``'s output is stored at ``b`` as it passes. The entries at ``b`` cost no
-            forward of their own (extending ``a``'s entries apart from the steps would need each sample's side
-            inputs, such as its attention mask); once ``b`` holds every sample, ``a``'s entries are let go. Any
-            older boundary is dropped at a freeze, and with ``cache_views`` every freeze drops and fills.
+            is served from there: its forward runs blocks ``a .. b - 1`` (frozen, in eval mode) and block
+            ``b - 1``'s output is stored at ``b`` as it passes. A fill while ``a`` is kept also stores block
+            ``a - 1``'s output at ``a``, so that more of the epoch's later batches are whole there. Once ``b``
+            holds every sample, ``a``'s entries are let go. Any older boundary is dropped at a freeze, and with
+            ``cache_views`` every freeze drops and fills.
 The cache lives in the training process's memory, on the model's device, and is not saved with a checkpoint: a
 resumed run fills it again. Two limits: the blocks' outputs must be everything the model passes on (true of the
 Hugging Face and torchvision blocks, whose residual sums are inside the block), and every sample's boundary output
@@ -64,10 +67,6 @@ SERVED_RTOL = 1e-3
 
 #: Names of random transforms (torchvision's ``RandomResizedCrop``, ``RandomHorizontalFlip``, ...).
 _RANDOM_TRANSFORM = re.compile(r"\bRandom[A-Z]\w*")
-
-
-class _Stop(Exception):
-    """Raised by the boundary block's hook during a fill: the rest of the forward is not needed."""
 
 
 @dataclass(frozen=True)
@@ -204,10 +203,11 @@ class PrefixCache:
         self.carried = 0
         self._epoch = 0
         self._older = 0  # the boundary before the last freeze, served while the new one is carried from it
+        self._held = 0  # samples with an entry at ``boundary`` (the count ``put`` returns)
         self._batch: torch.Tensor | None = None  # the boundary outputs of the batch being served
         self._served: frozenset[int] = frozenset()  # the modules the batch being served skips
         self._last: nn.Module | None = None  # the one of them that returns ``_batch``
-        self._carry: tuple[Any, list[tuple[nn.Module, bool]]] | None = None  # hook and modes of a carry under way
+        self._pass: tuple[list[Any], list[tuple[nn.Module, bool]]] | None = None  # hooks and modes of a step's store
         self._skeletons: dict[int, Any] = {}
         self._stubbed: dict[int, nn.Module] = {}
         self._filling = False
@@ -279,13 +279,13 @@ class PrefixCache:
         carried from them by the steps, see :meth:`prepare`) and drop any older ones."""
         if frozen == self.boundary:
             return
-        self._end_carry()
+        self._end_pass()
         keep = self.boundary if self._carries_from(self.boundary, frozen) else 0
         if self.cache is not None:
             for boundary in self.cache.boundaries():
                 if boundary != keep:
                     self.cache.drop(boundary)
-        self._older, self.boundary = keep, frozen
+        self._older, self.boundary, self._held = keep, frozen, 0
         for module in self._need_blocks().modules(0, frozen):
             if id(module) not in self._stubbed:
                 self._stub(module)
@@ -296,9 +296,9 @@ class PrefixCache:
             del module.forward
         self._stubbed.clear()
         self._skeletons.clear()
-        self._end_carry()
+        self._end_pass()
         self._batch = None
-        self.boundary = self._older = 0  # a later run stubs its frozen modules again
+        self.boundary = self._older = self._held = 0  # a later run stubs its frozen modules again
         self._verified.clear()
         if self.cache is not None:
             self.cache.close()
@@ -307,16 +307,17 @@ class PrefixCache:
     # -- per batch -----------------------------------------------------------------------------------------------
 
     def prepare(self, ids: torch.Tensor, run: Callable[[], object]) -> None:
-        """Before a training batch's forward: serve the batch's boundary outputs, filling or carrying them first.
+        """Before a training batch's forward: serve the batch's boundary outputs, or store them as it runs.
 
-        A batch cached whole at the boundary is served from it. After a freeze, a batch cached whole at the
-        boundary before it is served from there instead: its forward runs the newly frozen blocks (in eval mode,
-        without gradients, as a fill does) and their output is stored at the new boundary as it passes, so the
-        carry costs no forward of its own. Any other batch is filled: it runs whole, at the training batch's size.
+        A batch cached whole at the (checked) boundary is served from it. After a freeze, a batch cached whole at
+        the boundary before it is served from there instead, and the newly frozen blocks' output is stored at the
+        new boundary as the forward passes it (a carry). Any other batch fills in its own forward: the frozen
+        blocks run in eval mode and block ``boundary - 1``'s output is stored as it passes. A boundary's first
+        fill runs a forward of its own to check the served path first (see the module's docstring).
 
         Args:
             ids: the batch's sample indices (1-D, CPU).
-            run: runs the model's forward on the batch (a fill runs it whole when any sample misses).
+            run: runs the model's forward on the batch (for a boundary's first fill).
 
         Raises:
             IntegrationError: an index outside the training set, a boundary output whose shape differs from the
@@ -326,27 +327,32 @@ class PrefixCache:
         if self.boundary == 0:
             return
         try:
-            lookup = self.cache.get(ids, self.boundary) if self.cache is not None else None
+            values = self._whole(ids, self.boundary) if self.boundary in self._verified else None
         except ep_cache.CacheError as exc:
             raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
-        if lookup is not None and bool(lookup.hit.all()) and self.boundary in self._verified:
-            self._serve(self.boundary, lookup.values)
-            return
-        if self._older and self.cache is not None:
-            older = self.cache.get(ids, self._older)
-            if bool(older.hit.all()):
-                self._serve(self._older, older.values)
-                self._carry_into(ids)
-                return
-        # any miss: the whole batch runs, so that every forward has the training batch's size (a forward over a
-        # batch's misses alone meets a new shape at nearly every step, each costing the GPU's kernel setup again)
-        self._serve(self.boundary, self._fill(ids, run))
+        if values is not None:
+            self._serve(self.boundary, values)
+        elif self._older and (values := self._whole(ids, self._older)) is not None:
+            self._serve(self._older, values)
+            self._pass_through(ids, self._older)
+        elif self.boundary in self._verified:
+            self._pass_through(ids, 0)
+        else:
+            self._serve(self.boundary, self._first_fill(ids, run))
 
     def release(self) -> None:
         """After a training batch's forward (or for any forward that is not one): the modules compute again."""
-        if not self._filling:  # a fill's own forwards (through the model's hooks) keep what it serves
+        if not self._filling:  # a first fill's own forwards (through the model's hooks) keep what it serves
             self._batch = None
-            self._end_carry()
+            self._end_pass()
+
+    def _whole(self, ids: torch.Tensor, boundary: int) -> torch.Tensor | None:
+        """The batch's entries at ``boundary`` when it holds all of them, else None (a partial batch reads and
+        counts nothing: the index alone says so)."""
+        if self.cache is None or not bool(self.cache.cached(ids, boundary).all()):
+            return None
+        lookup = self.cache.get(ids, boundary)
+        return lookup.values if bool(lookup.hit.all()) else None
 
     def _serve(self, boundary: int, values: torch.Tensor) -> None:
         """Serve ``values`` (the outputs of block ``boundary - 1``) to the next forward, skipping blocks before it."""
@@ -366,38 +372,47 @@ class PrefixCache:
             and old in self.cache.boundaries()
         )
 
-    def _carry_into(self, ids: torch.Tensor) -> None:
-        """During the next forward (served at ``_older``), store block ``boundary - 1``'s output for ``ids``."""
+    def _pass_through(self, ids: torch.Tensor, start: int) -> None:
+        """During the next forward, run the frozen blocks ``start .. boundary - 1`` in eval mode (one fixed value
+        per sample, as a first fill computes them) and store block ``boundary - 1``'s output for ``ids`` as it
+        passes; from the inputs (``start`` 0) also block ``_older - 1``'s, while that boundary is kept."""
         blocks = self._need_blocks()
-        modes = [(m, m.training) for m in blocks.modules(self._older, self.boundary)]
+        modes = [(m, m.training) for unit in blocks.modules(start, self.boundary) for m in unit.modules()]
         for module, _ in modes:
-            module.eval()  # as a fill computes its entries: one fixed value per sample
-        rows = ids.numel()
+            module.training = False  # each module's own flag: put back as it was, not the block's
+        rows, outputs = ids.numel(), blocks.outputs()
+        targets = [self.boundary] + ([self._older] if start == 0 and self._older else [])
 
-        def store(_module: nn.Module, _args: object, output: object) -> None:
-            self._end_carry()
-            h = first_tensor(output)
-            if h is None or h.shape[0] != rows:
-                raise IntegrationError(
-                    f"cache: block {self.boundary - 1} ({blocks.where}) returned no tensor with {rows} rows"
-                )
-            self._store(ids, h.detach())
-            self.carried += rows
-            assert self.cache is not None
-            if bool(self.cache.cached(torch.arange(self.num_samples), self.boundary).all()):
-                self.cache.drop(self._older)  # the new boundary holds every sample: the old one has served
-                self._older = 0
+        def hook(boundary: int) -> Callable[[nn.Module, object, object], None]:
+            def store(_module: nn.Module, _args: object, output: object) -> None:
+                if boundary == self.boundary:
+                    self._end_pass()  # the last frozen block: the rest of the forward trains as usual
+                h = first_tensor(output)
+                if h is None or h.shape[0] != rows:
+                    raise IntegrationError(
+                        f"cache: block {boundary - 1} ({blocks.where}) returned no tensor with {rows} rows"
+                    )
+                self._store(ids, h.detach(), boundary)
+                if boundary == self.boundary:
+                    if start:
+                        self.carried += rows
+                    else:
+                        self.filled += rows
 
-        self._carry = (blocks.outputs()[self.boundary - 1].register_forward_hook(store), modes)
+            return store
 
-    def _end_carry(self) -> None:
-        if self._carry is None:
+        handles = [outputs[b - 1].register_forward_hook(hook(b)) for b in targets]
+        self._pass = (handles, modes)
+
+    def _end_pass(self) -> None:
+        if self._pass is None:
             return
-        handle, modes = self._carry
-        self._carry = None
-        handle.remove()
+        handles, modes = self._pass
+        self._pass = None
+        for handle in handles:
+            handle.remove()
         for module, was in modes:
-            module.train(was)
+            module.training = was
 
     def _check_served(self, real: object, served: object) -> None:
         """The model's output on a fill's rows, computed through the frozen blocks and served from their cached
@@ -414,22 +429,22 @@ class PrefixCache:
                 "sum outside the blocks (h = h + block(h)) needs blocks that hold it, or cache=False"
             )
 
-    def _fill(self, ids: torch.Tensor, run: Callable[[], object]) -> torch.Tensor:
+    def _first_fill(self, ids: torch.Tensor, run: Callable[[], object]) -> torch.Tensor:
+        """A boundary's first fill: the batch's forward in eval mode and without gradients (the frozen modules'
+        output shapes recorded for their stubs), then again served from the outputs it stored; the two model
+        outputs must agree (:meth:`_check_served`)."""
         blocks, root = self._need_blocks(), self.root
         assert root is not None
         rows = ids.numel()
         last = blocks.outputs()[self.boundary - 1]
+        older = blocks.outputs()[self._older - 1] if self._older else None
         captured: list[torch.Tensor] = []
-        verify = self.boundary not in self._verified  # a boundary's first fill runs on and checks the served path
+        at_older: list[torch.Tensor] = []  # block ``_older - 1``'s output, stored there too (see _pass_through)
 
         def record(module: nn.Module, _args: object, output: object) -> None:
+            if (module is last or module is older) and (h := first_tensor(output)) is not None:
+                (captured if module is last else at_older).append(h.detach())
             self._skeletons[id(module)] = _skeleton(output, rows)
-            if module is last:
-                h = first_tensor(output)
-                if h is not None:
-                    captured.append(h.detach())
-                if not verify:
-                    raise _Stop
 
         handles = [m.register_forward_hook(record) for m in blocks.modules(0, self.boundary)]
         was = root.training
@@ -439,12 +454,10 @@ class PrefixCache:
             with torch.no_grad():
                 try:
                     real = run()
-                except _Stop:
-                    real = None
                 finally:
                     for handle in handles:
                         handle.remove()
-                if verify and captured:
+                if captured:
                     self._serve(self.boundary, captured[0])
                     self._check_served(real, run())
                     self._verified.add(self.boundary)
@@ -462,21 +475,29 @@ class PrefixCache:
                 "the batch dimension first"
             )
         self.filled += rows
-        self._store(ids, values)
+        if at_older and at_older[0].shape[0] == rows:
+            self._store(ids, at_older[0], self._older)
+        self._store(ids, values, self.boundary)
         return values
 
-    def _store(self, ids: torch.Tensor, values: torch.Tensor) -> None:
+    def _store(self, ids: torch.Tensor, values: torch.Tensor, boundary: int) -> None:
+        """Store ``values`` at ``boundary``; once the current boundary holds every sample, let the older one go."""
         if self.cache is None:
             entry = math.prod(values.shape[1:]) * values.element_size()
             self.cache = self.settings.build(self.num_samples, entry, values.device)
             self.cache.set_epoch(self._epoch)
         try:
-            self.cache.put(ids, self.boundary, values)
+            stored = self.cache.put(ids, boundary, values)
         except ep_cache.CacheError as exc:
             raise IntegrationError(
                 f"cache: {exc}; expected every sample's boundary output to have one shape (pad the samples to a "
                 "fixed length) and indices in [0, len(training set))"
             ) from None
+        if boundary == self.boundary:
+            self._held += stored
+            if self._older and self._held >= self.num_samples:
+                self.cache.drop(self._older)  # the new boundary holds every sample: the old one has served
+                self._older = 0
 
     def _stub(self, module: nn.Module) -> None:
         original = module.forward
