@@ -7,6 +7,8 @@ Arms (every seed runs them in turn, one job):
 * ``freeze`` - ``FreezeCallback(cache=True)``: the default policy (drift) decides four times per
   epoch, frozen blocks leave the optimizer and run once per sample (the frozen-prefix cache, keyed by the
   dataset position);
+* ``freeze_nocache`` - ``FreezeCallback(cache=False)``: the same freezes, the frozen blocks run forward in every
+  step (what the cache adds is ``freeze`` against this arm; not in the default ``--arms``);
 * ``lora`` - HF peft LoRA, r 8 on the attention's query and value (the new head trains in full), at its own rate
   (``--lora-lr``, default 1e-3: the rate benchmarks/time_to_accuracy.py's tuning chose for LoRA on this task).
 
@@ -53,7 +55,8 @@ from elastic_pipe.data import load_bbcnews
 from elastic_pipe.models import minilm_dir, minilm_tokenize
 from elastic_pipe.models.minilm import MINILM_PAD_ID
 
-ARMS = ("none", "freeze", "lora")
+ARMS = ("none", "freeze", "freeze_nocache", "lora")
+DEFAULT_ARMS = ("none", "freeze", "lora")
 #: LoRA as peft's sequence-classification recipe: rank 8 on the attention's query and value projections.
 LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.1, "target_modules": ["query", "value"]}
 #: The study's MiniLM settings (benchmarks/bench_freeze_accuracy.py): batch 32, lr 5e-5, 4 epochs.
@@ -174,8 +177,8 @@ def train_hf(model: torch.nn.Module, arm: str, seed: int, data: dict[str, Any], 
             dataloader_num_workers=0,
             remove_unused_columns=False,  # the freeze arm's idx reaches the callback
         )
-        callback = FreezeCallback(cache=True) if arm == "freeze" else None
-        train, val = Docs(*data["train"], indexed=callback is not None), Docs(*data["val"])
+        callback = FreezeCallback(cache=arm == "freeze") if arm.startswith("freeze") else None
+        train, val = Docs(*data["train"], indexed=arm == "freeze"), Docs(*data["val"])
         callbacks = [callback] if callback else []
         Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, callbacks=callbacks).train()
     return callback
@@ -210,8 +213,8 @@ def train_lightning(model: torch.nn.Module, arm: str, seed: int, data: dict[str,
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
     pl.seed_everything(seed, verbose=False)
-    callback = FreezeCallback(cache=True) if arm == "freeze" else None
-    train = Docs(*data["train"], indexed=callback is not None)
+    callback = FreezeCallback(cache=arm == "freeze") if arm.startswith("freeze") else None
+    train = Docs(*data["train"], indexed=arm == "freeze")
     loader = torch.utils.data.DataLoader(train, batch_size=BATCH, shuffle=True)
     val = torch.utils.data.DataLoader(Docs(*data["val"]), batch_size=EVAL_BATCH)
     cuda = torch.cuda.is_available()
@@ -267,6 +270,7 @@ def run(arm: str, seed: int, data: dict[str, Any], opts: argparse.Namespace, dev
     if callback is not None:
         events = callback.controller.events
         result["freezes"] = [(e["step"], e["frozen"]) for e in events]
+    if callback is not None and callback.cache is not None:
         result["prefix_rows_computed_by_cache_fills"] = callback.cache.filled
         result["prefix_rows_carried_by_steps"] = callback.cache.carried
     return result
@@ -296,6 +300,7 @@ def summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -
         )
     if "freezes" in runs[0]:
         out["freezes_by_seed"] = [r["freezes"] for r in runs]
+    if "prefix_rows_computed_by_cache_fills" in runs[0]:
         out["prefix_rows_filled_by_seed"] = [r["prefix_rows_computed_by_cache_fills"] for r in runs]
         out["prefix_rows_carried_by_seed"] = [r["prefix_rows_carried_by_steps"] for r in runs]
     return out
@@ -304,7 +309,7 @@ def summary(runs: list[dict[str, Any]], baseline: list[dict[str, Any]] | None) -
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--trainer", choices=("hf", "lightning"), default="hf")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"a comma list of {ARMS}")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"a comma list of {ARMS}")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--seq", type=int, default=256, help="word pieces per article (padded and truncated)")
