@@ -1814,6 +1814,9 @@ HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer ca
 HF100_FA9 = "gpu_1xh100_hf_callback_fa9d952.json"  # the same job at fa9d952, another H100 (history)
 HF100_AB_OLD = "gpu_1xh100_hf_callback_ab_cd074b1.json"  # cd074b1's src/ and 2d73ab9's on one warm machine
 HF100_AB_NEW = "gpu_1xh100_hf_callback_ab_2d73ab9.json"
+HF100_RERUN = "gpu_1xh100_hf_callback_rerun.json"  # the same three arms again, another H100, at 40a48ef
+HF100_NOCACHE = "gpu_1xh100_hf_callback_nocache.json"  # the callback with and without its cache, one job
+HF100_SEQ512 = "gpu_1xh100_hf_callback_seq512.json"  # the three arms at 512 word pieces
 HF100_598 = "gpu_1xh100_hf_callback_59838aa.json"  # the same job at 59838aa, before the carry (history)
 HF100_E07 = "gpu_1xh100_hf_callback_e077353.json"  # the same job at e077353 (history)
 HF100_823 = "gpu_1xh100_hf_callback_82391b3.json"  # the same job at 82391b3, without warm-up epochs (history)
@@ -1834,6 +1837,43 @@ ROWS += [
     ("docs/integrations.md", "96.63%) | {} | 1.15x |", HF100, LC + "freeze.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "| 3.44 | {}x |", HF100, LC + "freeze.speedup_over_none", ".2f"),
     ("docs/integrations.md", "**not** 1.3x faster ({}x)", HF100, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "the callback {} in 5.43 s", HF100_RERUN, LC + "freeze.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "96.33% in {} s against 6.04 s", HF100_RERUN, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "5.43 s against {} s\n  (1.11x)", HF100_RERUN, LC + "none.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "(1.11x), LoRA 95.51% in {} s", HF100_RERUN, LC + "lora.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "6.04 s\n  ({}x), LoRA", HF100_RERUN, LC + "freeze.speedup_over_none", ".2f"),
+    (
+        "docs/integrations.md",
+        "`FreezeCallback(cache=False)` {} in",
+        HF100_NOCACHE,
+        LC + "freeze_nocache.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/integrations.md", "95.88% in {} s, `Freeze", HF100_NOCACHE, LC + "freeze_nocache.wall_seconds_mean", ".2f"),
+    (
+        "docs/integrations.md",
+        "`FreezeCallback(cache=True)` {} in 4.13",
+        HF100_NOCACHE,
+        LC + "freeze.accuracy_mean",
+        ".2%",
+    ),
+    ("docs/integrations.md", "96.33% in {} s, no callback", HF100_NOCACHE, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "no callback\n  {} s (1.26x", HF100_NOCACHE, LC + "none.wall_seconds_mean", ".2f"),
+    (
+        "docs/integrations.md",
+        "s ({}x and 1.38x in this job)",
+        HF100_NOCACHE,
+        LC + "freeze_nocache.speedup_over_none",
+        ".2f",
+    ),
+    ("docs/integrations.md", "(1.26x and {}x in this job)", HF100_NOCACHE, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "no callback\n  {} in 6.17 s", HF100_SEQ512, LC + "none.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "97.83% in {} s, the callback", HF100_SEQ512, LC + "none.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "the callback {} in 5.09 s", HF100_SEQ512, LC + "freeze.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "97.30% in {} s (1.21x)", HF100_SEQ512, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "5.09 s ({}x), LoRA 96.63%", HF100_SEQ512, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "LoRA {} in 6.24 s", HF100_SEQ512, LC + "lora.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "96.63% in {} s. No callback", HF100_SEQ512, LC + "lora.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "lr 1e-3) | {} (95.28%", HF100, LC + "lora.accuracy_mean", ".2%"),
     ("docs/integrations.md", "95.73%) | {} | 0.92x |", HF100, LC + "lora.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "| 4.30 | {}x |", HF100, LC + "lora.speedup_over_none", ".2f"),
