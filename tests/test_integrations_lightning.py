@@ -212,6 +212,30 @@ def test_a_freeze_is_carried_by_the_steps_served_from_the_boundary_before_it(tmp
         torch.testing.assert_close(a, c, msg=f"{name} differs with the carried cache")
 
 
+class CountCalls(pl.Callback):
+    """Calls of the LightningModule (its forward pre-hooks): training steps, validations and any fill's own."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl_module.register_forward_pre_hook(self._count)
+
+    def _count(self, *_: object) -> None:
+        self.calls += 1
+
+
+def test_a_fill_stores_the_boundary_in_the_steps_own_forward(tmp_path: Path) -> None:
+    callback = FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: 2}), blocks=net_blocks, cache=True, index_key=2)
+    count = CountCalls()
+    fit(tmp_path, callback, net=IndexedNet, extra=[count], devices=1)
+    steps, validations = 3 * SAMPLES // BATCH, 3
+    # epoch 1 fills boundary 2 in its steps' own forwards: only the boundary's first fill calls the module twice
+    # more (its forward, and again served from what it stored: the check)
+    assert count.calls == steps + validations + 2
+    assert callback.cache is not None and callback.cache.filled == SAMPLES
+
+
 class ResidualOutside(IndexedNet):
     """IndexedNet summing each block's output into the stream outside the block, as Net does."""
 
