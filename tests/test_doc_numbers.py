@@ -1810,6 +1810,36 @@ ROWS += [
     ("docs/schedule.md", "(load average {} at the start,", SCHED_CPU, "load_average.start", ".1f"),
     ("docs/schedule.md", "at the start, {} at the end)", SCHED_CPU, "load_average.end", ".1f"),
 ]
+OPS = "hf_callback_ops_cpu.json"  # docs/integrations.md: an HF Trainer step's operations by frozen blocks, CPU
+#: (frozen blocks, without the cache, its share, filled in the step, served, its share), as the table prints them
+OPS_TABLE = [
+    ("1", "1091", "88%", "1132", "1040", "84%"),
+    ("2", "972", "79%", "982", "852", "69%"),
+    ("3", "853", "69%", "832", "664", "54%"),
+    ("4", "734", "60%", "682", "476", "39%"),
+    ("5", "615", "50%", "532", "288", "23%"),
+]
+for k, nc, ns, fill, sv, ss in OPS_TABLE:
+    at = f"rows.{k}."
+    ROWS += [
+        ("docs/integrations.md", f"| {k} | {{}} ({ns}) | {fill} |", OPS, at + "nocache.ops_last_epoch", ".0f"),
+        ("docs/integrations.md", f"| {k} | {nc} ({{}}) | {fill} |", OPS, at + "nocache.share_of_full_step", ".0%"),
+        ("docs/integrations.md", f"({ns}) | {{}} | {sv} ({ss}) |", OPS, at + "cache.ops_by_epoch.1.min", ".0f"),
+        ("docs/integrations.md", f"| {fill} | {{}} ({ss}) |", OPS, at + "cache.ops_last_epoch", ".0f"),
+        ("docs/integrations.md", f"| {fill} | {sv} ({{}}) |", OPS, at + "cache.share_of_full_step", ".0%"),
+    ]
+ROWS += [
+    ("docs/integrations.md", "A step without the callback dispatches {} (the first", OPS, "ops_full_step", ".0f"),
+    ("docs/integrations.md", "the steps would dispatch {}x fewer", OPS, "schedule.without_cache_speedup", ".2f"),
+    (
+        "docs/integrations.md",
+        "without the cache, {}x if every one were filled",
+        OPS,
+        "schedule.every_step_filled_speedup",
+        ".2f",
+    ),
+    ("docs/integrations.md", "and {}x if every one were served", OPS, "schedule.every_step_served_speedup", ".2f"),
+]
 HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer callback on MiniLM, one H100
 HF100_FA9 = "gpu_1xh100_hf_callback_fa9d952.json"  # the same job at fa9d952, another H100 (history)
 HF100_AB_OLD = "gpu_1xh100_hf_callback_ab_cd074b1.json"  # cd074b1's src/ and 2d73ab9's on one warm machine
