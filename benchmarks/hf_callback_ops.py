@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from _report import emit, provenance  # benchmarks/gpu
@@ -51,27 +52,36 @@ class _Count(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def run(arm: str, frozen: int, data: dict[str, Any]) -> list[tuple[int, int]]:
-    """One run; returns (epoch, operations) per optimizer step."""
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+class OpsPerStep(TrainerCallback):
+    """A Trainer callback: the ATen operations each optimizer step dispatches (forward, backward, clipping, the
+    update, the other callbacks' work), as ``steps``: (epoch, operations) per step."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int]] = []
+        self._mode: _Count | None = None
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._mode = _Count()
+        self._mode.__enter__()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        assert self._mode is not None
+        self._mode.__exit__(None, None, None)
+        self.steps.append((int(state.epoch - 1e-9), self._mode.ops))
+
+    def by_epoch(self, epochs: int) -> dict[str, list[int]]:
+        """The steps' operations, by epoch."""
+        return {str(e): [ops for epoch, ops in self.steps if epoch == e] for e in range(epochs)}
+
+
+def run(arm: str, frozen: int, data: dict[str, Any]) -> dict[str, list[int]]:
+    """One run; returns the operations per optimizer step, by epoch."""
+    from transformers import Trainer, TrainingArguments
 
     from elastic_pipe.integrations.transformers import FreezeCallback
 
-    steps: list[tuple[int, int]] = []
-
-    class PerStep(TrainerCallback):
-        mode: _Count | None = None
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.mode = _Count()
-            self.mode.__enter__()
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            assert self.mode is not None
-            self.mode.__exit__(None, None, None)
-            steps.append((int(state.epoch - 1e-9), self.mode.ops))
-
-    callbacks: list[Any] = [PerStep()]
+    count = OpsPerStep()
+    callbacks: list[Any] = [count]
     if arm != "none":
         callbacks.insert(0, FreezeCallback(freeze.ManualSchedule(BLOCKS, {1: frozen}), cache=arm == "cache"))
     model = build("none", 0)
@@ -91,7 +101,7 @@ def run(arm: str, frozen: int, data: dict[str, Any]) -> list[tuple[int, int]]:
         )
         train = Docs(*data["train"], indexed=arm == "cache")
         Trainer(model=model, args=args, train_dataset=train, callbacks=callbacks).train()
-    return steps
+    return count.by_epoch(EPOCHS)
 
 
 def schedule_bounds(full: int, rows: dict[str, Any], schedule: dict[int, int], steps: int) -> dict[str, float]:
@@ -133,12 +143,11 @@ def main() -> None:
     data = bbc(opts.seq, opts.max_docs)
     rows: dict[str, Any] = {}
     full = run("none", 0, data)
-    baseline = sorted(ops for epoch, ops in full if epoch == EPOCHS - 1)[0]
+    baseline = min(full[str(EPOCHS - 1)])
     for frozen in range(1, BLOCKS):
         row: dict[str, Any] = {"frozen_blocks": frozen}
         for arm in ("nocache", "cache"):
-            steps = run(arm, frozen, data)
-            by_epoch = {str(e): [ops for epoch, ops in steps if epoch == e] for e in range(EPOCHS)}
+            by_epoch = run(arm, frozen, data)
             row[arm] = {"ops_by_epoch": by_epoch, "ops_last_epoch": min(by_epoch[str(EPOCHS - 1)])}
             row[arm]["share_of_full_step"] = row[arm]["ops_last_epoch"] / baseline
         rows[str(frozen)] = row
@@ -170,7 +179,7 @@ def main() -> None:
             "freeze_after_epoch": 1,
         },
         "ops_full_step": baseline,
-        "ops_by_epoch_full": {str(e): [ops for epoch, ops in full if epoch == e] for e in range(EPOCHS)},
+        "ops_by_epoch_full": full,
         "rows": rows,
         "schedule": {"freezes": schedule, "steps": opts.steps, **bounds},
         "job_seconds": time.perf_counter() - started,

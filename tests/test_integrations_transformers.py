@@ -22,6 +22,7 @@ from elastic_pipe import freeze
 from elastic_pipe.integrations import IntegrationError
 from elastic_pipe.integrations.transformers import PROBE_FILE, STATE_FILE, FreezeCallback
 from elastic_pipe.testing import RankContext, run_distributed
+from script_module import load_script
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
 
@@ -284,47 +285,23 @@ def test_a_fill_stores_the_boundary_in_the_steps_own_forward(tmp_path: Path) -> 
     assert callback.cache is not None and callback.cache.filled == SAMPLES and callback.cache.carried == 0
 
 
-class OpsPerStep(TrainerCallback):
-    """The ATen operations each optimizer step dispatches (forward, backward, update, the callbacks' own work)."""
-
-    def __init__(self) -> None:
-        self.steps = list[tuple[int, int]]()
-        self._mode: Any = None
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Count(TorchDispatchMode):
-            ops = 0
-
-            def __torch_dispatch__(self, func: Any, types: Any, a: Any = (), kw: Any = None) -> Any:
-                self.ops += 1
-                return func(*a, **(kw or {}))
-
-        self._mode = Count()
-        self._mode.__enter__()
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._mode.__exit__(None, None, None)
-        self.steps.append((int(state.epoch - 1e-9), self._mode.ops))
-
-
 def test_a_served_step_dispatches_fewer_operations_than_freezing_without_the_cache(tmp_path: Path) -> None:
+    script = load_script(Path("benchmarks/hf_callback_ops.py"))
     ops = {}
     for arm in ("none", "nocache", "cache"):
-        count = OpsPerStep()
+        count = script.OpsPerStep()  # benchmarks/hf_callback_ops.py's counter, at a tiny size
         callbacks: list[TrainerCallback] = [count]
         if arm != "none":
             callbacks.insert(0, FreezeCallback(freeze.ManualSchedule(LAYERS, {1: 3}), cache=arm == "cache"))
         args = arguments(tmp_path / arm, remove_unused_columns=False)
         data = Indexed() if arm == "cache" else Tokens()
         Trainer(model=tiny_bert(), args=args, train_dataset=data, callbacks=callbacks).train()
-        ops[arm] = {e: [n for epoch, n in count.steps if epoch == e] for e in range(3)}
+        ops[arm] = count.by_epoch(3)
     # host work, which is what a host-bound step on a GPU pays: 3 of 4 blocks frozen after epoch 0; without the
     # cache they still run forward; epoch 1 fills in its steps' own forwards (its first step also checks the
     # served path), epoch 2 is served and dispatches none of their work
-    full, nocache = max(ops["none"][2]), max(ops["nocache"][2])
-    filled, served = ops["cache"][1][1:], ops["cache"][2]
+    full, nocache = max(ops["none"]["2"]), max(ops["nocache"]["2"])
+    filled, served = ops["cache"]["1"][1:], ops["cache"]["2"]
     assert max(served) < nocache < full
     assert max(filled) < full and len(set(served)) == 1
     assert max(served) < 0.6 * full
