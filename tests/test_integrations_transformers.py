@@ -348,6 +348,40 @@ def test_a_fill_while_a_freeze_is_carried_also_stores_the_boundary_before_it(tmp
     assert cache.carried > 0 and check.held == [[1], [1, 2], [2], [2]]
 
 
+class BadIndexAfterTheFreeze(TrainerCallback):
+    """Right after the freeze to 2 blocks (boundary 1 kept, boundary 2 not yet checked): prepares a batch whose
+    index lies outside the training set, and keeps what it raised."""
+
+    def __init__(self, callback: FreezeCallback) -> None:
+        self.callback = callback
+        self.state: tuple[int, int, bool] | None = None
+        self.raised: BaseException | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        cache = self.callback.cache
+        if state.global_step != 9 or cache is None:
+            return
+        self.state = (cache.boundary, cache._older, cache.boundary in cache._verified)
+        try:
+            cache.prepare(torch.tensor([0, SAMPLES + 7]), lambda: None)
+        except Exception as exc:  # the test reads its type
+            self.raised = exc
+        finally:
+            cache.release()
+
+
+def test_a_batch_index_outside_the_training_set_right_after_a_freeze_is_named_by_the_callback(
+    tmp_path: Path,
+) -> None:
+    callback = FreezeCallback(FreezeOneThenTwo(LAYERS), decide_every=1, cache=True)
+    probe = BadIndexAfterTheFreeze(callback)
+    args = arguments(tmp_path, remove_unused_columns=False, num_train_epochs=2)
+    Trainer(model=tiny_bert(), args=args, train_dataset=Indexed(), callbacks=[callback, probe]).train()
+    assert probe.state == (2, 1, False)  # the lookup at the kept boundary is the one that reads the index
+    assert isinstance(probe.raised, IntegrationError), repr(probe.raised)
+    assert "idx" in str(probe.raised) and f"{SAMPLES + 7}" in str(probe.raised)
+
+
 def test_the_cache_refuses_random_augmentation_unless_views_and_batches_without_the_index(tmp_path: Path) -> None:
     with pytest.raises(IntegrationError, match="cache_views=V"):
         FreezeCallback(cache=True, augmentation="random")

@@ -326,14 +326,15 @@ class PrefixCache:
         self._batch = None
         if self.boundary == 0:
             return
-        try:
+        try:  # both lookups: an index outside the training set is named the same way at either boundary
             values = self._whole(ids, self.boundary) if self.boundary in self._verified else None
+            older = self._whole(ids, self._older) if values is None and self._older else None
         except ep_cache.CacheError as exc:
             raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
         if values is not None:
             self._serve(self.boundary, values)
-        elif self._older and (values := self._whole(ids, self._older)) is not None:
-            self._serve(self._older, values)
+        elif older is not None:
+            self._serve(self._older, older)
             self._pass_through(ids, self._older)
         elif self.boundary in self._verified:
             self._pass_through(ids, 0)
