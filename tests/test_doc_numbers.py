@@ -122,8 +122,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     # README: the default policy on BBC News, re-measured by headline.sh
     ("README.md", "ends at {} held-out accuracy", HEADLINE_POLICY, BBC + "drift.accuracy_mean", ".2%"),
     ("README.md", "accuracy against {} without freezing", HEADLINE_POLICY, BBC + "none.accuracy_mean", ".2%"),
-    ("README.md", "in {} s against 3.15 s", HEADLINE_POLICY, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
-    ("README.md", "s against {} s (1.36x:", HEADLINE_POLICY, BBC + "none.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "in {} s against 3.91 s", HEADLINE_POLICY, BBC + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "s against {} s (1.34x:", HEADLINE_POLICY, BBC + "none.wall_seconds_by_seed.median", ".2f"),
     ("README.md", "alpha = 1/3 ends at {} in", HEADLINE_POLICY, BBC + "alpha=1/3.accuracy_mean", ".2%"),
     ("README.md", "95.88% in {} s", HEADLINE_POLICY, BBC + "alpha=1/3.wall_seconds_by_seed.median", ".2f"),
     (
@@ -150,10 +150,10 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     # README and docs/benchmarks.md: the default policy on vit_digits, re-measured by headline.sh
     ("README.md", "the default ends at {} against 94.89%", HEADLINE_POLICY_DIGITS, SD + "drift.accuracy_mean", ".2%"),
     ("README.md", "ends at 94.61% against {} in", HEADLINE_POLICY_DIGITS, SD + "none.accuracy_mean", ".2%"),
-    ("README.md", "in {} s against\n  3.52 s", HEADLINE_POLICY_DIGITS, SD + "drift.wall_seconds_by_seed.median", ".2f"),
-    ("README.md", "against\n  {} s (1.17x)", HEADLINE_POLICY_DIGITS, SD + "none.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "in {} s against\n  5.16 s", HEADLINE_POLICY_DIGITS, SD + "drift.wall_seconds_by_seed.median", ".2f"),
+    ("README.md", "against\n  {} s (1.12x)", HEADLINE_POLICY_DIGITS, SD + "none.wall_seconds_by_seed.median", ".2f"),
     ("README.md", "alpha = 1/3 at {}. On small", HEADLINE_POLICY_DIGITS, SD + "alpha=1/3.accuracy_mean", ".2%"),
-    ("docs/benchmarks.md", "no freezing {} in\n3.52 s", HEADLINE_POLICY_DIGITS, SD + "none.accuracy_mean", ".2%"),
+    ("docs/benchmarks.md", "no freezing {} in\n5.16 s", HEADLINE_POLICY_DIGITS, SD + "none.accuracy_mean", ".2%"),
     (
         "docs/benchmarks.md",
         "94.89% in\n{} s, `drift`",
@@ -161,7 +161,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         SD + "none.wall_seconds_by_seed.median",
         ".2f",
     ),
-    ("docs/benchmarks.md", "`drift` {} in 3.01 s", HEADLINE_POLICY_DIGITS, SD + "drift.accuracy_mean", ".2%"),
+    ("docs/benchmarks.md", "`drift` {} in 4.62 s", HEADLINE_POLICY_DIGITS, SD + "drift.accuracy_mean", ".2%"),
     (
         "docs/benchmarks.md",
         "94.61% in {} s, alpha",
@@ -169,7 +169,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         SD + "drift.wall_seconds_by_seed.median",
         ".2f",
     ),
-    ("docs/benchmarks.md", "alpha = 1/3 {} in 1.30 s", HEADLINE_POLICY_DIGITS, SD + "alpha=1/3.accuracy_mean", ".2%"),
+    ("docs/benchmarks.md", "alpha = 1/3 {} in 1.91 s", HEADLINE_POLICY_DIGITS, SD + "alpha=1/3.accuracy_mean", ".2%"),
     (
         "docs/benchmarks.md",
         "83.29% in {} s. At e077353",
@@ -327,8 +327,8 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ),
     # docs/benchmarks.md: the headline at 2d73ab9 (one H100)
     ("docs/benchmarks.md", "| plain eager | {} | 0.00 |", HEADLINE, S30 + "arms.plain_eager.total_s", ".2f"),
-    ("docs/benchmarks.md", "| plain compiled | {} | 21.62 |", HEADLINE, S30 + "arms.plain_compiled.total_s", ".2f"),
-    ("docs/benchmarks.md", "| plain compiled | 68.65 | {} |", HEADLINE, S30 + "arms.plain_compiled.compile_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | {} | 21.28 |", HEADLINE, S30 + "arms.plain_compiled.total_s", ".2f"),
+    ("docs/benchmarks.md", "| plain compiled | 68.10 | {} |", HEADLINE, S30 + "arms.plain_compiled.compile_s", ".2f"),
     (
         "docs/benchmarks.md",
         "| static eager (no freezing) | {} | 0.00 |",
@@ -345,21 +345,21 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ),
     (
         "docs/benchmarks.md",
-        "| elastic compiled + CUDA graphs | {} | 6.71 |",
+        "| elastic compiled + CUDA graphs | {} | 7.96 |",
         HEADLINE,
         S30 + "arms.elastic_compiled_graphs.total_s",
         ".2f",
     ),
     (
         "docs/benchmarks.md",
-        "| elastic compiled + CUDA graphs | 22.79 | {} |",
+        "| elastic compiled + CUDA graphs | 24.35 | {} |",
         HEADLINE,
         S30 + "arms.elastic_compiled_graphs.compile_s",
         ".2f",
     ),
     (
         "docs/benchmarks.md",
-        "plain eager **{}x** (target 3.2x: met)",
+        "plain eager **{}x** (target 3.2x: missed by 0.02x",
         HEADLINE,
         S30 + "speedup_elastic_over_plain_eager",
         ".2f",
@@ -371,10 +371,10 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         S30 + "speedup_elastic_over_plain_compiled",
         ".2f",
     ),
-    ("docs/benchmarks.md", "**{} of the 3.80x ideal** (target 0.9: missed", HEADLINE, S30 + "fraction_of_ideal", ".3f"),
+    ("docs/benchmarks.md", "**{} of the 3.81x ideal** (target 0.9: missed", HEADLINE, S30 + "fraction_of_ideal", ".3f"),
     (
         "docs/benchmarks.md",
-        "**0.868 of the {}x ideal** (target 0.9: missed",
+        "**0.848 of the {}x ideal** (target 0.9: missed",
         HEADLINE,
         S30 + "ideal.ideal_speedup",
         ".2f",
@@ -409,7 +409,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
     ),
     (
         "docs/benchmarks.md",
-        "(target 0.9: missed; {} of the 3.44x",
+        "(target 0.9: missed; {} of the 3.45x",
         HEADLINE,
         S30 + "fraction_of_ideal_by_arm.elastic_eager.of_ideal_with_cache_fill",
         ".3f",
@@ -1528,11 +1528,11 @@ ROWS += [
     ),
     ("README.md", "against {} without freezing (it", TTA_DIGITS, TA + "elastic-none.accuracy_mean", ".2%"),
     ("README.md", "target of {} on 2 of 3 seeds", TTA_DIGITS, "target", ".2%"),
-    ("README.md", "(in {} s and 6.6 s, where", TTA_DIGITS, TA + "elastic-default.time_to_target_by_seed.0", ".1f"),
+    ("README.md", "(in {} s and 7.3 s, where", TTA_DIGITS, TA + "elastic-default.time_to_target_by_seed.0", ".1f"),
     ("README.md", "s and {} s, where the compiled", TTA_DIGITS, TA + "elastic-default.time_to_target_by_seed.2", ".1f"),
     ("README.md", "LoRA\n  on qkv {} s)", TTA_DIGITS, TA + "lora-qkv-r8.time_to_target_mean", ".1f"),
     ("README.md", "the compiled loop needs {} s on average", TTA_DIGITS, TA + "compiled.time_to_target_mean", ".1f"),
-    ("README.md", "and takes {} s in total against 9.5", TTA_DIGITS, TA + "elastic-default.total_seconds_mean", ".1f"),
+    ("README.md", "and takes {} s in total against 9.9", TTA_DIGITS, TA + "elastic-default.total_seconds_mean", ".1f"),
     (
         "README.md",
         "in total against {} s without freezing. On MiniLM",
@@ -1635,14 +1635,14 @@ ROWS += [
     ),
     (
         "docs/time_to_accuracy.md",
-        "in {} s and 6.6 s: 3.2x",
+        "in {} s and 7.3 s: 3.3x",
         TTA_DIGITS,
         TA + "elastic-default.time_to_target_by_seed.0",
         ".1f",
     ),
     (
         "docs/time_to_accuracy.md",
-        "6.6 s and {} s: 3.2x",
+        "7.0 s and {} s: 3.3x",
         TTA_DIGITS,
         TA + "elastic-default.time_to_target_by_seed.2",
         ".1f",
@@ -1677,7 +1677,7 @@ ROWS += [
     ),
     (
         "docs/time_to_accuracy.md",
-        "every seed, in\n  {} s on the mean: 3.33x",
+        "every seed, in\n  {} s on the mean: 3.43x",
         TTA_BBC,
         TA + "elastic-default.time_to_target_mean",
         ".1f",
@@ -1698,7 +1698,7 @@ ROWS += [
     ),
     (
         "docs/time_to_accuracy.md",
-        "on (a) {} s in total against 6.1 s",
+        "on (a) {} s in total against 5.7 s",
         TTA_BBC,
         TA + "elastic-default.total_seconds_mean",
         ".1f",
@@ -1712,14 +1712,14 @@ ROWS += [
     ),
     (
         "docs/time_to_accuracy.md",
-        "on (b) {} s against 9.5 s",
+        "on (b) {} s against 9.9 s",
         TTA_DIGITS,
         TA + "elastic-default.total_seconds_mean",
         ".1f",
     ),
     (
         "docs/time_to_accuracy.md",
-        "7.5 s against {} s (7.6 s",
+        "7.9 s against {} s (7.5 s",
         TTA_DIGITS,
         TA + "elastic-none.total_seconds_mean",
         ".1f",
@@ -1842,6 +1842,7 @@ ROWS += [
 ]
 HF100 = "gpu_1xh100_hf_callback.json"  # docs/integrations.md: the HF Trainer callback on MiniLM, one H100
 HF100_FA9 = "gpu_1xh100_hf_callback_fa9d952.json"  # the same job at fa9d952, another H100 (history)
+HF100_2D7 = "gpu_1xh100_hf_callback_2d73ab9.json"  # the same job at 2d73ab9, another H100 (history)
 HF100_AB_OLD = "gpu_1xh100_hf_callback_ab_cd074b1.json"  # cd074b1's src/ and 2d73ab9's on one warm machine
 HF100_AB_NEW = "gpu_1xh100_hf_callback_ab_2d73ab9.json"
 HF100_RERUN = "gpu_1xh100_hf_callback_rerun.json"  # the same three arms again, another H100, at 40a48ef
@@ -1857,16 +1858,16 @@ ROWS += [
     ("README.md", "the\ncallback ends at {} held-out", HF100, LC + "freeze.accuracy_mean", ".2%"),
     ("README.md", "accuracy against {} without it", HF100, LC + "none.accuracy_mean", ".2%"),
     ("README.md", "without it, in {} s against", HF100, LC + "freeze.wall_seconds_mean", ".2f"),
-    ("README.md", "s against {} s (1.15x; peft", HF100, LC + "none.wall_seconds_mean", ".2f"),
-    ("README.md", "3.97 s ({}x; peft", HF100, LC + "freeze.speedup_over_none", ".2f"),
-    ("README.md", "LoRA:\n{} in 4.30 s)", HF100, LC + "lora.accuracy_mean", ".2%"),
+    ("README.md", "s against {} s (1.17x; peft", HF100, LC + "none.wall_seconds_mean", ".2f"),
+    ("README.md", "4.70 s ({}x; peft", HF100, LC + "freeze.speedup_over_none", ".2f"),
+    ("README.md", "LoRA:\n{} in 5.52 s)", HF100, LC + "lora.accuracy_mean", ".2%"),
     ("README.md", "95.51% in {} s).", HF100, LC + "lora.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "| no callback | {} (96.63%", HF100, LC + "none.accuracy_mean", ".2%"),
     ("docs/integrations.md", "96.85%) | {} | - |", HF100, LC + "none.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "| `FreezeCallback(cache=True)` | {} (95.96%", HF100, LC + "freeze.accuracy_mean", ".2%"),
-    ("docs/integrations.md", "96.63%) | {} | 1.15x |", HF100, LC + "freeze.wall_seconds_mean", ".2f"),
-    ("docs/integrations.md", "| 3.44 | {}x |", HF100, LC + "freeze.speedup_over_none", ".2f"),
-    ("docs/integrations.md", "**not** 1.3x faster ({}x)", HF100, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "96.63%) | {} | 1.17x |", HF100, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "| 4.02 | {}x |", HF100, LC + "freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "**not** 1.3x faster ({}x:", HF100, LC + "freeze.speedup_over_none", ".2f"),
     ("docs/integrations.md", "the callback {} in 5.43 s", HF100_RERUN, LC + "freeze.accuracy_mean", ".2%"),
     ("docs/integrations.md", "96.33% in {} s against 6.04 s", HF100_RERUN, LC + "freeze.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "5.43 s against {} s\n  (1.11x)", HF100_RERUN, LC + "none.wall_seconds_mean", ".2f"),
@@ -1905,10 +1906,10 @@ ROWS += [
     ("docs/integrations.md", "LoRA {} in 6.24 s", HF100_SEQ512, LC + "lora.accuracy_mean", ".2%"),
     ("docs/integrations.md", "96.63% in {} s. No callback", HF100_SEQ512, LC + "lora.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "lr 1e-3) | {} (95.28%", HF100, LC + "lora.accuracy_mean", ".2%"),
-    ("docs/integrations.md", "95.73%) | {} | 0.92x |", HF100, LC + "lora.wall_seconds_mean", ".2f"),
-    ("docs/integrations.md", "| 4.30 | {}x |", HF100, LC + "lora.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "95.73%) | {} | 0.85x |", HF100, LC + "lora.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "| 5.52 | {}x |", HF100, LC + "lora.speedup_over_none", ".2f"),
     ("docs/integrations.md", "(**met**: {} points; at fa9d952", HF100, LC + "freeze.accuracy_points_vs_none", ".2f"),
-    ("docs/integrations.md", "(**met**: 3.44 s against {} s, at", HF100, LC + "lora.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "(**met**: 4.02 s against {} s, at", HF100, LC + "lora.wall_seconds_mean", ".2f"),
     (
         "docs/integrations.md",
         "the same job\nmeasured {}, `gpu_1xh100",
@@ -1916,8 +1917,8 @@ ROWS += [
         LC + "freeze.accuracy_points_vs_none",
         ".2f",
     ),
-    ("docs/integrations.md", "no callback: {} s against 5.80 s", HF100, LC + "none.wall_seconds_mean", ".2f"),
-    ("docs/integrations.md", "3.97 s against {} s\nat fa9d952", HF100_FA9, LC + "none.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "faster host): {} s against", HF100_2D7, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("docs/integrations.md", "s against {} s (1.15x).", HF100_2D7, LC + "none.wall_seconds_mean", ".2f"),
     ("docs/integrations.md", "carried per run; {}x). Now", HF100_FA9, LC + "freeze.speedup_over_none", ".2f"),
     (
         "docs/integrations.md",
@@ -2036,13 +2037,13 @@ E2E_SPEEDUPS = [
     ("docs/freeze.md", "`alpha=1/3` 2.44 s ({}x)", E2E_STUDY_JOB, "alpha=1/3"),
     ("docs/freeze.md", "1.96 s ({}x)", E2E_PREVIOUS, "drift"),
     ("docs/freeze.md", "1.88 s ({}x)", E2E_PREVIOUS, "alpha=1/3"),
-    ("README.md", "against 3.15 s ({}x: the study's", HEADLINE_POLICY, "drift"),
-    ("README.md", "3.52 s ({}x), alpha = 1/3", HEADLINE_POLICY_DIGITS, "vit_digits:drift"),
+    ("README.md", "against 3.91 s ({}x: the study's", HEADLINE_POLICY, "drift"),
+    ("README.md", "5.16 s ({}x), alpha = 1/3", HEADLINE_POLICY_DIGITS, "vit_digits:drift"),
     ("docs/benchmarks.md", "3.03 s against no freezing 96.78% in 4.47 s", HEADLINE_POLICY_FA9, "drift"),
     ("README.md", "the same runs ran at {}x the speed", HEADLINE_POLICY_E07, "drift"),
     ("docs/freeze.md", "the default ran {}x as fast as no freezing", HEADLINE_POLICY, "drift"),
     ("docs/freeze.md", "in steps of mixed sizes, {}x:", HEADLINE_POLICY_E07, "drift"),
-    ("docs/time_to_accuracy.md", "2d73ab9) it runs {}x as fast", HEADLINE_POLICY, "drift"),
+    ("docs/time_to_accuracy.md", "f310717) it runs {}x as fast", HEADLINE_POLICY, "drift"),
     ("docs/minilm_bbc.md", "the default 3.06 s ({}x)", E2E, "drift"),
 ]
 
