@@ -1,0 +1,111 @@
+"""Move the docs' quoted numbers from a result file's old copy to its re-measured one, by the rows of
+``tests/test_doc_numbers.py`` (a chore of every re-measure: docs/benchmarks.md, "The headline, re-measured").
+
+Usage (after the new results are in ``benchmarks/results/`` and the old ones copied aside)::
+
+    python benchmarks/requote.py headline_single.json=/tmp/old/headline_single.json ...
+
+For each row ``(doc, text, file, path, format)`` whose file is named, the number the text quotes is read from the
+old copy and from the new file; where they differ, the doc's ``text`` with the old number becomes the text with the
+new one (line breaks and indentation inside the text match any whitespace). Only the number changes: prose around
+it, numbers the row's text holds literally (a ratio, the other side of a comparison) and the row texts themselves
+stay as they were. The report lists every change, every quote not found, and the old -> new values per doc, which
+are what to look for in those literals; ``pytest tests/test_doc_numbers.py`` then names what is left. ``--dry-run``
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def _pattern(text: str, value: str) -> re.Pattern[str]:
+    """``text`` with ``value`` in its ``{}``, the number in group 2, runs of whitespace matching any whitespace."""
+    before, after = text.split("{}", 1)
+
+    def loose(part: str) -> str:
+        return r"\s+".join(re.escape(word) for word in re.split(r"\s+", part))
+
+    return re.compile(f"({loose(before)})({re.escape(value)})({loose(after)})")
+
+
+def requote(
+    rows: list[tuple[str, str, str, str, str]],
+    lookup: Any,
+    old: dict[str, Any],
+    new: dict[str, Any],
+    docs: dict[str, str],
+) -> tuple[dict[str, str], list[str]]:
+    """The docs with every row's quote of a file in ``old`` moved to ``new``'s value, and a report line per change.
+
+    Args:
+        rows: test_doc_numbers' rows.
+        lookup: its ``lookup(data, path)``.
+        old: result file name -> its old JSON.
+        new: result file name -> its new JSON.
+        docs: doc path -> its text (read by the caller).
+    """
+    out = dict(docs)
+    report: list[str] = []
+    moved: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for doc, text, file, path, spec in rows:
+        if file not in old or doc not in out:
+            continue
+        before, after = format(lookup(old[file], path), spec), format(lookup(new[file], path), spec)
+        if before == after:
+            continue
+        body, count = _pattern(text, before).subn(lambda m, v=after: m.group(1) + v + m.group(3), out[doc])
+        if count:
+            out[doc] = body
+            report.append(f"{doc}: {text!r}: {before} -> {after}")
+            moved[doc][before].add(after)
+        elif _pattern(text, after).search(out[doc]) is None:
+            report.append(f"NOT FOUND {doc}: {text!r} (old {before}, new {after})")
+    for doc, values in moved.items():
+        pairs = ", ".join(f"{b} -> {'/'.join(sorted(a))}" for b, a in values.items())
+        report.append(f"{doc} literals to look for: {pairs}")
+    return out, report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="+", metavar="NEW=OLD", help="a result file's name and its old copy's path")
+    ap.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    opts = ap.parse_args(argv)
+    pairs = {}
+    for pair in opts.pairs:
+        name, sep, old_path = pair.partition("=")
+        if not sep or not (RESULTS / name).is_file() or not Path(old_path).is_file():
+            print(
+                f"requote: {pair!r} is not NAME=OLD_PATH with benchmarks/results/NAME and OLD_PATH files",
+                file=sys.stderr,
+            )
+            return 2
+        pairs[name] = Path(old_path)
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_doc_numbers as quoted  # the rows, and how they read a number
+
+    old = {name: json.loads(path.read_text()) for name, path in pairs.items()}
+    new = {name: json.loads((RESULTS / name).read_text()) for name in pairs}
+    names = {doc for doc, _, file, _, _ in quoted.ROWS if file in pairs}
+    docs = {doc: (ROOT / doc).read_text() for doc in sorted(names)}
+    out, report = requote(quoted.ROWS, quoted.lookup, old, new, docs)
+    print("\n".join(report) or "nothing to move")
+    if not opts.dry_run:
+        for doc, body in out.items():
+            if body != docs[doc]:
+                (ROOT / doc).write_text(body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
