@@ -4,8 +4,8 @@
 # Usage, on the lent GPU machine (the tree sent must be that commit's, clean; .device_site carried, see
 # headline.sh --prepare):
 #   benchmarks/gpu/device_call.sh COMMIT PART...
-# PART: single | default | default-digits | hf | hf-long | data | TASK:SEED (bbc or digits; consecutive ones go to one
-# `headline.sh OUT tta` call). The parts write to /tmp/remeasure_work (kept between calls on a warm machine, so
+# PART: single | default | default-digits | hf | hf-long | data | TASK:SEED (bbc or digits; each its own
+# `headline.sh OUT tta` run). The parts write to /tmp/remeasure_work (kept between calls on a warm machine, so
 # a later call reuses the ViT's pre-training); the JSONs this call wrote, and one log of everything, go to $OUT:
 # the device returns at most 8 files a call. docs/benchmarks.md, "The headline, re-measured", gives the calls.
 set -uo pipefail
@@ -19,16 +19,14 @@ mkdir -p "$work" && touch "$work/.start"
 log="$OUT/device_call_$(date +%H%M%S).log"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; echo "$(nproc) CPUs"; } >> "$log" 2>&1
 failed=0
-tta=()
-run() { "$here/headline.sh" "$work" "$@" >> "$log" 2>&1 || { echo "$* FAILED" >> "$log"; failed=1; }; }
-flush() { if ((${#tta[@]})); then run tta "${tta[@]}"; tta=(); fi; }
+# each part's JSONs go to $OUT as soon as it ends: a call cut short by its limit still returns the parts it finished
+collect() { find "$work" -maxdepth 1 -name '*.json' -newer "$work/.start" ! -name '*_lora_tuning*' -exec cp {} "$OUT/" \; ; }
+run() { "$here/headline.sh" "$work" "$@" >> "$log" 2>&1 || { echo "$* FAILED" >> "$log"; failed=1; }; collect; }
 for part in "$@"; do
   case $part in
-    *:*) tta+=("$part") ;;
-    *) flush; run "$part" ;;
+    *:*) run tta "$part" ;;  # one seed a run: its JSON comes back even if a later part runs out of time
+    *) run "$part" ;;
   esac
 done
-flush
-find "$work" -maxdepth 1 -name '*.json' -newer "$work/.start" ! -name '*_lora_tuning*' -exec cp {} "$OUT/" \;
 grep -vE '^\[' "$log" | grep -E 'done after|FAILED|accuracy|x over|speedup' | tail -n 40
 exit $failed
