@@ -14,7 +14,7 @@ commit=${1:?usage: device_call.sh COMMIT PART...}; shift
 : "${OUT:?device_call.sh: \$OUT must name the folder whose files come back}"
 export ELASTIC_PIPE_COMMIT=$commit ELASTIC_PIPE_DIRTY=0
 here=$(cd "$(dirname "$0")" && pwd)
-work=/tmp/remeasure_work
+work=${REMEASURE_WORK:-/tmp/remeasure_work}  # the parts' own output (REMEASURE_WORK: elsewhere)
 mkdir -p "$work" && touch "$work/.start"
 log="$OUT/device_call_$(date +%H%M%S).log"
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; echo "$(nproc) CPUs"; } >> "$log" 2>&1
