@@ -6,15 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from script_module import load_script
+from test_doc_numbers import lookup  # how the rows read a number, which the tool is given
 
 ROOT = Path(__file__).resolve().parent.parent
 requote = load_script(ROOT / "benchmarks" / "requote.py")
-
-
-def _lookup(data: Any, path: str) -> float:
-    for key in path.split("."):
-        data = data[key]
-    return float(data)
 
 
 ROWS = [
@@ -28,7 +23,7 @@ def test_moves_each_quoted_number_to_the_new_file_and_leaves_the_rest() -> None:
     doc = "elastic eager 18.04 s against plain eager\n  58.57 s (3.25x over it); elastic eager 18.04 s elsewhere.\n"
     old = {"run.json": {"arms": {"elastic": 18.04, "plain": 58.57}}}
     new = {"run.json": {"arms": {"elastic": 18.32, "plain": 58.26}}}
-    out, report = requote.requote(ROWS, _lookup, old, new, {"doc.md": doc})
+    out, report = requote.requote(ROWS, lookup, old, new, {"doc.md": doc})
     # the quotes move (whitespace inside the text matches the doc's line break); a bare number, a literal ratio
     # and a row of a file not named stay as they were
     assert out["doc.md"] == (
@@ -41,7 +36,7 @@ def test_a_quote_the_doc_lost_is_reported_and_a_moved_one_is_not() -> None:
     old = {"run.json": {"arms": {"elastic": 18.04, "plain": 58.57}}}
     new = {"run.json": {"arms": {"elastic": 18.32, "plain": 58.26}}}
     doc = "elastic eager 18.32 s against, and nothing else"  # the first quote already moved, the second reworded
-    out, report = requote.requote(ROWS, _lookup, old, new, {"doc.md": doc})
+    out, report = requote.requote(ROWS, lookup, old, new, {"doc.md": doc})
     assert out["doc.md"] == doc
     assert [line for line in report if line.startswith("NOT FOUND")] == [
         "NOT FOUND doc.md: 'plain eager\\n{} s (3.25x' (old 58.57, new 58.26)"

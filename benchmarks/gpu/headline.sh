@@ -72,7 +72,7 @@ EOF
   exit 0
 fi
 
-out=${1:?usage: headline.sh OUT [single|default|data|all|tta|hf], or headline.sh --prepare}
+out=${1:?usage: headline.sh OUT [single|default|default-digits|data|all|tta|hf|hf-long], or headline.sh --prepare}
 what=${2:-all}
 case $what in single | default | default-digits | data | all | tta | hf | hf-long) ;; *)
   echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta, hf or hf-long)" >&2
