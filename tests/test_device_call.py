@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 #: headline.sh's stand-in: writes the JSON a part would write, and hangs in ``single`` (a part that runs too long).
 STAND_IN = """#!/usr/bin/env bash
@@ -21,8 +22,13 @@ exit 0
 """
 
 
-@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout")
-def test_a_call_cut_short_returns_the_parts_it_finished(tmp_path: Path) -> None:
+NEEDS_SHELL = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and timeout"
+)
+
+
+def _stand_in(tmp_path: Path) -> tuple[Path, Path]:
+    """device_call.sh beside the stand-in headline.sh, and an empty $OUT."""
     gpu = tmp_path / "gpu"
     gpu.mkdir()
     shutil.copy(ROOT / "benchmarks" / "gpu" / "device_call.sh", gpu)
@@ -30,9 +36,15 @@ def test_a_call_cut_short_returns_the_parts_it_finished(tmp_path: Path) -> None:
     (gpu / "headline.sh").chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
+    return gpu, out
+
+
+@NEEDS_SHELL
+def test_a_call_cut_short_returns_the_parts_it_finished(tmp_path: Path) -> None:
+    gpu, out = _stand_in(tmp_path)
     # hf and a seed end, single is still running when the call's limit stops it; the seed after it never starts
     done = subprocess.run(
-        ["timeout", "5", "bash", str(gpu / "device_call.sh"), "abc123", "hf", "bbc:0", "single", "digits:1"],
+        ["timeout", "5", "bash", str(gpu / "device_call.sh"), COMMIT, "hf", "bbc:0", "single", "digits:1"],
         env={"OUT": str(out), "REMEASURE_WORK": str(tmp_path / "work"), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -41,3 +53,21 @@ def test_a_call_cut_short_returns_the_parts_it_finished(tmp_path: Path) -> None:
     assert done.returncode == 124  # stopped by its limit
     assert sorted(p.name for p in out.glob("*.json")) == ["hf.json", "time_to_accuracy_bbc_seeds0.json"]
     assert len(list(out.glob("device_call_*.log"))) == 1
+
+
+@NEEDS_SHELL
+@pytest.mark.parametrize("commit", ["07853b1", "07853b1a", COMMIT.upper(), COMMIT + "0", "HEAD"])
+def test_a_commit_that_is_not_a_full_hash_is_refused_before_any_part_runs(tmp_path: Path, commit: str) -> None:
+    gpu, out = _stand_in(tmp_path)
+    done = subprocess.run(
+        ["bash", str(gpu / "device_call.sh"), commit, "hf"],
+        env={"OUT": str(out), "REMEASURE_WORK": str(tmp_path / "work"), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"device_call.sh: COMMIT must be the full 40-hex hash (git rev-parse HEAD), got '{commit}'"
+    )
+    assert not list(out.iterdir()) and not (tmp_path / "work").exists()  # nothing ran, nothing was written

@@ -9,7 +9,9 @@
 # a later call reuses the ViT's pre-training); the JSONs this call wrote, and one log of everything, go to $OUT:
 # the device returns at most 8 files a call. docs/benchmarks.md, "The headline, re-measured", gives the calls.
 set -uo pipefail
-commit=${1:?usage: device_call.sh COMMIT PART...}; shift
+commit=${1:?usage: device_call.sh COMMIT PART... (COMMIT: the full hash)}; shift
+[[ $commit =~ ^[0-9a-f]{40}$ ]] || {  # the results name it: an abbreviation or a typo would name no commit
+  echo "device_call.sh: COMMIT must be the full 40-hex hash (git rev-parse HEAD), got '$commit'" >&2; exit 2; }
 (( $# )) || { echo "device_call.sh: name at least one part" >&2; exit 2; }
 : "${OUT:?device_call.sh: \$OUT must name the folder whose files come back}"
 export ELASTIC_PIPE_COMMIT=$commit ELASTIC_PIPE_DIRTY=0
