@@ -29,10 +29,10 @@
 #   benchmarks/gpu/headline.sh OUT hf-long      the same job at 8 epochs instead of 4: gpu_hf_callback_8epochs.json
 #                                               (about 2 minutes)
 #
-# README quotes every file these write; a change under src/ re-runs single, tta (both tasks, seeds 0-2) and hf at
-# its commit (tests/test_doc_numbers.py fails until README's files name a commit whose src/ is today's). One device
-# command may run 10 minutes: single + tta bbc:0 in one call, the other seeds in the next (the machine stays warm
-# for 30 s between calls, and the ViT's pre-training is kept in PARTS on a warm machine).
+# README quotes every file these write but data's; a change under src/ re-runs single, tta (both tasks, seeds 0-2),
+# hf, hf-long and default-digits at its commit (tests/test_doc_numbers.py fails until README's files name a commit
+# whose src/ is today's). One device command may run 10 minutes: three calls through device_call.sh, on one warm
+# machine (it stays warm for 30 s between calls, and keeps the ViT's pre-training): docs/benchmarks.md gives them.
 #
 # On the lent GPU machine (one call per part; .device_site travels as a carried path):
 #   ELASTIC_PIPE_COMMIT=$(git rev-parse HEAD) ELASTIC_PIPE_DIRTY=... benchmarks/gpu/headline.sh $OUT single
