@@ -25,15 +25,25 @@ def _git(*args: str) -> str | None:
     return done.stdout.strip()
 
 
-def provenance() -> dict[str, Any]:
-    """Where a result was measured: ``commit`` (:data:`COMMIT_ENV`, else ``git rev-parse HEAD``), ``dirty``
-    (:data:`DIRTY_ENV`, else uncommitted changes under ``src/``), the torch version and the device."""
+def _source() -> tuple[str | None, bool]:
+    """The commit and whether ``src/`` differed from it, from the environment (:data:`COMMIT_ENV`, :data:`DIRTY_ENV`)
+    or else from ``git``."""
     commit = os.environ.get(COMMIT_ENV) or _git("rev-parse", "HEAD")
     if DIRTY_ENV in os.environ:
-        dirty = os.environ[DIRTY_ENV] == "1"
-    else:
-        status = _git("status", "--porcelain", "--", "src")
-        dirty = bool(status) if status is not None else True
+        return commit, os.environ[DIRTY_ENV] == "1"
+    status = _git("status", "--porcelain", "--", "src")
+    return commit, bool(status) if status is not None else True
+
+
+#: Read once, when a benchmark imports this module (its start, before it imports the package): a commit or checkout
+#: made while a long job runs changes the tree on disk, not the code the job runs, so the report names the code's.
+_SOURCE = _source()
+
+
+def provenance() -> dict[str, Any]:
+    """Where a result was measured: ``commit`` and ``dirty`` as they were when the process started (see
+    :data:`_SOURCE`), the torch version and the device."""
+    commit, dirty = _SOURCE
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     return {"commit": commit, "dirty": dirty, "torch": torch.__version__, "device": device}
 
