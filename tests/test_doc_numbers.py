@@ -1029,7 +1029,7 @@ def table_rows(
         for i, column in enumerate(columns):
             if column is None or cells[i] == "-":
                 continue
-            quoted = [re.sub(r"^[0-9.]+%?", "{}", c) if j == i else c for j, c in enumerate(cells)]
+            quoted = [re.sub(r"^[+-]?[0-9.]+%?", "{}", c) if j == i else c for j, c in enumerate(cells)]
             path, spec = column
             out.append((doc, "| " + " | ".join(quoted) + " |", result, path.format(arm=arm), spec))
     return out
@@ -1492,6 +1492,11 @@ ROWS += [
     ),
 ]
 TTA_BBC = "time_to_accuracy_bbc.json"  # README and docs: task (a), seeds 0-2, one H100
+TTA_VAR6 = "time_to_accuracy_variants_bbc_6d129e5.json"  # docs/time_to_accuracy.md: the cap's screen on (a)
+TTA_BBC_B3 = "time_to_accuracy_bbc_b3c28ee.json"  # the full re-measure with the cap at 0.67 (not adopted)
+TTA_DIG_B3 = "time_to_accuracy_digits_b3c28ee.json"
+HF_B3 = "gpu_1xh100_hf_callback_b3c28ee.json"
+HF8_B3 = "gpu_1xh100_hf_callback_8epochs_b3c28ee.json"
 TTA_BBC_52 = "time_to_accuracy_bbc_52dbcba.json"  # docs/freeze.md step 4: the cap, both arms at 52dbcba
 TTA_DIGITS_52 = "time_to_accuracy_digits_52dbcba.json"
 TTA_DIGITS = "time_to_accuracy_digits.json"  # README and docs: task (b), seeds 0-2, one H100
@@ -2124,6 +2129,67 @@ ROWS += [
     ("docs/integrations.md", "3.40 s and {} s on seeds", HF100_823, LC + "none.wall_seconds_by_seed.2", ".2f"),
     ("docs/integrations.md", "the same accuracy at {}x:", HF100_E07, LC + "freeze.speedup_over_none", ".2f"),
     ("docs/integrations.md", "learns much ({} on 5 classes", LCPU, LC + "none.accuracy_mean", ".0%"),
+]
+
+
+TTA_COLUMNS = [
+    None,
+    ("arms.{arm}.accuracy_mean", ".2%"),
+    ("arms.{arm}.accuracy_vs_reference_points", "+.2f"),
+    ("arms.{arm}.time_to_target_mean", ".1f"),
+    None,
+    ("arms.{arm}.total_seconds_mean", ".1f"),
+    None,
+]
+ROWS += table_rows(
+    "docs/time_to_accuracy.md",
+    [
+        (TTA_VAR6, "elastic-none", ["`elastic-none`", "96.70%", "+0.00", "7.1", "3/3", "7.9", "0"]),
+        (TTA_VAR6, "elastic-default", ["`elastic-default` (cap 0.95)", "96.03%", "-0.67", "2.2", "3/3", "2.8", "5"]),
+        (
+            TTA_VAR6,
+            "elastic-drift:max_fraction=0.5",
+            ["`drift:max_fraction=0.5`", "96.55%", "-0.15", "2.0", "3/3", "3.1", "3"],
+        ),
+        (
+            TTA_VAR6,
+            "elastic-drift:max_fraction=0.67",
+            ["`drift:max_fraction=0.67`", "96.93%", "+0.22", "2.3", "3/3", "2.9", "4"],
+        ),
+        (
+            TTA_VAR6,
+            "elastic-drift:settle_after=1.0",
+            ["`drift:settle_after=1.0`", "96.03%", "-0.67", "2.0", "3/3", "2.5", "5"],
+        ),
+        (TTA_VAR6, "elastic-drift:relative=0.1", ["`drift:relative=0.1`", "96.33%", "-0.37", "-", "1/3", "3.0", "4-5"]),
+    ],
+    TTA_COLUMNS,
+)
+TTA = "docs/time_to_accuracy.md"
+D = "arms.elastic-default."
+ROWS += [
+    (TTA, "seed 0's cold start, {}", TTA_VAR6, "runs.elastic-none.0.total_seconds", ".1f"),
+    (TTA, "the default ended at {} against", TTA_BBC_B3, D + "accuracy_mean", ".2%"),
+    (TTA, "against `elastic-none`'s {} (+0.15", TTA_BBC_B3, "arms.elastic-none.accuracy_mean", ".2%"),
+    (TTA, "96.78% ({}: within 0.5", TTA_BBC_B3, D + "accuracy_vs_reference_points", "+.2f"),
+    (TTA, "every seed in {} s on the mean, 2.89x", TTA_BBC_B3, D + "time_to_target_mean", ".1f"),
+    (TTA, "on the mean, {}x sooner", TTA_BBC_B3, D + "time_to_target_speedup_vs_compiled", ".2f"),
+    (TTA, "the compiled loop ({} s) and sooner", TTA_BBC_B3, "arms.compiled.time_to_target_mean", ".1f"),
+    (TTA, "linear layers {} s; on qkv", TTA_BBC_B3, "arms.lora-all-r16.time_to_target_mean", ".1f"),
+    (TTA, "(b) {} against 81.99%", TTA_DIG_B3, D + "accuracy_mean", ".2%"),
+    (TTA, "82.17% against {} (+0.19)", TTA_DIG_B3, "arms.elastic-none.accuracy_mean", ".2%"),
+    (TTA, "81.99% ({}), every seed", TTA_DIG_B3, D + "accuracy_vs_reference_points", "+.2f"),
+    (TTA, "only ({} s and 6.5 s, against", TTA_DIG_B3, D + "time_to_target_by_seed.0", ".1f"),
+    (TTA, "7.0 s and {} s, against", TTA_DIG_B3, D + "time_to_target_by_seed.2", ".1f"),
+    (TTA, "compiled loop's {} s and 11.7 s", TTA_DIG_B3, "arms.compiled.time_to_target_by_seed.0", ".1f"),
+    (TTA, "22.0 s and {} s), seed 1", TTA_DIG_B3, "arms.compiled.time_to_target_by_seed.2", ".1f"),
+    (TTA, "seed 1 ending\n  at {}, as", TTA_DIG_B3, D + "accuracy_by_seed.1", ".2%"),
+    (TTA, "**{}x** at 4 epochs", HF_B3, "arms.freeze.speedup_over_none", ".2f"),
+    (TTA, "at 4 epochs\n  ({} against 96.70%)", HF_B3, "arms.freeze.accuracy_mean", ".2%"),
+    (TTA, "(96.78% against {}) and", HF_B3, "arms.none.accuracy_mean", ".2%"),
+    (TTA, "and **{}x** at 8", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
+    (TTA, "at 8 ({} against 96.63%)", HF8_B3, "arms.freeze.accuracy_mean", ".2%"),
+    (TTA, "(96.78% against {}), against", HF8_B3, "arms.none.accuracy_mean", ".2%"),
 ]
 
 
