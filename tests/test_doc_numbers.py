@@ -2165,6 +2165,34 @@ ROWS += table_rows(
     ],
     TTA_COLUMNS,
 )
+HEADLINE_B3 = "headline_single_b3c28ee.json"  # docs/benchmarks.md: the single-GPU arms at b3c28ee (an experiment)
+BA = "steps_per_epoch.30.arms."
+ROWS += [
+    (
+        "docs/benchmarks.md",
+        "Elastic eager {} s against plain eager 59.44",
+        HEADLINE_B3,
+        BA + "elastic_eager.total_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "17.93 s against plain eager {} s", HEADLINE_B3, BA + "plain_eager.total_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "compiled + graphs {} s (5.32 s",
+        HEADLINE_B3,
+        BA + "elastic_compiled_graphs.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "21.22 s ({} s compiling) against",
+        HEADLINE_B3,
+        BA + "elastic_compiled_graphs.compile_s",
+        ".2f",
+    ),
+    ("docs/benchmarks.md", "against plain compiled {} s (17.39", HEADLINE_B3, BA + "plain_compiled.total_s", ".2f"),
+    ("docs/benchmarks.md", "64.48 s ({} s\ncompiling; 3.04x)", HEADLINE_B3, BA + "plain_compiled.compile_s", ".2f"),
+]
 TTA = "docs/time_to_accuracy.md"
 D = "arms.elastic-default."
 ROWS += [
