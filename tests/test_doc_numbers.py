@@ -2193,6 +2193,19 @@ ROWS += [
     ("docs/benchmarks.md", "against plain compiled {} s (17.39", HEADLINE_B3, BA + "plain_compiled.total_s", ".2f"),
     ("docs/benchmarks.md", "64.48 s ({} s\ncompiling; 3.04x)", HEADLINE_B3, BA + "plain_compiled.compile_s", ".2f"),
 ]
+ROWS += [
+    ("docs/integrations.md", "measured {}x at 4 epochs and 1.18x", HF_B3, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "at 4 epochs and {}x at 8", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "1.18x at 8, at {} in both", HF8_B3, "arms.freeze.accuracy_mean", ".2%"),
+    (
+        "docs/freeze.md",
+        "it ended {}\n   points over no freezing",
+        TTA_BBC_B3,
+        "arms.elastic-default.accuracy_vs_reference_points",
+        ".2f",
+    ),
+    ("docs/freeze.md", "speed-up ({}x at 8 epochs against 1.33x)", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
+]
 TTA = "docs/time_to_accuracy.md"
 D = "arms.elastic-default."
 ROWS += [
