@@ -2166,32 +2166,43 @@ ROWS += table_rows(
     TTA_COLUMNS,
 )
 HEADLINE_B3 = "headline_single_b3c28ee.json"  # docs/benchmarks.md: the single-GPU arms at b3c28ee (an experiment)
-BA = "steps_per_epoch.30.arms."
 ROWS += [
     (
         "docs/benchmarks.md",
         "Elastic eager {} s against plain eager 59.44",
         HEADLINE_B3,
-        BA + "elastic_eager.total_s",
+        S30 + "arms.elastic_eager.total_s",
         ".2f",
     ),
-    ("docs/benchmarks.md", "17.93 s against plain eager {} s", HEADLINE_B3, BA + "plain_eager.total_s", ".2f"),
+    ("docs/benchmarks.md", "17.93 s against plain eager {} s", HEADLINE_B3, S30 + "arms.plain_eager.total_s", ".2f"),
     (
         "docs/benchmarks.md",
         "compiled + graphs {} s (5.32 s",
         HEADLINE_B3,
-        BA + "elastic_compiled_graphs.total_s",
+        S30 + "arms.elastic_compiled_graphs.total_s",
         ".2f",
     ),
     (
         "docs/benchmarks.md",
         "21.22 s ({} s compiling) against",
         HEADLINE_B3,
-        BA + "elastic_compiled_graphs.compile_s",
+        S30 + "arms.elastic_compiled_graphs.compile_s",
         ".2f",
     ),
-    ("docs/benchmarks.md", "against plain compiled {} s (17.39", HEADLINE_B3, BA + "plain_compiled.total_s", ".2f"),
-    ("docs/benchmarks.md", "64.48 s ({} s\ncompiling; 3.04x)", HEADLINE_B3, BA + "plain_compiled.compile_s", ".2f"),
+    (
+        "docs/benchmarks.md",
+        "against plain compiled {} s (17.39",
+        HEADLINE_B3,
+        S30 + "arms.plain_compiled.total_s",
+        ".2f",
+    ),
+    (
+        "docs/benchmarks.md",
+        "64.48 s ({} s\ncompiling; 3.04x)",
+        HEADLINE_B3,
+        S30 + "arms.plain_compiled.compile_s",
+        ".2f",
+    ),
 ]
 ROWS += [
     ("docs/integrations.md", "measured {}x at 4 epochs and 1.18x", HF_B3, "arms.freeze.speedup_over_none", ".2f"),
@@ -2207,24 +2218,24 @@ ROWS += [
     ("docs/freeze.md", "speed-up ({}x at 8 epochs against 1.33x)", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
 ]
 TTA = "docs/time_to_accuracy.md"
-D = "arms.elastic-default."
+TTA_DEFAULT = "arms.elastic-default."
 ROWS += [
     (TTA, "seed 0's cold start, {}", TTA_VAR6, "runs.elastic-none.0.total_seconds", ".1f"),
-    (TTA, "the default ended at {} against", TTA_BBC_B3, D + "accuracy_mean", ".2%"),
+    (TTA, "the default ended at {} against", TTA_BBC_B3, TTA_DEFAULT + "accuracy_mean", ".2%"),
     (TTA, "against `elastic-none`'s {} (+0.15", TTA_BBC_B3, "arms.elastic-none.accuracy_mean", ".2%"),
-    (TTA, "96.78% ({}: within 0.5", TTA_BBC_B3, D + "accuracy_vs_reference_points", "+.2f"),
-    (TTA, "every seed in {} s on the mean, 2.89x", TTA_BBC_B3, D + "time_to_target_mean", ".1f"),
-    (TTA, "on the mean, {}x sooner", TTA_BBC_B3, D + "time_to_target_speedup_vs_compiled", ".2f"),
+    (TTA, "96.78% ({}: within 0.5", TTA_BBC_B3, TTA_DEFAULT + "accuracy_vs_reference_points", "+.2f"),
+    (TTA, "every seed in {} s on the mean, 2.89x", TTA_BBC_B3, TTA_DEFAULT + "time_to_target_mean", ".1f"),
+    (TTA, "on the mean, {}x sooner", TTA_BBC_B3, TTA_DEFAULT + "time_to_target_speedup_vs_compiled", ".2f"),
     (TTA, "the compiled loop ({} s) and sooner", TTA_BBC_B3, "arms.compiled.time_to_target_mean", ".1f"),
     (TTA, "linear layers {} s; on qkv", TTA_BBC_B3, "arms.lora-all-r16.time_to_target_mean", ".1f"),
-    (TTA, "(b) {} against 81.99%", TTA_DIG_B3, D + "accuracy_mean", ".2%"),
+    (TTA, "(b) {} against 81.99%", TTA_DIG_B3, TTA_DEFAULT + "accuracy_mean", ".2%"),
     (TTA, "82.17% against {} (+0.19)", TTA_DIG_B3, "arms.elastic-none.accuracy_mean", ".2%"),
-    (TTA, "81.99% ({}), every seed", TTA_DIG_B3, D + "accuracy_vs_reference_points", "+.2f"),
-    (TTA, "only ({} s and 6.5 s, against", TTA_DIG_B3, D + "time_to_target_by_seed.0", ".1f"),
-    (TTA, "7.0 s and {} s, against", TTA_DIG_B3, D + "time_to_target_by_seed.2", ".1f"),
+    (TTA, "81.99% ({}), every seed", TTA_DIG_B3, TTA_DEFAULT + "accuracy_vs_reference_points", "+.2f"),
+    (TTA, "only ({} s and 6.5 s, against", TTA_DIG_B3, TTA_DEFAULT + "time_to_target_by_seed.0", ".1f"),
+    (TTA, "7.0 s and {} s, against", TTA_DIG_B3, TTA_DEFAULT + "time_to_target_by_seed.2", ".1f"),
     (TTA, "compiled loop's {} s and 11.7 s", TTA_DIG_B3, "arms.compiled.time_to_target_by_seed.0", ".1f"),
     (TTA, "22.0 s and {} s), seed 1", TTA_DIG_B3, "arms.compiled.time_to_target_by_seed.2", ".1f"),
-    (TTA, "seed 1 ending\n  at {}, as", TTA_DIG_B3, D + "accuracy_by_seed.1", ".2%"),
+    (TTA, "seed 1 ending\n  at {}, as", TTA_DIG_B3, TTA_DEFAULT + "accuracy_by_seed.1", ".2%"),
     (TTA, "**{}x** at 4 epochs", HF_B3, "arms.freeze.speedup_over_none", ".2f"),
     (TTA, "at 4 epochs\n  ({} against 96.70%)", HF_B3, "arms.freeze.accuracy_mean", ".2%"),
     (TTA, "(96.78% against {}) and", HF_B3, "arms.none.accuracy_mean", ".2%"),

@@ -35,8 +35,8 @@ def _source() -> tuple[str | None, bool]:
     return commit, bool(status) if status is not None else True
 
 
-#: Read once, when a benchmark imports this module (its start, before it imports the package): a commit or checkout
-#: made while a long job runs changes the tree on disk, not the code the job runs, so the report names the code's.
+#: Read once, when a benchmark imports this module at its start: a commit or checkout made while a long job runs
+#: changes the tree on disk, not the code the job runs, so the report names the code's.
 _SOURCE = _source()
 
 
