@@ -55,11 +55,12 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
         def frozen_before(step: int, timeline: list[list[int]] = run["timeline"]) -> int:
             return max([f for s, f in timeline if s < step], default=0)
 
-        cap = 5  # 6 units, the top one never frozen nor watched (the default max_fraction, 0.95)
-        probed = [p for p in points if frozen_before(p) < cap]
+        # 6 units: the lower 4 may freeze (the default max_fraction, 0.67), the lower 5 are watched (watch 0.95)
+        cap, watched = 4, 5
+        probed = [p for p in points if frozen_before(p) < watched]
         assert len(run["probe_drift"]) == len(probed)
         samples = bench.PROBE_SAMPLES  # type: ignore[attr-defined]
-        expected = [samples * (1 + sum(frozen_before(p) <= u for p in probed)) if u < cap else 0 for u in range(6)]
+        expected = [samples * (1 + sum(frozen_before(p) <= u for p in probed)) if u < watched else 0 for u in range(6)]
         assert run["work"]["probe"] == expected
         assert run["timeline"] and run["timeline"][-1][1] == cap  # the default settles all it may by the end
 

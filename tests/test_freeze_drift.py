@@ -260,25 +260,52 @@ def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
 
 
 def test_the_defaults_are_the_setting_the_study_measured() -> None:
-    """relative 0.15, settle 0.3 from 80% of the run, threshold 0.01, patience 1, all but the top layer, no step
-    limit, no guard (docs/freeze.md, "The default policy"); the run's length is needed for settle_after."""
+    """relative 0.15, settle 0.3 from 80% of the run, threshold 0.01, patience 1, the lower two thirds, the tests
+    reading all but the top layer, no step limit, no guard (docs/freeze.md, "The default policy"); the run's length
+    is needed for settle_after."""
     policy = Drift(12, total_steps=200)
     assert (policy.threshold, policy.relative, policy.settle, policy.settle_after) == (0.01, 0.15, 0.3, 0.8)
-    assert (policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (1, 0.95, 12, None)
-    # the top layer keeps training: up to 19 layers exactly one, then about the top 5%
-    assert [signal_layers(Drift(n, total_steps=200)) for n in (1, 2, 6, 12, 19, 20, 24)] == [0, 1, 5, 11, 18, 19, 22]
+    assert (policy.patience, policy.max_fraction, policy.watch, policy.max_step, policy.tolerance) == (
+        1,
+        0.67,
+        0.95,
+        12,
+        None,
+    )
+    sizes = (1, 2, 3, 6, 12, 19, 24)
+    # at most two thirds freeze (4 of MiniLM-L6's 6 blocks, 8 of ViT-B/16's 12) ...
+    assert [Drift(n, total_steps=200).cap for n in sizes] == [0, 1, 2, 4, 8, 12, 16]
+    # ... while the probe watches all but the top layer (up to 19 layers; about the top 5% beyond)
+    assert [signal_layers(Drift(n, total_steps=200)) for n in sizes] == [0, 1, 2, 5, 11, 18, 22]
     with pytest.raises(FreezeError, match=r"settle_after = 0\.8 needs total_steps"):
         Drift(12)
     assert Drift(12, settle_after=None).settle_after is None  # no floor: no run length needed
     assert Drift(12, settle=None).settle_after is None  # nothing to delay
     # the two tasks' shapes, in miniature: a network whose lower layers barely move freezes them at once, the
-    # others only once the top has settled, from step 160 of 200 on; one that moves as a whole waits for that
-    # (the top layer, past the cap, is not watched: the relative test reads the highest watched one, the third)
-    encoder, whole = Drift(4, total_steps=200), Drift(4, total_steps=200)
+    # others only once the top has settled, from step 160 of 200 on, up to the cap; one that moves as a whole waits
+    # for that (the relative test reads the fifth layer, the highest watched; the top one is not watched)
+    encoder, whole = Drift(6, total_steps=200), Drift(6, total_steps=200)
     tops = [1.0, 0.8, 0.5, 0.2, 0.2, 0.2]
     steps = [20, 40, 80, 140, 160, 180]
-    assert _decide(encoder, [[0.05, 0.1, t, 9.0] for t in tops], steps) == [2, 2, 2, 2, 3, 3]
-    assert _decide(whole, [[0.5 * t, 0.7 * t, t, 9.0] for t in tops], steps) == [0, 0, 0, 0, 3, 3]
+    assert _decide(encoder, [[0.05, 0.1, 0.6 * t, 0.8 * t, t, 9.0] for t in tops], steps) == [2, 2, 2, 2, 4, 4]
+    assert _decide(whole, [[0.5 * t, 0.7 * t, 0.8 * t, 0.9 * t, t, 9.0] for t in tops], steps) == [0, 0, 0, 0, 4, 4]
+
+
+def test_watch_sets_the_layer_the_tests_read_apart_from_the_cap() -> None:
+    """The fifth of six layers moves a lot, the fourth little: read against the fifth (watch 0.95) the two lowest
+    layers are still; read against the cap's highest, the fourth (watch None), none is."""
+    rounds, steps = [[0.05, 0.1, 0.2, 0.3, 1.0, 9.0]] * 2, [20, 40]
+    assert _decide(Drift(6, total_steps=200), rounds, steps) == [2, 2]
+    tied = Drift(6, total_steps=200, watch=None)
+    assert (tied.cap, signal_layers(tied)) == (4, 4)
+    assert _decide(tied, rounds, steps) == [0, 0]
+    low = Drift(6, total_steps=200, watch=0.2)  # never below the cap's highest layer
+    assert signal_layers(low) == 4 and _decide(low, rounds, steps) == [0, 0]
+    with pytest.raises(FreezeError, match=r"watch must be a number in \(0, 1\] or None"):
+        Drift(6, total_steps=200, watch=1.5)
+    state = Drift(6, total_steps=200, watch=0.8).state_dict()
+    with pytest.raises(FreezeError):  # a snapshot of another watch does not load
+        Drift(6, total_steps=200).load_state_dict(state)
 
 
 def _decide(policy: Drift, rounds: list[list[float]], steps: list[int]) -> list[int]:

@@ -47,7 +47,7 @@ from elastic_pipe.freeze._numeric import reached
 from elastic_pipe.freeze.errors import CHECK, FreezeError
 from elastic_pipe.freeze.policy import check_num_layers, check_positive_int
 from elastic_pipe.freeze.stats import LayerStats
-from elastic_pipe.freeze.streaks import StreakPolicy
+from elastic_pipe.freeze.streaks import StreakPolicy, max_frozen
 
 __all__ = [
     "DECISIONS_PER_EPOCH",
@@ -59,6 +59,7 @@ __all__ = [
     "DEFAULT_SETTLE_AFTER",
     "DEFAULT_THRESHOLD",
     "DEFAULT_TOLERANCE",
+    "DEFAULT_WATCH",
     "Drift",
     "quiet_streaks",
 ]
@@ -91,7 +92,12 @@ DEFAULT_PATIENCE = 1
 #: The top layer keeps training (up to 19 layers; about the top 5% beyond): a fine-tune whose network settles
 #: freezes everything below it at once. Freezing the top layer too (1.0, the accuracy study's setting) ended 1.1
 #: points lower on ViT-B/16 / digits at 224 px and equal on MiniLM-L6 / BBC News (docs/time_to_accuracy.md).
-DEFAULT_MAX_FRACTION = 0.95
+DEFAULT_MAX_FRACTION = 0.67
+
+#: The relative and settle tests read the highest of the leading ``floor(watch * L)`` layers: all but the top one,
+#: whatever the cap. Tied to the cap (``watch=None``), a cap of two thirds made them read a block that moves less,
+#: and the lower blocks froze later (docs/time_to_accuracy.md, "A cap of two thirds").
+DEFAULT_WATCH: float | None = 0.95
 
 #: No limit on the layers frozen at one decision (None: all of them): a settled network freezes at once.
 DEFAULT_MAX_STEP: int | None = None
@@ -144,6 +150,8 @@ class Drift(StreakPolicy):
             runtime fills it in with the run's length).
         patience: consecutive still intervals a layer needs (>= 1).
         max_fraction: never freeze more than ``floor(max_fraction * L)`` layers, in (0, 1].
+        watch: the relative and settle tests read the highest of the leading ``floor(watch * L)`` layers, in
+            (0, 1]; never below the cap's highest layer; None: the cap's highest layer.
         max_step: at most this many new layers per decision (>= 1); None: no limit.
         tolerance: the held-out guard holds while the loss exceeds ``best + tolerance * |best|`` (>= 0); None turns
             it off.
@@ -173,11 +181,14 @@ class Drift(StreakPolicy):
         total_steps: int | None = None,
         patience: int = DEFAULT_PATIENCE,
         max_fraction: float = DEFAULT_MAX_FRACTION,
+        watch: float | None = DEFAULT_WATCH,
         max_step: int | None = DEFAULT_MAX_STEP,
         tolerance: float | None = DEFAULT_TOLERANCE,
         plateau: float | None = None,
     ) -> None:
         check_num_layers("Drift", num_layers)
+        if watch is not None and not (math.isfinite(CHECK.number("Drift: watch", watch)) and 0.0 < watch <= 1.0):
+            raise FreezeError(f"Drift: watch must be a number in (0, 1] or None, got {watch!r}")
         if not (math.isfinite(CHECK.number("Drift: threshold", threshold)) and threshold >= 0.0):
             raise FreezeError(f"Drift: threshold must be a finite number >= 0, got {threshold!r}")
         for option, value in (("relative", relative), ("settle", settle)):
@@ -200,6 +211,7 @@ class Drift(StreakPolicy):
         # without settle there is nothing to delay
         self.settle_after = None if settle is None or settle_after is None else float(settle_after)
         self.total_steps = total_steps
+        self.watch = None if watch is None else float(watch)
         self._top_peak = 0.0  # the largest finite drift of the highest watched layer so far (settle)
         # with settle_after: the streaks without the settle test, which decide before settle_after of the run
         self._unsettled: tuple[int, ...] = (0,) * num_layers
@@ -211,6 +223,12 @@ class Drift(StreakPolicy):
             tolerance=tolerance,
             plateau=plateau,
         )
+
+    @property
+    def signal_layers(self) -> int:
+        """The layers up to the cap, and up to the ``watch`` share when that is higher: the relative and settle
+        tests read the highest of them."""
+        return self.cap if self.watch is None else max(self.cap, max_frozen(self.num_layers, self.watch))
 
     def observe(self, stats: LayerStats) -> None:
         """Ignored: the policy reads the probe's output drift, not gradient statistics."""
@@ -264,7 +282,12 @@ class Drift(StreakPolicy):
     def _signal_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"threshold": self.threshold}
         # only when set, so that the snapshots of runs without them still load
-        options = (("relative", self.relative), ("settle", self.settle), ("settle_after", self.settle_after))
+        options = (
+            ("relative", self.relative),
+            ("settle", self.settle),
+            ("settle_after", self.settle_after),
+            ("watch", self.watch),
+        )
         config.update({k: v for k, v in options if v is not None})
         if self.settle_after is not None:
             config["total_steps"] = self.total_steps

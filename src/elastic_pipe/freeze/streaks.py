@@ -118,10 +118,15 @@ class StreakPolicy(ABC):
         return self.guard.tolerance
 
     @property
-    def signal_layers(self) -> int:
-        """Leading layers whose signal the policy ever reads (it never freezes past the cap): the runtime need not
-        measure the others."""
+    def cap(self) -> int:
+        """The most layers the policy ever freezes: ``floor(max_fraction * num_layers)``."""
         return max_frozen(self.num_layers, self.max_fraction)
+
+    @property
+    def signal_layers(self) -> int:
+        """Leading layers whose signal the policy ever reads (those up to the cap, unless the signal reads more):
+        the runtime need not measure the others."""
+        return self.cap
 
     def __repr__(self) -> str:
         options = ", ".join(f"{key}={value}" for key, value in self._config().items() if key != "policy")
@@ -134,7 +139,7 @@ class StreakPolicy(ABC):
         fresh, self._fresh = self._fresh, False
         if not fresh or self.guard.held:
             return current
-        return converged_prefix(self._ready_streaks(step), current, self.patience, self.signal_layers, self.max_step)
+        return converged_prefix(self._ready_streaks(step), current, self.patience, self.cap, self.max_step)
 
     def _ready_streaks(self, step: int) -> tuple[int, ...]:
         """The streaks a decision at ``step`` reads: ``_streaks`` unless the signal says otherwise."""
