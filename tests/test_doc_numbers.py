@@ -2243,6 +2243,58 @@ ROWS += [
     (TTA, "at 8 ({} against 96.63%)", HF8_B3, "arms.freeze.accuracy_mean", ".2%"),
     (TTA, "(96.78% against {}), against", HF8_B3, "arms.none.accuracy_mean", ".2%"),
 ]
+# the cap at two thirds with the tests reading the block below the top (Drift(watch=0.95); 2b06924, not adopted)
+TTA_VAR_W = "time_to_accuracy_variants_bbc_2b06924.json"  # the screen's elastic arms on (a), one H100
+HF8_W = "gpu_1xh100_hf_callback_8epochs_2b06924.json"  # the HF Trainer's 8-epoch job at the same commit
+L8W = "lightning_callback_cpu_640docs_8epochs_0ecca24.json"  # the Lightning CPU job, the same src/
+ROWS += table_rows(
+    TTA,
+    [
+        (TTA_VAR_W, "elastic-none", ["`elastic-none`", "96.78%", "+0.00", "7.8", "3/3", "8.7", "-"]),
+        (
+            TTA_VAR_W,
+            "elastic-default",
+            ["`elastic-default` (watch 0.95, cap 0.67)", "96.10%", "-0.67", "2.4", "3/3", "3.1", "13, 26, 65-78"],
+        ),
+        (
+            TTA_VAR_W,
+            "elastic-drift:max_fraction=0.95",
+            [
+                "`drift:max_fraction=0.95` (the default on main)",
+                "96.03%",
+                "-0.75",
+                "2.3",
+                "3/3",
+                "2.9",
+                "13, 26, 65-78",
+            ],
+        ),
+    ],
+    TTA_COLUMNS,
+)
+ROWS += [
+    (TTA, "8 epochs: no callback {} in 9.41 s", HF8_W, "arms.none.accuracy_mean", ".2%"),
+    (TTA, "no callback 96.63% in {} s, the", HF8_W, "arms.none.wall_seconds_mean", ".2f"),
+    (TTA, "the callback {} in 7.71 s", HF8_W, "arms.freeze.accuracy_mean", ".2%"),
+    (TTA, "the callback 96.85% in {} s (**1.22x**", HF8_W, "arms.freeze.wall_seconds_mean", ".2f"),
+    (TTA, "7.71 s (**{}x**, against", HF8_W, "arms.freeze.speedup_over_none", ".2f"),
+    (TTA, "LoRA {} in 10.35 s; blocks", HF8_W, "arms.lora.accuracy_mean", ".2%"),
+    (TTA, "LoRA 96.55% in {} s; blocks", HF8_W, "arms.lora.wall_seconds_mean", ".2f"),
+    (TTA, "no fifth, {} against\n97.50%", L8W, "arms.freeze.accuracy_mean", ".2%"),
+    (TTA, "97.19% against\n{} without the callback", L8W, "arms.none.accuracy_mean", ".2%"),
+    (TTA, "callback, in {}x less CPU time", L8W, "arms.freeze.cpu_speedup_over_none", ".2f"),
+    (
+        TTA,
+        "CPU time ({}x with the fifth",
+        "lightning_callback_cpu_640docs_8epochs.json",
+        "arms.freeze.cpu_speedup_over_none",
+        ".2f",
+    ),
+    ("docs/freeze.md", "callback's 8-epoch speed-up fell to {}x", HF8_W, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "and the fifth not at all: {}x, at 96.85%", HF8_W, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "1.22x, at {} against 96.63%", HF8_W, "arms.freeze.accuracy_mean", ".2%"),
+    ("docs/integrations.md", "at 96.85% against {}.", HF8_W, "arms.none.accuracy_mean", ".2%"),
+]
 
 
 def test_lookup_reads_keys_indices_and_reductions() -> None:
