@@ -184,7 +184,7 @@ def minilm_bbc(quick: bool, minilm_dir: str | None) -> Task:
     """The pretrained MiniLM-L6 on BBC News (see the module docstring)."""
     corpus = edata.load_bbcnews()
     train_idx, test_idx = corpus.split()
-    max_tokens = 32 if quick else 128
+    max_tokens = 16 if quick else 128
     if quick:
         train_idx, test_idx = train_idx[::12][:120], test_idx[::8][:48]  # every class (sorted by class)
     keep = sorted([*train_idx, *test_idx])
