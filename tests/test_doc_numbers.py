@@ -2278,6 +2278,8 @@ ROWS += [
     (TTA, "the callback {} in 7.71 s", HF8_W, "arms.freeze.accuracy_mean", ".2%"),
     (TTA, "the callback 96.85% in {} s (**1.22x**", HF8_W, "arms.freeze.wall_seconds_mean", ".2f"),
     (TTA, "7.71 s (**{}x**, against", HF8_W, "arms.freeze.speedup_over_none", ".2f"),
+    (TTA, "against\n{}x and 1.34x with the cap", HF100_8, "arms.freeze.speedup_over_none", ".2f"),
+    (TTA, "1.33x and {}x with the cap at 0.95", HF100_8R, "arms.freeze.speedup_over_none", ".2f"),
     (TTA, "LoRA {} in 10.35 s; blocks", HF8_W, "arms.lora.accuracy_mean", ".2%"),
     (TTA, "LoRA 96.55% in {} s; blocks", HF8_W, "arms.lora.wall_seconds_mean", ".2f"),
     (TTA, "no fifth, {} against\n97.50%", L8W, "arms.freeze.accuracy_mean", ".2%"),
