@@ -9,8 +9,8 @@ What it shows:
   * two runs of the same small ViT fine-tuned on digits 5-9: one pre-trained on digits 0-4 first, one from its
     initial weights. It prints when each run froze what: a unit freezes early only while it moves by at most 15%
     as much as the highest watched one (a pre-trained MiniLM's two lowest blocks do, at the first decision point),
-    and the rest up to the cap once that one has settled, not before 80% of the run; the top block keeps training
-    (on this small model both runs adapt as a whole).
+    and the rest up to the cap (the lower two thirds: 4 of this ViT's 6 blocks) once that one has settled, not
+    before 80% of the run; the top third keeps training (on this small model both runs adapt as a whole).
 
 Run:  python examples/drift_default_policy.py [--epochs 8] [--json out.json]     (about a minute on a laptop CPU)
 """

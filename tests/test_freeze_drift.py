@@ -260,25 +260,25 @@ def test_reads_no_gradient_statistics_and_asks_for_the_probe() -> None:
 
 
 def test_the_defaults_are_the_setting_the_study_measured() -> None:
-    """relative 0.15, settle 0.3 from 80% of the run, threshold 0.01, patience 1, all but the top layer, no step
+    """relative 0.15, settle 0.3 from 80% of the run, threshold 0.01, patience 1, the lower two thirds, no step
     limit, no guard (docs/freeze.md, "The default policy"); the run's length is needed for settle_after."""
     policy = Drift(12, total_steps=200)
     assert (policy.threshold, policy.relative, policy.settle, policy.settle_after) == (0.01, 0.15, 0.3, 0.8)
-    assert (policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (1, 0.95, 12, None)
-    # the top layer keeps training: up to 19 layers exactly one, then about the top 5%
-    assert [signal_layers(Drift(n, total_steps=200)) for n in (1, 2, 6, 12, 19, 20, 24)] == [0, 1, 5, 11, 18, 19, 22]
+    assert (policy.patience, policy.max_fraction, policy.max_step, policy.tolerance) == (1, 0.67, 12, None)
+    # the top third keeps training: floor(2/3 L) may freeze (4 of MiniLM-L6's 6 blocks, 8 of ViT-B/16's 12)
+    assert [signal_layers(Drift(n, total_steps=200)) for n in (1, 2, 3, 6, 12, 19, 24)] == [0, 1, 2, 4, 8, 12, 16]
     with pytest.raises(FreezeError, match=r"settle_after = 0\.8 needs total_steps"):
         Drift(12)
     assert Drift(12, settle_after=None).settle_after is None  # no floor: no run length needed
     assert Drift(12, settle=None).settle_after is None  # nothing to delay
     # the two tasks' shapes, in miniature: a network whose lower layers barely move freezes them at once, the
     # others only once the top has settled, from step 160 of 200 on; one that moves as a whole waits for that
-    # (the top layer, past the cap, is not watched: the relative test reads the highest watched one, the third)
-    encoder, whole = Drift(4, total_steps=200), Drift(4, total_steps=200)
+    # (the top third, past the cap, is not watched: the relative test reads the highest watched layer, the fourth)
+    encoder, whole = Drift(6, total_steps=200), Drift(6, total_steps=200)
     tops = [1.0, 0.8, 0.5, 0.2, 0.2, 0.2]
     steps = [20, 40, 80, 140, 160, 180]
-    assert _decide(encoder, [[0.05, 0.1, t, 9.0] for t in tops], steps) == [2, 2, 2, 2, 3, 3]
-    assert _decide(whole, [[0.5 * t, 0.7 * t, t, 9.0] for t in tops], steps) == [0, 0, 0, 0, 3, 3]
+    assert _decide(encoder, [[0.05, 0.1, 0.6 * t, t, 9.0, 9.0] for t in tops], steps) == [2, 2, 2, 2, 4, 4]
+    assert _decide(whole, [[0.5 * t, 0.7 * t, 0.8 * t, t, 9.0, 9.0] for t in tops], steps) == [0, 0, 0, 0, 4, 4]
 
 
 def _decide(policy: Drift, rounds: list[list[float]], steps: list[int]) -> list[int]:

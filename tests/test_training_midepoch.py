@@ -465,7 +465,7 @@ def test_the_default_policy_decides_four_times_an_epoch_and_freezes_up_to_its_ca
 ) -> None:
     # 8 steps an epoch, 4 epochs: a decision point every 2 steps; the tiny ViT from its initial weights adapts as a
     # whole, so no unit is still by the relative test and the settle test waits for 80% of the run (step 25.6);
-    # the units up to the cap (all but the top one) freeze together at step 24, once the cosine schedule's steps
+    # the units up to the cap (the lower two thirds) freeze together at step 24, once the cosine schedule's steps
     # are small enough that both watched units move by less than the threshold
     out = two_ranks[0]["default_rhythm"]
     assert out["every"] == 2

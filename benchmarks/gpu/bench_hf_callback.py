@@ -9,6 +9,9 @@ Arms (every seed runs them in turn, one job):
   dataset position);
 * ``freeze_nocache`` - ``FreezeCallback(cache=False)``: the same freezes, the frozen blocks run forward in every
   step (what the cache adds is ``freeze`` against this arm; not in the default ``--arms``);
+* ``freeze-POLICY:KEY=VALUE,...`` (``--policy-arm``) - ``freeze`` with another policy or the default's options,
+  in the accuracy study's arm grammar: ``--policy-arm drift:max_fraction=0.95`` adds the arm
+  ``freeze-drift:max_fraction=0.95`` (the default policy with its former cap), to compare in one job;
 * ``lora`` - HF peft LoRA, r 8 on the attention's query and value (the new head trains in full), at its own rate
   (``--lora-lr``, default 1e-3: the rate benchmarks/time_to_accuracy.py's tuning chose for LoRA on this task).
 
@@ -50,6 +53,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from bench_freeze_accuracy import parse_arm  # benchmarks/: the accuracy study's arm grammar
+
 from _report import emit, provenance  # this folder
 from elastic_pipe.data import load_bbcnews
 from elastic_pipe.models import minilm_dir, minilm_tokenize
@@ -121,6 +127,21 @@ def expect_encoder_loaded(model: torch.nn.Module) -> None:
         raise SystemExit(f"bench_hf_callback: the MiniLM encoder's weights did not load from {files[0]}")
 
 
+def cached(arm: str) -> bool:
+    """Whether ``arm`` runs the callback with the frozen-prefix cache (its dataset then carries ``idx``)."""
+    return arm == "freeze" or arm.startswith("freeze-")
+
+
+def callback_for(arm: str, callback_type: Any) -> Any:
+    """The arm's ``FreezeCallback`` (``callback_type``: the trainer's), or None for ``none`` and ``lora``."""
+    if not arm.startswith("freeze"):
+        return None
+    if arm.startswith("freeze-"):
+        parsed = parse_arm(arm.removeprefix("freeze-"))
+        return callback_type(parsed.policy, policy_options=dict(parsed.options), cache=True)
+    return callback_type(cache=cached(arm))
+
+
 def build(arm: str, seed: int) -> torch.nn.Module:
     """MiniLM-L6 with a new 5-way head (seeded), LoRA-wrapped for the ``lora`` arm."""
     from transformers import BertForSequenceClassification, set_seed
@@ -177,8 +198,8 @@ def train_hf(model: torch.nn.Module, arm: str, seed: int, data: dict[str, Any], 
             dataloader_num_workers=0,
             remove_unused_columns=False,  # the freeze arm's idx reaches the callback
         )
-        callback = FreezeCallback(cache=arm == "freeze") if arm.startswith("freeze") else None
-        train, val = Docs(*data["train"], indexed=arm == "freeze"), Docs(*data["val"])
+        callback = callback_for(arm, FreezeCallback)
+        train, val = Docs(*data["train"], indexed=cached(arm)), Docs(*data["val"])
         callbacks = [callback] if callback else []
         Trainer(model=model, args=args, train_dataset=train, eval_dataset=val, callbacks=callbacks).train()
     return callback
@@ -213,8 +234,8 @@ def train_lightning(model: torch.nn.Module, arm: str, seed: int, data: dict[str,
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": decay, "interval": "step"}}
 
     pl.seed_everything(seed, verbose=False)
-    callback = FreezeCallback(cache=arm == "freeze") if arm.startswith("freeze") else None
-    train = Docs(*data["train"], indexed=arm == "freeze")
+    callback = callback_for(arm, FreezeCallback)
+    train = Docs(*data["train"], indexed=cached(arm))
     loader = torch.utils.data.DataLoader(train, batch_size=BATCH, shuffle=True)
     val = torch.utils.data.DataLoader(Docs(*data["val"]), batch_size=EVAL_BATCH)
     cuda = torch.cuda.is_available()
@@ -310,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--trainer", choices=("hf", "lightning"), default="hf")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"a comma list of {ARMS}")
+    ap.add_argument(
+        "--policy-arm",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="one more freeze arm, freeze-SPEC: POLICY or POLICY:KEY=VALUE,... (e.g. drift:max_fraction=0.95)",
+    )
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--epochs", type=int, default=EPOCHS)
     ap.add_argument("--seq", type=int, default=256, help="word pieces per article (padded and truncated)")
@@ -328,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in opts.arms.split(",") if a]
     if not arms or any(a not in ARMS for a in arms):
         ap.error(f"--arms: expected a comma list of {ARMS}, got {opts.arms!r}")
+    from elastic_pipe.freeze import POLICIES
+
+    for spec in opts.policy_arm:
+        if parse_arm(spec).policy not in POLICIES:
+            ap.error(f"--policy-arm: unknown policy {parse_arm(spec).policy!r} in {spec!r} (one of {sorted(POLICIES)})")
+        arms.append(f"freeze-{spec}")
     try:
         seeds = [int(s) for s in opts.seeds.split(",")]
     except ValueError:

@@ -326,11 +326,8 @@ class PrefixCache:
         self._batch = None
         if self.boundary == 0:
             return
-        try:  # both lookups: an index outside the training set is named the same way at either boundary
-            values = self._whole(ids, self.boundary) if self.boundary in self._verified else None
-            older = self._whole(ids, self._older) if values is None and self._older else None
-        except ep_cache.CacheError as exc:
-            raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
+        values = self._whole(ids, self.boundary) if self.boundary in self._verified else None
+        older = self._whole(ids, self._older) if values is None and self._older else None
         if values is not None:
             self._serve(self.boundary, values)
         elif older is not None:
@@ -349,10 +346,20 @@ class PrefixCache:
 
     def _whole(self, ids: torch.Tensor, boundary: int) -> torch.Tensor | None:
         """The batch's entries at ``boundary`` when it holds all of them, else None (a partial batch reads and
-        counts nothing: the index alone says so)."""
-        if self.cache is None or not bool(self.cache.cached(ids, boundary).all()):
+        counts nothing: the index alone says so).
+
+        Raises:
+            IntegrationError: an index outside the training set (the cache's own error, named for the callback's
+                users), at whichever boundary is looked up.
+        """
+        if self.cache is None:
             return None
-        lookup = self.cache.get(ids, boundary)
+        try:
+            if not bool(self.cache.cached(ids, boundary).all()):
+                return None
+            lookup = self.cache.get(ids, boundary)
+        except ep_cache.CacheError as exc:
+            raise IntegrationError(f"cache: the batch's {self.settings.index_key!r} values: {exc}") from None
         return lookup.values if bool(lookup.hit.all()) else None
 
     def _serve(self, boundary: int, values: torch.Tensor) -> None:
