@@ -2305,7 +2305,7 @@ ROWS += [
     (TTA, "(7.5 s and {} s against 8.1 s and 8.1 s warm)", TTA_DIGITS, DEF + "total_seconds_by_seed.2", ".1f"),
     (TTA, "against {} s and 8.1 s warm)", TTA_DIGITS, "arms.elastic-none.total_seconds_by_seed.1", ".1f"),
     (TTA, "8.1 s and {} s warm)", TTA_DIGITS, "arms.elastic-none.total_seconds_by_seed.2", ".1f"),
-    (TTA, "a median {} s with this cap", CAPS14, NEW_CAP + "total_seconds_by_seed.median", ".2f"),
+    (TTA, "over the 14 seeds of {} s with this cap", CAPS14, NEW_CAP + "total_seconds_by_seed.median", ".2f"),
     (TTA, "this cap and {} s with\n  the former one", CAPS14, DEF + "total_seconds_by_seed.median", ".2f"),
     (TTA, "the former one, against {} s. Runs", CAPS14, "arms.elastic-none.total_seconds_by_seed.median", ".2f"),
     (TTA, "on qkv in {} s (1.43x", TTA_DIGITS, "arms.lora-qkv-r8.time_to_target_mean", ".1f"),
@@ -2395,6 +2395,27 @@ ROWS += [
     (INTEG, "| 1.17x | {} | 1.28x |", HF8_CAPS, OLD_CAP + "accuracy_points_vs_none", "+.2f"),
     (INTEG, "| +0.03 | {}x |\n\nThe former", HF8_CAPS, OLD_CAP + "speedup_over_none", ".2f"),
     (INTEG, "on seeds 3-6 it measured {}x\n(", HF8_S36, LC + "freeze.speedup_over_none", ".2f"),
+]
+
+
+ROWS += [
+    (
+        TTA,
+        "on seeds 1 and 2 this cap's transitions took {} s",
+        CAPS14,
+        "runs.elastic-drift:max_fraction=0.67.1.transition_seconds",
+        ".2f",
+    ),
+    (TTA, "took 0.86 s and {} s in all", CAPS14, "runs.elastic-drift:max_fraction=0.67.2.transition_seconds", ".2f"),
+    (TTA, "in all, against {} s and 0.63 s at b3c28ee", TTA_BBC, "runs.elastic-default.1.transition_seconds", ".2f"),
+    (TTA, "against 0.62 s and {} s at b3c28ee", TTA_BBC, "runs.elastic-default.2.transition_seconds", ".2f"),
+    (
+        TTA,
+        "(it reached it at an evaluation on the way, at {} s)",
+        TTA_DIGITS,
+        "arms.elastic-none.time_to_target_by_seed.1",
+        ".1f",
+    ),
 ]
 
 
