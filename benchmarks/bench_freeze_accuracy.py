@@ -115,6 +115,18 @@ def parse_arm(spec: str) -> Arm:
     return Arm(spec if rest else name, name, options)
 
 
+def registered_arm(spec: str) -> Arm:
+    """:func:`parse_arm`'s arm, whose policy must be a registered one (other scripts' ``--policy-arm``).
+
+    Raises:
+        ValueError: the policy is not in ``elastic_pipe.freeze.POLICIES`` (the message names it and the known ones).
+    """
+    arm = parse_arm(spec)
+    if arm.policy not in freeze.POLICIES:
+        raise ValueError(f"unknown policy {arm.policy!r} in {spec!r} (one of {sorted(freeze.POLICIES)})")
+    return arm
+
+
 def _top_level_items(text: str) -> list[str]:
     """``text`` split at the commas outside braces and brackets."""
     items, depth, start = [], 0, 0

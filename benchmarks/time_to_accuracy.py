@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from elastic_pipe import data as edata
-from elastic_pipe import freeze, models
+from elastic_pipe import models
 from elastic_pipe.models.sublayer import SubLayerModel
 from elastic_pipe.orchestrator import ElasticTrainer, TrainConfig, config_from_tables
 from elastic_pipe.orchestrator.launch import join_process_group
@@ -421,9 +421,10 @@ def elastic_run(
 def variant_arm(spec: str) -> tuple[str, dict[str, Any]]:
     """``--policy-arm``'s ``policy:key=value,...`` (the accuracy study's arm grammar) as an elastic arm's name and
     ``[freeze]`` table: ``"drift:max_fraction=0.95"`` is the arm ``elastic-drift:max_fraction=0.95``."""
-    parsed = study.parse_arm(spec)
-    if parsed.policy not in freeze.POLICIES:
-        raise SystemExit(f"--policy-arm: unknown policy {parsed.policy!r} in {spec!r}")
+    try:
+        parsed = study.registered_arm(spec)
+    except ValueError as exc:
+        raise SystemExit(f"--policy-arm: {exc}") from None
     return f"elastic-{spec}", {"policy": parsed.policy, "options": dict(parsed.options)}
 
 

@@ -2445,7 +2445,7 @@ def _paired_interval(result: str, arm: str, against: str) -> tuple[float, float,
     runs = _result(result)["arms"]
     a, b = runs[arm]["accuracy_by_seed"], runs[against]["accuracy_by_seed"]
     diffs = [100 * (a[s] - b[s]) for s in sorted(a, key=int)]
-    mean, half = statistics.fmean(diffs), 0.0
+    mean = statistics.fmean(diffs)
     half = float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
     return mean, mean - half, mean + half, sum(d < 0 for d in diffs), sum(d > 0 for d in diffs)
 

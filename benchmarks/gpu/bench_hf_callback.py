@@ -54,7 +54,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from bench_freeze_accuracy import parse_arm  # benchmarks/: the accuracy study's arm grammar
+from bench_freeze_accuracy import parse_arm, registered_arm  # benchmarks/: the accuracy study's arm grammar
 
 from _report import emit, provenance  # this folder
 from elastic_pipe.data import load_bbcnews
@@ -356,11 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     arms = [a for a in opts.arms.split(",") if a]
     if not arms or any(a not in ARMS for a in arms):
         ap.error(f"--arms: expected a comma list of {ARMS}, got {opts.arms!r}")
-    from elastic_pipe.freeze import POLICIES
-
     for spec in opts.policy_arm:
-        if parse_arm(spec).policy not in POLICIES:
-            ap.error(f"--policy-arm: unknown policy {parse_arm(spec).policy!r} in {spec!r} (one of {sorted(POLICIES)})")
+        try:
+            registered_arm(spec)
+        except ValueError as exc:
+            ap.error(f"--policy-arm: {exc}")
         arms.append(f"freeze-{spec}")
     try:
         seeds = [int(s) for s in opts.seeds.split(",")]
