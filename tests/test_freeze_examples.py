@@ -44,12 +44,15 @@ def test_the_default_policy_example_freezes_the_lower_two_thirds_only_after_the_
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     out = tmp_path / "runs.json"
-    assert example.main(["--epochs", "4", "--pretrain-epochs", "1", "--json", str(out)]) == 0
+    # 6 epochs: at 4 the pre-trained run never froze on one 2-core machine (its top block had not settled by the
+    # run's end; the runs' numbers depend on the CPU's kernels and threads)
+    epochs = 6
+    assert example.main(["--epochs", str(epochs), "--pretrain-epochs", "1", "--json", str(out)]) == 0
     runs = json.loads(out.read_text())
     assert set(runs) == {"pre-trained on 0-4", "initial weights"}
     for run in runs.values():
         steps, timeline = run["steps"], run["timeline"]
-        assert run["decide_every"] == (steps // 4) // 4  # four decision points per epoch
+        assert run["decide_every"] == (steps // epochs) // 4  # four decision points per epoch
         assert [f for _, f in timeline] == sorted({f for _, f in timeline})  # monotone, one entry per change
         # the settle test waits for its floor (80% of the run)
         assert all(f < 4 for s, f in timeline if s < DEFAULT_SETTLE_AFTER * steps)
