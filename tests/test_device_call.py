@@ -71,3 +71,42 @@ def test_a_commit_that_is_not_a_full_hash_is_refused_before_any_part_runs(tmp_pa
         f"device_call.sh: COMMIT must be the full 40-hex hash (git rev-parse HEAD), got '{commit}'"
     )
     assert not list(out.iterdir()) and not (tmp_path / "work").exists()  # nothing ran, nothing was written
+
+
+def _repo_with_headline(tmp_path: Path) -> Path:
+    """A git repository holding headline.sh and one committed file under src/."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "gpu").mkdir(parents=True)
+    (repo / "src").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "gpu" / "headline.sh", repo / "benchmarks" / "gpu")
+    (repo / "src" / "mod.py").write_text("x = 1\n")
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    return repo
+
+
+@NEEDS_SHELL
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+@pytest.mark.parametrize("change", ["edited", "untracked"])
+def test_the_check_before_a_re_measure_refuses_src_changes_not_committed(tmp_path: Path, change: str) -> None:
+    # a re-measure names HEAD: measured on a src/ with changes left out of it, its results would name the wrong code
+    repo = _repo_with_headline(tmp_path)
+    if change == "edited":
+        (repo / "src" / "mod.py").write_text("x = 2\n")
+    else:
+        (repo / "src" / "new.py").write_text("y = 1\n")
+    done = subprocess.run(
+        ["bash", str(repo / "benchmarks" / "gpu" / "headline.sh"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "headline.sh --check: src/ has changes not committed; commit them first (the results name HEAD)"
+    ]

