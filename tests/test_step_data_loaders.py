@@ -554,7 +554,7 @@ def test_a_list_is_cut_into_one_part_per_worker_of_at_least_min_part(n: int, wor
 
 
 def test_a_transition_reads_the_cache_fill_and_the_evaluation_store_through_loaders_already_running(
-    one_rank_here: None, monkeypatch: pytest.MonkeyPatch
+    one_rank_here: None,
 ) -> None:
     # Freezing 2 sub-layers with the cache on reads every training sample once (the fill) and every held-out one
     # once (the evaluation store), both inputs only. Each read had a loader of its own: the fill forked the
@@ -575,15 +575,6 @@ def test_a_transition_reads_the_cache_fill_and_the_evaluation_store_through_load
         }
     )
     built: list[tuple[int, int]] = []
-    fills: list[int] = []  # lists per pass over the training split outside the steps (the fill)
-    read = DatasetSplit.batches
-
-    def counting(self: DatasetSplit, index_lists: Any, **kwargs: Any) -> Any:
-        if isinstance(index_lists, list) and self is trainer.ctx.train_set:
-            fills.append(len(index_lists))
-        return read(self, index_lists, **kwargs)
-
-    monkeypatch.setattr(DatasetSplit, "batches", counting)
     with ElasticTrainer(config, data=Digits(96), quiet=True) as trainer:
         result = trainer.fit(
             on_epoch_end=lambda t: built.append((t.ctx.train_set.loaders_built, t.ctx.eval_set.loaders_built))
@@ -591,57 +582,3 @@ def test_a_transition_reads_the_cache_fill_and_the_evaluation_store_through_load
         complete = trainer.prefix.cache_complete
     assert [t["frozen_units"] for t in result.transitions] == [2] and complete  # the fill and the store ran
     assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run
-    assert fills == [1]  # the 76 training samples in one list (chunks of 16 read one by one: 5 lists)
-
-
-class Wide(torch.utils.data.Dataset[tuple[torch.Tensor, int]]):
-    """Item ``i``: ``width`` float64 values ``i, i + 1, ...``, label ``i % 10``."""
-
-    def __init__(self, n: int, width: int) -> None:
-        self.n, self.width = n, width
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return torch.arange(index, index + self.width, dtype=torch.float64), index % 10
-
-
-@pytest.mark.parametrize("item", [4, 1 << 12])
-def test_a_fill_reads_small_items_in_few_lists_and_runs_the_prefix_chunk_by_chunk(
-    monkeypatch: pytest.MonkeyPatch, item: int
-) -> None:
-    # MiniLM's items (256 word pieces) are 2 KiB: read one chunk of 32 per list, a fill of 1,780 articles was 56
-    # hand-offs from the loader's workers, each a round trip between processes. The lists now hold as many whole
-    # chunks as fit in READ_BYTES; the prefix still runs on chunks of 32, so every entry is what it was.
-    from elastic_pipe.cache import ActivationCache
-    from elastic_pipe.orchestrator.prefix import fill
-
-    monkeypatch.setattr(fill, "READ_BYTES", 1 << 20)  # 1 MiB: one chunk of 32 large items (32 KiB each), all small
-    part = _split(Wide(100, item), workers=2)
-    lists: list[int] = []
-    calls: list[int] = []
-    read = DatasetSplit.batches
-
-    def counting(self: DatasetSplit, index_lists: Any, **kwargs: Any) -> Any:
-        for batch in read(self, index_lists, **kwargs):
-            lists.append(int(batch.positions.shape[0]))
-            yield batch
-
-    def prefix(x: torch.Tensor) -> torch.Tensor:
-        calls.append(int(x.shape[0]))
-        return x[:, :4] * 2
-
-    monkeypatch.setattr(DatasetSplit, "batches", counting)
-    cache = ActivationCache(100, device_budget=1 << 20, device="cpu")
-    try:
-        reads = fill.read_chunks(part.spec.input_bytes, 32)
-        assert reads == (1024 if item == 4 else 1)  # 1 MiB over 32 items of 32 bytes, or of 32 KiB
-        fill.fill_cache(cache, part, 3, chunk=32, device=CPU, run_prefix=prefix, reads=reads)
-    finally:
-        part.close()
-    assert calls == [32, 32, 32, 4]  # the prefix's chunks, as before
-    assert lists == ([100] if item == 4 else [32, 32, 32, 4])  # one list of 100 small items; large ones a chunk each
-    ids = torch.arange(100)
-    expected = torch.stack([part.dataset[i][0][:4] * 2 for i in range(100)]).to(torch.float64)
-    assert torch.equal(cache.get(ids, 3).values, expected)

@@ -111,7 +111,8 @@ class DatasetSplit:
         return make_loader(items, batch_sampler, collate, workers=self.workers, pin=pin, persistent=persistent)
 
     def _build(self, key: LoaderKey, collate: Collate) -> BuildLoader[Pair]:
-        """What the pool calls to build a loader for ``key``: :meth:`_loader` with ``collate``, pinned by ``key``."""
+        """What the pool calls to build a loader for ``key`` (:meth:`_loader` with ``collate``, pinned as ``key``
+        says)."""
 
         def build(
             batch_sampler: Iterable[list[int]], persistent: bool
@@ -124,7 +125,9 @@ class DatasetSplit:
         self, key: LoaderKey, lists: Iterable[list[int]], collate: Collate
     ) -> Iterator[tuple[list[int], list[Pair]]]:
         """Per list, the list and the collated batches of its parts (:func:`~.loader_pool.cut`), from the pool's
-        loader for ``key``, or one covering it unless the items are random (a resume must read them as its run did)."""
+        loader for ``key``."""
+        # a kept loader of other parts may serve plain lists, unless the items are random (a resumed run must read
+        # them through the same loader as the run it resumes)
         parts = Parts(lists, self.workers)
         reader = self._pool.read(key, parts, self._build(key, collate), cover=not self.random_augmentation)
         try:
