@@ -126,10 +126,7 @@ class DatasetSplit:
     ) -> Iterator[tuple[list[int], list[Pair]]]:
         """Per list, the list and the collated batches of its parts (:func:`~.loader_pool.cut`), from the pool's
         loader for ``key``."""
-        # a kept loader of other parts may serve plain lists, unless the items are random (a resumed run must read
-        # them through the same loader as the run it resumes)
-        parts = Parts(lists, self.workers)
-        reader = self._pool.read(key, parts, self._build(key, collate), cover=not self.random_augmentation)
+        reader = self._pool.read(key, Parts(lists, self.workers), self._build(key, collate))
         try:
             for positions in lists:
                 yield positions, [next(reader) for _ in cut(positions, self.workers)]
@@ -182,9 +179,8 @@ class DatasetSplit:
         key = self._key("steps" if steps else "lists", inputs, labels, device, shard)
         collate = Collate(self.spec, None, inputs, labels)  # cast on the device, below
         for positions, parts in self._read(key, lists, collate):
-            # a covering loader (see _read) may stack parts not asked for: they are dropped
-            x = joined([p[0] for p in parts], device) if inputs else None
-            y = joined([p[1] for p in parts], device) if labels else None
+            x = joined([p[0] for p in parts], device)
+            y = joined([p[1] for p in parts], device)
             yield Batch(
                 torch.tensor(positions, dtype=torch.long),
                 None if x is None else cast_floating(x, self.dtype),

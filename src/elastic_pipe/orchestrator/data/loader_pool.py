@@ -120,22 +120,12 @@ class LoaderPool(Generic[B]):
     built: int = 0
     _entries: dict[LoaderKey, _Entry[B]] = field(default_factory=dict)
 
-    def read(
-        self, key: LoaderKey, lists: Iterable[list[int]], build: BuildLoader[B], *, cover: bool = False
-    ) -> Generator[B, None, None]:
-        """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent).
-
-        With ``cover``, a read of plain lists (no shard) that has no loader of its own is served by an idle kept
-        loader that reads at least the same parts of the items with the same pinning (:meth:`covering`): its
-        batches may then hold parts the caller did not ask for, which it drops."""
+    def read(self, key: LoaderKey, lists: Iterable[list[int]], build: BuildLoader[B]) -> Generator[B, None, None]:
+        """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent)."""
         entry = self._entries.get(key)
         if entry is not None and entry.busy:  # another reader of this key is open: a loader of its own
             yield from self._one_shot(lists, build)
             return
-        if entry is None and cover:
-            served = self.covering(key)
-            if served is not None:
-                key, entry = served, self._entries[served]
         if entry is None:
             entry = self._replace(key, build)
         entry.feed.lists = lists
@@ -155,21 +145,6 @@ class LoaderPool(Generic[B]):
             if failed and self._entries.get(key) is entry:
                 del self._entries[key]
                 stop_workers(entry.loader)
-
-    def covering(self, key: LoaderKey) -> LoaderKey | None:
-        """The key of an idle kept loader that can serve a read of plain lists for ``key`` (one that stacks at
-        least ``key``'s parts, pinned alike), the same kind first; ``None`` when there is none or ``key`` reads a
-        sampler's shard. Its workers are running already: a one-pass read at a transition (the cache's fill through
-        the steps' loader, the evaluation store through the evaluation's) forks no new ones (issue #41)."""
-        if key.shard is not None:
-            return None
-        fits = [
-            k
-            for k, e in self._entries.items()
-            if not e.busy and k.pin == key.pin and k.inputs >= key.inputs and k.labels >= key.labels
-        ]
-        fits.sort(key=lambda k: k.kind != key.kind)
-        return fits[0] if fits else None
 
     def start(self, key: LoaderKey, build: BuildLoader[B]) -> bool:
         """Build the loader for ``key`` and start its workers now, reading nothing yet, so that their start-up
