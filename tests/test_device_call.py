@@ -82,11 +82,12 @@ def _repo_with_headline(tmp_path: Path) -> Path:
     (repo / "src" / "mod.py").write_text("x = 1\n")
 
     def git(*args: str) -> None:
-        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+        identity = ["-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "-C", str(repo), *identity, *args], check=True, capture_output=True)
 
     git("init", "-q")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "-A")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    git("add", "-A")
+    git("commit", "-q", "-m", "one")
     return repo
 
 
