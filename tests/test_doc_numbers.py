@@ -2121,14 +2121,6 @@ ROWS += [
     ("README.md", "7.69 s ({}x; LoRA:", HF8_B3, LC + "freeze.speedup_over_none", ".2f"),
     ("README.md", "LoRA: {} in 8.08 s)", HF8_B3, LC + "lora.accuracy_mean", ".2%"),
     ("README.md", "LoRA: 96.55% in {} s).", HF8_B3, LC + "lora.wall_seconds_mean", ".2f"),
-    ("README.md", "): {}x at\n-0.03 points", HF_CAPS, LC + "freeze.speedup_over_none", ".2f"),
-    ("README.md", "1.09x at\n{} points and", HF_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
-    ("README.md", "points and {}x at +0.06 points,", HF8_CAPS, LC + "freeze.speedup_over_none", ".2f"),
-    ("README.md", "1.19x at {} points, the former", HF8_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
-    ("README.md", "the former cap {}x at -0.42", HF_CAPS, OLD_CAP + "speedup_over_none", ".2f"),
-    ("README.md", "cap 1.17x at {} points and", HF_CAPS, OLD_CAP + "accuracy_points_vs_none", "+.2f"),
-    ("README.md", "points and {}x at +0.03 points. So", HF8_CAPS, OLD_CAP + "speedup_over_none", ".2f"),
-    ("README.md", "1.28x at {} points. So", HF8_CAPS, OLD_CAP + "accuracy_points_vs_none", "+.2f"),
 ]
 
 
