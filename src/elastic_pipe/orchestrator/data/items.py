@@ -10,7 +10,6 @@ failure instead of raising. Every item must fit item 0 (:class:`ItemSpec`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
@@ -47,11 +46,6 @@ class ItemSpec:
     label_dtype: torch.dtype
     num_classes: int | None = None
     on_host: bool = True
-
-    @property
-    def input_bytes(self) -> int:
-        """One item's input bytes."""
-        return math.prod(self.input_shape) * self.input_dtype.itemsize
 
     def check(self, index: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
         """Why item ``index`` (``(x, y)``) does not fit, or ``None``."""

@@ -72,7 +72,6 @@ class CacheJob:
         run: runs a range of sub-layers (:func:`widening` of the context's runner).
         example: the prefix output at ``frozen`` for one sample (the entries' shape and dtype), if the caller
             has it; ``None``: whoever needs it runs the prefix on one sample.
-        item_bytes: one sample's input bytes as a dataset's items hold them (0: tensors in memory).
     """
 
     cache: acache.ActivationCache
@@ -83,7 +82,6 @@ class CacheJob:
     device: torch.device
     run: RunSublayers
     example: torch.Tensor | None = None
-    item_bytes: int = 0
 
     def carry(self, peers: FillPeers | None = None, only: torch.Tensor | None = None) -> None:
         """:func:`carry_entries` of this job's entries from ``old_frozen`` to ``frozen``."""

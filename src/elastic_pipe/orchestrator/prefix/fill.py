@@ -132,7 +132,6 @@ def prepare_cache(
                 chunk=job.chunk,
                 device=job.device,
                 run_prefix=lambda v: job.run(v, 0, frozen),
-                reads=read_chunks(job.item_bytes, job.chunk),
             )
     return enabled, reason
 
@@ -154,18 +153,6 @@ def _decide(job: CacheJob, *, mode: str, per_replica: int, old: int = 0) -> tupl
     return decision.enabled, decision.reason
 
 
-#: Input bytes a fill reads per list, at most: as many whole chunks as fit (at least one). A dataset's list is cut
-#: among its loader workers and handed over in one piece per worker, so small items (MiniLM's 256 word pieces,
-#: 2 KiB) come in a few hand-offs instead of one per chunk of 32.
-READ_BYTES = 64 << 20
-
-
-def read_chunks(item_bytes: int, chunk: int) -> int:
-    """Chunks of ``chunk`` samples a fill reads per list: :data:`READ_BYTES` over one chunk's input bytes
-    (``item_bytes`` a sample's; 0 for tensors in memory, read without hand-offs: 1), at least 1."""
-    return max(1, READ_BYTES // (chunk * item_bytes)) if item_bytes > 0 else 1
-
-
 def fill_cache(
     cache: acache.ActivationCache,
     data: StepData,
@@ -174,7 +161,6 @@ def fill_cache(
     chunk: int,
     device: torch.device,
     run_prefix: Callable[[torch.Tensor], torch.Tensor],
-    reads: int = 1,
 ) -> None:
     """Store the frozen prefix's output for every training sample this rank may be handed.
 
@@ -183,9 +169,8 @@ def fill_cache(
     time, and the ranks that miss would hold up the others at every gradient sync. One pass of the frozen
     prefix over the training set makes every later read a hit, for the price of about one epoch of
     frozen-prefix forwards. Only the samples without an entry are read and run (entries carried over by
-    ``extend`` are reused), read through ``data.batches`` in lists of ``reads`` whole chunks: a
-    dataset's ``DataLoader`` workers decode them while the prefix runs, chunk by chunk. It stops early, with a
-    warning, when the cache's budgets are full.
+    ``extend`` are reused), in chunks read through ``data.batches``: a dataset's ``DataLoader`` workers decode
+    them while the prefix runs. It stops early, with a warning, when the cache's budgets are full.
 
     Args:
         cache: the rank's activation cache.
@@ -194,31 +179,24 @@ def fill_cache(
         chunk: samples per prefix forward.
         device: where the inputs go.
         run_prefix: runs the frozen prefix on a batch of inputs.
-        reads: chunks per list read (:func:`read_chunks`).
     """
     ids_all = data.sample_ids.to("cpu", torch.int64)
     todo = (~cache.cached(ids_all, frozen)).nonzero().flatten().tolist()
-    span = chunk * reads
-    lists = [todo[start : start + span] for start in range(0, len(todo), span)]
-    rejected, stored = cache.stats.rejected, int(ids_all.shape[0]) - len(todo)
+    lists = [todo[start : start + chunk] for start in range(0, len(todo), chunk)]
+    rejected = cache.stats.rejected
     batches = data.batches(lists, inputs=True, labels=False, device=device)
-    full = False
-    for positions, inputs, _ in batches:
+    for done, (positions, inputs, _) in enumerate(batches):
         assert inputs is not None
-        for lo in range(0, int(positions.shape[0]), chunk):  # the prefix runs chunk by chunk, whatever was read
-            with torch.no_grad():
-                cache.put(ids_all[positions[lo : lo + chunk]], frozen, run_prefix(inputs[lo : lo + chunk]))
-            if full := cache.stats.rejected > rejected:
-                log.warning(
-                    "activation cache full after %d of %d samples at boundary %d; raise the budgets to cache all",
-                    stored + lo,
-                    int(ids_all.shape[0]),
-                    frozen,
-                )
-                break
-        if full:
+        with torch.no_grad():
+            cache.put(ids_all[positions], frozen, run_prefix(inputs))
+        if cache.stats.rejected > rejected:
+            log.warning(
+                "activation cache full after %d of %d samples at boundary %d; raise the budgets to cache all",
+                int(ids_all.shape[0]) - len(todo) + done * chunk,
+                int(ids_all.shape[0]),
+                frozen,
+            )
             break
-        stored += int(positions.shape[0])
     close = getattr(batches, "close", None)
     if close is not None:  # a loader stopped early: let its workers go
         close()

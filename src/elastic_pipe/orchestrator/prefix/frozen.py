@@ -189,7 +189,6 @@ class FrozenPrefix:
             device=ctx.device,
             run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
             example=example,
-            item_bytes=ctx.train_set.spec.input_bytes if isinstance(ctx.train_set, DatasetSplit) else 0,
         )
         if self._state.released and carry(ctx, layout, self._state, job, peers=peers):
             self.cache_complete = covers(cache, ctx.train_set, layout.frozen)
