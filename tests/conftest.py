@@ -9,16 +9,26 @@ Tests not marked ``gpu`` see no CUDA device, in this process and in the processe
 as on CI: on the CPU, with gloo, without ``compile = "auto"`` switching torch.compile on. The ``gpu`` tests see the
 devices and cover the CUDA paths (NCCL, compiled and graphed steps, CUDA RNG resume, pinned cache tiers), including
 a job with more local ranks than GPUs (``tests/test_launch_failures.py``).
+
+The ranks of ``run_distributed`` fork from a server that has imported torch and the orchestrator once
+(``ELASTIC_PIPE_TEST_START=forkserver``) unless the environment names ``spawn``: each spawned rank imports them again,
+about 5 s of CPU on the 2-core CI machine, and the whole suite took 18 min 12 s this way against 26 min 6 s with
+spawned ranks (a clean clone of a948d57 in CI's environment, the same 2,884 tests passing; docs/testing.md). The one test whose
+timing was seen to differ under the fork server keeps spawned ranks (``tests/test_groups_distributed.py``).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
 import torch
 
+from elastic_pipe.testing.distributed import START_ENV
+
 torch.set_num_threads(1)
+os.environ.setdefault(START_ENV, "forkserver")
 
 
 @pytest.fixture(autouse=True)
