@@ -2429,6 +2429,19 @@ ROWS += [
 ]
 
 
+#: The columns of a row of the headline's history (the transitions' column is a sum, which lookup does not take).
+HISTORY_COLUMNS = [
+    None,
+    (S30 + "arms.elastic_eager.total_s", ".2f"),
+    (S30 + "arms.plain_eager.total_s", ".2f"),
+    (S30 + "speedup_elastic_over_plain_eager", ".2f"),
+    (S30 + "arms.elastic_compiled_graphs.total_s", ".2f"),
+    (S30 + "arms.plain_compiled.total_s", ".2f"),
+    (S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    None,
+]
+
+
 #: The one-pass reads attempt, measured in full at 4b566fd and not on main (docs/time_to_accuracy.md).
 TTA_BBC_4B = "time_to_accuracy_bbc_4b566fd.json"
 TTA_DIGITS_4B = "time_to_accuracy_digits_4b566fd.json"
@@ -2462,6 +2475,52 @@ ROWS += [
     (TTA, "HF callback {}x at 4 epochs and 1.20x", HF_4B, LC + "freeze.speedup_over_none", ".2f"),
     (TTA, "1.05x at 4 epochs and {}x at 8", HF8_4B, LC + "freeze.speedup_over_none", ".2f"),
 ]
+#: 5bbf028's change measured in part at 176476b, not on main (docs/time_to_accuracy.md).
+TTA_BBC_17 = "time_to_accuracy_bbc_176476b.json"
+HEADLINE_17, SHORT_17 = "headline_single_176476b.json", "headline_default_policy_176476b.json"
+HF_17, DEF_RUNS_17 = "gpu_1xh100_hf_callback_176476b.json", "runs.elastic-default."
+ROWS += [
+    (TTA, "transitions took {} s, 0.48 s and 0.51 s in all", TTA_BBC_17, DEF_RUNS_17 + "0.transition_seconds", ".2f"),
+    (TTA, "0.52 s, {} s and 0.51 s in all", TTA_BBC_17, DEF_RUNS_17 + "1.transition_seconds", ".2f"),
+    (TTA, "0.48 s and {} s in all (0.65 s", TTA_BBC_17, DEF_RUNS_17 + "2.transition_seconds", ".2f"),
+    (TTA, "in all ({} s, 0.62 s and 0.63 s at b3c28ee)", TTA_BBC_B3, DEF_RUNS_17 + "0.transition_seconds", ".2f"),
+    (TTA, "0.65 s, {} s and 0.63 s at b3c28ee)", TTA_BBC_B3, DEF_RUNS_17 + "1.transition_seconds", ".2f"),
+    (TTA, "0.62 s and {} s at b3c28ee):", TTA_BBC_B3, DEF_RUNS_17 + "2.transition_seconds", ".2f"),
+    (
+        TTA,
+        "the evaluation store {} s on every seed (0.16 s)",
+        TTA_BBC_17,
+        DEF_RUNS_17 + "0.transition_phases.1.eval_store",
+        ".2f",
+    ),
+    (TTA, "0.02 s on every seed ({} s)", TTA_BBC_B3, DEF_RUNS_17 + "0.transition_phases.1.eval_store", ".2f"),
+    (TTA, "second freeze {} s, 0.24 s and\n  0.24 s", TTA_BBC_17, DEF_RUNS_17 + "0.transition_phases.1.cache", ".2f"),
+    (TTA, "0.27 s, {} s and\n  0.24 s", TTA_BBC_17, DEF_RUNS_17 + "1.transition_phases.1.cache", ".2f"),
+    (TTA, "0.24 s and\n  {} s (0.26 s", TTA_BBC_17, DEF_RUNS_17 + "2.transition_phases.1.cache", ".2f"),
+    (TTA, "0.24 s ({} s, 0.23 s and 0.22 s)", TTA_BBC_B3, DEF_RUNS_17 + "0.transition_phases.1.cache", ".2f"),
+    (TTA, "(0.26 s, {} s and 0.22 s)", TTA_BBC_B3, DEF_RUNS_17 + "1.transition_phases.1.cache", ".2f"),
+    (TTA, "0.23 s and {} s). Reading", TTA_BBC_B3, DEF_RUNS_17 + "2.transition_phases.1.cache", ".2f"),
+    (TTA, "default took {} s and 3.15 s on the warm seeds", TTA_BBC_17, DEF + "total_seconds_by_seed.1", ".2f"),
+    (TTA, "3.09 s and {} s on the warm seeds", TTA_BBC_17, DEF + "total_seconds_by_seed.2", ".2f"),
+    (TTA, "no freezing's {} s and 3.40 s (at", TTA_BBC_17, "arms.elastic-none.total_seconds_by_seed.1", ".2f"),
+    (TTA, "3.35 s and {} s (at b3c28ee", TTA_BBC_17, "arms.elastic-none.total_seconds_by_seed.2", ".2f"),
+    (TTA, "(at b3c28ee {} s\n  and 3.11 s against", TTA_BBC_B3, DEF + "total_seconds_by_seed.1", ".2f"),
+    (TTA, "and {} s against 3.27 s and 3.25 s), at", TTA_BBC_B3, DEF + "total_seconds_by_seed.2", ".2f"),
+    (TTA, "against {} s and 3.25 s), at", TTA_BBC_B3, "arms.elastic-none.total_seconds_by_seed.1", ".2f"),
+    (TTA, "3.27 s and {} s), at", TTA_BBC_B3, "arms.elastic-none.total_seconds_by_seed.2", ".2f"),
+    (
+        TTA,
+        "measured as at b3c28ee: elastic eager {}x plain eager",
+        HEADLINE_17,
+        S30 + "speedup_elastic_over_plain_eager",
+        ".2f",
+    ),
+    (TTA, "elastic\n  compiled {}x the compiled loop", HEADLINE_17, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+    (TTA, "loop (compilation {} s). The", HEADLINE_17, S30 + "arms.elastic_compiled_graphs.compile_s", ".2f"),
+    (TTA, "took {}x no freezing's time at 4 epochs here", HF_17, LC + "freeze.speedup_over_none", ".2f"),
+    (TTA, "here ({}x at b3c28ee, 1.05x at 4b566fd)", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
+]
+
 # its row of the headline's history (the transitions' column is a sum, which lookup does not take: not checked)
 ROWS += table_rows(
     "docs/benchmarks.md",
@@ -2482,16 +2541,29 @@ ROWS += table_rows(
             ],
         )
     ],
+    HISTORY_COLUMNS,
+)
+
+ROWS += table_rows(
+    "docs/benchmarks.md",
     [
-        None,
-        (S30 + "arms.elastic_eager.total_s", ".2f"),
-        (S30 + "arms.plain_eager.total_s", ".2f"),
-        (S30 + "speedup_elastic_over_plain_eager", ".2f"),
-        (S30 + "arms.elastic_compiled_graphs.total_s", ".2f"),
-        (S30 + "arms.plain_compiled.total_s", ".2f"),
-        (S30 + "speedup_elastic_over_plain_compiled", ".2f"),
-        None,
+        (
+            HEADLINE_17,
+            "",
+            [
+                "176476b (not on main: 5bbf028's `src/`, [measured in part](time_to_accuracy.md#5bbf028s-change-"
+                "measured-in-part-at-176476b-not-on-main)), one H100 (`headline_single_176476b.json`)",
+                "17.89",
+                "58.24",
+                "3.26x",
+                "21.61 (5.66)",
+                "64.51",
+                "2.99x",
+                "2.09",
+            ],
+        )
     ],
+    HISTORY_COLUMNS,
 )
 
 
@@ -2594,6 +2666,7 @@ E2E_SPEEDUPS = [
         "vit_digits:drift",
     ),
 ]
+E2E_SPEEDUPS.append((TTA, "The default's short runs: {}x no freezing.", SHORT_17, "drift"))
 
 
 @pytest.mark.parametrize(("doc", "text", "result", "arm"), E2E_SPEEDUPS, ids=[f"{r[0]}:{r[1]}" for r in E2E_SPEEDUPS])
