@@ -12,8 +12,8 @@ a job with more local ranks than GPUs (``tests/test_launch_failures.py``).
 
 The ranks of ``run_distributed`` fork from a server that has imported torch and the orchestrator once
 (``ELASTIC_PIPE_TEST_START=forkserver``) unless the environment names ``spawn``: each spawned rank imports them again,
-about 5 s of CPU on the 2-core CI machine, and the whole suite took 18 min 12 s this way against 26 min 6 s with
-spawned ranks (a clean clone of a948d57 in CI's environment, the same 2,884 tests passing; docs/testing.md). The one test whose
+about 5 s of CPU on the 2-core CI machine, and the whole suite took 16 min 33 s this way (``.ci/run`` at 9fa879b)
+against 26 min 6 s with spawned ranks (a948d57; the same 2,884 tests passing; docs/testing.md). The one test whose
 timing was seen to differ under the fork server keeps spawned ranks (``tests/test_groups_distributed.py``).
 """
 
