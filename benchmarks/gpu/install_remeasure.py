@@ -48,7 +48,8 @@ TTA_SEED = re.compile(r"time_to_accuracy_(?P<task>[a-z]+)_seeds(?P<seed>\d+)\.js
 BY_HAND = (
     "the literal numbers requote.py lists, then `python -m pytest -q tests/test_doc_numbers.py`",
     "the history row of docs/benchmarks.md (printed above) and its table_rows entry in tests/test_doc_numbers.py",
-    "the HF callback's plot: python benchmarks/gpu/plot_hf_callback.py",
+    "the HF callback's plot: python benchmarks/gpu/plot_hf_callback.py docs/img/hf_callback.png "
+    "benchmarks/results/gpu_1xh100_hf_callback.json benchmarks/results/gpu_1xh100_hf_callback_8epochs.json",
     "the CPU results README quotes (demo_cpu.json, the Lightning jobs): docs/integrations.md and docs/training.md "
     "give their commands",
 )
