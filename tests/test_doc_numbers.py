@@ -2521,7 +2521,7 @@ ROWS += [
     (TTA, "here ({}x at b3c28ee, 1.05x at 4b566fd)", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
 ]
 
-# its row of the headline's history (the transitions' column is a sum, which lookup does not take: not checked)
+# their rows of the headline's history (the transitions' column is a sum, which lookup does not take: not checked)
 ROWS += table_rows(
     "docs/benchmarks.md",
     [
@@ -2539,14 +2539,7 @@ ROWS += table_rows(
                 "2.86x",
                 "2.22",
             ],
-        )
-    ],
-    HISTORY_COLUMNS,
-)
-
-ROWS += table_rows(
-    "docs/benchmarks.md",
-    [
+        ),
         (
             HEADLINE_17,
             "",
@@ -2561,7 +2554,7 @@ ROWS += table_rows(
                 "2.99x",
                 "2.09",
             ],
-        )
+        ),
     ],
     HISTORY_COLUMNS,
 )
