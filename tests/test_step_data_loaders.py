@@ -108,6 +108,34 @@ def test_a_second_reader_of_the_same_loader_gets_its_own() -> None:
     assert part.loaders_built == 2  # the kept loader is free again
 
 
+class RandomPids(Pids):
+    """:class:`Pids` declaring random transforms."""
+
+    random_augmentation = True
+
+
+@pytest.mark.parametrize("random", [False, True])
+def test_a_read_of_fewer_parts_is_served_by_an_idle_loader_of_more_unless_the_items_are_random(random: bool) -> None:
+    part = _split((RandomPids if random else Pids)(64), workers=1)
+    lists = [[0, 1], [2, 3]]
+    try:
+        both = list(part.batches(lists, inputs=True, labels=True, device=CPU))
+        alone = list(part.batches(lists, inputs=True, labels=False, device=CPU))
+        assert all(b.labels is not None for b in both) and all(b.labels is None for b in alone)  # dropped
+        assert [b.positions.tolist() for b in alone] == lists
+        same = all(torch.equal(a.inputs, b.inputs) for a, b in zip(alone, both, strict=True))  # type: ignore[arg-type]
+        assert same == (not random)  # read by the same worker (its pid in column 0), or by a new loader's
+        assert part.loaders_built == (2 if random else 1)
+        # a steps loader (a sampler's shard) serves a plain read too, but is never served by another
+        sampler = ElasticSampler(64, 1, 0, seed=0)
+        _epoch(part, sampler, epoch_plan(64, 8, 1).sizes())
+        assert part.loaders_built == (3 if random else 2)
+        list(part.batches(lists, inputs=True, labels=False, device=CPU))
+        assert part.loaders_built == (3 if random else 2)  # random: its own loader, kept since the second read
+    finally:
+        part.close()
+
+
 class Targets(Digits):
     """Digits whose labels are a ``targets`` list (torchvision's way) or not exposed at all; reading a training
     sample once ``forbidden`` holds it raises (``strict``) or is counted."""
@@ -319,7 +347,8 @@ def test_start_steps_starts_the_workers_that_the_steps_then_read_through() -> No
 def test_the_splits_loaders_are_shut_down_side_by_side(monkeypatch: pytest.MonkeyPatch) -> None:
     from elastic_pipe.orchestrator.data import close_splits
 
-    train, held_out = _split(Pids(96), workers=2), _split(Pids(48), workers=1)
+    # random items: the steps' loader does not serve the training split's rows, which keep a loader of their own
+    train, held_out = _split(RandomPids(96), workers=2), _split(Pids(48), workers=1)
     try:
         assert train.start_steps(inputs=True, labels=True, device=CPU, shard=(1, 0))
         train.input_rows(0, 96)  # a second kept loader of the training split ("rows")
@@ -522,3 +551,34 @@ def test_a_list_is_cut_into_one_part_per_worker_of_at_least_min_part(n: int, wor
     assert max(map(len, pieces)) - min(map(len, pieces)) <= 1
     assert n < MIN_PART or min(map(len, pieces)) >= MIN_PART
     assert list(Parts([positions, positions[:10]], workers)) == [*pieces, positions[:10]]
+
+
+def test_a_transition_reads_the_cache_fill_and_the_evaluation_store_through_loaders_already_running(
+    one_rank_here: None,
+) -> None:
+    # Freezing 2 sub-layers with the cache on reads every training sample once (the fill) and every held-out one
+    # once (the evaluation store), both inputs only. Each read had a loader of its own: the fill forked the
+    # training split's workers a second time, and the store replaced the evaluation's loader (the same kind of
+    # read, fewer parts of the items), forking the held-out split's workers again: a fifth to a quarter of a second
+    # per such transition on one H100 (issue #41). The idle loaders already running read them now.
+    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
+
+    config = config_from_tables(
+        {
+            "model": tiny_vit.model_table(),
+            "data": {"drop_last": True, "workers": 1},
+            "train": {"dtype": "float64", "epochs": 3, "global_batch": 16, "optimizer": "sgd", "lr": 0.05},
+            "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "on"},
+            "launch": {"nproc_per_node": 1},
+            "log": {"progress": False},
+        }
+    )
+    built: list[tuple[int, int]] = []
+    with ElasticTrainer(config, data=Digits(96), quiet=True) as trainer:
+        result = trainer.fit(
+            on_epoch_end=lambda t: built.append((t.ctx.train_set.loaders_built, t.ctx.eval_set.loaders_built))
+        )
+        complete = trainer.prefix.cache_complete
+    assert [t["frozen_units"] for t in result.transitions] == [2] and complete  # the fill and the store ran
+    assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run

@@ -111,8 +111,7 @@ class DatasetSplit:
         return make_loader(items, batch_sampler, collate, workers=self.workers, pin=pin, persistent=persistent)
 
     def _build(self, key: LoaderKey, collate: Collate) -> BuildLoader[Pair]:
-        """What the pool calls to build a loader for ``key`` (:meth:`_loader` with ``collate``, pinned as ``key``
-        says)."""
+        """What the pool calls to build a loader for ``key``: :meth:`_loader` with ``collate``, pinned by ``key``."""
 
         def build(
             batch_sampler: Iterable[list[int]], persistent: bool
@@ -125,8 +124,9 @@ class DatasetSplit:
         self, key: LoaderKey, lists: Iterable[list[int]], collate: Collate
     ) -> Iterator[tuple[list[int], list[Pair]]]:
         """Per list, the list and the collated batches of its parts (:func:`~.loader_pool.cut`), from the pool's
-        loader for ``key``."""
-        reader = self._pool.read(key, Parts(lists, self.workers), self._build(key, collate))
+        loader for ``key``, or one covering it unless the items are random (a resume must read them as its run did)."""
+        parts = Parts(lists, self.workers)
+        reader = self._pool.read(key, parts, self._build(key, collate), cover=not self.random_augmentation)
         try:
             for positions in lists:
                 yield positions, [next(reader) for _ in cut(positions, self.workers)]
@@ -179,8 +179,9 @@ class DatasetSplit:
         key = self._key("steps" if steps else "lists", inputs, labels, device, shard)
         collate = Collate(self.spec, None, inputs, labels)  # cast on the device, below
         for positions, parts in self._read(key, lists, collate):
-            x = joined([p[0] for p in parts], device)
-            y = joined([p[1] for p in parts], device)
+            # a covering loader (see _read) may stack parts not asked for: they are dropped
+            x = joined([p[0] for p in parts], device) if inputs else None
+            y = joined([p[1] for p in parts], device) if labels else None
             yield Batch(
                 torch.tensor(positions, dtype=torch.long),
                 None if x is None else cast_floating(x, self.dtype),

@@ -14,7 +14,8 @@ Rules that keep this safe:
 * one reader at a time per loader (iterating a persistent loader again resets its one iterator): a second reader of
   a key whose loader is still being read gets a loader of its own, shut down when that reader ends;
 * a reader that raises drops its loader (the iterator's state after an error is not to be trusted); a reader
-  closed early leaves it (the next iteration discards what the workers had read ahead).
+  closed early leaves it (the next iteration discards what the workers had read ahead);
+* a read of plain lists may be served by an idle loader of another key that stacks more (:meth:`LoaderPool.covering`).
 
 A list is read in parts (:func:`cut`, :class:`Parts`, at least :data:`MIN_PART` positions each) that several
 workers read side by side, and joined again on the device (:func:`joined`); the workers are forked
@@ -85,10 +86,8 @@ class Feed:
 
 
 def stop_workers(*loaders: object) -> None:
-    """Shut down the loaders' worker processes now (a loader without workers, or never iterated: nothing), the
-    loaders side by side: a loader's shutdown mostly waits for its workers to exit (each a fork of this process,
-    whose exit takes longer the more memory this process has mapped), so several loaders' waits overlap instead of
-    adding up (the end of a run, issue #41)."""
+    """Shut down the loaders' worker processes now (none, or never iterated: nothing), side by side: a shutdown mostly
+    waits for forks of this process to exit, so several loaders' waits overlap instead of adding up (issue #41)."""
     stops: list[Callable[[], None]] = []
     for loader in loaders:
         stop = getattr(getattr(loader, "_iterator", None), "_shutdown_workers", None)
@@ -114,18 +113,22 @@ class LoaderPool(Generic[B]):
     """The loaders of one split, by :class:`LoaderKey` (at most one per kind), each yielding batches of type ``B``.
 
     Attributes:
-        built: loaders constructed so far (each one a start of worker processes when the split has workers).
-    """
+        built: loaders constructed so far (each one a start of worker processes when the split has workers)."""
 
     built: int = 0
     _entries: dict[LoaderKey, _Entry[B]] = field(default_factory=dict)
 
-    def read(self, key: LoaderKey, lists: Iterable[list[int]], build: BuildLoader[B]) -> Generator[B, None, None]:
-        """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent)."""
+    def read(
+        self, key: LoaderKey, lists: Iterable[list[int]], build: BuildLoader[B], *, cover: bool = False
+    ) -> Generator[B, None, None]:
+        """The loader's batches for ``lists``, in order, from the pool's loader for ``key`` (built when absent; with
+        ``cover``, an idle loader of :meth:`covering` serves it first: its batches may hold parts not asked for)."""
         entry = self._entries.get(key)
         if entry is not None and entry.busy:  # another reader of this key is open: a loader of its own
             yield from self._one_shot(lists, build)
             return
+        if entry is None and cover and (served := self.covering(key)) is not None:
+            key, entry = served, self._entries[served]
         if entry is None:
             entry = self._replace(key, build)
         entry.feed.lists = lists
@@ -145,6 +148,14 @@ class LoaderPool(Generic[B]):
             if failed and self._entries.get(key) is entry:
                 del self._entries[key]
                 stop_workers(entry.loader)
+
+    def covering(self, key: LoaderKey) -> LoaderKey | None:
+        """An idle kept loader's key that can serve plain lists read as ``key`` (stacking at least its parts, pinned
+        alike; its own kind first), or ``None`` (none, or ``key`` reads a sampler's shard): a one-pass read at a
+        transition, the cache's fill or the evaluation store, forks no workers anew (issue #41)."""
+        ok = [k for k, e in self._entries.items() if not e.busy and k.pin == key.pin and k.inputs >= key.inputs]
+        fits = sorted((k for k in ok if k.labels >= key.labels), key=lambda k: k.kind != key.kind)
+        return fits[0] if fits and key.shard is None else None
 
     def start(self, key: LoaderKey, build: BuildLoader[B]) -> bool:
         """Build the loader for ``key`` and start its workers now, reading nothing yet, so that their start-up
