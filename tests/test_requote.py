@@ -43,6 +43,17 @@ def test_a_quote_the_doc_lost_is_reported_and_a_moved_one_is_not() -> None:
     ]
 
 
+def test_a_number_the_new_result_lacks_is_left_for_a_hand_rewrite() -> None:
+    old = {"run.json": {"arms": {"elastic": 18.04, "plain": 58.57}}}
+    new = {"run.json": {"arms": {"elastic": None, "plain": 58.26}}}  # e.g. no time to a target it missed
+    doc = "elastic eager 18.04 s against plain eager 58.57 s (3.25x"
+    out, report = requote.requote(ROWS, lookup, old, new, {"doc.md": doc})
+    assert out["doc.md"] == "elastic eager 18.04 s against plain eager 58.26 s (3.25x"
+    assert report[0] == (
+        "NO NUMBER doc.md: 'elastic eager {} s against': arms.elastic was 18.04, is now None: rewrite it by hand"
+    )
+
+
 def test_the_command_refuses_a_pair_without_its_files(capsys: Any) -> None:
     assert requote.main(["headline_single.json=/nonexistent.json"]) == 2
     assert "NAME=OLD_PATH" in capsys.readouterr().err

@@ -22,6 +22,7 @@ files in one folder). The command
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -150,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InstallError(f"{args.returned} is not a folder")
         p = plan(args.returned)
         check_src(p.commit)
+        if p.merge and importlib.util.find_spec("torch") is None:  # before anything is moved
+            raise InstallError(f"the seed merges need torch, which {sys.executable} lacks: use the project's venv")
     except InstallError as exc:
         print(f"install_remeasure: {exc}", file=sys.stderr)
         return 2
