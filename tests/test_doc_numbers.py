@@ -1494,10 +1494,10 @@ ROWS += [
 ]
 TTA_BBC = "time_to_accuracy_bbc.json"  # README and docs: task (a), seeds 0-2, one H100
 TTA_VAR6 = "time_to_accuracy_variants_bbc_6d129e5.json"  # docs/time_to_accuracy.md: the cap's screen on (a)
-TTA_BBC_B3 = "time_to_accuracy_bbc.json"  # the full re-measure at b3c28ee, the cap at 0.67: README's since 80c2475
-TTA_DIG_B3 = "time_to_accuracy_digits.json"
-HF_B3 = "gpu_1xh100_hf_callback.json"
-HF8_B3 = "gpu_1xh100_hf_callback_8epochs.json"
+HF_1X = "gpu_1xh100_hf_callback.json"  # README and docs: the HF callback, seeds 0-2, one H100
+HF8_1X = "gpu_1xh100_hf_callback_8epochs.json"  # the same at 8 epochs
+TTA_BBC_B3 = "time_to_accuracy_bbc_b3c28ee.json"  # the full re-measure at b3c28ee (history: the cap at 0.67)
+HF_B3 = "gpu_1xh100_hf_callback_b3c28ee.json"
 TTA_BBC_52 = "time_to_accuracy_bbc_52dbcba.json"  # docs/freeze.md step 4: the cap, both arms at 52dbcba
 TTA_DIGITS_52 = "time_to_accuracy_digits_52dbcba.json"
 TTA_DIGITS = "time_to_accuracy_digits.json"  # README and docs: task (b), seeds 0-2, one H100
@@ -2042,16 +2042,16 @@ ROWS += table_rows(
     TTA_COLUMNS,
 )
 ROWS += [
-    ("docs/integrations.md", "measured {}x at 4 epochs and 1.18x", HF_B3, "arms.freeze.speedup_over_none", ".2f"),
-    ("docs/integrations.md", "at 4 epochs and {}x at 8", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
-    ("docs/integrations.md", "1.18x at 8, at {} in both", HF8_B3, "arms.freeze.accuracy_mean", ".2%"),
-    ("docs/freeze.md", "speed-up ({}x at 8 epochs against 1.33x)", HF8_B3, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "measured {}x at 4 epochs and 1.18x", HF_1X, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "at 4 epochs and {}x at 8", HF8_1X, "arms.freeze.speedup_over_none", ".2f"),
+    ("docs/integrations.md", "1.18x at 8, at {} in both", HF8_1X, "arms.freeze.accuracy_mean", ".2%"),
+    ("docs/freeze.md", "speed-up ({}x at 8 epochs against 1.33x)", HF8_1X, "arms.freeze.speedup_over_none", ".2f"),
 ]
 TTA = "docs/time_to_accuracy.md"
 TTA_DEFAULT = "arms.elastic-default."
 ROWS += [
     (TTA, "seed 0's cold start, {}", TTA_VAR6, "runs.elastic-none.0.total_seconds", ".1f"),
-    (TTA, "against `elastic-none`'s {} (+0.15", TTA_BBC_B3, "arms.elastic-none.accuracy_mean", ".2%"),
+    (TTA, "against `elastic-none`'s {} (+0.15", TTA_BBC, "arms.elastic-none.accuracy_mean", ".2%"),
 ]
 # the cap at two thirds with the tests reading the block below the top (Drift(watch=0.95); 2b06924, not adopted)
 TTA_VAR_W = "time_to_accuracy_variants_bbc_2b06924.json"  # the screen's elastic arms on (a), one H100
@@ -2107,20 +2107,20 @@ HF8_CAPS = "gpu_1xh100_hf_callback_8epochs_caps_7seeds.json"  # the same at 8 ep
 HF8_S36 = "gpu_1xh100_hf_callback_8epochs_seeds3to6_f1549ea.json"  # the 0.95 default at 8 epochs, seeds 3-6
 OLD_CAP = "arms.freeze-drift:max_fraction=0.95."
 ROWS += [
-    ("README.md", "the\ncallback ends at {} held-out", HF_B3, LC + "freeze.accuracy_mean", ".2%"),
-    ("README.md", "accuracy against {} without it", HF_B3, LC + "none.accuracy_mean", ".2%"),
-    ("README.md", "without it, in {} s against", HF_B3, LC + "freeze.wall_seconds_mean", ".2f"),
-    ("README.md", "s against {} s (1.06x; peft", HF_B3, LC + "none.wall_seconds_mean", ".2f"),
-    ("README.md", "3.62 s ({}x; peft", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
-    ("README.md", "LoRA:\n{} in 3.94 s)", HF_B3, LC + "lora.accuracy_mean", ".2%"),
-    ("README.md", "95.51% in {} s).", HF_B3, LC + "lora.wall_seconds_mean", ".2f"),
-    ("README.md", "(`gpu_1xh100_hf_callback_8epochs.json`): {} against", HF8_B3, LC + "freeze.accuracy_mean", ".2%"),
-    ("README.md", "96.78% against {}\nwithout the callback", HF8_B3, LC + "none.accuracy_mean", ".2%"),
-    ("README.md", "callback, in {} s against 7.69", HF8_B3, LC + "freeze.wall_seconds_mean", ".2f"),
-    ("README.md", "in 6.51 s against {} s (1.18x", HF8_B3, LC + "none.wall_seconds_mean", ".2f"),
-    ("README.md", "7.69 s ({}x; LoRA:", HF8_B3, LC + "freeze.speedup_over_none", ".2f"),
-    ("README.md", "LoRA: {} in 8.08 s)", HF8_B3, LC + "lora.accuracy_mean", ".2%"),
-    ("README.md", "LoRA: 96.55% in {} s).", HF8_B3, LC + "lora.wall_seconds_mean", ".2f"),
+    ("README.md", "the\ncallback ends at {} held-out", HF_1X, LC + "freeze.accuracy_mean", ".2%"),
+    ("README.md", "accuracy against {} without it", HF_1X, LC + "none.accuracy_mean", ".2%"),
+    ("README.md", "without it, in {} s against", HF_1X, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("README.md", "s against {} s (1.06x; peft", HF_1X, LC + "none.wall_seconds_mean", ".2f"),
+    ("README.md", "3.62 s ({}x; peft", HF_1X, LC + "freeze.speedup_over_none", ".2f"),
+    ("README.md", "LoRA:\n{} in 3.94 s)", HF_1X, LC + "lora.accuracy_mean", ".2%"),
+    ("README.md", "95.51% in {} s).", HF_1X, LC + "lora.wall_seconds_mean", ".2f"),
+    ("README.md", "(`gpu_1xh100_hf_callback_8epochs.json`): {} against", HF8_1X, LC + "freeze.accuracy_mean", ".2%"),
+    ("README.md", "96.78% against {}\nwithout the callback", HF8_1X, LC + "none.accuracy_mean", ".2%"),
+    ("README.md", "callback, in {} s against 7.69", HF8_1X, LC + "freeze.wall_seconds_mean", ".2f"),
+    ("README.md", "in 6.51 s against {} s (1.18x", HF8_1X, LC + "none.wall_seconds_mean", ".2f"),
+    ("README.md", "7.69 s ({}x; LoRA:", HF8_1X, LC + "freeze.speedup_over_none", ".2f"),
+    ("README.md", "LoRA: {} in 8.08 s)", HF8_1X, LC + "lora.accuracy_mean", ".2%"),
+    ("README.md", "LoRA: 96.55% in {} s).", HF8_1X, LC + "lora.wall_seconds_mean", ".2f"),
 ]
 
 
@@ -2333,26 +2333,26 @@ ROWS += [
 
 INTEG = "docs/integrations.md"
 ROWS += [
-    (INTEG, "| no callback | {} (96.63%-96.85%) | 3.62", HF_B3, LC + "none.accuracy_mean", ".2%"),
-    (INTEG, "(96.63%-96.85%) | {} | - | 96.63%", HF_B3, LC + "none.wall_seconds_mean", ".2f"),
-    (INTEG, "| - | {} (96.18%-97.08%) | 7.69", HF8_B3, LC + "none.accuracy_mean", ".2%"),
-    (INTEG, "(96.18%-97.08%) | {} | - |", HF8_B3, LC + "none.wall_seconds_mean", ".2f"),
-    (INTEG, "| `FreezeCallback(cache=True)` | {} (96.40%-97.08%) | 3.41", HF_B3, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "(96.40%-97.08%) | {} | 1.06x", HF_B3, LC + "freeze.wall_seconds_mean", ".2f"),
-    (INTEG, "| 3.41 | {}x | 96.78%", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
-    (INTEG, "1.06x | {} (96.40%-97.53%)", HF8_B3, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "(96.40%-97.53%) | {} | 1.18x", HF8_B3, LC + "freeze.wall_seconds_mean", ".2f"),
-    (INTEG, "| 6.51 | {}x |", HF8_B3, LC + "freeze.speedup_over_none", ".2f"),
-    (INTEG, "lr 1e-3) | {} (95.28%-95.73%) | 3.94", HF_B3, LC + "lora.accuracy_mean", ".2%"),
-    (INTEG, "(95.28%-95.73%) | {} | 0.92x", HF_B3, LC + "lora.wall_seconds_mean", ".2f"),
-    (INTEG, "| 3.94 | {}x | 96.55%", HF_B3, LC + "lora.speedup_over_none", ".2f"),
-    (INTEG, "0.92x | {} (96.18%-96.85%) | 8.08", HF8_B3, LC + "lora.accuracy_mean", ".2%"),
-    (INTEG, "(96.18%-96.85%) | {} | 0.95x", HF8_B3, LC + "lora.wall_seconds_mean", ".2f"),
-    (INTEG, "| 8.08 | {}x |", HF8_B3, LC + "lora.speedup_over_none", ".2f"),
-    (INTEG, "(**met**: {} and +0.15 points)", HF_B3, LC + "freeze.accuracy_points_vs_none", "+.2f"),
-    (INTEG, "+0.07 and {} points)", HF8_B3, LC + "freeze.accuracy_points_vs_none", "+.2f"),
-    (INTEG, "1.3x faster ({}x and 1.18x)", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
-    (INTEG, "1.06x and {}x). The default", HF8_B3, LC + "freeze.speedup_over_none", ".2f"),
+    (INTEG, "| no callback | {} (96.63%-96.85%) | 3.62", HF_1X, LC + "none.accuracy_mean", ".2%"),
+    (INTEG, "(96.63%-96.85%) | {} | - | 96.63%", HF_1X, LC + "none.wall_seconds_mean", ".2f"),
+    (INTEG, "| - | {} (96.18%-97.08%) | 7.69", HF8_1X, LC + "none.accuracy_mean", ".2%"),
+    (INTEG, "(96.18%-97.08%) | {} | - |", HF8_1X, LC + "none.wall_seconds_mean", ".2f"),
+    (INTEG, "| `FreezeCallback(cache=True)` | {} (96.40%-97.08%) | 3.41", HF_1X, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "(96.40%-97.08%) | {} | 1.06x", HF_1X, LC + "freeze.wall_seconds_mean", ".2f"),
+    (INTEG, "| 3.41 | {}x | 96.78%", HF_1X, LC + "freeze.speedup_over_none", ".2f"),
+    (INTEG, "1.06x | {} (96.40%-97.53%)", HF8_1X, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "(96.40%-97.53%) | {} | 1.18x", HF8_1X, LC + "freeze.wall_seconds_mean", ".2f"),
+    (INTEG, "| 6.51 | {}x |", HF8_1X, LC + "freeze.speedup_over_none", ".2f"),
+    (INTEG, "lr 1e-3) | {} (95.28%-95.73%) | 3.94", HF_1X, LC + "lora.accuracy_mean", ".2%"),
+    (INTEG, "(95.28%-95.73%) | {} | 0.92x", HF_1X, LC + "lora.wall_seconds_mean", ".2f"),
+    (INTEG, "| 3.94 | {}x | 96.55%", HF_1X, LC + "lora.speedup_over_none", ".2f"),
+    (INTEG, "0.92x | {} (96.18%-96.85%) | 8.08", HF8_1X, LC + "lora.accuracy_mean", ".2%"),
+    (INTEG, "(96.18%-96.85%) | {} | 0.95x", HF8_1X, LC + "lora.wall_seconds_mean", ".2f"),
+    (INTEG, "| 8.08 | {}x |", HF8_1X, LC + "lora.speedup_over_none", ".2f"),
+    (INTEG, "(**met**: {} and +0.15 points)", HF_1X, LC + "freeze.accuracy_points_vs_none", "+.2f"),
+    (INTEG, "+0.07 and {} points)", HF8_1X, LC + "freeze.accuracy_points_vs_none", "+.2f"),
+    (INTEG, "1.3x faster ({}x and 1.18x)", HF_1X, LC + "freeze.speedup_over_none", ".2f"),
+    (INTEG, "1.06x and {}x). The default", HF8_1X, LC + "freeze.speedup_over_none", ".2f"),
     (INTEG, "lower two thirds) | {} | 1.09x |", HF_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "| -0.03 | {}x | +0.06 | 1.19x |", HF_CAPS, LC + "freeze.speedup_over_none", ".2f"),
     (INTEG, "| 1.09x | {} | 1.19x |", HF8_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
