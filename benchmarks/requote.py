@@ -9,10 +9,12 @@ For each row ``(doc, text, file, path, format)`` whose file is named, the number
 old copy and from the new file; where they differ, the doc's ``text`` with the old number becomes the text with the
 new one (line breaks and indentation inside the text match any whitespace). Only the number changes: prose around
 it, numbers the row's text holds literally (a ratio, the other side of a comparison) and the row texts themselves
-stay as they were. The report lists every change, every quote not found, every quote whose number one side
-lacks (an arm that no longer reached its target has no time to it: the sentence needs rewriting), and the old -> new values per doc, which
-are what to look for in those literals; ``pytest tests/test_doc_numbers.py`` then names what is left. ``--dry-run``
-changes nothing.
+stay as they were. The report lists every change, every quote not found, every quote whose number one side lacks (an
+arm that no longer reached its target has no time to it: the sentence needs rewriting), and the old -> new values
+per doc, which are what to look for in those literals; ``pytest tests/test_doc_numbers.py`` then names what is left.
+``--rows`` then mends the rows themselves: a row whose text no longer matches its doc because a literal number in it
+moved (the other side of a comparison, requoted by its own row or edited by hand) gets the numbers the doc now has
+there, where exactly one place in the doc reads as the row's text with other numbers. ``--dry-run`` changes nothing.
 """
 
 from __future__ import annotations
@@ -88,10 +90,65 @@ def requote(
     return out, report
 
 
+NUMBER = r"[+-]?\d+(?:\.\d+)?"
+
+
+def retext(text: str, value: str, doc: str) -> str | None:
+    """``text`` (a row's, ``{}`` for its number) with its literal numbers as ``doc`` now has them around ``value``.
+
+    ``doc`` is squashed (whitespace runs as single spaces). None where no place or more than one place in the doc
+    reads as the text with ``value`` in its ``{}`` and any numbers for its literals.
+    """
+    before, after = text.split("{}", 1)
+
+    def loose(part: str) -> str:
+        pieces = []
+        for word in re.split(r"(\s+)", part):
+            if word.isspace():
+                pieces.append(r"\s+")
+            elif word:
+                parts = re.split(f"({NUMBER})", word)
+                pieces += [f"({NUMBER})" if i % 2 else re.escape(p) for i, p in enumerate(parts) if p]
+        return "".join(pieces)
+
+    found = {m.groups() for m in re.finditer(loose(before) + re.escape(value) + loose(after), doc)}
+    if len(found) != 1:
+        return None
+    numbers = list(found.pop())
+    return re.sub(NUMBER, lambda _: numbers.pop(0), before) + "{}" + re.sub(NUMBER, lambda _: numbers.pop(0), after)
+
+
+def mend_rows(
+    rows: list[tuple[str, str, str, str, str]], lookup: Any, squash: Any, docs: dict[str, str], source: str
+) -> tuple[str, list[str]]:
+    """``source`` (test_doc_numbers.py) with each stale row text of ``docs`` rewritten by :func:`retext`.
+
+    A row text is found in the source as its double-quoted literal; one split over several literals, or written
+    twice, is reported instead of changed, as is a row whose doc reads no way like it.
+    """
+    report = []
+    squashed = {doc: squash(body) for doc, body in docs.items()}
+    for doc, text, file, path, spec in rows:
+        if doc not in docs:
+            continue
+        value = _quote(lookup, json.loads((RESULTS / file).read_text()), path, spec)
+        if value is None or squash(text.replace("{}", value)) in squashed[doc]:
+            continue
+        new = retext(text, value, squashed[doc])
+        literal = json.dumps(text)
+        if new is None or source.count(literal) != 1:
+            report.append(f"ROW BY HAND {doc}: {text!r} ({file}: {path} = {value})")
+            continue
+        source = source.replace(literal, json.dumps(new))
+        report.append(f"row {doc}: {text!r} -> {new!r}")
+    return source, report
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("pairs", nargs="+", metavar="NEW=OLD", help="a result file's name and its old copy's path")
     ap.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    ap.add_argument("--rows", action="store_true", help="then rewrite the rows whose literal numbers moved")
     opts = ap.parse_args(argv)
     pairs = {}
     for pair in opts.pairs:
@@ -116,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
         for doc, body in out.items():
             if body != docs[doc]:
                 (ROOT / doc).write_text(body)
+    if opts.rows:
+        rows_file = ROOT / "tests" / "test_doc_numbers.py"
+        rows = [row for row in quoted.ROWS if row[2] in pairs]
+        source, mended = mend_rows(rows, quoted.lookup, quoted._squash, out, rows_file.read_text())
+        print("\n".join(mended) or "every row matches its doc")
+        if not opts.dry_run:
+            rows_file.write_text(source)
     return 0
 
 

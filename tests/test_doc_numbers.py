@@ -82,6 +82,7 @@ DIGITS = "tasks.vit_digits.arms."
 W_VIT = "workloads.vit."
 W_GPT = "workloads.gpt."
 S30 = "steps_per_epoch.30."
+COMPILE = S30 + "arms.elastic_compiled_graphs.compile_breakdown."  # torch's compile-time metrics
 S10 = "steps_per_epoch.10."
 
 #: (doc, quoted text with "{}" for the number, result file, path in it, format spec).
@@ -433,7 +434,7 @@ ROWS: list[tuple[str, str, str, str, str]] = [
         "docs/benchmarks.md",
         "compiled **{} graphs** - the patch",
         HEADLINE,
-        S30 + "arms.elastic_compiled_graphs.compile_breakdown.graphs",
+        COMPILE + "graphs",
         ".0f",
     ),
     (
@@ -2219,6 +2220,8 @@ TTA_DIG_F31 = "time_to_accuracy_digits_f310717.json"
 CAPS14 = "time_to_accuracy_bbc_caps_14seeds.json"  # (a), seeds 0-13, the cap at 0.95 (default then) and 0.67
 NEW_CAP = "arms.elastic-drift:max_fraction=0.67."
 DEF = "arms.elastic-default."
+#: Paths of every time-to-accuracy report: no freezing's summary, the default's runs by seed.
+NONE_ARM, DEF_RUNS = "arms.elastic-none.", "runs.elastic-default."
 ROWS += [
     (TTA, "compiled loop on (a): {} s to the target", TTA_BBC, "arms.compiled.time_to_target_by_seed.0", ".1f"),
     (
@@ -2282,18 +2285,48 @@ ROWS += [
     (TTA, "seed 2 diverged ({} at the end;", TTA_DIGITS, "arms.lora-all-r16.accuracy_by_seed.2", ".1%"),
     (TTA, "at the end; {} and 85.8% on seeds 0 and 1", TTA_DIGITS, "arms.lora-all-r16.accuracy_by_seed.0", ".1%"),
     (TTA, "86.4% and {} on seeds 0 and 1", TTA_DIGITS, "arms.lora-all-r16.accuracy_by_seed.1", ".1%"),
-    (TTA, "LoRA on all linear layers diverged on (b)'s seed 2 ({} at", TTA_DIG_B3, "arms.lora-all-r16.accuracy_by_seed.2", ".2%"),
+    (
+        TTA,
+        "LoRA on all linear layers diverged on (b)'s seed 2 ({} at",
+        TTA_DIG_B3,
+        "arms.lora-all-r16.accuracy_by_seed.2",
+        ".2%",
+    ),
     (TTA, "the plain eager loop's total on (a)\n{} s on the mean", TTA_BBC, "arms.eager.total_seconds_mean", ".1f"),
     (TTA, "s on the mean against {} s there)", TTA_BBC_B3, "arms.eager.total_seconds_mean", ".1f"),
-    (TTA, "transitions on (a) took {} s, 0.50 s and 0.71 s in all", TTA_BBC, "runs.elastic-default.0.transition_seconds", ".2f"),
-    (TTA, "the evaluation store {} s on every seed (b3c28ee's", TTA_BBC, "runs.elastic-default.0.transition_phases.1.eval_store", ".2f"),
-    (TTA, "separate loader took {} s)", TTA_BBC_B3, "runs.elastic-default.0.transition_phases.1.eval_store", ".2f"),
-    (TTA, "at the second freeze {} s, 0.25 s and 0.35 s (0.26", TTA_BBC, "runs.elastic-default.0.transition_phases.1.cache", ".2f"),
-    (TTA, "0.42 s, {} s and 0.35 s (0.26", TTA_BBC, "runs.elastic-default.1.transition_phases.1.cache", ".2f"),
-    (TTA, "0.25 s and {} s (0.26 s, 0.23 s and\n  0.22 s at b3c28ee", TTA_BBC, "runs.elastic-default.2.transition_phases.1.cache", ".2f"),
-    (TTA, "0.35 s ({} s, 0.23 s and\n  0.22 s at b3c28ee", TTA_BBC_B3, "runs.elastic-default.0.transition_phases.1.cache", ".2f"),
-    (TTA, "0.35 s (0.26 s, {} s and\n  0.22 s at b3c28ee", TTA_BBC_B3, "runs.elastic-default.1.transition_phases.1.cache", ".2f"),
-    (TTA, "0.23 s and\n  {} s at b3c28ee, on a faster host", TTA_BBC_B3, "runs.elastic-default.2.transition_phases.1.cache", ".2f"),
+    (TTA, "transitions on (a) took {} s, 0.50 s and 0.71 s in all", TTA_BBC, DEF_RUNS + "0.transition_seconds", ".2f"),
+    (
+        TTA,
+        "the evaluation store {} s on every seed (b3c28ee's",
+        TTA_BBC,
+        DEF_RUNS + "0.transition_phases.1.eval_store",
+        ".2f",
+    ),
+    (TTA, "separate loader took {} s)", TTA_BBC_B3, DEF_RUNS + "0.transition_phases.1.eval_store", ".2f"),
+    (
+        TTA,
+        "at the second freeze {} s, 0.25 s and 0.35 s (0.26",
+        TTA_BBC,
+        DEF_RUNS + "0.transition_phases.1.cache",
+        ".2f",
+    ),
+    (TTA, "0.42 s, {} s and 0.35 s (0.26", TTA_BBC, DEF_RUNS + "1.transition_phases.1.cache", ".2f"),
+    (
+        TTA,
+        "0.25 s and {} s (0.26 s, 0.23 s and\n  0.22 s at b3c28ee",
+        TTA_BBC,
+        DEF_RUNS + "2.transition_phases.1.cache",
+        ".2f",
+    ),
+    (TTA, "0.35 s ({} s, 0.23 s and\n  0.22 s at b3c28ee", TTA_BBC_B3, DEF_RUNS + "0.transition_phases.1.cache", ".2f"),
+    (TTA, "0.35 s (0.26 s, {} s and\n  0.22 s at b3c28ee", TTA_BBC_B3, DEF_RUNS + "1.transition_phases.1.cache", ".2f"),
+    (
+        TTA,
+        "0.23 s and\n  {} s at b3c28ee, on a faster host",
+        TTA_BBC_B3,
+        DEF_RUNS + "2.transition_phases.1.cache",
+        ".2f",
+    ),
     (TTA, "fastest there ({} s)", TTA_DIGITS, "arms.eager.time_to_target_mean", ".1f"),
     (TTA, "`elastic-none` next ({} s)", TTA_DIGITS, "arms.elastic-none.time_to_target_mean", ".1f"),
     (TTA, "at f310717 ({} against 96.70%, `time_to", TTA_BBC_F31, DEF + "accuracy_mean", ".2%"),
@@ -2390,8 +2423,8 @@ ROWS += [
         ".2f",
     ),
     (TTA, "took 0.86 s and {} s in all", CAPS14, "runs.elastic-drift:max_fraction=0.67.2.transition_seconds", ".2f"),
-    (TTA, "in all, against {} s and 0.71 s here.", TTA_BBC, "runs.elastic-default.1.transition_seconds", ".2f"),
-    (TTA, "against 0.50 s and {} s here.", TTA_BBC, "runs.elastic-default.2.transition_seconds", ".2f"),
+    (TTA, "in all, against {} s and 0.71 s here.", TTA_BBC, DEF_RUNS + "1.transition_seconds", ".2f"),
+    (TTA, "against 0.50 s and {} s here.", TTA_BBC, DEF_RUNS + "2.transition_seconds", ".2f"),
     (
         TTA,
         "(it reached it at an evaluation on the way, at {} s)",
@@ -2448,13 +2481,37 @@ ROWS += [
 #: docs/benchmarks.md, the headline at 8827407: where the compiled arm's compilation and the transitions' time go
 BENCH = "docs/benchmarks.md"
 ROWS += [
-    (BENCH, "Of its 7.89 s, the backward graphs' compilation took {} s", HEADLINE, S30 + "arms.elastic_compiled_graphs.compile_breakdown.compile_fx.<locals>.bw_compiler", ".2f"),
-    (BENCH, "and the forwards' {} s; Inductor's", HEADLINE, S30 + "arms.elastic_compiled_graphs.compile_breakdown.compile_fx.<locals>.fw_compiler_base", ".2f"),
-    (BENCH, "Inductor's code generation {} s, of which", HEADLINE, S30 + "arms.elastic_compiled_graphs.compile_breakdown.fx_codegen_and_compile", ".2f"),
-    (BENCH, "of which {} s waiting for its Triton kernels", HEADLINE, S30 + "arms.elastic_compiled_graphs.compile_breakdown.async_compile.wait", ".2f"),
-    (BENCH, "transitions {}, 0.53, 0.36, 0.20, 0.19, 0.19 s", HEADLINE, S30 + "arms.elastic_eager.transition_seconds.0", ".2f"),
-    (BENCH, "0.80, 0.53, 0.36, 0.20, 0.19, {} s (2.27 s in all", HEADLINE, S30 + "arms.elastic_eager.transition_seconds.5", ".2f"),
-    (BENCH, "the compiled arm's {}, 0.51, 0.34, 0.18, 0.20,", HEADLINE, S30 + "arms.elastic_compiled_graphs.transition_seconds.0", ".2f"),
+    (
+        BENCH,
+        "Of its 7.89 s, the backward graphs' compilation took {} s",
+        HEADLINE,
+        COMPILE + "compile_fx.<locals>.bw_compiler",
+        ".2f",
+    ),
+    (BENCH, "and the forwards' {} s; Inductor's", HEADLINE, COMPILE + "compile_fx.<locals>.fw_compiler_base", ".2f"),
+    (BENCH, "Inductor's code generation {} s, of which", HEADLINE, COMPILE + "fx_codegen_and_compile", ".2f"),
+    (BENCH, "of which {} s waiting for its Triton kernels", HEADLINE, COMPILE + "async_compile.wait", ".2f"),
+    (
+        BENCH,
+        "transitions {}, 0.53, 0.36, 0.20, 0.19, 0.19 s",
+        HEADLINE,
+        S30 + "arms.elastic_eager.transition_seconds.0",
+        ".2f",
+    ),
+    (
+        BENCH,
+        "0.80, 0.53, 0.36, 0.20, 0.19, {} s (2.27 s in all",
+        HEADLINE,
+        S30 + "arms.elastic_eager.transition_seconds.5",
+        ".2f",
+    ),
+    (
+        BENCH,
+        "the compiled arm's {}, 0.51, 0.34, 0.18, 0.20,",
+        HEADLINE,
+        S30 + "arms.elastic_compiled_graphs.transition_seconds.0",
+        ".2f",
+    ),
 ]
 
 
@@ -2476,8 +2533,6 @@ TTA_BBC_4B = "time_to_accuracy_bbc_4b566fd.json"
 TTA_DIGITS_4B = "time_to_accuracy_digits_4b566fd.json"
 HEADLINE_4B = "headline_single_4b566fd.json"
 HF_4B, HF8_4B = "gpu_1xh100_hf_callback_4b566fd.json", "gpu_1xh100_hf_callback_8epochs_4b566fd.json"
-#: Paths of every time-to-accuracy report: no freezing's summary, the default's runs by seed.
-NONE_ARM, DEF_RUNS = "arms.elastic-none.", "runs.elastic-default."
 ROWS += [
     (TTA, "({}-0.43 s at the second freeze", TTA_BBC_4B, DEF_RUNS + "2.transition_phases.1.cache", ".2f"),
     (TTA, "(0.36-{} s at the second freeze", TTA_BBC_4B, DEF_RUNS + "0.transition_phases.1.cache", ".2f"),
@@ -2551,7 +2606,7 @@ ROWS += [
     (TTA, "here ({}x at b3c28ee, 1.05x at 4b566fd)", HF_B3, LC + "freeze.speedup_over_none", ".2f"),
 ]
 
-# the rows of the headline's history since b3c28ee (the transitions' column is a sum, which lookup does not take: not checked)
+# the rows of the headline's history since b3c28ee (the transitions' column is a sum, which lookup does not take)
 ROWS += table_rows(
     "docs/benchmarks.md",
     [

@@ -57,3 +57,27 @@ def test_a_number_the_new_result_lacks_is_left_for_a_hand_rewrite() -> None:
 def test_the_command_refuses_a_pair_without_its_files(capsys: Any) -> None:
     assert requote.main(["headline_single.json=/nonexistent.json"]) == 2
     assert "NAME=OLD_PATH" in capsys.readouterr().err
+
+
+def test_retext_takes_the_literals_the_doc_now_has_around_the_number() -> None:
+    doc = "the default 2.16 s against 3.17 s (1.47x: the loop), alpha 1.97 s"  # squashed: one line
+    # the row still holds the old other side (2.44) and ratio; the doc moved both
+    assert requote.retext("in {} s against 2.44 s (1.42x:", "2.16", "in " + doc) is None  # "in " is not there
+    assert requote.retext("default {} s against 2.44 s (1.42x:", "2.16", doc) == "default {} s against 3.17 s (1.47x:"
+    # a text that reads two ways in the doc is not guessed
+    assert requote.retext("{} s", "2.16", "2.16 s and 2.16 s") == "{} s"
+    assert requote.retext("{} s against 1.0 s", "2.16", "2.16 s against 1.5 s, 2.16 s against 1.7 s") is None
+
+
+def test_mend_rows_rewrites_a_stale_row_literal_in_the_source(tmp_path: Path, monkeypatch: Any) -> None:
+    (tmp_path / "run.json").write_text('{"arms": {"elastic": 18.32}}')
+    monkeypatch.setattr(requote, "RESULTS", tmp_path)
+    rows = [
+        ("doc.md", "elastic eager {} s against 58.57 s", "run.json", "arms.elastic", ".2f"),
+        ("doc.md", "nowhere {} s", "run.json", "arms.elastic", ".2f"),
+    ]
+    source = 'ROWS = [\n    ("doc.md", "elastic eager {} s against 58.57 s", RUN, "arms.elastic", ".2f"),\n]\n'
+    docs = {"doc.md": "elastic eager\n  18.32 s against 58.26 s (3.18x)"}
+    out, report = requote.mend_rows(rows, lookup, lambda t: " ".join(t.split()), docs, source)
+    assert '"elastic eager {} s against 58.26 s"' in out and "58.57" not in out
+    assert report[-1] == "ROW BY HAND doc.md: 'nowhere {} s' (run.json: arms.elastic = 18.32)"

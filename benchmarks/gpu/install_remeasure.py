@@ -47,13 +47,15 @@ TTA_SEED = re.compile(r"time_to_accuracy_(?P<task>[a-z]+)_seeds(?P<seed>\d+)\.js
 
 #: What no command here re-runs, for the closing checklist.
 BY_HAND = (
-    "the literal numbers requote.py lists, then `python -m pytest -q tests/test_doc_numbers.py`",
+    'rows whose doc text names the old commit as history ("at <old>"): point them at the kept copies',
+    "the prose numbers requote.py lists (ratios, the other side of a comparison, tables pasted whole), then "
+    "`python benchmarks/requote.py --rows NAME=OLD_COPY ...` again to mend the rows those edits made stale, and "
+    "`python -m pytest -q tests/test_doc_numbers.py` for what is left",
     "the history row of docs/benchmarks.md (printed above) and its table_rows entry in tests/test_doc_numbers.py",
-    "the HF callback's plot: python benchmarks/gpu/plot_hf_callback.py docs/img/hf_callback.png "
-    "benchmarks/results/gpu_1xh100_hf_callback.json benchmarks/results/gpu_1xh100_hf_callback_8epochs.json",
     "the CPU results README quotes (demo_cpu.json, the Lightning jobs): docs/integrations.md and docs/training.md "
     "give their commands",
 )
+HF_PLOT = ("gpu_1xh100_hf_callback.json", "gpu_1xh100_hf_callback_8epochs.json")  # docs/integrations.md's plot
 
 
 class InstallError(Exception):
@@ -172,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         _run("benchmarks/time_to_accuracy.py", "--task", task, "--merge", *map(str, files), "--out", str(out),
              "--plot", str(plot))  # fmt: skip
     if p.keep and not args.no_requote:
-        _run("benchmarks/requote.py", *(f"{name}={RESULTS / copy}" for name, copy in p.keep.items()))
+        _run("benchmarks/requote.py", "--rows", *(f"{name}={RESULTS / copy}" for name, copy in p.keep.items()))
+    if set(HF_PLOT) & set(p.install):
+        _run("benchmarks/gpu/plot_hf_callback.py", "docs/img/hf_callback.png", *(str(RESULTS / n) for n in HF_PLOT))
     if "headline_single.json" in p.install:  # installed above
         _run("benchmarks/gpu/headline_table.py", str(RESULTS))
     print("left to do by hand:", *(f"  - {item}" for item in BY_HAND), sep="\n")
