@@ -93,11 +93,13 @@ def requote(
 NUMBER = r"[+-]?\d+(?:\.\d+)?"
 
 
-def retext(text: str, value: str, doc: str) -> str | None:
+def retext(text: str, value: str, doc: str, moved: dict[str, set[str]]) -> str | None:
     """``text`` (a row's, ``{}`` for its number) with its literal numbers as ``doc`` now has them around ``value``.
 
-    ``doc`` is squashed (whitespace runs as single spaces). None where no place or more than one place in the doc
-    reads as the text with ``value`` in its ``{}`` and any numbers for its literals.
+    ``doc`` is squashed (whitespace runs as single spaces); ``moved``: each number a re-measure moved (as the docs
+    write it) -> what it became. A literal keeps its number or takes one it moved to, so a short text (a table
+    cell and its neighbour) cannot latch onto another table whose numbers happen to fit. None where no place or
+    more than one place in the doc reads so.
     """
     before, after = text.split("{}", 1)
 
@@ -111,7 +113,12 @@ def retext(text: str, value: str, doc: str) -> str | None:
                 pieces += [f"({NUMBER})" if i % 2 else re.escape(p) for i, p in enumerate(parts) if p]
         return "".join(pieces)
 
-    found = {m.groups() for m in re.finditer(loose(before) + re.escape(value) + loose(after), doc)}
+    literals = re.findall(NUMBER, before) + re.findall(NUMBER, after)
+    found = {
+        m.groups()
+        for m in re.finditer(loose(before) + re.escape(value) + loose(after), doc)
+        if all(new == old or new in moved.get(old, ()) for old, new in zip(literals, m.groups(), strict=True))
+    }
     if len(found) != 1:
         return None
     numbers = list(found.pop())
@@ -119,24 +126,38 @@ def retext(text: str, value: str, doc: str) -> str | None:
 
 
 def mend_rows(
-    rows: list[tuple[str, str, str, str, str]], lookup: Any, squash: Any, docs: dict[str, str], source: str
+    rows: list[tuple[str, str, str, str, str]],
+    lookup: Any,
+    squash: Any,
+    results: tuple[dict[str, Any], dict[str, Any]],
+    *,
+    docs: dict[str, str],
+    source: str,
 ) -> tuple[str, list[str]]:
     """``source`` (test_doc_numbers.py) with each stale row text of ``docs`` rewritten by :func:`retext`.
 
-    A row text is found in the source as its double-quoted literal; one split over several literals, or written
-    twice, is reported instead of changed, as is a row whose doc reads no way like it.
+    ``results``: the old and the new JSON by file name; every row's number from one to the other is a move a
+    literal may make. A row text is found in the source as its double-quoted literal; one split over several
+    literals, or written twice, is reported instead of changed, as is a row whose doc reads no way like it
+    and one whose new text another row already has.
     """
+    old_results, new_results = results
+    moved: dict[str, set[str]] = defaultdict(set)
+    for _, _, file, path, spec in rows:
+        before, after = _quote(lookup, old_results[file], path, spec), _quote(lookup, new_results[file], path, spec)
+        if before is not None and after is not None and before != after:
+            moved[before].add(after)
     report = []
     squashed = {doc: squash(body) for doc, body in docs.items()}
     for doc, text, file, path, spec in rows:
         if doc not in docs:
             continue
-        value = _quote(lookup, json.loads((RESULTS / file).read_text()), path, spec)
+        value = _quote(lookup, new_results[file], path, spec)
         if value is None or squash(text.replace("{}", value)) in squashed[doc]:
             continue
-        new = retext(text, value, squashed[doc])
+        new = retext(text, value, squashed[doc], moved)
         literal = json.dumps(text)
-        if new is None or source.count(literal) != 1:
+        if new is None or source.count(literal) != 1 or json.dumps(new) in source:  # not two rows of one text
             report.append(f"ROW BY HAND {doc}: {text!r} ({file}: {path} = {value})")
             continue
         source = source.replace(literal, json.dumps(new))
@@ -176,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     if opts.rows:
         rows_file = ROOT / "tests" / "test_doc_numbers.py"
         rows = [row for row in quoted.ROWS if row[2] in pairs]
-        source, mended = mend_rows(rows, quoted.lookup, quoted._squash, out, rows_file.read_text())
+        source, mended = mend_rows(
+            rows, quoted.lookup, quoted._squash, (old, new), docs=out, source=rows_file.read_text()
+        )
         print("\n".join(mended) or "every row matches its doc")
         if not opts.dry_run:
             rows_file.write_text(source)

@@ -61,23 +61,31 @@ def test_the_command_refuses_a_pair_without_its_files(capsys: Any) -> None:
 
 def test_retext_takes_the_literals_the_doc_now_has_around_the_number() -> None:
     doc = "the default 2.16 s against 3.17 s (1.47x: the loop), alpha 1.97 s"  # squashed: one line
-    # the row still holds the old other side (2.44) and ratio; the doc moved both
-    assert requote.retext("in {} s against 2.44 s (1.42x:", "2.16", "in " + doc) is None  # "in " is not there
-    assert requote.retext("default {} s against 2.44 s (1.42x:", "2.16", doc) == "default {} s against 3.17 s (1.47x:"
-    # a text that reads two ways in the doc is not guessed
-    assert requote.retext("{} s", "2.16", "2.16 s and 2.16 s") == "{} s"
-    assert requote.retext("{} s against 1.0 s", "2.16", "2.16 s against 1.5 s, 2.16 s against 1.7 s") is None
+    moved = {"2.44": {"3.17"}, "1.42": {"1.47"}}
+    # the row still holds the old other side (2.44) and ratio; the re-measure moved both
+    text = "default {} s against 2.44 s (1.42x:"
+    assert requote.retext(text, "2.16", doc, moved) == "default {} s against 3.17 s (1.47x:"
+    assert requote.retext("in " + text, "2.16", doc, moved) is None  # "in " is not there
+    # a literal takes only a number it moved to: a ratio edited by hand, or another table that fits, is not guessed
+    assert requote.retext(text, "2.16", doc, {"2.44": {"3.17"}}) is None
+    cells = "| 97.19% | 219.6 | 1.42x | ... | 97.19% | 206.8 | 1.36x |"
+    assert requote.retext("| 219.6 | {}x |", "1.36", cells, {"219.6": {"251.0"}}) is None
+    assert requote.retext("{} s against 1.5 s", "2.16", "2.16 s against 1.7 s, 2.16 s against 1.8 s", {}) is None
 
 
-def test_mend_rows_rewrites_a_stale_row_literal_in_the_source(tmp_path: Path, monkeypatch: Any) -> None:
-    (tmp_path / "run.json").write_text('{"arms": {"elastic": 18.32}}')
-    monkeypatch.setattr(requote, "RESULTS", tmp_path)
+def test_mend_rows_rewrites_a_stale_row_literal_in_the_source() -> None:
     rows = [
         ("doc.md", "elastic eager {} s against 58.57 s", "run.json", "arms.elastic", ".2f"),
+        ("doc.md", "against {} s (3.18x)", "run.json", "arms.plain", ".2f"),  # says 58.57 moved to 58.26
         ("doc.md", "nowhere {} s", "run.json", "arms.elastic", ".2f"),
     ]
+    old = {"run.json": {"arms": {"elastic": 18.04, "plain": 58.57}}}
+    new = {"run.json": {"arms": {"elastic": 18.32, "plain": 58.26}}}
     source = 'ROWS = [\n    ("doc.md", "elastic eager {} s against 58.57 s", RUN, "arms.elastic", ".2f"),\n]\n'
     docs = {"doc.md": "elastic eager\n  18.32 s against 58.26 s (3.18x)"}
-    out, report = requote.mend_rows(rows, lookup, lambda t: " ".join(t.split()), docs, source)
+    out, report = requote.mend_rows(rows, lookup, lambda t: " ".join(t.split()), (old, new), docs=docs, source=source)
     assert '"elastic eager {} s against 58.26 s"' in out and "58.57" not in out
-    assert report[-1] == "ROW BY HAND doc.md: 'nowhere {} s' (run.json: arms.elastic = 18.32)"
+    assert report == [
+        "row doc.md: 'elastic eager {} s against 58.57 s' -> 'elastic eager {} s against 58.26 s'",
+        "ROW BY HAND doc.md: 'nowhere {} s' (run.json: arms.elastic = 18.32)",
+    ]
