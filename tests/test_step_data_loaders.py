@@ -512,13 +512,9 @@ def test_a_loader_worker_never_collects_garbage_it_inherited(tmp_path: Path) -> 
     assert marks.read_text().split() == [str(os.getpid())]  # finalized once, by the reader, never in a worker
 
 
-def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its_workers(
-    one_rank_here: None,
-) -> None:
-    # A probe-driven policy runs its probe batch (the held-out split's first rows) at every decision point. Read
-    # through the held-out split's kept loaders, it replaced the evaluation's loader (the same kind of read, other
-    # parts of the items) at every decision point and the evaluation then built it again: two forks of the
-    # training process per decision point (about 0.7 s per epoch of ViT-B/16 on one H200, issue #41).
+def _run_counting_loaders(freeze: dict[str, Any], *, cache: str) -> tuple[Any, list[tuple[int, int]], bool]:
+    """A 3-epoch run of the tiny ViT on one rank, one loader worker: its result, the loaders each split had built
+    at every epoch's end (training, held-out), and whether the cache ended complete."""
     from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
 
     config = config_from_tables(
@@ -526,9 +522,8 @@ def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its
             "model": tiny_vit.model_table(),
             "data": {"drop_last": True, "workers": 1},
             "train": {"dtype": "float64", "epochs": 3, "global_batch": 16, "optimizer": "sgd", "lr": 0.05},
-            # nothing is ever still: the probe runs at all 4 decision points of every epoch, nothing freezes
-            "freeze": {"policy": "drift", "options": {"threshold": 0.0, "relative": None, "settle": None}},
-            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "off"},
+            "freeze": freeze,
+            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": cache},
             "launch": {"nproc_per_node": 1},
             "log": {"progress": False},
         }
@@ -538,6 +533,19 @@ def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its
         result = trainer.fit(
             on_epoch_end=lambda t: built.append((t.ctx.train_set.loaders_built, t.ctx.eval_set.loaders_built))
         )
+        return result, built, trainer.prefix.cache_complete
+
+
+def test_the_probe_reads_its_inputs_without_a_loader_so_the_evaluation_keeps_its_workers(
+    one_rank_here: None,
+) -> None:
+    # A probe-driven policy runs its probe batch (the held-out split's first rows) at every decision point. Read
+    # through the held-out split's kept loaders, it replaced the evaluation's loader (the same kind of read, other
+    # parts of the items) at every decision point and the evaluation then built it again: two forks of the
+    # training process per decision point (about 0.7 s per epoch of ViT-B/16 on one H200, issue #41).
+    # nothing is ever still: the probe runs at all 4 decision points of every epoch, nothing freezes
+    freeze = {"policy": "drift", "options": {"threshold": 0.0, "relative": None, "settle": None}}
+    result, built, _ = _run_counting_loaders(freeze, cache="off")
     assert result.transitions == [] and len(result.epochs) == 3
     assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run
 
@@ -561,24 +569,6 @@ def test_a_transition_reads_the_cache_fill_and_the_evaluation_store_through_load
     # training split's workers a second time, and the store replaced the evaluation's loader (the same kind of
     # read, fewer parts of the items), forking the held-out split's workers again: a fifth to a quarter of a second
     # per such transition on one H100 (issue #41). The idle loaders already running read them now.
-    from elastic_pipe.orchestrator import ElasticTrainer, config_from_tables
-
-    config = config_from_tables(
-        {
-            "model": tiny_vit.model_table(),
-            "data": {"drop_last": True, "workers": 1},
-            "train": {"dtype": "float64", "epochs": 3, "global_batch": 16, "optimizer": "sgd", "lr": 0.05},
-            "freeze": {"policy": "manual", "options": {"schedule": {1: 2}}},
-            "pipeline": {"pipe_len": 1, "microbatches": 1, "cache": "on"},
-            "launch": {"nproc_per_node": 1},
-            "log": {"progress": False},
-        }
-    )
-    built: list[tuple[int, int]] = []
-    with ElasticTrainer(config, data=Digits(96), quiet=True) as trainer:
-        result = trainer.fit(
-            on_epoch_end=lambda t: built.append((t.ctx.train_set.loaders_built, t.ctx.eval_set.loaders_built))
-        )
-        complete = trainer.prefix.cache_complete
+    result, built, complete = _run_counting_loaders({"policy": "manual", "options": {"schedule": {1: 2}}}, cache="on")
     assert [t["frozen_units"] for t in result.transitions] == [2] and complete  # the fill and the store ran
     assert built == [(1, 1), (1, 1), (1, 1)]  # one loader per split for the whole run
