@@ -2528,6 +2528,17 @@ HISTORY_COLUMNS = [
 ]
 
 
+#: docs/time_to_accuracy.md: where the second freeze's cache phase goes, cProfile of one run at a9bd6cc
+PROFILE_CACHE = "profile_cache_phase_bbc.json"
+ROWS += [
+    (TTA, "The cache phases took {} s and 0.283 s", PROFILE_CACHE, "transition_phases.0.cache", ".3f"),
+    (TTA, "took 0.055 s and {} s at the first two", PROFILE_CACHE, "transition_phases.1.cache", ".3f"),
+    (TTA, "on a batch) {} s over the two", PROFILE_CACHE, "cprofile.payoff_measurement.cumulative_s", ".3f"),
+    (TTA, "(`ActivationCache.extend`) {} s, the fill", PROFILE_CACHE, "cprofile.carry_extend.cumulative_s", ".3f"),
+    (TTA, "the fill pass over the rest of the split {} s.", PROFILE_CACHE, "cprofile.fill_pass.cumulative_s", ".3f"),
+]
+
+
 #: The one-pass reads attempt, measured in full at 4b566fd and not on main (docs/time_to_accuracy.md).
 TTA_BBC_4B = "time_to_accuracy_bbc_4b566fd.json"
 TTA_DIGITS_4B = "time_to_accuracy_digits_4b566fd.json"
