@@ -24,6 +24,7 @@ import json
 import re
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +32,28 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
+NUMBER = r"[+-]?\d+(?:\.\d+)?"
+
+
+def _loose(part: str, *, any_numbers: bool = False) -> str:
+    """A pattern for ``part`` where each run of whitespace matches any whitespace (and, with ``any_numbers``, each
+    number any number, one group each)."""
+    pieces = []
+    for word in re.split(r"(\s+)", part):
+        if word.isspace():
+            pieces.append(r"\s+")
+        elif any_numbers:
+            parts = re.split(f"({NUMBER})", word)
+            pieces += [f"({NUMBER})" if i % 2 else re.escape(p) for i, p in enumerate(parts) if p]
+        else:
+            pieces.append(re.escape(word))
+    return "".join(pieces)
+
+
 def _pattern(text: str, value: str) -> re.Pattern[str]:
     """``text`` with ``value`` in its ``{}``, the number in group 2, runs of whitespace matching any whitespace."""
     before, after = text.split("{}", 1)
-
-    def loose(part: str) -> str:
-        return r"\s+".join(re.escape(word) for word in re.split(r"\s+", part))
-
-    return re.compile(f"({loose(before)})({re.escape(value)})({loose(after)})")
+    return re.compile(f"({_loose(before)})({re.escape(value)})({_loose(after)})")
 
 
 def _quote(lookup: Any, data: Any, path: str, spec: str) -> str | None:
@@ -49,8 +64,21 @@ def _quote(lookup: Any, data: Any, path: str, spec: str) -> str | None:
         return None
 
 
+Row = tuple[str, str, str, str, str]  # test_doc_numbers' (doc, text, result file, path, format)
+
+
+def _old_and_new(
+    rows: list[Row], lookup: Any, old: dict[str, Any], new: dict[str, Any]
+) -> Iterator[tuple[Row, str | None, str | None]]:
+    """Each row of a file in ``old`` with the number it quotes from the old copy and from the new file."""
+    for row in rows:
+        _, _, file, path, spec = row
+        if file in old:
+            yield row, _quote(lookup, old[file], path, spec), _quote(lookup, new[file], path, spec)
+
+
 def requote(
-    rows: list[tuple[str, str, str, str, str]],
+    rows: list[Row],
     lookup: Any,
     old: dict[str, Any],
     new: dict[str, Any],
@@ -68,10 +96,9 @@ def requote(
     out = dict(docs)
     report: list[str] = []
     moved: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-    for doc, text, file, path, spec in rows:
-        if file not in old or doc not in out:
+    for (doc, text, _, path, _), before, after in _old_and_new(rows, lookup, old, new):
+        if doc not in out:
             continue
-        before, after = _quote(lookup, old[file], path, spec), _quote(lookup, new[file], path, spec)
         if after is None or before is None:  # e.g. an arm that no longer reached its target: no time to quote
             report.append(f"NO NUMBER {doc}: {text!r}: {path} was {before}, is now {after}: rewrite it by hand")
             continue
@@ -90,9 +117,6 @@ def requote(
     return out, report
 
 
-NUMBER = r"[+-]?\d+(?:\.\d+)?"
-
-
 def retext(text: str, value: str, doc: str, moved: dict[str, set[str]]) -> str | None:
     """``text`` (a row's, ``{}`` for its number) with its literal numbers as ``doc`` now has them around ``value``.
 
@@ -102,21 +126,11 @@ def retext(text: str, value: str, doc: str, moved: dict[str, set[str]]) -> str |
     more than one place in the doc reads so.
     """
     before, after = text.split("{}", 1)
-
-    def loose(part: str) -> str:
-        pieces = []
-        for word in re.split(r"(\s+)", part):
-            if word.isspace():
-                pieces.append(r"\s+")
-            elif word:
-                parts = re.split(f"({NUMBER})", word)
-                pieces += [f"({NUMBER})" if i % 2 else re.escape(p) for i, p in enumerate(parts) if p]
-        return "".join(pieces)
-
     literals = re.findall(NUMBER, before) + re.findall(NUMBER, after)
+    pattern = _loose(before, any_numbers=True) + re.escape(value) + _loose(after, any_numbers=True)
     found = {
         m.groups()
-        for m in re.finditer(loose(before) + re.escape(value) + loose(after), doc)
+        for m in re.finditer(pattern, doc)
         if all(new == old or new in moved.get(old, ()) for old, new in zip(literals, m.groups(), strict=True))
     }
     if len(found) != 1:
@@ -126,7 +140,7 @@ def retext(text: str, value: str, doc: str, moved: dict[str, set[str]]) -> str |
 
 
 def mend_rows(
-    rows: list[tuple[str, str, str, str, str]],
+    rows: list[Row],
     lookup: Any,
     squash: Any,
     results: tuple[dict[str, Any], dict[str, Any]],
@@ -141,18 +155,16 @@ def mend_rows(
     literals, or written twice, is reported instead of changed, as is a row whose doc reads no way like it
     and one whose new text another row already has.
     """
-    old_results, new_results = results
+    quoted = list(_old_and_new(rows, lookup, *results))
     moved: dict[str, set[str]] = defaultdict(set)
-    for _, _, file, path, spec in rows:
-        before, after = _quote(lookup, old_results[file], path, spec), _quote(lookup, new_results[file], path, spec)
+    for _, before, after in quoted:
         if before is not None and after is not None and before != after:
             moved[before].add(after)
     report = []
     squashed = {doc: squash(body) for doc, body in docs.items()}
-    for doc, text, file, path, spec in rows:
+    for (doc, text, file, path, _), _, value in quoted:
         if doc not in docs:
             continue
-        value = _quote(lookup, new_results[file], path, spec)
         if value is None or squash(text.replace("{}", value)) in squashed[doc]:
             continue
         new = retext(text, value, squashed[doc], moved)

@@ -105,6 +105,20 @@ def test_the_command_refuses_a_folder_without_results_in_one_line(
     assert tool.main([str(tmp_path / "missing")]) == 2
 
 
+def test_a_python_without_the_steps_modules_is_refused_before_anything_moves(
+    folders: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    returned, results = folders
+    tool = _tool()
+    p = tool.plan(returned, results)
+    assert tool.missing_modules(p, requote=True) == []  # this suite's environment has them all
+    real = tool.importlib.util.find_spec
+    monkeypatch.setattr(tool.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
+    assert tool.missing_modules(p, requote=True) == ["torch"]  # the seeds' merge needs it
+    no_seeds = tool.Plan(p.commit, p.install, p.keep, {})
+    assert tool.missing_modules(no_seeds, requote=True) == []
+
+
 def test_a_commit_whose_src_is_not_heads_is_refused() -> None:
     tool = _tool()
     if shutil.which("git") is None or not (tool.ROOT / ".git").exists():

@@ -13,8 +13,11 @@ files in one folder). The command
 3. installs the new results under the names the docs quote (the device's ``gpu_hf_callback.json`` is
    ``gpu_1xh100_hf_callback.json`` here) and merges the time-to-accuracy seeds of each task into one report and
    its plot (``benchmarks/time_to_accuracy.py --merge``);
-4. moves the docs' quoted numbers from the old copies to the new files (``benchmarks/requote.py``), and prints
-   the history row (``benchmarks/gpu/headline_table.py``) and what is left to do by hand.
+4. moves the docs' quoted numbers from the old copies to the new files and mends the rows those moves made stale
+   (``benchmarks/requote.py --rows``), redraws the HF callback's plot, and prints the history row
+   (``benchmarks/gpu/headline_table.py``) and what is left to do by hand.
+
+It refuses, before moving anything, a Python that lacks a module those steps import.
 
 ``--dry-run`` prints the plan and changes nothing.
 """
@@ -137,6 +140,19 @@ def apply(p: Plan, results: Path = RESULTS) -> None:
         (results / name).write_bytes(path.read_bytes())
 
 
+def missing_modules(p: Plan, *, requote: bool) -> list[str]:
+    """The modules the steps :func:`main` would run for ``p`` import and this Python lacks (checked before anything
+    is moved: a step failing halfway leaves old and new results mixed)."""
+    needed = set()
+    if p.merge:
+        needed |= {"torch", "matplotlib"}  # time_to_accuracy.py --merge, and its plot
+    if p.keep and requote:
+        needed |= {"elastic_pipe", "pytest"}  # requote.py reads the rows of tests/test_doc_numbers.py
+    if set(HF_PLOT) & set(p.install):
+        needed.add("matplotlib")
+    return sorted(name for name in needed if importlib.util.find_spec(name) is None)
+
+
 def _run(*args: str) -> None:
     print("$", " ".join(args), flush=True)
     subprocess.run([sys.executable, *args], cwd=ROOT, check=True)
@@ -153,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             raise InstallError(f"{args.returned} is not a folder")
         p = plan(args.returned)
         check_src(p.commit)
-        if p.merge and importlib.util.find_spec("torch") is None:  # before anything is moved
-            raise InstallError(f"the seed merges need torch, which {sys.executable} lacks: use the project's venv")
+        if lacking := missing_modules(p, requote=not args.no_requote):  # before anything is moved
+            raise InstallError(f"{sys.executable} lacks {', '.join(lacking)}: use the project's venv")
     except InstallError as exc:
         print(f"install_remeasure: {exc}", file=sys.stderr)
         return 2
