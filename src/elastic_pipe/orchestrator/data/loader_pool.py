@@ -153,9 +153,9 @@ class LoaderPool(Generic[B]):
         """An idle kept loader's key that can serve plain lists read as ``key`` (stacking at least its parts, pinned
         alike; its own kind first), or ``None`` (none, or ``key`` reads a sampler's shard): a one-pass read at a
         transition, the cache's fill or the evaluation store, forks no workers anew (issue #41)."""
-        ok = [k for k, e in self._entries.items() if not e.busy and k.pin == key.pin and k.inputs >= key.inputs]
-        fits = sorted((k for k in ok if k.labels >= key.labels), key=lambda k: k.kind != key.kind)
-        return fits[0] if fits and key.shard is None else None
+        idle = [k for k, e in self._entries.items() if not e.busy and key.shard is None and k.pin == key.pin]
+        fits = [k for k in idle if k.inputs >= key.inputs and k.labels >= key.labels]
+        return min(fits, key=lambda k: k.kind != key.kind, default=None)  # its own kind first
 
     def start(self, key: LoaderKey, build: BuildLoader[B]) -> bool:
         """Build the loader for ``key`` and start its workers now, reading nothing yet, so that their start-up

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -32,6 +32,9 @@ __all__: list[str] = []  # internal: the package face exports what others use
 BYPASS_REASON = "bypass: the dataset's transforms are random ([pipeline] cache_policy = 'bypass')"
 
 log = logging.getLogger(__name__)
+
+#: A boundary's entries as a payoff measure weighs them: one sample's shape, the dtype, entries per tier.
+Entries = tuple[tuple[int, ...], torch.dtype, dict[str, int]]
 
 
 def stored_as(cache: acache.ActivationCache, example: torch.Tensor) -> str:
@@ -75,11 +78,51 @@ def in_steps(cache: acache.ActivationCache, frozen: int, example: torch.Tensor, 
     return spread.get("disk", 0) == 0 and spread["none"] == 0
 
 
+@dataclass
+class ReadsPaid:
+    """What one run's ``cache = "auto"`` measured last, so that a deeper boundary need not measure again.
+
+    Measuring runs the prefix on a batch seven times (once for the shapes, a warm-up and five timed runs) and
+    times a read from every tier (:func:`elastic_pipe.cache.measure_tiered_payoff`): on MiniLM and BBC News, 55
+    steps an epoch, as many prefix forwards as an eighth of an epoch's, at every transition. Once reading paid at
+    boundary ``b``, it pays at any deeper boundary whose entries have the same shape and dtype and would spread
+    over the tiers alike: each read fetches the same bytes from the same tiers, and the prefix it replaces runs
+    more sub-layers on the same inputs. Such a boundary is decided without running anything; any other (a
+    shallower one, other entries, other tiers, or after a measure that said no) is measured. One per
+    :class:`~elastic_pipe.orchestrator.prefix.FrozenPrefix`; not kept in checkpoints (a resumed run measures
+    once more).
+
+    Attributes:
+        boundary: where reading last measured as paying (0: never, or the last measure said no).
+        entries: the shape, dtype and tier spread of that boundary's entries.
+        reason: that measure's reason.
+        measured: how many times this run measured (each a prefix-and-read timing).
+    """
+
+    boundary: int = 0
+    entries: Entries | None = None
+    reason: str = ""
+    measured: int = 0
+
+    def known(self, frozen: int, entries: Entries) -> str:
+        """Why reading pays at ``frozen`` without a measure (``""``: it must be measured)."""
+        if not self.boundary or frozen <= self.boundary or entries != self.entries:
+            return ""
+        return f"paid at boundary {self.boundary}, entries alike, fewer sub-layers recomputed there ({self.reason})"
+
+    def record(self, frozen: int, entries: Entries, decision: acache.CacheDecision) -> None:
+        """Keep a measure's answer (``decision``: its :class:`~elastic_pipe.cache.CacheDecision`)."""
+        self.measured += 1
+        paid = decision.enabled
+        self.boundary, self.entries, self.reason = (frozen, entries, decision.reason) if paid else (0, None, "")
+
+
 def prepare_cache(
     job: CacheJob,
     *,
     mode: str,
     per_replica: int,
+    paid: ReadsPaid | None = None,
     peers: FillPeers | None = None,
     fill: bool = True,
 ) -> tuple[bool, str]:
@@ -89,6 +132,8 @@ def prepare_cache(
         job: the cache, the training split, the boundaries and the sub-layers' runner (``job.frozen > 0``).
         mode: ``"on"`` (always read) or ``"auto"`` (read when :func:`elastic_pipe.cache.measure_payoff` says so).
         per_replica: samples per replica per step (the payoff is measured on one such batch).
+        paid: the run's last measured answer (:class:`ReadsPaid`): read, or updated by a measure; ``None``:
+            nothing known (measured).
         peers: when several replicas' stage-0 ranks call this together (a collective in ``peers.group``), they
             split the carrying and filling between them and all-gather the results; the new boundary takes over
             the old one's memory. ``None``: this rank does it all alone.
@@ -102,11 +147,12 @@ def prepare_cache(
     per-epoch views every view is filled (each a fresh read of the dataset, so a fresh draw of its transforms).
     """
     cache, old_frozen, frozen = job.cache, job.old_frozen, job.frozen
+    paid = ReadsPaid() if paid is None else paid
     if not cache.enabled:
         return False, BYPASS_REASON
     views = cache.config.views_per_sample
     if peers is not None and peers.count > 1:
-        enabled, reason = _decide(job, mode=mode, per_replica=per_replica, old=old_frozen)
+        enabled, reason = _decide(job, mode=mode, per_replica=per_replica, paid=paid, old=old_frozen)
         agreed = all_peers(enabled, peers, job.device)  # every peer reads only if all would (the fill is a collective)
         if agreed:
             for view in range(views):
@@ -118,7 +164,7 @@ def prepare_cache(
             cache.drop(old_frozen)
         return False, reason if not enabled else f"{reason}, but not on another replica's stage 0: off on all"
     job.carry()  # only the newly frozen sub-layers run on the entries
-    enabled, reason = _decide(job, mode=mode, per_replica=per_replica)
+    enabled, reason = _decide(job, mode=mode, per_replica=per_replica, paid=paid)
     if enabled and not fill:
         return True, f"{reason}; filled by the steps as they miss"
     if enabled:
@@ -136,13 +182,20 @@ def prepare_cache(
     return enabled, reason
 
 
-def _decide(job: CacheJob, *, mode: str, per_replica: int, old: int = 0) -> tuple[bool, str]:
+def _decide(job: CacheJob, *, mode: str, per_replica: int, paid: ReadsPaid, old: int = 0) -> tuple[bool, str]:
     """``"on"``, or the measured answer for the whole fill, each tier weighed by the entries it would hold
-    (:func:`elastic_pipe.cache.measure_tiered_payoff`); ``old``: a boundary whose space the fill will reuse."""
+    (:func:`elastic_pipe.cache.measure_tiered_payoff`), or ``paid``'s answer from a shallower boundary when it
+    knows one (:meth:`ReadsPaid.known`); ``old``: a boundary whose space the fill will reuse."""
     if mode == "on":
         return True, "cache = 'on'"
     cache, frozen = job.cache, job.frozen
     reused = old if old and old != frozen and old in cache.boundaries() else frozen
+    example = job.shape_example()
+    shape, dtype = tuple(example.shape[1:]), example.dtype
+    entries = (shape, dtype, cache.placement(reused, shape, dtype, len(job.data)))
+    known = paid.known(frozen, entries)
+    if known:
+        return True, known
     decision = acache.measure_tiered_payoff(
         cache,
         job.data.input_rows(0, per_replica).to(job.device),
@@ -150,6 +203,7 @@ def _decide(job: CacheJob, *, mode: str, per_replica: int, old: int = 0) -> tupl
         lambda v: job.run(v, 0, frozen),
         samples=len(job.data),
     )
+    paid.record(frozen, entries, decision)
     return decision.enabled, decision.reason
 
 

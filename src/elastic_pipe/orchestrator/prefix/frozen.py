@@ -23,7 +23,14 @@ import torch.distributed as dist
 from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
 from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, widening
-from elastic_pipe.orchestrator.prefix.fill import BYPASS_REASON, in_steps, pass_idle, prepare_cache, stored_as
+from elastic_pipe.orchestrator.prefix.fill import (
+    BYPASS_REASON,
+    ReadsPaid,
+    in_steps,
+    pass_idle,
+    prepare_cache,
+    stored_as,
+)
 from elastic_pipe.orchestrator.prefix.reads import PrefetchedBatches, counters, covers, epoch_counts, held, read_prefix
 from elastic_pipe.orchestrator.prefix.residency import KEPT_REASON, carry, settle
 from elastic_pipe.orchestrator.prefix.shared import all_peers
@@ -72,6 +79,8 @@ class FrozenPrefix:
         #: The run's activation cache (``None`` when off).
         self.cache = cache
         self._state = PrefixState()
+        #: The run's last measured payoff of reading the cache (``cache = "auto"``), reused at deeper boundaries.
+        self.paid = ReadsPaid()
         self._layout: Layout | None = None
         self._first = False
         self._group: dist.ProcessGroup | None = None
@@ -205,7 +214,9 @@ class FrozenPrefix:
         if idle:  # the steps run the prefix (storing what they compute where they may)
             self.fills_in_steps = in_steps(cache, frozen, example, samples)
             return False, idle
-        on, reason = prepare_cache(job, mode=mode, per_replica=per_replica, peers=peers, fill=not steps_fill)
+        on, reason = prepare_cache(
+            job, mode=mode, per_replica=per_replica, paid=self.paid, peers=peers, fill=not steps_fill
+        )
         self.cache_complete = on and covers(cache, ctx.train_set, layout.frozen)
         self.fills_in_steps = not on and in_steps(cache, frozen, example, samples)
         return on, reason + stored_as(cache, example)
