@@ -2214,6 +2214,44 @@ ROWS += [
 ]
 
 
+#: docs/benchmarks.md, the single-GPU arms and the default policy's runs at 8827407 (history since 72bec91)
+HEADLINE_882, POLICY_882 = "headline_single_8827407.json", "headline_default_policy_8827407.json"
+POLICY_DIGITS_882 = "headline_default_policy_digits_8827407.json"
+ROWS += [
+    ("docs/benchmarks.md", text, result, path, fmt)
+    for text, result, path, fmt in (
+        ("{} s against plain eager 57.72 s (3.16x)", HEADLINE_882, S30 + "arms.elastic_eager.total_s", ".2f"),
+        ("against plain eager {} s (3.16x)", HEADLINE_882, S30 + "arms.plain_eager.total_s", ".2f"),
+        ("57.72 s ({}x), elastic compiled", HEADLINE_882, S30 + "speedup_elastic_over_plain_eager", ".2f"),
+        ("graphs {} s (7.89 s compiling) against", HEADLINE_882, S30 + "arms.elastic_compiled_graphs.total_s", ".2f"),
+        ("24.36 s ({} s compiling) against", HEADLINE_882, S30 + "arms.elastic_compiled_graphs.compile_s", ".2f"),
+        ("compiled {} s (22.00 s compiling; 2.84x)", HEADLINE_882, S30 + "arms.plain_compiled.total_s", ".2f"),
+        ("69.13 s ({} s compiling; 2.84x)", HEADLINE_882, S30 + "arms.plain_compiled.compile_s", ".2f"),
+        ("22.00 s compiling; {}x), 0.856", HEADLINE_882, S30 + "speedup_elastic_over_plain_compiled", ".2f"),
+        ("2.84x), {} of the ideal", HEADLINE_882, S30 + "fraction_of_ideal", ".3f"),
+        (
+            "96.93% in {} s against no freezing 96.78% in 3.17",
+            POLICY_882,
+            BBC + "drift.wall_seconds_by_seed.median",
+            ".2f",
+        ),
+        (
+            "96.78% in {} s\n(`headline_default_policy_8827407",
+            POLICY_882,
+            BBC + "none.wall_seconds_by_seed.median",
+            ".2f",
+        ),
+        ("94.61% in {} s against 94.89% in 5.40", POLICY_DIGITS_882, SD + "drift.wall_seconds_by_seed.median", ".2f"),
+        (
+            "94.89% in {} s\n(`headline_default_policy_digits_8827407",
+            POLICY_DIGITS_882,
+            SD + "none.wall_seconds_by_seed.median",
+            ".2f",
+        ),
+    )
+]
+
+
 # docs/time_to_accuracy.md at b3c28ee (today's src/ since 80c2475), and the 14-seed comparison of the cap
 TTA_BBC_F31 = "time_to_accuracy_bbc_f310717.json"  # the former cap (0.95) at f310717 (history)
 TTA_DIG_F31 = "time_to_accuracy_digits_f310717.json"
@@ -2666,10 +2704,10 @@ ROWS += table_rows(
             ],
         ),
         (
-            HEADLINE,
+            "headline_single_8827407.json",
             "",
             [
-                "8827407 (today's `src/`: b3c28ee's and one-pass reads), one H100 (`headline_single.json`)",
+                "8827407 (b3c28ee's `src/` and one-pass reads), one H100 (`headline_single_8827407.json`)",
                 "18.27",
                 "57.72",
                 "3.16x",
@@ -2677,6 +2715,21 @@ ROWS += table_rows(
                 "69.13",
                 "2.84x",
                 "2.27",
+            ],
+        ),
+        (
+            HEADLINE,
+            "",
+            [
+                "72bec91 (today's `src/`: 8827407's and one payoff measure per kind of entry), one H100 "
+                "(`headline_single.json`)",
+                "18.15",
+                "58.14",
+                "3.20x",
+                "21.83 (5.70)",
+                "63.92",
+                "2.93x",
+                "2.17",
             ],
         ),
     ],
