@@ -1365,6 +1365,11 @@ ROWS += [
     ),
     ("README.md", "-> {} while it ran,", DEMO_CPU, "machine.load_average_end", ".1f"),
     ("README.md", "with freezing **{} accuracy in", DEMO_CPU, "final_accuracy", ".3f"),
+    ("docs/training.md", "the\n  same work took {} s and 17.7 s", DEMO_CPU, "same_work.seconds", ".1f"),
+    ("docs/training.md", "work took 18.3 s and {} s, the freezing", DEMO_CPU, "same_work.baseline_seconds", ".1f"),
+    ("docs/training.md", "8827407 {} s and 16.5 s and 1.33x", "demo_cpu_8827407.json", "same_work.seconds", ".1f"),
+    ("docs/training.md", "16.1 s and {} s and 1.33x", "demo_cpu_8827407.json", "same_work.baseline_seconds", ".1f"),
+    ("docs/training.md", "16.5 s and {}x, `demo_cpu_8827407", "demo_cpu_8827407.json", "speedup", ".2f"),
     ("README.md", "accuracy in {} s of training**, without", DEMO_CPU, "train_seconds", ".1f"),
     ("README.md", "without **{} in", DEMO_CPU, "baseline.final_accuracy", ".3f"),
     ("README.md", "in {} s**: **", DEMO_CPU, "baseline.train_seconds", ".1f"),
@@ -1503,6 +1508,8 @@ TTA_BBC_882 = "time_to_accuracy_bbc_8827407.json"  # the full re-measure at 8827
 TTA_DIG_882 = "time_to_accuracy_digits_8827407.json"
 HF_1X_882 = "gpu_1xh100_hf_callback_8827407.json"
 HF8_1X_882 = "gpu_1xh100_hf_callback_8epochs_8827407.json"
+LIGHT8_F1E = "lightning_callback_cpu_640docs_8epochs_f1e7f69.json"  # the Lightning 8-epoch jobs at f1e7f69 (history)
+LIGHT8_23_F1E = "lightning_callback_cpu_640docs_8epochs_seeds23_f1e7f69.json"
 HF8_B3 = "gpu_1xh100_hf_callback_8epochs_b3c28ee.json"
 HF_B3 = "gpu_1xh100_hf_callback_b3c28ee.json"
 TTA_BBC_52 = "time_to_accuracy_bbc_52dbcba.json"  # docs/freeze.md step 4: the cap, both arms at 52dbcba
@@ -2431,6 +2438,10 @@ ROWS += [
     (INTEG, "(1.21x and {}x; 0.96x", HF8_1X, LC + "freeze.speedup_over_none", ".2f"),
     (INTEG, "1.09x; {}x and 1.12x at 8827407", HF_1X_882, LC + "freeze.speedup_over_none", ".2f"),
     (INTEG, "0.96x and {}x at 8827407 on a slower", HF8_1X_882, LC + "freeze.speedup_over_none", ".2f"),
+    (INTEG, "the callback {}x and 1.32x, LoRA", LIGHT8_F1E, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "callback 1.36x and {}x, LoRA", LIGHT8_23_F1E, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "LoRA\n{}x and 1.26x; `lightning", LIGHT8_F1E, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "1.36x and {}x; `lightning", LIGHT8_23_F1E, LC + "lora.cpu_speedup_over_none", ".2f"),
     (INTEG, "lower two thirds) | {} | 1.09x |", HF_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "| -0.03 | {}x | +0.06 | 1.19x |", HF_CAPS, LC + "freeze.speedup_over_none", ".2f"),
     (INTEG, "| 1.09x | {} | 1.19x |", HF8_CAPS, LC + "freeze.accuracy_points_vs_none", "+.2f"),
@@ -2471,27 +2482,27 @@ ROWS += [
     ("README.md", "97.81%\nand {} with the callback", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
     ("README.md", "with the callback against {} and 97.19% without", L8_NEW, LC + "none.accuracy_mean", ".2%"),
     ("README.md", "against 97.50% and {} without it", L8_NEW23, LC + "none.accuracy_mean", ".2%"),
-    ("README.md", "in {}x and 1.32x less CPU time (LoRA", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    ("README.md", "1.36x and {}x less CPU time (LoRA", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    ("README.md", "(LoRA, at the same accuracy:\n{}x and 1.26x)", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
-    ("README.md", "1.36x\nand {}x).", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
+    ("README.md", "in {}x and 1.29x less CPU time (LoRA", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    ("README.md", "1.40x and {}x less CPU time (LoRA", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    ("README.md", "(LoRA, at the same accuracy:\n{}x and 1.21x)", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
+    ("README.md", "1.29x\nand {}x).", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
 ]
 
 
 ROWS += [
     (INTEG, "| no callback | 97.50% | {} | - | 97.19% |", L8_NEW, LC + "none.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 335.2 | - | 97.19% | {} | - |", L8_NEW23, LC + "none.cpu_seconds_mean", ".1f"),
-    (INTEG, "| `FreezeCallback(cache=True)` | {} | 247.3 |", L8_NEW, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "`FreezeCallback(cache=True)` | 97.81% | {} | 1.36x |", L8_NEW, LC + "freeze.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 247.3 | {}x | 97.19%", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    (INTEG, "1.36x | {} | 251.0 |", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "| 97.19% | {} | 1.32x |", L8_NEW23, LC + "freeze.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 251.0 | {}x |", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    (INTEG, "| peft LoRA (r 8, query/value) | {} | 246.3", L8_NEW, LC + "lora.accuracy_mean", ".2%"),
-    (INTEG, "(r 8, query/value) | 97.81% | {} | 1.36x |", L8_NEW, LC + "lora.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 246.3 | {}x | 97.19%", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
-    (INTEG, "| 97.19% | {} | 1.26x |", L8_NEW23, LC + "lora.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 263.5 | {}x |", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| 374.0 | - | 97.19% | {} | - |", L8_NEW23, LC + "none.cpu_seconds_mean", ".1f"),
+    (INTEG, "| `FreezeCallback(cache=True)` | {} | 267.6 |", L8_NEW, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "`FreezeCallback(cache=True)` | 97.81% | {} | 1.40x |", L8_NEW, LC + "freeze.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 267.6 | {}x | 97.19%", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "1.40x | {} | 269.3 |", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "| 97.19% | {} | 1.29x |", L8_NEW23, LC + "freeze.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 269.3 | {}x |", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| peft LoRA (r 8, query/value) | {} | 290.5", L8_NEW, LC + "lora.accuracy_mean", ".2%"),
+    (INTEG, "(r 8, query/value) | 97.81% | {} | 1.29x |", L8_NEW, LC + "lora.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 290.5 | {}x | 97.19%", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| 97.19% | {} | 1.21x |", L8_NEW23, LC + "lora.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 286.5 | {}x |", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
     (INTEG, "over no callback in the first job ({} points", L8_NEW, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "at its accuracy in the second ({})", L8_NEW23, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "1.12x at 8827407; {}x and 1.19x over seven", HF_CAPS, LC + "freeze.speedup_over_none", ".2f"),
