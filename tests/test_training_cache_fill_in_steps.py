@@ -2,7 +2,9 @@
 still stores what its steps compute, so the next boundary is carried from those entries through the newly frozen
 sub-layers alone and its fill runs nothing from the inputs; and a first boundary that is read is filled by its
 steps' misses, not by a pass over the split first. The losses are those of the runs that fill at the
-transition. A step whose batch is partly cached runs the prefix on the whole batch (one forward size per step)."""
+transition. A step whose batch is partly cached runs the prefix on the whole batch (one forward size per step).
+The payoff of reading is measured at the first boundary and not again at the second when it paid there
+(``prefix.fill.ReadsPaid``; measured again when it did not)."""
 
 from __future__ import annotations
 
@@ -216,3 +218,47 @@ def test_a_step_with_part_of_its_batch_cached_runs_the_prefix_on_the_whole_batch
     # every batch with a miss ran whole: more rows went through the prefix than were missing
     trained = sum(rows for rows in prefix if rows != held_out)
     assert trained > misses0 + misses1
+
+
+def _forced(measure: Any, pays: bool, measured: list[int]) -> Any:
+    """``measure`` (the cache's payoff measure) answering ``pays`` whatever it timed, each boundary logged."""
+    import dataclasses
+
+    def forced(cache: Any, inputs: Any, boundary: int, *args: Any, **kwargs: Any) -> Any:
+        measured.append(boundary)
+        return dataclasses.replace(measure(cache, inputs, boundary, *args, **kwargs), enabled=pays)
+
+    return forced
+
+
+def _payoff_measures(ctx: RankContext) -> dict[bool, Any]:
+    """The run of ``_config("auto")`` with the payoff measure's answer forced to ``pays`` (the machine's speed must
+    not matter), once each way: the boundaries measured and whether each epoch read the cache."""
+    from plug_data import Digits
+
+    from elastic_pipe import cache as acache
+    from elastic_pipe.orchestrator import ElasticTrainer
+
+    measure = acache.measure_tiered_payoff
+    out: dict[bool, Any] = {}
+    for pays in (True, False):
+        measured: list[int] = []
+        acache.measure_tiered_payoff = _forced(measure, pays, measured)
+        try:
+            with ElasticTrainer(_config(), data=Digits(SAMPLES), quiet=True) as trainer:
+                result = trainer.fit().to_dict()
+        finally:
+            acache.measure_tiered_payoff = measure
+        out[pays] = {"measured": measured, "read": [(e["frozen_units"], e["cache"]) for e in result["epochs"]]}
+    return out
+
+
+def test_reading_that_paid_at_the_first_boundary_is_not_measured_again_at_the_second() -> None:
+    r = run_distributed(_payoff_measures, 1, timeout=300)[0]
+    # it paid at the first boundary: the second (same entries, a longer prefix) reads without a measure
+    assert r[True]["read"] == [(0, False), (1, True), (2, True), (2, True)]
+    assert len(r[True]["measured"]) == 1
+    # it did not: each boundary is measured (a longer prefix may pay), and nothing is read
+    assert r[False]["read"] == [(0, False), (1, False), (2, False), (2, False)]
+    first, second = r[False]["measured"]
+    assert r[True]["measured"] == [first] and 0 < first < second
