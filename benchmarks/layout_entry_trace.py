@@ -14,6 +14,9 @@ every Python call made in a module of :mod:`elastic_pipe.orchestrator`, and the 
 * ``parts``: the same, a subpackage counted once (``stage/``, ``prefix/``, ...);
 * ``returns``: how often control came back to a file it had already left (the "ping-pong" of issue 42), counted
   on the sequence of files of successive calls.
+* ``files_within_calls``: how many of those files a reader meets following calls down from the transition's own
+  function: ``{"0": 1, "1": 7, ...}`` (the entry's file; then also the files of the functions it calls; then of
+  theirs, ...), every Python call counting one level, so a call through torch or a primitive counts too.
 
 Calls into the primitives (``freeze``, ``partition``, ``protocol``, ...) and torch are left out: the measure is how
 much of the orchestrator a reader follows. Results: printed, or ``--out`` as JSON with the commit.
@@ -45,16 +48,24 @@ def _tables() -> dict[str, Any]:
 
 
 def _trace(run: Any, root: Path) -> dict[str, Any]:
-    """Run ``run()`` under a profiler; the orchestrator files its calls ran in, in order."""
+    """Run ``run()`` under a profiler; the orchestrator files its calls ran in, in order, and how deep in the call
+    tree (counting every Python call, the orchestrator's or not) each file's first call was."""
     prefix = str(root) + "/"
     sequence: list[str] = []
+    depth, first_depth = 0, {}
 
     def profile(frame: Any, event: str, _arg: Any) -> None:
+        nonlocal depth
+        if event == "return":
+            depth -= 1
+            return
         if event != "call":
             return
+        depth += 1
         path = frame.f_code.co_filename
         if path.startswith(prefix):
             name = path[len(prefix) :]
+            first_depth[name] = min(first_depth.get(name, depth), depth)
             if not sequence or sequence[-1] != name:
                 sequence.append(name)
 
@@ -70,7 +81,18 @@ def _trace(run: Any, root: Path) -> dict[str, Any]:
         returns += after in left
     files = sorted(set(sequence))
     parts = sorted({f.split("/", 1)[0] if "/" in f else f for f in files})
-    return {"files": files, "parts": parts, "returns": returns, "file_count": len(files), "part_count": len(parts)}
+    top = min(first_depth.values(), default=0)  # the entry's own depth (the caller's frames above it do not count)
+    within = {
+        str(d - top): sum(v - top <= d - top for v in first_depth.values()) for d in sorted(set(first_depth.values()))
+    }
+    return {
+        "files": files,
+        "parts": parts,
+        "returns": returns,
+        "file_count": len(files),
+        "part_count": len(parts),
+        "files_within_calls": within,
+    }
 
 
 def _job(ctx: Any) -> list[dict[str, Any]]:
@@ -111,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     for t in traces:
         print(
             f"to {t['frozen']} frozen sub-layers: {t['file_count']} files ({t['part_count']} parts), "
-            f"{t['returns']} returns to a file already left"
+            f"{t['returns']} returns to a file already left; following calls down: "
+            + ", ".join(f"{n} within {d}" for d, n in t["files_within_calls"].items())
         )
         print("  " + ", ".join(t["files"]))
     return 0

@@ -1734,6 +1734,15 @@ ROWS += [
     ("docs/training.md", "comes back {} times to a file", TRACE, "transitions.0.returns", ".0f"),
     ("docs/training.md", "the second (to 7) in\n{} files", TRACE, "transitions.1.file_count", ".0f"),
     ("docs/training.md", "files with {} returns", TRACE, "transitions.1.returns", ".0f"),
+    ("docs/training.md", "transition's files are {} one call down", TRACE, "transitions.0.files_within_calls.1", ".0f"),
+    (
+        "docs/training.md",
+        "`report/event_log.py`), {} two calls down",
+        TRACE,
+        "transitions.0.files_within_calls.2",
+        ".0f",
+    ),
+    ("docs/training.md", "all {} five calls down", TRACE, "transitions.0.files_within_calls.5", ".0f"),
 ]
 SCHED_CPU = "schedule_training_cpu.json"  # docs/schedule.md: every training schedule timed on CPU, 4 gloo processes
 ROWS += table_rows(

@@ -34,3 +34,5 @@ def test_the_trace_counts_files_parts_and_returns(tmp_path: Path) -> None:
     assert trace["files"] == ["a.py", "sub/b.py", "sub/c.py"]
     assert trace["parts"] == ["a.py", "sub"]
     assert trace["returns"] == 1  # back to sub/b.py after leaving it; outside.py never counts
+    # a.py is where the traced entry starts; one call down, its callees' files; outside.py's depth counts no file
+    assert trace["files_within_calls"] == {"0": 1, "1": 3}
