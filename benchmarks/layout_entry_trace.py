@@ -81,10 +81,9 @@ def _trace(run: Any, root: Path) -> dict[str, Any]:
         returns += after in left
     files = sorted(set(sequence))
     parts = sorted({f.split("/", 1)[0] if "/" in f else f for f in files})
-    top = min(first_depth.values(), default=0)  # the entry's own depth (the caller's frames above it do not count)
-    within = {
-        str(d - top): sum(v - top <= d - top for v in first_depth.values()) for d in sorted(set(first_depth.values()))
-    }
+    depths = sorted(first_depth.values())
+    top = depths[0] if depths else 0  # the entry's own depth (the caller's frames above it do not count)
+    within = {str(d - top): sum(v <= d for v in depths) for d in sorted(set(depths))}
     return {
         "files": files,
         "parts": parts,
