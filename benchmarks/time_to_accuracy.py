@@ -60,7 +60,8 @@ from elastic_pipe.orchestrator.optim import lr_lambda
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_freeze_accuracy as study  # the accuracy study: its corpus split, MNIST-5k pre-training and warm-up
 
-from _report import provenance  # benchmarks/gpu (on the path since the study's import)
+from _compile_pool import warm_compile_pool  # benchmarks/gpu (on the path since the study's import)
+from _report import provenance
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -523,7 +524,8 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
         for arm, by_seed in part["runs"].items():
             report["runs"].setdefault(arm, {}).update(by_seed)
     report["seeds"] = sorted({s for part in parts for s in part["seeds"]})
-    report["parts"] = [{k: part[k] for k in ("commit", "dirty", "device", "torch", "seeds")} for part in parts]
+    keys = ("commit", "dirty", "device", "torch", "seeds", "compile_pool_s")
+    report["parts"] = [{k: part[k] for k in keys if k in part} for part in parts]
     report.update(summarise(report["runs"]))
     return report
 
@@ -683,6 +685,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run
+        # Inductor's compile workers: started once here, so that no arm's time holds their start
+        pool = warm_compile_pool() if device.type == "cuda" else {"compile_pool": "not started"}
         tuning = None
         if args.lora_lr_from is not None:  # a previous job's choice (say, the seed-0 job that tuned it)
             chosen = json.loads(args.lora_lr_from.read_text())
@@ -722,6 +726,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "autocast": "bf16" if autocast else "none",
         "workers": setting.workers,
         "elastic_compile": setting.elastic_compile,
+        **pool,
         "cache_policy": setting.cache_policy if getattr(task.train, "random_augmentation", False) else "exact",
         "views": setting.views,
         **task.extra,
