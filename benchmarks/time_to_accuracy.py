@@ -615,6 +615,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--loss", default="", help="custom: module:attr of loss(output, target) (default cross-entropy)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (every arm)")
     ap.add_argument("--elastic-compile", choices=("auto", "on", "off"), default="auto", help="[train] compile")
+    ap.add_argument(
+        "--compile-pool",
+        choices=("first", "lazy"),
+        default="first",
+        help="Inductor's compile workers: started before the first arm (default) or by the first arm that compiles",
+    )
     ap.add_argument("--cache-policy", choices=("bypass", "views"), default="views", help="augmented data's cache")
     ap.add_argument("--views", type=int, default=2, help="cached views per sample with --cache-policy views")
     ap.add_argument("--cache-mb", type=int, default=16384, help="[pipeline] cache_mb")
@@ -686,7 +692,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run
         # Inductor's compile workers: started once here, so that no arm's time holds their start
-        pool = warm_compile_pool() if device.type == "cuda" else {"compile_pool": "not started"}
+        first = device.type == "cuda" and args.compile_pool == "first"
+        pool = warm_compile_pool() if first else {"compile_pool": "not started"}
         tuning = None
         if args.lora_lr_from is not None:  # a previous job's choice (say, the seed-0 job that tuned it)
             chosen = json.loads(args.lora_lr_from.read_text())
