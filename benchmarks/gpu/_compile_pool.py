@@ -8,6 +8,10 @@ workers. Measured on one H100 (``time_to_accuracy.py --task digits``, the compil
 disk from an earlier job, no recompilation in dynamo's log): its epochs 2 and 3 took 1.5-3.5 s where the later
 ones took 0.58 s. :func:`warm_compile_pool` starts the pool, waits until its workers have started and gone idle,
 and keeps it up for the job; the report gives the seconds it took beside the arms, which none of them pays.
+
+Keeping it up sets ``quiesce_async_compile_pool``, which is part of Inductor's cache key: a job that starts the pool
+first finds on disk only what jobs that did the same compiled (every seed's job of a time-to-accuracy re-measure
+does), and compiles cold after jobs that did not (``compile_pool_ab.sh`` warms each way on its own).
 """
 
 from __future__ import annotations
