@@ -48,7 +48,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import provenance  # this folder
+from _compile_pool import warm_compile_pool  # this folder
+from _report import provenance
 from bench_elastic_gpu import ALPHA, EPOCHS, ideal_speedup, workload
 from elastic_pipe.orchestrator import TrainConfig, config_from_tables, run_rank
 from elastic_pipe.orchestrator.compilation import compile_seconds
@@ -353,6 +354,13 @@ def main() -> int:
     ap.add_argument("--cache-mb", type=int, default=16384, help="device cache budget (the whole split fits)")
     ap.add_argument("--out", default="benchmarks/results", help="folder of the results file")
     ap.add_argument("--name", default="gpu_1xh200_single.json", help="the results file's name in --out")
+    ap.add_argument(
+        "--compile-pool",
+        choices=("lazy", "first"),
+        default="lazy",
+        help="Inductor's compile workers: started by the first arm that compiles (the headline so far) or before "
+        "the first arm and kept up (as time_to_accuracy.py does)",
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -362,6 +370,9 @@ def main() -> int:
         "epochs": EPOCHS,
         "steps_per_epoch": {},
     }
+    compiled_arms = any("compiled" in arm for arm in args.arms.split(","))
+    if args.compile_pool == "first" and compiled_arms and device.type == "cuda":
+        report.update(warm_compile_pool())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for steps in [int(s) for s in args.steps.split(",")]:
