@@ -50,3 +50,24 @@ def test_a_busy_child_and_its_own_child_count_and_an_idle_one_does_not() -> None
 def test_without_cuda_nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert _tool().warm_compile_pool() == {"compile_pool": "not started"}
+
+
+def test_the_pool_is_started_kept_up_and_waited_for_until_its_processes_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._inductor import config
+    from torch._inductor.async_compile import AsyncCompile
+
+    tool = _tool()
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(AsyncCompile, "warm_pool", classmethod(lambda cls: calls.append("warm")))
+    monkeypatch.setattr(AsyncCompile, "wait_pool_ready", classmethod(lambda cls, timeout=120: calls.append("ready")))
+    monkeypatch.setattr(config, "quiesce_async_compile_pool", True)
+    # the workers' CPU seconds as read after each pause: busy (importing) twice, then idle
+    reads = iter([0.0, 1.0, 2.5, 2.5, 2.5])
+    monkeypatch.setattr(tool, "descendants_cpu_seconds", lambda pid=None: next(reads))
+    monkeypatch.setattr(tool.time, "sleep", lambda s: calls.append("sleep"))
+    report = tool.warm_compile_pool(settle_s=0.5)
+    assert calls == ["warm", "ready", "sleep", "sleep", "sleep"]  # idle at the third pause: no CPU since the second
+    assert config.quiesce_async_compile_pool is False  # kept up for every arm
+    assert report["compile_pool_s"] >= 0 and report["compile_threads"] == config.compile_threads
+    assert next(reads) == 2.5  # it stopped reading once idle
