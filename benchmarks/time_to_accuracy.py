@@ -83,6 +83,8 @@ ELASTIC_ARMS: dict[str, dict[str, Any]] = {
 ARMS = [*PLAIN_ARMS, *LORA_ARMS, *ELASTIC_ARMS]
 #: ``--tune-lora-lr`` without values: these multiples of the task's full fine-tuning rate.
 LORA_LR_FACTORS = (2.0, 5.0, 10.0, 20.0, 50.0)
+#: A tuning whose best rate is the largest it tried goes on up by this factor, at most this many times.
+LORA_LR_STEP, LORA_LR_STEPS_BEYOND = 2.5, 3
 #: The random crop's padding of the digits task, in pixels per side at 224 px (4 at CIFAR's 32 px, scaled).
 CROP_PAD = 28
 EVAL_BATCH = 256
@@ -447,17 +449,32 @@ def run_arm(task: Task, arm: str, setting: Setting, seed: int, lora_lr: Mapping[
 
 
 def tune_lora(task: Task, arms: Sequence[str], setting: Setting, grid: Sequence[float]) -> dict[str, Any]:
-    """Each LoRA arm on seed 0 at every rate of ``grid``; the rate of the best final accuracy (the lower on a tie)."""
+    """Each LoRA arm on seed 0 at every rate of ``grid``, and above it while the largest rate tried is the best
+    (:func:`rates_beyond`); the rate of the best final accuracy (the lower on a tie)."""
     out: dict[str, Any] = {}
     for arm in arms:
-        tried = {}
-        for lr in sorted(grid):
-            r = run_arm(task, arm, setting, 0, {arm: lr})
-            tried[repr(lr)] = r["accuracy"]
-            log(f"{task.name} {arm} lr {lr:g}: accuracy {r['accuracy']:.4f} ({r['total_seconds']:.1f} s)")
-        best = max(sorted(grid), key=lambda lr: tried[repr(lr)])
-        out[arm] = {"accuracy_by_lr": tried, "chosen": best}
+        tried: dict[float, float] = {}
+        rates = sorted(grid)
+        while rates:
+            for lr in rates:
+                r = run_arm(task, arm, setting, 0, {arm: lr})
+                tried[lr] = r["accuracy"]
+                log(f"{task.name} {arm} lr {lr:g}: accuracy {r['accuracy']:.4f} ({r['total_seconds']:.1f} s)")
+            rates = rates_beyond(tried, grid)
+        best = max(sorted(tried), key=lambda lr: tried[lr])
+        out[arm] = {"accuracy_by_lr": {repr(lr): acc for lr, acc in sorted(tried.items())}, "chosen": best}
     return out
+
+
+def rates_beyond(tried: Mapping[float, float], grid: Sequence[float]) -> list[float]:
+    """The next rate to try above the grid: the largest rate tried times :data:`LORA_LR_STEP` when that largest rate
+    has the best accuracy (strictly: a tie goes to the lower rate, so the search stops) and fewer than
+    :data:`LORA_LR_STEPS_BEYOND` rates above ``grid`` were tried; else none. A best rate at the grid's edge would
+    leave LoRA's rate untuned on that side."""
+    top = max(tried)
+    beyond = sum(lr > max(grid) for lr in tried)
+    best = max(sorted(tried), key=lambda lr: tried[lr])
+    return [top * LORA_LR_STEP] if best == top and beyond < LORA_LR_STEPS_BEYOND else []
 
 
 # ------------------------------------------------------------------------------------------------------ summary

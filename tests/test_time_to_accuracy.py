@@ -199,3 +199,31 @@ def test_a_policy_arm_names_its_policy_and_options_and_refuses_unknown_policies(
     assert tta.variant_arm("alpha:alpha=0.25")[1] == {"policy": "alpha", "options": {"alpha": 0.25}}
     with pytest.raises(SystemExit, match="unknown policy 'nonesuch'"):
         tta.variant_arm("nonesuch:x=1")
+
+
+def test_the_lora_rate_search_goes_past_the_grid_while_its_top_rate_is_best(tta: Any) -> None:
+    grid = [1e-4, 1e-3]
+    assert tta.rates_beyond({1e-4: 0.5, 1e-3: 0.6}, grid) == [pytest.approx(2.5e-3)]  # the top is best: go on
+    assert tta.rates_beyond({1e-4: 0.6, 1e-3: 0.5}, grid) == []  # the best is inside the grid
+    assert tta.rates_beyond({1e-4: 0.6, 1e-3: 0.6}, grid) == []  # a tie goes to the lower rate
+    assert tta.rates_beyond({1e-4: 0.5, 1e-3: 0.6, 2.5e-3: 0.7}, grid) == [pytest.approx(6.25e-3)]
+    assert tta.rates_beyond({1e-4: 0.5, 1e-3: 0.6, 2.5e-3: 0.55}, grid) == []  # it fell: the search stops
+    capped = {1e-4: 0.1, 1e-3: 0.2, 2.5e-3: 0.3, 6.25e-3: 0.4, 1.5625e-2: 0.5}
+    assert tta.rates_beyond(capped, grid) == []  # three rates above the grid at most
+
+
+def test_tuning_tries_rates_above_the_grid_and_keeps_the_best(tta: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    accuracy = {1e-4: 0.5, 1e-3: 0.6, 2.5e-3: 0.7, 6.25e-3: 0.65}
+    ran: list[float] = []
+
+    def run_arm(task: Any, arm: str, setting: Any, seed: int, lora_lr: dict[str, float]) -> dict[str, float]:
+        lr = lora_lr[arm]
+        ran.append(lr)
+        return {"accuracy": accuracy[min(accuracy, key=lambda k: abs(k - lr))], "total_seconds": 1.0}
+
+    monkeypatch.setattr(tta, "run_arm", run_arm)
+    task = type("T", (), {"name": "t"})()
+    out = tta.tune_lora(task, ["lora-qkv-r8"], None, [1e-3, 1e-4])
+    assert ran == pytest.approx([1e-4, 1e-3, 2.5e-3, 6.25e-3])  # up while the top was best, stopped when it fell
+    assert out["lora-qkv-r8"]["chosen"] == pytest.approx(2.5e-3)
+    assert list(out["lora-qkv-r8"]["accuracy_by_lr"]) == [repr(lr) for lr in ran]
