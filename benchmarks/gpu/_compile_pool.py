@@ -26,30 +26,34 @@ import torch
 __all__ = ["warm_compile_pool"]
 
 
-def _children() -> dict[int, list[int]]:
-    """Every process's children, by parent pid, from ``/proc`` (Linux; empty elsewhere)."""
+def _stat(proc: Path, pid: str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command's name (the state first), or None once it is gone."""
+    try:
+        return (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None  # the process ended while the table was read
+
+
+def _children(proc: Path = Path("/proc")) -> dict[int, list[int]]:
+    """Every process's children, by parent pid, from ``proc`` (Linux's ``/proc``; empty where there is none)."""
     tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while the tree was read
-        tree.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    for entry in proc.glob("[0-9]*"):
+        fields = _stat(proc, entry.name)
+        if fields is not None:
+            tree.setdefault(int(fields[1]), []).append(int(entry.name))
     return tree
 
 
-def descendants_cpu_seconds(pid: int | None = None) -> float:
+def descendants_cpu_seconds(pid: int | None = None, *, proc: Path = Path("/proc")) -> float:
     """CPU seconds (user + system) that the processes below ``pid`` (default: this one) have used so far."""
-    tree, tick = _children(), os.sysconf("SC_CLK_TCK")
+    tree, tick = _children(proc), os.sysconf("SC_CLK_TCK")
     todo, total = list(tree.get(pid or os.getpid(), [])), 0
     while todo:
         child = todo.pop()
         todo.extend(tree.get(child, []))
-        try:
-            fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        fields = _stat(proc, str(child))
+        if fields is not None:
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
     return total / tick
 
 
