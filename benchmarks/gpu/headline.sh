@@ -29,8 +29,8 @@
 #                                               time to accuracy (run_time_to_accuracy.sh), one seed per job, e.g.
 #                                               tta bbc:0 bbc:1 bbc:2 digits:0: the LoRA rates from the committed
 #                                               results (no tuning), EXTRA passed on (e.g. --policy-arm SPEC); on a
-#                                               fresh H100/H200 (a) takes 100-130 s for seed 0 and 50-80 s later,
-#                                               (b) 200-235 s for seed 0 (its pre-training) and about 90 s later.
+#                                               fresh H100/H200 (a) takes 100-150 s for seed 0 and 50-80 s later,
+#                                               (b) 200-275 s for seed 0 (its pre-training) and 90-110 s later.
 #                                               Merge the parts here with time_to_accuracy.py --merge
 #   benchmarks/gpu/headline.sh OUT hf           the HF Trainer callback on BBC News, seeds 0-2 (about 1 minute)
 #   benchmarks/gpu/headline.sh OUT hf-long      the same job at 8 epochs instead of 4: gpu_hf_callback_8epochs.json
