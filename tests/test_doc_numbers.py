@@ -2490,6 +2490,13 @@ ROWS += [
         ".1f",
     ),
 ]
+# docs/time_to_accuracy.md: compile_pool_ab.sh's first run at 13c6e50 (the first epoch's end, compile included)
+FIRST_EPOCH = "runs.compiled.0.curve.0.0"
+ROWS += [
+    (TTA, "json`): cold, {} s, then 1.01", "compile_pool_ab_cold.json", FIRST_EPOCH, ".1f"),
+    (TTA, "started by the arm, {} s, then 3.72", "compile_pool_ab_lazy1.json", FIRST_EPOCH, ".2f"),
+    (TTA, "compiled cold again ({} s), because", "compile_pool_ab_first1.json", FIRST_EPOCH, ".1f"),
+]
 # docs/time_to_accuracy.md: the re-measure at d5a8e28 (the compile pool started before the first arm)
 CMP = "arms.compiled."
 ROWS += [
