@@ -7,7 +7,7 @@
 The run is ``bench_single_gpu.py``'s ``elastic_eager`` arm (ViT-B/16 at 224 px, batch 512, 30 steps per epoch, 10
 epochs, alpha = 1/3, the whole training split cached in device memory; ``--compiled``/``--graphs`` for the other
 arms). Each transition event carries its phases
-(:data:`elastic_pipe.orchestrator.layout.apply.TRANSITION_PHASES`, plus ``decide`` before them and
+(:data:`elastic_pipe.orchestrator.apply_transition.TRANSITION_PHASES`, plus ``decide`` before them and
 ``compile``/``capture`` that the layout's first epoch paid) and the cache entries and bytes it carried; the table
 prints them, and ``--out`` gets ``profile_transitions.json`` with the commit.
 """
