@@ -34,6 +34,7 @@ import argparse
 import copy
 import gc
 import importlib
+import itertools
 import json
 import math
 import os
@@ -594,6 +595,23 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def epoch_table(report: dict[str, Any]) -> str:
+    """A Markdown table of every arm's and seed's seconds per epoch: the time from one evaluation to the next, so the
+    first holds the arm's set-up and compilation, and a transition made at an epoch's end counts in the epoch it
+    serves; beside them the total and the freezes (step: frozen units) of an elastic arm."""
+    lines = [
+        "| arm | seed | seconds per epoch | total (s) | freezes (step: units) |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for arm, by_seed in report["runs"].items():
+        for seed, run in sorted(by_seed.items()):
+            ends = [seconds for seconds, _ in run["curve"]]
+            epochs = ", ".join(f"{b - a:.2f}" for a, b in itertools.pairwise([0.0, *ends]))
+            freezes = ", ".join(f"{step}: {units}" for step, units in run.get("frozen_timeline", [])) or "-"
+            lines.append(f"| {arm} | {seed} | {epochs} | {run['total_seconds']:.2f} | {freezes} |")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------------------ main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -647,11 +665,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/time_to_accuracy_TASK.json")
     ap.add_argument("--plot", type=Path, default=None, help="default: beside --out, .png")
     ap.add_argument("--merge", type=Path, nargs="*", default=None, help="merge partial reports of one task")
+    ap.add_argument("--epochs-of", type=Path, default=None, help="print a report's seconds per epoch, then stop")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.epochs_of is not None:  # reading a report: nothing is measured or written
+        print(epoch_table(json.loads(args.epochs_of.read_text())))
+        return 0
     out = args.out or study.ROOT / "benchmarks" / "results" / f"time_to_accuracy_{args.task}.json"
     plot_path = args.plot or out.with_suffix(".png")
     if args.merge:

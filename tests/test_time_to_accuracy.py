@@ -227,3 +227,27 @@ def test_tuning_tries_rates_above_the_grid_and_keeps_the_best(tta: Any, monkeypa
     assert ran == pytest.approx([1e-4, 1e-3, 2.5e-3, 6.25e-3])  # up while the top was best, stopped when it fell
     assert out["lora-qkv-r8"]["chosen"] == pytest.approx(2.5e-3)
     assert list(out["lora-qkv-r8"]["accuracy_by_lr"]) == [repr(lr) for lr in ran]
+
+
+def test_the_epoch_table_gives_seconds_between_evaluations_and_the_freezes(
+    tta: Any, tmp_path: Path, capsys: Any
+) -> None:
+    report = {
+        "runs": {
+            "eager": {"0": {"curve": [[1.0, 0.5], [1.5, 0.6], [2.25, 0.7]], "total_seconds": 2.5}},
+            "elastic-default": {
+                "1": {"curve": [[2.0, 0.5], [2.25, 0.6]], "total_seconds": 2.4, "frozen_timeline": [[26, 1], [78, 2]]},
+                "0": {"curve": [[3.0, 0.5], [4.0, 0.6]], "total_seconds": 4.1, "frozen_timeline": []},
+            },
+        }
+    }
+    rows = tta.epoch_table(report).splitlines()[2:]
+    assert rows == [
+        "| eager | 0 | 1.00, 0.50, 0.75 | 2.50 | - |",
+        "| elastic-default | 0 | 3.00, 1.00 | 4.10 | - |",  # seeds in order
+        "| elastic-default | 1 | 2.00, 0.25 | 2.40 | 26: 1, 78: 2 |",
+    ]
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    assert tta.main(["--epochs-of", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[2:] == rows
