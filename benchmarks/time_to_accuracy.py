@@ -462,8 +462,7 @@ def tune_lora(task: Task, arms: Sequence[str], setting: Setting, grid: Sequence[
                 tried[lr] = r["accuracy"]
                 log(f"{task.name} {arm} lr {lr:g}: accuracy {r['accuracy']:.4f} ({r['total_seconds']:.1f} s)")
             rates = rates_beyond(tried, grid)
-        best = max(sorted(tried), key=lambda lr: tried[lr])
-        out[arm] = {"accuracy_by_lr": {repr(lr): acc for lr, acc in sorted(tried.items())}, "chosen": best}
+        out[arm] = {"accuracy_by_lr": {repr(lr): acc for lr, acc in sorted(tried.items())}, "chosen": best_rate(tried)}
     return out
 
 
@@ -474,8 +473,12 @@ def rates_beyond(tried: Mapping[float, float], grid: Sequence[float]) -> list[fl
     leave LoRA's rate untuned on that side."""
     top = max(tried)
     beyond = sum(lr > max(grid) for lr in tried)
-    best = max(sorted(tried), key=lambda lr: tried[lr])
-    return [top * LORA_LR_STEP] if best == top and beyond < LORA_LR_STEPS_BEYOND else []
+    return [top * LORA_LR_STEP] if best_rate(tried) == top and beyond < LORA_LR_STEPS_BEYOND else []
+
+
+def best_rate(tried: Mapping[float, float]) -> float:
+    """The rate of the best accuracy in ``tried`` (rate -> accuracy), the lower rate on a tie."""
+    return max(sorted(tried), key=lambda lr: tried[lr])
 
 
 # ------------------------------------------------------------------------------------------------------ summary
@@ -731,8 +734,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run
         # Inductor's compile workers: started once here, so that no arm's time holds their start
-        first = device.type == "cuda" and args.compile_pool == "first"
-        pool = warm_compile_pool() if first else {"compile_pool": "not started"}
+        pool = warm_compile_pool(start=device.type == "cuda" and args.compile_pool == "first")
         tuning = None
         if args.lora_lr_from is not None:  # a previous job's choice (say, the seed-0 job that tuned it)
             chosen = json.loads(args.lora_lr_from.read_text())

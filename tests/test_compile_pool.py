@@ -77,6 +77,8 @@ def test_the_pool_is_started_kept_up_and_waited_for_until_its_processes_idle(mon
     reads = iter([0.0, 1.0, 2.5, 2.5, 2.5])
     monkeypatch.setattr(tool, "descendants_cpu_seconds", lambda pid=None: next(reads))
     monkeypatch.setattr(tool.time, "sleep", lambda s: calls.append("sleep"))
+    assert tool.warm_compile_pool(start=False) == {"compile_pool": "not started"}  # asked not to: nothing runs
+    assert calls == []
     report = tool.warm_compile_pool(settle_s=0.5)
     assert calls == ["warm", "ready", "sleep", "sleep", "sleep"]  # idle at the third pause: no CPU since the second
     assert config.quiesce_async_compile_pool is False  # kept up for every arm

@@ -57,14 +57,16 @@ def descendants_cpu_seconds(pid: int | None = None, *, proc: Path = Path("/proc"
     return total / tick
 
 
-def warm_compile_pool(*, settle_s: float = 0.5, limit_s: float = 120.0) -> dict[str, Any]:
+def warm_compile_pool(*, start: bool = True, settle_s: float = 0.5, limit_s: float = 120.0) -> dict[str, Any]:
     """Start Inductor's compile pool on a CUDA machine and wait until it is idle; keep it up for the process.
 
     Waits until the processes below this one used less than a tenth of one core over ``settle_s`` (the workers
     have imported what they need), at most ``limit_s``. Returns what to record in the report: how the pool was
-    handled, the seconds it took and the pool's size; nothing is done without CUDA or where this torch has no
-    such pool (``"compile_pool": "not started"``).
+    handled, the seconds it took and the pool's size; nothing is done with ``start=False``, without CUDA or where
+    this torch has no such pool (``"compile_pool": "not started"``).
     """
+    if not start:
+        return {"compile_pool": "not started"}
     try:
         from torch._inductor import config
         from torch._inductor.async_compile import AsyncCompile

@@ -4,7 +4,8 @@
 # weights (no pre-training: only the times matter): cold once each way, writing Inductor's kernels to disk (keeping
 # the pool up is part of Inductor's cache key, so each way warms its own), then warm with `--compile-pool lazy` (the
 # first compilation starts the workers) and `--compile-pool first` (started before the arm), twice each, in turn.
-# Prints every run's seconds per epoch; the JSONs go to OUT. About 3 minutes on one H100.
+# Prints every run's seconds per epoch (time_to_accuracy.py --epochs-of); the JSONs go to OUT. About 3 minutes on
+# one H100.
 # Usage, on the GPU machine (.device_site carried): benchmarks/gpu/compile_pool_ab.sh OUT
 set -euo pipefail
 out=${1:?usage: compile_pool_ab.sh OUT}
@@ -32,13 +33,8 @@ run() {  # NAME POOL
 run cold-lazy lazy
 run cold-first first
 for i in 1 2; do run "lazy$i" lazy; run "first$i" first; done
-python3 - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-for name in ("cold-lazy", "cold-first", "lazy1", "first1", "lazy2", "first2"):
-    report = json.loads((Path(sys.argv[1]) / f"{name}.json").read_text())
-    ends = [t for t, _ in report["runs"]["compiled"]["0"]["curve"]]
-    epochs = [round(b - a, 2) for a, b in zip([0.0, *ends], ends)]
-    print(f"{name:>7}: seconds per epoch {epochs}, pool started first in {report.get('compile_pool_s', '-')} s")
-PY
+for name in cold-lazy cold-first lazy1 first1 lazy2 first2; do  # each run's seconds per epoch, and the pool's
+  echo "$name: $(grep -o '"compile_pool_s": [0-9.]*' "$out/$name.json" || echo 'pool started by the arm')"
+  python3 benchmarks/time_to_accuracy.py --epochs-of "$out/$name.json" | tail -n +3
+done
 rm -f "$ck"
