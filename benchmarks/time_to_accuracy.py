@@ -545,7 +545,7 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
         for arm, by_seed in part["runs"].items():
             report["runs"].setdefault(arm, {}).update(by_seed)
     report["seeds"] = sorted({s for part in parts for s in part["seeds"]})
-    keys = ("commit", "dirty", "device", "torch", "seeds", "compile_pool_s")
+    keys = ("commit", "dirty", "device", "torch", "seeds", "compile_pool_s", "first_compile_s")
     report["parts"] = [{k: part[k] for k in keys if k in part} for part in parts]
     report.update(summarise(report["runs"]))
     return report
@@ -657,7 +657,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--compile-pool",
         choices=("first", "lazy"),
         default="first",
-        help="Inductor's compile workers: started before the first arm (default) or by the first arm that compiles",
+        help="Inductor's compile workers and the process's first compilation: before the first arm (default), or "
+        "paid by the first arm that compiles",
     )
     ap.add_argument("--cache-policy", choices=("bypass", "views"), default="views", help="augmented data's cache")
     ap.add_argument("--views", type=int, default=2, help="cached views per sample with --cache-policy views")
@@ -733,7 +734,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         x0 = torch.stack([task.train[i][0] for i in range(task.batch)])
         study.warm_up(task.build(), x0, device, autocast)  # lazy initialisation, clocks: before any timed run
-        # Inductor's compile workers: started once here, so that no arm's time holds their start
+        # Inductor's compile workers and the process's first compilation: paid here, so that no arm's time holds them
         pool = warm_compile_pool(start=device.type == "cuda" and args.compile_pool == "first")
         tuning = None
         if args.lora_lr_from is not None:  # a previous job's choice (say, the seed-0 job that tuned it)

@@ -77,10 +77,37 @@ def test_the_pool_is_started_kept_up_and_waited_for_until_its_processes_idle(mon
     reads = iter([0.0, 1.0, 2.5, 2.5, 2.5])
     monkeypatch.setattr(tool, "descendants_cpu_seconds", lambda pid=None: next(reads))
     monkeypatch.setattr(tool.time, "sleep", lambda s: calls.append("sleep"))
+    monkeypatch.setattr(tool, "first_compilation", lambda device: calls.append(f"compile on {device}") or 1.25)
     assert tool.warm_compile_pool(start=False) == {"compile_pool": "not started"}  # asked not to: nothing runs
     assert calls == []
     report = tool.warm_compile_pool(settle_s=0.5)
-    assert calls == ["warm", "ready", "sleep", "sleep", "sleep"]  # idle at the third pause: no CPU since the second
+    # idle at the third pause (no CPU since the second); then the process's first compilation, on the GPU
+    assert calls == ["warm", "ready", "sleep", "sleep", "sleep", "compile on cuda"]
+    assert report["first_compile_s"] == 1.25
     assert config.quiesce_async_compile_pool is False  # kept up for every arm
     assert report["compile_pool_s"] >= 0 and report["compile_threads"] == config.compile_threads
     assert next(reads) == 2.5  # it stopped reading once idle
+
+
+def test_the_first_compilation_compiles_runs_forward_and_backward_then_resets_dynamo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tool = _tool()
+    compiled: list[torch.nn.Module] = []
+    real_compile = torch.compile
+
+    def eager_compile(module: torch.nn.Module, **kwargs: object) -> object:
+        compiled.append(module)
+        assert kwargs == {"dynamic": False}  # static shapes, as the arms compile
+        return real_compile(module, backend="eager", dynamic=False)  # dynamo for real, no C++ compiler needed
+
+    resets: list[int] = []
+    real_reset = torch._dynamo.reset
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1) or real_reset())
+    frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    seconds = tool.first_compilation(torch.device("cpu"))
+    assert seconds > 0 and resets == [1]
+    (module,) = compiled
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > frames_before  # dynamo traced a graph
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())  # a backward ran

@@ -358,8 +358,8 @@ def main() -> int:
         "--compile-pool",
         choices=("lazy", "first"),
         default="lazy",
-        help="Inductor's compile workers: started by the first arm that compiles (the headline so far) or before "
-        "the first arm and kept up (as time_to_accuracy.py does)",
+        help="Inductor's compile workers and the process's first compilation: paid by the first arm that compiles "
+        "(the headline so far) or before the first arm, the pool kept up (as time_to_accuracy.py does)",
     )
     args = ap.parse_args()
     dist.init_process_group("gloo")
