@@ -540,13 +540,14 @@ def merge(paths: Sequence[Path]) -> dict[str, Any]:
     """One report from partial ones of the same task (say one per seed, run in separate jobs): the runs joined and
     summarised again."""
     parts = [json.loads(p.read_text()) for p in paths]
+    keys = ("commit", "dirty", "device", "torch", "seeds", "compile_pool_s", "first_compile_s")
+    summary = [{k: part[k] for k in keys if k in part} for part in parts]  # before the first part becomes the whole
     report: dict[str, Any] = parts[0]
     for part in parts[1:]:
         for arm, by_seed in part["runs"].items():
             report["runs"].setdefault(arm, {}).update(by_seed)
     report["seeds"] = sorted({s for part in parts for s in part["seeds"]})
-    keys = ("commit", "dirty", "device", "torch", "seeds", "compile_pool_s", "first_compile_s")
-    report["parts"] = [{k: part[k] for k in keys if k in part} for part in parts]
+    report["parts"] = summary
     report.update(summarise(report["runs"]))
     return report
 

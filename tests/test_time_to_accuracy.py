@@ -99,6 +99,7 @@ def test_merge_joins_seeds_and_summarises_again(tta: Any, tmp_path: Path) -> Non
     merged = tta.merge([p for p, _ in parts])
     joined = {arm: {**parts[0][1][arm], **parts[1][1][arm]} for arm in parts[0][1]}
     assert merged["seeds"] == [0, 1]
+    assert [part["seeds"] for part in merged["parts"]] == [[0], [1]]  # each part as it was, the first one too
     assert merged["runs"] == joined
     assert merged["arms"] == tta.summarise(joined)["arms"]
     assert merged["target"] == pytest.approx(statistics.fmean(r["accuracy"] for r in joined["elastic-none"].values())
