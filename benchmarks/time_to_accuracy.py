@@ -63,6 +63,7 @@ import bench_freeze_accuracy as study  # the accuracy study: its corpus split, M
 
 from _compile_pool import warm_compile_pool  # benchmarks/gpu (on the path since the study's import)
 from _report import provenance
+from _traced_trainer import TracedTrainer, slowest
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -257,6 +258,9 @@ class Setting:
     cache_policy: str
     views: int
     cache_mb: int
+    #: Print ``torch.profiler``'s top operators of each elastic arm's N slowest transitions (0: none; the profiler
+    #: slows what it watches, so such a job's times are not results).
+    trace_transitions: int = 0
 
 
 def task_config(task: Task, setting: Setting, seed: int, freeze: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -403,9 +407,16 @@ def elastic_run(
         acc = record["eval_accuracy"]
         curve.append([now - after, math.nan if acc is None else float(acc)])
 
-    with ElasticTrainer(config, model=model, data=task.train, eval_data=task.eval, loss=task.loss, quiet=True) as t:
+    kind = TracedTrainer if setting.trace_transitions else ElasticTrainer
+    with kind(config, model=model, data=task.train, eval_data=task.eval, loss=task.loss, quiet=True) as t:
         result = t.fit(on_epoch_end=on_epoch_end)
+        traces = getattr(t, "traces", [])
     total = time.perf_counter() - t0
+    if traces:
+        log(
+            f"seed {seed}: the {setting.trace_transitions} slowest transitions\n"
+            + slowest(traces, setting.trace_transitions)
+        )
     return {
         "curve": curve,
         "accuracy": result.final_accuracy,
@@ -670,6 +681,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/time_to_accuracy_TASK.json")
     ap.add_argument("--plot", type=Path, default=None, help="default: beside --out, .png")
     ap.add_argument("--merge", type=Path, nargs="*", default=None, help="merge partial reports of one task")
+    ap.add_argument(
+        "--trace-transitions",
+        type=int,
+        default=0,
+        metavar="N",
+        help="print torch.profiler's top operators of each elastic arm's N slowest transitions (times not results)",
+    )
     ap.add_argument("--epochs-of", type=Path, default=None, help="print a report's seconds per epoch, then stop")
     return ap.parse_args(argv)
 
@@ -725,6 +743,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cache_policy=args.cache_policy,
         views=args.views if args.cache_policy == "views" else 1,
         cache_mb=args.cache_mb,
+        trace_transitions=args.trace_transitions,
     )
     task = {"bbc": bbc_task, "custom": custom_task}.get(args.task, lambda a: digits_task(a, device, autocast))(args)
     log(f"{task.name}: {task.description}; {task.steps_per_epoch} steps/epoch x {task.epochs} epochs")
@@ -776,6 +795,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "autocast": "bf16" if autocast else "none",
         "workers": setting.workers,
         "elastic_compile": setting.elastic_compile,
+        "trace_transitions": setting.trace_transitions,
         **pool,
         "cache_policy": setting.cache_policy if getattr(task.train, "random_augmentation", False) else "exact",
         "views": setting.views,

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import emit, provenance  # this folder
+from _traced_trainer import TracedTrainer, slowest
 from bench_elastic_gpu import workload
 from bench_single_gpu import elastic_config, learnable_samples
 from elastic_pipe.orchestrator import ElasticTrainer
@@ -51,23 +52,6 @@ def table(transitions: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-class TracedTrainer(ElasticTrainer):
-    """An :class:`ElasticTrainer` whose transitions run under ``torch.profiler`` (their top operators kept)."""
-
-    traces: list[tuple[float, str]]
-
-    def transition(self, *, epoch_step: int = 0) -> Any:
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-        with profile(activities=activities, acc_events=True) as prof:
-            event = super().transition(epoch_step=epoch_step)
-        if event is not None:
-            sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-            self.traces.append((event.seconds, prof.key_averages().table(sort_by=sort, row_limit=15)))
-        return event
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30, help="steps per epoch")
@@ -91,13 +75,11 @@ def main() -> int:
     torch.manual_seed(0)
     kind = TracedTrainer if args.trace else ElasticTrainer
     with kind(config, model=w["build"](), data=samples, quiet=True) as trainer:
-        if isinstance(trainer, TracedTrainer):
-            trainer.traces = []
         result = trainer.fit().to_dict()
         traces = getattr(trainer, "traces", [])
     print(table(result["transitions"]), flush=True)
-    for seconds, text in sorted(traces, reverse=True)[: args.trace]:
-        print(f"--- transition of {seconds:.3f} s: top operators\n{text}", flush=True)
+    if args.trace:
+        print(slowest(traces, args.trace), flush=True)
     report = {
         **provenance(),
         "workload": "vit-tiny" if args.tiny else "vit-b16",
