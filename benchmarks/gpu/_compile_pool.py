@@ -73,8 +73,8 @@ def warm_compile_pool(*, start: bool = True, settle_s: float = 0.5, limit_s: flo
     Waits until the processes below this one used less than a tenth of one core over ``settle_s`` (the workers
     have imported what they need), at most ``limit_s``. Returns what to record in the report: how the pool was
     handled, the seconds it took, the pool's size and the first compilation's seconds (``first_compile_s``);
-    nothing is done with ``start=False``, without CUDA or where
-    this torch has no such pool (``"compile_pool": "not started"``).
+    nothing is done with ``start=False``, without CUDA or where this torch has no such pool (``"compile_pool":
+    "not started"``).
     """
     if not start:
         return {"compile_pool": "not started"}
