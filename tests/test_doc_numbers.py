@@ -2538,7 +2538,11 @@ ROWS += [
     (TTA, "first epoch\n  took {} s and 3.02 s", TTA_BBC_D5A, "runs.compiled.1.curve.0.0", ".2f"),
     (TTA, "took 3.61 s and {} s where LoRA", TTA_BBC_D5A, "runs.compiled.2.curve.0.0", ".2f"),
     (TTA, "compiled next, took {} s and 2.10 s", TTA_BBC_D5A, "runs.lora-qkv-r8.1.curve.0.0", ".2f"),
-    (TTA, "took 2.34 s and {} s; the next", TTA_BBC_D5A, "runs.lora-qkv-r8.2.curve.0.0", ".2f"),
+    (TTA, "took 2.34 s and {} s (at d5a8e28)", TTA_BBC_D5A, "runs.lora-qkv-r8.2.curve.0.0", ".2f"),
+    (TTA, "(at d5a8e28); at 9ad009e {} s\n  and 2.24 s", TTA_BBC, "runs.compiled.1.curve.0.0", ".2f"),
+    (TTA, "at 9ad009e 2.86 s\n  and {} s against LoRA's", TTA_BBC, "runs.compiled.2.curve.0.0", ".2f"),
+    (TTA, "against LoRA's {} s and 2.65 s", TTA_BBC, "runs.lora-qkv-r8.1.curve.0.0", ".2f"),
+    (TTA, "LoRA's 2.72 s and {} s\n  ([below]", TTA_BBC, "runs.lora-qkv-r8.2.curve.0.0", ".2f"),
 ]
 # docs/benchmarks.md: the elastic compiled arm alone in a fresh process (compile_alone_{lazy,first}.json, ba15d5c)
 ALONE = "steps_per_epoch.30.arms.elastic_compiled_graphs."
