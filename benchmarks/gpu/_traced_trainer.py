@@ -20,13 +20,14 @@ __all__ = ["TracedTrainer", "slowest"]
 class TracedTrainer(ElasticTrainer):
     """An :class:`ElasticTrainer` keeping, per transition, its seconds and ``torch.profiler``'s top operators."""
 
-    traces: list[tuple[float, str]]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        #: Per transition that changed the layout, its seconds and the operator table, in the run's order.
+        self.traces: list[tuple[float, str]] = []
+        super().__init__(*args, **kwargs)
 
     def transition(self, *, epoch_step: int = 0, before: Callable[[], None] | None = None) -> Any:
         from torch.profiler import ProfilerActivity, profile
 
-        if not hasattr(self, "traces"):
-            self.traces = []
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         with profile(activities=activities, acc_events=True) as prof:
             event = super().transition(epoch_step=epoch_step, before=before)
