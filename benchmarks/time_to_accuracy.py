@@ -430,7 +430,28 @@ def elastic_run(
         "transition_phases": [e.get("phases", {}) for e in result.transitions],
         "cache_by_epoch": [e.get("cache") for e in result.epochs],
         "compile_seconds": sum(e.get("compile_s", 0.0) for e in result.epochs),
+        # where each epoch's time went: its steps' parts, the first step, compile, capture, the evaluation
+        "epoch_parts": [{k: e[k] for k in EPOCH_PARTS if k in e} for e in result.epochs],
     }
+
+
+#: The epoch record's fields an elastic arm's report keeps per epoch (seconds, and what explains them).
+EPOCH_PARTS = (
+    "seconds",
+    "steps",
+    "first_step_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "compile_s",
+    "capture_s",
+    "eval_s",
+    "cuda_graph",
+    "cache_hits",
+    "cache_misses",
+    "frozen_sublayers",
+)
 
 
 def variant_arm(spec: str) -> tuple[str, dict[str, Any]]:
