@@ -10,6 +10,13 @@
 #                                                         bench_single_gpu.py --arms elastic_eager,elastic_compiled_graphs
 #                                                         (about 70 s a commit a round on one H200); then prints
 #                                                         total, compilation, transitions and head-only step per run
+#   AB_TTA="ARGS" benchmarks/gpu/ab_commits.sh OUT ROUNDS COMMIT...
+#                                                         the same rounds of time_to_accuracy.py ARGS instead (e.g.
+#                                                         "--task bbc --seeds 1 --arms elastic-default"; source
+#                                                         device_site.sh and use_device_site first for bbc): prints
+#                                                         each elastic run's total, time per epoch, compilation and
+#                                                         the cache phase of each transition
+# Every commit runs its own benchmarks/ on its own src/; PYTHONPATH already set (the device site) comes after it.
 # Results: OUT/ab_<commit>_r<round>.json, each recording its commit (ELASTIC_PIPE_COMMIT), and OUT/ab_summary.json.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -41,10 +48,16 @@ for r in $(seq 1 "$rounds"); do
     if [[ $c == . ]]; then tree=$root c=${ELASTIC_PIPE_COMMIT:?ELASTIC_PIPE_COMMIT names the working tree}; fi
     [[ -d $tree/src ]] || { echo "ab_commits.sh: $tree missing (run --prepare here and carry out/ab)" >&2; exit 2; }
     echo "round $r: $c"
-    (cd "$tree" && ELASTIC_PIPE_COMMIT=$c ELASTIC_PIPE_DIRTY=0 PYTHONPATH="$tree/src" PYTHONUNBUFFERED=1 \
-      python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py \
-      --steps 30 --arms elastic_eager,elastic_compiled_graphs --out "$out" --name "ab_${c}_r$r.json" \
-      > "$out/ab_${c}_r$r.log" 2>&1) || { tail -20 "$out/ab_${c}_r$r.log"; exit 1; }
+    name="ab_${c}_r$r"
+    if [[ -n ${AB_TTA:-} ]]; then  # word splitting of AB_TTA is wanted: it is the script's arguments
+      # shellcheck disable=SC2086
+      bench=(benchmarks/time_to_accuracy.py $AB_TTA --out "$out/$name.json" --plot "${TMPDIR:-/tmp}/$name.png")
+    else
+      bench=(-m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30
+        --arms elastic_eager,elastic_compiled_graphs --out "$out" --name "$name.json")
+    fi
+    (cd "$tree" && ELASTIC_PIPE_COMMIT=$c ELASTIC_PIPE_DIRTY=0 PYTHONPATH="$tree/src${PYTHONPATH:+:$PYTHONPATH}" \
+      PYTHONUNBUFFERED=1 python3 "${bench[@]}" > "$out/$name.log" 2>&1) || { tail -20 "$out/$name.log"; exit 1; }
   done
 done
 python3 - "$out" <<'PY'
@@ -54,13 +67,33 @@ from pathlib import Path
 out = Path(sys.argv[1])
 rows = {}
 for f in sorted(out.glob("ab_*_r*.json")):
-    s = json.loads(f.read_text())["steps_per_epoch"]["30"]
+    report = json.loads(f.read_text())
+    if "runs" in report:  # time_to_accuracy.py: every elastic arm's runs, by seed
+        for arm, seeds in report["runs"].items():
+            for seed, run in seeds.items():
+                if "transition_phases" not in run:
+                    continue  # not an elastic arm
+                times = [0.0] + [t for t, _ in run["curve"]]
+                rows[f"{f.stem} {arm} seed {seed}"] = {
+                    "total_s": run["total_seconds"], "compile_s": run["compile_seconds"],
+                    "transitions_s": run["transition_seconds"],
+                    "epochs_s": [round(b - a, 3) for a, b in zip(times, times[1:])],
+                    "cache_phases_s": [p.get("cache", 0.0) for p in run["transition_phases"]],
+                }
+        continue
+    s = report["steps_per_epoch"]["30"]
     for arm, a in s["arms"].items():
         rows[f"{f.stem} {arm}"] = {
             "total_s": a["total_s"], "compile_s": a["compile_s"], "transitions_s": sum(a["transition_seconds"]),
             "head_only_step_ms": a.get("head_only_step_ms"), "epochs_s": sum(a["epoch_seconds"]),
         }
+
+
+def shown(x):
+    return f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
 for k, v in rows.items():
-    print(f"{k:>48}: " + ", ".join(f"{n} {x:.3f}" for n, x in v.items() if x is not None))
+    print(f"{k:>48}: " + ", ".join(f"{n} {shown(x)}" for n, x in v.items() if x is not None))
 (out / "ab_summary.json").write_text(json.dumps(rows, indent=1))
 PY
