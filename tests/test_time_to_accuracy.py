@@ -176,6 +176,10 @@ def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None
     assert len(accuracies) == task.epochs
     assert accuracies == pytest.approx([acc for _, acc in elastic["curve"]], abs=1e-9)
     assert max(accuracies) > 0.2  # it learned (10 classes: chance is 0.1)
+    parts = elastic["epoch_parts"]  # each epoch's parts, as its record gave them
+    assert [p["steps"] for p in parts] == [384 // 32] * task.epochs
+    assert all(set(p) == set(tta.EPOCH_PARTS) for p in parts)
+    assert all(0 < p["forward_s"] + p["backward_s"] < p["seconds"] for p in parts)
 
 
 @pytest.mark.parametrize(("name", "task"), [("bbc", "(a)"), ("digits", "(b)")])
