@@ -18,10 +18,10 @@ transition that also compresses 2 stages into 1 stage x 2 replicas (the new stag
 entries). Two processes run them all: a 1-rank job, then a 2-rank job (about 30 s on 2 cores).
 
 Expected counts are derived from the config and the layouts (training and evaluation sizes, the replicas' fill
-chunks, the cache's and the evaluation's chunk sizes); every count is compared exactly. Two cases did more than
-the rule allows when this guard was written (2 ranks over a node-shared disk tier, and the resident re-layout: a
-peer re-read its samples and ran the whole prefix); ``prefix.shared.fill_shared`` now carries every entry on the
-holders and sends the rest from peer 0, and both pass.
+chunks, which the carry runs too, and the evaluation's chunk size); every count is compared exactly. Two cases did
+more than the rule allows when this guard was written (2 ranks over a node-shared disk tier, and the resident
+re-layout: a peer re-read its samples and ran the whole prefix); ``prefix.shared.fill_shared`` now carries every
+entry on the holders and sends the rest from peer 0, and both pass.
 """
 
 from __future__ import annotations
@@ -217,7 +217,6 @@ def _chunks(train: int, replicas: int, rank: int) -> list[int]:
 
 def _expected(rec: dict[str, Any], sizes: dict[str, int], residency: str, rank: int) -> dict[str, Any]:
     """What the transition ``rec`` may do on rank ``rank``: the rule of the module docstring, in each path's terms."""
-    from elastic_pipe.cache.cache import DEFAULT_EXTEND_BATCH
     from elastic_pipe.orchestrator.prefix.residency import EVAL_CHUNK, KEEPER
 
     old, new, replicas, entry = rec["old"], rec["new"], rec["replicas"], rec["entry_bytes"]
@@ -236,7 +235,8 @@ def _expected(rec: dict[str, Any], sizes: dict[str, int], residency: str, rank: 
         fill_rows = own
     else:  # the carry: every entry this rank carries, in place, through the newly frozen sub-layers
         carried = own if shared and not released else train
-        fill_calls, fill_rows = math.ceil(carried / DEFAULT_EXTEND_BATCH), carried
+        # a replica's batch per forward: the size the steps ran
+        fill_calls, fill_rows = math.ceil(carried / (GLOBAL_BATCH // replicas)), carried
         exp["cache_carried"] = carried
         if shared and not released:  # the other peers' rows arrive by the all-gather and are stored
             exp["cache_put"] = train - own
@@ -425,7 +425,6 @@ def _relayout_expected(rec: dict[str, Any], sizes: dict[str, int], released: boo
     carries rank 0's entries (it holds them all) through the newly frozen sub-layers once and gives rank 1, the new
     stage-0 rank, the carried entries (and, while the prefix is released, the evaluation outputs), never the inputs
     or the earlier prefix. ``traffic``: the entries' bytes each rank sends or receives (broadcast or all-gather)."""
-    from elastic_pipe.cache.cache import DEFAULT_EXTEND_BATCH
     from elastic_pipe.orchestrator.prefix.residency import EVAL_CHUNK, KEEPER
 
     old, new, entry = rec["old"], rec["new"], rec["entry_bytes"]
@@ -435,7 +434,7 @@ def _relayout_expected(rec: dict[str, Any], sizes: dict[str, int], released: boo
     evals = released and rank == KEEPER
     lo = 0 if old == 0 else old
     if rank == 0:  # the fill from the inputs, then the carry of every entry
-        work = math.ceil(train / GLOBAL_BATCH) if old == 0 else math.ceil(train / DEFAULT_EXTEND_BATCH)
+        work = math.ceil(train / GLOBAL_BATCH) if old == 0 else math.ceil(train / (GLOBAL_BATCH // 2))
         for j in range(lo, new):
             calls[j] = work + (math.ceil(held_out / EVAL_CHUNK) if evals else 0)
             rows[j] = train + (held_out if evals else 0)

@@ -19,7 +19,7 @@ from elastic_pipe import freeze, protocol
 from elastic_pipe.orchestrator.launch import maybe_fail
 from elastic_pipe.orchestrator.layout import layout_from_message
 from elastic_pipe.orchestrator.report import PhaseClock, TransitionEvent
-from elastic_pipe.orchestrator.stage import StageRuntime, probe
+from elastic_pipe.orchestrator.stage import StageRuntime, probe, step_record
 from elastic_pipe.orchestrator.transition import drop_foreign_state, transfer
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class Applied:
         bytes_moved: bytes the job's ranks received (weights, buffers and optimizer state, summed over ranks).
         phases: seconds per part of :data:`TRANSITION_PHASES`.
         prefix: what entering the new layout did to the frozen prefix.
+        spent: the old stage's compile and capture seconds not yet in an epoch record (``{"compile": s,
+            "capture": s}``): a transition inside an epoch replaces the runner that measured them.
     """
 
     state: RunState
@@ -54,6 +56,7 @@ class Applied:
     bytes_moved: int
     phases: dict[str, float]
     prefix: PrefixReport
+    spent: dict[str, float]
 
 
 def apply(
@@ -94,6 +97,8 @@ def apply(
     ctx.restore_modes(new, True)
     drop_foreign_state(optimizer, sublayers, new_owned)
     clock.lap("freeze")
+    record = step_record(stage.runner, None)  # taken before the runner goes
+    spent = {"compile": float(record["compile_s"]), "capture": float(record["capture_s"])}
     stage.close()
     frozen_units = sum(1 for end in ctx.unit_ends if end <= new.frozen)
     new_stage = StageRuntime(ctx, new)
@@ -102,7 +107,8 @@ def apply(
     probe.baseline(ctx, new_stage, prefix)
     clock.lap("probe")
     report = prefix.enter(new, old.frozen, step=state.step, clock=clock)
-    return Applied(state.replace(layout=new, frozen_units=frozen_units), new_stage, moved, dict(clock.totals), report)
+    new_state = state.replace(layout=new, frozen_units=frozen_units)
+    return Applied(new_state, new_stage, moved, dict(clock.totals), report, spent)
 
 
 def event_for(

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Unpack
@@ -225,12 +226,13 @@ class ElasticTrainer(TrainerBase):
         # losses of its first steps, which ``losses`` repeats
         del self.result.losses[state.step - len(losses) :]
         self.result.losses.extend(losses)
+        self._credit_layout({"compile": metrics.compile_s, "capture": metrics.capture_s})
+        self._fresh_layout = None
+        # the runners a transition inside this epoch replaced measured the rest
+        earlier, self._spent = self._spent, {"compile": 0.0, "capture": 0.0}
+        compile_s, capture_s = metrics.compile_s + earlier["compile"], metrics.capture_s + earlier["capture"]
+        metrics = dataclasses.replace(metrics, compile_s=compile_s, capture_s=capture_s)
         self.result.epochs.append(metrics.to_dict())
-        if self._fresh_layout is not None:  # what the layout's first steps paid belongs to the transition before
-            self._fresh_layout["phases"].update(
-                compile=round(metrics.compile_s, 6), capture=round(metrics.capture_s, 6)
-            )
-            self._fresh_layout = None
         if scores[0] is not None:
             self.result.final_accuracy, self.result.final_eval_loss = scores[1], scores[0]
         ctx.log.record(metrics.to_dict(), metrics.human(c.train.epochs))
@@ -240,6 +242,14 @@ class ElasticTrainer(TrainerBase):
             return
         every = c.freeze.every_steps
         self._state = state.replace(epoch=state.epoch + 1, decision_due=not every or decision_point(state.step, every))
+
+    def _credit_layout(self, spent: dict[str, float]) -> None:
+        """Add a runner's compile and capture seconds to the phases of the transition that built its layout: what
+        a layout's first steps pay belongs to the transition before (none at the run's start)."""
+        if self._fresh_layout is not None:
+            phases = self._fresh_layout["phases"]
+            for key, value in spent.items():
+                phases[key] = round(phases.get(key, 0.0) + value, 6)
 
     def transition(self, *, epoch_step: int = 0, before: Callable[[], None] | None = None) -> TransitionEvent | None:
         """Decide and apply at the decision point before the current epoch, or inside it after ``epoch_step`` of its
@@ -264,6 +274,8 @@ class ElasticTrainer(TrainerBase):
         if ctx.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
+        self._credit_layout(applied.spent)  # the replaced runner's compile and capture, before the new layout's
+        self._spent = {k: self._spent[k] + v for k, v in applied.spent.items()}
         self._state, self._stage = applied.state, applied.stage
         self.sampler.reshard(applied.state.layout.replicas, applied.stage.replica)
         event = event_for(msg, applied, decide_s=decide_s, seconds=seconds, epoch_step=epoch_step)

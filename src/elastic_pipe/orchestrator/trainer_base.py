@@ -93,6 +93,8 @@ class TrainerBase:
         #: The result's record of the latest transition until the epoch after it ends (which adds the compilation
         #: and graph capture its first steps paid to the record's phases).
         self._fresh_layout: dict[str, Any] | None = None
+        #: Compile and capture seconds of the runners replaced inside the current epoch (its record adds them).
+        self._spent: dict[str, float] = {"compile": 0.0, "capture": 0.0}
 
     # ---------------------------------------------------------------------------------------------- lifecycle
     def __enter__(self) -> Self:

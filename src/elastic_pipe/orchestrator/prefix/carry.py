@@ -1,6 +1,7 @@
 """The one path by which cached entries reach a new boundary (:func:`carry_entries`), and what every fill shares:
-the sub-layers' runner (:data:`RunSublayers`, widened to the dtype they expect: :func:`widening`), the peers
-that fill together (:class:`FillPeers`) and what one boundary's cache work runs on (:class:`CacheJob`).
+the sub-layers' runner (:data:`RunSublayers`, widened to the dtype they expect: :func:`widening`, run at the
+training step's batch size only: :func:`at_rows`), the peers that fill together (:class:`FillPeers`) and what
+one boundary's cache work runs on (:class:`CacheJob`).
 
 With ``[pipeline] cache_dtype`` narrower than the prefix output, the entries are stored (and all-gathered and
 broadcast between peers) in the narrower dtype; sub-layers that run on cached entries take them widened back.
@@ -39,6 +40,34 @@ def widening(run: RunSublayers, dtype_at: Callable[[int], torch.dtype]) -> RunSu
     return run_widened
 
 
+def at_rows(run: RunSublayers, rows: int) -> RunSublayers:
+    """``run`` on batches of exactly ``rows`` rows: a shorter batch is padded with copies of its last row, and the
+    padding's outputs are dropped (rows are independent: the frozen prefix runs in eval mode). A longer batch runs
+    as it is.
+
+    On a GPU the first batch of a size a process has not run pays for that size's kernels: cuDNN's attention
+    builds a plan per shape (one H100, MiniLM-L6 at 256 word pieces: the first forward at 17 rows took 58.6 ms,
+    the same forward later a few; docs/benchmarks.md, "What a batch of a new size costs"). The cache's carry and
+    fill run the training step's batch size, which the steps already ran; the last chunk of a pass is shorter,
+    and its size changes with the number of entries, so unpadded it would cost a new plan at many transitions.
+    """
+
+    def run_padded(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        short = rows - int(x.shape[0])
+        if short <= 0:
+            return run(x, lo, hi)
+        padded = torch.cat([x, x[-1:].expand(short, *x.shape[1:])])
+        return run(padded, lo, hi)[: x.shape[0]]
+
+    return run_padded
+
+
+def cache_runner(run: RunSublayers, rows: int, device: torch.device) -> RunSublayers:
+    """The runner of a boundary's cache work on ``device``: :func:`at_rows` ``rows`` on a GPU, where a batch of a new
+    size costs its own kernels; ``run`` itself elsewhere (on the CPU padding would only add rows)."""
+    return at_rows(run, rows) if device.type == "cuda" else run
+
+
 @dataclass(frozen=True)
 class FillPeers:
     """The stage-0 ranks of every replica, which share one pass over the training split.
@@ -67,9 +96,11 @@ class CacheJob:
         data: the training split.
         old_frozen: the cached boundary before the transition (0: none).
         frozen: the new boundary (number of frozen sub-layers, > 0).
-        chunk: samples per prefix forward (a replica's batch: the shapes the training step already ran).
+        chunk: samples per prefix forward and per carry (a replica's batch: the shapes the training step already
+            ran).
         device: where the inputs go.
-        run: runs a range of sub-layers (:func:`widening` of the context's runner).
+        run: runs a range of sub-layers (:func:`cache_runner` of the :func:`widening` of the context's runner: on
+            a GPU every forward of the cache's work runs at one batch size, ``chunk``).
         example: the prefix output at ``frozen`` for one sample (the entries' shape and dtype), if the caller
             has it; ``None``: whoever needs it runs the prefix on one sample.
     """
@@ -85,7 +116,7 @@ class CacheJob:
 
     def carry(self, peers: FillPeers | None = None, only: torch.Tensor | None = None) -> None:
         """:func:`carry_entries` of this job's entries from ``old_frozen`` to ``frozen``."""
-        carry_entries(self.cache, self.old_frozen, self.frozen, run=self.run, peers=peers, only=only)
+        carry_entries(self.cache, self.old_frozen, self.frozen, run=self.run, chunk=self.chunk, peers=peers, only=only)
 
     def shape_example(self) -> torch.Tensor:
         """:attr:`example`, or the prefix run on the split's first sample to learn the entries' shape and dtype."""
@@ -100,6 +131,7 @@ def carry_entries(
     frozen: int,
     *,
     run: RunSublayers,
+    chunk: int,
     peers: FillPeers | None = None,
     only: torch.Tensor | None = None,
 ) -> None:
@@ -108,6 +140,7 @@ def carry_entries(
     (:meth:`~elastic_pipe.cache.ActivationCache.extend`; the old boundary's memory goes to the new one).
 
     Args:
+        chunk: entries per forward of ``run`` (a replica's batch: a size the training step already ran).
         peers: several replicas' stage-0 ranks that carry together (a collective in ``peers.group``: every peer
             calls it, one that holds nothing at ``old_frozen`` too). The carry then runs between two barriers,
             since ``extend`` is node-wide for node-shared tiers: every peer lets go of the old files before the
@@ -120,7 +153,7 @@ def carry_entries(
         assert peers is not None
         dist.barrier(group=peers.group)
     if old_frozen != frozen and old_frozen in cache.boundaries():
-        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), only=only)
+        cache.extend(old_frozen, frozen, lambda v: run(v, old_frozen, frozen), batch_size=chunk, only=only)
     if shared:
         assert peers is not None
         dist.barrier(group=peers.group)

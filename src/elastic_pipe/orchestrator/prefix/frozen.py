@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from elastic_pipe.orchestrator.data import Batch, DatasetSplit
 from elastic_pipe.orchestrator.prefix.build import build_cache, release_cache
-from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, widening
+from elastic_pipe.orchestrator.prefix.carry import CacheJob, FillPeers, cache_runner, widening
 from elastic_pipe.orchestrator.prefix.fill import (
     BYPASS_REASON,
     ReadsPaid,
@@ -187,6 +187,7 @@ class FrozenPrefix:
         if self._group is not None:
             peers = FillPeers(self._group, dist.get_rank(self._group), layout.replicas)
         example = ctx.prefix_example(layout.frozen)
+        run = widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype)
         job = CacheJob(
             cache,
             ctx.train_set,
@@ -196,7 +197,7 @@ class FrozenPrefix:
             # chosen, memory known to fit); larger chunks measured slower on the first fill (2x H200).
             chunk=per_replica,
             device=ctx.device,
-            run=widening(ctx.run_sublayers, lambda lo: ctx.prefix_example(lo).dtype),
+            run=cache_runner(run, per_replica, ctx.device),
             example=example,
         )
         if self._state.released and carry(ctx, layout, self._state, job, peers=peers):
