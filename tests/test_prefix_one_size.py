@@ -32,6 +32,7 @@ def test_a_short_batch_is_padded_to_the_size_and_only_its_own_rows_come_back() -
     exact, longer = torch.ones(8, WIDTH), torch.ones(11, WIDTH)
     assert run(exact, 0, 1).shape == (8, WIDTH) and run(longer, 0, 1).shape == (11, WIDTH)
     assert seen == [8, 8, 11]  # a batch of the size, or longer, runs as it is
+    assert run(torch.ones(0, WIDTH), 0, 1).shape == (0, WIDTH) and seen[-1] == 0  # nothing to pad with
 
 
 def test_only_a_gpu_pads() -> None:

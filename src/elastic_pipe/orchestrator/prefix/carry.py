@@ -54,7 +54,7 @@ def at_rows(run: RunSublayers, rows: int) -> RunSublayers:
 
     def run_padded(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         short = rows - int(x.shape[0])
-        if short <= 0:
+        if short <= 0 or short == rows:  # as long as ``rows`` or longer, or empty (no row to copy)
             return run(x, lo, hi)
         padded = torch.cat([x, x[-1:].expand(short, *x.shape[1:])])
         return run(padded, lo, hi)[: x.shape[0]]
