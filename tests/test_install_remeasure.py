@@ -32,6 +32,8 @@ def folders(tmp_path: Path) -> tuple[Path, Path]:
     _write(returned / "gpu_hf_callback.json", NEW, arm="new hf")
     _write(returned / "time_to_accuracy_bbc_seeds1.json", NEW)
     _write(returned / "time_to_accuracy_bbc_seeds0.json", NEW)
+    _write(returned / "compile_alone_lazy.json", NEW)
+    _write(returned / "time_to_accuracy_bbc_lora_tuning.json", NEW)
     (returned / "device_call_0101.log").write_text("not a result")
     _write(results / "headline_single.json", OLD, arm="old")
     _write(results / "gpu_1xh100_hf_callback.json", OLD, arm="old hf")
@@ -49,7 +51,9 @@ def test_the_plan_keeps_each_old_result_under_its_commit_and_installs_under_the_
     assert p.install == {
         "headline_single.json": returned / "headline_single.json",
         "gpu_1xh100_hf_callback.json": returned / "gpu_hf_callback.json",
+        "compile_alone_lazy.json": returned / "compile_alone_lazy.json",
     }
+    assert p.skipped == ("time_to_accuracy_bbc_lora_tuning.json",)  # named in the plan, not silently dropped
     assert p.keep == {
         "headline_single.json": "headline_single_bbbbbbb.json",
         "gpu_1xh100_hf_callback.json": "gpu_1xh100_hf_callback_bbbbbbb.json",

@@ -35,9 +35,13 @@
 #   benchmarks/gpu/headline.sh OUT hf           the HF Trainer callback on BBC News, seeds 0-2 (about 1 minute)
 #   benchmarks/gpu/headline.sh OUT hf-long      the same job at 8 epochs instead of 4: gpu_hf_callback_8epochs.json
 #                                               (about 2 minutes)
+#   benchmarks/gpu/headline.sh OUT alone        the elastic compiled arm alone in a fresh process, as a user's job
+#                                               runs it: compile_alone_lazy.json (Inductor's workers started by its
+#                                               first compilation) and compile_alone_first.json (started before it)
+#                                               (about a minute)
 #
 # README quotes every file these write but data's; a change under src/ re-runs single, tta (both tasks, seeds 0-2),
-# hf, hf-long and default-digits at its commit (tests/test_doc_numbers.py fails until README's files name a commit
+# hf, hf-long, default-digits and alone at its commit (tests/test_doc_numbers.py fails until README's files name a commit
 # whose src/ is today's). One device command may run 10 minutes: three calls through device_call.sh, on one warm
 # machine (it stays warm for 30 s between calls, and keeps the ViT's pre-training): docs/benchmarks.md gives them.
 #
@@ -97,10 +101,10 @@ EOF
   exit 0
 fi
 
-out=${1:?usage: headline.sh OUT [single|default|default-digits|data|all|tta|hf|hf-long], or headline.sh --prepare}
+out=${1:?usage: headline.sh OUT [single|default|default-digits|data|all|tta|hf|hf-long|alone], or headline.sh --prepare}
 what=${2:-all}
-case $what in single | default | default-digits | data | all | tta | hf | hf-long) ;; *)
-  echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta, hf or hf-long)" >&2
+case $what in single | default | default-digits | data | all | tta | hf | hf-long | alone) ;; *)
+  echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta, hf, hf-long or alone)" >&2
   exit 2 ;;
 esac
 if [[ $what == tta ]]; then
@@ -123,6 +127,16 @@ if [[ $what == single || $what == all ]]; then
     > "$out/single.log" 2>&1 || { tail -30 "$out/single.log"; exit 1; }
   sed -n '/^--- /,$p' "$out/single.log"
   echo "single-GPU arms done after $(( $(date +%s) - start )) s"
+fi
+
+if [[ $what == alone ]]; then
+  for pool in lazy first; do
+    python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/gpu/bench_single_gpu.py --steps 30 \
+      --arms elastic_compiled_graphs --compile-pool $pool --out "$out" --name compile_alone_$pool.json \
+      > "$out/compile_alone_$pool.log" 2>&1 || { tail -30 "$out/compile_alone_$pool.log"; exit 1; }
+    grep -E "elastic_compiled_graphs: total" "$out/compile_alone_$pool.log" || true
+  done
+  echo "the compiled arm alone done after $(( $(date +%s) - start )) s"
 fi
 
 default_policy_runs() {  # TASK NAME: the default policy's timed runs on one task of the study, into OUT/NAME.json

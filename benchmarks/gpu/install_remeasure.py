@@ -44,6 +44,8 @@ INSTALLED_AS = {
     "headline_disk_data.json": "headline_disk_data.json",
     "gpu_hf_callback.json": "gpu_1xh100_hf_callback.json",
     "gpu_hf_callback_8epochs.json": "gpu_1xh100_hf_callback_8epochs.json",
+    "compile_alone_lazy.json": "compile_alone_lazy.json",
+    "compile_alone_first.json": "compile_alone_first.json",
 }
 #: One seed's time-to-accuracy report, as ``run_time_to_accuracy.sh`` names it.
 TTA_SEED = re.compile(r"time_to_accuracy_(?P<task>[a-z]+)_seeds(?P<seed>\d+)\.json")
@@ -73,6 +75,7 @@ class Plan:
     install: dict[str, Path]  # name the docs quote -> the returned file
     keep: dict[str, str]  # name the docs quote -> the name its old copy gets
     merge: dict[str, list[Path]]  # task -> its seeds' files, in seed order
+    skipped: tuple[str, ...] = ()  # JSONs in the folder that no doc quotes (a tuning file, a screen): not installed
 
 
 def _commit(data: dict[str, object], path: Path) -> str:
@@ -89,10 +92,12 @@ def plan(returned: Path, results: Path = RESULTS) -> Plan:
     install: dict[str, Path] = {}
     merge: dict[str, list[tuple[int, Path]]] = {}
     commits: set[str] = set()
+    skipped: list[str] = []
     for path in sorted(returned.glob("*.json")):
         seed = TTA_SEED.fullmatch(path.name)
         if seed is None and path.name not in INSTALLED_AS:
-            continue  # a log, a tuning file: nothing the docs quote
+            skipped.append(path.name)  # a tuning file, a screen: nothing the docs quote, said so below
+            continue
         commits.add(_commit(json.loads(path.read_text()), path))
         if seed is not None:
             merge.setdefault(seed["task"], []).append((int(seed["seed"]), path))
@@ -118,7 +123,7 @@ def plan(returned: Path, results: Path = RESULTS) -> Plan:
             raise InstallError(f"{copy} exists and differs from {name}: move it aside first")
         keep[name] = copy
     seeds = {task: [p for _, p in sorted(files)] for task, files in merge.items()}
-    return Plan(commit, install, keep, seeds)
+    return Plan(commit, install, keep, seeds, tuple(skipped))
 
 
 def check_src(commit: str, root: Path = ROOT) -> None:
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  install {path.name} as {name}")
     for task, files in p.merge.items():
         print(f"  merge {len(files)} seed(s) of {task}: {', '.join(f.name for f in files)}")
+    for name in p.skipped:
+        print(f"  not installed: {name} (no doc quotes it)")
     if args.dry_run:
         return 0
     apply(p)
