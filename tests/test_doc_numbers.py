@@ -2606,6 +2606,19 @@ ROWS += [
         ".1f",
     ),
 ]
+ROWS += [  # docs/time_to_accuracy.md at 5982cc4: where the warm seeds' time to target went (evaluations' curves)
+    (TTA, "stood at\n  {} and 95.96% (1.73 s", TTA_BBC, R5 + "1.curve.1.1", ".2%"),
+    (TTA, "96.18% and {} (1.73 s", TTA_BBC, R5 + "2.curve.1.1", ".2%"),
+    (TTA, "95.96% ({} s and 1.65 s)", TTA_BBC, R5 + "1.curve.1.0", ".2f"),
+    (TTA, "(1.73 s and {} s), one and two", TTA_BBC, R5 + "2.curve.1.0", ".2f"),
+    (TTA, "stood at {} (1.72 s and 1.54 s)", TTA_BBC, "runs.compiled.1.curve.1.1", ".2%"),
+    (TTA, "96.40% ({} s and 1.54 s)", TTA_BBC, "runs.compiled.1.curve.1.0", ".2f"),
+    (TTA, "(1.72 s and {} s); the default's", TTA_BBC, "runs.compiled.2.curve.1.0", ".2f"),
+    (TTA, "sooner ({} s and 1.16 s against", TTA_BBC, R5 + "1.curve.0.0", ".2f"),
+    (TTA, "1.18 s and {} s against 1.34 s", TTA_BBC, R5 + "2.curve.0.0", ".2f"),
+    (TTA, "against {} s\n  and 1.17 s).", TTA_BBC, "runs.compiled.1.curve.0.0", ".2f"),
+    (TTA, "1.34 s\n  and {} s). Issue 41", TTA_BBC, "runs.compiled.2.curve.0.0", ".2f"),
+]
 # docs/benchmarks.md: the elastic compiled arm alone in a fresh process (compile_alone_{lazy,first}.json, 5982cc4)
 ALONE = "steps_per_epoch.30.arms.elastic_compiled_graphs."
 FIRST_TRANSITION = ALONE + "transition_seconds.0"
