@@ -2711,33 +2711,50 @@ ROWS += [
 
 
 L8_NEW = "lightning_callback_cpu_640docs_8epochs.json"  # README, integrations.md: Lightning 8 epochs, seeds 0-1
-L8_NEW23 = "lightning_callback_cpu_640docs_8epochs_seeds23.json"  # the second job, seeds 2-3 (src/ b3c28ee's)
+L8_NEW23 = "lightning_callback_cpu_640docs_8epochs_seeds23.json"  # the second job, seeds 2-3 (both at 5982cc4)
+L8_72B, L8_72B23 = (
+    "lightning_callback_cpu_640docs_8epochs_2cfc8d9.json",
+    "lightning_callback_cpu_640docs_8epochs_seeds23_b7bc1fa.json",
+)
 ROWS += [
     ("README.md", "`..._seeds23.json`): {}\nand 97.19% with the callback", L8_NEW, LC + "freeze.accuracy_mean", ".2%"),
     ("README.md", "97.81%\nand {} with the callback", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
     ("README.md", "with the callback against {} and 97.19% without", L8_NEW, LC + "none.accuracy_mean", ".2%"),
     ("README.md", "against 97.50% and {} without it", L8_NEW23, LC + "none.accuracy_mean", ".2%"),
-    ("README.md", "in {}x and 1.29x less CPU time (LoRA", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    ("README.md", "1.40x and {}x less CPU time (LoRA", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    ("README.md", "(LoRA, at the same accuracy:\n{}x and 1.21x)", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
-    ("README.md", "1.29x\nand {}x).", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
+    ("README.md", "in {}x and 1.48x less CPU time (LoRA", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    ("README.md", "1.38x and {}x less CPU time (LoRA", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    ("README.md", "(LoRA, at the same\naccuracy: {}x and 1.42x)", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
+    ("README.md", "accuracy: 1.39x and {}x).", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
 ]
 
 
 ROWS += [
     (INTEG, "| no callback | 97.50% | {} | - | 97.19% |", L8_NEW, LC + "none.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 374.0 | - | 97.19% | {} | - |", L8_NEW23, LC + "none.cpu_seconds_mean", ".1f"),
-    (INTEG, "| `FreezeCallback(cache=True)` | {} | 267.6 |", L8_NEW, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "`FreezeCallback(cache=True)` | 97.81% | {} | 1.40x |", L8_NEW, LC + "freeze.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 267.6 | {}x | 97.19%", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    (INTEG, "1.40x | {} | 269.3 |", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
-    (INTEG, "| 97.19% | {} | 1.29x |", L8_NEW23, LC + "freeze.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 269.3 | {}x |", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
-    (INTEG, "| peft LoRA (r 8, query/value) | {} | 290.5", L8_NEW, LC + "lora.accuracy_mean", ".2%"),
-    (INTEG, "(r 8, query/value) | 97.81% | {} | 1.29x |", L8_NEW, LC + "lora.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 290.5 | {}x | 97.19%", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
-    (INTEG, "| 97.19% | {} | 1.21x |", L8_NEW23, LC + "lora.cpu_seconds_mean", ".1f"),
-    (INTEG, "| 286.5 | {}x |", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| 251.8 | - | 97.19% | {} | - |", L8_NEW23, LC + "none.cpu_seconds_mean", ".1f"),
+    (INTEG, "| `FreezeCallback(cache=True)` | {} | 183.0 |", L8_NEW, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "`FreezeCallback(cache=True)` | 97.81% | {} | 1.38x |", L8_NEW, LC + "freeze.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 183.0 | {}x | 97.19%", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "1.38x | {} | 186.7 |", L8_NEW23, LC + "freeze.accuracy_mean", ".2%"),
+    (INTEG, "| 97.19% | {} | 1.48x |", L8_NEW23, LC + "freeze.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 186.7 | {}x |", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| peft LoRA (r 8, query/value) | {} | 181.0", L8_NEW, LC + "lora.accuracy_mean", ".2%"),
+    (INTEG, "(r 8, query/value) | 97.81% | {} | 1.39x |", L8_NEW, LC + "lora.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 181.0 | {}x | 97.19%", L8_NEW, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "| 97.19% | {} | 1.42x |", L8_NEW23, LC + "lora.cpu_seconds_mean", ".1f"),
+    (INTEG, "| 194.3 | {}x |", L8_NEW23, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (
+        INTEG,
+        "less CPU time. LoRA, at the\ncallback's accuracy in both, took {}x",
+        L8_NEW,
+        LC + "lora.cpu_speedup_over_none",
+        ".2f",
+    ),
+    (INTEG, "in {}x and 1.48x less CPU time. LoRA", L8_NEW, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "1.38x and {}x less CPU time. LoRA", L8_NEW23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "`src/` 72bec91's: the callback {}x and 1.29x", L8_72B, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "the callback 1.40x and {}x, LoRA 1.29x", L8_72B23, LC + "freeze.cpu_speedup_over_none", ".2f"),
+    (INTEG, "1.29x, LoRA {}x and 1.21x;", L8_72B, LC + "lora.cpu_speedup_over_none", ".2f"),
+    (INTEG, "LoRA 1.29x and {}x;\n`lightning", L8_72B23, LC + "lora.cpu_speedup_over_none", ".2f"),
     (INTEG, "over no callback in the first job ({} points", L8_NEW, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "at its accuracy in the second ({})", L8_NEW23, LC + "freeze.accuracy_points_vs_none", "+.2f"),
     (INTEG, "1.12x at 8827407; {}x and 1.19x over seven", HF_CAPS, LC + "freeze.speedup_over_none", ".2f"),
