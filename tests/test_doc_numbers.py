@@ -2619,6 +2619,22 @@ ROWS += [  # docs/time_to_accuracy.md at 5982cc4: where the warm seeds' time to 
     (TTA, "against {} s\n  and 1.17 s).", TTA_BBC, "runs.compiled.1.curve.0.0", ".2f"),
     (TTA, "1.34 s\n  and {} s). Issue 41", TTA_BBC, "runs.compiled.2.curve.0.0", ".2f"),
 ]
+#: docs/time_to_accuracy.md: the carry's change alone, both trees in one job on one H100 (ab_commits.sh, AB_TTA)
+AB_OLD, AB_NEW = "ab_tta_bbc_97643d3_r1.json", "ab_tta_bbc_5982cc4_r1.json"
+ROWS += [
+    (TTA, "seed 1 took {} s against 2.89 s", AB_OLD, R5 + "1.total_seconds", ".2f"),
+    (TTA, "seed 1 took 3.23 s against {} s", AB_NEW, R5 + "1.total_seconds", ".2f"),
+    (TTA, "its transitions {} s against 0.42 s", AB_OLD, R5 + "1.transition_seconds", ".2f"),
+    (TTA, "its transitions 0.56 s against {} s", AB_NEW, R5 + "1.transition_seconds", ".2f"),
+    (TTA, "own record {} s against 0.47 s", AB_OLD, R5 + "1.epoch_parts.1.seconds", ".2f"),
+    (TTA, "own record 0.51 s against {} s", AB_NEW, R5 + "1.epoch_parts.1.seconds", ".2f"),
+    (TTA, "cache phase {} s against 0.07 s", AB_OLD, R5 + "1.transition_phases.1.cache", ".2f"),
+    (TTA, "cache phase 0.19 s against {} s", AB_NEW, R5 + "1.transition_phases.1.cache", ".2f"),
+    (TTA, "seed 2 {} s against 2.68 s", AB_OLD, R5 + "2.total_seconds", ".2f"),
+    (TTA, "seed 2 2.65 s against {} s", AB_NEW, R5 + "2.total_seconds", ".2f"),
+    (TTA, "its transitions {} s against 0.39 s", AB_OLD, R5 + "2.transition_seconds", ".2f"),
+    (TTA, "its transitions 0.32 s against {} s", AB_NEW, R5 + "2.transition_seconds", ".2f"),
+]
 # docs/benchmarks.md: the elastic compiled arm alone in a fresh process (compile_alone_{lazy,first}.json, 5982cc4)
 ALONE = "steps_per_epoch.30.arms.elastic_compiled_graphs."
 FIRST_TRANSITION = ALONE + "transition_seconds.0"
