@@ -93,3 +93,55 @@ def test_tta_rounds_run_each_commit_on_its_own_src_in_alternating_order(tmp_path
         "cache_phases_s": [0.5, 0.25],
     }
     assert "cache_phases_s [0.5, 0.25]" in done.stdout
+
+
+NEEDS_TOOLS = pytest.mark.skipif(
+    any(shutil.which(tool) is None for tool in ("bash", "git", "xz", "tar")), reason="needs bash, git, xz and tar"
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@NEEDS_TOOLS
+def test_prepared_commits_travel_packed_and_are_unpacked_before_the_first_round(tmp_path: Path) -> None:
+    repo = _root(tmp_path, [])
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    commits = []
+    for version in ("old", "new"):
+        (repo / "src").mkdir(exist_ok=True)
+        (repo / "src" / "which.py").write_text(f"TREE = {version!r}\n")
+        (repo / "benchmarks" / "results").mkdir(exist_ok=True)
+        (repo / "benchmarks" / "results" / "big.json").write_text("{}")  # results stay behind
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-qm", version)
+        commits.append(_git(repo, "rev-parse", "--short", "HEAD"))
+    script = repo / "benchmarks" / "gpu" / "ab_commits.sh"
+    prepared = subprocess.run(["bash", str(script), "--prepare", *commits], capture_output=True, text=True, check=False)
+    assert prepared.returncode == 0, prepared.stderr
+    ab = repo / "out" / "ab"
+    assert sorted(p.name for p in ab.iterdir()) == sorted(f"{c}.tar.xz" for c in commits)  # packed, not unpacked
+    record = tmp_path / "record.jsonl"
+    env = {
+        "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin",
+        "AB_RECORD": str(record),
+        "AB_TTA": "--task bbc --seeds 1",
+        "PYTHONPATH": "/site",
+        "HOME": os.environ.get("HOME", "/tmp"),
+    }
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "results"), "1", *commits],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    for commit, version in zip(commits, ("old", "new"), strict=True):
+        assert (ab / commit / "src" / "which.py").read_text() == f"TREE = {version!r}\n"  # each commit's own tree
+        assert (ab / commit / "benchmarks" / "gpu" / "ab_commits.sh").exists()
+        assert not (ab / commit / "benchmarks" / "results").exists()
+    assert [Path(json.loads(line)["cwd"]).name for line in record.read_text().splitlines()] == commits

@@ -3,8 +3,11 @@
 # difference between commits is told apart from a difference between lent machines (docs/benchmarks.md).
 #
 # Usage:
-#   benchmarks/gpu/ab_commits.sh --prepare COMMIT...      here: out/ab/<commit>/ holds src/ and benchmarks/ of each
-#                                                         commit (git archive); carry out/ab to the device
+#   benchmarks/gpu/ab_commits.sh --prepare COMMIT...      here: out/ab/<commit>.tar.xz holds src/ and benchmarks/
+#                                                         of each commit (git archive, about 0.5 MB: a device call
+#                                                         carries 64 MiB with the tree, and .device_site takes 47);
+#                                                         carry out/ab to the device, where each is unpacked into
+#                                                         out/ab/<commit>/ before the first round
 #   benchmarks/gpu/ab_commits.sh OUT ROUNDS COMMIT...     on the device: each round runs every commit's (a COMMIT
 #                                                         of "." is the working tree, named by ELASTIC_PIPE_COMMIT)
 #                                                         bench_single_gpu.py --arms elastic_eager,elastic_compiled_graphs
@@ -24,11 +27,12 @@ ab="$root/out/ab"
 
 if [[ ${1:-} == --prepare ]]; then
   shift
+  mkdir -p "$ab"
   for c in "$@"; do
     full=$(git -C "$root" rev-parse --short "$c")
-    rm -rf "${ab:?}/$full" && mkdir -p "$ab/$full"
-    git -C "$root" archive "$full" src benchmarks ':!benchmarks/results' | tar -x -C "$ab/$full"
-    echo "prepared $ab/$full"
+    rm -rf "${ab:?}/$full" "$ab/$full.tar.xz"
+    git -C "$root" archive --prefix="$full/" "$full" src benchmarks ':!benchmarks/results' | xz -9 > "$ab/$full.tar.xz"
+    echo "prepared $ab/$full.tar.xz ($(du -k "$ab/$full.tar.xz" | cut -f1) KiB)"
   done
   exit 0
 fi
@@ -38,6 +42,9 @@ rounds=${2:?rounds}
 shift 2
 [[ $# -ge 2 ]] || { echo "ab_commits.sh: name at least two commits" >&2; exit 2; }
 mkdir -p "$out"
+for c in "$@"; do  # what --prepare packed, unpacked once
+  if [[ $c != . && ! -d $ab/$c && -f $ab/$c.tar.xz ]]; then tar -xJf "$ab/$c.tar.xz" -C "$ab"; fi
+done
 for r in $(seq 1 "$rounds"); do
   order=("$@")
   if (( r % 2 == 0 )); then  # even rounds run the commits in reverse order
