@@ -47,7 +47,7 @@ def test_the_plan_keeps_each_old_result_under_its_commit_and_installs_under_the_
     returned, results = folders
     tool = _tool()
     p = tool.plan(returned, results)
-    assert p.commit == NEW
+    assert p.commits == (NEW,)
     assert p.install == {
         "headline_single.json": returned / "headline_single.json",
         "gpu_1xh100_hf_callback.json": returned / "gpu_hf_callback.json",
@@ -72,11 +72,11 @@ def test_the_plan_keeps_each_old_result_under_its_commit_and_installs_under_the_
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda r: _write(r / "gpu_hf_callback.json", "c" * 40), "the files name 2 commits"),
+        (lambda r: _write(r / "time_to_accuracy_bbc_seeds1.json", "c" * 40), "the seeds name 2 commits"),
         (lambda r: _write(r / "gpu_hf_callback.json", NEW, dirty=True), "tree whose src/ differed from aaaaaaa"),
         (lambda r: _write(r / "gpu_hf_callback.json", "abc1234"), "names no full commit"),
     ],
-    ids=["two commits", "dirty", "short commit"],
+    ids=["seeds of two commits", "dirty", "short commit"],
 )
 def test_files_of_other_or_unnamed_code_are_refused(folders: tuple[Path, Path], change: object, message: str) -> None:
     returned, results = folders
@@ -119,7 +119,7 @@ def test_a_python_without_the_steps_modules_is_refused_before_anything_moves(
     real = tool.importlib.util.find_spec
     monkeypatch.setattr(tool.importlib.util, "find_spec", lambda name: None if name == "torch" else real(name))
     assert tool.missing_modules(p, requote=True) == ["torch"]  # the seeds' merge needs it
-    no_seeds = tool.Plan(p.commit, p.install, p.keep, {})
+    no_seeds = tool.Plan(p.commits, p.install, p.keep, {})
     assert tool.missing_modules(no_seeds, requote=True) == []
 
 
@@ -138,3 +138,20 @@ def test_a_commit_whose_src_is_not_heads_is_refused() -> None:
         pytest.skip("not a git checkout with history")
     with pytest.raises(tool.InstallError, match="src/ changed since"):
         tool.check_src(first[0])  # the first commit's src/ is not today's
+
+
+def test_results_measured_later_on_the_cpu_may_name_another_commit_and_install_too(folders: tuple[Path, Path]) -> None:
+    """The demo and the Lightning jobs run here after the device calls, at a later commit of the same src/: each
+    file's commit is checked against HEAD's src/ (``check_src``, in ``main``), and each old copy is named by its own."""
+    returned, results = folders
+    later = "c" * 40
+    _write(returned / "demo_cpu.json", later, arm="new demo")
+    _write(results / "demo_cpu.json", OLD, arm="old demo")
+    tool = _tool()
+    p = tool.plan(returned, results)
+    assert p.commits == (NEW, later)
+    assert p.install["demo_cpu.json"] == returned / "demo_cpu.json"
+    assert p.keep["demo_cpu.json"] == "demo_cpu_bbbbbbb.json"
+    _write(results / "demo_cpu.json", later)  # already installed from this commit: a second install is refused
+    with pytest.raises(tool.InstallError, match=r"demo_cpu\.json already holds ccccccc's results"):
+        tool.plan(returned, results)

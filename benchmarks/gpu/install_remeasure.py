@@ -6,8 +6,9 @@ re-measured", in one command instead of a page of hand steps.
 DIR holds the JSONs the device calls returned (``device_call.sh`` writes them under ``$OUT``; put the calls'
 files in one folder). The command
 
-1. checks that every file names one commit, measured on a clean tree, whose ``src/`` is today's (``HEAD``'s):
-   anything else would quote numbers of other code;
+1. checks that every file names a commit, measured on a clean tree, whose ``src/`` is today's (``HEAD``'s):
+   anything else would quote numbers of other code (the device's results and the CPU's, measured after them, may
+   name different commits of the same ``src/``; the seeds of one time-to-accuracy task share one);
 2. keeps each result the docs quote under its old commit (``headline_single.json`` -> ``headline_single_b3c28ee.json``,
    the commit the old file names), refusing to overwrite a different file of that name;
 3. installs the new results under the names the docs quote (the device's ``gpu_hf_callback.json`` is
@@ -46,6 +47,10 @@ INSTALLED_AS = {
     "gpu_hf_callback_8epochs.json": "gpu_1xh100_hf_callback_8epochs.json",
     "compile_alone_lazy.json": "compile_alone_lazy.json",
     "compile_alone_first.json": "compile_alone_first.json",
+    # measured here, on the CPU (docs/training.md and docs/integrations.md give the commands), after the device calls
+    "demo_cpu.json": "demo_cpu.json",
+    "lightning_callback_cpu_640docs_8epochs.json": "lightning_callback_cpu_640docs_8epochs.json",
+    "lightning_callback_cpu_640docs_8epochs_seeds23.json": "lightning_callback_cpu_640docs_8epochs_seeds23.json",
 }
 #: One seed's time-to-accuracy report, as ``run_time_to_accuracy.sh`` names it.
 TTA_SEED = re.compile(r"time_to_accuracy_(?P<task>[a-z]+)_seeds(?P<seed>\d+)\.json")
@@ -57,8 +62,8 @@ BY_HAND = (
     "`python benchmarks/requote.py --rows NAME=OLD_COPY ...` again to mend the rows those edits made stale, and "
     "`python -m pytest -q tests/test_doc_numbers.py` for what is left",
     "the history row of docs/benchmarks.md (printed above) and its table_rows entry in tests/test_doc_numbers.py",
-    "the CPU results README quotes (demo_cpu.json, the Lightning jobs): docs/integrations.md and docs/training.md "
-    "give their commands",
+    "the CPU results README quotes (demo_cpu.json, the Lightning jobs), if they were not in the folder: "
+    "docs/integrations.md and docs/training.md give their commands (write them into the folder and run this again)",
 )
 HF_PLOT = ("gpu_1xh100_hf_callback.json", "gpu_1xh100_hf_callback_8epochs.json")  # docs/integrations.md's plot
 
@@ -69,9 +74,10 @@ class InstallError(Exception):
 
 @dataclass(frozen=True)
 class Plan:
-    """What an install does: the commit measured, the results installed, the old copies kept, the seeds merged."""
+    """What an install does: the commits measured (each with today's ``src/``: the device's results and the CPU's,
+    measured later, may name different ones), the results installed, the old copies kept, the seeds merged."""
 
-    commit: str
+    commits: tuple[str, ...]
     install: dict[str, Path]  # name the docs quote -> the returned file
     keep: dict[str, str]  # name the docs quote -> the name its old copy gets
     merge: dict[str, list[Path]]  # task -> its seeds' files, in seed order
@@ -91,26 +97,29 @@ def plan(returned: Path, results: Path = RESULTS) -> Plan:
     """The install of the files in ``returned`` into ``results`` (reads only)."""
     install: dict[str, Path] = {}
     merge: dict[str, list[tuple[int, Path]]] = {}
-    commits: set[str] = set()
+    commits: dict[str, str] = {}  # file -> the commit it names
     skipped: list[str] = []
     for path in sorted(returned.glob("*.json")):
         seed = TTA_SEED.fullmatch(path.name)
         if seed is None and path.name not in INSTALLED_AS:
             skipped.append(path.name)  # a tuning file, a screen: nothing the docs quote, said so below
             continue
-        commits.add(_commit(json.loads(path.read_text()), path))
+        commits[path.name] = _commit(json.loads(path.read_text()), path)
         if seed is not None:
             merge.setdefault(seed["task"], []).append((int(seed["seed"]), path))
         else:
             install[INSTALLED_AS[path.name]] = path
     if not commits:
         raise InstallError(f"{returned} holds no result a re-measure writes")
-    if len(commits) > 1:
-        raise InstallError(f"the files name {len(commits)} commits ({', '.join(sorted(c[:7] for c in commits))})")
-    commit = commits.pop()
-    names = [*install, *(f"time_to_accuracy_{task}.json" for task in merge)]
+    seed_commits = {commits[path.name] for files in merge.values() for _, path in files}
+    if len(seed_commits) > 1:  # one report merges them: its seeds must share a commit
+        raise InstallError(
+            f"the seeds name {len(seed_commits)} commits ({', '.join(sorted(c[:7] for c in seed_commits))})"
+        )
+    named = {name: commits[path.name] for name, path in install.items()}
+    named.update({f"time_to_accuracy_{task}.json": commits[files[0][1].name] for task, files in merge.items()})
     keep: dict[str, str] = {}
-    for name in names:
+    for name, commit in named.items():
         old_path = results / name
         if not old_path.exists():
             continue
@@ -123,7 +132,7 @@ def plan(returned: Path, results: Path = RESULTS) -> Plan:
             raise InstallError(f"{copy} exists and differs from {name}: move it aside first")
         keep[name] = copy
     seeds = {task: [p for _, p in sorted(files)] for task, files in merge.items()}
-    return Plan(commit, install, keep, seeds, tuple(skipped))
+    return Plan(tuple(sorted(set(commits.values()))), install, keep, seeds, tuple(skipped))
 
 
 def check_src(commit: str, root: Path = ROOT) -> None:
@@ -173,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.returned.is_dir():
             raise InstallError(f"{args.returned} is not a folder")
         p = plan(args.returned)
-        check_src(p.commit)
+        for commit in p.commits:
+            check_src(commit)
         if lacking := missing_modules(p, requote=not args.no_requote):  # before anything is moved
             raise InstallError(f"{sys.executable} lacks {', '.join(lacking)}: use the project's venv")
     except InstallError as exc:
         print(f"install_remeasure: {exc}", file=sys.stderr)
         return 2
-    print(f"measured at {p.commit[:7]} (src/ is HEAD's)")
+    print(f"measured at {', '.join(c[:7] for c in p.commits)} (src/ is HEAD's)")
     for name, copy in p.keep.items():
         print(f"  keep {name} as {copy}")
     for name, path in p.install.items():
