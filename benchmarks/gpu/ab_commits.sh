@@ -82,7 +82,8 @@ for f in sorted(out.glob("ab_*_r*.json")):
                     continue  # not an elastic arm
                 times = [0.0] + [t for t, _ in run["curve"]]
                 rows[f"{f.stem} {arm} seed {seed}"] = {
-                    "total_s": run["total_seconds"], "compile_s": run["compile_seconds"],
+                    "total_s": run["total_seconds"], "setup_s": run.get("setup_seconds"),
+                    "setup_phases_s": run.get("setup_phases"), "compile_s": run["compile_seconds"],
                     "transitions_s": run["transition_seconds"],
                     "epochs_s": [round(b - a, 3) for a, b in zip(times, times[1:])],
                     "cache_phases_s": [p.get("cache", 0.0) for p in run["transition_phases"]],
@@ -97,6 +98,8 @@ for f in sorted(out.glob("ab_*_r*.json")):
 
 
 def shown(x):
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k} {v:.3f}" for k, v in x.items()) + "}"
     return f"{x:.3f}" if isinstance(x, float) else str(x)
 
 
