@@ -26,7 +26,7 @@ with open(os.environ["AB_RECORD"], "a") as f:
 out = args[args.index("--out") + 1]
 phases = [{"cache": 0.5}, {"cache": 0.25}]
 run = {"total_seconds": 4.0, "compile_seconds": 1.0, "transition_seconds": 0.75, "curve": [[2.0, 0.9], [3.5, 0.95]],
-       "transition_phases": phases}
+       "transition_phases": phases, "setup_seconds": 0.5, "setup_phases": {"data_check": 0.125}}
 plain = {"total_seconds": 5.0, "curve": [[2.5, 0.9]]}
 json.dump({"runs": {"elastic-default": {"1": run}, "eager": {"1": plain}}}, open(out, "w"))
 """
@@ -87,12 +87,14 @@ def test_tta_rounds_run_each_commit_on_its_own_src_in_alternating_order(tmp_path
     row = summary["ab_aaa1111_r1 elastic-default seed 1"]  # the plain arm has no transitions: not a row
     assert row == {
         "total_s": 4.0,
+        "setup_s": 0.5,
+        "setup_phases_s": {"data_check": 0.125},
         "compile_s": 1.0,
         "transitions_s": 0.75,
         "epochs_s": [2.0, 1.5],
         "cache_phases_s": [0.5, 0.25],
     }
-    assert "cache_phases_s [0.5, 0.25]" in done.stdout
+    assert "cache_phases_s [0.5, 0.25]" in done.stdout and "setup_phases_s {data_check 0.125}" in done.stdout
 
 
 NEEDS_TOOLS = pytest.mark.skipif(
