@@ -9,10 +9,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def main(argv: list[str]) -> int:
-    """Run the benchmarks named on the command line, or all of them."""
+def main(argv: list[str], here: Path = HERE) -> int:
+    """Run the benchmarks named on the command line, or all of them, each with its default arguments (its own
+    command line is its name alone: the names given here are not its arguments)."""
     wanted = set(argv)
-    scripts = sorted(HERE.glob("bench_*.py"))
+    scripts = sorted(here.glob("bench_*.py"))
     for path in scripts:
         if wanted and path.stem not in wanted:
             continue
@@ -21,7 +22,11 @@ def main(argv: list[str]) -> int:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         print(f"== {path.stem}", file=sys.stderr, flush=True)
-        module.main()
+        given, sys.argv = sys.argv, [str(path)]
+        try:
+            module.main()
+        finally:
+            sys.argv = given
     return 0
 
 
