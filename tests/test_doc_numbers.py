@@ -2596,6 +2596,12 @@ ROWS += [
     (TTA, "6.0 s against {} s cold, 5.9 s", TTA_DIGITS, C5 + "time_to_target_by_seed.0", ".1f"),
     (TTA, "cold, {} s against 6.0 s\n  warm", TTA_DIGITS, D5 + "time_to_target_by_seed.2", ".1f"),
     (TTA, "5.9 s against {} s\n  warm: 1.02x", TTA_DIGITS, C5 + "time_to_target_by_seed.2", ".1f"),
+    # (b)'s reference under the plain loops
+    (TTA, "`elastic-none` ends at {} on the mean, the", TTA_DIGITS, N5 + "accuracy_mean", ".2%"),
+    (TTA, "the\n  eager loop at {}, the compiled", TTA_DIGITS, "arms.eager.accuracy_mean", ".2%"),
+    (TTA, "the compiled loop at {} and both LoRA", TTA_DIGITS, C5 + "accuracy_mean", ".2%"),
+    (TTA, "against the eager loop's {} the default", TTA_DIGITS, "arms.eager.accuracy_mean", ".2%"),
+    (TTA, "the default ({}) is\n  2.2 points under", TTA_DIGITS, D5 + "accuracy_mean", ".2%"),
     (TTA, "on seed 1 ({} s against\n  1.92 s)", TTA_BBC, "arms.lora-qkv-r8.time_to_target_by_seed.1", ".2f"),
     (TTA, "1.86 s against\n  {} s); LoRA", TTA_BBC, D5 + "time_to_target_by_seed.1", ".2f"),
     (
