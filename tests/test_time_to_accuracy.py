@@ -158,9 +158,11 @@ def test_lora_trains_the_adapters_and_the_head_only(tta: Any) -> None:
     assert torch.allclose(lora(x), before)  # LoRA's B starts at zero: the checkpoint's function
 
 
-def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None) -> None:
+@pytest.mark.parametrize("autocast", [False, True])
+def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None, autocast: bool) -> None:
     """Without dropout or augmentation, the eager loop and ``elastic-none`` (``ElasticTrainer.fit()``) score the same
-    held-out accuracy after every epoch: the same order, optimizer, schedule and evaluation."""
+    held-out accuracy after every epoch: the same order, optimizer, schedule and evaluation, and the same bf16
+    autocast (the forward under it, the loss in float32)."""
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
 
@@ -169,7 +171,7 @@ def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None
     base = models.vit(config="vit-tiny", depth=2, dropout=0.0)
     train, held_out = tta.TensorSet(x[:384], d.labels[:384]), tta.TensorSet(x[1400:], d.labels[1400:])
     task = tta.Task("t", "t", "vit", tta.copies(base), train, held_out, epochs=3, batch=32, lr=2e-3)
-    setting = tta.Setting(torch.device("cpu"), False, 0, "off", False, "bypass", 1, 64)
+    setting = tta.Setting(torch.device("cpu"), autocast, 0, "off", False, "bypass", 1, 64)
     plain = tta.plain_run(task, task.build(), setting, 1, compiled=False)
     elastic = tta.elastic_run(task, task.build(), setting, 1, tta.ELASTIC_ARMS["elastic-none"])
     accuracies = [acc for _, acc in plain["curve"]]
