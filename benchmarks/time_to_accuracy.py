@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from scipy import stats
 from torch import nn
 
 from elastic_pipe import data as edata
@@ -631,6 +632,47 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: The arm :func:`paired_table` compares every other arm with: the plain eager loop, full fine-tuning as a user
+#: would write it (the target's reference, ``elastic-none``, is the trainer without freezing).
+PAIRED_AGAINST = "eager"
+
+
+def paired(report: dict[str, Any], arm: str, against: str = PAIRED_AGAINST) -> dict[str, Any] | None:
+    """``arm``'s final held-out accuracy against ``against``'s on the same seeds, in points: the per-seed
+    differences, their mean and the 95% interval of the mean (Student's t over the seeds; ``None`` with one seed).
+    ``None`` when the two arms share no seed."""
+    runs, base = report["runs"].get(arm, {}), report["runs"].get(against, {})
+    seeds = sorted(set(runs) & set(base), key=int)
+    if not seeds:
+        return None
+    diffs = [100 * (runs[s]["accuracy"] - base[s]["accuracy"]) for s in seeds]
+    mean = statistics.fmean(diffs)
+    interval = None
+    if len(diffs) > 1:
+        half = float(stats.t.ppf(0.975, len(diffs) - 1)) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        interval = [mean - half, mean + half]
+    return {"seeds": seeds, "diffs": diffs, "mean": mean, "interval": interval}
+
+
+def paired_table(report: dict[str, Any], against: str = PAIRED_AGAINST) -> str:
+    """A Markdown table of every other arm's final accuracy against ``against``'s, seed by seed (:func:`paired`); empty
+    when the report has no ``against`` arm."""
+    if against not in report["runs"]:
+        return ""
+    lines = [
+        f"| arm | vs {against} (points, mean) | per seed | 95% interval |",
+        "| --- | ---: | --- | --- |",
+    ]
+    for arm in report["runs"]:
+        p = None if arm == against else paired(report, arm, against)
+        if p is None:
+            continue
+        seeds = ", ".join(f"{d:+.2f}" for d in p["diffs"])
+        low_high = "-" if p["interval"] is None else "{:+.2f} to {:+.2f}".format(*p["interval"])
+        lines.append(f"| {arm} | {p['mean']:+.2f} | {seeds} | {low_high} |")
+    return "\n".join(lines)
+
+
 def epoch_table(report: dict[str, Any]) -> str:
     """A Markdown table of every arm's and seed's seconds per epoch: the time from one evaluation to the next, so the
     first holds the arm's set-up and compilation, and a transition made at an epoch's end counts in the epoch it
@@ -737,6 +779,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, plot_path)
     print(table(report))
+    if against := paired_table(report):
+        print("\nFinal accuracy against the plain eager loop, seed by seed:\n" + against)
     log(f"wrote {out} and {plot_path}")
     return 0
 

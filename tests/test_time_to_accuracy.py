@@ -195,6 +195,7 @@ def test_the_measured_table_in_the_docs_is_the_result_file(tta: Any, name: str, 
     assert all(sorted(runs) == ["0", "1", "2"] for runs in report["runs"].values())
     doc = (root / "docs/time_to_accuracy.md").read_text(encoding="utf-8")
     assert tta.table(report) in doc
+    assert tta.paired_table(report) in doc  # and every arm against the plain eager loop, seed by seed
     assert f"at {report['commit'][:7]} (`benchmarks/results/time_to_accuracy_{name}.json`" in " ".join(doc.split())
     assert f"task {task}, three seeds" in doc.split("\n## Measured on one", 1)[1].splitlines()[0]
 
@@ -326,3 +327,26 @@ def test_the_trainer_reads_fresh_augmentations_every_epoch_as_the_plain_loop_doe
     assert sum(reads.values()) - n * (epochs + 1) <= 2  # and the set-up's boundary example (sample 0) once or twice
     repeated = sum(len(v) - len(set(v)) for v in draws["elastic"].values())
     assert repeated <= 0.05 * n * epochs  # fresh draws every epoch (2 in the 128 x 4 reads expected by chance)
+
+
+def test_paired_compares_each_arm_with_the_eager_loop_seed_by_seed(tta: Any) -> None:
+    def runs(accs: list[float]) -> dict[str, dict[str, float]]:
+        return {str(seed): {"accuracy": a} for seed, a in enumerate(accs)}
+
+    report = {
+        "runs": {"eager": runs([0.50, 0.60, 0.70]), "arm": runs([0.52, 0.61, 0.69]), "one": {"1": {"accuracy": 0.7}}}
+    }
+    p = tta.paired(report, "arm")
+    assert p["seeds"] == ["0", "1", "2"]
+    assert p["diffs"] == pytest.approx([2.0, 1.0, -1.0])
+    assert p["mean"] == pytest.approx(2 / 3)
+    # Student's t at 97.5% with 2 degrees of freedom is 4.3027; the differences' standard deviation is sqrt(7/3)
+    half = 4.302652729911275 * (7 / 3) ** 0.5 / 3**0.5
+    assert p["interval"] == pytest.approx([2 / 3 - half, 2 / 3 + half])
+    assert tta.paired(report, "one")["interval"] is None  # one shared seed: no interval
+    assert tta.paired(report, "missing") is None
+    table = tta.paired_table(report)
+    assert "| arm | +0.67 | +2.00, +1.00, -1.00 |" in table
+    assert "| one | +10.00 | +10.00 | - |" in table
+    assert "| eager |" not in table  # the loop is not compared with itself
+    assert tta.paired_table({"runs": {"arm": runs([0.5])}}) == ""  # no eager arm: no table
