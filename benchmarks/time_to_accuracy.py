@@ -262,6 +262,8 @@ class Setting:
     #: Print ``torch.profiler``'s top operators of each elastic arm's N slowest transitions (0: none; the profiler
     #: slows what it watches, so such a job's times are not results).
     trace_transitions: int = 0
+    #: The elastic arms' ``[train] cuda_graphs`` ("auto": the trainer's default).
+    elastic_graphs: str = "auto"
 
 
 def task_config(task: Task, setting: Setting, seed: int, freeze: Mapping[str, Any] | None = None) -> TrainConfig:
@@ -280,6 +282,7 @@ def task_config(task: Task, setting: Setting, seed: int, freeze: Mapping[str, An
             "seed": seed,
             "autocast": "bf16" if setting.autocast else "none",
             "compile": setting.elastic_compile,
+            "cuda_graphs": setting.elastic_graphs,
         },
         "pipeline": {"cache_policy": setting.cache_policy, "views": setting.views, "cache_mb": setting.cache_mb},
         "launch": {"nproc_per_node": 1},
@@ -728,6 +731,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--loss", default="", help="custom: module:attr of loss(output, target) (default cross-entropy)")
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers (every arm)")
     ap.add_argument("--elastic-compile", choices=("auto", "on", "off"), default="auto", help="[train] compile")
+    ap.add_argument("--elastic-graphs", choices=("auto", "on", "off"), default="auto", help="[train] cuda_graphs")
     ap.add_argument(
         "--compile-pool",
         choices=("first", "lazy"),
@@ -804,6 +808,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         autocast=autocast,
         workers=args.workers,
         elastic_compile=args.elastic_compile,
+        elastic_graphs=args.elastic_graphs,
         compile_lora=device.type == "cuda" and not args.lora_eager,
         cache_policy=args.cache_policy,
         views=args.views if args.cache_policy == "views" else 1,
@@ -860,6 +865,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "autocast": "bf16" if autocast else "none",
         "workers": setting.workers,
         "elastic_compile": setting.elastic_compile,
+        "elastic_graphs": setting.elastic_graphs,
         "trace_transitions": setting.trace_transitions,
         **pool,
         "cache_policy": setting.cache_policy if getattr(task.train, "random_augmentation", False) else "exact",

@@ -350,3 +350,17 @@ def test_paired_compares_each_arm_with_the_eager_loop_seed_by_seed(tta: Any) -> 
     assert "| one | +10.00 | +10.00 | - |" in table
     assert "| eager |" not in table  # the loop is not compared with itself
     assert tta.paired_table({"runs": {"arm": runs([0.5])}}) == ""  # no eager arm: no table
+
+
+def test_the_elastic_arms_take_the_compile_and_cuda_graph_settings(tta: Any) -> None:
+    """``--elastic-compile`` and ``--elastic-graphs`` reach the trainer's ``[train]`` table (a bisect of what only
+    the GPU run has: docs/time_to_accuracy.md)."""
+    data = tta.TensorSet(torch.zeros(16, 1, 8, 8), torch.zeros(16, dtype=torch.int64))
+    task = tta.Task("t", "t", "vit", lambda: None, data, data, epochs=1, batch=8, lr=1e-3)
+    default = tta.Setting(torch.device("cpu"), False, 0, "auto", False, "bypass", 1, 64)
+    assert tta.task_config(task, default, 0).train.cuda_graphs == "auto"  # the trainer's default
+    args = tta.parse_args(["--elastic-compile", "off", "--elastic-graphs", "off"])
+    bisect = tta.Setting(torch.device("cpu"), False, 0, args.elastic_compile, False, "bypass", 1, 64,
+                         elastic_graphs=args.elastic_graphs)  # fmt: skip
+    train = tta.task_config(task, bisect, 0).train
+    assert (train.compile, train.cuda_graphs) == ("off", "off")
