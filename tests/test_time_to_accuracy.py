@@ -158,11 +158,12 @@ def test_lora_trains_the_adapters_and_the_head_only(tta: Any) -> None:
     assert torch.allclose(lora(x), before)  # LoRA's B starts at zero: the checkpoint's function
 
 
-@pytest.mark.parametrize("autocast", [False, True])
-def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None, autocast: bool) -> None:
+@pytest.mark.parametrize(("autocast", "workers"), [(False, 0), (True, 0), (False, 2)])
+def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None, autocast: bool, workers: int) -> None:
     """Without dropout or augmentation, the eager loop and ``elastic-none`` (``ElasticTrainer.fit()``) score the same
-    held-out accuracy after every epoch: the same order, optimizer, schedule and evaluation, and the same bf16
-    autocast (the forward under it, the loss in float32)."""
+    held-out accuracy after every epoch: the same order, optimizer, schedule and evaluation, the same bf16 autocast
+    (the forward under it, the loss in float32), and with loader workers the same batches (the trainer reads a
+    batch of 64 in two parts, one per worker, and joins them)."""
     from elastic_pipe import models
     from elastic_pipe.data import load_digits
 
@@ -170,8 +171,9 @@ def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None
     x = (d.inputs - d.inputs.mean()) / d.inputs.std()
     base = models.vit(config="vit-tiny", depth=2, dropout=0.0)
     train, held_out = tta.TensorSet(x[:384], d.labels[:384]), tta.TensorSet(x[1400:], d.labels[1400:])
-    task = tta.Task("t", "t", "vit", tta.copies(base), train, held_out, epochs=3, batch=32, lr=2e-3)
-    setting = tta.Setting(torch.device("cpu"), autocast, 0, "off", False, "bypass", 1, 64)
+    batch = 64 if workers else 32  # 64: two parts of at least loader_pool.MIN_PART = 32 positions
+    task = tta.Task("t", "t", "vit", tta.copies(base), train, held_out, epochs=3, batch=batch, lr=2e-3)
+    setting = tta.Setting(torch.device("cpu"), autocast, workers, "off", False, "bypass", 1, 64)
     plain = tta.plain_run(task, task.build(), setting, 1, compiled=False)
     elastic = tta.elastic_run(task, task.build(), setting, 1, tta.ELASTIC_ARMS["elastic-none"])
     accuracies = [acc for _, acc in plain["curve"]]
@@ -179,7 +181,7 @@ def test_the_plain_loop_trains_as_the_trainer_does(tta: Any, one_rank_here: None
     assert accuracies == pytest.approx([acc for _, acc in elastic["curve"]], abs=1e-9)
     assert max(accuracies) > 0.2  # it learned (10 classes: chance is 0.1)
     parts = elastic["epoch_parts"]  # each epoch's parts, as its record gave them
-    assert [p["steps"] for p in parts] == [384 // 32] * task.epochs
+    assert [p["steps"] for p in parts] == [384 // batch] * task.epochs
     assert all(set(p) == set(tta.EPOCH_PARTS) for p in parts)
     assert all(0 < p["forward_s"] + p["backward_s"] < p["seconds"] for p in parts)
 
