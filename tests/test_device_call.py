@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -111,3 +112,36 @@ def test_the_check_before_a_re_measure_refuses_src_changes_not_committed(tmp_pat
     assert done.stderr.strip().splitlines() == [
         "headline.sh --check: src/ has changes not committed; commit them first (the results name HEAD)"
     ]
+
+
+#: run_time_to_accuracy.sh's stand-in: writes the JSON a job would write (OUT TASK SEEDS), holding its arms and flags.
+TTA_STAND_IN = """#!/usr/bin/env bash
+echo "{\\"arms\\": \\"$ARMS\\", \\"extra\\": \\"$EXTRA\\"}" > "$1/time_to_accuracy_$2_seeds${3//,/}.json"
+"""
+
+
+@NEEDS_SHELL
+def test_the_digits_bisect_runs_the_eager_loop_and_elastic_none_with_graphs_then_compilation_off(
+    tmp_path: Path,
+) -> None:
+    gpu = tmp_path / "benchmarks" / "gpu"
+    gpu.mkdir(parents=True)
+    for name in ("headline.sh", "device_site.sh"):
+        shutil.copy(ROOT / "benchmarks" / "gpu" / name, gpu)
+    (gpu / "run_time_to_accuracy.sh").write_text(TTA_STAND_IN)
+    (gpu / "run_time_to_accuracy.sh").chmod(0o755)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(gpu / "headline.sh"), str(out), "bisect-digits"],
+        env={"PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    results = {p.name: json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert results == {
+        "bisect_digits_graphs_off.json": {"arms": "eager,elastic-none", "extra": "--elastic-graphs off"},
+        "bisect_digits_compile_off.json": {"arms": "eager,elastic-none", "extra": "--elastic-compile off"},
+    }
+    assert "(b) with the trainer's compile off done after" in done.stdout

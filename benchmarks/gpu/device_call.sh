@@ -4,7 +4,7 @@
 # Usage, on the lent GPU machine (the tree sent must be that commit's, clean; .device_site carried, see
 # headline.sh --prepare):
 #   benchmarks/gpu/device_call.sh COMMIT PART...
-# PART: single | default | default-digits | hf | hf-long | alone | data | TASK:SEED (bbc or digits; each its own
+# PART: single | default | default-digits | hf | hf-long | alone | data | bisect-digits | TASK:SEED (bbc or digits; each its own
 # `headline.sh OUT tta` run). The parts write to /tmp/remeasure_work (kept between calls on a warm machine, so
 # a later call reuses the ViT's pre-training); the JSONs this call wrote, and one log of everything, go to $OUT:
 # the device returns at most 8 files a call. docs/benchmarks.md, "The headline, re-measured", gives the calls.

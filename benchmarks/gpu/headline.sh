@@ -39,6 +39,12 @@
 #                                               runs it: compile_alone_lazy.json (Inductor's workers started by its
 #                                               first compilation) and compile_alone_first.json (started before it)
 #                                               (about a minute)
+#   benchmarks/gpu/headline.sh OUT bisect-digits
+#                                               task (b)'s eager loop against elastic-none, seeds 0-2, once with the
+#                                               trainer's CUDA graphs off and once with its compilation off:
+#                                               bisect_digits_{graphs,compile}_off.json (docs/time_to_accuracy.md:
+#                                               what only the GPU run has; about 100 s each on a machine that kept
+#                                               the ViT's pre-training; not a headline, no doc quotes it yet)
 #
 # README quotes every file these write but data's; a change under src/ re-runs single, tta (both tasks, seeds 0-2),
 # hf, hf-long, default-digits and alone at its commit (tests/test_doc_numbers.py fails until README's files name a commit
@@ -101,10 +107,11 @@ EOF
   exit 0
 fi
 
-out=${1:?usage: headline.sh OUT [single|default|default-digits|data|all|tta|hf|hf-long|alone], or headline.sh --prepare}
+out=${1:?usage: headline.sh OUT [single|default|default-digits|data|all|tta|hf|hf-long|alone|bisect-digits], or headline.sh --prepare}
 what=${2:-all}
-case $what in single | default | default-digits | data | all | tta | hf | hf-long | alone) ;; *)
-  echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta, hf, hf-long or alone)" >&2
+case $what in single | default | default-digits | data | all | tta | hf | hf-long | alone | bisect-digits) ;; *)
+  echo "headline.sh: unknown part '$what' (single, default, default-digits, data, all, tta, hf, hf-long, alone or" \
+    "bisect-digits)" >&2
   exit 2 ;;
 esac
 if [[ $what == tta ]]; then
@@ -173,6 +180,15 @@ if [[ $what == tta ]]; then
       || { tail -30 "$out/time_to_accuracy_${task}_seeds$seed.log"; exit 1; }
     { grep -v "^\[" "$out/time_to_accuracy_${task}_seeds$seed.log" || true; } | tail -14  # the table and warnings
     echo "$job done after $(( $(date +%s) - start )) s"
+  done
+fi
+
+if [[ $what == bisect-digits ]]; then
+  for off in graphs compile; do  # one job each; run_time_to_accuracy.sh reuses the ViT's pre-training it kept
+    ARMS=eager,elastic-none EXTRA="--elastic-$off off" benchmarks/gpu/run_time_to_accuracy.sh "$out" digits 0,1,2 \
+      || { tail -30 "$out/time_to_accuracy_digits_seeds012.log"; exit 1; }
+    mv "$out/time_to_accuracy_digits_seeds012.json" "$out/bisect_digits_${off}_off.json"
+    echo "(b) with the trainer's $off off done after $(( $(date +%s) - start )) s"
   done
 fi
 
