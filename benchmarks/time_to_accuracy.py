@@ -783,8 +783,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1) + "\n")
     plot(report, plot_path)
     print(table(report))
-    if against := paired_table(report):
-        print("\nFinal accuracy against the plain eager loop, seed by seed:\n" + against)
+    if paired_rows := paired_table(report):
+        print("\nFinal accuracy against the plain eager loop, seed by seed:\n" + paired_rows)
     log(f"wrote {out} and {plot_path}")
     return 0
 

@@ -277,17 +277,19 @@ def test_the_trainer_reads_fresh_augmentations_every_epoch_as_the_plain_loop_doe
     epochs, n, pad = 3, 128, 8  # 17 x 17 offsets x 2 flips: a repeated draw of one sample is rare
 
     class Logged(tta.TensorSet):  # type: ignore[misc,name-defined]
-        """Appends each read's (process, sample, draw) to ``log`` (forked workers append to the same file)."""
+        """TensorSet's crop and flip, appending each read's (process, sample, draw) to ``log`` (set per arm; forked
+        workers append to the same file)."""
 
-        log = tmp_path / "none.txt"
+        log: Path
 
         def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
             top, left = torch.randint(0, 2 * pad + 1, (2,)).tolist()
             flip = bool(torch.rand(()) < 0.5)
             with open(self.log, "a") as f:
                 f.write(f"{os.getpid()} {i} {top} {left} {int(flip)}\n")
+            h, w = self.inputs.shape[-2:]
             x = torch.nn.functional.pad(self.inputs[i][None], (pad,) * 4, mode="replicate")[0]
-            x = x[:, top : top + 8, left : left + 8]
+            x = x[:, top : top + h, left : left + w]
             return (x.flip(-1) if flip else x), int(self.targets[i])
 
     d = load_digits()
